@@ -1,0 +1,210 @@
+"""Targets (repo id, model folder, or the whole cache) -> snapshot folders, laid out as huggingface_hub does."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from gemma_doctor.errors import UsageError
+
+# The hub's own rule for repo names (huggingface_hub validate_repo_id), with ".." refused outright.
+_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.\-]{0,95}/)?[A-Za-z0-9][\w.\-]{0,95}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One folder holding a model's files: a hub-cache snapshot or a plain (save_pretrained) folder."""
+
+    target: str
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    repo_dir: Path | None = None
+    cache_dir: Path | None = None
+
+    @property
+    def in_cache(self) -> bool:
+        """True when the folder is a snapshot of a hub cache (its files may be links into blobs)."""
+        return self.repo_dir is not None
+
+    @property
+    def state_dir(self) -> Path:
+        """Where gemma-doctor keeps its undo record: beside the snapshots, or inside a plain folder."""
+        if self.repo_dir is not None:
+            return self.repo_dir / ".gemma-doctor"
+        return self.path / ".gemma-doctor"
+
+    @property
+    def read_root(self) -> Path | None:
+        """Links must resolve inside this folder to be read: the repo folder for cache snapshots."""
+        return self.repo_dir
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The hub cache as huggingface_hub resolves it: HF_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME, ~/.cache."""
+    env = os.environ if env is None else env
+
+    def expand(p: str) -> str:
+        return os.path.expandvars(os.path.expanduser(p))
+
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(expand(home), "hub")
+    return Path(expand(hub))
+
+
+def repo_folder_name(repo_id: str) -> str:
+    """``google/gemma-3-1b-it`` -> ``models--google--gemma-3-1b-it`` (huggingface_hub's naming)."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+def repo_id_from_folder(name: str) -> str | None:
+    """``models--google--gemma-3-1b-it`` -> ``google/gemma-3-1b-it``; None for other folders."""
+    if not name.startswith("models--"):
+        return None
+    return name[len("models--"):].replace("--", "/")
+
+
+def validate_repo_id(repo_id: str) -> None:
+    """Refuse repo ids that could name a path outside the cache (``..``, absolute paths)."""
+    if ".." in repo_id or "--" in repo_id or not _REPO_ID.match(repo_id):
+        raise UsageError(f"{repo_id!r} is neither an existing folder nor a valid repo id (like google/gemma-3-12b-it)")
+
+
+def _validate_revision(revision: str) -> None:
+    parts = revision.split("/")
+    if not revision or revision.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in revision:
+        raise UsageError(f"--revision {revision!r} is not a valid branch, tag or commit")
+
+
+def _read_ref(repo_dir: Path, revision: str) -> str | None:
+    ref = repo_dir / "refs" / revision
+    try:
+        if not ref.is_file():
+            return None
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return commit or None
+
+
+def _snapshots(repo_dir: Path) -> list[Path]:
+    try:
+        return sorted(p for p in (repo_dir / "snapshots").iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def refs_of(repo_dir: Path) -> dict[str, list[str]]:
+    """commit -> ref names pointing at it (``main``, ``pr/1``...)."""
+    out: dict[str, list[str]] = {}
+    refs = repo_dir / "refs"
+    if not refs.is_dir():
+        return out
+    for dirpath, _dirs, files in os.walk(refs):
+        for name in files:
+            p = Path(dirpath) / name
+            try:
+                commit = p.read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                continue
+            out.setdefault(commit, []).append(p.relative_to(refs).as_posix())
+    return out
+
+
+def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, revision: str,
+                    all_revisions: bool, strict: bool) -> list[Snapshot]:
+    """Snapshots of one cached repo for ``revision`` (or all of them)."""
+    snaps = _snapshots(repo_dir)
+    if all_revisions:
+        by_commit = refs_of(repo_dir)
+        return [Snapshot(target, s, repo_id, ",".join(sorted(by_commit.get(s.name, []))) or None, s.name, repo_dir, cache_dir)
+                for s in snaps]
+    commit = _read_ref(repo_dir, revision)
+    if commit is not None:
+        path = repo_dir / "snapshots" / commit
+        if path.is_dir():
+            return [Snapshot(target, path, repo_id, revision, commit, repo_dir, cache_dir)]
+        if strict:
+            raise UsageError(f"{repo_id}: ref {revision!r} points to commit {commit[:12]}, which has no snapshot in {repo_dir}")
+        return []
+    if _HEX.match(revision):
+        hits = [s for s in snaps if s.name.startswith(revision)]
+        if len(hits) == 1:
+            return [Snapshot(target, hits[0], repo_id, revision, hits[0].name, repo_dir, cache_dir)]
+    if not strict:
+        # A whole-cache scan of a repo without this ref: every snapshot it has is a candidate.
+        return [Snapshot(target, s, repo_id, None, s.name, repo_dir, cache_dir) for s in snaps]
+    known = sorted(refs_of(repo_dir).items())
+    listing = ", ".join(f"{'/'.join(refs)}={c[:12]}" for c, refs in known) or ", ".join(s.name[:12] for s in snaps) or "none"
+    raise UsageError(f"{repo_id}: revision {revision!r} is not in the cache (cached: {listing}); "
+                     f"download it with: hf download {repo_id} --revision {revision}")
+
+
+def _snapshot_of_path(target: str, path: Path) -> Snapshot:
+    """A folder given by path: a plain model folder, a cache snapshot, or a cache repo folder."""
+    path = path.absolute()
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        repo_dir = path.parent.parent
+        repo_id = repo_id_from_folder(repo_dir.name)
+        refs = refs_of(repo_dir).get(path.name, [])
+        return Snapshot(target, path, repo_id, ",".join(sorted(refs)) or None, path.name, repo_dir, repo_dir.parent)
+    return Snapshot(target, path)
+
+
+def resolve(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
+            all_revisions: bool = False) -> list[Snapshot]:
+    """Turn the command line's targets into snapshot folders; no target means every repo in the cache."""
+    _validate_revision(revision)
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    if not targets:
+        return list(iter_cache(cache, revision, all_revisions))
+    out: list[Snapshot] = []
+    for target in targets:
+        out.extend(_resolve_one(target, cache, revision, all_revisions))
+    return out
+
+
+def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -> list[Snapshot]:
+    path = Path(target).expanduser()
+    if path.is_file() and path.name.endswith(".json"):
+        path = path.parent
+    if path.is_dir():
+        if path.name.startswith("models--") and (path / "snapshots").is_dir():
+            repo_id = repo_id_from_folder(path.name) or path.name
+            return _repo_snapshots(target, repo_id, path.absolute(), path.absolute().parent, revision, all_revisions, strict=True)
+        return [_snapshot_of_path(target, path)]
+    if os.sep in target and (target.startswith((".", os.sep, "~")) or target.count("/") > 1):
+        raise UsageError(f"{target}: no such folder")
+    validate_repo_id(target)
+    repo_dir = cache / repo_folder_name(target)
+    if not (repo_dir / "snapshots").is_dir():
+        raise UsageError(
+            f"{target} is not in the Hugging Face cache at {cache} (looked for {repo_dir.name}); "
+            f"download it with: hf download {target} --include '*.json' '*.safetensors', "
+            f"or pass --cache-dir / a model folder"
+        )
+    return _repo_snapshots(target, target, repo_dir, cache, revision, all_revisions, strict=True)
+
+
+def iter_cache(cache: Path, revision: str = "main", all_revisions: bool = False) -> Iterator[Snapshot]:
+    """Every model repo in the cache (datasets and spaces are not models), sorted by name."""
+    if not cache.is_dir():
+        raise UsageError(f"no Hugging Face cache at {cache}; pass --cache-dir or set HF_HUB_CACHE")
+    try:
+        names = sorted(os.listdir(cache))
+    except OSError as e:
+        raise UsageError(f"cannot list the cache at {cache}: {e.strerror}") from None
+    for name in names:
+        repo_id = repo_id_from_folder(name)
+        if repo_id is None:
+            continue
+        repo_dir = cache / name
+        if not (repo_dir / "snapshots").is_dir():
+            continue
+        yield from _repo_snapshots(repo_id, repo_id, repo_dir, cache, revision, all_revisions, strict=False)

@@ -1,0 +1,21 @@
+"""Shared helpers for the human-readable views: a string-returning rich console."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+
+def to_string(renderables: list[Any], color: bool, width: int = 100) -> str:
+    """Render rich objects to a string; colour only when asked (the CLI asks for a TTY without NO_COLOR)."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=color, no_color=not color, color_system="standard" if color else None,
+                      width=width, highlight=False, emoji=False, soft_wrap=True)
+    for r in renderables:
+        console.print(r)
+    return buf.getvalue()
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -1,0 +1,91 @@
+"""The human-readable views of check, fix and restore."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from gemma_doctor.fixes import Outcome, Status
+from gemma_doctor.render.style import SEVERITY_STYLE, to_string
+from gemma_doctor.report import FailOn, ModelReport, Report, Severity
+
+
+def _title(repo_id: str | None, revision: str | None, commit: str | None, path: str, family: str | None) -> str:
+    from rich.markup import escape
+
+    name = repo_id or path
+    rev = ""
+    if repo_id:
+        rev = f" @ {revision or '?'}" + (f" ({commit[:12]})" if commit else "")
+    fam = f"  [dim]{escape(family)}[/dim]" if family else ""
+    where = f"\n  [dim]{escape(path)}[/dim]" if repo_id else ""
+    return f"[bold]{escape(name)}[/bold]{escape(rev)}{fam}{where}"
+
+
+def _model_lines(m: ModelReport) -> list[str]:
+    from rich.markup import escape
+
+    lines = [_title(m.repo_id, m.revision, m.commit, m.path, m.family)]
+    if not m.findings:
+        lines.append("  [green]no findings[/green]")
+    for f in m.findings:
+        where = ":".join(x for x in (f.file, f.key) if x)
+        sev = f.severity.value
+        lines.append(f"  [{SEVERITY_STYLE[sev]}]{sev.upper():7}[/] {f.code} {escape(where + ': ' if where else '')}{escape(f.message)}")
+        if f.fix:
+            lines.append(f"          [dim]fix:[/dim] {escape(f.fix)}")
+    return lines
+
+
+def render_report(report: Report, fail_on: FailOn, color: bool) -> str:
+    """`check` as text: each model with its findings and fixes, then a summary line."""
+    lines: list[str] = []
+    for m in report.models:
+        lines.extend(_model_lines(m))
+        lines.append("")
+    counts = {s: 0 for s in Severity}
+    for f in report.all_findings():
+        counts[f.severity] += 1
+    verdict = "[bold red]FAIL[/]" if report.failed(fail_on) else "[bold green]OK[/]"
+    skipped = f", {len(report.skipped)} non-Gemma skipped" if report.skipped else ""
+    lines.append(f"{verdict} {len(report.models)} model(s){skipped}: {counts[Severity.ERROR]} error(s), "
+                 f"{counts[Severity.WARNING]} warning(s), {counts[Severity.INFO]} info (--fail-on {fail_on.value})")
+    return to_string(lines, color)
+
+
+_STATUS_TEXT = {
+    Status.WOULD_CHANGE: "[yellow]would change[/]",
+    Status.CHANGED: "[green]fixed[/]",
+    Status.UP_TO_DATE: "[green]already fixed[/]",
+    Status.NOT_APPLICABLE: "[dim]left alone[/]",
+    Status.REFUSED: "[red]refused[/]",
+    Status.FAILED: "[bold red]failed[/]",
+    Status.RESTORED: "[green]restored[/]",
+    Status.NOTHING_TO_RESTORE: "[dim]nothing to restore[/]",
+}
+
+
+def _diff_text(diff: str):  # noqa: ANN202 - a rich Text
+    from rich.text import Text
+
+    out = Text()
+    for line in diff.splitlines(keepends=True):
+        style = "green" if line.startswith("+") and not line.startswith("+++") else (
+            "red" if line.startswith("-") and not line.startswith("---") else ("cyan" if line.startswith("@@") else ""))
+        out.append(line, style=style)
+    return out
+
+
+def render_outcomes(outcomes: Iterable[Outcome], color: bool, show_diffs: bool = True) -> str:
+    """`fix` / `restore` as text: per model its status, messages and (for fix) the unified diffs."""
+    from rich.markup import escape
+
+    items: list = []
+    for o in outcomes:
+        s = o.facts.snapshot
+        items.append(_title(s.repo_id, s.revision, s.commit, str(s.path), o.facts.family.label) + "  " + _STATUS_TEXT[o.status])
+        for c in o.changes:
+            if show_diffs and c.after != c.before:
+                items.append(_diff_text(c.diff()))
+        for msg in o.messages:
+            items.append(f"  {escape(msg)}")
+    return to_string(items, color)

@@ -1,0 +1,145 @@
+"""Frozen result types shared by every layer: severities, findings, per-model and whole reports."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is; ordered info < warning < error."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        """Numeric order used for --fail-on comparisons."""
+        return _RANK[self]
+
+
+_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+class FailOn(str, enum.Enum):
+    """Threshold for a non-zero exit: findings at or above it fail the run."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    NEVER = "never"
+
+    def fails(self, severity: Severity) -> bool:
+        """True when a finding of ``severity`` should fail the run."""
+        if self is FailOn.NEVER:
+            return False
+        return severity.rank >= Severity(self.value).rank
+
+
+class ExitCode(enum.IntEnum):
+    """Documented process exit codes (docs/usage.md); only cli.py turns them into exits."""
+
+    OK = 0
+    FINDINGS = 1
+    USAGE = 2
+    WRITE_FAILED = 3
+    INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosed problem (or fact worth telling) with where it is and what to do."""
+
+    code: str
+    severity: Severity
+    message: str
+    file: str | None = None
+    key: str | None = None
+    fix: str | None = None
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of a finding."""
+        out: dict[str, Any] = {
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "file": self.file,
+            "key": self.key,
+            "fix": self.fix,
+        }
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """Findings and facts for one snapshot (one revision of one model)."""
+
+    target: str
+    path: str
+    repo_id: str | None
+    revision: str | None
+    commit: str | None
+    family: str | None
+    findings: tuple[Finding, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def worst(self) -> Severity | None:
+        """The most severe finding, or None when there are none."""
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of a model entry."""
+        out: dict[str, Any] = {
+            "target": self.target,
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "path": self.path,
+            "family": self.family,
+            "findings": [f.to_json() for f in self.findings],
+        }
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one `check` run found, rendered by every output format alike."""
+
+    models: tuple[ModelReport, ...]
+    environment: dict[str, Any]
+    skipped: tuple[dict[str, str], ...] = ()
+    cache_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def all_findings(self) -> list[Finding]:
+        """Every finding of every model."""
+        return [f for m in self.models for f in m.findings]
+
+    def failed(self, fail_on: FailOn) -> bool:
+        """True when some finding is at or above the --fail-on threshold."""
+        return any(fail_on.fails(f.severity) for f in self.all_findings())
+
+    def to_json(self, fail_on: FailOn) -> dict[str, Any]:
+        """The stable JSON document of `check --format json` (schema: docs/json-schema.md)."""
+        counts = {s.value: 0 for s in Severity}
+        for f in self.all_findings():
+            counts[f.severity.value] += 1
+        out: dict[str, Any] = {
+            "schema_version": 1,
+            "status": "fail" if self.failed(fail_on) else "ok",
+            "fail_on": fail_on.value,
+            "summary": {"models": len(self.models), "skipped": len(self.skipped), "findings": counts},
+            "cache_dir": self.cache_dir,
+            "models": [m.to_json() for m in self.models],
+            "skipped": list(self.skipped),
+            "environment": self.environment,
+        }
+        out.update(self.extra)
+        return out

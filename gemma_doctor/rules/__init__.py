@@ -1,0 +1,22 @@
+"""Rules: pure functions from facts to findings. Nothing here touches the file system or imports torch."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.report import Finding
+from gemma_doctor.rules import files, use_cache
+
+Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
+
+# Order is the order findings are reported in.
+RULES: list[Rule] = [files.check, use_cache.check]
+
+
+def run(model: ModelFacts, env: Environment, options: CheckOptions) -> tuple[Finding, ...]:
+    """Every finding for one model; a non-Gemma model gets only the file and family findings."""
+    out: list[Finding] = []
+    for rule in RULES:
+        out.extend(rule(model, env, options))
+    return tuple(out)

@@ -1,0 +1,42 @@
+"""Findings about the model folder's files themselves: unreadable, malformed, not Gemma, escaping links."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.report import Finding, Severity
+
+
+def _file_problem(code_read: str, code_shape: str, jf: JsonFile, name: str) -> Finding:
+    if jf.escapes:
+        return Finding("GD005", Severity.ERROR, f"{name} is a link that points outside the repo folder; not read, never written",
+                       file=name, fix="delete the snapshot folder and download the model again (hf download)")
+    code = code_shape if jf.shape_error else code_read
+    return Finding(code, Severity.ERROR, f"{name}: {jf.error}", file=name,
+                   fix=f"repair {name} by hand or download it again; gemma-doctor will not rewrite a file it cannot parse")
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """File-level findings; every other rule assumes config.json parsed."""
+    cfg = model.config
+    if not cfg.exists:
+        yield Finding("GD001", Severity.ERROR, "config.json is missing: this folder is not a transformers model",
+                      file="config.json", fix="point gemma-doctor at a model folder, or download the model's config.json")
+    elif not cfg.ok:
+        yield _file_problem("GD001", "GD002", cfg, "config.json")
+    elif not model.family.is_gemma:
+        mt = model.family.model_type or "unknown"
+        yield Finding("GD003", Severity.INFO, f"not a Gemma-family model (model_type {mt!r}); left alone",
+                      file="config.json", key="model_type")
+    gen = model.generation_config
+    if gen.exists and not gen.ok:
+        yield _file_problem("GD004", "GD004", gen, "generation_config.json")
+    if model.undo.error:
+        yield Finding("GD006", Severity.WARNING, f"gemma-doctor's undo record is unreadable: {model.undo.error}",
+                      file=".gemma-doctor/undo.json", fix="restore cannot undo earlier fixes; keep the file for inspection")
+    elif model.undo.entries:
+        names = ", ".join(sorted(model.undo.entries))
+        yield Finding("GD006", Severity.INFO, f"rewritten by gemma-doctor fix: {names}", file=None,
+                      fix=f"gemma-doctor restore {model.snapshot.target} brings back the original files")

@@ -1,0 +1,189 @@
+"""The undo record and the careful file operations behind `fix --inplace` and `restore`.
+
+Layout (see docs/architecture.md):
+- cache snapshot: ``models--org--name/.gemma-doctor/undo.json`` (+ ``backups/<sha256>``); huggingface_hub's
+  scanner only looks at ``refs/`` and ``snapshots/``, so this is invisible to it and deleted with the repo.
+- plain folder: ``<folder>/.gemma-doctor/``.
+- lock: ``<cache>/.locks/gemma-doctor/<repo folder>.lock`` (where huggingface_hub keeps its download
+  locks), or ``<folder>/.gemma-doctor/lock``.
+Entry keys are paths relative to the repo folder (or the plain folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Iterator
+
+from gemma_doctor.errors import LockTimeout, ReadError, WriteError
+from gemma_doctor.facts import UndoFacts
+from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers.jsonfile import parse_json_object
+
+UNDO_FILE = "undo.json"
+SCHEMA_VERSION = 1
+DEFAULT_LOCK_TIMEOUT = 60.0
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def base_dir(snapshot: Snapshot) -> Path:
+    """The folder entry keys are relative to."""
+    return snapshot.repo_dir if snapshot.repo_dir is not None else snapshot.path
+
+
+def entry_key(snapshot: Snapshot, name: str) -> str:
+    """The undo-record key of file ``name`` of ``snapshot``."""
+    return (snapshot.path / name).relative_to(base_dir(snapshot)).as_posix()
+
+
+def lock_path(snapshot: Snapshot) -> Path:
+    """The lock serialising every gemma-doctor write to this repo (or folder)."""
+    if snapshot.repo_dir is not None and snapshot.cache_dir is not None:
+        return snapshot.cache_dir / ".locks" / "gemma-doctor" / f"{snapshot.repo_dir.name}.lock"
+    return snapshot.state_dir / "lock"
+
+
+@contextlib.contextmanager
+def locked(snapshot: Snapshot, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the repo's lock; a clear LockTimeout when another process keeps it too long."""
+    import filelock  # lazy: only writers need it
+
+    path = lock_path(snapshot)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot create the lock folder {path.parent}: {e.strerror}") from None
+    lock = filelock.FileLock(str(path), timeout=timeout)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise LockTimeout(f"another gemma-doctor has held {path} for over {timeout:g}s; try again when it is done "
+                          f"(or raise --lock-timeout)") from None
+    except OSError as e:
+        raise WriteError(f"cannot take the lock {path}: {e.strerror}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def load(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
+    """All entries of the record that covers ``snapshot`` (empty when there is none)."""
+    path = snapshot.state_dir / UNDO_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ReadError(f"cannot read {path}: {e.strerror}") from None
+    data, error, _ = parse_json_object(raw)
+    if error:
+        raise ReadError(f"{path}: {error}")
+    entries = data.get("entries")
+    if data.get("schema_version") != SCHEMA_VERSION or not isinstance(entries, dict) or not all(
+        isinstance(v, dict) for v in entries.values()
+    ):
+        raise ReadError(f"{path}: not an undo record this version of gemma-doctor understands")
+    return entries
+
+
+def facts_for(snapshot: Snapshot) -> UndoFacts:
+    """The entries that concern this snapshot's own files, keyed by file name."""
+    try:
+        entries = load(snapshot)
+    except ReadError as e:
+        return UndoFacts(error=str(e))
+    prefix = entry_key(snapshot, "x")[:-1]
+    mine = {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix) and "/" not in k[len(prefix):]}
+    return UndoFacts(entries=mine)
+
+
+def save(snapshot: Snapshot, entries: dict[str, dict[str, Any]]) -> None:
+    """Write the record atomically; an empty record removes the file."""
+    path = snapshot.state_dir / UNDO_FILE
+    if not entries:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            _fsync_dir(path.parent)
+        return
+    doc = {"schema_version": SCHEMA_VERSION, "tool": "gemma-doctor",
+           "note": "originals of files rewritten by `gemma-doctor fix`; `gemma-doctor restore` puts them back",
+           "entries": dict(sorted(entries.items()))}
+    write_file(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"), 0o644)
+
+
+def backup_path(snapshot: Snapshot, digest: str) -> Path:
+    """Where the original bytes with this sha256 are kept."""
+    return snapshot.state_dir / "backups" / digest
+
+
+def save_backup(snapshot: Snapshot, data: bytes) -> str:
+    """Keep a copy of original bytes (content-addressed, written once); return its digest."""
+    digest = sha256(data)
+    path = backup_path(snapshot, digest)
+    if not (path.is_file() and sha256(path.read_bytes()) == digest):
+        write_file(path, data, 0o644)
+    return digest
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.gemma-doctor-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_file(path: Path, data: bytes, mode: int) -> None:
+    """Atomically make ``path`` a regular file holding ``data``: temp file beside it, fsync, rename.
+
+    A link at ``path`` is replaced, never written through, so the blob it pointed at is untouched.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot create {path.parent}: {e.strerror}") from None
+    tmp = _tmp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o777)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, mode & 0o777)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
+    _fsync_dir(path.parent)
+
+
+def write_link(path: Path, target: str) -> None:
+    """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename)."""
+    tmp = _tmp_name(path)
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
+    _fsync_dir(path.parent)
