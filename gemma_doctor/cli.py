@@ -76,12 +76,19 @@ def check(
     fmt: OutputFormat = FormatOpt,
     fail_on: FailOn = typer.Option(FailOn.ERROR, "--fail-on", case_sensitive=False,
                                    help="Exit 1 when a finding is at or above this severity."),
+    weights: bool = typer.Option(False, "--weights", help="Also read every tensor: NaN/Inf, fp16 overflow, zero embedding rows."),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Shards scanned in parallel by --weights."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of probing: a compute capability (8.0, sm_75), a name (T4, A100, H100) or none."),
+    task: Optional[str] = typer.Option(None, "--task", help="Training task for the precision advice: sft, dpo, grpo, ppo, qlora..."),
+    training_config: Optional[Path] = typer.Option(None, "--training-config", exists=False, dir_okay=False,
+                                                   help="A TrainingArguments/TRL JSON or YAML, axolotl YAML or accelerate config to lint."),
 ) -> None:
-    """Diagnose models: use_cache, generation config, library versions. Writes nothing."""
+    """Diagnose models: use_cache, generation config, saved dtypes, GPU and library versions. Writes nothing."""
     from gemma_doctor.diagnose import diagnose
     from gemma_doctor.facts import CheckOptions
 
-    options = CheckOptions(fail_on=fail_on)
+    options = CheckOptions(fail_on=fail_on, weights=weights, gpu=gpu, task=task,
+                           training_config=str(training_config) if training_config else None, jobs=jobs)
     report = diagnose(targets or [], cache_dir, revision, all_revisions, options)
     if fmt is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import render_report as render_json

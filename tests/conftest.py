@@ -1,0 +1,54 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.builders import HubCache
+
+
+@pytest.fixture
+def hub(tmp_path) -> HubCache:
+    """An empty hub cache in a temporary folder."""
+    return HubCache(tmp_path / "hub")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch, tmp_path):
+    """No test ever sees the developer's real cache or colour settings."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "default-hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+class CliResult:
+    """What one in-process CLI run produced."""
+
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def json(self):
+        import json
+
+        return json.loads(self.out)
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, out={self.out[:2000]!r}, err={self.err[:2000]!r})"
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run gemma-doctor in-process like the console script: cli(*args) -> CliResult."""
+    from gemma_doctor.cli import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run

@@ -1,0 +1,48 @@
+"""Virtual environments with a pinned transformers, built once and cached, for tests that need one.
+
+The cache folder is $GEMMA_DOCTOR_TEST_VENVS, else .ci-cache/venvs in the repository (git-ignored).
+torch is installed first as 2.13.0 (the CPU build on disk), so nothing pulls CUDA packages.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH = "torch==2.13.0"
+# transformers 4.50.0 with the accelerate the crash was reported with (facts.md section 1).
+LEGACY = ("transformers==4.50.0", "accelerate==1.5.2", "huggingface_hub<1.0")
+
+
+def venv_root() -> Path:
+    """Where built venvs are kept between runs."""
+    return Path(os.environ.get("GEMMA_DOCTOR_TEST_VENVS") or ROOT / ".ci-cache" / "venvs")
+
+
+def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -> Path:
+    """Build (or reuse) a venv holding torch 2.13.0 + ``packages`` (+ this project); return its python."""
+    key = hashlib.sha256("\n".join((TORCH, *packages, str(with_project))).encode()).hexdigest()[:12]
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"venv-{key}"
+    python = path / "bin" / "python"
+    marker = path / ".complete"
+    with open(root / f"venv-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
+        if marker.exists():
+            return python
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, TORCH], check=True)
+        subprocess.run([*pip, *packages], check=True)
+        if with_project:
+            subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
+            # the project's own light dependencies, without letting them move the pinned stack
+            subprocess.run([*pip, "typer>=0.12", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy"], check=True)
+        marker.write_text("ok\n")
+    return python
