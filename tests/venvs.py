@@ -46,3 +46,12 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
             subprocess.run([*pip, "typer>=0.12", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy"], check=True)
         marker.write_text("ok\n")
     return python
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for running this working tree's gemma_doctor inside a built venv (PYTHONPATH wins
+    over whatever copy the venv installed), offline, without colour."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update({"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(extra)
+    return env
