@@ -37,10 +37,12 @@ FormatOpt = typer.Option(OutputFormat.TEXT, "--format", "-f", help="Output forma
 LockTimeoutOpt = typer.Option(60.0, "--lock-timeout", min=0.0, help="Seconds to wait for another gemma-doctor writing the same repo.")
 
 
-def _color(stream: object = sys.stdout) -> bool:
+def _color(stream: object = None) -> bool:
     """Colour only on a terminal, and never with NO_COLOR set (no-color.org)."""
     if os.environ.get("NO_COLOR"):
         return False
+    # Looked up at call time: sys.stdout may have been replaced since import (tests, redirection).
+    stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 

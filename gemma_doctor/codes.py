@@ -31,6 +31,18 @@ _CODES = [
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false"),
     Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model"),
     Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read"),
+    # GD2xx: saved dtypes, safetensors shards, quantization
+    Code("GD201", "dtype-mismatch", "the dtype config.json declares differs from the dtype the weights are saved in"),
+    Code("GD202", "fp16-gemma", "Gemma 2/3 weights, declared dtype or quantized compute dtype is float16, whose range they overflow"),
+    Code("GD203", "shard-missing", "a safetensors file the model needs is missing (or a dangling link)"),
+    Code("GD204", "shard-corrupt", "a safetensors file has an invalid header or a truncated/oversized data section"),
+    Code("GD205", "quantized", "the checkpoint is quantized (bitsandbytes, GPTQ, AWQ...); its compute dtype is reported"),
+    Code("GD206", "index-invalid", "model.safetensors.index.json is unreadable or disagrees with the shards"),
+    # GD5xx: the weights scan (check --weights)
+    Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
+    Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),
+    Code("GD503", "zero-embedding-rows", "an embedding or lm_head matrix has all-zero rows (a NaN risk when fine-tuning)"),
+    Code("GD504", "weights-not-scanned", "tensors of other dtypes than F32/F16/BF16, or unreadable shards, were not scanned"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

@@ -9,6 +9,7 @@ from gemma_doctor import family as family_mod
 from gemma_doctor import locate, rules, undo
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers.jsonfile import read_json_file
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import ModelReport, Report
@@ -16,6 +17,8 @@ from gemma_doctor.report import ModelReport, Report
 # Feature gatherers add facts to ModelFacts.extra: (facts, options) -> {name: fact}.
 Gatherer = Callable[[ModelFacts, CheckOptions], dict]
 GATHERERS: list[Gatherer] = []
+# The dtype census (safetensors headers only) runs first: later gatherers read extra["dtypes"].
+GATHERERS.append(dtypes_census.gather)
 # Environment probes add facts to Environment.extra: (options) -> {name: fact}.
 EnvProbe = Callable[[CheckOptions], dict]
 ENV_PROBES: list[EnvProbe] = []

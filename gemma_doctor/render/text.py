@@ -25,6 +25,9 @@ def _model_lines(m: ModelReport) -> list[str]:
     from rich.markup import escape
 
     lines = [_title(m.repo_id, m.revision, m.commit, m.path, m.family)]
+    from gemma_doctor.render.census import census_lines
+
+    lines.extend(f"  [dim]{escape(line)}[/dim]" for line in census_lines(m.extra))
     if not m.findings:
         lines.append("  [green]no findings[/green]")
     for f in m.findings:

@@ -1,0 +1,175 @@
+"""Strict reading of safetensors headers (never tensor data), validated as the reference reader does.
+
+No numpy and no safetensors import here: the census runs on every `check` and must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The reference reader (safetensors' Rust crate) refuses headers larger than this.
+MAX_HEADER_BYTES = 100_000_000
+
+# Size in bits of every dtype the format defines (facts.md section 5).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "F64": 64, "I64": 64, "U64": 64, "C64": 64,
+    "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4,
+}
+
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+                          "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4"})
+
+# Products of shapes beyond this overflow the reference reader's usize arithmetic.
+_USIZE_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry in a safetensors header; offsets are relative to the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the data section."""
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A safetensors file's header as read, or the reason it is not a valid safetensors file."""
+
+    path: Path
+    exists: bool
+    file_size: int = 0
+    header_len: int = 0
+    tensors: tuple[TensorInfo, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the file exists and its header passed every check."""
+        return self.exists and self.error is None
+
+    @property
+    def data_start(self) -> int:
+        """Absolute file offset of the data section."""
+        return 8 + self.header_len
+
+
+def _bad(path: Path, size: int, error: str, header_len: int = 0) -> SafetensorsHeader:
+    return SafetensorsHeader(path, exists=True, file_size=size, header_len=header_len, error=error)
+
+
+def _is_uint(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
+    """Validate header bytes (without the 8-byte length) against a file of ``file_size`` bytes. Never raises."""
+    n = len(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _bad(path, file_size, f"header is not UTF-8 (byte offset {8 + e.start})", n)
+    if not text.startswith("{"):
+        return _bad(path, file_size, "header does not start with '{'", n)
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        msg = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+        return _bad(path, file_size, f"header is not valid JSON: {msg}", n)
+    if not isinstance(doc, dict):
+        return _bad(path, file_size, "header is not a JSON object", n)
+    metadata: dict[str, str] = {}
+    tensors: list[TensorInfo] = []
+    for name, entry in doc.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                return _bad(path, file_size, "__metadata__ is not a map of strings to strings", n)
+            metadata = dict(entry)
+            continue
+        if not isinstance(entry, dict):
+            return _bad(path, file_size, f"tensor {name!r}: entry is not an object", n)
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+            return _bad(path, file_size, f"tensor {name!r}: unknown dtype {dtype!r}", n)
+        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+            return _bad(path, file_size, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers", n)
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)):
+            return _bad(path, file_size, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]", n)
+        tensors.append(TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1]))
+    # The reference reader sorts by offsets and requires them to tile the data section from 0.
+    tensors.sort(key=lambda t: (t.begin, t.end))
+    start = 0
+    for t in tensors:
+        if t.begin != start or t.end < t.begin:
+            why = "gap before it" if t.begin > start else ("overlaps the previous tensor" if t.begin < start else "end < begin")
+            return _bad(path, file_size, f"tensor {t.name!r}: data_offsets [{t.begin}, {t.end}] not contiguous ({why})", n)
+        numel = 1
+        for d in t.shape:
+            numel *= d
+            if numel > _USIZE_MAX:
+                return _bad(path, file_size, f"tensor {t.name!r}: shape {list(t.shape)} overflows", n)
+        bits = numel * DTYPE_BITS[t.dtype]
+        if bits > _USIZE_MAX:
+            return _bad(path, file_size, f"tensor {t.name!r}: shape {list(t.shape)} overflows", n)
+        if bits % 8:
+            return _bad(path, file_size, f"tensor {t.name!r}: {numel} x {t.dtype} is not a whole number of bytes", n)
+        if bits // 8 != t.end - t.begin:
+            return _bad(path, file_size, f"tensor {t.name!r}: {list(t.shape)} x {t.dtype} is {bits // 8} bytes "
+                                         f"but data_offsets span {t.end - t.begin}", n)
+        start = t.end
+    data_len = file_size - 8 - n
+    if data_len != start:
+        kind = "truncated" if data_len < start else "has trailing bytes"
+        return _bad(path, file_size, f"data section is {data_len} bytes but the header describes {start} ({kind})", n)
+    return SafetensorsHeader(path, exists=True, file_size=file_size, header_len=n, tensors=tuple(tensors),
+                             metadata=metadata)
+
+
+def read_header(path: Path) -> SafetensorsHeader:
+    """Read and validate the header of ``path``; a missing or invalid file gives a header with ``error``."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return SafetensorsHeader(path, exists=False, error="missing" + (" (dangling link)" if path.is_symlink() else ""))
+    except OSError as e:
+        return SafetensorsHeader(path, exists=os.path.lexists(path), error=f"cannot open: {e.strerror or e}")
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                return _bad(path, size, f"file is {size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                return _bad(path, size, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+            if n + 8 > size:
+                return _bad(path, size, f"header length {n} runs past the end of the {size}-byte file")
+            raw = f.read(n)
+        except OSError as e:
+            return _bad(path, 0, f"cannot read: {e.strerror or e}")
+    if len(raw) != n:
+        return _bad(path, size, "file shrank while being read")
+    return parse_header(raw, size, path)

@@ -1,0 +1,77 @@
+"""Findings about saved dtypes, shards and quantization, from the census on ModelFacts.extra["dtypes"]."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.report import Finding, Severity
+
+# Text models whose activations exceed fp16's range (facts.md section 3).
+_FP16_UNSAFE_TEXT = frozenset({"gemma2", "gemma3_text", "gemma3n_text"})
+_ST_TO_TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def _fmt(n: int) -> str:
+    for unit, div in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """GD201-GD206: dtype mismatch, fp16 Gemma 2/3, missing/corrupt shards, bad index, quantized."""
+    c: Any = model.extra.get("dtypes")
+    if c is None:
+        return
+    if c.index_error:
+        yield Finding("GD206", Severity.ERROR, f"{c.source}: {c.index_error}", file=c.source, key="weight_map",
+                      fix="download the index again: hf download REPO model.safetensors.index.json")
+    for p in c.index_problems:
+        yield Finding("GD206", Severity.ERROR, f"index and shards disagree: {p}", file=c.source, key="weight_map",
+                      fix="the index and shards come from different revisions; download the model again")
+    for s in c.shards:
+        if s.error is None:
+            continue
+        if not s.exists:
+            yield Finding("GD203", Severity.ERROR, f"shard {s.file} is {s.error}", file=s.file,
+                          fix="download the missing shard: hf download REPO --include '*.safetensors'")
+        else:
+            yield Finding("GD204", Severity.ERROR, f"shard {s.file} is not a valid safetensors file: {s.error}", file=s.file,
+                          fix="delete the corrupt blob and download it again (hf download REPO --force-download "
+                              "--include FILE); check the disk is not full")
+    q = c.quantization
+    if q:
+        bits = f" {q['bits']}-bit" if q.get("bits") else ""
+        comp = q.get("compute_dtype") or "unknown"
+        yield Finding("GD205", Severity.INFO, f"quantized checkpoint ({q.get('method') or 'unknown method'}{bits}, "
+                      f"from {q.get('source')}); compute dtype {comp}", file="config.json", key="quantization_config",
+                      fix=None)
+    text_type = model.family.text_model_type
+    unsafe = text_type in _FP16_UNSAFE_TEXT
+    weights_torch = _ST_TO_TORCH.get(c.dominant or "")
+    if c.declared and c.declared != "auto" and weights_torch and not q and c.declared != weights_torch:
+        yield Finding("GD201", Severity.WARNING,
+                      f"{c.declared_key} declares {c.declared} but the weights are saved as {c.dominant} "
+                      f"({_fmt(c.weights[c.dominant])} parameters); dtype=\"auto\" loads {c.declared}",
+                      file="config.json", key=c.declared_key,
+                      fix=f"load with an explicit dtype (from_pretrained(..., dtype=torch.{weights_torch})) or set "
+                          f"\"{c.declared_key.split('.')[-1]}\": \"{weights_torch}\" to match the weights")
+    if unsafe:
+        if c.dominant == "F16":
+            yield Finding("GD202", Severity.WARNING,
+                          f"{model.family.label} weights are saved in float16 ({_fmt(c.weights['F16'])} parameters); Gemma 2/3 "
+                          "activations exceed fp16's 65504 and overflow to inf/NaN",
+                          file=c.source, fix="use the original bf16 checkpoint, or load in bfloat16 (fp32 on GPUs without "
+                                             "native bf16) and train with bf16=True, never fp16=True")
+        elif c.declared == "float16" and not q:
+            yield Finding("GD202", Severity.WARNING,
+                          f"{c.declared_key} declares float16 for {model.family.label}, whose activations overflow fp16",
+                          file="config.json", key=c.declared_key,
+                          fix="load with dtype=torch.bfloat16 (fp32 on GPUs without native bf16); set the key to \"bfloat16\"")
+        if q and q.get("compute_dtype") == "float16":
+            yield Finding("GD202", Severity.WARNING,
+                          f"quantized {model.family.label} computes in float16, whose range its activations exceed",
+                          file="config.json", key="quantization_config",
+                          fix="set bnb_4bit_compute_dtype=torch.bfloat16 where bf16 is native (compute capability >= 8.0), "
+                              "else float32")
