@@ -1,0 +1,156 @@
+"""`gemma-doctor check`: findings per family, JSON shape, exit codes, bad input as findings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gemma_doctor.facts import CheckOptions, Environment
+from gemma_doctor.diagnose import read_model
+from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers.versions import Versions
+from gemma_doctor.rules import use_cache
+from tests.builders import (gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config, generation_config,
+                            llama_config, paligemma2_config, variant)
+
+FAMILIES = {
+    "gemma3-multimodal": (gemma3_12b_config, "gemma3", "text_config.use_cache"),
+    "gemma3-text": (gemma3_1b_config, "gemma3", "use_cache"),
+    "gemma2": (gemma2_config, "gemma2", "use_cache"),
+    "paligemma2": (paligemma2_config, "paligemma2", "text_config.use_cache"),
+}
+
+
+def _codes(model: dict) -> dict[str, str]:
+    return {f["code"]: f["severity"] for f in model["findings"]}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_hybridcache_families_report_use_cache_where_the_text_model_reads_it(hub, cli, name):
+    make, family, key = FAMILIES[name]
+    hub.add("org/model", {"config.json": make(), "generation_config.json": generation_config()})
+    r = cli("check", "org/model", "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 1, r
+    doc = r.json()
+    [model] = doc["models"]
+    assert (doc["schema_version"], doc["status"], model["family"], model["repo_id"], model["revision"]) == (1, "fail", family, "org/model", "main")
+    gd101 = next(f for f in model["findings"] if f["code"] == "GD101")
+    assert gd101 == {**gd101, "severity": "error", "file": "config.json", "key": key,
+                     "fix": "gemma-doctor fix org/model --inplace"}
+    assert "'HybridCache' object has no attribute 'float'" in gd101["message"]
+    gd102 = next(f for f in model["findings"] if f["code"] == "GD102")
+    assert (gd102["severity"], gd102["file"], gd102["key"]) == ("warning", "generation_config.json", "use_cache")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("make", [gemma3n_config, llama_config,
+                                  lambda: {**paligemma2_config(), "text_config": {"model_type": "gemma"}}])
+def test_models_without_a_hybridcache_get_no_use_cache_error(hub, cli, make, fmt):
+    hub.add("org/model", {"config.json": make(), "generation_config.json": generation_config()})
+    r = cli("check", "org/model", "--cache-dir", hub.root, "--format", fmt)
+    assert r.code == 0, r
+    assert "GD101" not in r.out and "GD102" not in r.out
+
+
+def test_fixed_configs_pass_and_the_top_level_key_alone_does_not(hub, cli):
+    cfg = gemma3_12b_config()
+    hub.add("org/top-only", {"config.json": variant(cfg, use_cache=False)})
+    hub.add("org/fixed", {"config.json": variant(cfg, text_config={**cfg["text_config"], "use_cache": False}),
+                          "generation_config.json": {**generation_config(), "use_cache": False}})
+    r = cli("check", "org/top-only", "org/fixed", "--cache-dir", hub.root, "--format", "json")
+    top, fixed = r.json()["models"]
+    assert _codes(top) == {"GD101": "error", "GD104": "info"}
+    assert fixed["findings"] == []
+    assert r.code == 1
+
+
+def test_whole_cache_reports_gemma_models_and_skips_others(hub, cli):
+    hub.add("google/gemma-2-2b-it", {"config.json": gemma2_config()})
+    hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
+    hub.add("someone/renamed-gemma", {"config.json": gemma3_1b_config()})
+    r = cli("check", "--cache-dir", hub.root, "--format", "json")
+    doc = r.json()
+    assert [m["repo_id"] for m in doc["models"]] == ["google/gemma-2-2b-it", "someone/renamed-gemma"]
+    assert [s["target"] for s in doc["skipped"]] == ["meta-llama/Llama-3.2-1B"]
+    assert doc["summary"]["skipped"] == 1
+
+
+def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli):
+    hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
+    r = cli("check", "meta-llama/Llama-3.2-1B", "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 0
+    assert r.json()["models"][0]["findings"][0]["code"] == "GD003"
+
+
+BAD_CONFIGS = {
+    "not json": (b"{not json", "GD001", "not valid JSON"),
+    "empty": (b"", "GD001", "empty file"),
+    "binary": (b"\xff\xfe\x00\x01", "GD001", "not UTF-8"),
+    "array": (b"[1, 2]", "GD002", "not an object"),
+    "duplicate key": (b'{"model_type": "gemma3", "model_type": "llama"}', "GD002", "duplicate key"),
+    "NaN literal": (b'{"model_type": "gemma2", "x": NaN}', "GD002", "NaN"),
+    "deep": (b"[" * 100000 + b"]" * 100000, "GD002", "nested too deeply"),
+    "use_cache string": (json.dumps({**gemma2_config(), "use_cache": "false"}).encode(), "GD002", "not a boolean"),
+    "text_config list": (json.dumps({**gemma3_12b_config(), "text_config": [1]}).encode(), "GD002", "not an object"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_bad_configs_are_findings_and_the_run_goes_on(hub, cli, name):
+    raw, code, words = BAD_CONFIGS[name]
+    hub.add("org/broken", {"config.json": raw})
+    hub.add("org/good", {"config.json": gemma2_config()})
+    r = cli("check", "org/broken", "org/good", "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 1 and r.err == "", r
+    broken, good = r.json()["models"]
+    finding = next(f for f in broken["findings"] if f["code"] == code)
+    assert finding["severity"] == "error" and words in finding["message"], finding
+    assert "GD101" in _codes(good)
+
+
+def test_malformed_generation_config_is_reported(hub, cli):
+    hub.add("org/m", {"config.json": gemma2_config(), "generation_config.json": b"{,}"})
+    r = cli("check", "org/m", "--cache-dir", hub.root, "--format", "json")
+    assert _codes(r.json()["models"][0])["GD004"] == "error"
+
+
+def test_fail_on_thresholds_and_exit_codes(hub, cli):
+    cfg = gemma2_config()
+    hub.add("org/warn-only", {"config.json": variant(cfg, use_cache=False), "generation_config.json": generation_config()})
+    args = ("check", "org/warn-only", "--cache-dir", hub.root)
+    assert cli(*args).code == 0
+    assert cli(*args, "--fail-on", "warning").code == 1
+    assert cli(*args, "--fail-on", "never").code == 0
+    assert cli(*args, "--fail-on", "bogus").code == 2
+    assert cli("check", "org/absent", "--cache-dir", hub.root).code == 2
+
+
+def test_text_report_names_the_problem_the_place_and_the_command(hub, cli):
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root)
+    assert r.code == 1
+    assert "GD101 config.json:text_config.use_cache" in r.out
+    assert "fix: gemma-doctor fix google/gemma-3-12b-it --inplace" in r.out
+    assert "\x1b[" not in r.out  # not a terminal: no colour codes
+    assert "FAIL 1 model(s): 1 error(s)" in r.out
+
+
+@pytest.mark.parametrize("version,severity", [("4.50.0", "error"), ("4.50.3", "error"), ("4.50.0.dev0", "error"),
+                                              ("4.49.0", None), ("4.51.0", None), ("5.23.0", None)])
+def test_transformers_versions_with_the_hybridcache_bug(hub, version, severity):
+    snap = hub.add("org/m", {"config.json": gemma3_12b_config()})
+    facts = read_model(Snapshot("org/m", snap, "org/m", "main", snap.name, hub.repo_dir("org/m"), hub.root))
+    env = Environment(Versions({"transformers": version}))
+    found = {f.code: f for f in use_cache.check(facts, env, CheckOptions())}
+    if severity is None:
+        assert "GD103" not in found
+    else:
+        assert found["GD103"].severity.value == severity and "4.51.0" in found["GD103"].fix
+
+
+def test_usage_errors_are_one_line(hub, cli):
+    r = cli("check", "google/gemma-3-27b-it", "--cache-dir", hub.root)
+    assert r.code == 2 and r.out == "" and r.err.count("\n") == 1 and "hf download" in r.err
+    r = cli("check", "--no-such-option")
+    assert r.code == 2 and r.err.count("\n") == 1
