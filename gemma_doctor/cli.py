@@ -97,7 +97,9 @@ def check(
 
         _out(render_json(report, fail_on))
     elif fmt is OutputFormat.GITHUB:
-        raise UsageError("--format github is not available yet")
+        from gemma_doctor.render.github import render_report as render_github
+
+        _out(render_github(report, fail_on))
     else:
         from gemma_doctor.render.text import render_report as render_text
 

@@ -43,6 +43,16 @@ _CODES = [
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),
     Code("GD503", "zero-embedding-rows", "an embedding or lm_head matrix has all-zero rows (a NaN risk when fine-tuning)"),
     Code("GD504", "weights-not-scanned", "tensors of other dtypes than F32/F16/BF16, or unreadable shards, were not scanned"),
+    # GD6xx: training-config lint (--training-config)
+    Code("GD601", "training-config-unreadable", "the training config is unreadable, not JSON/YAML, or not a mapping of settings"),
+    Code("GD602", "fp16-on-gemma", "fp16 mixed precision on a Gemma 2/3 model, whose activations exceed fp16's range"),
+    Code("GD603", "bf16-not-native", "bf16 is enabled on a GPU without native bf16 (compute capability < 8.0)"),
+    Code("GD604", "fp16-and-bf16", "fp16 and bf16 are both enabled"),
+    Code("GD605", "bf16-auto-emulated", "bf16: auto would resolve to emulated bf16 on this GPU"),
+    Code("GD606", "training-use-cache", "the training config turns use_cache on (gradient checkpointing conflict, HybridCache crash)"),
+    Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)"),
+    Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
+    Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

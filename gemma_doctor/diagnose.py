@@ -11,6 +11,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers.jsonfile import read_json_file
+from gemma_doctor.readers import training_config
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import ModelReport, Report
 
@@ -22,6 +23,7 @@ GATHERERS.append(dtypes_census.gather)
 # Environment probes add facts to Environment.extra: (options) -> {name: fact}.
 EnvProbe = Callable[[CheckOptions], dict]
 ENV_PROBES: list[EnvProbe] = []
+ENV_PROBES.append(training_config.probe)  # reads --training-config once, for the GD6xx rules
 
 
 def read_model(snapshot: Snapshot) -> ModelFacts:

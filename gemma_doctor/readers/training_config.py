@@ -1,0 +1,210 @@
+"""Read a training config (TrainingArguments/TRL JSON or YAML, axolotl, LLaMA-Factory, accelerate, DeepSpeed)
+into the precision settings the run will use, as a frozen fact. Never raises for a bad file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gemma_doctor.errors import UsageError
+
+# Training configs are a few KiB; anything larger is not one and is not read whole.
+MAX_BYTES = 4 * 1024 * 1024
+
+# Normalised setting -> the keys (dotted paths) that hold it in the formats we know, first found wins.
+# TRL's ModelConfig builds BitsAndBytesConfig(bnb_4bit_compute_dtype=torch_dtype), hence torch_dtype below.
+KEYS: dict[str, tuple[str, ...]] = {
+    "fp16": ("fp16", "fp16.enabled"),
+    "bf16": ("bf16", "bf16.enabled", "bfloat16.enabled"),
+    "mixed_precision": ("mixed_precision",),
+    "use_cache": ("use_cache", "model_init_kwargs.use_cache", "model_kwargs.use_cache"),
+    "gradient_checkpointing": ("gradient_checkpointing",),
+    "max_grad_norm": ("max_grad_norm", "gradient_clipping"),
+    "rl": ("rl", "stage"),
+    "adapter": ("adapter", "finetuning_type", "use_peft"),
+    "load_in_4bit": ("load_in_4bit", "quantization_config.load_in_4bit", "model_init_kwargs.quantization_config.load_in_4bit",
+                     "quantization_bit"),
+    "compute_dtype": ("bnb_4bit_compute_dtype", "quantization_config.bnb_4bit_compute_dtype",
+                      "model_init_kwargs.quantization_config.bnb_4bit_compute_dtype"),
+    "torch_dtype": ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype"),
+    "use_cpu": ("use_cpu", "no_cuda"),
+}
+
+# Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
+_DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as written in the training config: its dotted key, value and (1-based) line."""
+
+    key: str
+    value: Any
+    line: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"key": self.key, "value": self.value, "line": self.line}
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The precision-relevant settings of one training config file, or why it could not be read."""
+
+    path: str
+    kind: str = "unknown"
+    settings: dict[str, Setting] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the file was read and parsed to a mapping."""
+        return self.error is None
+
+    def get(self, name: str) -> Setting | None:
+        """The setting called ``name`` (a key of KEYS), or None when the file does not set it."""
+        return self.settings.get(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `environment.training_config` block of the JSON report."""
+        return {"path": self.path, "kind": self.kind, "error": self.error,
+                "settings": {k: v.to_json() for k, v in self.settings.items()}}
+
+
+def _kind(data: dict[str, Any]) -> str:
+    if "compute_environment" in data or "distributed_type" in data:
+        return "accelerate"
+    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
+        return "deepspeed"
+    if "base_model" in data or "micro_batch_size" in data:
+        return "axolotl"
+    if "stage" in data and ("finetuning_type" in data or "template" in data):
+        return "llama-factory"
+    return "transformers"
+
+
+def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _yaml_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line of every mapping key up to three levels deep (YAML node marks)."""
+    import yaml
+
+    out: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str, depth: int) -> None:
+        if depth > 3 or not isinstance(node, yaml.MappingNode):
+            return
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                dotted = prefix + str(k.value)
+                out.setdefault(dotted, k.start_mark.line + 1)
+                walk(v, dotted + ".", depth + 1)
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "", 1)
+    except yaml.YAMLError:
+        pass
+    return out
+
+
+def _json_line(text: str, dotted: str) -> int | None:
+    """Line of the last key of ``dotted``: the first ``"key":`` after its parents' keys (cheap, good enough)."""
+    pos = 0
+    for part in dotted.split("."):
+        m = re.compile(r'"' + re.escape(part) + r'"\s*:').search(text, pos)
+        if m is None:
+            return None
+        pos = m.start()
+    return text.count("\n", 0, pos) + 1
+
+
+def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
+    """Parse training-config text (JSON or YAML) into settings; never raises."""
+    data: Any = None
+    is_json = False
+    if not yaml_first:
+        try:
+            data = json.loads(text)
+            is_json = True
+        except json.JSONDecodeError as e:
+            if path.endswith(".json"):
+                return TrainingConfig(path, error=f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+        except RecursionError:
+            return TrainingConfig(path, error="nested too deeply to be a training config")
+    if not is_json:
+        try:
+            import yaml
+        except ImportError:
+            return TrainingConfig(path, error="pyyaml is not installed, so YAML cannot be read (pip install pyyaml)")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            return TrainingConfig(path, error=f"not valid YAML: {e.problem or e.context}{where}")
+        except (yaml.YAMLError, RecursionError, ValueError) as e:
+            return TrainingConfig(path, error=f"not valid YAML: {e}".splitlines()[0])
+    if data is None:
+        return TrainingConfig(path, error="empty file")
+    if not isinstance(data, dict):
+        return TrainingConfig(path, error=f"top level is a {type(data).__name__}, not a mapping of settings")
+    kind = _kind(data)
+    lines = {} if is_json else _yaml_lines(text)
+    settings: dict[str, Setting] = {}
+    for name, keys in KEYS.items():
+        for key in keys:
+            found, value = _lookup(data, key)
+            # DeepSpeed writes "bf16": {"enabled": ...}: the mapping itself is not the setting.
+            if found and not isinstance(value, dict):
+                line = _json_line(text, key) if is_json else lines.get(key)
+                settings[name] = Setting(key, value, line)
+                break
+    if "rl" not in settings:
+        for key in _DPO_ONLY_KEYS:
+            if key in data:
+                settings["rl"] = Setting(key, "dpo", _json_line(text, key) if is_json else lines.get(key))
+                break
+    return TrainingConfig(path, kind=kind, settings=settings)
+
+
+def read(path: str) -> TrainingConfig:
+    """Read the training config at ``path``; a file that cannot be used becomes a fact with ``error``."""
+    p = Path(path)
+    if p.is_dir():
+        return TrainingConfig(path, error="is a folder, not a training config file")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        return TrainingConfig(path, error=f"cannot read: {e.strerror or e}")
+    if len(raw) > MAX_BYTES:
+        return TrainingConfig(path, error=f"larger than {MAX_BYTES // (1024 * 1024)} MiB, not a training config (not read whole)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        return TrainingConfig(path, error=f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")
+    if not text.strip():
+        return TrainingConfig(path, error="empty file")
+    yaml_first = p.suffix.lower() in (".yaml", ".yml")
+    return parse(text, path, yaml_first)
+
+
+def probe(options: Any) -> dict[str, TrainingConfig]:
+    """Env probe for diagnose(): reads --training-config once; a path that does not exist is a usage error."""
+    path = getattr(options, "training_config", None)
+    if not path:
+        return {}
+    if not os.path.lexists(path):
+        raise UsageError(f"training config {path} does not exist")
+    return {"training_config": read(path)}

@@ -1,0 +1,79 @@
+"""`--format github`: GitHub Actions workflow commands, so findings appear as annotations on the run and the diff."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gemma_doctor.codes import CODES
+from gemma_doctor.report import FailOn, Finding, ModelReport, Report, Severity
+
+# Annotation levels GitHub knows; info findings become notices.
+LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
+def escape_data(text: str) -> str:
+    """The Actions toolkit's escapeData: % CR LF in a command's message."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """The Actions toolkit's escapeProperty: escapeData plus : and , in a property value."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def command(name: str, properties: dict[str, object], message: str) -> str:
+    """One workflow command line, ``::name key=value,...::message`` (empty properties are left out, as the toolkit does)."""
+    props = ",".join(f"{k}={escape_property(str(v))}" for k, v in properties.items() if v not in (None, ""))
+    return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
+
+
+def _file(model: ModelReport, f: Finding) -> str | None:
+    """The annotated file: training configs as given, model files under the model folder, relative when possible."""
+    if not f.file:
+        return None
+    path = Path(f.file)
+    if f.code.startswith("GD6") or path.is_absolute():
+        full = path
+    else:
+        full = Path(model.path) / f.file
+    # GitHub matches annotations against repository-relative paths; the workspace is the working directory.
+    try:
+        rel = os.path.relpath(full)
+    except ValueError:  # another drive on Windows
+        return str(full)
+    return str(full) if rel.startswith("..") else rel
+
+
+def annotation(model: ModelReport, f: Finding) -> str:
+    """The workflow command for one finding."""
+    code = CODES.get(f.code)
+    title = f"{f.code} {code.name}" if code else f.code
+    where = f"{f.key}: " if f.key else ""
+    text = f"{model.repo_id or model.path}: {where}{f.message}"
+    if f.fix:
+        text += f"\nfix: {f.fix}"
+    line = f.details.get("line") if isinstance(f.details, dict) else None
+    return command(LEVEL[f.severity], {"file": _file(model, f), "line": line, "title": title}, text)
+
+
+def render_report(report: Report, fail_on: FailOn) -> str:
+    """`check --format github`: one annotation per finding (each repeated one once), then a plain summary line."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for m in report.models:
+        for f in m.findings:
+            # A training-config finding is judged per model but names one file line: annotate it once.
+            cmd = annotation(m, f)
+            key = cmd.split("::", 2)[1] + f.message if f.code.startswith("GD6") else cmd
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(cmd)
+    counts = {s: 0 for s in Severity}
+    for f in report.all_findings():
+        counts[f.severity] += 1
+    verdict = "FAIL" if report.failed(fail_on) else "OK"
+    lines.append(f"gemma-doctor: {verdict} {len(report.models)} model(s): {counts[Severity.ERROR]} error(s), "
+                 f"{counts[Severity.WARNING]} warning(s), {counts[Severity.INFO]} info (--fail-on {fail_on.value})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""Training-config lint (GD6xx): the precision settings a run will use, judged against the model and the GPU."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.versioning import HYBRIDCACHE_FIRST_FIXED, transformers_has_hybridcache_bug
+
+# Text models pretrained in bf16 whose activations exceed fp16's range (facts.md section 3).
+FP16_UNSAFE_TEXT_TYPES = frozenset({"gemma2", "gemma3_text", "gemma3n_text"})
+HYBRID_CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
+
+# Fallback when no GPU fact is in the environment (the GPU reader is optional): name -> compute capability.
+_CAPABILITY = [
+    ("p100", 6.0), ("v100", 7.0), ("t4", 7.5), ("2080", 7.5), ("titan rtx", 7.5), ("a100", 8.0), ("a10g", 8.6),
+    ("a10", 8.6), ("a40", 8.6), ("3090", 8.6), ("3080", 8.6), ("l40s", 8.9), ("l40", 8.9), ("l4", 8.9), ("4090", 8.9),
+    ("h100", 9.0), ("h200", 9.0), ("gh200", 9.0), ("b200", 10.0), ("b100", 10.0), ("5090", 12.0),
+]
+_CC = re.compile(r"^(?:sm_?|cc)?(\d{1,2})\.?(\d)$")
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the lint needs to know about the GPU: native bf16 (None = unknown) and the emulation trap."""
+
+    native_bf16: bool | None
+    emulated_trap: bool
+    label: str
+
+
+def fallback_gpu(spec: str) -> GpuView:
+    """Pure reading of a --gpu spec (8.0, sm_75, T4, none) for when no GPU fact is in the environment."""
+    try:
+        from gemma_doctor.gpus import emulation_trap, parse_gpu_spec
+    except ImportError:  # the GPU knowledge module is optional: fall back to the small table below
+        pass
+    else:
+        from gemma_doctor.errors import UsageError
+
+        try:
+            plan = parse_gpu_spec(spec)
+        except UsageError:
+            return GpuView(None, False, spec)
+        if plan.backend == "none":
+            return GpuView(None, False, plan.label)
+        return GpuView(plan.native_bf16, emulation_trap(plan.backend, plan.native_bf16), plan.label)
+    s = spec.strip().lower()
+    if s in ("none", "cpu", ""):
+        return GpuView(None, False, "no GPU")
+    m = _CC.match(s)
+    cap = float(f"{m.group(1)}.{m.group(2)}") if m else next((c for name, c in _CAPABILITY if name in s), None)
+    if cap is None:
+        return GpuView(None, False, spec)
+    native = cap >= 8.0
+    return GpuView(native, not native, f"{spec} (compute capability {cap:.1f})")
+
+
+def gpu_view(env: Environment, options: CheckOptions) -> GpuView:
+    """The GPU the run will use: the environment's GPU fact when present, else the --gpu spec, else unknown."""
+    gpu = env.extra.get("gpu")
+    if gpu is not None:
+        # CPU runs (no GPU) use CPU autocast, where bf16 is fine: nothing to judge.
+        native = None if getattr(gpu, "backend", None) == "none" else getattr(gpu, "native_bf16", None)
+        label = getattr(gpu, "name", None) or getattr(gpu, "label", None) or options.gpu or "the GPU"
+        return GpuView(native, bool(getattr(gpu, "emulated_bf16_trap", False)), str(label))
+    if options.gpu:
+        return fallback_gpu(options.gpu)
+    return GpuView(None, False, "unknown GPU")
+
+
+def truthy(value: Any) -> bool:
+    """A setting that turns a feature on: true, "true", "yes", 1 (how YAML/JSON/CLI configs spell it)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return value is True or (isinstance(value, int) and not isinstance(value, bool) and value == 1)
+
+
+def _dtype_name(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    v = value.strip().lower().removeprefix("torch.")
+    return {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+            "float32": "fp32", "fp32": "fp32", "float": "fp32"}.get(v)
+
+
+def _at(tc: Any, key: str | None, **details: Any) -> dict[str, Any]:
+    setting = tc.get(key) if key else None
+    where = {"file": tc.path, "key": setting.key if setting else key}
+    line = setting.line if setting else None
+    return {**where, "details": {"line": line, **details} if line else dict(details)}
+
+
+def _finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name: str | None) -> Finding:
+    a = _at(tc, name)
+    return Finding(code, sev, msg, file=a["file"], key=a["key"], fix=fix, details=a["details"])
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
+    tc = env.extra.get("training_config")
+    if tc is None or not model.family.is_gemma:
+        return
+    if not tc.ok:
+        yield Finding("GD601", Severity.ERROR, f"training config cannot be read: {tc.error}", file=tc.path,
+                      fix="fix the file (JSON or YAML mapping of settings) and run the check again")
+        return
+    s = tc.settings
+    fam = model.family
+    name = fam.label or fam.family
+    fp16_unsafe = fam.text_model_type in FP16_UNSAFE_TEXT_TYPES
+    mp = s.get("mixed_precision")
+    mp_value = str(mp.value).lower() if mp is not None else None
+    fp16_key = "fp16" if "fp16" in s and truthy(s["fp16"].value) else ("mixed_precision" if mp_value == "fp16" else None)
+    bf16_key = "bf16" if "bf16" in s and truthy(s["bf16"].value) else ("mixed_precision" if mp_value == "bf16" else None)
+    bf16_auto = "bf16" in s and isinstance(s["bf16"].value, str) and s["bf16"].value.strip().lower() == "auto" \
+        and tc.kind != "deepspeed"  # DeepSpeed's "auto" copies TrainingArguments, it does not probe the GPU
+    on_cpu = "use_cpu" in s and truthy(s["use_cpu"].value)
+    gpu = GpuView(None, False, "CPU") if on_cpu else gpu_view(env, options)
+
+    if fp16_key is None and bf16_key is None and not bf16_auto:
+        yield _finding("GD609", Severity.INFO,
+                       f"{tc.path} ({tc.kind}) sets no mixed precision (fp16/bf16/mixed_precision): the run trains in fp32 "
+                       "unless the launcher adds it", "nothing to do if fp32 is intended", tc, None)
+    if fp16_key and bf16_key:
+        yield _finding("GD604", Severity.ERROR, "both fp16 and bf16 are enabled: transformers refuses to start "
+                       "(or one silently wins, depending on the launcher)",
+                       "enable one of them: bf16 on a GPU with native bf16, otherwise neither (fp32)", tc, fp16_key)
+    if fp16_key and fp16_unsafe:
+        yield _finding("GD602", Severity.ERROR,
+                       f"fp16 on {name}: the model was pretrained in bf16 and its activations exceed fp16's maximum "
+                       "(65504), giving inf/NaN losses (transformers #36822; DPO gives loss=0, reward=nan, TRL #3236)",
+                       "use bf16 where the GPU has native bf16 (compute capability >= 8.0), otherwise train in fp32",
+                       tc, fp16_key)
+    if bf16_key and gpu.native_bf16 is False:
+        yield _finding("GD603", Severity.ERROR,
+                       f"bf16 is enabled but {gpu.label} has no native bf16 (needs compute capability >= 8.0): torch "
+                       "emulates it, slowly, or the run fails",
+                       "set bf16 to false and train in fp32" + (" (never fp16 for this model)" if fp16_unsafe else "")
+                       + ", or use an A100/L4/H100-class GPU", tc, bf16_key)
+    if bf16_auto and (gpu.emulated_trap or gpu.native_bf16 is False):
+        yield _finding("GD605", Severity.WARNING,
+                       f"bf16: auto resolves through torch.cuda.is_bf16_supported(), which counts emulation, so on "
+                       f"{gpu.label} it picks slow emulated bf16",
+                       "set bf16: false (fp32) explicitly on this GPU", tc, "bf16")
+    yield from _use_cache(model, env, tc, fp16_key or bf16_key)
+    yield from _dpo(model, options, tc, fp16_key, name)
+    yield from _qlora(tc, gpu, fp16_unsafe, name)
+
+
+def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) -> Iterator[Finding]:
+    uc = tc.get("use_cache")
+    if uc is None or not truthy(uc.value):
+        return
+    gc = tc.get("gradient_checkpointing")
+    reasons = []
+    if gc is not None and truthy(gc.value):
+        reasons.append(f"it conflicts with gradient_checkpointing ({gc.key}), and transformers turns it off with a warning")
+    buggy = transformers_has_hybridcache_bug(env.versions.get("transformers"))
+    if model.family.builds_hybrid_cache and mixed:
+        reasons.append(f"under {mixed} evaluation builds a HybridCache, which transformers 4.50.0-4.50.3 crashes on "
+                       f"({HYBRID_CRASH}), overriding the on-disk fix")
+    if not reasons:
+        return
+    sev = Severity.ERROR if buggy and model.family.builds_hybrid_cache and mixed else Severity.WARNING
+    yield _finding("GD606", sev, "use_cache is true in the training config: " + "; ".join(reasons),
+                   f"remove {uc.key} or set it to false (training needs no KV cache)"
+                   + (f"; or pip install \"transformers>={HYBRIDCACHE_FIRST_FIXED}\"" if buggy else ""), tc, "use_cache")
+
+
+def _dpo(model: ModelFacts, options: CheckOptions, tc: Any, fp16_key: str | None, name: str | None) -> Iterator[Finding]:
+    rl = tc.get("rl")
+    task = (str(rl.value).lower() if rl is not None else "") or (options.task or "").lower()
+    if task not in ("dpo", "ipo", "simpo", "orpo") or model.family.text_model_type not in FP16_UNSAFE_TEXT_TYPES:
+        return
+    mgn = tc.get("max_grad_norm")
+    value = mgn.value if mgn is not None else None
+    clipping = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if clipping:
+        return
+    stable = "bf16=True, gradient_checkpointing=True, optim=adamw_torch_fused, max_grad_norm=1.0"
+    if mgn is None and not fp16_key:
+        yield _finding("GD607", Severity.INFO,
+                       f"{task.upper()} on {name} without max_grad_norm: relies on the trainer's default (1.0 in "
+                       "transformers/TRL); state it so a launcher or an older recipe cannot drop clipping",
+                       f"set max_grad_norm: 1.0 (stable DPO setting for Gemma: {stable})", tc, None)
+        return
+    why = "is missing" if mgn is None else f"is {value!r}, which turns gradient clipping off"
+    yield _finding("GD607", Severity.WARNING,
+                   f"{task.upper()} on {name}: max_grad_norm {why}" + (" in an fp16-era recipe" if fp16_key else "")
+                   + "; DPO on Gemma without clipping diverges (loss=0, grad_norm=0, reward=nan reported in TRL #3236)",
+                   f"set max_grad_norm: 1.0 (stable DPO setting for Gemma: {stable})", tc, "max_grad_norm" if mgn else None)
+
+
+def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
+    q = tc.get("load_in_4bit")
+    adapter = tc.get("adapter")
+    four_bit = (q is not None and (truthy(q.value) or q.value == 4)) or (
+        adapter is not None and str(adapter.value).lower() == "qlora")
+    if not four_bit:
+        return
+    key = "compute_dtype" if tc.get("compute_dtype") is not None else ("torch_dtype" if tc.get("torch_dtype") is not None else None)
+    if key is None:
+        return
+    dtype = _dtype_name(tc.get(key).value)
+    if dtype == "bf16" and gpu.native_bf16 is False:
+        yield _finding("GD608", Severity.ERROR,
+                       f"4-bit QLoRA compute dtype is bfloat16 but {gpu.label} has no native bf16: every matmul runs emulated",
+                       "use bnb_4bit_compute_dtype float32 on this GPU (bfloat16 only where bf16 is native)", tc, key)
+    elif dtype == "fp16" and fp16_unsafe:
+        yield _finding("GD608", Severity.ERROR,
+                       f"4-bit QLoRA compute dtype is float16 on {name}: activations exceed fp16's range (inf/NaN)",
+                       "use bnb_4bit_compute_dtype bfloat16 where bf16 is native, float32 otherwise", tc, key)

@@ -1,0 +1,58 @@
+"""`check --format github`: workflow commands that GitHub turns into annotations, escaped like the Actions toolkit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gemma_doctor.render.github import command, escape_data, escape_property
+from tests.builders import gemma3_12b_config, generation_config, variant
+
+
+def test_escaping_matches_the_actions_toolkit():
+    # toolkit command.ts: escapeData replaces % \r \n; escapeProperty also : and ,
+    assert escape_data("100% a:b,c\r\nd") == "100%25 a:b,c%0D%0Ad"
+    assert escape_property("100% a:b,c\r\nd") == "100%25 a%3Ab%2Cc%0D%0Ad"
+    assert command("error", {"file": "a,b:c.yaml", "line": 3, "title": "GD602 x"}, "m%\n") == \
+        "::error file=a%2Cb%3Ac.yaml,line=3,title=GD602 x::m%25%0A"
+    assert command("notice", {"file": None, "line": None}, "hi") == "::notice::hi"
+
+
+def test_check_prints_one_annotation_per_finding_and_exits_like_text(hub, cli, tmp_path, monkeypatch):
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.yaml").write_text("output_dir: out\nfp16: true\n")
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--training-config", "train.yaml", "--format", "github")
+    assert r.code == 1
+    lines = r.out.splitlines()
+    assert lines[-1].startswith("gemma-doctor: FAIL 1 model(s): ")
+    commands = lines[:-1]
+    assert all(line.startswith(("::error ", "::warning ", "::notice ")) for line in commands), commands
+    fp16 = [c for c in commands if "GD602" in c]
+    assert fp16 == [fp16[0]] and fp16[0].startswith("::error file=train.yaml,line=2,title=GD602 fp16-on-gemma::")
+    gd101 = next(c for c in commands if "title=GD101" in c)
+    snapshot = next(hub.root.glob("models--google--gemma-3-12b-it/snapshots/*"))
+    # model files are annotated by their path (relative to the workspace when inside it); ':' is escaped
+    assert gd101.startswith("::error file=" + escape_property(os.path.relpath(snapshot / "config.json")) + ",title=GD101 use-cache-enabled::")
+    # the message is one line: newlines (before "fix:") are escaped, never literal
+    assert "%0Afix: gemma-doctor fix google/gemma-3-12b-it --inplace" in gd101
+
+
+@pytest.mark.parametrize("fail_on, code", [("error", 0), ("warning", 1)])
+def test_exit_codes_follow_fail_on(hub, cli, fail_on, code):
+    fixed = variant(gemma3_12b_config(), text_config={**gemma3_12b_config()["text_config"], "use_cache": False})
+    hub.add("org/fixed", {"config.json": fixed, "generation_config.json": generation_config()})
+    r = cli("check", "org/fixed", "--cache-dir", hub.root, "--format", "github", "--fail-on", fail_on)
+    assert r.code == code, r
+    assert any(line.startswith("::warning ") and "GD102" in line for line in r.out.splitlines())
+
+
+def test_training_config_findings_repeat_once_across_models(hub, cli, tmp_path):
+    hub.add("org/a", {"config.json": gemma3_12b_config()})
+    hub.add("org/b", {"config.json": gemma3_12b_config()})
+    path = tmp_path / "args.json"
+    path.write_text('{"bf16": true, "fp16": true}')
+    r = cli("check", "org/a", "org/b", "--cache-dir", hub.root, "--training-config", path, "--format", "github")
+    assert sum("GD604" in line for line in r.out.splitlines()) == 1
+    assert sum("GD101" in line for line in r.out.splitlines()) == 2

@@ -1,0 +1,163 @@
+"""`check --training-config`: the precision settings of a training run judged against the model and the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gemma_doctor.readers import training_config
+from gemma_doctor.rules.training import fallback_gpu
+from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, generation_config, llama_config
+
+TRL_DPO_FP16 = {"output_dir": "out", "fp16": True, "beta": 0.1, "rpo_alpha": None, "max_grad_norm": 0.0,
+                "gradient_checkpointing": True, "model_init_kwargs": {"use_cache": True, "torch_dtype": "float16"}}
+AXOLOTL_AUTO = """base_model: google/gemma-3-12b-it
+adapter: qlora
+load_in_4bit: true
+micro_batch_size: 2
+bf16: auto
+tf32: false
+rl: dpo
+"""
+ACCELERATE_BF16 = """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+mixed_precision: bf16
+num_processes: 2
+"""
+
+
+def _lint(hub, cli, tmp_path, name, text, *extra, config=None):
+    hub.add("google/gemma-3-12b-it", {"config.json": config or gemma3_12b_config(), "generation_config.json": generation_config()})
+    path = tmp_path / name
+    path.write_text(text if isinstance(text, str) else json.dumps(text, indent=2))
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--training-config", path, "--format", "json", *extra)
+    [model] = r.json()["models"]
+    return r, path, [f for f in model["findings"] if f["code"].startswith("GD6")]
+
+
+def _by_code(findings):
+    return {f["code"]: f for f in findings}
+
+
+def test_trl_json_fp16_dpo_on_gemma3_points_at_each_key_and_line(hub, cli, tmp_path):
+    r, path, findings = _lint(hub, cli, tmp_path, "dpo.json", TRL_DPO_FP16, "--gpu", "A100")
+    got = _by_code(findings)
+    assert r.code == 1
+    assert set(got) == {"GD602", "GD606", "GD607"}
+    assert (got["GD602"]["severity"], got["GD602"]["file"], got["GD602"]["key"]) == ("error", str(path), "fp16")
+    assert got["GD602"]["details"]["line"] == 3  # json.dumps(indent=2): line 1 "{", line 2 output_dir, line 3 fp16
+    assert (got["GD606"]["key"], got["GD606"]["severity"]) == ("model_init_kwargs.use_cache", "warning")
+    assert "gradient_checkpointing" in got["GD606"]["message"]
+    assert (got["GD607"]["severity"], got["GD607"]["key"]) == ("warning", "max_grad_norm")
+    assert "turns gradient clipping off" in got["GD607"]["message"]
+
+
+def test_axolotl_bf16_auto_on_t4_warns_and_qlora_is_judged_against_the_gpu(hub, cli, tmp_path):
+    r, path, findings = _lint(hub, cli, tmp_path, "axolotl.yml", AXOLOTL_AUTO + "bnb_4bit_compute_dtype: bfloat16\n", "--gpu", "T4")
+    got = _by_code(findings)
+    assert set(got) == {"GD605", "GD607", "GD608"}
+    assert (got["GD605"]["severity"], got["GD605"]["key"], got["GD605"]["details"]["line"]) == ("warning", "bf16", 5)
+    assert "T4" in got["GD605"]["message"]
+    assert (got["GD608"]["severity"], got["GD608"]["key"], got["GD608"]["details"]["line"]) == ("error", "bnb_4bit_compute_dtype", 8)
+    # DPO with bf16 and no max_grad_norm relies on the trainer default: info, not a warning
+    assert got["GD607"]["severity"] == "info"
+
+
+def test_axolotl_bf16_auto_on_an_ampere_gpu_is_fine(hub, cli, tmp_path):
+    _, _, findings = _lint(hub, cli, tmp_path, "axolotl.yaml", AXOLOTL_AUTO + "max_grad_norm: 1.0\n", "--gpu", "L4")
+    assert findings == []
+
+
+def test_accelerate_bf16_on_a_gpu_without_native_bf16_is_an_error(hub, cli, tmp_path):
+    r, path, findings = _lint(hub, cli, tmp_path, "accelerate.yaml", ACCELERATE_BF16, "--gpu", "V100")
+    [f] = findings
+    assert (f["code"], f["severity"], f["file"], f["key"], f["details"]["line"]) == ("GD603", "error", str(path), "mixed_precision", 3)
+    assert r.code == 1
+
+
+def test_both_fp16_and_bf16(hub, cli, tmp_path):
+    _, _, findings = _lint(hub, cli, tmp_path, "args.yaml", "bf16: true\nfp16: true\n", "--gpu", "H100")
+    got = _by_code(findings)
+    assert set(got) == {"GD602", "GD604"}
+    assert got["GD604"]["details"]["line"] == 2
+
+
+def test_deepspeed_enabled_blocks_are_read(hub, cli, tmp_path):
+    ds = {"train_micro_batch_size_per_gpu": "auto", "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    _, _, findings = _lint(hub, cli, tmp_path, "ds.json", ds, "--gpu", "A100")
+    [f] = findings
+    assert (f["code"], f["key"]) == ("GD602", "fp16.enabled")
+
+
+def test_no_precision_setting_is_reported_as_fp32(hub, cli, tmp_path):
+    r, _, findings = _lint(hub, cli, tmp_path, "args.json", {"output_dir": "x", "learning_rate": 1e-4})
+    assert [(f["code"], f["severity"]) for f in findings] == [("GD609", "info")]
+
+
+def test_use_cache_in_training_config_is_an_error_with_transformers_450(hub, cli, tmp_path, monkeypatch):
+    from gemma_doctor.readers import versions
+
+    real = versions.installed
+    monkeypatch.setattr("gemma_doctor.diagnose.installed",
+                        lambda: versions.Versions({**real().packages, "transformers": "4.50.0"}, "3.11", "linux"))
+    _, _, findings = _lint(hub, cli, tmp_path, "args.json", {"bf16": True, "use_cache": True}, "--gpu", "A100")
+    [f] = findings
+    assert (f["code"], f["severity"], f["key"]) == ("GD606", "error", "use_cache")
+    assert "HybridCache" in f["message"] and "4.51.0" in f["fix"]
+
+
+@pytest.mark.parametrize("text, name, error", [
+    ("bf16: [true\n", "bad.yaml", "not valid YAML"),
+    ('{"bf16": true,}', "bad.json", "not valid JSON"),
+    ("- bf16\n- fp16\n", "list.yaml", "not a mapping"),
+    ("", "empty.yaml", "empty file"),
+    ("\xff\xfe", "binary.json", "not UTF-8"),
+])
+def test_malformed_training_configs_are_findings_not_tracebacks(hub, cli, tmp_path, text, name, error):
+    hub.add("org/m", {"config.json": gemma2_config()})
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    r = cli("check", "org/m", "--cache-dir", hub.root, "--training-config", path, "--format", "json")
+    [f] = [f for f in r.json()["models"][0]["findings"] if f["code"].startswith("GD6")]
+    assert (f["code"], f["severity"], f["file"]) == ("GD601", "error", str(path))
+    assert error in f["message"]
+    assert "Traceback" not in r.err
+
+
+def test_missing_training_config_is_a_one_line_usage_error(hub, cli, tmp_path):
+    hub.add("org/m", {"config.json": gemma3_1b_config()})
+    r = cli("check", "org/m", "--cache-dir", hub.root, "--training-config", tmp_path / "nope.yaml")
+    assert r.code == 2
+    assert r.out == ""
+    assert r.err.strip().count("\n") == 0 and "nope.yaml does not exist" in r.err
+
+
+def test_non_gemma_models_are_not_linted(hub, cli, tmp_path):
+    hub.add("org/llama", {"config.json": llama_config()})
+    path = tmp_path / "a.json"
+    path.write_text('{"fp16": true}')
+    r = cli("check", "org/llama", "--cache-dir", hub.root, "--training-config", path, "--format", "json")
+    assert [f["code"] for f in r.json()["models"][0]["findings"]] == ["GD003"]
+
+
+def test_training_config_is_reported_once_in_the_environment(hub, cli, tmp_path):
+    r, path, _ = _lint(hub, cli, tmp_path, "a.yaml", "fp16: true\n", "--gpu", "T4")
+    env = r.json()["environment"]["training_config"]
+    assert env == {"path": str(path), "kind": "transformers", "error": None,
+                   "settings": {"fp16": {"key": "fp16", "value": True, "line": 1}}}
+
+
+def test_fallback_gpu_reading():
+    assert fallback_gpu("T4").native_bf16 is False and fallback_gpu("T4").emulated_trap
+    assert fallback_gpu("8.0").native_bf16 is True
+    assert fallback_gpu("none").native_bf16 is None
+
+
+def test_reader_never_raises_on_yaml_bombs_and_deep_nesting():
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+    tc = training_config.parse(bomb + "bf16: true\n", "x.yaml", yaml_first=True)
+    assert tc.ok and tc.get("bf16").value is True
+    deep = training_config.parse("[" * 100000 + "]" * 100000, "x.json", yaml_first=False)
+    assert not deep.ok
