@@ -10,6 +10,7 @@ from gemma_doctor import locate, rules, undo
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.readers import dtypes as dtypes_census
+from gemma_doctor.readers import weights as weights_scan
 from gemma_doctor.readers.jsonfile import read_json_file
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers.versions import installed
@@ -20,6 +21,8 @@ Gatherer = Callable[[ModelFacts, CheckOptions], dict]
 GATHERERS: list[Gatherer] = []
 # The dtype census (safetensors headers only) runs first: later gatherers read extra["dtypes"].
 GATHERERS.append(dtypes_census.gather)
+# --weights: reads every tensor (numpy imported only then); a no-op otherwise.
+GATHERERS.append(weights_scan.gather)
 # Environment probes add facts to Environment.extra: (options) -> {name: fact}.
 EnvProbe = Callable[[CheckOptions], dict]
 ENV_PROBES: list[EnvProbe] = []

@@ -6,13 +6,14 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import dtypes, files, training, use_cache
+from gemma_doctor.rules import dtypes, files, training, use_cache, weights
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
 # Order is the order findings are reported in.
 RULES: list[Rule] = [files.check, use_cache.check]
 RULES.append(dtypes.check)
+RULES.append(weights.check)
 RULES.append(training.check)
 
 

@@ -1,0 +1,235 @@
+"""`check --weights`: NaN/Inf, values beyond fp16 and zero embedding rows, against a plain torch reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from gemma_doctor.readers.safetensors_header import read_header
+from gemma_doctor.readers.weights import EMBEDDING_MARKERS, scan
+from tests.builders import HubCache, gemma3_1b_config
+
+TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def planted(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Tensors with NaN, +-Inf, values beyond fp16 and zero embedding rows planted at known places."""
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(64, 48, generator=g)
+    emb[3:6] = 0.0
+    emb[60] = -0.0
+    emb[61, 7] = 0.0  # one zero value is not a zero row
+    mlp = torch.randn(37, 53, generator=g) * 100
+    mlp[0, 0] = float("nan")
+    mlp[5, 9] = float("inf")
+    mlp[36, 52] = float("-inf")
+    mlp[10, 10] = 70000.0  # beyond fp16 (becomes inf when saved in fp16)
+    mlp[11, 11] = -1.0e6
+    mlp[12, 12] = 65504.0  # exactly fp16's max: not beyond
+    head = torch.randn(64, 48, generator=g)
+    head[63] = 0.0
+    return {
+        "model.embed_tokens.weight": emb.to(dtype),
+        "model.layers.0.mlp.down_proj.weight": mlp.to(dtype),
+        "lm_head.weight": head.to(dtype),
+        "model.norm.weight": torch.ones(48, dtype=dtype),
+        "model.scalar": torch.tensor(3.5, dtype=dtype),
+        "model.empty": torch.zeros(0, 4, dtype=dtype),
+        "model.layers.0.counts": torch.arange(10, dtype=torch.int32),
+    }
+
+
+def reference(path: Path) -> dict[str, dict]:
+    """What a straightforward torch reader finds, per float tensor."""
+    out: dict[str, dict] = {}
+    with safe_open(str(path), "pt") as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            if t.dtype not in TORCH_DTYPES.values():
+                continue
+            x = t.float()
+            finite = x[torch.isfinite(x)].abs()
+            entry = {"nan": int(torch.isnan(x).sum()), "inf": int(torch.isinf(x).sum()),
+                     "max_abs": float(finite.max()) if finite.numel() else None,
+                     "beyond_fp16": int((finite > 65504).sum())}
+            if t.dim() == 2 and any(m in name for m in EMBEDDING_MARKERS):
+                rows = (x == 0).all(dim=1).nonzero().flatten().tolist()
+                entry["zero_rows"] = len(rows)
+                entry["rows"] = rows
+            out[name] = entry
+    return out
+
+
+def expand(ranges: list[list[int]]) -> list[int]:
+    return [r for a, b in ranges for r in range(a, b + 1)]
+
+
+def as_reference(tensor_json: dict) -> dict:
+    out = {k: tensor_json[k] for k in ("nan", "inf", "max_abs", "beyond_fp16")}
+    if "zero_rows" in tensor_json:
+        out["zero_rows"] = tensor_json["zero_rows"]
+        out["rows"] = expand(tensor_json["zero_row_ranges"])
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("chunk_bytes", [96, 1000, 8 * 1024 * 1024])
+def test_scan_matches_torch_reference(tmp_path, dtype, chunk_bytes):
+    path = tmp_path / "model.safetensors"
+    save_file(planted(TORCH_DTYPES[dtype]), str(path))
+    result = scan([("model.safetensors", read_header(path))], chunk_bytes=chunk_bytes)
+    got = {t.name: as_reference(t.to_json()) for t in result.tensors}
+    assert got == reference(path)
+    assert result.skipped == {"I32": 1}
+    emb = got["model.embed_tokens.weight"]
+    assert emb["rows"] == [3, 4, 5, 60]
+    assert got["lm_head.weight"]["rows"] == [63]
+    mlp = got["model.layers.0.mlp.down_proj.weight"]
+    assert mlp["nan"] == 1
+    if dtype == "F16":
+        assert mlp["inf"] == 4 and mlp["beyond_fp16"] == 0  # 70000 and -1e6 overflowed when saved in fp16
+    else:
+        # 65504 itself rounds up to 65536 in bf16, so it is beyond fp16 there.
+        assert mlp["inf"] == 2 and mlp["beyond_fp16"] == (3 if dtype == "BF16" else 2)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=st.sampled_from(["F32", "F16", "BF16"]), rows=st.integers(1, 9), cols=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1), zero_rows=st.lists(st.integers(0, 8), max_size=4),
+       chunk=st.sampled_from([4, 36, 4096]))
+def test_random_bit_patterns(tmp_path, dtype, rows, cols, seed, zero_rows, chunk):
+    """Arbitrary bit patterns (every NaN payload, subnormals, -0) give what torch finds."""
+    rng = np.random.default_rng(seed)
+    width = 4 if dtype == "F32" else 2
+    bits = rng.integers(0, 2 ** (8 * width), size=(rows, cols), dtype=np.uint64).astype(f"<u{width}")
+    for r in zero_rows:
+        if r < rows:
+            bits[r] = 0x8000 if width == 2 else 0
+    t = torch.from_numpy(bits.view(f"<i{width}").copy()).view(TORCH_DTYPES[dtype])
+    path = tmp_path / f"r-{dtype}.safetensors"
+    save_file({"wte.weight": t, "x.weight": t.clone()}, str(path))
+    result = scan([("r.safetensors", read_header(path))], chunk_bytes=chunk)
+    assert {t.name: as_reference(t.to_json()) for t in result.tensors} == reference(path)
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+def sharded_repo(hub: HubCache, dtype: str) -> str:
+    tensors = planted(TORCH_DTYPES[dtype])
+    names = list(tensors)
+    files: dict[str, bytes | dict] = {"config.json": gemma3_1b_config()}
+    weight_map: dict[str, str] = {}
+    tmp = hub.root.parent / "st-build"
+    tmp.mkdir(exist_ok=True)
+    for i, part in enumerate([names[:2], names[2:4], names[4:]], start=1):
+        fname = f"model-0000{i}-of-00003.safetensors"
+        save_file({n: tensors[n] for n in part}, str(tmp / fname))
+        files[fname] = (tmp / fname).read_bytes()
+        weight_map.update({n: fname for n in part})
+    files["model.safetensors.index.json"] = {"metadata": {}, "weight_map": weight_map}
+    repo = f"me/planted-{dtype.lower()}"
+    hub.add(repo, files)
+    return repo
+
+
+def run_json(cli, hub: HubCache, repo: str, *extra: str) -> dict:
+    # An H100 plans bf16, so GD502 stays info for bf16 weights whatever GPU this machine has.
+    r = cli("check", repo, "--cache-dir", hub.root, "--format", "json", "--weights", "--gpu", "H100", *extra)
+    assert r.code == 1, r  # NaN/Inf are errors
+    return r.json()["models"][0]
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_cli_weights_json_and_findings(cli, hub, dtype):
+    repo = sharded_repo(hub, dtype)
+    m = run_json(cli, hub, repo)
+    ws = m["weights_scan"]
+    snap = next(hub.repo_dir(repo).glob("snapshots/*"))
+    ref: dict[str, dict] = {}
+    for f in sorted(snap.glob("*.safetensors")):
+        ref.update(reference(f))
+    assert {t["name"]: as_reference(t) for t in ws["tensors"]} == ref
+    assert ws["total"]["nan"] == 1 and ws["total"]["zero_rows"] == 5
+    assert ws["skipped"] == {"I32": 1}
+    by_code: dict[str, list[dict]] = {}
+    for f in m["findings"]:
+        by_code.setdefault(f["code"], []).append(f)
+    assert [f["key"] for f in by_code["GD501"]] == ["model.layers.0.mlp.down_proj.weight"]
+    assert by_code["GD501"][0]["severity"] == "error" and by_code["GD501"][0]["file"] == "model-00001-of-00003.safetensors"
+    assert sorted(f["key"] for f in by_code["GD503"]) == ["lm_head.weight", "model.embed_tokens.weight"]
+    emb = next(f for f in by_code["GD503"] if f["key"] == "model.embed_tokens.weight")
+    assert "3-5, 60" in emb["message"] and "mean" in emb["fix"] and emb["severity"] == "warning"
+    assert [f["severity"] for f in by_code["GD504"]] == ["info"]
+    if dtype == "BF16":
+        assert [f["severity"] for f in by_code["GD502"]] == ["info"]  # not fp16 weights, no fp16 plan
+    else:
+        assert "GD502" not in by_code  # fp16 files cannot hold finite values beyond fp16
+
+
+def test_results_do_not_depend_on_jobs(cli, hub):
+    repo = sharded_repo(hub, "BF16")
+    one = run_json(cli, hub, repo, "--jobs", "1")
+    two = run_json(cli, hub, repo, "--jobs", "2")
+    assert one["weights_scan"] == two["weights_scan"] and one["findings"] == two["findings"]
+
+
+def test_no_scan_without_flag(cli, hub):
+    repo = sharded_repo(hub, "BF16")
+    r = cli("check", repo, "--cache-dir", hub.root, "--format", "json")
+    m = r.json()["models"][0]
+    assert "weights_scan" not in m and not [f for f in m["findings"] if f["code"].startswith("GD5")]
+
+
+def test_progress_only_on_stderr(cli, hub, monkeypatch):
+    monkeypatch.setenv("GEMMA_DOCTOR_PROGRESS", "1")
+    repo = sharded_repo(hub, "BF16")
+    r = cli("check", repo, "--cache-dir", hub.root, "--format", "json", "--weights")
+    json.loads(r.out)  # stdout is exactly the JSON document
+
+
+def test_corrupt_shard_is_reported_not_scanned(cli, hub):
+    good = hub.root.parent / "g.safetensors"
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4, dtype=torch.bfloat16)}, str(good))
+    hub.add("me/half-broken", {"config.json": gemma3_1b_config(),
+                               "model.safetensors.index.json": {"weight_map": {"model.embed_tokens.weight": "a.safetensors",
+                                                                               "b": "b.safetensors"}},
+                               "a.safetensors": good.read_bytes(), "b.safetensors": good.read_bytes()[:-3]})
+    r = cli("check", "me/half-broken", "--cache-dir", hub.root, "--format", "json", "--weights")
+    m = r.json()["models"][0]
+    codes = [f["code"] for f in m["findings"]]
+    assert "GD204" in codes and "GD504" in codes and "GD503" in codes
+    assert [u["file"] for u in m["weights_scan"]["unreadable"]] == ["b.safetensors"]
+
+
+# --- the GD502 severity follows the precision plan (pure rule) ------------------------------------
+
+@pytest.mark.parametrize("precision, dominant, severity", [
+    ("fp16", "BF16", "warning"), ("bf16", "BF16", "info"), (None, "F16", "warning"), (None, "BF16", "info"),
+])
+def test_beyond_fp16_severity(tmp_path, precision, dominant, severity):
+    from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+    from gemma_doctor.family import detect
+    from gemma_doctor.locate import Snapshot
+    from gemma_doctor.readers.jsonfile import JsonFile
+    from gemma_doctor.readers.versions import installed
+    from gemma_doctor.readers.weights import TensorScan, WeightsScan
+    from gemma_doctor.rules import weights
+
+    ws = WeightsScan((TensorScan("a.weight", "model.safetensors", "F32", (4,), beyond_fp16=3, max_abs=1e6),), 16)
+    extra = {"weights_scan": ws, "dtypes": SimpleNamespace(dominant=dominant)}
+    if precision:
+        extra["recommendation"] = SimpleNamespace(precision=precision)
+    cfg = gemma3_1b_config()
+    facts = ModelFacts(Snapshot("x", tmp_path), JsonFile(tmp_path / "config.json", True, data=cfg),
+                       JsonFile(tmp_path / "generation_config.json", False), detect(cfg), extra=extra)
+    found = list(weights.check(facts, Environment(installed()), CheckOptions(weights=True)))
+    assert [(f.code, f.severity.value, f.key) for f in found] == [("GD502", severity, "a.weight")]
