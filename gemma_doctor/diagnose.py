@@ -13,6 +13,7 @@ from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers import weights as weights_scan
 from gemma_doctor.readers.jsonfile import read_json_file
 from gemma_doctor.readers import training_config
+from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import ModelReport, Report
 
@@ -27,6 +28,7 @@ GATHERERS.append(weights_scan.gather)
 EnvProbe = Callable[[CheckOptions], dict]
 ENV_PROBES: list[EnvProbe] = []
 ENV_PROBES.append(training_config.probe)  # reads --training-config once, for the GD6xx rules
+ENV_PROBES.append(gpu_reader.env_probe)  # probes the GPU (or reads --gpu) once per run: env.extra["gpu"]
 
 
 def read_model(snapshot: Snapshot) -> ModelFacts:
@@ -53,7 +55,9 @@ def gather(facts: ModelFacts, options: CheckOptions) -> ModelFacts:
         return facts
     extra = dict(facts.extra)
     for g in GATHERERS:
-        extra.update(g(facts, options))
+        # Each gatherer sees what the earlier ones found (the recommendation reads extra["dtypes"]).
+        current = ModelFacts(facts.snapshot, facts.config, facts.generation_config, facts.family, facts.undo, dict(extra))
+        extra.update(g(current, options))
     return ModelFacts(facts.snapshot, facts.config, facts.generation_config, facts.family, facts.undo, extra)
 
 

@@ -1,0 +1,207 @@
+"""Pure GPU knowledge: compute capabilities of known GPUs, bf16 capability, and `--gpu` parsing.
+
+Nothing here touches the machine; the probe of the GPUs actually present is readers/gpu.py.
+Sources: facts.md section 3 (NVIDIA compute capabilities, MPS, the emulation trap).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from gemma_doctor.errors import UsageError
+
+# Native bf16 arithmetic (tensor cores) arrived with Ampere, compute capability 8.0. Older GPUs
+# only emulate it through fp32, which torch.cuda.is_bf16_supported() counts as "supported".
+NATIVE_BF16_MIN_CC = (8, 0)
+GIB = 1024**3
+
+BACKENDS = ("cuda", "rocm", "mps", "none")
+
+
+@dataclass(frozen=True)
+class KnownGpu:
+    """One GPU model gemma-doctor can plan for by name."""
+
+    name: str
+    backend: str
+    compute_capability: tuple[int, int] | None = None  # CUDA only
+    memory_gib: int | None = None  # None where the model ships with several sizes
+    native_bf16: bool | None = None  # for non-CUDA entries; CUDA entries derive it from the CC
+    aliases: tuple[str, ...] = ()
+    note: str = ""
+
+
+def _nv(name: str, cc: tuple[int, int], mem: int | None = None, *aliases: str) -> KnownGpu:
+    return KnownGpu(name=name, backend="cuda", compute_capability=cc, memory_gib=mem, aliases=aliases)
+
+
+# NVIDIA compute capabilities as published at developer.nvidia.com/cuda-gpus (facts.md section 3
+# lists the ones people fine-tune Gemma on). Memory is the common configuration.
+KNOWN_GPUS: tuple[KnownGpu, ...] = (
+    _nv("K80", (3, 7), None),
+    _nv("P4", (6, 1), 8),
+    _nv("P40", (6, 1), 24),
+    _nv("P100", (6, 0), 16),
+    _nv("V100", (7, 0), None, "Titan V"),
+    _nv("T4", (7, 5), 16),
+    _nv("RTX 2080", (7, 5), 8),
+    _nv("RTX 2080 Ti", (7, 5), 11),
+    _nv("Quadro RTX 8000", (7, 5), 48, "RTX 8000"),
+    _nv("Quadro RTX 6000", (7, 5), 24, "RTX 6000"),
+    _nv("A100", (8, 0), None),
+    _nv("A30", (8, 0), 24),
+    _nv("A10", (8, 6), 24),
+    _nv("A10G", (8, 6), 24),
+    _nv("A40", (8, 6), 48),
+    _nv("RTX A6000", (8, 6), 48, "A6000"),
+    _nv("RTX A5000", (8, 6), 24, "A5000"),
+    _nv("RTX A4000", (8, 6), 16, "A4000"),
+    _nv("RTX 3060", (8, 6), 12),
+    _nv("RTX 3070", (8, 6), 8),
+    _nv("RTX 3080", (8, 6), None),
+    _nv("RTX 3090", (8, 6), 24, "RTX 3090 Ti"),
+    _nv("Jetson AGX Orin", (8, 7), None, "Orin"),
+    _nv("L4", (8, 9), 24),
+    _nv("L40", (8, 9), 48),
+    _nv("L40S", (8, 9), 48),
+    _nv("RTX 6000 Ada", (8, 9), 48),
+    _nv("RTX 4060", (8, 9), 8),
+    _nv("RTX 4070", (8, 9), 12),
+    _nv("RTX 4080", (8, 9), 16),
+    _nv("RTX 4090", (8, 9), 24),
+    _nv("H100", (9, 0), 80, "H800"),
+    _nv("H200", (9, 0), 141),
+    _nv("GH200", (9, 0), 96),
+    _nv("B100", (10, 0), None),
+    _nv("B200", (10, 0), 180),
+    _nv("GB200", (10, 0), 186),
+    _nv("RTX 5080", (12, 0), 16),
+    _nv("RTX 5090", (12, 0), 32),
+    _nv("RTX PRO 6000", (12, 0), 96, "RTX PRO 6000 Blackwell"),
+    # AMD Instinct: CDNA2/CDNA3 have bf16 matrix instructions. torch.cuda.is_bf16_supported()
+    # returns True on every ROCm build without looking at the GPU (facts.md section 3).
+    KnownGpu("MI250X", "rocm", None, 128, True, ("MI250",), "gfx90a"),
+    KnownGpu("MI210", "rocm", None, 64, True, (), "gfx90a"),
+    KnownGpu("MI300X", "rocm", None, 192, True, ("MI300",), "gfx942"),
+    KnownGpu("MI325X", "rocm", None, 256, True, (), "gfx942"),
+    # Apple silicon (MPS): bf16 needs macOS 14+, and M1/M2 emulate it (facts.md section 3).
+    KnownGpu("M1", "mps", None, None, False, (), "M1 emulates bf16 on MPS"),
+    KnownGpu("M2", "mps", None, None, False, (), "M2 emulates bf16 on MPS"),
+    KnownGpu("M3", "mps", None, None, True, (), "native bf16 on MPS with macOS 14+"),
+    KnownGpu("M4", "mps", None, None, True, (), "native bf16 on MPS with macOS 14+"),
+)
+
+ACCEPTED_FORMS = ("a compute capability (8.0, 7.5, sm_75, sm_120), a GPU name (T4, V100, A100, A10G, L4, L40S, "
+                  "H100, H200, B200, RTX 3090, RTX 4090, RTX 2080 Ti, RTX 5090, MI300X, M2 ...) or none")
+
+# Words in marketing names that do not tell GPUs apart ("NVIDIA GeForce RTX 4090" = "RTX 4090").
+_NOISE = frozenset({"nvidia", "tesla", "geforce", "amd", "instinct", "apple", "radeon"})
+
+
+def _tokens(name: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t and t not in _NOISE]
+
+
+def _norm(name: str) -> str:
+    return "".join(_tokens(name))
+
+
+def _index() -> dict[str, KnownGpu]:
+    out: dict[str, KnownGpu] = {}
+    for gpu in KNOWN_GPUS:
+        for n in (gpu.name, *gpu.aliases):
+            out[_norm(n)] = gpu
+    return out
+
+
+_BY_NAME = _index()
+
+
+def cuda_native_bf16(cc: tuple[int, int] | None) -> bool | None:
+    """Native bf16 on an NVIDIA GPU of compute capability ``cc`` (None when unknown)."""
+    if cc is None:
+        return None
+    return tuple(cc) >= NATIVE_BF16_MIN_CC
+
+
+def format_cc(cc: tuple[int, int] | None) -> str | None:
+    """(7, 5) -> "7.5"."""
+    return None if cc is None else f"{cc[0]}.{cc[1]}"
+
+
+def lookup(name: str) -> KnownGpu | None:
+    """The known GPU a (marketing or driver-reported) name refers to, or None."""
+    tokens = _tokens(name)
+    # Board variants come last and keep the chip ("A100-SXM4-80GB", "H100 80GB HBM3", "RTX 6000 Ada Generation"),
+    # so drop trailing words until a known name remains.
+    for end in range(len(tokens), 0, -1):
+        gpu = _BY_NAME.get("".join(tokens[:end]))
+        if gpu is not None:
+            return gpu
+    return None
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What `--gpu` asks to plan for: one GPU kind (or none), without touching this machine."""
+
+    spec: str
+    backend: str  # cuda | rocm | mps | none
+    name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    memory_bytes: int | None = None
+    native_bf16: bool | None = None
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """How the plan is named in messages: "T4 (sm_75)", "sm_80", "no GPU"."""
+        if self.backend == "none":
+            return "no GPU"
+        sm = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}" if self.compute_capability else None
+        if self.name and sm:
+            return f"{self.name} ({sm})"
+        return self.name or sm or self.spec
+
+
+_CC = re.compile(r"^(?:sm_?|compute_?|cc)?(\d{1,2})\.(\d)$|^(?:sm_?|compute_?)(\d{1,2})(\d)[af]?$")
+_NONE = {"none", "cpu", "no", "nogpu", "no-gpu", "off"}
+
+
+def parse_gpu_spec(text: str) -> GpuPlan:
+    """Parse a --gpu value: a compute capability, a known GPU name, or none. Raises UsageError otherwise."""
+    raw = (text or "").strip()
+    low = raw.lower()
+    if low in _NONE:
+        return GpuPlan(spec=raw, backend="none", native_bf16=False)
+    m = _CC.match(low.replace(" ", ""))
+    if m:
+        major = int(m.group(1) or m.group(3))
+        minor = int(m.group(2) or m.group(4))
+        cc = (major, minor)
+        if not (3 <= major <= 15):
+            raise UsageError(f"--gpu {raw!r}: compute capability {major}.{minor} is not a CUDA GPU's; use {ACCEPTED_FORMS}")
+        return GpuPlan(spec=raw, backend="cuda", compute_capability=cc, native_bf16=cuda_native_bf16(cc))
+    gpu = lookup(raw)
+    if gpu is None:
+        hint = ""
+        close = difflib.get_close_matches(_norm(raw), list(_BY_NAME), n=1, cutoff=0.75) if _norm(raw) else []
+        if close:
+            hint = f" (did you mean {_BY_NAME[close[0]].name}?)"
+        raise UsageError(f"--gpu {raw!r} is not a GPU gemma-doctor knows{hint}; use {ACCEPTED_FORMS}")
+    native = cuda_native_bf16(gpu.compute_capability) if gpu.backend == "cuda" else gpu.native_bf16
+    return GpuPlan(spec=raw, backend=gpu.backend, name=gpu.name, compute_capability=gpu.compute_capability,
+                   memory_bytes=gpu.memory_gib * GIB if gpu.memory_gib else None, native_bf16=native, note=gpu.note)
+
+
+def emulation_trap(backend: str, native_bf16: bool | None) -> bool:
+    """True where torch.cuda.is_bf16_supported() says True although bf16 is not native (facts.md section 3)."""
+    if backend == "cuda":
+        # Since torch 2.4 the default including_emulation=True succeeds on any CUDA GPU that can hold a bf16 tensor.
+        return native_bf16 is False
+    if backend == "rocm":
+        # ROCm builds return True before looking at the GPU at all.
+        return native_bf16 is not True
+    return False

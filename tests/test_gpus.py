@@ -1,0 +1,91 @@
+"""--gpu parsing and the known-GPU table (pure: no machine is touched)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemma_doctor.errors import UsageError
+from gemma_doctor.gpus import KNOWN_GPUS, emulation_trap, lookup, parse_gpu_spec
+
+# facts.md section 3: native bf16 needs compute capability >= 8.0.
+TABLE = [
+    ("T4", (7, 5), False), ("V100", (7, 0), False), ("RTX 2080 Ti", (7, 5), False),
+    ("A100", (8, 0), True), ("A10G", (8, 6), True), ("A10", (8, 6), True), ("RTX 3090", (8, 6), True),
+    ("L4", (8, 9), True), ("L40S", (8, 9), True), ("RTX 4090", (8, 9), True),
+    ("H100", (9, 0), True), ("H200", (9, 0), True), ("B200", (10, 0), True), ("RTX 5090", (12, 0), True),
+]
+
+
+@pytest.mark.parametrize("name,cc,native", TABLE)
+def test_known_names_have_the_published_compute_capability(name, cc, native):
+    for spelling in (name, name.lower(), name.upper(), f"NVIDIA {name}"):
+        plan = parse_gpu_spec(spelling)
+        assert plan.backend == "cuda"
+        assert plan.compute_capability == cc
+        assert plan.native_bf16 is native
+
+
+@pytest.mark.parametrize("text,cc,native", [
+    ("8.0", (8, 0), True), ("7.5", (7, 5), False), ("sm_75", (7, 5), False), ("sm75", (7, 5), False),
+    ("sm_80", (8, 0), True), ("sm_90a", (9, 0), True), ("sm_100", (10, 0), True), ("sm_120", (12, 0), True),
+    ("12.0", (12, 0), True), ("7.0", (7, 0), False), (" 8.6 ", (8, 6), True),
+])
+def test_compute_capability_forms(text, cc, native):
+    plan = parse_gpu_spec(text)
+    assert (plan.backend, plan.compute_capability, plan.native_bf16) == ("cuda", cc, native)
+
+
+@pytest.mark.parametrize("reported,expected", [
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA H100 80GB HBM3", "H100"), ("Tesla T4", "T4"),
+    ("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA H100 NVL", "H100"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"), ("NVIDIA A10G", "A10G"),
+])
+def test_driver_reported_names_resolve(reported, expected):
+    assert lookup(reported).name == expected
+
+
+@pytest.mark.parametrize("text", ["none", "NONE", "cpu"])
+def test_none_plans_for_no_gpu(text):
+    plan = parse_gpu_spec(text)
+    assert plan.backend == "none" and plan.native_bf16 is False and plan.label == "no GPU"
+
+
+def test_non_cuda_entries():
+    assert parse_gpu_spec("MI300X").backend == "rocm" and parse_gpu_spec("MI300X").native_bf16 is True
+    assert parse_gpu_spec("M2").backend == "mps" and parse_gpu_spec("M2").native_bf16 is False
+    assert parse_gpu_spec("M3").native_bf16 is True
+
+
+@pytest.mark.parametrize("text", ["T5", "foo", "", "99.0", "sm_7", "75", "RTX 409", "2.0"])
+def test_bad_values_are_one_line_usage_errors_listing_accepted_forms(text):
+    with pytest.raises(UsageError) as e:
+        parse_gpu_spec(text)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "compute capability" in msg and "T4" in msg and "none" in msg
+
+
+def test_close_misspelling_gets_a_suggestion():
+    with pytest.raises(UsageError, match="did you mean RTX 4090"):
+        parse_gpu_spec("RTX 409")
+
+
+def test_every_cuda_entry_has_a_capability_and_names_are_unique():
+    seen: set[str] = set()
+    for gpu in KNOWN_GPUS:
+        assert gpu.backend in ("cuda", "rocm", "mps")
+        if gpu.backend == "cuda":
+            assert gpu.compute_capability is not None
+        for n in (gpu.name, *gpu.aliases):
+            assert lookup(n) is gpu
+            assert n.lower() not in seen
+            seen.add(n.lower())
+
+
+def test_emulation_trap():
+    # torch.cuda.is_bf16_supported() says True on any CUDA GPU (emulation) and on every ROCm build.
+    assert emulation_trap("cuda", False) is True
+    assert emulation_trap("cuda", True) is False
+    assert emulation_trap("rocm", None) is True
+    assert emulation_trap("rocm", True) is False
+    assert emulation_trap("none", False) is False
