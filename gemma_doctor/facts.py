@@ -44,10 +44,6 @@ class ModelFacts:
     # Facts of later features (dtype census, weight scan...) by name; rules read what they need.
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def display(self, file: str) -> str:
-        """A file name as shown in findings: relative to the snapshot folder."""
-        return file
-
 
 @dataclass(frozen=True)
 class Environment:

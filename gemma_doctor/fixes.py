@@ -90,7 +90,6 @@ def _edit(jf: JsonFile, path: tuple[str, ...]) -> bytes:
 def plan_model(facts: ModelFacts) -> ModelPlan:
     """The edits that make the text model (and generate()) run without a cache. Pure."""
     cfg = facts.config
-    name = facts.snapshot.target
     if not cfg.ok:
         reason = "config.json is missing" if not cfg.exists else f"config.json: {cfg.error}"
         return ModelPlan(facts, refused=(f"{reason}; not rewritten",))
@@ -117,7 +116,6 @@ def plan_model(facts: ModelFacts) -> ModelPlan:
             changes.append(FileChange("generation_config.json", gen.path, ("use_cache",), gen.raw, _edit(gen, ("use_cache",)), gen.link_target))  # type: ignore[arg-type]
         except EditError as e:
             refused.append(f"generation_config.json: cannot edit safely ({e}); not rewritten")
-    del name
     return ModelPlan(facts, tuple(changes), tuple(refused))
 
 
