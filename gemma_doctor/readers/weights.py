@@ -17,8 +17,9 @@ from typing import Any, BinaryIO, Callable
 from gemma_doctor.facts import CheckOptions, ModelFacts
 from gemma_doctor.readers.safetensors_header import SafetensorsHeader, TensorInfo
 
-# Bytes read per chunk: large enough that Python overhead vanishes, small enough to stay in cache-friendly, bounded memory.
-CHUNK_BYTES = 8 * 1024 * 1024
+# Bytes read per chunk: large enough that Python overhead vanishes, small enough that the chunk is still in
+# the CPU cache when numpy tests it right after the read (measured: 2 MiB beats 8 MiB; benchmarks/weights_scan.py).
+CHUNK_BYTES = 2 * 1024 * 1024
 # Scans shorter than this finish before a progress bar would tell anything.
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
 EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embedding")
@@ -170,7 +171,14 @@ class _Worker:
             _read_full(f, memoryview(self.raw)[:nbytes])
             bits = self.raw[:nbytes].view(spec.uint)
             a = np.bitwise_and(bits, spec.abs_mask, out=self.tmp[:nbytes].view(spec.uint))
-            top = int(a.max())
+            if emb and row:
+                # One pass gives both the row maxima (zero rows) and the chunk's maximum.
+                rmax = a.reshape(-1, row).max(axis=1)
+                top = int(rmax.max())
+                if int(rmax.min()) == 0:
+                    zero.extend((np.flatnonzero(rmax == 0) + done // row).tolist())
+            else:
+                top = int(a.max())
             if top >= spec.nonfinite:
                 # Rare path: NaN/Inf present, so the finite maximum needs a mask.
                 c_nan = int(np.count_nonzero(a > spec.nonfinite))
@@ -185,11 +193,6 @@ class _Worker:
                 best = max(best, top)
             if spec.fp16_limit is not None and top > spec.fp16_limit:
                 beyond += int(np.count_nonzero(a > spec.fp16_limit)) - c_nan - c_inf
-            if emb and row:
-                rmax = a.reshape(-1, row).max(axis=1)
-                hits = np.flatnonzero(rmax == 0)
-                if hits.size:
-                    zero.extend((hits + done // row).tolist())
             done += n
             advance(nbytes)
         return TensorScan(t.name, file, t.dtype, t.shape, nan, inf, _decode(t.dtype, best) if best >= 0 else None,
