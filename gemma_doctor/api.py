@@ -1,0 +1,180 @@
+"""The Python API for training scripts: `prepare(model, training_args)` makes a loaded model safe to train and
+evaluate under mixed precision. torch/transformers are never imported here; the model brings them along."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from gemma_doctor import family as family_mod
+from gemma_doctor.errors import DoctorError
+from gemma_doctor.rules.training import FP16_UNSAFE_TEXT_TYPES, GpuView, fallback_gpu
+
+ON_MISMATCH = ("raise", "warn", "ignore")
+
+
+class PrecisionMismatch(DoctorError):
+    """The training arguments ask for a precision the model or the GPU cannot train in."""
+
+
+class PrecisionWarning(UserWarning):
+    """Issued instead of PrecisionMismatch with ``on_mismatch="warn"``."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What prepare() did: where it switched use_cache off, and the precision problems it found."""
+
+    disabled: tuple[str, ...]
+    problems: tuple[str, ...]
+    family: str | None
+
+
+def _configs(model: Any) -> Iterator[tuple[str, Any, str]]:
+    """(where, object, kind) for every config and generation config a forward pass or generate() may read."""
+    yield "config", getattr(model, "config", None), "config"
+    yield "generation_config", getattr(model, "generation_config", None), "generation"
+    named = getattr(model, "named_modules", None)
+    if callable(named):
+        for name, module in named():
+            prefix = f"{name}." if name else ""
+            yield prefix + "config", getattr(module, "config", None), "config"
+            yield prefix + "generation_config", getattr(module, "generation_config", None), "generation"
+
+
+def disable_use_cache(model: Any) -> tuple[str, ...]:
+    """Set use_cache=False on every distinct config (and nested text_config) and generation config of ``model``.
+
+    On transformers 4.50.x the multimodal language model holds its own copy of the text config
+    (facts.md section 1), so every sub-module's config is visited, each object once.
+    """
+    seen: set[int] = set()
+    changed: list[str] = []
+
+    def visit(where: str, obj: Any, kind: str) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        # Only objects that already have the attribute: a vision or top-level multimodal config without
+        # use_cache is not read for it, and adding one would only mislead.
+        if hasattr(obj, "use_cache"):
+            if obj.use_cache is not False:
+                obj.use_cache = False
+                changed.append(f"{where}.use_cache")
+        if kind == "config":
+            text = getattr(obj, "text_config", None)
+            if text is not None and text is not obj:
+                visit(f"{where}.text_config", text, "config")
+
+    for where, obj, kind in _configs(model):
+        visit(where, obj, kind)
+    return tuple(changed)
+
+
+def model_family(model: Any) -> family_mod.FamilyInfo:
+    """The family of a loaded model, from its config's model_type (and text_config's), as for files on disk."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return family_mod.NOT_GEMMA
+    data: dict[str, Any] = {"model_type": getattr(cfg, "model_type", None), "architectures": getattr(cfg, "architectures", None)}
+    text = getattr(cfg, "text_config", None)
+    if text is not None and getattr(text, "model_type", None):
+        data["text_config"] = {"model_type": text.model_type}
+    return family_mod.detect(data)
+
+
+def _gpu(gpu: str | None) -> GpuView:
+    """The GPU this process trains on: the --gpu-style spec when given, else gemma-doctor's GPU reader, else torch."""
+    if gpu:
+        return fallback_gpu(gpu)
+    try:
+        from gemma_doctor.readers.gpu import resolve
+    except ImportError:
+        resolve = None
+    if resolve is not None:
+        try:
+            facts = resolve(None)
+        except Exception:  # a failing probe must not stop training; fall through to torch  # noqa: BLE001
+            facts = None
+        if facts is not None:
+            native = None if getattr(facts, "backend", None) == "none" else getattr(facts, "native_bf16", None)
+            return GpuView(native, bool(getattr(facts, "emulated_bf16_trap", False)), str(getattr(facts, "name", None) or "this GPU"))
+    import torch  # the model is a torch model: torch is already imported
+
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
+        return GpuView(None, False, "no CUDA GPU")
+    cc = torch.cuda.get_device_capability()
+    native = cc >= (8, 0)
+    return GpuView(native, not native, f"{torch.cuda.get_device_name()} (sm_{cc[0]}{cc[1]})")
+
+
+def precision_problems(model: Any, training_args: Any = None, gpu: str | None = None) -> list[str]:
+    """What is wrong with training ``model`` under ``training_args`` (TrainingArguments or any object/dict alike)."""
+    fam = model_family(model)
+    name = fam.label or "this model"
+    fp16_unsafe = fam.text_model_type in FP16_UNSAFE_TEXT_TYPES
+    problems: list[str] = []
+    dtype = str(getattr(model, "dtype", ""))
+    if fp16_unsafe and dtype == "torch.float16":
+        problems.append(f"{name} is loaded in float16: its activations exceed fp16's range (load it in bfloat16 or float32)")
+    if training_args is None:
+        return problems
+
+    def arg(key: str) -> Any:
+        return training_args.get(key) if isinstance(training_args, dict) else getattr(training_args, key, None)
+
+    if arg("fp16") is True and fp16_unsafe:
+        problems.append(f"fp16=True on {name}: activations exceed fp16's range (inf/NaN); use bf16 on a GPU with native "
+                        "bf16, fp32 otherwise")
+    if arg("bf16") is True and not (arg("use_cpu") or arg("no_cuda")):
+        view = _gpu(gpu)
+        if view.native_bf16 is False:
+            problems.append(f"bf16=True but {view.label} has no native bf16 (compute capability < 8.0): set bf16=False "
+                            "and train in fp32" + (" (never fp16 for this model)" if fp16_unsafe else ""))
+    return problems
+
+
+def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+             revision: str = "main", all_revisions: bool = False, options: Any = None, **option_fields: Any) -> Any:
+    """`gemma-doctor check` as a function: returns the Report the CLI renders (report.to_json(), report.failed()).
+
+    ``option_fields`` are CheckOptions fields: gpu="T4", training_config="train.yaml", task="dpo", weights=True,
+    fail_on="warning". Raises gemma_doctor.errors.UsageError for targets or files that cannot be found.
+    """
+    from gemma_doctor import diagnose as diagnose_mod
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.report import FailOn
+
+    if options is None:
+        if "fail_on" in option_fields:
+            option_fields["fail_on"] = FailOn(option_fields["fail_on"])
+        if option_fields.get("training_config") is not None:
+            option_fields["training_config"] = str(option_fields["training_config"])
+        options = CheckOptions(**option_fields)
+    elif option_fields:
+        raise TypeError("pass either options= or option keywords, not both")
+    names = [targets] if isinstance(targets, str) else list(targets or [])
+    cache = Path(cache_dir) if cache_dir is not None else None
+    return diagnose_mod.diagnose(names, cache, revision, all_revisions, options)
+
+
+def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None) -> Prepared:
+    """Make ``model`` safe to train and evaluate under mixed precision: use_cache off everywhere, precision checked.
+
+    use_cache is switched off first, whatever ``on_mismatch`` says; then a precision problem raises
+    PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
+    Call it before Trainer.evaluate() or Trainer.train(), or pass DoctorCallback() to the Trainer.
+    """
+    if on_mismatch not in ON_MISMATCH:
+        raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
+    disabled = disable_use_cache(model)
+    problems = tuple(precision_problems(model, training_args, gpu))
+    if problems and on_mismatch == "raise":
+        raise PrecisionMismatch("; ".join(problems))
+    if problems and on_mismatch == "warn":
+        for p in problems:
+            warnings.warn(p, PrecisionWarning, stacklevel=2)
+    return Prepared(disabled=disabled, problems=problems, family=model_family(model).label)
