@@ -15,6 +15,7 @@ import typer
 from gemma_doctor import __version__
 from gemma_doctor.errors import DoctorError, LockTimeout, UsageError, WriteError
 from gemma_doctor.render import OutputFormat
+from gemma_doctor.listing import ListFormat
 from gemma_doctor.report import ExitCode, FailOn
 
 app = typer.Typer(
@@ -204,6 +205,43 @@ def restore(
         outcomes.append(Outcome(facts, status, [], messages))
     _print_outcomes("restore", outcomes, fmt, dry_run, not (failed or conflicted))
     raise typer.Exit(ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK)
+
+
+@app.command("list")
+def list_models(
+    cache_dir: Optional[Path] = CacheDirOpt,
+    revision: str = RevisionOpt,
+    all_revisions: bool = AllRevisionsOpt,
+    filters: Optional[List[str]] = typer.Option(None, "--filter", metavar="EXPR",
+                                                help="Keep rows matching EXPR, like hf cache ls: size>1GB, family=gemma3, status=needs-fix, "
+                                                     "dtype=bfloat16, name=google/*. Repeatable (all must hold)."),
+    sort: Optional[str] = typer.Option(None, "--sort", help="name, size, family or status, optionally :asc or :desc (size defaults to desc)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=0, help="Show only the first N rows after sorting."),
+    fmt: ListFormat = typer.Option(ListFormat.TEXT, "--format", "-f", case_sensitive=False, help="Output format."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="One repo id per line (same as --format quiet)."),
+) -> None:
+    """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, error)."""
+    from gemma_doctor import listing
+    from gemma_doctor.locate import default_cache_dir
+
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    rows, skipped = listing.collect(cache, revision, all_revisions)
+    shown = listing.select_rows(rows, filters or [], sort, limit)
+    from gemma_doctor.render import listing as view
+
+    if quiet or fmt is ListFormat.QUIET:
+        _out(view.render_quiet(shown))
+    elif fmt is ListFormat.JSON:
+        _out(view.render_json(shown, skipped))
+    else:
+        _out(view.render_text(shown, _color()))
+    if not rows:
+        _hint(f"no Gemma-family model in {cache}; download one with: hf download google/gemma-3-1b-it")
+    pending = [r for r in shown if r.status is listing.RowStatus.NEEDS_FIX]
+    if pending and fmt is ListFormat.TEXT and not quiet:
+        _hint(f"{len(pending)} model(s) need a fix; see why with: gemma-doctor check {pending[0].repo_id or pending[0].path}, "
+              f"then: {pending[0].next_command}")
+    raise typer.Exit(ExitCode.OK)
 
 
 def _click_error(e: BaseException) -> tuple[str, int] | None:
