@@ -141,7 +141,7 @@ def fix(
     lock_timeout: float = LockTimeoutOpt,
 ) -> None:
     """Set use_cache=false where the text model reads it; prints the diff, writes only with --inplace."""
-    from gemma_doctor.fixes import Outcome, Status, apply_plan, plan_model
+    from gemma_doctor.fixes import Outcome, Status, apply_plan, needs_tidy, plan_model
 
     outcomes: list[Outcome] = []
     failed = refused = False
@@ -149,11 +149,16 @@ def fix(
         plan = plan_model(facts)
         outcome = Outcome(facts, plan.status, list(plan.changes), list(plan.refused) + ([plan.note] if plan.note else []))
         refused |= bool(plan.refused)
-        if inplace and plan.changes:
+        # needs_tidy: temp files a killed run left behind are removed (under the lock) even with nothing to change.
+        if inplace and (plan.changes or needs_tidy(facts.snapshot)):
             try:
-                apply_plan(plan, lock_timeout)
-                outcome.status = Status.CHANGED
-                outcome.messages.append(f"undo with: gemma-doctor restore {facts.snapshot.target}")
+                # Re-planned under the lock when a concurrent run got there first: report what was written.
+                written = apply_plan(plan, lock_timeout)
+                if plan.changes:
+                    outcome.changes = written
+                    outcome.status = Status.CHANGED if written else Status.UP_TO_DATE
+                if written:
+                    outcome.messages.append(f"undo with: gemma-doctor restore {facts.snapshot.target}")
             except WriteError as e:
                 outcome.status = Status.FAILED
                 outcome.messages.append(str(e))
@@ -264,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
         # Outside standalone mode click returns typer.Exit's code instead of raising it.
         rv = app(args=argv, prog_name="gemma-doctor", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
+        if code == ExitCode.INTERRUPTED:
+            # typer turns Ctrl-C inside a command into a silent exit 130; say what state things are in.
+            raise KeyboardInterrupt
     except UsageError as e:
         _hint(f"error: {e}")
         code = ExitCode.USAGE

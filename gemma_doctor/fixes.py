@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime as _dt
 import difflib
 import enum
@@ -15,6 +17,7 @@ from gemma_doctor.errors import ReadError, WriteError
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.jsonedit import EditError, set_member
 from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.readers.jsonfile import _inside as inside_root
 from gemma_doctor.rules.use_cache import text_use_cache
 
 
@@ -119,13 +122,35 @@ def plan_model(facts: ModelFacts) -> ModelPlan:
     return ModelPlan(facts, tuple(changes), tuple(refused))
 
 
-def _current(path: Path) -> tuple[str | None, bytes | None]:
-    """(link target or None, bytes) of a file as it is now; bytes None when unreadable."""
-    target = os.readlink(path) if path.is_symlink() else None
+def _current(path: Path, root: Path | None = None) -> tuple[str | None, bytes | None]:
+    """(link target or None, bytes) of a file as it is now; bytes None when unreadable.
+
+    With ``root``, a link resolving outside it is never followed (bytes None): a crafted link must not
+    make gemma-doctor read, compare or write anything outside the repo folder.
+    """
+    try:
+        target = os.readlink(path) if path.is_symlink() else None
+    except OSError:
+        return None, None
+    if target is not None and root is not None and not inside_root(path, root):
+        return target, None
     try:
         return target, path.read_bytes()
     except OSError:
         return target, None
+
+
+def _unchanged(change: FileChange, root: Path | None) -> bool:
+    """True when the file is still exactly what the plan was made from."""
+    link_target, data = _current(change.path, root)
+    return data == change.before and link_target == change.link_target
+
+
+def needs_tidy(snapshot: Any) -> bool:
+    """True when a killed run left temp files of ours in the snapshot folders (cheap: a glob, no lock)."""
+    root = snapshot.repo_dir / "snapshots" if snapshot.repo_dir is not None else None
+    folders = [p for p in root.iterdir() if p.is_dir()] if root is not None and root.is_dir() else [snapshot.path]
+    return any(True for f in folders for _ in f.glob(undo.TEMP_GLOB))
 
 
 def _now() -> str:
@@ -133,36 +158,86 @@ def _now() -> str:
 
 
 def apply_plan(plan: ModelPlan, lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT) -> list[FileChange]:
-    """Write the plan: originals recorded first, then each file atomically replaced. Returns what changed."""
+    """Write the plan: originals recorded first, then each file atomically replaced. Returns what changed.
+
+    Under the lock the files are compared with what the plan was made from; when another process (a
+    concurrent `fix`, a `restore`) changed them meanwhile, the plan is made again from the files as they
+    are now, so concurrent runs converge on the state one run gives. A write that fails is rolled back.
+    """
     snap = plan.facts.snapshot
-    written: list[FileChange] = []
+    root = snap.read_root
     with undo.locked(snap, lock_timeout):
         try:
             entries = undo.load(snap)
         except ReadError as e:
             raise WriteError(f"{e}; refusing to write without a way to undo") from None
+        undo.sweep(snap, entries)
+        if plan.changes and not all(_unchanged(c, root) for c in plan.changes):
+            from gemma_doctor.diagnose import read_model  # lazy: diagnose imports the readers
+
+            plan = plan_model(read_model(snap))
+            if plan.refused:
+                raise WriteError(f"a file changed while gemma-doctor was planning and cannot be fixed safely now: "
+                                 f"{'; '.join(plan.refused)}")
         for change in plan.changes:
-            link_target, data = _current(change.path)
-            if data != change.before or link_target != change.link_target:
-                raise WriteError(f"{change.path} changed while gemma-doctor was planning; run the command again")
-            key = undo.entry_key(snap, change.name)
-            after_digest = undo.sha256(change.after)
-            entry = entries.get(key)
-            if entry is None or entry.get("fixed_sha256") != undo.sha256(change.before) or link_target is not None:
-                # The file as it is now is the original that restore must bring back.
-                mode = change.path.stat().st_mode & 0o777
-                entry = {
-                    "kind": "link" if link_target is not None else "file",
-                    "link_target": link_target,
-                    "original_sha256": undo.save_backup(snap, change.before),
-                    "mode": mode,
-                }
-            entry = {**entry, "fixed_sha256": after_digest, "keys": list(change.keys), "fixed_at": _now()}
-            entries[key] = entry
-            undo.save(snap, entries)
-            undo.write_file(change.path, change.after, int(entry["mode"]))
-            written.append(change)
+            # Root passes any permission check, so this only bites for ordinary users: their read-only
+            # file is a "do not touch", not an invitation to replace it. (A link is replaced, its blob untouched.)
+            if change.link_target is None and not os.access(change.path, os.W_OK):
+                raise WriteError(f"{change.path} is read-only; not rewritten (make it writable to fix it)")
+        before_entries = copy.deepcopy(entries)
+        written: list[FileChange] = []
+        try:
+            _write_changes(plan, entries, written)
+        except WriteError:
+            _roll_back(snap, written, before_entries, entries)
+            raise
     return written
+
+
+def _write_changes(plan: ModelPlan, entries: dict[str, dict[str, Any]], written: list[FileChange]) -> None:
+    """Record each original, then replace the file; ``written`` grows as files are replaced."""
+    snap = plan.facts.snapshot
+    for change in plan.changes:
+        link_target = change.link_target
+        key = undo.entry_key(snap, change.name)
+        after_digest = undo.sha256(change.after)
+        entry = entries.get(key)
+        if entry is None or entry.get("fixed_sha256") != undo.sha256(change.before) or link_target is not None:
+            # The file as it is now is the original that restore must bring back.
+            mode = change.path.stat().st_mode & 0o777
+            entry = {
+                "kind": "link" if link_target is not None else "file",
+                "link_target": link_target,
+                "original_sha256": undo.save_backup(snap, change.before),
+                "mode": mode,
+            }
+        entry = {**entry, "fixed_sha256": after_digest, "keys": list(change.keys), "fixed_at": _now()}
+        entries[key] = entry
+        undo.save(snap, entries)
+        undo.write_file(change.path, change.after, int(entry["mode"]))
+        written.append(change)
+
+
+def _roll_back(snap: Any, written: list[FileChange], before: dict[str, dict[str, Any]],
+               entries: dict[str, dict[str, Any]]) -> None:
+    """Best effort after a failed write (disk full...): put back what this run replaced, then its record.
+
+    A file that cannot be put back keeps its new entry, so the record still covers it: never worse than
+    a kill at the same moment.
+    """
+    keep = copy.deepcopy(before)
+    for change in reversed(written):
+        key = undo.entry_key(snap, change.name)
+        try:
+            if change.link_target is not None:
+                undo.write_link(change.path, change.link_target)
+            else:
+                undo.write_file(change.path, change.before, int(entries[key].get("mode", 0o644)))
+        except WriteError:
+            keep[key] = entries[key]
+    with contextlib.suppress(WriteError):
+        undo.save(snap, keep)
+        undo.sweep(snap, keep)
 
 
 @dataclass(frozen=True)
@@ -179,26 +254,38 @@ def plan_restore(facts: ModelFacts) -> tuple[list[RestoreAction], list[str]]:
     """Which files restore will put back, and which it must leave alone (with why)."""
     actions: list[RestoreAction] = []
     conflicts: list[str] = []
-    snap = facts.snapshot
     for name, entry in sorted(facts.undo.entries.items()):
-        path = snap.path / name
-        link_target, data = _current(path)
-        original_is_link = entry.get("kind") == "link"
-        if original_is_link and link_target == entry.get("link_target"):
-            actions.append(RestoreAction(name, path, entry, drop_only=True))
-        elif data is not None and link_target is None and undo.sha256(data) == entry.get("original_sha256") and not original_is_link:
-            actions.append(RestoreAction(name, path, entry, drop_only=True))
-        elif data is not None and link_target is None and undo.sha256(data) == entry.get("fixed_sha256"):
-            actions.append(RestoreAction(name, path, entry, drop_only=False))
+        action = _classify(facts.snapshot, name, entry)
+        if isinstance(action, RestoreAction):
+            actions.append(action)
         else:
-            backup = undo.backup_path(snap, str(entry.get("original_sha256")))
-            conflicts.append(f"{name} changed since gemma-doctor fixed it; left as it is (its original is kept in {backup})")
+            conflicts.append(action)
     return actions, conflicts
+
+
+def _classify(snap: Any, name: str, entry: dict[str, Any]) -> RestoreAction | str:
+    """What restore does to one recorded file as it is now: put it back, drop a stale entry, or a conflict."""
+    path = snap.path / name
+    link_target, data = _current(path, snap.read_root)
+    original_is_link = entry.get("kind") == "link"
+    if original_is_link and link_target == entry.get("link_target"):
+        # Already the original link (a fix killed before it replaced the file, or a restore before it dropped the entry).
+        return RestoreAction(name, path, entry, drop_only=True)
+    if data is not None and link_target is None and undo.sha256(data) == entry.get("original_sha256") and not original_is_link:
+        return RestoreAction(name, path, entry, drop_only=True)
+    if data is not None and link_target is None and undo.sha256(data) == entry.get("fixed_sha256"):
+        return RestoreAction(name, path, entry, drop_only=False)
+    backup = undo.backup_path(snap, str(entry.get("original_sha256")))
+    return f"{name} changed since gemma-doctor fixed it; left as it is (its original is kept in {backup})"
 
 
 def apply_restore(facts: ModelFacts, actions: list[RestoreAction],
                   lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT) -> list[str]:
-    """Put originals back, byte-identical (links as links), then drop their entries. Returns names restored."""
+    """Put originals back, byte-identical (links as links), then drop their entries. Returns names restored.
+
+    Each file is judged again under the lock from the record and the file as they are now: a concurrent
+    `fix` or `restore` may have acted since ``actions`` were planned.
+    """
     snap = facts.snapshot
     done: list[str] = []
     with undo.locked(snap, lock_timeout):
@@ -206,17 +293,21 @@ def apply_restore(facts: ModelFacts, actions: list[RestoreAction],
             entries = undo.load(snap)
         except ReadError as e:
             raise WriteError(str(e)) from None
-        for action in actions:
-            key = undo.entry_key(snap, action.name)
+        undo.sweep(snap, entries)
+        for planned in actions:
+            key = undo.entry_key(snap, planned.name)
             entry = entries.get(key)
             if entry is None:
                 continue  # another process restored it meanwhile
+            action = _classify(snap, planned.name, entry)
+            if not isinstance(action, RestoreAction):
+                raise WriteError(f"{planned.path} changed while gemma-doctor was planning; run restore again")
             if not action.drop_only:
-                link_target, data = _current(action.path)
-                if link_target is not None or data is None or undo.sha256(data) != entry.get("fixed_sha256"):
-                    raise WriteError(f"{action.path} changed while gemma-doctor was planning; run restore again")
                 if entry.get("kind") == "link":
                     target = str(entry.get("link_target"))
+                    if snap.read_root is not None and not _link_stays_inside(action.path, target, snap.read_root):
+                        raise WriteError(f"{action.path}: the recorded link target {target} leads outside the repo folder; "
+                                         f"refusing to restore it (the undo record may have been tampered with)")
                     if not (action.path.parent / target).exists():
                         raise WriteError(f"{action.path}: its original link target {target} is gone from the cache; "
                                          f"the original bytes are in {undo.backup_path(snap, str(entry.get('original_sha256')))}")
@@ -229,6 +320,13 @@ def apply_restore(facts: ModelFacts, actions: list[RestoreAction],
             undo.save(snap, entries)
             _drop_unreferenced_backup(snap, entries, str(entry.get("original_sha256")))
     return done
+
+
+def _link_stays_inside(path: Path, target: str, root: Path) -> bool:
+    """True when a link at ``path`` to ``target`` would resolve inside ``root`` (checked before it exists)."""
+    if os.path.isabs(target):
+        return False
+    return inside_root(Path(os.path.normpath(path.parent / target)), root)
 
 
 def _read_backup(snap: Any, entry: dict[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,11 +23,15 @@ from typing import Any, Iterator
 from gemma_doctor.errors import LockTimeout, ReadError, WriteError
 from gemma_doctor.facts import UndoFacts
 from gemma_doctor.locate import Snapshot
-from gemma_doctor.readers.jsonfile import parse_json_object
+from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, parse_json_object
 
 UNDO_FILE = "undo.json"
 SCHEMA_VERSION = 1
 DEFAULT_LOCK_TIMEOUT = 60.0
+# Temp files of write_file / write_link: ".<name>.gemma-doctor-<pid>-<hex>.tmp".
+TEMP_GLOB = ".*.gemma-doctor-*.tmp"
+_TEMP_NAME = re.compile(r"^\..+\.gemma-doctor-\d+-[0-9a-f]{8}\.tmp$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def sha256(data: bytes) -> str:
@@ -57,6 +62,9 @@ def locked(snapshot: Snapshot, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterato
     import filelock  # lazy: only writers need it
 
     path = lock_path(snapshot)
+    if snapshot.state_dir.is_symlink():
+        # Our own folder must not lead elsewhere: every write below it would land outside the repo.
+        raise WriteError(f"{snapshot.state_dir} is a link; refusing to write through it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -79,20 +87,34 @@ def load(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
     """All entries of the record that covers ``snapshot`` (empty when there is none)."""
     path = snapshot.state_dir / UNDO_FILE
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise ReadError(f"cannot read {path}: {e.strerror}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise ReadError(f"{path}: larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB, not an undo record")
     data, error, _ = parse_json_object(raw)
     if error:
         raise ReadError(f"{path}: {error}")
     entries = data.get("entries")
     if data.get("schema_version") != SCHEMA_VERSION or not isinstance(entries, dict) or not all(
-        isinstance(v, dict) for v in entries.values()
+        _valid_entry(k, v) for k, v in entries.items()
     ):
         raise ReadError(f"{path}: not an undo record this version of gemma-doctor understands")
     return entries
+
+
+def _valid_entry(key: str, entry: Any) -> bool:
+    """An entry restore may act on: a relative key, hex digests (they name backup files), a sane kind."""
+    if not isinstance(entry, dict) or key.startswith("/") or "\\" in key or ".." in key.split("/"):
+        return False
+    digests_ok = all(isinstance(entry.get(k), str) and _SHA256.match(entry[k]) for k in ("original_sha256", "fixed_sha256"))
+    mode = entry.get("mode")
+    return bool(digests_ok and entry.get("kind") in ("link", "file") and isinstance(mode, int)
+                and not isinstance(mode, bool) and 0 <= mode <= 0o7777
+                and (entry.get("kind") == "file" or isinstance(entry.get("link_target"), str)))
 
 
 def facts_for(snapshot: Snapshot) -> UndoFacts:
@@ -122,6 +144,9 @@ def save(snapshot: Snapshot, entries: dict[str, dict[str, Any]]) -> None:
 
 def backup_path(snapshot: Snapshot, digest: str) -> Path:
     """Where the original bytes with this sha256 are kept."""
+    if not _SHA256.match(digest):
+        # A digest names a file: anything but 64 hex digits could name one outside backups/.
+        raise WriteError(f"{digest!r} is not a sha256; the undo record is damaged")
     return snapshot.state_dir / "backups" / digest
 
 
@@ -132,6 +157,44 @@ def save_backup(snapshot: Snapshot, data: bytes) -> str:
     if not (path.is_file() and sha256(path.read_bytes()) == digest):
         write_file(path, data, 0o644)
     return digest
+
+
+def sweep(snapshot: Snapshot, entries: dict[str, dict[str, Any]]) -> list[Path]:
+    """Remove what a killed run left behind: temp files and backups no entry refers to. Call with the lock held.
+
+    Under the lock no other gemma-doctor is writing this repo, so every temp file of ours is stale.
+    """
+    folders = [snapshot.state_dir, snapshot.state_dir / "backups"]
+    if snapshot.repo_dir is not None:
+        folders += _subfolders(snapshot.repo_dir / "snapshots")
+    else:
+        folders.append(snapshot.path)
+    removed: list[Path] = []
+    for folder in folders:
+        for p in folder.glob(TEMP_GLOB):
+            if _TEMP_NAME.match(p.name) and (p.is_symlink() or p.is_file()):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(p)
+    referenced = {str(e.get("original_sha256")) for e in entries.values()}
+    backups = snapshot.state_dir / "backups"
+    for p in _children(backups):
+        if _SHA256.match(p.name) and p.name not in referenced and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return [p for p in _children(folder) if p.is_dir() and not p.is_symlink()]
 
 
 def _tmp_name(path: Path) -> Path:
@@ -169,10 +232,13 @@ def write_file(path: Path, data: bytes, mode: int) -> None:
             os.close(fd)
         os.chmod(tmp, mode & 0o777)
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
+        # Ctrl-C included: the temp file goes, the target was never touched.
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
+        if isinstance(e, OSError):
+            raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
+        raise
     _fsync_dir(path.parent)
 
 
@@ -182,8 +248,10 @@ def write_link(path: Path, target: str) -> None:
     try:
         os.symlink(target, tmp)
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
+        if isinstance(e, OSError):
+            raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
+        raise
     _fsync_dir(path.parent)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ def parse_json_object(raw: bytes) -> tuple[Any, str | None, bool]:
         return None, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", False
     except RecursionError:
         return None, "nested too deeply to be a config", True
+    except ValueError as e:
+        # Python refuses integers longer than sys.get_int_max_str_digits() (4300) with a plain ValueError.
+        return None, f"not a config: {e}", True
     if not isinstance(data, dict):
         return None, f"top level is a JSON {_json_type(data)}, not an object", True
     return data, None, False
@@ -113,6 +117,10 @@ def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
     if path.is_dir():
         return JsonFile(path, exists=True, is_link=is_link, link_target=link_target, error="is a folder, not a file")
     try:
+        # A FIFO or device would block open() or never end; only regular files are configs.
+        if not stat.S_ISREG(path.stat().st_mode):
+            return JsonFile(path, exists=True, is_link=is_link, link_target=link_target,
+                            error="not a regular file (a pipe, socket or device); not read")
         with open(path, "rb") as f:
             raw = f.read(MAX_JSON_BYTES + 1)
     except OSError as e:

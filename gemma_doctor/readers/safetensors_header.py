@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +97,10 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
         return _bad(path, file_size, "header does not start with '{'", n)
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+    except (ValueError, RecursionError) as e:
+        # ValueError beyond JSONDecodeError: integers longer than Python's 4300-digit conversion limit.
+        msg = (f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError)
+               else "nested too deeply" if isinstance(e, RecursionError) else str(e))
         return _bad(path, file_size, f"header is not valid JSON: {msg}", n)
     if not isinstance(doc, dict):
         return _bad(path, file_size, "header is not a JSON object", n)
@@ -151,6 +154,9 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
 def read_header(path: Path) -> SafetensorsHeader:
     """Read and validate the header of ``path``; a missing or invalid file gives a header with ``error``."""
     try:
+        # A FIFO or device would block open() or never end: only regular files are read.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return SafetensorsHeader(path, exists=True, error="not a regular file (a pipe, socket or device); not read")
         f = open(path, "rb")
     except FileNotFoundError:
         return SafetensorsHeader(path, exists=False, error="missing" + (" (dangling link)" if path.is_symlink() else ""))
