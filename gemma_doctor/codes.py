@@ -38,6 +38,14 @@ _CODES = [
     Code("GD204", "shard-corrupt", "a safetensors file has an invalid header or a truncated/oversized data section"),
     Code("GD205", "quantized", "the checkpoint is quantized (bitsandbytes, GPTQ, AWQ...); its compute dtype is reported"),
     Code("GD206", "index-invalid", "model.safetensors.index.json is unreadable or disagrees with the shards"),
+    # GD3xx: the GPU and precision
+    Code("GD301", "no-cuda-device", "no GPU is visible (or --gpu none): the recommendation is for CPU training"),
+    Code("GD302", "no-native-bf16", "the GPU has no native bf16 and the model (Gemma 2/3/3n, PaliGemma 2) overflows fp16: train in fp32"),
+    Code("GD303", "emulated-bf16-trap", "torch.cuda.is_bf16_supported() says True on this GPU through emulation, so bf16: auto picks slow bf16"),
+    Code("GD304", "bf16-capability-unknown", "the GPU's bf16 support is unknown; the recommendation assumes no native bf16"),
+    # GD4xx: library combinations
+    Code("GD401", "peft-adapters-half-precision", "PEFT < 0.12 keeps LoRA adapters in the base model's half precision (NaN risk)"),
+    Code("GD402", "bnb-compute-bf16-not-native", "the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 on a GPU without native bf16"),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),

@@ -16,6 +16,7 @@ from gemma_doctor.readers import weights as weights_scan
 from gemma_doctor.readers.jsonfile import read_json_file
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers import gpu as gpu_reader
+from gemma_doctor import advice
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import ModelReport, Report
 
@@ -26,6 +27,8 @@ GATHERERS: list[Gatherer] = []
 GATHERERS.append(dtypes_census.gather)
 # --weights: reads every tensor (numpy imported only then); a no-op otherwise.
 GATHERERS.append(weights_scan.gather)
+# The precision recommendation reads the census (extra["dtypes"]), so it runs after it.
+GATHERERS.append(advice.gather)
 # Environment probes add facts to Environment.extra: (options) -> {name: fact}.
 EnvProbe = Callable[[CheckOptions], dict]
 ENV_PROBES: list[EnvProbe] = []

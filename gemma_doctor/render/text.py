@@ -28,6 +28,9 @@ def _model_lines(m: ModelReport) -> list[str]:
     from gemma_doctor.render.census import census_lines
 
     lines.extend(f"  [dim]{escape(line)}[/dim]" for line in census_lines(m.extra))
+    rec = m.extra.get("recommendation")
+    if isinstance(rec, dict) and rec.get("summary"):
+        lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")
     if not m.findings:
         lines.append("  [green]no findings[/green]")
     for f in m.findings:

@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import dtypes, files, training, use_cache, weights
+from gemma_doctor.rules import dtypes, files, libraries, precision, training, use_cache, weights
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
@@ -15,6 +15,8 @@ RULES: list[Rule] = [files.check, use_cache.check]
 RULES.append(dtypes.check)
 RULES.append(weights.check)
 RULES.append(training.check)
+RULES.append(precision.check)
+RULES.append(libraries.check)
 
 
 def run(model: ModelFacts, env: Environment, options: CheckOptions) -> tuple[Finding, ...]:

@@ -1,0 +1,364 @@
+"""The precision decision: family, saved dtype, GPU, quantization and task -> bf16 | fp16 | fp32, with
+reasons and ready-to-paste settings for transformers, TRL, PEFT/bitsandbytes, Unsloth, axolotl, accelerate.
+
+Pure: plain inputs in, a frozen Recommendation out; no torch, no files. The sources of every rule are
+in docs/precision.md (facts.md section 3).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from gemma_doctor.errors import UsageError
+from gemma_doctor.versioning import parse
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+# Families whose activations exceed fp16's largest value (65504): Gemma 2, Gemma 3 (incl. EmbeddingGemma), Gemma 3n,
+# and PaliGemma 2 whose text model is Gemma 2 (transformers #36822; Unsloth measured up to ~800k).
+FP16_UNSAFE = frozenset({"gemma2", "gemma3", "gemma3n", "paligemma2"})
+FAMILY_NAMES = {"gemma": "Gemma 1", "gemma2": "Gemma 2", "gemma3": "Gemma 3", "gemma3n": "Gemma 3n",
+                "paligemma": "PaliGemma 1", "paligemma2": "PaliGemma 2"}
+# --family spellings -> family label.
+FAMILY_ALIASES = {
+    "gemma": "gemma", "gemma1": "gemma", "codegemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3",
+    "gemma3text": "gemma3", "embeddinggemma": "gemma3", "gemma3n": "gemma3n", "gemma3ntext": "gemma3n",
+    "paligemma": "paligemma", "paligemma1": "paligemma", "paligemma2": "paligemma2",
+}
+TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
+# Preference and RL trainers get seed 003's stable setting (TRL #3236).
+RL_TASKS = frozenset({"dpo", "orpo", "kto", "grpo", "ppo"})
+QUANTIZATIONS = ("4bit", "8bit", "none")
+STABLE_RL_SETTINGS: dict[str, Any] = {"gradient_checkpointing": True, "optim": "adamw_torch_fused", "max_grad_norm": 1.0}
+PEFT_ADAPTER_FP32 = "0.12.0"  # PEFT upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)
+PEFT_CAST_HELPER = "0.8.0"  # peft.cast_mixed_precision_params
+TRANSFORMERS_DTYPE_KWARG = "4.56.0"  # from_pretrained(dtype=...) replaces torch_dtype= (PR #39782)
+OUTPUT_DIR = "outputs"
+
+
+def normalise_family(text: str) -> str:
+    """A --family value -> family label (gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2); UsageError otherwise."""
+    key = "".join(ch for ch in text.lower() if ch.isalnum())
+    if key not in FAMILY_ALIASES:
+        raise UsageError(f"--family {text!r} is not a Gemma family; use one of: gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2")
+    return FAMILY_ALIASES[key]
+
+
+def normalise_task(text: str | None) -> str:
+    """A --task value -> one of TASKS (default sft); UsageError otherwise."""
+    if text is None:
+        return "sft"
+    task = text.strip().lower()
+    if task not in TASKS:
+        raise UsageError(f"--task {text!r} is not known; use one of: {', '.join(TASKS)}")
+    return task
+
+
+def normalise_quantization(text: str | None) -> str | None:
+    """A --quantization value -> "4bit" | "8bit" | None (none); UsageError otherwise."""
+    if text is None:
+        return None
+    q = text.strip().lower().replace("-", "")
+    q = {"4": "4bit", "nf4": "4bit", "qlora": "4bit", "8": "8bit", "int8": "8bit", "no": "none"}.get(q, q)
+    if q not in QUANTIZATIONS:
+        raise UsageError(f"--quantization {text!r} is not known; use one of: {', '.join(QUANTIZATIONS)}")
+    return None if q == "none" else q
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the decision depends on, as plain values."""
+
+    family: str | None  # family label; None = not known (treated like Gemma 2/3: the safe side)
+    gpu_native_bf16: bool | None  # None = unknown
+    gpu_backend: str = "cuda"  # cuda | rocm | mps | none
+    gpu_label: str = "the GPU"
+    gpu_trap: bool = False
+    saved_dtype: str | None = None  # bfloat16 | float16 | float32
+    saved_dtype_source: str | None = None  # "safetensors" | "config.json" | "assumed"
+    quantization: str | None = None  # "4bit" | "8bit" | None
+    quant_method: str | None = None  # bitsandbytes, gptq, awq...: the checkpoint is already quantized
+    checkpoint_compute_dtype: str | None = None
+    task: str = "sft"
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    model_id: str = "google/gemma-3-1b-it"
+    nested: bool = False  # multimodal config with text_config (Gemma 3 4B+, PaliGemma, Gemma 3n)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A precision decision with its reasons and ready-to-use settings per framework."""
+
+    precision: str  # bf16 | fp16 | fp32
+    reasons: tuple[str, ...]
+    frameworks: dict[str, Any]
+    load_dtype: str  # the dtype to load the weights in: bfloat16 | float16 | float32
+    summary: str
+    inputs: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def training_arguments(self) -> dict[str, Any]:
+        """The TrainingArguments keywords (also valid for TRL configs)."""
+        return dict(self.frameworks["transformers"]["training_arguments"])
+
+    def to_json(self) -> dict[str, Any]:
+        """The `recommendation` object of check's and recommend's JSON (docs/precision.md)."""
+        return {"precision": self.precision, "load_dtype": self.load_dtype, "summary": self.summary,
+                "reasons": list(self.reasons), "notes": list(self.notes), "inputs": dict(self.inputs),
+                "frameworks": json.loads(json.dumps(self.frameworks))}
+
+
+def _at_least(version: str | None, minimum: str) -> bool | None:
+    v = parse(version)
+    return None if v is None else v >= parse(minimum)
+
+
+def _family_name(family: str | None) -> str:
+    return FAMILY_NAMES.get(family or "", "this model")
+
+
+def decide(i: Inputs) -> Recommendation:
+    """The decision table (docs/precision.md), row by row."""
+    reasons: list[str] = []
+    notes: list[str] = []
+    fam = _family_name(i.family)
+    unsafe = i.family in FP16_UNSAFE or i.family is None
+    rl = i.task in RL_TASKS
+    quant = i.quantization or ("4bit" if i.task == "qlora" else None)
+    lora = quant is not None or i.task in ("lora", "qlora")
+
+    # 1. The GPU decides whether bf16 is on the table at all.
+    if i.gpu_backend == "none":
+        precision = "fp32"
+        reasons.append(f"no GPU ({i.gpu_label}): on a CPU, train in fp32; pass --gpu to plan for the training machine")
+    elif i.gpu_native_bf16 is True:
+        precision = "bf16"
+        reasons.append(f"{i.gpu_label} has native bf16"
+                       + (" (compute capability >= 8.0)" if i.gpu_backend == "cuda" else "")
+                       + ": bf16 mixed precision keeps fp32's range, so Gemma's large activations cannot overflow")
+    else:
+        what = "has no native bf16 (needs compute capability 8.0+; bf16 there is emulated through fp32, slowly)" \
+            if i.gpu_native_bf16 is False and i.gpu_backend == "cuda" else \
+            "has no native bf16" if i.gpu_native_bf16 is False else "has unknown bf16 support (treated as none)"
+        reasons.append(f"{i.gpu_label} {what}")
+        if unsafe:
+            precision = "fp32"
+            reasons.append(f"{fam} activations exceed fp16's largest value 65504, so fp16 gives inf/NaN "
+                           "(transformers #36822; TRL #3236: DPO in fp16 gives loss=0, reward=nan); clipping costs accuracy "
+                           "(PRs #36831/#36832 rejected). Unsloth's rule: without bf16, Gemma 3 trains in fp32, never fp16")
+            reasons.append("fp32 costs twice bf16's memory for weights and activations and runs without tensor cores "
+                           "(a T4 does ~8 TFLOPS in fp32 vs ~65 in fp16); "
+                           + ("a GPU with compute capability 8.0+ avoids it" if quant else
+                              "consider QLoRA (--qlora) or a GPU with compute capability 8.0+"))
+        else:
+            precision = "fp16"
+            reasons.append(f"{fam} fits fp16's range: fp16 mixed precision with loss scaling (fp16=True turns on the "
+                           "GradScaler); keep the trainable weights in fp32")
+    if i.gpu_trap and precision != "bf16":
+        notes.append("torch.cuda.is_bf16_supported() says True on this GPU (emulation), so `bf16: auto` (axolotl), "
+                     "transformers' is_torch_bf16_gpu_available() and LLaMA-Factory would pick slow emulated bf16: set precision explicitly")
+
+    # 2. The dtype the weights are loaded in.
+    if precision == "bf16":
+        load = "bfloat16"
+    elif precision == "fp32":
+        load = "float32"
+    else:
+        # fp16 AMP unscales fp32 gradients only ("Attempting to unscale FP16 gradients"): full fine-tuning needs fp32
+        # master weights; with LoRA the frozen base may stay in fp16 while the adapters train in fp32.
+        load = "float16" if lora else "float32"
+    saved = i.saved_dtype
+    src = f" ({i.saved_dtype_source})" if i.saved_dtype_source else ""
+    if saved == "float16" and unsafe:
+        reasons.append(f"weights are saved in float16{src}: {fam} was trained in bf16, so this copy may already hold inf "
+                       "where values overflowed (gemma-doctor check --weights scans them)")
+    elif saved:
+        verb = "halves memory" if saved == "float32" and load != "float32" else "keeps them as saved" if saved == load else "converts them"
+        reasons.append(f"weights are saved in {saved}{src}; loading them in {load} {verb}")
+
+    # 3. Quantization (QLoRA) and adapters.
+    compute = None
+    if quant == "4bit" and (i.quant_method in (None, "bitsandbytes")):
+        compute = "bfloat16" if precision == "bf16" else ("float32" if unsafe else "float16")
+        why = "bf16 is native" if precision == "bf16" else \
+            "bf16 is not native and fp16 overflows Gemma 2/3 activations" if unsafe else "bf16 is not native"
+        reasons.append(f"4-bit QLoRA: bnb_4bit_compute_dtype={compute} because {why}")
+        if i.checkpoint_compute_dtype and i.checkpoint_compute_dtype != compute:
+            notes.append(f"the checkpoint's quantization_config says bnb_4bit_compute_dtype={i.checkpoint_compute_dtype}; "
+                         f"pass a BitsAndBytesConfig with {compute} to override it")
+    elif quant and i.quant_method:
+        reasons.append(f"the checkpoint is already quantized ({i.quant_method}): its quantization_config is read from config.json")
+    peft_version = i.versions.get("peft")
+    peft_ok = _at_least(peft_version, PEFT_ADAPTER_FP32)
+    cast_needed = precision != "fp32" and peft_ok is False
+    if lora or precision != "fp32":
+        if peft_ok:
+            reasons.append(f"LoRA adapter weights train in fp32: PEFT {peft_version} (>= 0.12) upcasts them by default "
+                           "(autocast_adapter_dtype=True)")
+        elif peft_ok is False:
+            reasons.append(f"LoRA adapter weights must train in fp32, but PEFT {peft_version} (< 0.12) leaves them in the "
+                           "base model's half precision (NaN risk): cast them (snippet below) or upgrade PEFT")
+        else:
+            reasons.append("LoRA adapter weights must train in fp32: PEFT >= 0.12 does it by default; older PEFT needs the cast loop")
+
+    # 4. Task: the stable DPO setting (seed 003) for preference/RL trainers.
+    if rl:
+        reasons.append(f"{i.task}: the stable setting from TRL #3236 (seed 003): gradient_checkpointing=True, "
+                       "optim=\"adamw_torch_fused\", max_grad_norm=1.0, with the precision above")
+    reasons.append("use_cache=False for training (a KV cache only helps generation; with it on, transformers 4.50.x "
+                   "crashes bf16/fp16 evaluation with the HybridCache error): `gemma-doctor fix` sets it on disk, "
+                   "the loading snippet sets it in memory on every sub-model config")
+
+    frameworks = _frameworks(i, precision, load, quant, compute, rl, cast_needed, peft_ok)
+    summary = f"{precision}: " + {
+        "bf16": "bf16=True, fp16=False" + (", tf32=True" if "tf32" in frameworks["transformers"]["training_arguments"] else ""),
+        "fp16": "fp16=True (loss scaling), bf16=False",
+        "fp32": "bf16=False, fp16=False (no mixed precision)",
+    }[precision] + f" on {i.gpu_label}" + (f", {quant} {'QLoRA' if quant == '4bit' else 'quantized'}" if quant else "") \
+        + (f", {i.task}" if i.task != "sft" else "")
+    inputs = {"family": i.family, "saved_dtype": saved, "gpu": i.gpu_label, "gpu_backend": i.gpu_backend,
+              "native_bf16": i.gpu_native_bf16, "quantization": quant, "quant_method": i.quant_method, "task": i.task}
+    return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes))
+
+
+def auto_class(family: str | None, nested: bool) -> str:
+    """The transformers Auto class that loads this family (multimodal checkpoints: image-text-to-text)."""
+    return "AutoModelForImageTextToText" if nested else "AutoModelForCausalLM"
+
+
+def trl_config_class(task: str, trl_version: str | None) -> tuple[str, str] | None:
+    """(module, class) of the TRL config for ``task``; None where the installed TRL has none (PPO in TRL >= 1.0)."""
+    new = _at_least(trl_version, "1.0.0") is not False  # not installed: plan for the current TRL
+    if task == "orpo":
+        return ("trl.experimental.orpo" if new else "trl", "ORPOConfig")
+    if task == "ppo":
+        return None if new else ("trl", "PPOConfig")
+    return ("trl", {"dpo": "DPOConfig", "kto": "KTOConfig", "grpo": "GRPOConfig"}.get(task, "SFTConfig"))
+
+
+def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute: str | None, rl: bool,
+                cast_needed: bool, peft_ok: bool | None) -> dict[str, Any]:
+    bf16, fp16 = precision == "bf16", precision == "fp16"
+    args: dict[str, Any] = {"bf16": bf16, "fp16": fp16}
+    # tf32 only exists on NVIDIA Ampere+; transformers refuses tf32=True elsewhere.
+    tf32 = bf16 and i.gpu_backend == "cuda"
+    if tf32:
+        args["tf32"] = True
+    if rl:
+        args.update(STABLE_RL_SETTINGS)
+    dtype_key = "dtype" if _at_least(i.versions.get("transformers"), TRANSFORMERS_DTYPE_KWARG) else "torch_dtype"
+    load_kwargs: dict[str, Any] = {dtype_key: load}
+    bnb: dict[str, Any] | None = None
+    if quant == "4bit" and i.quant_method in (None, "bitsandbytes"):
+        bnb = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+               "bnb_4bit_compute_dtype": compute}
+    elif quant == "8bit" and i.quant_method in (None, "bitsandbytes"):
+        bnb = {"load_in_8bit": True}
+    trl_cls = trl_config_class(i.task, i.versions.get("trl"))
+    axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}
+    if quant == "4bit":
+        axolotl.update({"adapter": "qlora", "load_in_4bit": True})
+    elif quant == "8bit":
+        axolotl.update({"adapter": "lora", "load_in_8bit": True})
+    elif i.task == "lora":
+        axolotl["adapter"] = "lora"
+    if rl:
+        if i.task != "ppo":  # axolotl has no PPO trainer
+            axolotl["rl"] = i.task
+        axolotl.update({"gradient_checkpointing": True, "optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
+    return {
+        "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
+                         "from_pretrained": load_kwargs, "use_cache": False},
+        "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
+                "config": dict(args) if trl_cls else None},
+        "peft": {"bitsandbytes_config": bnb, "prepare_model_for_kbit_training": bnb is not None,
+                 "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed},
+        "axolotl": axolotl,
+        "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]},
+        "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit", "load_in_8bit": quant == "8bit"}},
+    }
+
+
+# --- snippets ----------------------------------------------------------------------------------
+
+def _py(value: Any) -> str:
+    if isinstance(value, str) and value in ("bfloat16", "float16", "float32"):
+        return f"torch.{value}"
+    return repr(value)
+
+
+def _kwargs(d: Mapping[str, Any], dtypes: bool = False) -> str:
+    return ", ".join(f"{k}={_py(v) if dtypes else repr(v)}" for k, v in d.items())
+
+
+def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
+    """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth."""
+    fw = rec.frameworks
+    tr = fw["transformers"]
+    out: dict[str, str] = {}
+    out["transformers"] = (
+        "from transformers import TrainingArguments\n\n"
+        f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
+        f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
+    trl = fw["trl"]
+    if trl["config_class"]:
+        out["trl"] = (f"from {trl['module']} import {trl['config_class']}\n\n"
+                      f"config = {trl['config_class']}(output_dir={OUTPUT_DIR!r}, {_kwargs(trl['config'])})\n")
+    bnb = fw["peft"]["bitsandbytes_config"]
+    load = dict(tr["from_pretrained"])
+    lines = ["import torch", f"from transformers import {tr['auto_class']}" + (", BitsAndBytesConfig" if bnb else ""), ""]
+    if bnb:
+        lines.append(f"bnb_config = BitsAndBytesConfig({_kwargs(bnb, dtypes=True)})")
+    extra = ", quantization_config=bnb_config" if bnb else ""
+    lines += [
+        f"model = {tr['auto_class']}.from_pretrained({model_id!r}, {_kwargs(load, dtypes=True)}{extra})",
+        "# Training needs no KV cache: switch it off on every sub-model config a forward pass reads",
+        "# (model.config alone is not enough for multimodal Gemma 3 on transformers 4.50.x).",
+        "for module in model.modules():",
+        "    sub_config = getattr(module, \"config\", None)",
+        "    if sub_config is not None and hasattr(sub_config, \"use_cache\"):",
+        "        sub_config.use_cache = False",
+        "model.generation_config.use_cache = False",
+    ]
+    out["loading"] = "\n".join(lines) + "\n"
+    peft = ["from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if bnb else ""), ""]
+    if bnb:
+        peft.append("model = prepare_model_for_kbit_training(model)")
+    peft += ["lora_config = LoraConfig(r=16, lora_alpha=32, target_modules=\"all-linear\", task_type=\"CAUSAL_LM\")",
+             "model = get_peft_model(model, lora_config)  # PEFT >= 0.12: adapter weights in fp32 (autocast_adapter_dtype=True)"]
+    cast = ["for param in model.parameters():", "    if param.requires_grad:", "        param.data = param.data.float()"]
+    if fw["peft"]["cast_adapters_to_fp32"]:
+        peft += ["# The installed PEFT is older than 0.12: adapters stay in half precision unless cast to fp32.", *cast]
+    elif rec.precision != "fp32":
+        peft += ["# PEFT < 0.12 only: cast the trainable (adapter) weights to fp32", *("# " + c for c in cast)]
+    out["peft"] = "\n".join(peft) + "\n"
+    u = fw["unsloth"]["from_pretrained"]
+    out["unsloth"] = ("import torch\nfrom unsloth import FastModel\n\n"
+                      f"model, tokenizer = FastModel.from_pretrained({model_id!r}, dtype={_py(u['dtype'])}, "
+                      f"load_in_4bit={u['load_in_4bit']!r}, load_in_8bit={u['load_in_8bit']!r})\n")
+    return out
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid YAML scalar
+
+
+def yaml_documents(rec: Recommendation) -> dict[str, str]:
+    """axolotl and accelerate settings as YAML (one document each, with comments saying why)."""
+    ax = rec.frameworks["axolotl"]
+    head = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
+            "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
+            "# depend on the machine that reads the file.\n")
+    axolotl = head + "".join(f"{k}: {_yaml_scalar(v)}\n" for k, v in ax.items())
+    acc = rec.frameworks["accelerate"]
+    accelerate = ("# accelerate config (merge into `accelerate config` output): no = fp32\n"
+                  + "".join(f"{k}: {_yaml_scalar(v)}\n" for k, v in acc.items()))
+    return {"axolotl": axolotl, "accelerate": accelerate}

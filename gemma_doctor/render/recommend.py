@@ -1,0 +1,91 @@
+"""The views of `gemma-doctor recommend`: text (reasons + Python), python, yaml (axolotl + accelerate), json."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+SECTION_TITLES = {
+    "transformers": "transformers Trainer: TrainingArguments",
+    "trl": "TRL trainer config",
+    "loading": "loading (transformers / bitsandbytes), use_cache off in memory",
+    "peft": "PEFT LoRA adapters",
+    "unsloth": "Unsloth",
+}
+
+
+class RecommendFormat(str, enum.Enum):
+    """--format choices of `recommend`."""
+
+    TEXT = "text"
+    PYTHON = "python"
+    YAML = "yaml"
+    JSON = "json"
+
+
+def _name(item: Any) -> str:
+    if item.planned:
+        return f"{item.family} (planned, not downloaded; assumed {item.model_id})"
+    rev = f" @ {item.revision}" if item.repo_id and item.revision else ""
+    return f"{item.repo_id or item.path}{rev}"
+
+
+def render_python(items: Sequence[Any], gpu: Any) -> str:
+    """Paste-able Python only: every section of every model, each section self-contained."""
+    from gemma_doctor.recommend import python_snippets
+
+    out: list[str] = []
+    for item in items:
+        rec = item.recommendation
+        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n")
+        for key, code in python_snippets(rec, item.model_id).items():
+            out.append(f"# --- {SECTION_TITLES[key]} ---\n{code}")
+    return "\n".join(out)
+
+
+def render_yaml(items: Sequence[Any], gpu: Any) -> str:
+    """axolotl and accelerate YAML documents, per model, separated by `---`."""
+    from gemma_doctor.recommend import yaml_documents
+
+    docs: list[str] = []
+    for item in items:
+        rec = item.recommendation
+        y = yaml_documents(rec)
+        head = f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n"
+        docs.append(head + y["axolotl"])
+        docs.append(y["accelerate"])
+    return "---\n".join(docs)
+
+
+def render_json(items: Sequence[Any], gpu: Any, task: str) -> str:
+    """The stable JSON document (docs/precision.md)."""
+    from gemma_doctor.render.jsonout import dumps
+
+    return dumps({"schema_version": 1, "command": "recommend", "task": task, "gpu": gpu.to_json(),
+                  "models": [i.to_json() for i in items]})
+
+
+def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
+    """Human summary: the decision, its reasons and notes, then the Python snippets."""
+    from rich.markup import escape
+
+    from gemma_doctor.recommend import python_snippets
+    from gemma_doctor.render.style import to_string
+
+    lines: list[Any] = []
+    for item in items:
+        rec = item.recommendation
+        lines.append(f"[bold]{escape(_name(item))}[/bold]  [dim]{escape(item.family or '')}[/dim]")
+        lines.append(f"  [bold green]precision {escape(rec.precision)}[/]  {escape(rec.summary.split(': ', 1)[-1])}")
+        lines.append("  why:")
+        lines.extend(f"    - {escape(r)}" for r in rec.reasons)
+        for n in rec.notes:
+            lines.append(f"  [yellow]note:[/] {escape(n)}")
+        lines.append("")
+        for key, code in python_snippets(rec, item.model_id).items():
+            lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
+            lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
+            lines.append("")
+        lines.append("  [dim]axolotl / accelerate YAML: gemma-doctor recommend ... --format yaml[/dim]")
+        lines.append("")
+    return to_string(lines, color, width=160)

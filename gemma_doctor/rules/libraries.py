@@ -1,0 +1,55 @@
+"""Library combinations known to break mixed-precision Gemma fine-tuning (GD4xx), from package metadata only."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.recommend import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.versioning import parse
+
+_HALF = ("bfloat16", "float16")
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """PEFT < 0.12 on a half-precision base; bitsandbytes bf16 compute on a GPU without native bf16."""
+    if not model.family.is_gemma:
+        return
+    rec = model.extra.get("recommendation")
+    gpu = env.extra.get("gpu")
+    peft = env.versions.get("peft")
+    pv = parse(peft)
+    if pv is not None and pv < parse(PEFT_ADAPTER_FP32) and rec is not None and (
+            rec.load_dtype in _HALF or rec.inputs.get("quantization")):
+        helper = "peft.cast_mixed_precision_params(model, dtype)" if pv >= parse(PEFT_CAST_HELPER) else \
+            "for p in model.parameters(): if p.requires_grad: p.data = p.data.float()"
+        yield Finding(
+            "GD401", Severity.WARNING,
+            f"peft {peft} is installed: LoRA adapters created on this {rec.load_dtype} base stay in half precision "
+            "(PEFT < 0.12 does not upcast them), which gives NaN losses or 'Attempting to unscale FP16 gradients'",
+            key="peft", fix=f'pip install "peft>={PEFT_ADAPTER_FP32}", or after get_peft_model: {helper}',
+            details={"peft": peft})
+    q = _bnb_quantization(model)
+    if q is not None and gpu is not None and gpu.native_bf16 is False and gpu.backend != "none":
+        compute = q.get("compute_dtype")
+        if isinstance(compute, str) and compute.replace("torch.", "") in ("bfloat16", "bf16"):
+            target = "float32" if (model.family.label or "") in ("gemma2", "gemma3", "gemma3n", "paligemma2") else "float16"
+            yield Finding(
+                "GD402", Severity.WARNING,
+                f"the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 but {gpu.label} has no native bf16: "
+                "every dequantized matmul runs emulated (slow)",
+                file="config.json", key="quantization_config.bnb_4bit_compute_dtype",
+                fix=f"load with BitsAndBytesConfig(..., bnb_4bit_compute_dtype=torch.{target}) "
+                    f"(gemma-doctor recommend {model.snapshot.target})",
+                details={"compute_dtype": compute, "gpu": gpu.label})
+
+
+def _bnb_quantization(model: ModelFacts) -> Mapping[str, Any] | None:
+    q = getattr(model.extra.get("dtypes"), "quantization", None)
+    if isinstance(q, Mapping):
+        return q if q.get("method") == "bitsandbytes" and q.get("bits") == 4 else None
+    qc = model.config.data.get("quantization_config") if model.config.ok else None
+    if isinstance(qc, Mapping) and qc.get("load_in_4bit"):
+        return {"method": "bitsandbytes", "bits": 4, "compute_dtype": qc.get("bnb_4bit_compute_dtype")}
+    return None

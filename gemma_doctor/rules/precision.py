@@ -1,0 +1,54 @@
+"""GPU and precision findings (GD3xx): no GPU, no native bf16 for Gemma 2/3, the emulated-bf16 trap, unknown bf16."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.recommend import FAMILY_NAMES, FP16_UNSAFE
+from gemma_doctor.report import Finding, Severity
+
+
+def recommend_command(model: ModelFacts, gpu: Any) -> str:
+    """The command that prints the ready-to-paste settings for this model and GPU."""
+    spec = getattr(gpu, "spec", None)
+    flag = f" --gpu {spec!r}" if spec and " " in spec else f" --gpu {spec}" if spec else ""
+    return f"gemma-doctor recommend {model.snapshot.target}{flag}"
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """Findings about the GPU the run will use, for a Gemma model."""
+    gpu = env.extra.get("gpu")
+    if gpu is None or not model.family.is_gemma:
+        return
+    fam = model.family.label
+    details = {"gpu": gpu.label, "source": gpu.source, "native_bf16": gpu.native_bf16}
+    if gpu.backend == "none":
+        # Only when the question is about precision: on a CPU runner a plain `check` of a fixed model stays
+        # "no findings" (environment.gpu and the precision line still say there is no GPU).
+        if not (options.task or options.training_config or gpu.source == "--gpu"):
+            return
+        yield Finding("GD301", Severity.INFO,
+                      f"{gpu.reason}; the recommendation is for CPU training (fp32)",
+                      key="gpu", fix="plan for the training GPU: add --gpu NAME or compute capability (T4, A100, 8.0, sm_75)",
+                      details=details)
+        return
+    if gpu.native_bf16 is False and fam in FP16_UNSAFE:
+        yield Finding(
+            "GD302", Severity.WARNING,
+            f"{gpu.label} has no native bf16 and {FAMILY_NAMES[fam]} overflows fp16 (activations > 65504, "
+            "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
+            "and runs without tensor cores",
+            key="gpu", fix=f"{recommend_command(model, gpu)} (fp32 settings); or QLoRA to cut memory; or a GPU with compute "
+                           "capability 8.0+ (A10G, L4, A100, H100)", details=details)
+    if gpu.emulated_bf16_trap:
+        yield Finding(
+            "GD303", Severity.WARNING,
+            f"torch.cuda.is_bf16_supported() returns True on {gpu.label} through emulation, so `bf16: auto` (axolotl), "
+            "transformers' is_torch_bf16_gpu_available() and LLaMA-Factory pick slow emulated bf16 here",
+            key="gpu", fix="set the precision explicitly (bf16: false; fp16 or fp32 as recommended): "
+                           + recommend_command(model, gpu), details=details)
+    if gpu.native_bf16 is None:
+        yield Finding("GD304", Severity.INFO,
+                      f"bf16 support of {gpu.label} is unknown ({gpu.reason}); the recommendation assumes no native bf16",
+                      key="gpu", fix="name the GPU with --gpu (a compute capability or a GPU name)", details=details)
