@@ -16,6 +16,7 @@ from gemma_doctor import __version__
 from gemma_doctor.errors import DoctorError, LockTimeout, UsageError, WriteError
 from gemma_doctor.render import OutputFormat
 from gemma_doctor.listing import ListFormat
+from gemma_doctor.render.recommend import RecommendFormat
 from gemma_doctor.report import ExitCode, FailOn
 
 app = typer.Typer(
@@ -210,6 +211,44 @@ def restore(
         outcomes.append(Outcome(facts, status, [], messages))
     _print_outcomes("restore", outcomes, fmt, dry_run, not (failed or conflicted))
     raise typer.Exit(ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK)
+
+
+@app.command()
+def recommend(
+    targets: Optional[List[str]] = TargetsArg,
+    family: Optional[str] = typer.Option(None, "--family", help="Plan for a family without a downloaded model (CI before download): "
+                                                                 "gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of probing: a compute capability (8.0, sm_75), a name (T4, A100, H100) or none."),
+    task: Optional[str] = typer.Option(None, "--task", help="sft (default), full, lora, qlora, dpo, orpo, kto, grpo, ppo."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="4bit, 8bit or none (default: from the checkpoint's quantization_config)."),
+    qlora: bool = typer.Option(False, "--qlora", help="Shorthand for --quantization 4bit."),
+    cache_dir: Optional[Path] = CacheDirOpt,
+    revision: str = RevisionOpt,
+    fmt: RecommendFormat = typer.Option(RecommendFormat.TEXT, "--format", "-f", case_sensitive=False,
+                                        help="text (reasons + Python), python, yaml (axolotl + accelerate) or json."),
+) -> None:
+    """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
+    from gemma_doctor.advice import recommend_items
+    from gemma_doctor.render import recommend as view
+
+    if qlora:
+        if quantization not in (None, "4bit"):
+            raise UsageError("--qlora means --quantization 4bit; drop one of them")
+        quantization = "4bit"
+    gpu_facts, items, skipped = recommend_items(targets or [], cache_dir, revision, family, gpu, task, quantization)
+    for line in skipped:
+        _hint(line)
+    if fmt is RecommendFormat.JSON:
+        _out(view.render_json(items, gpu_facts, items[0].recommendation.inputs["task"]))
+    elif fmt is RecommendFormat.PYTHON:
+        _out(view.render_python(items, gpu_facts))
+    elif fmt is RecommendFormat.YAML:
+        _out(view.render_yaml(items, gpu_facts))
+    else:
+        _out(view.render_text(items, gpu_facts, _color()))
+    if gpu_facts.source == "probe" and gpu_facts.backend == "none":
+        _hint(f"{gpu_facts.reason}; planning for CPU training")
+    raise typer.Exit(ExitCode.OK)
 
 
 @app.command("list")
