@@ -13,7 +13,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers import weights as weights_scan
-from gemma_doctor.readers.jsonfile import read_json_file
+from gemma_doctor.readers.jsonfile import JsonFile, forget_roots, read_json_file
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor import advice
@@ -36,10 +36,11 @@ ENV_PROBES.append(training_config.probe)  # reads --training-config once, for th
 ENV_PROBES.append(gpu_reader.env_probe)  # probes the GPU (or reads --gpu) once per run: env.extra["gpu"]
 
 
-def read_model(snapshot: Snapshot) -> ModelFacts:
-    """Read one snapshot's config files and undo record (header reads only)."""
+def read_model(snapshot: Snapshot, config: JsonFile | None = None) -> ModelFacts:
+    """Read one snapshot's config files and undo record (header reads only); ``config`` if already read."""
     root = snapshot.read_root
-    config = read_json_file(snapshot.path / "config.json", root)
+    if config is None:
+        config = read_json_file(snapshot.path / "config.json", root)
     generation = read_json_file(snapshot.path / "generation_config.json", root)
     fam = family_mod.detect(config.data) if config.ok else family_mod.NOT_GEMMA
     return ModelFacts(snapshot=snapshot, config=config, generation_config=generation, family=fam,
@@ -81,15 +82,17 @@ def select(snapshots: Iterable[Snapshot], explicit: bool) -> tuple[list[ModelFac
     """Read every snapshot; in a whole-cache scan, non-Gemma repos are skipped, not reported."""
     models: list[ModelFacts] = []
     skipped: list[dict[str, str]] = []
+    forget_roots()
     for snap in snapshots:
-        facts = read_model(snap)
-        if not explicit and facts.config.ok and not facts.family.is_gemma:
+        # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
+        config = read_json_file(snap.path / "config.json", snap.read_root)
+        if not explicit and config.ok and not family_mod.detect(config.data).is_gemma:
             skipped.append({"target": snap.target, "path": str(snap.path), "reason": "not a Gemma-family model"})
             continue
-        if not explicit and not facts.config.ok and not facts.config.exists:
+        if not explicit and not config.ok and not config.exists:
             skipped.append({"target": snap.target, "path": str(snap.path), "reason": "no config.json"})
             continue
-        models.append(facts)
+        models.append(read_model(snap, config))
     return models, skipped
 
 

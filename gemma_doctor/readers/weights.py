@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
@@ -242,6 +240,8 @@ def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str
 
         progress = Progress(TextColumn("scanning {task.description}"), BarColumn(), DownloadColumn(),
                             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True)
+        import threading
+
         task = progress.add_task(label, total=total)
         lock = threading.Lock()
 
@@ -253,6 +253,8 @@ def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str
     try:
         # numpy's reductions and file reads release the GIL, so threads scan shards in parallel.
         if jobs > 1 and len(headers) > 1:
+            from concurrent.futures import ThreadPoolExecutor  # imported here: costly at CLI start-up
+
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 results = list(pool.map(lambda nh: scan_shard(nh[1], nh[0], advance, chunk_bytes), headers))
         else:

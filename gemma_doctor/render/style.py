@@ -13,8 +13,18 @@ def to_string(renderables: list[Any], color: bool, width: int = 100) -> str:
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=color, no_color=not color, color_system="standard" if color else None,
                       width=width, highlight=False, emoji=False, soft_wrap=True)
+    # Consecutive markup strings are printed as one: rich's per-call overhead dominated whole-cache reports.
+    run: list[str] = []
     for r in renderables:
+        if isinstance(r, str):
+            run.append(r)
+            continue
+        if run:
+            console.print("\n".join(run))
+            run = []
         console.print(r)
+    if run:
+        console.print("\n".join(run))
     return buf.getvalue()
 
 

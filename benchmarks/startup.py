@@ -1,0 +1,109 @@
+"""Benchmark `gemma-doctor check` start-up and whole-cache scans against `hf cache ls` on the same cache.
+
+1. One cached repo (the bundled gemma-3-12b-it configs): whole-process time of
+   `gemma-doctor check google/gemma-3-12b-it` vs `hf cache ls`, and which heavy modules `check` imports
+   (torch and transformers must not be among them).
+2. Synthetic caches of 1,000 and 2,000 repos x 2 revisions (half Gemma-family, built with
+   tests/builders.HubCache): `gemma-doctor check` (no target) vs `hf cache ls`; 2,000 must stay within
+   2.2x of 1,000.
+Medians of --runs runs, alternating the commands. Run: .venv/bin/python benchmarks/startup.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.builders import HubCache, gemma3_12b_config, generation_config, llama_config, variant  # noqa: E402
+
+BIN = Path(sys.executable).parent
+HEAVY = ("torch", "transformers", "numpy", "safetensors", "huggingface_hub", "rich", "packaging", "accelerate")
+
+_IMPORTS = """
+import json, sys
+from gemma_doctor.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(%r))), file=sys.stderr)
+""" % (HEAVY,)
+
+
+def build_cache(root: Path, repos: int) -> float:
+    """``repos`` repos x 2 revisions (main and an older detached one), half of them Gemma 3."""
+    t0 = time.perf_counter()
+    hub = HubCache(root)
+    gem, gen, other = gemma3_12b_config(), generation_config(), llama_config()
+    for i in range(repos):
+        cfg = gem if i % 2 == 0 else other
+        repo = f"org{i % 37}/model-{i:05d}"
+        hub.add(repo, {"config.json": variant(cfg, _name_or_path=f"old-{i}"), "generation_config.json": gen}, refs=())
+        hub.add(repo, {"config.json": variant(cfg, _name_or_path=repo), "generation_config.json": gen})
+    return time.perf_counter() - t0
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t0
+
+
+def compare(cmds: dict[str, list[str]], runs: int) -> dict[str, float]:
+    """Median whole-process seconds per command, alternating them so load affects each alike."""
+    for cmd in cmds.values():
+        timed(cmd)  # warm the page cache and .pyc files
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(runs):
+        for k, cmd in cmds.items():
+            times[k].append(timed(cmd))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--repos", type=int, default=1000)
+    args = ap.parse_args()
+    doctor, hf = str(BIN / "gemma-doctor"), str(BIN / "hf")
+    with tempfile.TemporaryDirectory() as tmp:
+        one = Path(tmp) / "one"
+        HubCache(one).add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(),
+                                                    "generation_config.json": generation_config()})
+        res = subprocess.run([sys.executable, "-c", _IMPORTS, "check", "google/gemma-3-12b-it", "--cache-dir", str(one)],
+                             capture_output=True, text=True, cwd=ROOT)
+        imported = json.loads(res.stderr.strip().splitlines()[-1])
+        print(f"heavy modules imported by `check <repo>`: {imported or 'none'}")
+        assert "torch" not in imported and "transformers" not in imported
+        m = compare({"gemma-doctor check <repo>": [doctor, "check", "google/gemma-3-12b-it", "--cache-dir", str(one)],
+                     "hf cache ls": [hf, "cache", "ls", "--cache-dir", str(one)]}, args.runs)
+        a, b = m.values()
+        print(f"\none repo, median of {args.runs}: check {a * 1000:.0f} ms, hf cache ls {b * 1000:.0f} ms, ratio {a / b:.2f}")
+
+        scans: dict[int, dict[str, float]] = {}
+        for n in (args.repos, 2 * args.repos):
+            cache = Path(tmp) / f"c{n}"
+            built = build_cache(cache, n)
+            scans[n] = compare({"check": [doctor, "check", "--cache-dir", str(cache), "--fail-on", "never"],
+                                "hf": [hf, "cache", "ls", "--cache-dir", str(cache)]}, args.runs)
+            c, h = scans[n]["check"], scans[n]["hf"]
+            print(f"{n} repos x 2 revisions (built in {built:.1f} s), median of {args.runs}: check {c:.3f} s, "
+                  f"hf cache ls {h:.3f} s, ratio {c / h:.2f}")
+            shutil.rmtree(cache)
+        n1, n2 = args.repos, 2 * args.repos
+        print(f"growth {n1} -> {n2} repos: check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "
+              f"hf cache ls {scans[n2]['hf'] / scans[n1]['hf']:.2f}x (target <= 2.2x)")
+
+
+if __name__ == "__main__":
+    main()
