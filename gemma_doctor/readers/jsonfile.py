@@ -138,7 +138,23 @@ def _inside(path: Path, root: Path) -> bool:
     """True when ``path`` resolves (following every link) to somewhere inside ``root``."""
     try:
         real = os.path.realpath(path)
-        real_root = os.path.realpath(root)
+        real_root = _real_root(os.fspath(root))
     except (OSError, ValueError):
         return False
     return os.path.commonpath([real, real_root]) == real_root
+
+
+_REAL_ROOTS: dict[str, str] = {}
+
+
+def forget_roots() -> None:
+    """Drop memoised repo-folder realpaths; called at the start of every run, as folders may have moved."""
+    _REAL_ROOTS.clear()
+
+
+def _real_root(root: str) -> str:
+    """realpath of a repo folder, memoised: a whole-cache scan asks it for every file of the repo."""
+    real = _REAL_ROOTS.get(root)
+    if real is None:
+        real = _REAL_ROOTS[root] = os.path.realpath(root)
+    return real
