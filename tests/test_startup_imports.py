@@ -1,0 +1,59 @@
+"""`check` never imports torch or transformers, and the census needs no numpy (start-up stays fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.builders import HubCache, gemma3_12b_config, generation_config
+from tests.test_safetensors import st_file
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = """
+import json, sys
+from gemma_doctor.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted({m.split('.')[0] for m in sys.modules})}), file=sys.stderr)
+"""
+
+
+def imported(*args: str) -> tuple[int, set[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=120)
+    doc = json.loads(res.stderr.strip().splitlines()[-1])
+    return doc["code"], set(doc["modules"])
+
+
+@pytest.fixture
+def cached(hub: HubCache) -> HubCache:
+    weights = st_file({"language_model.model.embed_tokens.weight": ("BF16", [16, 8]), "x.weight": ("BF16", [4])})
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config(),
+                                      "model.safetensors": weights})
+    return hub
+
+
+def test_check_imports_neither_torch_nor_transformers(cached):
+    code, mods = imported("check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root), "--format", "json")
+    assert code in (0, 1)
+    assert not mods & {"torch", "transformers", "accelerate", "peft", "numpy", "safetensors"}
+
+
+def test_whole_cache_check_imports_no_torch(cached):
+    code, mods = imported("check", "--cache-dir", str(cached.root))
+    assert code in (0, 1)
+    assert not mods & {"torch", "transformers"}
+
+
+def test_weights_scan_needs_numpy_not_torch(cached):
+    code, mods = imported("check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root), "--weights")
+    assert code in (0, 1)
+    assert "numpy" in mods and not mods & {"torch", "transformers", "safetensors"}
