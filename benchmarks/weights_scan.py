@@ -4,7 +4,7 @@ Builds a >= 2 GiB bf16 safetensors file in a temporary folder (deleted afterward
 Inf, fp16 overflow and zero embedding rows, checks the scan finds them all, then times on a warm page
 cache (median of --runs):
   read floor  reading the bytes into a reused buffer, nothing else;
-  doctor      gemma_doctor.readers.weights.scan (in a subprocess, which also reports its peak RSS);
+  doctor      gemma_doctor.readers.weights.scan (in a subprocess, which also reports its peak RSS, VmHWM);
   naive       safetensors.safe_open(path, "pt"), then per tensor torch.isfinite(t).all() and t.abs().max().
 Run: .venv/bin/python benchmarks/weights_scan.py [--gib 2] [--runs 3]
 """
@@ -79,21 +79,32 @@ def read_floor(path: Path, chunk: int = 8 * 2**20) -> float:
 
 _DOCTOR = """
 import json, resource, sys, time
+def hwm():
+    # Peak resident set of this process (VmHWM); ru_maxrss would carry the parent's peak across exec.
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
+
 from pathlib import Path
 from gemma_doctor.readers.safetensors_header import read_header
 from gemma_doctor.readers.weights import scan
 p = Path(sys.argv[1]); copies = int(sys.argv[2]); jobs = int(sys.argv[3])
+import numpy  # imported before timing, as the naive loop imports torch before its clock starts
 h = read_header(p)
 t0 = time.perf_counter()
 r = scan([(f"shard{i}", h) for i in range(copies)], jobs=jobs)
 dt = time.perf_counter() - t0
 emb = next(t for t in r.tensors if t.name == "model.embed_tokens.weight")
-print(json.dumps({"seconds": dt, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({"seconds": dt, "maxrss_kib": hwm(),
                   "total": r.total, "zero_row_ranges": [list(x) for x in emb.zero_row_ranges]}))
 """
 
 _NAIVE = """
 import json, resource, sys, time
+def hwm():
+    # Peak resident set of this process (VmHWM); ru_maxrss would carry the parent's peak across exec.
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
+
 import torch
 from safetensors import safe_open
 p = sys.argv[1]
@@ -106,7 +117,7 @@ with safe_open(p, "pt") as f:
             bad.append(name)
         maxabs = max(maxabs, float(t.abs().max()))
 dt = time.perf_counter() - t0
-print(json.dumps({"seconds": dt, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "bad": bad}))
+print(json.dumps({"seconds": dt, "maxrss_kib": hwm(), "bad": bad}))
 """
 
 

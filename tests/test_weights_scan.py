@@ -233,3 +233,28 @@ def test_beyond_fp16_severity(tmp_path, precision, dominant, severity):
                        JsonFile(tmp_path / "generation_config.json", False), detect(cfg), extra=extra)
     found = list(weights.check(facts, Environment(installed()), CheckOptions(weights=True)))
     assert [(f.code, f.severity.value, f.key) for f in found] == [("GD502", severity, "a.weight")]
+
+
+def test_read_fallback_without_mmap(tmp_path, monkeypatch):
+    """Where mmap is unavailable the scan reads into a reused buffer and finds the same."""
+    import mmap
+
+    path = tmp_path / "model.safetensors"
+    save_file(planted(torch.bfloat16), str(path))
+    mapped = scan([("m", read_header(path))], chunk_bytes=1000)
+
+    def no_mmap(*a, **k):
+        raise OSError("mmap not supported")
+
+    monkeypatch.setattr(mmap, "mmap", no_mmap)
+    assert scan([("m", read_header(path))], chunk_bytes=1000) == mapped
+
+
+def test_file_changed_after_header_read(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file(planted(torch.float32), str(path))
+    h = read_header(path)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 16)
+    result = scan([("model.safetensors", h)])
+    assert result.tensors == () and [f for f, _ in result.unreadable] == ["model.safetensors"]

@@ -1,8 +1,10 @@
 """The weights scan (`check --weights`): NaN/Inf, fp16 overflow and zero embedding rows, from raw bit patterns.
 
-Every tensor is read in bounded chunks into one reused buffer per worker and tested with vectorised
-integer operations on its bits (facts.md section 5), so memory stays bounded whatever the shard size
-and no float copy is ever made. numpy is imported here only, and only when a scan runs.
+Each shard is memory-mapped read-only (no copy of its bytes; reads into a reused buffer where mmap is
+unavailable) and tested in bounded chunks with vectorised integer operations on the bits (facts.md
+section 5) into one reused scratch buffer; pages already tested are released as the scan moves on,
+so memory stays bounded whatever the shard size and no float copy is ever made. numpy is imported
+here only, and only when a scan runs.
 """
 
 from __future__ import annotations
@@ -132,43 +134,94 @@ def _read_full(f: BinaryIO, view: memoryview) -> None:
         got += n
 
 
+# Mapped pages already tested are released every this many bytes, so resident memory stays bounded.
+DROP_BYTES = 64 * 1024 * 1024
+
+
+class _Source:
+    """The shard's bytes: a read-only memory map (no copy at all), else reads into a reused buffer."""
+
+    def __init__(self, path: Any, expected_size: int, chunk_bytes: int) -> None:
+        import mmap
+
+        import numpy as np
+
+        self.np, self.mmap_mod = np, mmap
+        self.f = open(path, "rb", buffering=0)
+        size = os.fstat(self.f.fileno()).st_size
+        if size != expected_size:
+            self.f.close()
+            raise OSError(f"file is {size} bytes now, {expected_size} when its header was read (changed meanwhile?)")
+        self.raw = np.empty(chunk_bytes, dtype=np.uint8)
+        self.mm: Any = None
+        self.dropped = 0
+        try:
+            self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(self.mm, "madvise"):
+                self.mm.madvise(mmap.MADV_SEQUENTIAL)
+        except (OSError, ValueError):
+            self.mm = None  # e.g. a file system without mmap: fall back to reads
+
+    def view(self, offset: int, nbytes: int) -> Any:
+        """uint8 array of ``nbytes`` at absolute ``offset``; valid until the next call."""
+        if self.mm is not None:
+            return self.np.frombuffer(self.mm, dtype=self.np.uint8, count=nbytes, offset=offset)
+        if nbytes > self.raw.size:
+            self.raw = self.np.empty(nbytes, dtype=self.np.uint8)
+        self.f.seek(offset)
+        _read_full(self.f, memoryview(self.raw)[:nbytes])
+        return self.raw[:nbytes]
+
+    def done_until(self, offset: int) -> None:
+        """Bytes before ``offset`` are tested: drop their pages from this process (the page cache keeps them)."""
+        if self.mm is None or offset - self.dropped < DROP_BYTES or not hasattr(self.mm, "madvise"):
+            return
+        end = offset // self.mmap_mod.PAGESIZE * self.mmap_mod.PAGESIZE
+        self.mm.madvise(self.mmap_mod.MADV_DONTNEED, self.dropped, end - self.dropped)
+        self.dropped = end
+
+    def close(self) -> None:
+        """Unmap and close."""
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:  # a view is still referenced; the map goes with it
+                pass
+        self.f.close()
+
+
 class _Worker:
-    """One scanning thread's reused buffers."""
+    """One scanning thread's reused scratch buffer."""
 
     def __init__(self, chunk_bytes: int) -> None:
         import numpy as np
 
         self.np = np
-        self.raw = np.empty(chunk_bytes, dtype=np.uint8)
         self.tmp = np.empty(chunk_bytes, dtype=np.uint8)
 
-    def _ensure(self, nbytes: int) -> None:
-        if nbytes > self.raw.size:  # one embedding row larger than a chunk
-            self.raw = self.np.empty(nbytes, dtype=self.np.uint8)
-            self.tmp = self.np.empty(nbytes, dtype=self.np.uint8)
-
-    def tensor(self, f: BinaryIO, h: SafetensorsHeader, t: TensorInfo, file: str,
+    def tensor(self, src: _Source, h: SafetensorsHeader, t: TensorInfo, file: str,
                advance: Callable[[int], None]) -> TensorScan:
         np = self.np
         spec = SPECS[t.dtype]
         numel = t.numel
         emb = is_embedding(t.name, t.shape)
         row = t.shape[1] if emb else 0
-        per_chunk = self.raw.size // spec.itemsize
+        per_chunk = max(1, self.tmp.size // spec.itemsize)
         if emb and row:
             per_chunk = max(row, per_chunk // row * row)  # whole rows per chunk
-            self._ensure(per_chunk * spec.itemsize)
+            if per_chunk * spec.itemsize > self.tmp.size:  # one row larger than a chunk
+                self.tmp = np.empty(per_chunk * spec.itemsize, dtype=np.uint8)
         nan = inf = beyond = 0
         best = -1
         zero: list[int] = []
-        f.seek(h.data_start + t.begin)
+        base = h.data_start + t.begin
         done = 0
         while done < numel:
             n = min(per_chunk, numel - done)
             nbytes = n * spec.itemsize
-            _read_full(f, memoryview(self.raw)[:nbytes])
-            bits = self.raw[:nbytes].view(spec.uint)
+            bits = src.view(base + done * spec.itemsize, nbytes).view(spec.uint)
             a = np.bitwise_and(bits, spec.abs_mask, out=self.tmp[:nbytes].view(spec.uint))
+            del bits
             if emb and row:
                 # One pass gives both the row maxima (zero rows) and the chunk's maximum.
                 rmax = a.reshape(-1, row).max(axis=1)
@@ -193,6 +246,7 @@ class _Worker:
                 beyond += int(np.count_nonzero(a > spec.fp16_limit)) - c_nan - c_inf
             done += n
             advance(nbytes)
+            src.done_until(base + done * spec.itemsize)
         return TensorScan(t.name, file, t.dtype, t.shape, nan, inf, _decode(t.dtype, best) if best >= 0 else None,
                           beyond, emb, len(zero), _ranges(zero))
 
@@ -205,16 +259,21 @@ def scan_shard(h: SafetensorsHeader, file: str, advance: Callable[[int], None] =
     skipped: dict[str, int] = {}
     scanned = 0
     try:
-        with open(h.path, "rb", buffering=0) as f:
-            for t in h.tensors:
-                if t.dtype not in SPECS:
-                    skipped[t.dtype] = skipped.get(t.dtype, 0) + 1
-                    advance(t.nbytes)
-                    continue
-                out.append(worker.tensor(f, h, t, file, advance))
-                scanned += t.nbytes
+        src = _Source(h.path, h.file_size, chunk_bytes)
     except OSError as e:
         return out, skipped, scanned, str(e.strerror or e)
+    try:
+        for t in h.tensors:
+            if t.dtype not in SPECS:
+                skipped[t.dtype] = skipped.get(t.dtype, 0) + 1
+                advance(t.nbytes)
+                continue
+            out.append(worker.tensor(src, h, t, file, advance))
+            scanned += t.nbytes
+    except OSError as e:
+        return out, skipped, scanned, str(e.strerror or e)
+    finally:
+        src.close()
     return out, skipped, scanned, None
 
 
