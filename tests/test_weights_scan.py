@@ -194,6 +194,9 @@ def test_progress_only_on_stderr(cli, hub, monkeypatch):
     repo = sharded_repo(hub, "BF16")
     r = cli("check", repo, "--cache-dir", hub.root, "--format", "json", "--weights")
     json.loads(r.out)  # stdout is exactly the JSON document
+    assert "scanning" in r.err and "scanning" not in r.out
+    monkeypatch.setenv("GEMMA_DOCTOR_PROGRESS", "0")
+    assert "scanning" not in cli("check", repo, "--cache-dir", hub.root, "--weights").err
 
 
 def test_corrupt_shard_is_reported_not_scanned(cli, hub):

@@ -298,7 +298,9 @@ def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str
                                    TransferSpeedColumn)
 
         progress = Progress(TextColumn("scanning {task.description}"), BarColumn(), DownloadColumn(),
-                            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True)
+                            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=sys.stderr),
+                            # On a terminal the bar disappears when done; asked for elsewhere, its last state stays.
+                            transient=bool(getattr(sys.stderr, "isatty", lambda: False)()))
         import threading
 
         task = progress.add_task(label, total=total)
