@@ -213,6 +213,10 @@ class Stats:
                 "kills_that_left_temp_files": self.temp_files_seen, "violations": len(self.violations)}
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sigint_outcome(code: int, err: str, delay: float, exp: Expected) -> str:
     """Classify a Ctrl-C'd run; raise when it broke the one-line promise."""
     lines = err.strip().splitlines()
@@ -224,6 +228,9 @@ def _sigint_outcome(code: int, err: str, delay: float, exp: Expected) -> str:
         raise AssertionError(f"Ctrl-C after {delay:.3f}s gave a traceback: {err[-500:]!r}")
     if code == -signal.SIGINT and not err:
         return "during interpreter start"  # before Python installed its handler: the default action, silent
+    if code in (130, -signal.SIGINT) and "interrupted" not in err and lines and "error" not in err:
+        # The signal landed after the run had finished and printed its result, while Python was exiting.
+        return "finished first"
     if code in (130, -signal.SIGINT):  # -2: died of the re-raised signal after printing; a shell shows 130
         if not lines or "interrupted" not in lines[-1] or len([ln for ln in lines if "interrupted" in ln]) != 1:
             raise AssertionError(f"Ctrl-C did not give the one-line message: {err!r}")
@@ -250,7 +257,10 @@ def kill_loop(root: Path, exp: Expected, kills: int, seed: int = 0, sigint_share
         delay = rng.uniform(lo, 1.1 * full)
         sig = signal.SIGINT if rng.random() < sigint_share else signal.SIGKILL
         args = ("fix", "--inplace") if command == "fix" else ("restore",)
-        proc = subprocess.Popen(_argv(root, *args), env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # SIG_DFL first: a harness started in the background of a shell inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler, so Ctrl-C would test nothing.
+        proc = subprocess.Popen(_argv(root, *args), env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=_default_sigint)
         time.sleep(delay)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
