@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -235,6 +236,16 @@ def test_malformed_shard_is_a_finding(cli, hub, name):
     bad = [f for f in m["findings"] if f["code"] == "GD204"]
     assert len(bad) == 1 and bad[0]["severity"] == "error" and bad[0]["file"] == "model.safetensors"
     assert m["dtypes"]["shards"][0]["error"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_shard_that_is_not_a_file(cli, hub, kind):
+    """A FIFO would block a naive open(); a folder cannot be read: both are findings."""
+    snap = hub.add("me/odd", {"config.json": gemma3_1b_config()})
+    target = snap / "model.safetensors"
+    os.mkfifo(target) if kind == "fifo" else target.mkdir()
+    m = check_json(cli, hub, "me/odd")
+    assert [f["code"] for f in m["findings"] if f["code"].startswith("GD2")] == ["GD204"]
 
 
 def test_valid_hand_built_file_accepted_like_reference(tmp_path):
