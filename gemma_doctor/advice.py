@@ -87,20 +87,10 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
                             model_id=snap.repo_id or str(snap.path), nested=facts.family.nested, **common)
 
 
-_VERSIONS: tuple[object, Versions] | None = None
-
-
-def _versions_for(options: object) -> Versions:
-    global _VERSIONS
-    if _VERSIONS is None or _VERSIONS[0] is not options:
-        _VERSIONS = (options, installed())
-    return _VERSIONS[1]
-
-
 def gather(facts: ModelFacts, options: CheckOptions) -> dict[str, Any]:
     """GATHERERS entry: {"recommendation": Recommendation}; reads the census when an earlier gatherer put it there."""
     gpu = gpu_reader.for_options(options)  # probed once per run, shared with environment.gpu
-    inputs = inputs_for(facts, gpu, options.task, None, _versions_for(options))
+    inputs = inputs_for(facts, gpu, options.task, None, installed())
     return {"recommendation": recommend.decide(inputs)}
 
 
@@ -146,7 +136,7 @@ def recommend_items(targets: list[str], cache_dir: Any, revision: str, family: s
     if fam is not None and targets:
         raise UsageError("--family plans for a model that is not downloaded; drop it or the TARGET (a cached model's family is read from its config.json)")
     gpu = gpu_reader.for_options(options)
-    versions = _versions_for(options)
+    versions = installed()
     if fam is not None:
         inputs = inputs_for(None, gpu, options.task, quantization, versions, family=fam)
         rec = recommend.decide(inputs)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
+import re
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 
 # The libraries whose versions decide whether a Gemma run crashes or overflows.
 PACKAGES = ("transformers", "accelerate", "peft", "trl", "bitsandbytes", "unsloth", "torch", "huggingface_hub", "safetensors")
@@ -24,14 +26,37 @@ class Versions:
         return self.packages.get(name)
 
 
-def installed(names: tuple[str, ...] = PACKAGES) -> Versions:
-    """Read versions of ``names`` from the running interpreter's package metadata."""
-    found: dict[str, str | None] = {}
-    for name in names:
+def _normalise(name: str) -> str:
+    """PEP 503 name normalisation, with the underscores dist-info folders use."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _scan_dist_info(wanted: set[str]) -> dict[str, str]:
+    """Versions from the ``name-version.dist-info`` / ``.egg-info`` folder names on sys.path, first hit wins
+    (importlib.metadata's order) — a directory listing per path entry instead of parsing every METADATA file."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
         try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-        except Exception:  # a broken dist-info must not break the doctor
-            found[name] = None
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in names:
+            if not folder.endswith((".dist-info", ".egg-info")):
+                continue
+            stem = folder.rsplit(".", 1)[0]
+            name, sep, version = stem.partition("-")
+            key = _normalise(name)
+            if sep and key in wanted and key not in found:
+                found[key] = version.split("-")[0]
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def installed(names: tuple[str, ...] = PACKAGES) -> Versions:
+    """Versions of ``names`` from the running interpreter's package metadata, read once per process."""
+    wanted = {_normalise(n): n for n in names}
+    fast = _scan_dist_info(set(wanted))
+    found: dict[str, str | None] = {name: fast.get(key) for key, name in wanted.items()}
     return Versions(found, python=platform.python_version(), platform=f"{sys.platform}-{platform.machine()}")
