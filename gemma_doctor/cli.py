@@ -1,6 +1,9 @@
 """The command line: parse options, call one function per command, map errors to exit codes.
 
-Heavy modules (rich, torch, transformers) are imported inside the commands that need them.
+Built on click directly: typer >= 0.29 (which transformers 5.x pulls in unpinned, so gemma-doctor cannot
+pin an older one) builds a pydantic TypeAdapter for every option on every start, about 0.2 s of a 0.5 s
+`check` (docs/benchmarks.md). Heavy modules (rich, numpy, torch, transformers) are imported inside the
+commands that need them.
 """
 
 from __future__ import annotations
@@ -8,35 +11,54 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, Optional
 
-import typer
+import click
 
 from gemma_doctor import __version__
 from gemma_doctor.errors import DoctorError, LockTimeout, UsageError, WriteError
 from gemma_doctor.render import OutputFormat
-from gemma_doctor.listing import ListFormat
-from gemma_doctor.render.recommend import RecommendFormat
 from gemma_doctor.report import ExitCode, FailOn
 
-app = typer.Typer(
-    name="gemma-doctor",
-    help="Find Gemma-family checkpoints in the Hugging Face cache, diagnose them before mixed-precision "
-         "training, and fix them safely and reversibly.",
-    add_completion=True,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+# Choices as plain strings so that start-up imports no renderer; converted to enums inside the commands.
+_LIST_FORMATS = ("text", "json", "quiet")
+_RECOMMEND_FORMATS = ("text", "python", "yaml", "json")
 
-TargetsArg = typer.Argument(None, metavar="[TARGET]...",
-                            help="Repo ids in the cache (google/gemma-3-12b-it) or model folders; none = every Gemma repo in the cache.")
-CacheDirOpt = typer.Option(None, "--cache-dir", help="Hugging Face hub cache (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).",
-                           file_okay=False)
-RevisionOpt = typer.Option("main", "--revision", help="Branch, tag or commit of cached repos.")
-AllRevisionsOpt = typer.Option(False, "--all-revisions", help="Every cached snapshot of each repo.")
-FormatOpt = typer.Option(OutputFormat.TEXT, "--format", "-f", help="Output format.", case_sensitive=False)
-LockTimeoutOpt = typer.Option(60.0, "--lock-timeout", min=0.0, help="Seconds to wait for another gemma-doctor writing the same repo.")
+
+def _choice(values: Any) -> click.Choice:
+    return click.Choice([getattr(v, "value", v) for v in values], case_sensitive=False)
+
+
+def _targets(f: Callable) -> Callable:
+    return click.argument("targets", nargs=-1, metavar="[TARGET]...")(f)
+
+
+def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]:
+    """--cache-dir, --revision (and --all-revisions): shared by every command that reads the cache."""
+
+    def decorate(f: Callable) -> Callable:
+        if all_revisions:
+            f = click.option("--all-revisions", is_flag=True, help="Every cached snapshot of each repo.")(f)
+        f = click.option("--revision", default="main", show_default=True, help="Branch, tag or commit of cached repos.")(f)
+        f = click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         help="Hugging Face hub cache (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).")(f)
+        return f
+
+    return decorate
+
+
+def _format_option(f: Callable) -> Callable:
+    return click.option("--format", "-f", "fmt", type=_choice(OutputFormat), default="text", show_default=True,
+                        help="Output format.")(f)
+
+
+def _lock_option(f: Callable) -> Callable:
+    return click.option("--lock-timeout", type=click.FloatRange(min=0.0), default=60.0, show_default=True,
+                        help="Seconds to wait for another gemma-doctor writing the same repo.")(f)
+
+
+_GPU_HELP = "Plan for this GPU instead of probing: a compute capability (8.0, sm_75), a name (T4, A100, H100) or none."
 
 
 def _color(stream: object = None) -> bool:
@@ -58,57 +80,51 @@ def _hint(text: str) -> None:
     sys.stderr.write(f"gemma-doctor: {text}\n")
 
 
-def _version_callback(value: bool) -> None:
-    if value:
-        _out(f"gemma-doctor {__version__}\n")
-        raise typer.Exit(0)
+@click.group(context_settings=_CONTEXT, no_args_is_help=True)
+@click.version_option(__version__, "--version", prog_name="gemma-doctor", message="%(prog)s %(version)s",
+                      help="Print the version and exit.")
+def app() -> None:
+    """Find Gemma-family checkpoints in the Hugging Face cache, diagnose them before mixed-precision
+    training, and fix them safely and reversibly."""
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
-) -> None:
-    """gemma-doctor: a pre-flight check for Gemma fine-tuning."""
-
-
-@app.command()
-def check(
-    targets: Optional[List[str]] = TargetsArg,
-    cache_dir: Optional[Path] = CacheDirOpt,
-    revision: str = RevisionOpt,
-    all_revisions: bool = AllRevisionsOpt,
-    fmt: OutputFormat = FormatOpt,
-    fail_on: FailOn = typer.Option(FailOn.ERROR, "--fail-on", case_sensitive=False,
-                                   help="Exit 1 when a finding is at or above this severity."),
-    weights: bool = typer.Option(False, "--weights", help="Also read every tensor: NaN/Inf, fp16 overflow, zero embedding rows."),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Shards scanned in parallel by --weights."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of probing: a compute capability (8.0, sm_75), a name (T4, A100, H100) or none."),
-    task: Optional[str] = typer.Option(None, "--task", help="Training task for the precision advice: sft, dpo, grpo, ppo, qlora..."),
-    training_config: Optional[Path] = typer.Option(None, "--training-config", exists=False, dir_okay=False,
-                                                   help="A TrainingArguments/TRL JSON or YAML, axolotl YAML or accelerate config to lint."),
-) -> None:
+@app.command(context_settings=_CONTEXT)
+@_targets
+@_cache_options()
+@_format_option
+@click.option("--fail-on", type=_choice(FailOn), default="error", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+@click.option("--weights", is_flag=True, help="Also read every tensor: NaN/Inf, fp16 overflow, zero embedding rows.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Shards scanned in parallel by --weights.")
+@click.option("--gpu", default=None, help=_GPU_HELP)
+@click.option("--task", default=None, help="Training task for the precision advice: sft, dpo, grpo, ppo, qlora...")
+@click.option("--training-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A TrainingArguments/TRL JSON or YAML, axolotl YAML or accelerate config to lint.")
+def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
+          weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path]) -> int:
     """Diagnose models: use_cache, generation config, saved dtypes, GPU and library versions. Writes nothing."""
     from gemma_doctor.diagnose import diagnose
     from gemma_doctor.facts import CheckOptions
 
-    options = CheckOptions(fail_on=fail_on, weights=weights, gpu=gpu, task=task,
+    fmt_, fail_on_ = OutputFormat(fmt.lower()), FailOn(fail_on.lower())
+    options = CheckOptions(fail_on=fail_on_, weights=weights, gpu=gpu, task=task,
                            training_config=str(training_config) if training_config else None, jobs=jobs)
-    report = diagnose(targets or [], cache_dir, revision, all_revisions, options)
-    if fmt is OutputFormat.JSON:
+    report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
+    if fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import render_report as render_json
 
-        _out(render_json(report, fail_on))
-    elif fmt is OutputFormat.GITHUB:
+        _out(render_json(report, fail_on_))
+    elif fmt_ is OutputFormat.GITHUB:
         from gemma_doctor.render.github import render_report as render_github
 
-        _out(render_github(report, fail_on))
+        _out(render_github(report, fail_on_))
     else:
         from gemma_doctor.render.text import render_report as render_text
 
-        _out(render_text(report, fail_on, _color()))
+        _out(render_text(report, fail_on_, _color()))
     if not report.models:
         _hint(f"no Gemma-family model found in {report.cache_dir}; download one with: hf download google/gemma-3-1b-it")
-    raise typer.Exit(ExitCode.FINDINGS if report.failed(fail_on) else ExitCode.OK)
+    return ExitCode.FINDINGS if report.failed(fail_on_) else ExitCode.OK
 
 
 def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_revisions: bool):  # noqa: ANN202
@@ -120,8 +136,10 @@ def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_re
     return models
 
 
-def _print_outcomes(command: str, outcomes: list, fmt: OutputFormat, dry_run: bool, ok: bool) -> None:
-    if fmt is OutputFormat.JSON:
+def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: bool) -> None:
+    if OutputFormat(fmt.lower()) is OutputFormat.GITHUB:
+        raise UsageError(f"--format github is for check; {command} supports text and json")
+    if OutputFormat(fmt.lower()) is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import dumps, outcomes_doc
 
         _out(dumps(outcomes_doc(command, outcomes, dry_run, ok)))
@@ -131,22 +149,20 @@ def _print_outcomes(command: str, outcomes: list, fmt: OutputFormat, dry_run: bo
         _out(render_outcomes(outcomes, _color()))
 
 
-@app.command()
-def fix(
-    targets: Optional[List[str]] = TargetsArg,
-    inplace: bool = typer.Option(False, "--inplace", help="Apply the changes (default: print the diff only)."),
-    cache_dir: Optional[Path] = CacheDirOpt,
-    revision: str = RevisionOpt,
-    all_revisions: bool = AllRevisionsOpt,
-    fmt: OutputFormat = FormatOpt,
-    lock_timeout: float = LockTimeoutOpt,
-) -> None:
+@app.command(context_settings=_CONTEXT)
+@_targets
+@click.option("--inplace", is_flag=True, help="Apply the changes (default: print the diff only).")
+@_cache_options()
+@_format_option
+@_lock_option
+def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
+        lock_timeout: float) -> int:
     """Set use_cache=false where the text model reads it; prints the diff, writes only with --inplace."""
     from gemma_doctor.fixes import Outcome, Status, apply_plan, needs_tidy, plan_model
 
     outcomes: list[Outcome] = []
     failed = refused = False
-    for facts in _models(targets or [], cache_dir, revision, all_revisions):
+    for facts in _models(list(targets), cache_dir, revision, all_revisions):
         plan = plan_model(facts)
         outcome = Outcome(facts, plan.status, list(plan.changes), list(plan.refused) + ([plan.note] if plan.note else []))
         refused |= bool(plan.refused)
@@ -171,25 +187,23 @@ def fix(
         _hint(f"{pending} file(s) would change; run again with --inplace to apply")
     elif not any(o.changes for o in outcomes) and not refused:
         _hint("nothing to change")
-    raise typer.Exit(ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if refused else ExitCode.OK)
+    return ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if refused else ExitCode.OK
 
 
-@app.command()
-def restore(
-    targets: Optional[List[str]] = TargetsArg,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be restored, change nothing."),
-    cache_dir: Optional[Path] = CacheDirOpt,
-    revision: str = RevisionOpt,
-    all_revisions: bool = AllRevisionsOpt,
-    fmt: OutputFormat = FormatOpt,
-    lock_timeout: float = LockTimeoutOpt,
-) -> None:
+@app.command(context_settings=_CONTEXT)
+@_targets
+@click.option("--dry-run", is_flag=True, help="Say what would be restored, change nothing.")
+@_cache_options()
+@_format_option
+@_lock_option
+def restore(targets: tuple[str, ...], dry_run: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
+            lock_timeout: float) -> int:
     """Undo `fix --inplace`: snapshot files become the original links (or bytes), byte-identical."""
     from gemma_doctor.fixes import Outcome, Status, apply_restore, plan_restore
 
     outcomes: list[Outcome] = []
     failed = conflicted = False
-    for facts in _models(targets or [], cache_dir, revision, all_revisions):
+    for facts in _models(list(targets), cache_dir, revision, all_revisions):
         actions, conflicts = plan_restore(facts)
         conflicted |= bool(conflicts)
         status = Status.NOTHING_TO_RESTORE
@@ -210,89 +224,106 @@ def restore(
                 failed = True
         outcomes.append(Outcome(facts, status, [], messages))
     _print_outcomes("restore", outcomes, fmt, dry_run, not (failed or conflicted))
-    raise typer.Exit(ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK)
+    return ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK
 
 
-@app.command()
-def recommend(
-    targets: Optional[List[str]] = TargetsArg,
-    family: Optional[str] = typer.Option(None, "--family", help="Plan for a family without a downloaded model (CI before download): "
-                                                                 "gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of probing: a compute capability (8.0, sm_75), a name (T4, A100, H100) or none."),
-    task: Optional[str] = typer.Option(None, "--task", help="sft (default), full, lora, qlora, dpo, orpo, kto, grpo, ppo."),
-    quantization: Optional[str] = typer.Option(None, "--quantization", help="4bit, 8bit or none (default: from the checkpoint's quantization_config)."),
-    qlora: bool = typer.Option(False, "--qlora", help="Shorthand for --quantization 4bit."),
-    cache_dir: Optional[Path] = CacheDirOpt,
-    revision: str = RevisionOpt,
-    fmt: RecommendFormat = typer.Option(RecommendFormat.TEXT, "--format", "-f", case_sensitive=False,
-                                        help="text (reasons + Python), python, yaml (axolotl + accelerate) or json."),
-) -> None:
+@app.command(context_settings=_CONTEXT)
+@_targets
+@click.option("--family", default=None, help="Plan for a family without a downloaded model (CI before download): "
+                                             "gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2.")
+@click.option("--gpu", default=None, help=_GPU_HELP)
+@click.option("--task", default=None, help="sft (default), full, lora, qlora, dpo, orpo, kto, grpo, ppo.")
+@click.option("--quantization", default=None, help="4bit, 8bit or none (default: from the checkpoint's quantization_config).")
+@click.option("--qlora", is_flag=True, help="Shorthand for --quantization 4bit.")
+@_cache_options(all_revisions=False)
+@click.option("--format", "-f", "fmt", type=_choice(_RECOMMEND_FORMATS), default="text", show_default=True,
+              help="text (reasons + Python), python, yaml (axolotl + accelerate) or json.")
+def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str], task: Optional[str],
+              quantization: Optional[str], qlora: bool, cache_dir: Optional[Path], revision: str, fmt: str) -> int:
     """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
     from gemma_doctor.advice import recommend_items
     from gemma_doctor.render import recommend as view
+    from gemma_doctor.render.recommend import RecommendFormat
 
     if qlora:
         if quantization not in (None, "4bit"):
             raise UsageError("--qlora means --quantization 4bit; drop one of them")
         quantization = "4bit"
-    gpu_facts, items, skipped = recommend_items(targets or [], cache_dir, revision, family, gpu, task, quantization)
+    fmt_ = RecommendFormat(fmt.lower())
+    gpu_facts, items, skipped = recommend_items(list(targets), cache_dir, revision, family, gpu, task, quantization)
     for line in skipped:
         _hint(line)
-    if fmt is RecommendFormat.JSON:
+    if fmt_ is RecommendFormat.JSON:
         _out(view.render_json(items, gpu_facts, items[0].recommendation.inputs["task"]))
-    elif fmt is RecommendFormat.PYTHON:
+    elif fmt_ is RecommendFormat.PYTHON:
         _out(view.render_python(items, gpu_facts))
-    elif fmt is RecommendFormat.YAML:
+    elif fmt_ is RecommendFormat.YAML:
         _out(view.render_yaml(items, gpu_facts))
     else:
         _out(view.render_text(items, gpu_facts, _color()))
     if gpu_facts.source == "probe" and gpu_facts.backend == "none":
         _hint(f"{gpu_facts.reason}; planning for CPU training")
-    raise typer.Exit(ExitCode.OK)
+    return ExitCode.OK
 
 
-@app.command("list")
-def list_models(
-    cache_dir: Optional[Path] = CacheDirOpt,
-    revision: str = RevisionOpt,
-    all_revisions: bool = AllRevisionsOpt,
-    filters: Optional[List[str]] = typer.Option(None, "--filter", metavar="EXPR",
-                                                help="Keep rows matching EXPR, like hf cache ls: size>1GB, family=gemma3, status=needs-fix, "
-                                                     "dtype=bfloat16, name=google/*. Repeatable (all must hold)."),
-    sort: Optional[str] = typer.Option(None, "--sort", help="name, size, family or status, optionally :asc or :desc (size defaults to desc)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=0, help="Show only the first N rows after sorting."),
-    fmt: ListFormat = typer.Option(ListFormat.TEXT, "--format", "-f", case_sensitive=False, help="Output format."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="One repo id per line (same as --format quiet)."),
-) -> None:
+@app.command("list", context_settings=_CONTEXT)
+@_cache_options()
+@click.option("--filter", "filters", multiple=True, metavar="EXPR",
+              help="Keep rows matching EXPR, like hf cache ls: size>1GB, family=gemma3, status=needs-fix, "
+                   "dtype=bfloat16, name=google/*. Repeatable (all must hold).")
+@click.option("--sort", default=None, help="name, size, family or status, optionally :asc or :desc (size defaults to desc).")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Show only the first N rows after sorting.")
+@click.option("--format", "-f", "fmt", type=_choice(_LIST_FORMATS), default="text", show_default=True, help="Output format.")
+@click.option("--quiet", "-q", is_flag=True, help="One repo id per line (same as --format quiet).")
+def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, filters: tuple[str, ...], sort: Optional[str],
+                limit: Optional[int], fmt: str, quiet: bool) -> int:
     """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, error)."""
     from gemma_doctor import listing
+    from gemma_doctor.listing import ListFormat
     from gemma_doctor.locate import default_cache_dir
+
+    fmt_ = ListFormat(fmt.lower())
 
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     rows, skipped = listing.collect(cache, revision, all_revisions)
-    shown = listing.select_rows(rows, filters or [], sort, limit)
+    shown = listing.select_rows(rows, list(filters), sort, limit)
     from gemma_doctor.render import listing as view
 
-    if quiet or fmt is ListFormat.QUIET:
+    if quiet or fmt_ is ListFormat.QUIET:
         _out(view.render_quiet(shown))
-    elif fmt is ListFormat.JSON:
+    elif fmt_ is ListFormat.JSON:
         _out(view.render_json(shown, skipped))
     else:
         _out(view.render_text(shown, _color()))
     if not rows:
         _hint(f"no Gemma-family model in {cache}; download one with: hf download google/gemma-3-1b-it")
     pending = [r for r in shown if r.status is listing.RowStatus.NEEDS_FIX]
-    if pending and fmt is ListFormat.TEXT and not quiet:
+    if pending and fmt_ is ListFormat.TEXT and not quiet:
         _hint(f"{len(pending)} model(s) need a fix; see why with: gemma-doctor check {pending[0].repo_id or pending[0].path}, "
               f"then: {pending[0].next_command}")
-    raise typer.Exit(ExitCode.OK)
+    return ExitCode.OK
+
+
+@app.command(context_settings=_CONTEXT)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> int:
+    """Print the shell completion script, e.g. eval "$(gemma-doctor completion bash)" in ~/.bashrc."""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice above only admits shells click supports
+    _out(cls(app, {}, "gemma-doctor", "_GEMMA_DOCTOR_COMPLETE").source() + "\n")
+    return ExitCode.OK
+
+
+_INTERRUPTED = "interrupted; every file is either as it was or completely rewritten (run the command again to finish)"
 
 
 def _click_error(e: BaseException) -> tuple[str, int] | None:
-    """(message, exit code) for click's own exceptions, whichever click (typer may vendor one) raised them."""
+    """(message, exit code) for click's own exceptions (matched by name, robust to click versions)."""
     names = {c.__name__ for c in type(e).__mro__}
-    if "Abort" in names:
-        return "interrupted", int(ExitCode.INTERRUPTED)
+    if "Abort" in names:  # click's wrapper around a Ctrl-C inside a command
+        return _INTERRUPTED, int(ExitCode.INTERRUPTED)
     if "NoArgsIsHelpError" in names:
         return e.format_message(), 2  # type: ignore[attr-defined]
     if "ClickException" in names and hasattr(e, "format_message"):
@@ -305,12 +336,9 @@ def _click_error(e: BaseException) -> tuple[str, int] | None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
     try:
-        # Outside standalone mode click returns typer.Exit's code instead of raising it.
-        rv = app(args=argv, prog_name="gemma-doctor", standalone_mode=False)
+        # Outside standalone mode click returns the command's return value (our exit code).
+        rv = app.main(args=argv, prog_name="gemma-doctor", standalone_mode=False, complete_var="_GEMMA_DOCTOR_COMPLETE")
         code = rv if isinstance(rv, int) else 0
-        if code == ExitCode.INTERRUPTED:
-            # typer turns Ctrl-C inside a command into a silent exit 130; say what state things are in.
-            raise KeyboardInterrupt
     except UsageError as e:
         _hint(f"error: {e}")
         code = ExitCode.USAGE
@@ -318,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         _hint(f"error: {e}")
         code = ExitCode.WRITE_FAILED if isinstance(e, (WriteError, LockTimeout)) else ExitCode.USAGE
     except KeyboardInterrupt:
-        _hint("interrupted; every file is either as it was or completely rewritten (run the command again to finish)")
+        _hint(_INTERRUPTED)
         code = ExitCode.INTERRUPTED
     except BrokenPipeError:
         code = 0

@@ -43,7 +43,7 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
         if with_project:
             subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
             # the project's own light dependencies, without letting them move the pinned stack
-            subprocess.run([*pip, "typer>=0.12", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy"], check=True)
+            subprocess.run([*pip, "click>=8.1", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy"], check=True)
         marker.write_text("ok\n")
     return python
 
