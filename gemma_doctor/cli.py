@@ -322,6 +322,8 @@ _INTERRUPTED = "interrupted; every file is either as it was or completely rewrit
 def _click_error(e: BaseException) -> tuple[str, int] | None:
     """(message, exit code) for click's own exceptions (matched by name, robust to click versions)."""
     names = {c.__name__ for c in type(e).__mro__}
+    if "Exit" in names:  # --help, --version: click already printed what it had to
+        return "", int(getattr(e, "exit_code", 0))
     if "Abort" in names:  # click's wrapper around a Ctrl-C inside a command
         return _INTERRUPTED, int(ExitCode.INTERRUPTED)
     if "NoArgsIsHelpError" in names:
@@ -333,11 +335,20 @@ def _click_error(e: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def _invoke(argv: list[str] | None) -> Any:
+    """Run the command and return its exit code. Not click's main(): it prints a blank line before turning
+    Ctrl-C into Abort, and this CLI promises one line; main() is used only to answer shell completion."""
+    if os.environ.get("_GEMMA_DOCTOR_COMPLETE"):
+        return app.main(args=argv, prog_name="gemma-doctor", complete_var="_GEMMA_DOCTOR_COMPLETE")
+    args = sys.argv[1:] if argv is None else list(argv)
+    with app.make_context("gemma-doctor", args) as ctx:
+        return app.invoke(ctx)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
     try:
-        # Outside standalone mode click returns the command's return value (our exit code).
-        rv = app.main(args=argv, prog_name="gemma-doctor", standalone_mode=False, complete_var="_GEMMA_DOCTOR_COMPLETE")
+        rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
     except UsageError as e:
         _hint(f"error: {e}")
@@ -353,7 +364,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, traceback on request
         known = _click_error(e)
         if known is not None:
-            sys.stderr.write(known[0] + "\n") if known[0].startswith("Usage:") else _hint(known[0])
+            if known[0].startswith("Usage:"):
+                sys.stderr.write(known[0] + "\n")
+            elif known[0]:
+                _hint(known[0])
             code = known[1]
         else:
             if os.environ.get("GEMMA_DOCTOR_DEBUG"):

@@ -83,21 +83,22 @@ def _validate_revision(revision: str) -> None:
 
 
 def _read_ref(repo_dir: Path, revision: str) -> str | None:
-    ref = repo_dir / "refs" / revision
+    # One open() instead of is_file() + read: a whole-cache scan does this for every repo.
     try:
-        if not ref.is_file():
-            return None
-        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        with open(os.path.join(repo_dir, "refs", revision), "rb") as f:
+            commit = f.read(256).decode("utf-8", errors="replace").strip()
+    except OSError:  # missing, a folder (nested refs), unreadable
         return None
     return commit or None
 
 
 def _snapshots(repo_dir: Path) -> list[Path]:
     try:
-        return sorted(p for p in (repo_dir / "snapshots").iterdir() if p.is_dir())
+        with os.scandir(os.path.join(repo_dir, "snapshots")) as it:
+            names = sorted(e.name for e in it if e.is_dir())
     except OSError:
         return []
+    return [repo_dir / "snapshots" / n for n in names]
 
 
 def refs_of(repo_dir: Path) -> dict[str, list[str]]:
@@ -120,19 +121,19 @@ def refs_of(repo_dir: Path) -> dict[str, list[str]]:
 def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, revision: str,
                     all_revisions: bool, strict: bool) -> list[Snapshot]:
     """Snapshots of one cached repo for ``revision`` (or all of them)."""
-    snaps = _snapshots(repo_dir)
     if all_revisions:
         by_commit = refs_of(repo_dir)
         return [Snapshot(target, s, repo_id, ",".join(sorted(by_commit.get(s.name, []))) or None, s.name, repo_dir, cache_dir)
-                for s in snaps]
+                for s in _snapshots(repo_dir)]
     commit = _read_ref(repo_dir, revision)
     if commit is not None:
         path = repo_dir / "snapshots" / commit
-        if path.is_dir():
+        if os.path.isdir(path):
             return [Snapshot(target, path, repo_id, revision, commit, repo_dir, cache_dir)]
         if strict:
             raise UsageError(f"{repo_id}: ref {revision!r} points to commit {commit[:12]}, which has no snapshot in {repo_dir}")
         return []
+    snaps = _snapshots(repo_dir)
     if _HEX.match(revision):
         hits = [s for s in snaps if s.name.startswith(revision)]
         if len(hits) == 1:
@@ -205,6 +206,6 @@ def iter_cache(cache: Path, revision: str = "main", all_revisions: bool = False)
         if repo_id is None:
             continue
         repo_dir = cache / name
-        if not (repo_dir / "snapshots").is_dir():
+        if not os.path.isdir(os.path.join(repo_dir, "snapshots")):
             continue
         yield from _repo_snapshots(repo_id, repo_id, repo_dir, cache, revision, all_revisions, strict=False)

@@ -137,11 +137,31 @@ def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
 def _inside(path: Path, root: Path) -> bool:
     """True when ``path`` resolves (following every link) to somewhere inside ``root``."""
     try:
-        real = os.path.realpath(path)
         real_root = _real_root(os.fspath(root))
+        real = _fast_blob_path(path, real_root) or os.path.realpath(path)
     except (OSError, ValueError):
         return False
     return os.path.commonpath([real, real_root]) == real_root
+
+
+def _fast_blob_path(path: Path, real_root: str) -> str | None:
+    """The resolved path of the usual hub link ``snapshots/<commit>/f -> ../../blobs/<hash>`` with two lstat
+    calls instead of realpath's one per path component; None when the shape is not that (then realpath decides).
+
+    Sound because the snapshot folder's own realpath is taken (memoised per folder), so ``..`` is applied to a
+    physical path, and both remaining components (``blobs`` and the blob) are checked not to be links."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link (or gone): realpath decides
+        return None
+    if os.path.isabs(target):
+        return None
+    real_dir = _real_root(os.fspath(path.parent))
+    joined = os.path.normpath(os.path.join(real_dir, target))
+    blobs = os.path.dirname(joined)
+    if os.path.dirname(blobs) != real_root or os.path.islink(blobs) or os.path.islink(joined):
+        return None
+    return joined
 
 
 _REAL_ROOTS: dict[str, str] = {}

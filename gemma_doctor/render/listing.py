@@ -10,7 +10,7 @@ HEADERS = ("REPO", "REVISION", "FAMILY", "DTYPE", "SIZE", "STATUS")
 
 def render_text(rows: list[Row], color: bool) -> str:
     """Aligned columns separated by two spaces; colour only on the status, only when asked."""
-    from rich.markup import escape
+    from gemma_doctor.render.style import escape
 
     from gemma_doctor.render.style import to_string
 

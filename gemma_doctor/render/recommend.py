@@ -67,7 +67,7 @@ def render_json(items: Sequence[Any], gpu: Any, task: str) -> str:
 
 def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
     """Human summary: the decision, its reasons and notes, then the Python snippets."""
-    from rich.markup import escape
+    from gemma_doctor.render.style import escape
 
     from gemma_doctor.recommend import python_snippets
     from gemma_doctor.render.style import to_string

@@ -3,11 +3,45 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
+
+# rich's markup grammar (rich.markup.RE_TAGS): a tag is "[" + [a-z#/@] + ... + "]", escaped by an odd
+# number of backslashes before it.
+_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+
+
+def escape(text: str) -> str:
+    """Escape text for rich markup, exactly as rich.markup.escape does (without importing rich)."""
+    out = _TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
+    if out.endswith("\\") and not out.endswith("\\\\"):
+        out += "\\"
+    return out
+
+
+def plain(markup: str) -> str:
+    """The text rich would print for ``markup`` without colour (mirrors rich.markup._parse and render)."""
+    out: list[str] = []
+    pos = 0
+    for m in _TAG.finditer(markup):
+        if m.start() > pos:
+            out.append(markup[pos:m.start()].replace("\\[", "["))
+        backslashes, escaped = divmod(len(m.group(1)), 2)
+        out.append("\\" * backslashes)
+        if escaped:  # an escaped tag is literal text
+            out.append(m.group(2))
+        pos = m.end()
+    if pos < len(markup):
+        out.append(markup[pos:].replace("\\[", "["))
+    return "".join(out)
 
 
 def to_string(renderables: list[Any], color: bool, width: int = 100) -> str:
-    """Render rich objects to a string; colour only when asked (the CLI asks for a TTY without NO_COLOR)."""
+    """Render markup strings and rich objects to a string; colour only when asked (the CLI asks for a TTY
+    without NO_COLOR). Without colour, markup strings skip rich entirely: rich's parsing dominated the
+    time of whole-cache reports piped to a file or CI log."""
+    if not color and all(isinstance(r, str) or hasattr(r, "plain") for r in renderables):
+        return "".join((plain(r) if isinstance(r, str) else r.plain) + "\n" for r in renderables)
     from rich.console import Console
 
     buf = io.StringIO()

@@ -10,7 +10,7 @@ from gemma_doctor.report import FailOn, ModelReport, Report, Severity
 
 
 def _title(repo_id: str | None, revision: str | None, commit: str | None, path: str, family: str | None) -> str:
-    from rich.markup import escape
+    from gemma_doctor.render.style import escape
 
     name = repo_id or path
     rev = ""
@@ -22,7 +22,7 @@ def _title(repo_id: str | None, revision: str | None, commit: str | None, path: 
 
 
 def _model_lines(m: ModelReport) -> list[str]:
-    from rich.markup import escape
+    from gemma_doctor.render.style import escape
 
     lines = [_title(m.repo_id, m.revision, m.commit, m.path, m.family)]
     from gemma_doctor.render.census import census_lines
@@ -83,7 +83,7 @@ def _diff_text(diff: str):  # noqa: ANN202 - a rich Text
 
 def render_outcomes(outcomes: Iterable[Outcome], color: bool, show_diffs: bool = True) -> str:
     """`fix` / `restore` as text: per model its status, messages and (for fix) the unified diffs."""
-    from rich.markup import escape
+    from gemma_doctor.render.style import escape
 
     items: list = []
     for o in outcomes:
