@@ -8,7 +8,7 @@ __all__ = ["__version__", "diagnose", "prepare", "DoctorCallback", "Report", "Pr
 
 # The public API, imported on first use so that `import gemma_doctor` (and the CLI's start-up) stays light.
 _LAZY = {
-    "diagnose": ("gemma_doctor.diagnose", None),  # the module is callable: gemma_doctor.diagnose(targets, ...)
+    "diagnose": ("gemma_doctor.api", "diagnose"),
     "prepare": ("gemma_doctor.api", "prepare"),
     "PrecisionMismatch": ("gemma_doctor.api", "PrecisionMismatch"),
     "PrecisionWarning": ("gemma_doctor.api", "PrecisionWarning"),

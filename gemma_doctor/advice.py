@@ -126,7 +126,7 @@ def recommend_items(targets: list[str], cache_dir: Any, revision: str, family: s
                     task: str | None, quantization: str | None) -> tuple[GpuFacts, list[Item], list[str]]:
     """(GPU facts, recommendations, skipped-target messages) for `gemma-doctor recommend`. Raises UsageError."""
     from gemma_doctor import locate
-    from gemma_doctor.diagnose import gather, select
+    from gemma_doctor.pipeline import gather, select
     from gemma_doctor.errors import UsageError
 
     # Check every option before touching the cache: a typo fails fast with a usage line.

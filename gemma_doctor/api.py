@@ -144,7 +144,7 @@ def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.Pat
     ``option_fields`` are CheckOptions fields: gpu="T4", training_config="train.yaml", task="dpo", weights=True,
     fail_on="warning". Raises gemma_doctor.errors.UsageError for targets or files that cannot be found.
     """
-    from gemma_doctor import diagnose as diagnose_mod
+    from gemma_doctor import pipeline as diagnose_mod
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.report import FailOn
 

@@ -103,7 +103,7 @@ def app() -> None:
 def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
           weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path]) -> int:
     """Diagnose models: use_cache, generation config, saved dtypes, GPU and library versions. Writes nothing."""
-    from gemma_doctor.diagnose import diagnose
+    from gemma_doctor.pipeline import diagnose
     from gemma_doctor.facts import CheckOptions
 
     fmt_, fail_on_ = OutputFormat(fmt.lower()), FailOn(fail_on.lower())
@@ -129,7 +129,7 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
 
 def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_revisions: bool):  # noqa: ANN202
     from gemma_doctor import locate
-    from gemma_doctor.diagnose import select
+    from gemma_doctor.pipeline import select
 
     snapshots = locate.resolve(targets, cache_dir, revision, all_revisions)
     models, _skipped = select(snapshots, explicit=bool(targets))

@@ -173,7 +173,7 @@ def apply_plan(plan: ModelPlan, lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT)
             raise WriteError(f"{e}; refusing to write without a way to undo") from None
         undo.sweep(snap, entries)
         if plan.changes and not all(_unchanged(c, root) for c in plan.changes):
-            from gemma_doctor.diagnose import read_model  # lazy: diagnose imports the readers
+            from gemma_doctor.pipeline import read_model  # lazy: the pipeline imports the readers
 
             plan = plan_model(read_model(snap))
             if plan.refused:

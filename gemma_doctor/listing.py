@@ -102,7 +102,7 @@ def status_of(codes: set[str], fixed_before: bool, would_change: bool) -> RowSta
 
 def collect(cache: Path, revision: str = "main", all_revisions: bool = False) -> tuple[list[Row], int]:
     """Rows for every Gemma-family snapshot in ``cache`` and the number of other repos skipped."""
-    from gemma_doctor import diagnose as d
+    from gemma_doctor import pipeline as d
     from gemma_doctor import locate
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.fixes import Status, plan_model

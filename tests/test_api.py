@@ -39,7 +39,7 @@ def test_import_gemma_doctor_stays_light():
 def test_diagnose_returns_the_report_the_cli_renders(hub, cli, import_submodule_first):
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
     if import_submodule_first:
-        importlib.import_module("gemma_doctor.diagnose")  # binds the submodule on the package; still callable
+        importlib.import_module("gemma_doctor.pipeline")  # the internals loaded first must not shadow the API
     report = gemma_doctor.diagnose("google/gemma-3-12b-it", cache_dir=str(hub.root), gpu="A100")
     assert isinstance(report, gemma_doctor.Report)
     expected = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json").json()

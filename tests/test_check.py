@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gemma_doctor.facts import CheckOptions, Environment
-from gemma_doctor.diagnose import read_model
+from gemma_doctor.pipeline import read_model
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.rules import use_cache

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from gemma_doctor import undo
-from gemma_doctor.diagnose import read_model
+from gemma_doctor.pipeline import read_model
 from gemma_doctor.fixes import apply_plan, apply_restore, plan_model, plan_restore
 from gemma_doctor.locate import resolve
 from tests import crash_harness as harness

@@ -405,7 +405,7 @@ def test_gd401_old_peft(cli, hub, monkeypatch):
 
     monkeypatch.setattr(versions, "installed", fake)
     import gemma_doctor.advice as advice
-    import gemma_doctor.diagnose as diagnose
+    import gemma_doctor.pipeline as diagnose
 
     monkeypatch.setattr(advice, "installed", fake)
     monkeypatch.setattr(diagnose, "installed", fake)

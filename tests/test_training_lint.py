@@ -99,7 +99,7 @@ def test_use_cache_in_training_config_is_an_error_with_transformers_450(hub, cli
     from gemma_doctor.readers import versions
 
     real = versions.installed
-    monkeypatch.setattr("gemma_doctor.diagnose.installed",
+    monkeypatch.setattr("gemma_doctor.pipeline.installed",
                         lambda: versions.Versions({**real().packages, "transformers": "4.50.0"}, "3.11", "linux"))
     _, _, findings = _lint(hub, cli, tmp_path, "args.json", {"bf16": True, "use_cache": True}, "--gpu", "A100")
     [f] = findings

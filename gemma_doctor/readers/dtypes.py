@@ -228,6 +228,6 @@ def census(folder: Path, config: Mapping[str, Any] | None, root: Path | None = N
 
 
 def gather(facts: ModelFacts, options: CheckOptions) -> dict[str, Any]:
-    """Gatherer for diagnose.GATHERERS: puts the census on ModelFacts.extra["dtypes"]."""
+    """Gatherer for pipeline.GATHERERS: puts the census on ModelFacts.extra["dtypes"]."""
     config = facts.config.data if facts.config.ok else None
     return {"dtypes": census(facts.snapshot.path, config, facts.snapshot.read_root)}

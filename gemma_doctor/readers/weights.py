@@ -338,7 +338,7 @@ def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str
 
 
 def gather(facts: ModelFacts, options: CheckOptions) -> dict[str, Any]:
-    """Gatherer for diagnose.GATHERERS: with --weights, puts the scan on ModelFacts.extra["weights_scan"]."""
+    """Gatherer for pipeline.GATHERERS: with --weights, puts the scan on ModelFacts.extra["weights_scan"]."""
     if not options.weights:
         return {}
     census = facts.extra.get("dtypes")

@@ -1,11 +1,9 @@
-"""locate -> read -> diagnose: build the facts of each snapshot and run the rules over them."""
+"""The pipeline behind check: locate -> read -> diagnose: build the facts of each snapshot and run the rules over them."""
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from gemma_doctor import family as family_mod
 from gemma_doctor import locate, rules, undo
@@ -106,16 +104,3 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     env = environment(options)
     reports = tuple(model_report(gather(m, options), env, options) for m in models)
     return Report(models=reports, environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache))
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable: importing it binds `gemma_doctor.diagnose` to the module, yet the public API is
-    `gemma_doctor.diagnose(...)`, so calling the module calls diagnose() (`from gemma_doctor.diagnose import x` still works)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Report:
-        from gemma_doctor.api import diagnose as api_diagnose  # accepts str paths and option keywords too
-
-        return api_diagnose(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
