@@ -159,6 +159,7 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
         lock_timeout: float) -> int:
     """Set use_cache=false where the text model reads it; prints the diff, writes only with --inplace."""
     from gemma_doctor.fixes import Outcome, Status, apply_plan, needs_tidy, plan_model
+    from gemma_doctor.locate import command_args
 
     outcomes: list[Outcome] = []
     failed = refused = False
@@ -175,7 +176,7 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
                     outcome.changes = written
                     outcome.status = Status.CHANGED if written else Status.UP_TO_DATE
                 if written:
-                    outcome.messages.append(f"undo with: gemma-doctor restore {facts.snapshot.target}")
+                    outcome.messages.append(f"undo with: gemma-doctor restore {command_args(facts.snapshot)}")
             except WriteError as e:
                 outcome.status = Status.FAILED
                 outcome.messages.append(str(e))

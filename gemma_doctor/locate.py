@@ -46,6 +46,23 @@ class Snapshot:
         return self.repo_dir
 
 
+def command_args(snapshot: Snapshot) -> str:
+    """How to name ``snapshot`` on a gemma-doctor command line so that a copied hint works: the target as typed,
+    plus --revision / --cache-dir where they are not the defaults."""
+    import shlex
+
+    parts = [shlex.quote(snapshot.target)]
+    rev = snapshot.revision
+    if snapshot.repo_dir is not None and snapshot.target == snapshot.repo_id:
+        if rev and rev != "main" and "," not in rev:
+            parts.append(f"--revision {shlex.quote(rev)}")
+        elif not rev and snapshot.commit:
+            parts.append(f"--revision {snapshot.commit}")
+        if snapshot.cache_dir is not None and os.path.abspath(snapshot.cache_dir) != os.path.abspath(default_cache_dir()):
+            parts.append(f"--cache-dir {shlex.quote(str(snapshot.cache_dir))}")
+    return " ".join(parts)
+
+
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """The hub cache as huggingface_hub resolves it: HF_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME, ~/.cache."""
     env = os.environ if env is None else env

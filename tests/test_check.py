@@ -37,7 +37,7 @@ def test_hybridcache_families_report_use_cache_where_the_text_model_reads_it(hub
     assert (doc["schema_version"], doc["status"], model["family"], model["repo_id"], model["revision"]) == (1, "fail", family, "org/model", "main")
     gd101 = next(f for f in model["findings"] if f["code"] == "GD101")
     assert gd101 == {**gd101, "severity": "error", "file": "config.json", "key": key,
-                     "fix": "gemma-doctor fix org/model --inplace"}
+                     "fix": f"gemma-doctor fix org/model --cache-dir {hub.root} --inplace"}
     assert "'HybridCache' object has no attribute 'float'" in gd101["message"]
     gd102 = next(f for f in model["findings"] if f["code"] == "GD102")
     assert (gd102["severity"], gd102["file"], gd102["key"]) == ("warning", "generation_config.json", "use_cache")
@@ -131,7 +131,7 @@ def test_text_report_names_the_problem_the_place_and_the_command(hub, cli):
     r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root)
     assert r.code == 1
     assert "GD101 config.json:text_config.use_cache" in r.out
-    assert "fix: gemma-doctor fix google/gemma-3-12b-it --inplace" in r.out
+    assert f"fix: gemma-doctor fix google/gemma-3-12b-it --cache-dir {hub.root} --inplace" in r.out
     assert "\x1b[" not in r.out  # not a terminal: no colour codes
     assert "FAIL 1 model(s): 1 error(s)" in r.out
 
@@ -154,3 +154,20 @@ def test_usage_errors_are_one_line(hub, cli):
     assert r.code == 2 and r.out == "" and r.err.count("\n") == 1 and "hf download" in r.err
     r = cli("check", "--no-such-option")
     assert r.code == 2 and r.err.count("\n") == 1
+
+
+def test_the_suggested_fix_command_runs_as_printed(hub, cli, monkeypatch):
+    """A hint names --cache-dir and --revision when they are not the defaults, so copying it works."""
+    import shlex
+
+    old = hub.add("google/gemma-2-2b-it", {"config.json": gemma2_config()}, refs=("v1",))
+    hub.add("google/gemma-2-2b-it", {"config.json": variant(gemma2_config(), hidden_size=1)}, refs=("main",))
+    r = cli("check", "google/gemma-2-2b-it", "--revision", "v1", "--cache-dir", hub.root, "--format", "json")
+    fix = next(f["fix"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD101")
+    assert fix == f"gemma-doctor fix google/gemma-2-2b-it --revision v1 --cache-dir {hub.root} --inplace"
+    assert cli(*shlex.split(fix)[1:]).code == 0
+    assert json.loads((old / "config.json").read_text())["use_cache"] is False
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub.root))  # the default cache: no --cache-dir needed
+    r = cli("check", "google/gemma-2-2b-it", "--format", "json")
+    assert next(f["fix"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD101") == \
+        "gemma-doctor fix google/gemma-2-2b-it --inplace"

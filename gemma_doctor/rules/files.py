@@ -6,6 +6,7 @@ from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.locate import command_args
 from gemma_doctor.report import Finding, Severity
 
 
@@ -39,4 +40,4 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     elif model.undo.entries:
         names = ", ".join(sorted(model.undo.entries))
         yield Finding("GD006", Severity.INFO, f"rewritten by gemma-doctor fix: {names}", file=None,
-                      fix=f"gemma-doctor restore {model.snapshot.target} brings back the original files")
+                      fix=f"gemma-doctor restore {command_args(model.snapshot)} brings back the original files")

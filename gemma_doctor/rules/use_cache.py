@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.locate import command_args
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.versioning import HYBRIDCACHE_FIRST_FIXED, transformers_has_hybridcache_bug
 
@@ -14,9 +15,7 @@ _MISSING = object()
 
 def fix_command(model: ModelFacts) -> str:
     """The command that fixes this snapshot on disk."""
-    snap = model.snapshot
-    rev = f" --revision {snap.revision}" if snap.revision and snap.revision != "main" and "," not in snap.revision else ""
-    return f"gemma-doctor fix {snap.target}{rev} --inplace"
+    return f"gemma-doctor fix {command_args(model.snapshot)} --inplace"
 
 
 def text_use_cache_key(model: ModelFacts) -> str:
