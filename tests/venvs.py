@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
 # transformers 4.50.0 with the accelerate the crash was reported with (facts.md section 1).
 LEGACY = ("transformers==4.50.0", "accelerate==1.5.2", "huggingface_hub<1.0")
+# The project's own light dependencies (pyproject.toml), installed without letting them move the pinned stack.
+LIGHT = ("click>=8.1", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy", "pyyaml")
 
 
 def venv_root() -> Path:
@@ -26,7 +28,7 @@ def venv_root() -> Path:
 
 def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -> Path:
     """Build (or reuse) a venv holding torch 2.13.0 + ``packages`` (+ this project); return its python."""
-    key = hashlib.sha256("\n".join((TORCH, *packages, str(with_project))).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join((TORCH, *packages, *LIGHT, str(with_project))).encode()).hexdigest()[:12]
     root = venv_root()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"venv-{key}"
@@ -42,8 +44,7 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
         subprocess.run([*pip, *packages], check=True)
         if with_project:
             subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
-            # the project's own light dependencies, without letting them move the pinned stack
-            subprocess.run([*pip, "click>=8.1", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy"], check=True)
+            subprocess.run([*pip, *LIGHT], check=True)
         marker.write_text("ok\n")
     return python
 

@@ -44,20 +44,11 @@ def use_cache_flags(model) -> dict:
 
 def run(mode: str) -> dict:
     """Evaluate once in bf16 with the given guard; report the outcome instead of raising on the known crash."""
-    import torch
     import transformers
-    from torch.utils.data import Dataset
+    from eval_batches import Batches  # sibling script: this folder is on sys.path
     from transformers import Trainer, TrainingArguments
 
     import gemma_doctor
-
-    class Batches(Dataset):
-        def __len__(self):
-            return 4
-
-        def __getitem__(self, i):
-            ids = torch.tensor([2, 5, 6, 7, 8, 9, 10, 11])
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
     model = tiny_gemma3()
     result: dict = {"mode": mode, "transformers": transformers.__version__}
