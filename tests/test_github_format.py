@@ -36,7 +36,7 @@ def test_check_prints_one_annotation_per_finding_and_exits_like_text(hub, cli, t
     # model files are annotated by their path (relative to the workspace when inside it); ':' is escaped
     assert gd101.startswith("::error file=" + escape_property(os.path.relpath(snapshot / "config.json")) + ",title=GD101 use-cache-enabled::")
     # the message is one line: newlines (before "fix:") are escaped, never literal
-    assert "%0Afix: gemma-doctor fix google/gemma-3-12b-it --inplace" in gd101
+    assert f"%0Afix: gemma-doctor fix google/gemma-3-12b-it --cache-dir {hub.root} --inplace" in gd101
 
 
 @pytest.mark.parametrize("fail_on, code", [("error", 0), ("warning", 1)])
