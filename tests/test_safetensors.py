@@ -42,17 +42,10 @@ def raw_file(header: dict | bytes, data_len: int, length: int | None = None) -> 
 
 def reference_counts(folder: Path) -> dict[str, int]:
     """Parameters per dtype as safetensors.safe_open itself reports them."""
-    from safetensors import safe_open
-
     out: dict[str, int] = {}
     for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "np") as st_:
-            for name in st_.keys():
-                sl = st_.get_slice(name)
-                n = 1
-                for d in sl.get_shape():
-                    n *= d
-                out[sl.get_dtype()] = out.get(sl.get_dtype(), 0) + n
+        for dtype, n in reference_counts_file(f).items():
+            out[dtype] = out.get(dtype, 0) + n
     return out
 
 
