@@ -53,11 +53,6 @@ class FamilyInfo:
         return self.text_model_type in HYBRID_CACHE_TEXT_TYPES
 
     @property
-    def text_config_key(self) -> str | None:
-        """The JSON key holding the text model's config: "text_config", or None when flat."""
-        return "text_config" if self.nested else None
-
-    @property
     def label(self) -> str | None:
         """A user-facing family name: gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2."""
         if self.family == "paligemma" and self.text_model_type == "gemma2":

@@ -17,8 +17,6 @@ from gemma_doctor.errors import UsageError
 NATIVE_BF16_MIN_CC = (8, 0)
 GIB = 1024**3
 
-BACKENDS = ("cuda", "rocm", "mps", "none")
-
 
 @dataclass(frozen=True)
 class KnownGpu:

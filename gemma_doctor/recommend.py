@@ -14,7 +14,6 @@ from typing import Any, Mapping
 from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import parse
 
-PRECISIONS = ("bf16", "fp16", "fp32")
 # Families whose activations exceed fp16's largest value (65504): Gemma 2, Gemma 3 (incl. EmbeddingGemma), Gemma 3n,
 # and PaliGemma 2 whose text model is Gemma 2 (transformers #36822; Unsloth measured up to ~800k).
 FP16_UNSAFE = frozenset({"gemma2", "gemma3", "gemma3n", "paligemma2"})

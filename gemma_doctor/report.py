@@ -87,12 +87,6 @@ class ModelReport:
     findings: tuple[Finding, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def worst(self) -> Severity | None:
-        """The most severe finding, or None when there are none."""
-        if not self.findings:
-            return None
-        return max((f.severity for f in self.findings), key=lambda s: s.rank)
-
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of a model entry."""
         out: dict[str, Any] = {

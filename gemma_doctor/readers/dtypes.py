@@ -24,10 +24,6 @@ _ALIASES = {
     "float64": "float64", "double": "float64", "fp64": "float64",
     "auto": "auto",
 }
-# Normalised torch name -> the safetensors dtype string its weights are saved as.
-TORCH_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
-SAFETENSORS_TO_TORCH = {v: k for k, v in TORCH_TO_SAFETENSORS.items()}
-
 # Tensor-name suffixes that give a quantized layout away even without a quantization_config.
 _BNB4_SUFFIXES = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4",
                   ".quant_state.bitsandbytes__fp4")

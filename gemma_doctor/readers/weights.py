@@ -23,7 +23,6 @@ CHUNK_BYTES = 2 * 1024 * 1024
 # Scans shorter than this finish before a progress bar would tell anything.
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
 EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embedding")
-FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,6 @@ def text_use_cache(config: dict[str, Any], nested: bool) -> Any:
     return config.get("use_cache", _MISSING)
 
 
-def text_cache_disabled(model: ModelFacts) -> bool:
-    """True when the config on disk makes the text model run without a cache."""
-    if not model.config.ok:
-        return False
-    return text_use_cache(model.config.data, model.family.nested) is False
-
-
 def _describe(value: Any) -> str:
     if value is _MISSING:
         return "is missing (defaults to true)"
