@@ -66,6 +66,9 @@ def select(snapshots: Iterable[Snapshot], explicit: bool) -> tuple[list[ModelFac
     skipped: list[dict[str, str]] = []
     fsafe.forget_roots()
     for snap in snapshots:
+        if snap.problem is not None:  # never skipped: the finding says why the repo was not read
+            models.append(read_model(snap))
+            continue
         source = source_of(snap)
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")

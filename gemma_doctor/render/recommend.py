@@ -24,10 +24,13 @@ class RecommendFormat(str, enum.Enum):
 
 
 def _name(item: Any) -> str:
+    from gemma_doctor.render.style import printable
+
     if item.planned:
         return f"{item.family} (planned, not downloaded; assumed {item.model_id})"
     rev = f" @ {item.revision}" if item.repo_id and item.revision else ""
-    return f"{item.repo_id or item.path}{rev}"
+    # Shown in comments of pasted Python/YAML too: a newline in a folder name must not end the comment.
+    return printable(f"{item.repo_id or item.path}{rev}")
 
 
 def render_python(items: Sequence[Any], gpu: Any) -> str:
