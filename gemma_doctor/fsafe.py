@@ -298,6 +298,11 @@ def open_file(path: Path, area: Area | None = None, *, follow: bool = True, conf
     plain folder the user named) the path is opened as the user gave it. Raises Refused with the reason,
     FileNotFoundError when there is nothing there, OSError for the rest.
     """
+    if area is not None and confine and not SUPPORTED:
+        # No descriptor-relative calls here (Windows): a realpath check, then the open (writes are refused).
+        if not _inside_by_realpath(path, area.root):
+            raise Refused("link points outside the repo folder", escapes=True, link_target=_readlink(path))
+        area = None
     if area is None or not confine:
         link_target = None
         with contextlib.suppress(OSError):
@@ -341,6 +346,21 @@ def open_file(path: Path, area: Area | None = None, *, follow: bool = True, conf
     except BaseException:
         os.close(fd)
         raise
+
+
+def _readlink(path: Path) -> str | None:
+    try:
+        return os.readlink(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _inside_by_realpath(path: Path, root: Path) -> bool:
+    try:
+        real, real_root = os.path.realpath(path), os.path.realpath(root)
+    except (OSError, ValueError):
+        return False
+    return os.path.commonpath([real, real_root]) == real_root
 
 
 def read_fd(fd: int, limit: int) -> bytes:
@@ -659,13 +679,21 @@ class Entry:
 
 def list_dir(path: Path, area: Area) -> list[Entry]:
     """The entries of the real folder ``path`` (empty when it is missing); Refused when it is a link."""
-    try:
-        fd = _walk(area, area.parts(path))
-    except FileNotFoundError:
-        return []
+    if not SUPPORTED:  # see open_file: by path, after a realpath check
+        if not _inside_by_realpath(path, area.root) or os.path.islink(path):
+            raise Refused(f"{path} is a link", escapes=True)
+        if not os.path.isdir(path):
+            return []
+        fd = None
+    else:
+        try:
+            fd = _walk(area, area.parts(path))
+        except FileNotFoundError:
+            return []
+    target = fd if fd is not None else path
     try:
         out = []
-        with os.scandir(fd) as it:
+        with os.scandir(target) as it:
             for e in it:
                 try:
                     kind = ("link" if e.is_symlink() else "folder" if e.is_dir(follow_symlinks=False)
@@ -675,7 +703,8 @@ def list_dir(path: Path, area: Area) -> list[Entry]:
                 out.append(Entry(e.name, kind))
         return sorted(out, key=lambda e: e.name)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def writable(path: Path, area: Area) -> bool:
@@ -691,13 +720,12 @@ def writable(path: Path, area: Area) -> bool:
 
 # --- the lock ----------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class Held:
-    """A held lock: the lock file's folder descriptor and name, for removing it while still holding it."""
+    """A held lock (its path and area): the holder may delete the lock file and its folder before releasing."""
 
     path: Path
     area: Area
-    remove_on_release: bool = False
 
 
 @contextlib.contextmanager
@@ -706,8 +734,8 @@ def locked(path: Path, timeout: float, area: Area | None = None) -> Iterator[Hel
 
     The lock file is opened relative to its folder's descriptor with ``O_NOFOLLOW`` and never truncated or
     written, so a link or hard link planted at its path changes nothing. Its folder is created (never through
-    a link). Holders may delete the lock file before releasing (``Held.remove_on_release``): a waiter that then
-    gets the lock on the deleted file sees it has no name any more and starts again on the new one.
+    a link). A holder may delete the lock file before releasing (undo.tidy): a waiter that then gets the lock on
+    the deleted file sees it has no name any more and starts again on the new one.
     """
     area = area or area_of(path)
     deadline = time.monotonic() + timeout
@@ -721,19 +749,12 @@ def locked(path: Path, timeout: float, area: Area | None = None) -> Iterator[Hel
                               f"(or raise --lock-timeout)")
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.1)
-    fd, dir_fd, name = got
-    held = Held(path, area)
+    fd, dir_fd, _name = got
     try:
-        yield held
+        yield Held(path, area)
     finally:
-        try:
-            if held.remove_on_release:
-                # Still holding it: a waiter wakes on a nameless file and starts again.
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=dir_fd)
-        finally:
-            os.close(fd)  # releases the flock
-            os.close(dir_fd)
+        os.close(fd)  # releases the flock
+        os.close(dir_fd)
 
 
 def _try_lock(path: Path, area: Area) -> tuple[int, int, str] | None:

@@ -240,6 +240,6 @@ def tidy(snapshot: Snapshot, held: fsafe.Held) -> None:
         fsafe.remove(snapshot.state_dir / UNDO_FILE, where)
         fsafe.remove(snapshot.state_dir / "backups", where, folder=True)
         if [e.name for e in _listing(snapshot.state_dir, where)] == [LOCK_FILE]:
+            # Still holding it: a waiter wakes on a nameless file and starts again (fsafe.locked).
             fsafe.remove(lock_path(snapshot), where)
-            held.remove_on_release = False  # already gone
             fsafe.remove(snapshot.state_dir, where, folder=True)

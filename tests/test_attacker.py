@@ -228,6 +228,14 @@ def test_a_ref_that_is_not_a_commit_hash_is_a_finding_and_the_run_goes_on(world,
     world.untouched()
 
 
+def test_list_shows_a_repo_with_a_bad_ref_as_an_error_and_walks_nothing_of_it(world, cli):
+    (world.repo / "refs" / "main").write_text("../../../victim")
+    r = cli("list", "--cache-dir", world.hub.root, "--format", "json")
+    no_internal_error(r)
+    (row,) = [m for m in r.json()["models"] if m["repo_id"] == REPO]
+    assert row["status"] == "error" and row["size"] == 0 and row["next_command"] == f"gemma-doctor check {REPO}"
+
+
 def test_text_view_shows_a_hostile_ref_escaped(world, cli):
     (world.repo / "refs" / "main").write_text("\x1b]0;owned\x07\x1b[2J")
     r = cli("check", REPO, "--cache-dir", world.hub.root)
@@ -896,3 +904,69 @@ def test_example_cache_gemma3_is_unaffected_by_the_checks(tmp_path, cli):
     assert cli("fix", "google/gemma-3-12b-it", "--inplace", "--cache-dir", hub.root).code == 0
     assert cli("restore", "google/gemma-3-12b-it", "--cache-dir", hub.root).code == 0
     assert not (hub.repo_dir("google/gemma-3-12b-it") / ".gemma-doctor").exists()
+
+
+# --- any mix of plants: a property over random hostile layouts ------------------------------------------------------
+
+PLACES = ("refs/main", "snapshots/{c}", "snapshots/{c}/config.json", "snapshots/{c}/generation_config.json",
+          "snapshots/{c}/model.safetensors", "blobs", ".gemma-doctor", ".gemma-doctor/undo.json",
+          ".gemma-doctor/backups", ".gemma-doctor/lock", "refs")
+PLANTS = ("as is", "link to a victim file", "link to the victim folder", "link up and out", "absolute link inside",
+          "fifo", "empty folder", "garbage file", "missing", "hard link to a victim file")
+
+
+def _plant(world: World, place: str, plant: str) -> None:
+    path = world.repo / place.format(c=world.snap.name)
+    # Plants go only where a real folder leads: the test itself must never write through an earlier plant.
+    ancestors = [world.repo / q for q in path.relative_to(world.repo).parents if str(q) != "."]
+    if plant == "as is" or any(a.is_symlink() or (a.exists() and not a.is_dir()) for a in ancestors):
+        return
+    if plant == "absolute link inside" and not path.exists():
+        return
+    if path.is_symlink() or path.is_file() or path.is_fifo():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if plant == "link to a victim file":
+        os.symlink(world.victim / "config.json", path)
+    elif plant == "link to the victim folder":
+        os.symlink(world.victim, path)
+    elif plant == "link up and out":
+        os.symlink("../" * (len(Path(place).parts) + 1) + "victim", path)
+    elif plant == "absolute link inside":
+        os.symlink(str(world.repo / "blobs"), path)
+    elif plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "empty folder":
+        path.mkdir()
+    elif plant == "garbage file":
+        path.write_bytes(b"\x1b[2J../../victim\n\xff")
+    elif plant == "hard link to a victim file":
+        os.link(world.victim / "secret", path)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plants=st.lists(st.tuples(st.sampled_from(PLACES), st.sampled_from(PLANTS)), min_size=1, max_size=4),
+       fixed_first=st.booleans())
+def test_any_mix_of_plants_never_touches_the_victim_or_a_blob_and_never_crashes(tmp_path_factory, cli, plants, fixed_first):
+    world = World(tmp_path_factory.mktemp("mix"))
+    if fixed_first:
+        assert cli("fix", REPO, "--inplace", "--cache-dir", world.hub.root).code == 0
+    for place, plant in plants:
+        _plant(world, place, plant)
+    world.freeze()
+    for args in (("check", "--format", "json"), ("check", "--weights"), ("list", "--format", "json"),
+                 ("fix", "--inplace"), ("restore", "--force"), ("restore",)):
+        target = () if args[0] == "list" else (REPO,)
+        r = cli(*args[:1], *target, *args[1:], "--cache-dir", world.hub.root, "--lock-timeout", "0") \
+            if args[0] in ("fix", "restore") else cli(*args[:1], *target, *args[1:], "--cache-dir", world.hub.root)
+        no_internal_error(r)
+        assert r.code in (0, 1, 2, 3), r
+        if args[-1] == "json" and r.code in (0, 1):
+            json.loads(r.out)
+        world.untouched()
