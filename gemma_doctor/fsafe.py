@@ -41,6 +41,9 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _OPEN_DIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+# Folders only passed through are opened O_PATH where the OS has it: like a path lookup, it needs search (x)
+# permission only, so a folder this user may traverse but not list (mode 711) reads as it always did.
+_PASS_DIR = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 _OPEN_READ = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
 # The kernel's own limit on links followed while resolving one path.
 MAX_LINKS = 40
@@ -72,9 +75,11 @@ class Area:
     root: Path
     user_named: bool = False
 
-    def open_root(self) -> int:
-        """A descriptor of the folder itself (the caller closes it)."""
-        flags = _OPEN_DIR & ~_NOFOLLOW if self.user_named else _OPEN_DIR
+    def open_root(self, readable: bool = True) -> int:
+        """A descriptor of the folder itself (the caller closes it); ``readable`` False: only to pass through."""
+        flags = _OPEN_DIR if readable else _PASS_DIR
+        if self.user_named:
+            flags &= ~_NOFOLLOW
         try:
             return os.open(self.root, flags)
         except OSError as e:
@@ -103,7 +108,7 @@ def area_of(path: Path) -> Area:
 def _kind_at(dir_fd: int, name: str) -> str:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
+    except FileNotFoundError:
         return "missing"
     if stat.S_ISLNK(st.st_mode):
         return "link"
@@ -112,11 +117,11 @@ def _kind_at(dir_fd: int, name: str) -> str:
     return "file" if stat.S_ISREG(st.st_mode) else "special"
 
 
-def _open_dir_at(dir_fd: int, name: str, shown: Path, create: bool = False) -> int:
+def _open_dir_at(dir_fd: int, name: str, shown: Path, create: bool = False, readable: bool = True) -> int:
     """Open the real folder ``name`` below ``dir_fd`` (never through a link); create it when asked."""
     for _ in range(3):
         try:
-            return os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+            return os.open(name, _OPEN_DIR if readable else _PASS_DIR, dir_fd=dir_fd)
         except FileNotFoundError:
             if not create:
                 raise
@@ -132,16 +137,19 @@ def _open_dir_at(dir_fd: int, name: str, shown: Path, create: bool = False) -> i
     raise OSError(errno.ENOENT, f"{shown} keeps vanishing")
 
 
-def _walk(area: Area, parts: list[str], create: bool = False) -> int:
-    """A new descriptor of the real folder ``parts`` below the area's root, no link followed on the way."""
-    fd = area.open_root()
+def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = True) -> int:
+    """A new descriptor of the real folder ``parts`` below the area's root, no link followed on the way.
+
+    ``readable``: the last folder is opened for listing and fsync; otherwise (and the folders on the way) only
+    to pass through."""
+    fd = area.open_root(readable=readable and not parts)
     shown = area.root
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             if part in ("", ".", ".."):
                 raise Refused(f"{shown / part}: not a plain path")
             shown = shown / part
-            nxt = _open_dir_at(fd, part, shown, create)
+            nxt = _open_dir_at(fd, part, shown, create, readable=readable and i == len(parts) - 1)
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -151,12 +159,12 @@ def _walk(area: Area, parts: list[str], create: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def _parent(path: Path, area: Area, create: bool = False) -> Iterator[tuple[int, str]]:
+def _parent(path: Path, area: Area, create: bool = False, readable: bool = True) -> Iterator[tuple[int, str]]:
     """(descriptor of the real folder holding ``path``, its name): the place where ``path`` is written."""
     parts = area.parts(path)
     if not parts:
         raise Refused(f"{path} is the area's root, not a file in it")
-    fd = _walk(area, parts[:-1], create)
+    fd = _walk(area, parts[:-1], create, readable)
     try:
         yield fd, parts[-1]
     finally:
@@ -196,7 +204,7 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
     Returns (new descriptor of the final folder, final name, the link target of ``parts``' own last component when
     it is a link). Raises Refused (escapes=True) when a link leads out, OSError when a component is missing.
     """
-    root_fd = area.open_root()
+    root_fd = area.open_root(readable=False)
     stack = [root_fd]
     todo = list(reversed(parts))
     own_target: str | None = None
@@ -214,7 +222,7 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
                 continue
             if todo:
                 try:
-                    stack.append(os.open(name, _OPEN_DIR, dir_fd=stack[-1]))
+                    stack.append(os.open(name, _PASS_DIR, dir_fd=stack[-1]))
                     continue
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or _kind_at(stack[-1], name) != "link":
@@ -258,7 +266,7 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
 def _own_link_target(area: Area, parts: list[str]) -> str | None:
     """The target of ``parts``' last component when it is a link, read without following anything."""
     try:
-        with _parent(area.root.joinpath(*parts), area) as (fd, name):
+        with _parent(area.root.joinpath(*parts), area, readable=False) as (fd, name):
             return os.readlink(name, dir_fd=fd)
     except (OSError, Refused):
         return None
@@ -327,7 +335,7 @@ def open_file(path: Path, area: Area | None = None, *, follow: bool = True, conf
             raise Refused(str(e), escapes=e.escapes, link_target=_own_link_target(area, parts)) from None
     else:
         link_target = None
-        dir_fd = _walk(area, parts[:-1])
+        dir_fd = _walk(area, parts[:-1], readable=False)
         name = parts[-1]
     try:
         try:
@@ -491,7 +499,7 @@ def current(path: Path, area: Area, limit: int) -> Current:
     A link is judged by its target string: the bytes come from resolving that string (inside the area's root for
     a cache), never from re-resolving the name, which a concurrent run may have replaced meanwhile.
     """
-    with _parent(path, area) as (dir_fd, name):
+    with _parent(path, area, readable=False) as (dir_fd, name):
         for _ in range(MAX_LINKS):
             try:
                 fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
@@ -707,10 +715,20 @@ def list_dir(path: Path, area: Area) -> list[Entry]:
             os.close(fd)
 
 
+def kind(path: Path, area: Area) -> str:
+    """What ``path`` is, without following a link anywhere on the way or at the end: "file", "folder", "link",
+    "special" or "missing"; Refused when a folder on the way is a link. Needs search permission only."""
+    try:
+        with _parent(path, area, readable=False) as (dir_fd, name):
+            return _kind_at(dir_fd, name)
+    except FileNotFoundError:
+        return "missing"
+
+
 def writable(path: Path, area: Area) -> bool:
     """True when this user may write the file ``path`` itself (a link counts as writable: it is replaced)."""
     try:
-        with _parent(path, area) as (dir_fd, name):
+        with _parent(path, area, readable=False) as (dir_fd, name):
             if _kind_at(dir_fd, name) != "file":
                 return True
             return os.access(name, os.W_OK, dir_fd=dir_fd, follow_symlinks=False)

@@ -119,6 +119,34 @@ def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, 
                         RepoProblem(code, message))
 
     try:
+        # The repo folder itself first: a link, or a folder this user cannot enter, is the repo's problem.
+        fsafe.kind(repo_dir / "refs", fsafe.Area(repo_dir))
+    except fsafe.Refused as e:
+        return [broken("GD020", f"{e}; not read")]
+    except OSError as e:
+        return [broken("GD020", f"cannot read {repo_dir}: {e.strerror or e}; not checked")]
+    if not all_revisions:
+        ref = _read_ref(repo_dir, revision)
+        if isinstance(ref, RepoProblem):
+            return [broken(ref.code, ref.message)]
+        if ref is not None:
+            # The ref names the snapshot: no listing needed (a folder this user may only traverse still works).
+            path = repo_dir / "snapshots" / ref
+            try:
+                kind = fsafe.kind(path, fsafe.Area(repo_dir))
+            except fsafe.Refused as e:
+                return [broken("GD020", f"{e}; not read")]
+            except OSError as e:
+                return [broken("GD020", f"cannot read {path}: {e.strerror or e}; not checked")]
+            if kind == "folder":
+                return [Snapshot(target, path, repo_id, revision, ref, repo_dir, cache_dir)]
+            if kind == "link":
+                return [broken("GD022", f"snapshots/{ref} is a link, which huggingface_hub never makes; not read", path)]
+            if strict:
+                raise UsageError(f"{repo_id}: ref {revision!r} points to commit {ref[:12]}, which has no snapshot in {repo_dir}")
+            return [broken("GD021", f"refs/{revision} points to commit {ref[:12]}, which has no snapshot; "
+                                    f"the repo's other snapshots are not what {revision} means")]
+    try:
         snaps, bad = _list_snapshots(repo_dir)
     except _Unreadable as e:
         return [broken("GD020", str(e))]
@@ -127,19 +155,6 @@ def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, 
         by_commit = refs_of(repo_dir)
         return problems + [Snapshot(target, s, repo_id, ",".join(sorted(by_commit.get(s.name, []))) or None, s.name,
                                     repo_dir, cache_dir) for s in snaps]
-    ref = _read_ref(repo_dir, revision)
-    if isinstance(ref, RepoProblem):
-        return [broken(ref.code, ref.message)]
-    if ref is not None:
-        path = repo_dir / "snapshots" / ref
-        if path in snaps:
-            return [Snapshot(target, path, repo_id, revision, ref, repo_dir, cache_dir)]
-        if any(p.name == ref for p, _m in bad):
-            return problems
-        if strict:
-            raise UsageError(f"{repo_id}: ref {revision!r} points to commit {ref[:12]}, which has no snapshot in {repo_dir}")
-        return problems + [broken("GD021", f"refs/{revision} points to commit {ref[:12]}, which has no snapshot; "
-                                           f"its {len(snaps)} other snapshot(s) are not what {revision} means")]
     if _HEX.match(revision):
         hits = [s for s in snaps if s.name.startswith(revision)]
         if len(hits) == 1:

@@ -852,6 +852,27 @@ def test_a_folder_this_user_cannot_read_is_a_finding_in_a_whole_cache_check(fold
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_folders_this_user_may_traverse_but_not_list_still_read(world):
+    """Mode 711 on every folder (a common way to share a cache read-only): each step is opened O_PATH, like a
+    path lookup, so the model reads as it did with plain paths."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("switches to user nobody, which needs root and setpriv")
+    top = Path(tempfile.mkdtemp(prefix="gd-711-"))
+    try:
+        hub = HubCache(top / "hub")
+        hub.add(REPO, {"config.json": gemma2_config()})
+        for p in [top, *top.rglob("*")]:
+            if not p.is_symlink():
+                os.chmod(p, 0o711 if p.is_dir() else 0o644)
+        os.chmod(hub.root, 0o755)  # the cache folder itself is listed to find the repo
+        r = _as_nobody("check", "--cache-dir", str(hub.root), "--format", "json", "--with", "transformers==4.50.3", cwd=top)
+        no_internal_error(r)
+        (model,) = json.loads(r.stdout)["models"]
+        assert [f["code"] for f in model["findings"]][:1] == ["GD101"], model["findings"]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 # --- the primitives themselves -------------------------------------------------------------------------------------------
 
 def test_fsafe_resolution_never_climbs_above_the_root(tmp_path):
