@@ -27,7 +27,7 @@ import secrets
 import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Iterator
 
 from gemma_doctor.errors import LockTimeout, WriteError
@@ -89,13 +89,16 @@ class Area:
                 raise Refused(f"{self.root} is not a folder") from None
             raise
 
-    def parts(self, path: Path) -> list[str]:
+    def parts(self, path: Path | str) -> list[str]:
         """The components of ``path`` below the root (lexically); Refused when it is not below it."""
-        try:
-            rel = PurePath(os.path.abspath(path)).relative_to(os.path.abspath(self.root))
-        except ValueError:
-            raise Refused(f"{path} is not inside {self.root}") from None
-        return list(rel.parts)
+        # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
+        full, root = os.path.abspath(path), os.path.abspath(self.root)
+        if full == root:
+            return []
+        prefix = root if root.endswith(os.sep) else root + os.sep
+        if not full.startswith(prefix):
+            raise Refused(f"{path} is not inside {self.root}")
+        return full[len(prefix):].split(os.sep)
 
 
 def area_of(path: Path) -> Area:
@@ -117,8 +120,10 @@ def _kind_at(dir_fd: int, name: str) -> str:
     return "file" if stat.S_ISREG(st.st_mode) else "special"
 
 
-def _open_dir_at(dir_fd: int, name: str, shown: Path, create: bool = False, readable: bool = True) -> int:
-    """Open the real folder ``name`` below ``dir_fd`` (never through a link); create it when asked."""
+def _open_dir_at(dir_fd: int, name: str, parts: list[str], area: Area, create: bool = False,
+                 readable: bool = True) -> int:
+    """Open the real folder ``name`` (``parts`` below the area's root) from ``dir_fd``, never through a link;
+    create it when asked."""
     for _ in range(3):
         try:
             return os.open(name, _OPEN_DIR if readable else _PASS_DIR, dir_fd=dir_fd)
@@ -130,11 +135,11 @@ def _open_dir_at(dir_fd: int, name: str, shown: Path, create: bool = False, read
         except OSError as e:
             if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                 raise
-            kind = _kind_at(dir_fd, name)
-            if kind == "link":
+            shown = os.path.join(area.root, *parts)
+            if _kind_at(dir_fd, name) == "link":
                 raise Refused(f"{shown} is a link", escapes=True) from None
             raise Refused(f"{shown} is not a folder") from None
-    raise OSError(errno.ENOENT, f"{shown} keeps vanishing")
+    raise OSError(errno.ENOENT, f"{os.path.join(area.root, *parts)} keeps vanishing")
 
 
 def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = True) -> int:
@@ -143,13 +148,11 @@ def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = T
     ``readable``: the last folder is opened for listing and fsync; otherwise (and the folders on the way) only
     to pass through."""
     fd = area.open_root(readable=readable and not parts)
-    shown = area.root
     try:
         for i, part in enumerate(parts):
             if part in ("", ".", ".."):
-                raise Refused(f"{shown / part}: not a plain path")
-            shown = shown / part
-            nxt = _open_dir_at(fd, part, shown, create, readable=readable and i == len(parts) - 1)
+                raise Refused(f"{os.path.join(area.root, *parts[:i + 1])}: not a plain path")
+            nxt = _open_dir_at(fd, part, parts[:i + 1], area, create, readable=readable and i == len(parts) - 1)
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -159,7 +162,7 @@ def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = T
 
 
 @contextlib.contextmanager
-def _parent(path: Path, area: Area, create: bool = False, readable: bool = True) -> Iterator[tuple[int, str]]:
+def _parent(path: Path | str, area: Area, create: bool = False, readable: bool = True) -> Iterator[tuple[int, str]]:
     """(descriptor of the real folder holding ``path``, its name): the place where ``path`` is written."""
     parts = area.parts(path)
     if not parts:
@@ -266,7 +269,7 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
 def _own_link_target(area: Area, parts: list[str]) -> str | None:
     """The target of ``parts``' last component when it is a link, read without following anything."""
     try:
-        with _parent(area.root.joinpath(*parts), area, readable=False) as (fd, name):
+        with _parent(os.path.join(area.root, *parts), area, readable=False) as (fd, name):
             return os.readlink(name, dir_fd=fd)
     except (OSError, Refused):
         return None
