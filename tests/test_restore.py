@@ -69,11 +69,17 @@ def test_a_full_restore_of_a_plain_folder_leaves_nothing_behind(tmp_path, cli):
     assert not (folder / ".gemma-doctor").exists() and tree_state(folder) == before
 
 
-def test_a_fix_with_nothing_to_write_leaves_no_state_folder(tmp_path, cli):
+def test_a_fix_with_nothing_to_change_still_sweeps_what_a_killed_run_left(tmp_path, cli):
+    """What a killed run left (a temp file, an orphan backup) is swept even by a fix with nothing to change."""
     folder = _plain(tmp_path)
-    (folder / ".gemma-doctor").mkdir()
-    (folder / ".gemma-doctor" / ".config.json.gemma-doctor-1-0123abcd.tmp").write_text("left by a kill")
     assert cli("fix", folder, "--inplace").code == 0
+    (folder / ".gemma-doctor" / ".config.json.gemma-doctor-1-0123abcd.tmp").write_text("left by a kill")
+    (folder / ".gemma-doctor" / "backups" / ("ab" * 32)).write_text("an orphan")
+    r = cli("fix", folder, "--inplace")
+    assert r.code == 0 and "nothing to change" in r.err, r
+    assert sorted(p.name for p in (folder / ".gemma-doctor" / "backups").iterdir()) == sorted(
+        e["original_sha256"] for e in undo.load(resolve([str(folder)])[0]).values())
+    assert not list((folder / ".gemma-doctor").glob("*.tmp"))
     assert cli("restore", folder).code == 0
     assert not (folder / ".gemma-doctor").exists()
 

@@ -36,11 +36,12 @@ def _name(item: Any) -> str:
 def render_python(items: Sequence[Any], gpu: Any) -> str:
     """Paste-able Python only: every section of every model, each section self-contained."""
     from gemma_doctor.recommend import python_snippets
+    from gemma_doctor.render.style import printable
 
     out: list[str] = []
     for item in items:
         rec = item.recommendation
-        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n")
+        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n")
         for key, code in python_snippets(rec, item.model_id).items():
             out.append(f"# --- {SECTION_TITLES[key]} ---\n{code}")
     return "\n".join(out)
@@ -49,12 +50,13 @@ def render_python(items: Sequence[Any], gpu: Any) -> str:
 def render_yaml(items: Sequence[Any], gpu: Any) -> str:
     """axolotl and accelerate YAML documents, per model, separated by `---`."""
     from gemma_doctor.recommend import yaml_documents
+    from gemma_doctor.render.style import printable
 
     docs: list[str] = []
     for item in items:
         rec = item.recommendation
         y = yaml_documents(rec)
-        head = f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n"
+        head = f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n"
         docs.append(head + y["axolotl"])
         docs.append(y["accelerate"])
     return "---\n".join(docs)
