@@ -187,18 +187,22 @@ def forget_roots() -> None:
 
 
 def _inner_of_absolute(root: Path, target: str) -> list[str] | None:
-    """The components of an absolute link target below ``root``'s real path; None when it is elsewhere."""
+    """The components of an absolute link target below ``root`` (as named, or its real path); None when it is
+    elsewhere. huggingface_hub writes absolute links (rarely) from the cache path as named, not resolved."""
     key = os.fspath(root)
     real = _REAL_ROOTS.get(key)
     if real is None:
         real = _REAL_ROOTS[key] = os.path.realpath(root)
     norm = os.path.normpath(target)
-    if norm == real:
-        return []
-    if not norm.startswith(real.rstrip(os.sep) + os.sep):
-        return None
-    # Walked from the root's descriptor, component by component: the string test only picks the start.
-    return _split(target[len(real.rstrip(os.sep)) + 1:])
+    for base in {os.path.abspath(root), real}:
+        base = base.rstrip(os.sep) or os.sep
+        if norm == base:
+            return []
+        prefix = base if base.endswith(os.sep) else base + os.sep
+        if norm.startswith(prefix) and target.startswith(prefix):
+            # Walked from the root's descriptor, component by component: the string test only picks the start.
+            return _split(target[len(prefix):])
+    return None
 
 
 def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:

@@ -39,6 +39,6 @@ def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: Model
 
 def unreadable_model(snapshot: Snapshot) -> ModelFacts:
     """The facts of a snapshot that is not read (its repo folder, ref or snapshot entry is unsafe or unreadable)."""
-    missing = JsonFile(snapshot.path / "config.json", exists=False)
-    return ModelFacts(snapshot=snapshot, config=missing, generation_config=JsonFile(snapshot.path / "generation_config.json", exists=False),
+    return ModelFacts(snapshot=snapshot, config=JsonFile(snapshot.path / "config.json", exists=False),
+                      generation_config=JsonFile(snapshot.path / "generation_config.json", exists=False),
                       family=family_mod.NOT_GEMMA)

@@ -527,6 +527,18 @@ def test_config_links_are_followed_only_while_they_stay_inside(world, cli, how):
     world.untouched()
 
 
+def test_absolute_links_through_a_linked_cache_path_are_inside(world, cli, tmp_path):
+    """--cache-dir is a link (the user's choice); huggingface_hub's rare absolute links use that path as named."""
+    named = tmp_path / "named-cache"
+    os.symlink(world.hub.root, named)
+    cfg = world.snap / "config.json"
+    blob = os.readlink(cfg)
+    cfg.unlink()
+    os.symlink(str(named / world.repo.name / "snapshots" / world.snap.name / blob), cfg)
+    r = cli("check", REPO, "--cache-dir", named, "--format", "json")
+    assert "GD101" in codes(r) and "GD005" not in codes(r), r
+
+
 def test_a_character_device_as_config_is_refused_unread(world, cli):
     cfg = world.snap / "config.json"
     cfg.unlink()
