@@ -124,7 +124,10 @@ def _out(text: str) -> None:
 
 
 def _hint(text: str) -> None:
-    sys.stderr.write(f"gemma-doctor: {text}\n")
+    from gemma_doctor.render.style import printable  # small and pure: no rich
+
+    # One line, whatever names it quotes: a control character in a folder name is shown, never acted on.
+    sys.stderr.write(f"gemma-doctor: {printable(text)}\n")
 
 
 @click.group(context_settings=_CONTEXT, no_args_is_help=True)
@@ -262,36 +265,23 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
 @app.command(context_settings=_CONTEXT)
 @_targets
 @click.option("--dry-run", is_flag=True, help="Say what would be restored, change nothing.")
+@click.option("--force", is_flag=True, help="Also restore files edited since the fix; your edited version is kept in "
+                                            ".gemma-doctor/kept/ (the message says where).")
 @_cache_options()
 @_format_option
 @_lock_option
-def restore(targets: tuple[str, ...], dry_run: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
-            lock_timeout: float) -> int:
+def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Optional[Path], revision: str,
+            all_revisions: bool, fmt: str, lock_timeout: float) -> int:
     """Undo `fix --inplace`: snapshot files become the original links (or bytes), byte-identical."""
-    from gemma_doctor.fixes import Outcome, Status, apply_restore, plan_restore
+    from gemma_doctor.fixes import Outcome, restore_model
 
     outcomes: list[Outcome] = []
     failed = conflicted = False
     for facts in _models(list(targets), cache_dir, revision, all_revisions):
-        actions, conflicts = plan_restore(facts)
-        conflicted |= bool(conflicts)
-        status = Status.NOTHING_TO_RESTORE
-        messages = list(conflicts)
-        if facts.undo.error:
-            messages.append(f"undo record unreadable: {facts.undo.error}")
-            conflicted = True
-        to_restore = [a for a in actions if not a.drop_only]
-        if to_restore:
-            status = Status.WOULD_CHANGE if dry_run else Status.RESTORED
-            messages.extend(f"{'would restore' if dry_run else 'restored'} {a.name}" for a in to_restore)
-        if actions and not dry_run:
-            try:
-                apply_restore(facts, actions, lock_timeout)
-            except WriteError as e:
-                status = Status.FAILED
-                messages.append(str(e))
-                failed = True
-        outcomes.append(Outcome(facts, status, [], messages))
+        outcome, conflict, fail = restore_model(facts, dry_run, force, lock_timeout)
+        conflicted |= conflict
+        failed |= fail
+        outcomes.append(outcome)
     _print_outcomes("restore", outcomes, fmt, dry_run, not (failed or conflicted))
     return ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK
 

@@ -26,6 +26,9 @@ _CODES = [
     Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape"),
     Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written"),
     Code("GD006", "fixed-by-doctor", "files of this snapshot were rewritten by gemma-doctor fix; restore brings back the originals"),
+    Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked"),
+    Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read"),
+    Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read"),
     # GD1xx: the HybridCache crash and use_cache
     Code("GD101", "use-cache-enabled", "use_cache is not disabled where the text model reads it"),
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false"),

@@ -7,7 +7,6 @@ import copy
 import datetime as _dt
 import difflib
 import enum
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ from gemma_doctor.errors import ReadError, WriteError
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.jsonedit import EditError, set_member
 from gemma_doctor.model import read_model
-from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.locate import command_args
+from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, JsonFile
 from gemma_doctor.rules.use_cache import text_use_cache
 from gemma_doctor.stack import Exposure, Stack
 from gemma_doctor.versioning import HYBRIDCACHE
@@ -99,6 +99,8 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     Only where the HybridCache crash can happen with the transformers that will run (``stack``; None = any):
     on a release without the bug, use_cache on disk is left as published.
     """
+    if facts.snapshot.problem is not None:
+        return ModelPlan(facts, refused=(facts.snapshot.problem.message,), stack=stack)
     cfg = facts.config
     if not cfg.ok:
         reason = "config.json is missing" if not cfg.exists else f"config.json: {cfg.error}"
@@ -133,35 +135,23 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     return ModelPlan(facts, tuple(changes), tuple(refused), stack=stack)
 
 
-def _current(path: Path, root: Path | None = None) -> tuple[str | None, bytes | None]:
-    """(link target or None, bytes) of a file as it is now; bytes None when unreadable.
-
-    With ``root``, a link resolving outside it is never followed (bytes None): a crafted link must not
-    make gemma-doctor read, compare or write anything outside the repo folder.
-    """
+def _current(snap: Any, path: Path) -> fsafe.Current:
+    """A file of ``snap`` as it is now, in one consistent look (links inside the repo followed for its bytes)."""
     try:
-        target = os.readlink(path) if path.is_symlink() else None
-    except OSError:
-        return None, None
-    if target is not None and root is not None and not fsafe.inside(path, root):
-        return target, None
-    try:
-        return target, path.read_bytes()
-    except OSError:
-        return target, None
+        return fsafe.current(path, undo.area(snap), MAX_JSON_BYTES)
+    except (fsafe.Refused, OSError, ValueError):
+        return fsafe.Current(True, kind="special")
 
 
-def _unchanged(change: FileChange, root: Path | None) -> bool:
+def _unchanged(snap: Any, change: FileChange) -> bool:
     """True when the file is still exactly what the plan was made from."""
-    link_target, data = _current(change.path, root)
-    return data == change.before and link_target == change.link_target
+    now = _current(snap, change.path)
+    return now.data == change.before and now.link_target == change.link_target
 
 
 def needs_tidy(snapshot: Any) -> bool:
-    """True when a killed run left temp files of ours in the snapshot folders (cheap: a glob, no lock)."""
-    root = snapshot.repo_dir / "snapshots" if snapshot.repo_dir is not None else None
-    folders = [p for p in root.iterdir() if p.is_dir()] if root is not None and root.is_dir() else [snapshot.path]
-    return any(True for f in folders for _ in f.glob(fsafe.TEMP_GLOB))
+    """True when a killed or failed run left temp files or unreferenced backups behind (cheap: listings, no lock)."""
+    return undo.needs_sweep(snapshot)
 
 
 def _now() -> str:
@@ -176,95 +166,130 @@ def apply_plan(plan: ModelPlan, lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT)
     are now, so concurrent runs converge on the state one run gives. A write that fails is rolled back.
     """
     snap = plan.facts.snapshot
-    root = snap.read_root
-    with undo.locked(snap, lock_timeout):
+    if snap.problem is not None:
+        raise WriteError(snap.problem.message)
+    with undo.locked(snap, lock_timeout) as held:
         try:
-            entries = undo.load(snap)
-        except ReadError as e:
-            raise WriteError(f"{e}; refusing to write without a way to undo") from None
-        undo.sweep(snap, entries)
-        if plan.changes and not all(_unchanged(c, root) for c in plan.changes):
-            plan = plan_model(read_model(snap), plan.stack)
-            if plan.refused:
-                raise WriteError(f"a file changed while gemma-doctor was planning and cannot be fixed safely now: "
-                                 f"{'; '.join(plan.refused)}")
-        for change in plan.changes:
-            # Root passes any permission check, so this only bites for ordinary users: their read-only
-            # file is a "do not touch", not an invitation to replace it. (A link is replaced, its blob untouched.)
-            if change.link_target is None and not os.access(change.path, os.W_OK):
-                raise WriteError(f"{change.path} is read-only; not rewritten (make it writable to fix it)")
-        before_entries = copy.deepcopy(entries)
-        written: list[FileChange] = []
-        try:
-            _write_changes(plan, entries, written)
-        except WriteError:
-            _roll_back(snap, written, before_entries, entries)
-            raise
+            return _apply_locked(plan, snap)
+        finally:
+            # A run that leaves no entry (nothing to write, or all rolled back) leaves no state folder either.
+            with contextlib.suppress(ReadError, WriteError):
+                if not undo.load(snap):
+                    undo.tidy(snap, held)
+
+
+def _apply_locked(plan: ModelPlan, snap: Any) -> list[FileChange]:
+    try:
+        entries = undo.load(snap)
+    except ReadError as e:
+        raise WriteError(f"{e}; refusing to write without a way to undo") from None
+    undo.sweep(snap, entries)
+    if plan.changes and not all(_unchanged(snap, c) for c in plan.changes):
+        plan = plan_model(read_model(snap), plan.stack)
+        if plan.refused:
+            raise WriteError(f"a file changed while gemma-doctor was planning and cannot be fixed safely now: "
+                             f"{'; '.join(plan.refused)}")
+    where = undo.area(snap)
+    for change in plan.changes:
+        if change.name not in undo.WRITABLE or change.path != snap.path / change.name:
+            raise WriteError(f"{change.path}: gemma-doctor only ever writes {' and '.join(undo.WRITABLE)}")
+        # Root passes any permission check, so this only bites for ordinary users: their read-only
+        # file is a "do not touch", not an invitation to replace it. (A link is replaced, its blob untouched.)
+        if change.link_target is None and not fsafe.writable(change.path, where):
+            raise WriteError(f"{change.path} is read-only; not rewritten (make it writable to fix it)")
+    before_entries = copy.deepcopy(entries)
+    written: list[FileChange] = []
+    try:
+        _write_changes(plan, entries, written)
+    except WriteError as e:
+        kept = _roll_back(snap, written, before_entries, entries)
+        if kept:
+            raise WriteError(f"{e}; {', '.join(kept)} could not be put back and stay fixed "
+                             f"(recorded: restore undoes them)") from None
+        if written:
+            raise WriteError(f"{e}; what was written before it ({', '.join(c.name for c in written)}) was put back") from None
+        raise
     return written
 
 
 def _write_changes(plan: ModelPlan, entries: dict[str, dict[str, Any]], written: list[FileChange]) -> None:
     """Record each original, then replace the file; ``written`` grows as files are replaced."""
     snap = plan.facts.snapshot
+    where = undo.area(snap)
     for change in plan.changes:
         link_target = change.link_target
         key = undo.entry_key(snap, change.name)
         after_digest = undo.sha256(change.after)
         entry = entries.get(key)
+        # A second fix of a file the user edited after the first: the edit is the original restore must bring back.
         if entry is None or entry.get("fixed_sha256") != undo.sha256(change.before) or link_target is not None:
-            # The file as it is now is the original that restore must bring back.
-            mode = change.path.stat().st_mode & 0o777
+            # The file as it is now (read under the lock, in one look) is the original that restore must bring back.
+            mode = _current(snap, change.path).mode & 0o777
             entry = {
                 "kind": "link" if link_target is not None else "file",
                 "link_target": link_target,
-                "original_sha256": undo.save_backup(snap, change.before),
+                "original_sha256": undo.save_backup(snap, change.before, mode),
                 "mode": mode,
             }
         entry = {**entry, "fixed_sha256": after_digest, "keys": list(change.keys), "fixed_at": _now()}
         entries[key] = entry
         undo.save(snap, entries)
-        fsafe.write_file(change.path, change.after, int(entry["mode"]))
+        fsafe.write_file(change.path, change.after, int(entry["mode"]), area=where)
         written.append(change)
 
 
 def _roll_back(snap: Any, written: list[FileChange], before: dict[str, dict[str, Any]],
-               entries: dict[str, dict[str, Any]]) -> None:
+               entries: dict[str, dict[str, Any]]) -> list[str]:
     """Best effort after a failed write (disk full...): put back what this run replaced, then its record.
 
     A file that cannot be put back keeps its new entry, so the record still covers it: never worse than
-    a kill at the same moment.
+    a kill at the same moment. Returns the names that stay fixed.
     """
     keep = copy.deepcopy(before)
+    where = undo.area(snap)
+    stuck: list[str] = []
     for change in reversed(written):
         key = undo.entry_key(snap, change.name)
         try:
             if change.link_target is not None:
-                fsafe.write_link(change.path, change.link_target)
+                fsafe.write_link(change.path, change.link_target, area=where)
             else:
-                fsafe.write_file(change.path, change.before, int(entries[key].get("mode", 0o644)))
+                fsafe.write_file(change.path, change.before, int(entries[key].get("mode", 0o644)), area=where)
         except WriteError:
             keep[key] = entries[key]
+            stuck.append(change.name)
     with contextlib.suppress(WriteError):
         undo.save(snap, keep)
         undo.sweep(snap, keep)
+    return stuck
 
 
 @dataclass(frozen=True)
 class RestoreAction:
-    """One file to put back (or a stale entry to drop)."""
+    """One file to put back (or a stale entry to drop); ``force`` keeps the user's edited version aside first."""
 
     name: str
     path: Path
     entry: dict[str, Any]
     drop_only: bool
+    force: bool = False
 
 
-def plan_restore(facts: ModelFacts) -> tuple[list[RestoreAction], list[str]]:
+@dataclass
+class RestoreResult:
+    """What one restore did: files put back, user versions kept aside (name -> where), files left as they are."""
+
+    restored: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def plan_restore(facts: ModelFacts, force: bool = False) -> tuple[list[RestoreAction], list[str]]:
     """Which files restore will put back, and which it must leave alone (with why)."""
     actions: list[RestoreAction] = []
     conflicts: list[str] = []
     for name, entry in sorted(facts.undo.entries.items()):
-        action = _classify(facts.snapshot, name, entry)
+        action = _classify(facts.snapshot, name, entry, force)
         if isinstance(action, RestoreAction):
             actions.append(action)
         else:
@@ -272,32 +297,43 @@ def plan_restore(facts: ModelFacts) -> tuple[list[RestoreAction], list[str]]:
     return actions, conflicts
 
 
-def _classify(snap: Any, name: str, entry: dict[str, Any]) -> RestoreAction | str:
+def _classify(snap: Any, name: str, entry: dict[str, Any], force: bool = False) -> RestoreAction | str:
     """What restore does to one recorded file as it is now: put it back, drop a stale entry, or a conflict."""
     path = snap.path / name
-    link_target, data = _current(path, snap.read_root)
+    now = _current(snap, path)
     original_is_link = entry.get("kind") == "link"
-    if original_is_link and link_target == entry.get("link_target"):
+    if original_is_link and now.link_target == entry.get("link_target"):
         # Already the original link (a fix killed before it replaced the file, or a restore before it dropped the entry).
         return RestoreAction(name, path, entry, drop_only=True)
-    if data is not None and link_target is None and undo.sha256(data) == entry.get("original_sha256") and not original_is_link:
+    plain = now.data is not None and now.link_target is None
+    if plain and not original_is_link and undo.sha256(now.data) == entry.get("original_sha256"):  # type: ignore[arg-type]
         return RestoreAction(name, path, entry, drop_only=True)
-    if data is not None and link_target is None and undo.sha256(data) == entry.get("fixed_sha256"):
+    if plain and undo.sha256(now.data) == entry.get("fixed_sha256"):  # type: ignore[arg-type]
         return RestoreAction(name, path, entry, drop_only=False)
     backup = undo.backup_path(snap, str(entry.get("original_sha256")))
-    return f"{name} changed since gemma-doctor fixed it; left as it is (its original is kept in {backup})"
+    if force and (now.kind in ("file", "link", "missing") and (now.kind != "file" or now.data is not None)):
+        return RestoreAction(name, path, entry, drop_only=False, force=True)
+    why = {"folder": "is now a folder", "special": "is now a pipe, socket or device, or unreadable"}.get(now.kind)
+    if why:
+        return f"{name} {why}; left as it is (its original is kept in {backup})"
+    return (f"{name} changed since gemma-doctor fixed it; left as it is (its original is kept in {backup}; "
+            f"to put the original back and keep your version aside: gemma-doctor restore "
+            f"{command_args(snap)} --force)")
 
 
-def apply_restore(facts: ModelFacts, actions: list[RestoreAction],
-                  lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT) -> list[str]:
+def apply_restore(facts: ModelFacts, actions: list[RestoreAction], lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT,
+                  result: RestoreResult | None = None) -> list[str]:
     """Put originals back, byte-identical (links as links), then drop their entries. Returns names restored.
 
     Each file is judged again under the lock from the record and the file as they are now: a concurrent
-    `fix` or `restore` may have acted since ``actions`` were planned.
+    `fix` or `restore` may have acted since ``actions`` were planned; a file that changed meanwhile is left
+    as it is (a conflict in ``result``). ``result`` fills in as files are put back, so a caller that gets a
+    WriteError still knows what was done before it. When the record ends empty, the state folder goes too.
     """
     snap = facts.snapshot
-    done: list[str] = []
-    with undo.locked(snap, lock_timeout):
+    result = result if result is not None else RestoreResult()
+    where = undo.area(snap)
+    with undo.locked(snap, lock_timeout) as held:
         try:
             entries = undo.load(snap)
         except ReadError as e:
@@ -308,45 +344,91 @@ def apply_restore(facts: ModelFacts, actions: list[RestoreAction],
             entry = entries.get(key)
             if entry is None:
                 continue  # another process restored it meanwhile
-            action = _classify(snap, planned.name, entry)
+            action = _classify(snap, planned.name, entry, planned.force)
             if not isinstance(action, RestoreAction):
-                raise WriteError(f"{planned.path} changed while gemma-doctor was planning; run restore again")
+                result.conflicts.append(action)
+                continue
             if not action.drop_only:
+                if action.force:
+                    now = _current(snap, action.path)
+                    if now.kind == "file" and now.data is not None:
+                        # Keep first, then replace: a kill in between leaves the edit in two places, never in none.
+                        result.kept[action.name] = str(undo.keep(snap, action.name, now.data, now.mode))
+                    elif now.kind == "link":
+                        result.kept[action.name] = f"a link to {now.link_target} (nothing to keep: links hold no data)"
                 if entry.get("kind") == "link":
                     target = str(entry.get("link_target"))
-                    if snap.read_root is not None and not fsafe.link_stays_inside(action.path, target, snap.read_root):
+                    if snap.in_cache and not fsafe.link_stays_inside(action.path, target, where.root):
                         raise WriteError(f"{action.path}: the recorded link target {target} leads outside the repo folder; "
                                          f"refusing to restore it (the undo record may have been tampered with)")
-                    if not (action.path.parent / target).exists():
+                    if not fsafe.leads_to_file(action.path, target, where):
                         raise WriteError(f"{action.path}: its original link target {target} is gone from the cache; "
                                          f"the original bytes are in {undo.backup_path(snap, str(entry.get('original_sha256')))}")
-                    fsafe.write_link(action.path, target)
+                    fsafe.write_link(action.path, target, area=where)
                 else:
-                    original = _read_backup(snap, entry)
-                    fsafe.write_file(action.path, original, int(entry.get("mode", 0o644)))
-                done.append(action.name)
+                    original = undo.read_backup(snap, str(entry.get("original_sha256")))
+                    fsafe.write_file(action.path, original, int(entry.get("mode", 0o644)), area=where)
+                result.restored.append(action.name)
             del entries[key]
             undo.save(snap, entries)
             _drop_unreferenced_backup(snap, entries, str(entry.get("original_sha256")))
-    return done
-
-
-def _read_backup(snap: Any, entry: dict[str, Any]) -> bytes:
-    digest = str(entry.get("original_sha256"))
-    path = undo.backup_path(snap, digest)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise WriteError(f"the backup {path} is unreadable ({e.strerror}); nothing restored") from None
-    if undo.sha256(data) != digest:
-        raise WriteError(f"the backup {path} does not match its checksum; nothing restored")
-    return data
+        if not entries:
+            undo.tidy(snap, held)
+    return result.restored
 
 
 def _drop_unreferenced_backup(snap: Any, entries: dict[str, dict[str, Any]], digest: str) -> None:
     if any(e.get("original_sha256") == digest for e in entries.values()):
         return
-    try:
-        undo.backup_path(snap, digest).unlink()
-    except OSError:
-        pass  # a leftover backup costs a few KiB and loses nothing
+    with contextlib.suppress(WriteError):
+        fsafe.remove(undo.backup_path(snap, digest), undo.area(snap))  # a leftover backup costs a few KiB, loses nothing
+
+
+def restore_model(facts: ModelFacts, dry_run: bool = False, force: bool = False,
+                  lock_timeout: float = undo.DEFAULT_LOCK_TIMEOUT) -> tuple[Outcome, bool, bool]:
+    """`restore` of one snapshot: (outcome whose messages say what was done to each file, conflicted, failed).
+
+    Messages come from what the run did, not from its plan: a lock timeout or a failed write says so and lists
+    only the files that were really put back before it.
+    """
+    if facts.snapshot.problem is not None:
+        return Outcome(facts, Status.REFUSED, [], [facts.snapshot.problem.message]), True, False
+    actions, conflicts = plan_restore(facts, force)
+    messages = list(conflicts)
+    conflicted = bool(conflicts)
+    if facts.undo.error:
+        messages.append(f"undo record unreadable: {facts.undo.error}")
+        conflicted = True
+    to_restore = [a for a in actions if not a.drop_only]
+    if dry_run:
+        for a in to_restore:
+            aside = " (your edited version would be kept aside)" if a.force else ""
+            messages.append(f"would restore {a.name}{aside}")
+        status = Status.WOULD_CHANGE if to_restore else (Status.REFUSED if conflicted else Status.NOTHING_TO_RESTORE)
+        return Outcome(facts, status, [], messages), conflicted, False
+    result = RestoreResult()
+    failed = False
+    error: str | None = None
+    if actions:
+        try:
+            apply_restore(facts, actions, lock_timeout, result)
+        except WriteError as e:
+            failed, error = True, str(e)
+    for name in result.restored:
+        where = result.kept.get(name)
+        if where is None:
+            messages.append(f"restored {name}")
+        elif where.startswith("a link to "):
+            messages.append(f"restored {name}; it was {where}")
+        else:
+            messages.append(f"restored {name}; your edited version is kept in {where}")
+    messages.extend(result.conflicts)
+    conflicted |= bool(result.conflicts)
+    if error is not None:
+        messages.append(error if result.restored or "nothing restored" in error else f"{error}; nothing was restored")
+        status = Status.FAILED
+    elif result.restored:
+        status = Status.RESTORED
+    else:
+        status = Status.REFUSED if conflicted else Status.NOTHING_TO_RESTORE
+    return Outcome(facts, status, [], messages), conflicted, failed

@@ -1,15 +1,32 @@
-"""File-safety primitives: is a path inside the repo folder, atomic file and link replacement, the lock.
+"""File-safety primitives: every path gemma-doctor reads or writes in a model folder, resolved at the moment of use.
 
-Every write gemma-doctor makes goes through this module; the undo record (undo.py) and the fixer
-(fixes.py) only decide *what* to write. See docs/reliability.md for the promises these keep.
+The model (docs/reliability.md, "Threat model"): anyone who can write a repo folder of a shared cache may plant
+links, FIFOs, hard links and odd names in it, and swap a folder for a link between two of our system calls. So
+no path below a repo folder is ever handed to the kernel whole. Each operation starts from a descriptor of the
+repo folder (an :class:`Area`) and opens one component at a time relative to its parent, with ``O_NOFOLLOW``:
+
+- writes, renames, deletions and our own state (``.gemma-doctor/``) go through real folders only; a link
+  anywhere on the way is refused, and the last component is replaced by rename, never written through;
+- reads of snapshot files follow links only while every step stays inside the repo folder (``..`` cannot climb
+  above it, an absolute target must name a place inside it), as the hub's ``../../blobs/<hash>`` links do;
+- files are opened ``O_NONBLOCK`` and checked with ``fstat`` before a byte is read, so a FIFO or device is
+  refused instead of hanging, and reads are bounded.
+
+A folder the user named on the command line (the cache folder, a plain model folder) is trusted as a whole:
+links in *its* path are the user's choice. The lock is taken the same way (``flock`` on a descriptor opened
+relative to the state folder, no truncation), so neither a link nor a hard link at its path can redirect it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
+import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -19,151 +36,807 @@ from gemma_doctor.errors import LockTimeout, WriteError
 TEMP_GLOB = ".*.gemma-doctor-*.tmp"
 TEMP_NAME = re.compile(r"^\..+\.gemma-doctor-\d+-[0-9a-f]{8}\.tmp$")
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_OPEN_DIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+# Folders only passed through are opened O_PATH where the OS has it: like a path lookup, it needs search (x)
+# permission only, so a folder this user may traverse but not list (mode 711) reads as it always did.
+_PASS_DIR = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+_OPEN_READ = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+# The kernel's own limit on links followed while resolving one path.
+MAX_LINKS = 40
+# Every primitive below needs the *at() system calls; without them (Windows) gemma-doctor refuses to write.
+SUPPORTED = bool(_NOFOLLOW and _DIRECTORY and {os.open, os.stat, os.mkdir, os.unlink, os.symlink,
+                                                os.readlink, os.rename} <= os.supports_dir_fd)
 
-# --- where a path leads ------------------------------------------------------------------------
+
+class Refused(Exception):
+    """A path gemma-doctor will not use: it leads out of the repo folder, runs through a link where none may be,
+    or is not what it has to be (a regular file, a folder). ``str()`` is the one-line reason."""
+
+    def __init__(self, reason: str, *, escapes: bool = False, link_target: str | None = None) -> None:
+        super().__init__(reason)
+        self.escapes = escapes
+        self.link_target = link_target
+
+
+@dataclass(frozen=True)
+class Area:
+    """The folder a run may touch for one model: a cache repo folder, or a plain model folder.
+
+    ``user_named``: a folder the user named (a plain ``save_pretrained`` folder): the folder itself may be a link
+    (``./latest -> checkpoint-500``) and links of its files are followed when reading (``local_dir`` downloads link
+    into the cache). A cache repo folder (``models--org--name``) may not be a link, and its files are read only
+    through links that stay inside it. Writes never go through a link in either.
+    """
+
+    root: Path
+    user_named: bool = False
+
+    def open_root(self, readable: bool = True) -> int:
+        """A descriptor of the folder itself (the caller closes it); ``readable`` False: only to pass through."""
+        flags = _OPEN_DIR if readable else _PASS_DIR
+        if self.user_named:
+            flags &= ~_NOFOLLOW
+        try:
+            return os.open(self.root, flags)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) and not self.user_named and os.path.islink(self.root):
+                raise Refused(f"{self.root} is a link", escapes=True) from None
+            if e.errno == errno.ENOTDIR:
+                raise Refused(f"{self.root} is not a folder") from None
+            raise
+
+    def parts(self, path: Path | str) -> list[str]:
+        """The components of ``path`` below the root (lexically); Refused when it is not below it."""
+        # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
+        full, root = os.path.abspath(path), os.path.abspath(self.root)
+        if full == root:
+            return []
+        prefix = root if root.endswith(os.sep) else root + os.sep
+        if not full.startswith(prefix):
+            raise Refused(f"{path} is not inside {self.root}")
+        return full[len(prefix):].split(os.sep)
+
+
+def area_of(path: Path) -> Area:
+    """The area of a file the caller names directly: its own folder, trusted as named."""
+    return Area(path.parent, user_named=True)
+
+
+# --- walking below a root --------------------------------------------------------------------------
+
+def _kind_at(dir_fd: int, name: str) -> str:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "folder"
+    return "file" if stat.S_ISREG(st.st_mode) else "special"
+
+
+def _open_dir_at(dir_fd: int, name: str, parts: list[str], area: Area, create: bool = False,
+                 readable: bool = True) -> int:
+    """Open the real folder ``name`` (``parts`` below the area's root) from ``dir_fd``, never through a link;
+    create it when asked."""
+    for _ in range(3):
+        try:
+            return os.open(name, _OPEN_DIR if readable else _PASS_DIR, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                raise
+            shown = os.path.join(area.root, *parts)
+            if _kind_at(dir_fd, name) == "link":
+                raise Refused(f"{shown} is a link", escapes=True) from None
+            raise Refused(f"{shown} is not a folder") from None
+    raise OSError(errno.ENOENT, f"{os.path.join(area.root, *parts)} keeps vanishing")
+
+
+def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = True) -> int:
+    """A new descriptor of the real folder ``parts`` below the area's root, no link followed on the way.
+
+    ``readable``: the last folder is opened for listing and fsync; otherwise (and the folders on the way) only
+    to pass through."""
+    fd = area.open_root(readable=readable and not parts)
+    try:
+        for i, part in enumerate(parts):
+            if part in ("", ".", ".."):
+                raise Refused(f"{os.path.join(area.root, *parts[:i + 1])}: not a plain path")
+            nxt = _open_dir_at(fd, part, parts[:i + 1], area, create, readable=readable and i == len(parts) - 1)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _parent(path: Path | str, area: Area, create: bool = False, readable: bool = True) -> Iterator[tuple[int, str]]:
+    """(descriptor of the real folder holding ``path``, its name): the place where ``path`` is written."""
+    parts = area.parts(path)
+    if not parts:
+        raise Refused(f"{path} is the area's root, not a file in it")
+    fd = _walk(area, parts[:-1], create, readable)
+    try:
+        yield fd, parts[-1]
+    finally:
+        os.close(fd)
+
+
+def _split(target: str) -> list[str]:
+    return [p for p in target.split("/") if p not in ("", ".")]
+
 
 _REAL_ROOTS: dict[str, str] = {}
 
 
 def forget_roots() -> None:
-    """Drop memoised repo-folder realpaths; called at the start of every run, as folders may have moved."""
+    """Drop memoised real paths of roots; called at the start of every run, as folders may have moved."""
     _REAL_ROOTS.clear()
 
 
-def _real_root(root: str) -> str:
-    """realpath of a repo folder, memoised: a whole-cache scan asks it for every file of the repo."""
-    real = _REAL_ROOTS.get(root)
+def _inner_of_absolute(root: Path, target: str) -> list[str] | None:
+    """The components of an absolute link target below ``root`` (as named, or its real path); None when it is
+    elsewhere. huggingface_hub writes absolute links (rarely) from the cache path as named, not resolved."""
+    key = os.fspath(root)
+    real = _REAL_ROOTS.get(key)
     if real is None:
-        real = _REAL_ROOTS[root] = os.path.realpath(root)
-    return real
+        real = _REAL_ROOTS[key] = os.path.realpath(root)
+    norm = os.path.normpath(target)
+    for base in {os.path.abspath(root), real}:
+        base = base.rstrip(os.sep) or os.sep
+        if norm == base:
+            return []
+        prefix = base if base.endswith(os.sep) else base + os.sep
+        if norm.startswith(prefix) and target.startswith(prefix):
+            # Walked from the root's descriptor, component by component: the string test only picks the start.
+            return _split(target[len(prefix):])
+    return None
 
 
-def inside(path: Path, root: Path) -> bool:
-    """True when ``path`` resolves (following every link) to somewhere inside ``root``."""
+def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
+    """Follow ``parts`` below the root, links included as long as every step stays inside it.
+
+    Returns (new descriptor of the final folder, final name, the link target of ``parts``' own last component when
+    it is a link). Raises Refused (escapes=True) when a link leads out, OSError when a component is missing.
+    """
+    root_fd = area.open_root(readable=False)
+    stack = [root_fd]
+    todo = list(reversed(parts))
+    own_target: str | None = None
+    links = 0
+    first = True  # the last component of the path as given (its link target is reported)
     try:
-        real_root = _real_root(os.fspath(root))
-        real = _fast_blob_path(path, real_root) or os.path.realpath(path)
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(stack) == 1:
+                    raise Refused("a link leads out of the repo folder", escapes=True)
+                os.close(stack.pop())
+                continue
+            if todo:
+                try:
+                    stack.append(os.open(name, _PASS_DIR, dir_fd=stack[-1]))
+                    continue
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or _kind_at(stack[-1], name) != "link":
+                        raise
+            else:
+                if _kind_at(stack[-1], name) != "link":
+                    return os.dup(stack[-1]), name, own_target
+            try:
+                target = os.readlink(name, dir_fd=stack[-1])
+            except OSError as e:
+                if e.errno == errno.EINVAL:  # no longer a link: it was replaced meanwhile; look at it again
+                    todo.append(name)
+                    links += 1
+                    if links > MAX_LINKS:
+                        raise
+                    continue
+                raise
+            if first and not todo and own_target is None:
+                own_target = target
+            links += 1
+            if links > MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            if os.path.isabs(target):
+                inner = _inner_of_absolute(area.root, target)
+                if inner is None:
+                    raise Refused(f"a link leads out of the repo folder ({target})", escapes=True, link_target=target)
+                for fd in stack[1:]:
+                    os.close(fd)
+                del stack[1:]
+                todo.extend(reversed(inner))
+            else:
+                todo.extend(reversed(_split(target)))
+            first = False
+        # the path was the root itself (or collapsed to it)
+        return os.dup(stack[-1]), ".", own_target
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _own_link_target(area: Area, parts: list[str]) -> str | None:
+    """The target of ``parts``' last component when it is a link, read without following anything."""
+    try:
+        with _parent(os.path.join(area.root, *parts), area, readable=False) as (fd, name):
+            return os.readlink(name, dir_fd=fd)
+    except (OSError, Refused):
+        return None
+
+
+# --- reading -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Opened:
+    """A regular file opened for reading: its descriptor (the caller closes it), fstat, and the link it came by."""
+
+    fd: int
+    st: os.stat_result
+    link_target: str | None
+
+    @property
+    def ident(self) -> tuple[int, int]:
+        """(device, inode): the same file, whatever name or link it was reached by."""
+        return self.st.st_dev, self.st.st_ino
+
+
+def _check_regular(fd: int, shown: Path) -> os.stat_result:
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise Refused("is a folder, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO would block every read without a writer, a device never ends: only regular files are read.
+        raise Refused("not a regular file (a pipe, socket or device); not read")
+    return st
+
+
+def open_file(path: Path, area: Area | None = None, *, follow: bool = True, confine: bool = True) -> Opened:
+    """Open the regular file ``path`` for reading, at the moment of use.
+
+    With an ``area`` and ``confine``, links are followed only while they stay inside the area's root (with
+    ``follow=False`` not at all: our own state files are never links). Without an area (or confine False, a
+    plain folder the user named) the path is opened as the user gave it. Raises Refused with the reason,
+    FileNotFoundError when there is nothing there, OSError for the rest.
+    """
+    if area is not None and confine and not SUPPORTED:
+        # No descriptor-relative calls here (Windows): a realpath check, then the open (writes are refused).
+        if not _inside_by_realpath(path, area.root):
+            raise Refused("link points outside the repo folder", escapes=True, link_target=_readlink(path))
+        area = None
+    if area is None or not confine:
+        link_target = None
+        with contextlib.suppress(OSError):
+            link_target = os.readlink(path)
+        flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow else _NOFOLLOW)
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if not follow and e.errno == errno.ELOOP:
+                raise Refused(f"{path} is a link; refusing to read through it", link_target=link_target) from None
+            raise
+        try:
+            return Opened(fd, _check_regular(fd, path), link_target)
+        except BaseException:
+            os.close(fd)
+            raise
+    parts = area.parts(path)
+    if follow:
+        try:
+            dir_fd, name, link_target = _resolve(area, parts)
+        except Refused as e:
+            raise Refused(str(e), escapes=e.escapes, link_target=_own_link_target(area, parts)) from None
+    else:
+        link_target = None
+        dir_fd = _walk(area, parts[:-1], readable=False)
+        name = parts[-1]
+    try:
+        try:
+            fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                if not follow:
+                    raise Refused(f"{path} is a link; refusing to read through it") from None
+                # Swapped for a link between the walk and the open: never followed here.
+                raise Refused(f"{path} changed while being read", link_target=link_target) from None
+            raise
+    finally:
+        os.close(dir_fd)
+    try:
+        return Opened(fd, _check_regular(fd, path), link_target)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _readlink(path: Path) -> str | None:
+    try:
+        return os.readlink(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _inside_by_realpath(path: Path, root: Path) -> bool:
+    try:
+        real, real_root = os.path.realpath(path), os.path.realpath(root)
     except (OSError, ValueError):
         return False
     return os.path.commonpath([real, real_root]) == real_root
 
 
-def _fast_blob_path(path: Path, real_root: str) -> str | None:
-    """The resolved path of the usual hub link ``snapshots/<commit>/f -> ../../blobs/<hash>`` with two lstat
-    calls instead of realpath's one per path component; None when the shape is not that (then realpath decides).
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``fd`` (fewer only at the end of the file)."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
 
-    Sound because the snapshot folder's own realpath is taken (memoised per folder), so ``..`` is applied to a
-    physical path, and both remaining components (``blobs`` and the blob) are checked not to be links."""
+
+@dataclass(frozen=True)
+class FileRead:
+    """One small file as read: its bytes (at most ``limit`` + 1), or why it was not read."""
+
+    exists: bool
+    data: bytes | None = None
+    link_target: str | None = None
+    error: str | None = None
+    escapes: bool = False
+    mode: int = 0
+
+    @property
+    def is_link(self) -> bool:
+        """True when the name itself is a link."""
+        return self.link_target is not None
+
+
+def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool = True, confine: bool = True) -> FileRead:
+    """Read at most ``limit`` + 1 bytes of the regular file ``path`` (see open_file for ``area``). Never raises."""
     try:
-        target = os.readlink(path)
-    except OSError:  # not a link (or gone): realpath decides
+        opened = open_file(path, area, follow=follow, confine=confine)
+    except Refused as e:
+        target = e.link_target
+        if e.escapes:
+            return FileRead(True, link_target=target, escapes=True,
+                            error=f"link points outside the repo folder ({target})" if target else f"{e}; not read")
+        return FileRead(True, link_target=target, error=str(e))
+    except FileNotFoundError:
+        target = _dangling_target(path, area, confine)
+        if target is not None:
+            return FileRead(True, link_target=target, error=f"link to a missing file ({target})")
+        return FileRead(False)
+    except (OSError, ValueError) as e:
+        # Permission denied on a folder on the way: something may well be there; say so rather than "missing".
+        return FileRead(True, error=f"cannot read: {getattr(e, 'strerror', None) or e}")
+    try:
+        data = read_fd(opened.fd, limit + 1)
+    except OSError as e:
+        return FileRead(True, link_target=opened.link_target, error=f"cannot read: {e.strerror or e}")
+    finally:
+        os.close(opened.fd)
+    return FileRead(True, data, opened.link_target, mode=stat.S_IMODE(opened.st.st_mode))
+
+
+def _dangling_target(path: Path, area: Area | None, confine: bool) -> str | None:
+    if area is None or not confine:
+        try:
+            return os.readlink(path)
+        except (OSError, ValueError):
+            return None
+    try:
+        return _own_link_target(area, area.parts(path))
+    except Refused:
         return None
-    if os.path.isabs(target):
-        return None
-    real_dir = _real_root(os.fspath(path.parent))
-    joined = os.path.normpath(os.path.join(real_dir, target))
-    blobs = os.path.dirname(joined)
-    if os.path.dirname(blobs) != real_root or os.path.islink(blobs) or os.path.islink(joined):
-        return None
-    return joined
+
+
+def read_user_file(path: str | Path, limit: int) -> bytes:
+    """A file the user named (a training config, a requirements file): at most ``limit`` + 1 bytes, never blocking.
+
+    Raises Refused (not a regular file) or OSError; the caller turns them into its own message.
+    """
+    opened = open_file(Path(path))
+    try:
+        return read_fd(opened.fd, limit + 1)
+    finally:
+        os.close(opened.fd)
+
+
+def inside(path: Path, root: Path) -> bool:
+    """True when ``path`` resolves inside ``root`` without a link leading out (links inside are followed)."""
+    try:
+        fd, _name, _target = _resolve(Area(root), Area(root).parts(path))
+    except (Refused, OSError, ValueError):
+        return False
+    os.close(fd)
+    return True
 
 
 def link_stays_inside(path: Path, target: str, root: Path) -> bool:
     """True when a link at ``path`` to ``target`` would resolve inside ``root`` (checked before it exists)."""
-    if os.path.isabs(target):
+    area = Area(root)
+    try:
+        parts = area.parts(path)[:-1]
+    except Refused:
         return False
-    return inside(Path(os.path.normpath(path.parent / target)), root)
+    if os.path.isabs(target):
+        inner = _inner_of_absolute(root, target)
+        if inner is None:
+            return False
+        parts, target = [], "/".join(inner)
+    try:
+        fd, _name, _t = _resolve(area, parts + _split(target))
+    except (Refused, OSError, ValueError):
+        return False
+    os.close(fd)
+    return True
 
 
-# --- atomic replacement ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Current:
+    """A file of a model folder as it is at one instant: a link (with the bytes it leads to) or a regular file."""
+
+    exists: bool
+    link_target: str | None = None
+    data: bytes | None = None  # None: missing, unreadable, not a regular file, a link leading out, too large
+    mode: int = 0o644
+    kind: str = "missing"  # "file" | "link" | "folder" | "special" | "missing"
+
+
+def current(path: Path, area: Area, limit: int) -> Current:
+    """The state of ``path`` in one consistent look, for comparing it with what a plan or the undo record expects.
+
+    A link is judged by its target string: the bytes come from resolving that string (inside the area's root for
+    a cache), never from re-resolving the name, which a concurrent run may have replaced meanwhile.
+    """
+    with _parent(path, area, readable=False) as (dir_fd, name):
+        for _ in range(MAX_LINKS):
+            try:
+                fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return Current(False)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    return Current(True, kind=_kind_at(dir_fd, name))
+                try:
+                    target = os.readlink(name, dir_fd=dir_fd)
+                except OSError:
+                    continue  # replaced by a file meanwhile: look again
+                data, mode = _through_link(path, target, area, limit)
+                return Current(True, target, data, mode, "link")
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return Current(True, mode=stat.S_IMODE(st.st_mode),
+                                   kind="folder" if stat.S_ISDIR(st.st_mode) else "special")
+                data = read_fd(fd, limit + 1)
+                return Current(True, None, data if len(data) <= limit else None, stat.S_IMODE(st.st_mode), "file")
+            finally:
+                os.close(fd)
+    return Current(True, kind="special")
+
+
+def _open_through(path: Path, target: str, area: Area) -> Opened:
+    """Open the regular file a link at ``path`` to ``target`` leads to (inside the root, for a cache area)."""
+    if area.user_named:
+        return open_file(Path(target) if os.path.isabs(target) else path.parent / target)
+    parts = area.parts(path)[:-1]
+    if os.path.isabs(target):
+        inner = _inner_of_absolute(area.root, target)
+        if inner is None:
+            raise Refused(f"a link leads out of the repo folder ({target})", escapes=True, link_target=target)
+        parts, target = [], "/".join(inner)
+    dir_fd, name, _t = _resolve(area, parts + _split(target))
+    try:
+        fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        return Opened(fd, _check_regular(fd, path), target)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _through_link(path: Path, target: str, area: Area, limit: int) -> tuple[bytes | None, int]:
+    """(bytes, mode) of the file a link at ``path`` to ``target`` leads to; (None, 0o644) when it cannot be read."""
+    try:
+        opened = _open_through(path, target, area)
+    except (Refused, OSError, ValueError):
+        return None, 0o644
+    try:
+        data = read_fd(opened.fd, limit + 1)
+    except OSError:
+        return None, 0o644
+    finally:
+        os.close(opened.fd)
+    return (data if len(data) <= limit else None), stat.S_IMODE(opened.st.st_mode)
+
+
+def leads_to_file(path: Path, target: str, area: Area) -> bool:
+    """True when a link at ``path`` to ``target`` would lead to a regular file (inside the root, for a cache area)."""
+    try:
+        opened = _open_through(path, target, area)
+    except (Refused, OSError, ValueError):
+        return False
+    os.close(opened.fd)
+    return True
+
+
+# --- writing ---------------------------------------------------------------------------------------
 
 def tmp_name(path: Path) -> Path:
     """A temp file name beside ``path`` that the next run's sweep recognises as ours."""
     return path.with_name(f".{path.name}.gemma-doctor-{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (best effort: not every file system supports it)."""
+def fsync_dir(folder: Path | int) -> None:
+    """Make a rename in ``folder`` (a path or a descriptor) durable (best effort: not every file system supports it)."""
     with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
+        if isinstance(folder, int):
+            os.fsync(folder)
+            return
+        fd = os.open(folder, os.O_RDONLY | _CLOEXEC)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
 
-def write_file(path: Path, data: bytes, mode: int) -> None:
-    """Atomically make ``path`` a regular file holding ``data``: temp file beside it, fsync, rename.
+def _refusal(e: Refused) -> WriteError:
+    return WriteError(f"{e}; refusing to write through it")
 
-    A link at ``path`` is replaced, never written through, so the blob it pointed at is untouched.
+
+def write_file(path: Path, data: bytes, mode: int, area: Area | None = None) -> None:
+    """Atomically make ``path`` a regular file holding ``data`` with permissions ``mode`` (umask does not apply).
+
+    Temp file beside it (``O_EXCL | O_NOFOLLOW``), fsync, rename, all relative to the real folder holding it, which
+    is reached from the area's root without following a link. A link at ``path`` is replaced, never written
+    through, so the blob it pointed at is untouched; a hard link elsewhere keeps its bytes for the same reason.
     """
+    area = area or area_of(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        with _parent(path, area, create=True) as (dir_fd, name):
+            tmp = tmp_name(Path(name)).name
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode & 0o777, dir_fd=dir_fd)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                    # On the descriptor: the umask shaped the mode os.open gave, and a path could be swapped meanwhile.
+                    os.fchmod(fd, mode & 0o777)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException as e:
+                # Ctrl-C included: the temp file goes, the target was never touched.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                if isinstance(e, OSError):
+                    raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
+                raise
+            fsync_dir(dir_fd)
+    except Refused as e:
+        raise _refusal(e) from None
     except OSError as e:
-        raise WriteError(f"cannot create {path.parent}: {e.strerror}") from None
-    tmp = tmp_name(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o777)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException as e:
-        # Ctrl-C included: the temp file goes, the target was never touched.
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
-        raise
-    fsync_dir(path.parent)
+        raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
 
 
-def write_link(path: Path, target: str) -> None:
+def write_link(path: Path, target: str, area: Area | None = None) -> None:
     """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename)."""
-    tmp = tmp_name(path)
+    area = area or area_of(path)
     try:
-        os.symlink(target, tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
-        raise
-    fsync_dir(path.parent)
+        with _parent(path, area) as (dir_fd, name):
+            tmp = tmp_name(Path(name)).name
+            try:
+                os.symlink(target, tmp, dir_fd=dir_fd)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                if isinstance(e, OSError):
+                    raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
+                raise
+            fsync_dir(dir_fd)
+    except Refused as e:
+        raise _refusal(e) from None
+    except OSError as e:
+        raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
+
+
+def remove(path: Path, area: Area, folder: bool = False) -> bool:
+    """Delete the file (or empty folder) ``path``, never through a link; False when it is not there (or not empty)."""
+    try:
+        with _parent(path, area) as (dir_fd, name):
+            if folder:
+                os.rmdir(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+            fsync_dir(dir_fd)
+            return True
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise WriteError(f"cannot remove {path}: {e.strerror or e}") from None
+    except Refused as e:
+        raise _refusal(e) from None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a folder, as lstat sees it."""
+
+    name: str
+    kind: str  # "file" | "link" | "folder" | "special"
+
+
+def list_dir(path: Path, area: Area) -> list[Entry]:
+    """The entries of the real folder ``path`` (empty when it is missing); Refused when it is a link."""
+    if not SUPPORTED:  # see open_file: by path, after a realpath check
+        if not _inside_by_realpath(path, area.root) or os.path.islink(path):
+            raise Refused(f"{path} is a link", escapes=True)
+        if not os.path.isdir(path):
+            return []
+        fd = None
+    else:
+        try:
+            fd = _walk(area, area.parts(path))
+        except FileNotFoundError:
+            return []
+    target = fd if fd is not None else path
+    try:
+        out = []
+        with os.scandir(target) as it:
+            for e in it:
+                try:
+                    kind = ("link" if e.is_symlink() else "folder" if e.is_dir(follow_symlinks=False)
+                            else "file" if e.is_file(follow_symlinks=False) else "special")
+                except OSError:
+                    kind = "special"
+                out.append(Entry(e.name, kind))
+        return sorted(out, key=lambda e: e.name)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kind(path: Path, area: Area) -> str:
+    """What ``path`` is, without following a link anywhere on the way or at the end: "file", "folder", "link",
+    "special" or "missing"; Refused when a folder on the way is a link. Needs search permission only."""
+    try:
+        with _parent(path, area, readable=False) as (dir_fd, name):
+            return _kind_at(dir_fd, name)
+    except FileNotFoundError:
+        return "missing"
+
+
+def writable(path: Path, area: Area) -> bool:
+    """True when this user may write the file ``path`` itself (a link counts as writable: it is replaced)."""
+    try:
+        with _parent(path, area, readable=False) as (dir_fd, name):
+            if _kind_at(dir_fd, name) != "file":
+                return True
+            return os.access(name, os.W_OK, dir_fd=dir_fd, follow_symlinks=False)
+    except (OSError, Refused):
+        return True  # the write itself will say why it cannot happen
 
 
 # --- the lock ----------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Held:
+    """A held lock (its path and area): the holder may delete the lock file and its folder before releasing."""
+
+    path: Path
+    area: Area
+
+
 @contextlib.contextmanager
-def locked(path: Path, timeout: float, guard: Path | None = None) -> Iterator[None]:
-    """Hold the lock file ``path``; a clear LockTimeout when another process keeps it too long.
+def locked(path: Path, timeout: float, area: Area | None = None) -> Iterator[Held]:
+    """Hold the lock file ``path`` (``flock``); a clear LockTimeout when another process keeps it too long.
 
-    ``guard`` is a folder every write under the lock goes into: it must not be a link to elsewhere.
+    The lock file is opened relative to its folder's descriptor with ``O_NOFOLLOW`` and never truncated or
+    written, so a link or hard link planted at its path changes nothing. Its folder is created (never through
+    a link). A holder may delete the lock file before releasing (undo.tidy): a waiter that then gets the lock on
+    the deleted file sees it has no name any more and starts again on the new one.
     """
-    import filelock  # lazy: only writers need it
-
-    if guard is not None and guard.is_symlink():
-        raise WriteError(f"{guard} is a link; refusing to write through it")
+    area = area or area_of(path)
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        got = _try_lock(path, area)
+        if got is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise LockTimeout(f"another gemma-doctor has held {path} for over {timeout:g}s; try again when it is done "
+                              f"(or raise --lock-timeout)")
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.1)
+    fd, dir_fd, _name = got
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise WriteError(f"cannot create the lock folder {path.parent}: {e.strerror}") from None
-    lock = filelock.FileLock(str(path), timeout=timeout)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise LockTimeout(f"another gemma-doctor has held {path} for over {timeout:g}s; try again when it is done "
-                          f"(or raise --lock-timeout)") from None
-    except OSError as e:
-        raise WriteError(f"cannot take the lock {path}: {e.strerror}") from None
-    try:
-        yield
+        yield Held(path, area)
     finally:
-        lock.release()
+        os.close(fd)  # releases the flock
+        os.close(dir_fd)
+
+
+def _try_lock(path: Path, area: Area) -> tuple[int, int, str] | None:
+    """(lock fd, folder fd, name) when the lock was taken now; None when another process holds it."""
+    import fcntl  # POSIX only; SUPPORTED is False elsewhere and writing is refused before this
+
+    try:
+        parts = area.parts(path)
+        dir_fd = _walk(area, parts[:-1], create=True)
+    except Refused as e:
+        raise WriteError(f"{e}; refusing to write through it") from None
+    except OSError as e:
+        raise WriteError(f"cannot create the lock folder {path.parent}: {e.strerror or e}") from None
+    name = parts[-1]
+    try:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644, dir_fd=dir_fd)
+        except FileNotFoundError:
+            os.close(dir_fd)
+            return None  # its folder was just removed by the holder that finished: start again
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise WriteError(f"the lock {path} is a link; refusing to use it") from None
+            raise WriteError(f"cannot take the lock {path}: {e.strerror or e}") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(dir_fd)
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WriteError(f"the lock {path} is not a regular file; refusing to use it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WriteError(f"cannot take the lock {path}: {e.strerror or e}") from None
+            os.close(fd)
+            os.close(dir_fd)
+            return None
+        if not _still_named(fd, dir_fd, name):
+            os.close(fd)
+            os.close(dir_fd)
+            return None
+        return fd, dir_fd, name
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(dir_fd)
+        raise
+
+
+def _still_named(fd: int, dir_fd: int, name: str) -> bool:
+    """True when the locked file is still the one named ``name`` in a folder that still exists."""
+    try:
+        mine = os.fstat(fd)
+        there = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return mine.st_nlink > 0 and os.fstat(dir_fd).st_nlink > 0 and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+    except OSError:
+        return False

@@ -89,7 +89,7 @@ def declared_dtype(config: Any) -> str | None:
     return None
 
 
-_READ_ERRORS = {"GD001", "GD002", "GD004", "GD005"}
+_READ_ERRORS = {"GD001", "GD002", "GD004", "GD005", "GD020", "GD021", "GD022"}
 _FIXABLE = {"GD101", "GD102"}
 
 
@@ -124,7 +124,8 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
             f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
         rows.append(Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
-                        declared_dtype(facts.config.data if facts.config.ok else None), snapshot_size(snap.path),
+                        declared_dtype(facts.config.data if facts.config.ok else None),
+                        snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
                         status, counts, nxt))
     return rows, len(skipped)
 

@@ -8,13 +8,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from gemma_doctor import targets
+from gemma_doctor import fsafe, targets
 from gemma_doctor.errors import UsageError
 
 # The hub's own rule for repo names (huggingface_hub validate_repo_id), with ".." refused outright.
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.\-]{0,95}/)?[A-Za-z0-9][\w.\-]{0,95}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class RepoProblem:
+    """Why a cached repo (or its ref or snapshot) cannot be read safely: reported as a finding for that repo."""
+
+    code: str  # GD020 repo folder, GD021 ref, GD022 snapshot entry (docs/findings.md)
+    message: str
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,8 @@ class Snapshot:
     cache_dir: Path | None = None
     # Read from the Hub, not downloaded: ``path`` is where `hf download` would put it in ``cache_dir``.
     remote: bool = False
+    # Set when the repo could not be read safely: nothing of it is read or written, a finding says why.
+    problem: RepoProblem | None = None
 
     @property
     def in_cache(self) -> bool:
@@ -101,7 +111,7 @@ class NotCached(UsageError):
 
 def validate_repo_id(repo_id: str) -> None:
     """Refuse repo ids that could name a path outside the cache (``..``, absolute paths)."""
-    if ".." in repo_id or "--" in repo_id or not _REPO_ID.match(repo_id):
+    if ".." in repo_id or "--" in repo_id or not _REPO_ID.fullmatch(repo_id):
         raise UsageError(f"{repo_id!r} is neither an existing folder nor a valid repo id (like google/gemma-3-12b-it)")
 
 
@@ -111,65 +121,60 @@ def _validate_revision(revision: str) -> None:
         raise UsageError(f"--revision {revision!r} is not a valid branch, tag or commit")
 
 
-def _read_ref(repo_dir: Path, revision: str) -> str | None:
-    # One open() instead of is_file() + read: a whole-cache scan does this for every repo.
-    try:
-        with open(os.path.join(repo_dir, "refs", revision), "rb") as f:
-            commit = f.read(256).decode("utf-8", errors="replace").strip()
-    except OSError:  # missing, a folder (nested refs), unreadable
-        return None
-    return commit or None
-
-
-def _snapshots(repo_dir: Path) -> list[Path]:
-    try:
-        with os.scandir(os.path.join(repo_dir, "snapshots")) as it:
-            names = sorted(e.name for e in it if e.is_dir())
-    except OSError:
-        return []
-    return [repo_dir / "snapshots" / n for n in names]
-
-
-def refs_of(repo_dir: Path) -> dict[str, list[str]]:
-    """commit -> ref names pointing at it (``main``, ``pr/1``...)."""
-    out: dict[str, list[str]] = {}
-    refs = repo_dir / "refs"
-    if not refs.is_dir():
-        return out
-    for dirpath, _dirs, files in os.walk(refs):
-        for name in files:
-            p = Path(dirpath) / name
-            try:
-                commit = p.read_text(encoding="utf-8", errors="replace").strip()
-            except OSError:
-                continue
-            out.setdefault(commit, []).append(p.relative_to(refs).as_posix())
-    return out
-
-
 def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, revision: str,
                     all_revisions: bool, strict: bool) -> list[Snapshot]:
-    """Snapshots of one cached repo for ``revision`` (or all of them)."""
+    """Snapshots of one cached repo for ``revision`` (or all of them); what cannot be read safely is a problem
+    snapshot (a finding for the repo), never a crash and never a silent skip."""
+    def broken(code: str, message: str, path: Path = repo_dir) -> Snapshot:
+        return Snapshot(target, path, repo_id, revision if not all_revisions else None, None, repo_dir, cache_dir,
+                        problem=RepoProblem(code, message))
+
+    try:
+        # The repo folder itself first: a link, or a folder this user cannot enter, is the repo's problem.
+        fsafe.kind(repo_dir / "refs", fsafe.Area(repo_dir))
+    except fsafe.Refused as e:
+        return [broken("GD020", f"{e}; not read")]
+    except OSError as e:
+        return [broken("GD020", f"cannot read {repo_dir}: {e.strerror or e}; not checked")]
+    if not all_revisions:
+        ref = _read_ref(repo_dir, revision)
+        if isinstance(ref, RepoProblem):
+            return [broken(ref.code, ref.message)]
+        if ref is not None:
+            # The ref names the snapshot: no listing needed (a folder this user may only traverse still works).
+            path = repo_dir / "snapshots" / ref
+            try:
+                kind = fsafe.kind(path, fsafe.Area(repo_dir))
+            except fsafe.Refused as e:
+                return [broken("GD020", f"{e}; not read")]
+            except OSError as e:
+                return [broken("GD020", f"cannot read {path}: {e.strerror or e}; not checked")]
+            if kind == "folder":
+                return [Snapshot(target, path, repo_id, revision, ref, repo_dir, cache_dir)]
+            if kind == "link":
+                return [broken("GD022", f"snapshots/{ref} is a link, which huggingface_hub never makes; not read", path)]
+            if strict:
+                raise UsageError(f"{repo_id}: ref {revision!r} points to commit {ref[:12]}, which has no snapshot in {repo_dir}")
+            return [broken("GD021", f"refs/{revision} points to commit {ref[:12]}, which has no snapshot; "
+                                    f"the repo's other snapshots are not what {revision} means")]
+    try:
+        snaps, bad = _list_snapshots(repo_dir)
+    except _Unreadable as e:
+        return [broken("GD020", str(e))]
+    problems = [broken("GD022", msg, path) for path, msg in bad]
     if all_revisions:
         by_commit = refs_of(repo_dir)
-        return [Snapshot(target, s, repo_id, ",".join(sorted(by_commit.get(s.name, []))) or None, s.name, repo_dir, cache_dir)
-                for s in _snapshots(repo_dir)]
-    commit = _read_ref(repo_dir, revision)
-    if commit is not None:
-        path = repo_dir / "snapshots" / commit
-        if os.path.isdir(path):
-            return [Snapshot(target, path, repo_id, revision, commit, repo_dir, cache_dir)]
-        if strict:
-            raise UsageError(f"{repo_id}: ref {revision!r} points to commit {commit[:12]}, which has no snapshot in {repo_dir}")
-        return []
-    snaps = _snapshots(repo_dir)
+        return problems + [Snapshot(target, s, repo_id, ",".join(sorted(by_commit.get(s.name, []))) or None, s.name,
+                                    repo_dir, cache_dir) for s in snaps]
     if _HEX.match(revision):
         hits = [s for s in snaps if s.name.startswith(revision)]
         if len(hits) == 1:
             return [Snapshot(target, hits[0], repo_id, revision, hits[0].name, repo_dir, cache_dir)]
     if not strict:
         # A whole-cache scan of a repo without this ref: every snapshot it has is a candidate.
-        return [Snapshot(target, s, repo_id, None, s.name, repo_dir, cache_dir) for s in snaps]
+        return problems + [Snapshot(target, s, repo_id, None, s.name, repo_dir, cache_dir) for s in snaps]
+    if problems:
+        return problems
     known = sorted(refs_of(repo_dir).items())
     listing = ", ".join(f"{'/'.join(refs)}={c[:12]}" for c, refs in known) or ", ".join(s.name[:12] for s in snaps) or "none"
     raise NotCached(f"{repo_id}: revision {revision!r} is not in the cache (cached: {listing}); "
@@ -207,11 +212,11 @@ def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -
         validate_repo_id(target)
         return _cached_repo(target, cache, revision, all_revisions)
     path = Path(target).expanduser()
-    if path.is_file():
+    if _is_file(path):
         # A file of a model folder (config.json, model.safetensors...) names the folder it is in.
         path = path.parent
-    if path.is_dir():
-        if path.name.startswith("models--") and (path / "snapshots").is_dir():
+    if _is_dir(path):
+        if path.name.startswith("models--") and _is_dir(path / "snapshots"):
             repo_id = repo_id_from_folder(path.name) or path.name
             return _repo_snapshots(target, repo_id, path.absolute(), path.absolute().parent, revision, all_revisions, strict=True)
         return [_snapshot_of_path(target, path)]
@@ -223,14 +228,14 @@ def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -
 
 def _cached_repo(repo_id: str, cache: Path, revision: str, all_revisions: bool) -> list[Snapshot]:
     repo_dir = cache / repo_folder_name(repo_id)
-    if not (repo_dir / "snapshots").is_dir():
+    if not _is_dir(repo_dir / "snapshots") and not os.path.lexists(repo_dir):
         raise NotCached(not_cached_message(repo_id, cache), repo_id)
     return _repo_snapshots(repo_id, repo_id, repo_dir, cache, revision, all_revisions, strict=True)
 
 
 def iter_cache(cache: Path, revision: str = "main", all_revisions: bool = False) -> Iterator[Snapshot]:
     """Every model repo in the cache (datasets and spaces are not models), sorted by name."""
-    if not cache.is_dir():
+    if not _is_dir(cache):
         raise UsageError(f"no Hugging Face cache at {cache}; pass --cache-dir or set HF_HUB_CACHE")
     try:
         names = sorted(os.listdir(cache))
@@ -241,7 +246,9 @@ def iter_cache(cache: Path, revision: str = "main", all_revisions: bool = False)
         if repo_id is None:
             continue
         repo_dir = cache / name
-        if not os.path.isdir(os.path.join(repo_dir, "snapshots")):
+        if not _REPO_ID.fullmatch(repo_id):
+            yield Snapshot(repo_id, repo_dir, None, None, None, repo_dir, cache,
+                           problem=RepoProblem("GD020", f"{name!r} is not the folder of a valid repo name; not read"))
             continue
         yield from _repo_snapshots(repo_id, repo_id, repo_dir, cache, revision, all_revisions, strict=False)
 
@@ -277,8 +284,9 @@ def cached_repo_ids(cache: Path) -> list[str]:
 def cached_commit(cache: Path, repo_id: str, revision: str) -> str | None:
     """The commit the cache's ref ``revision`` of ``repo_id`` points to (None: not cached)."""
     if _COMMIT.match(revision):
-        return revision if os.path.isdir(cache / repo_folder_name(repo_id) / "snapshots" / revision) else None
-    return _read_ref(cache / repo_folder_name(repo_id), revision)
+        return revision if _is_dir(cache / repo_folder_name(repo_id) / "snapshots" / revision) else None
+    commit = _read_ref(cache / repo_folder_name(repo_id), revision)
+    return commit if isinstance(commit, str) else None
 
 
 def not_cached_message(repo_id: str, cache: Path) -> str:
@@ -299,10 +307,10 @@ def shadow_note(target: str, cache: Path, hub: bool = True) -> str | None:
     also read the Hub's copy with --remote)."""
     if os.path.isabs(target) or target.startswith((".", "~")) or not _REPO_ID.match(target) or "--" in target:
         return None
-    if not os.path.isdir(target):
+    if not _is_dir(target):
         return None
     repo_dir = cache / repo_folder_name(target)
-    if not os.path.isdir(repo_dir / "snapshots"):
+    if not _is_dir(repo_dir / "snapshots"):
         return None
     return (f"{target} is a folder here ({os.path.abspath(target)}) and also a cached repo; using the folder. "
             f"For the cached model name it by path ({repo_dir}) or run from another folder"
@@ -318,3 +326,87 @@ def repo_target(target: str, revision: str) -> tuple[str, str] | None:
     if os.path.isabs(target) or target.startswith((".", "~")) or "--" in target or ".." in target:
         return None
     return (target, revision) if _REPO_ID.match(target) else None
+
+
+# --- reading refs and snapshot folders safely (every path below the repo folder opened without following links) ---
+
+class _Unreadable(Exception):
+    """The repo folder or its snapshots folder cannot be read safely; the message says why."""
+
+
+_MAX_REF_BYTES = 256
+
+
+def _is_file(path: Path) -> bool:
+    """os.path.isfile that also says False for names the OS refuses (too long, NUL bytes)."""
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    """os.path.isdir that also says False for names the OS refuses (too long, NUL bytes)."""
+    try:
+        return os.path.isdir(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _list_snapshots(repo_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(snapshot folders named by a commit hash, [(entry, why it is refused)]) of a repo folder; _Unreadable when
+    the repo folder or its snapshots folder is not a real, readable folder. A repo without snapshots has none."""
+    area = fsafe.Area(repo_dir)
+    try:
+        entries = fsafe.list_dir(repo_dir / "snapshots", area)
+    except fsafe.Refused as e:
+        raise _Unreadable(f"{e}; not read") from None
+    except OSError as e:
+        raise _Unreadable(f"cannot read {repo_dir}: {e.strerror or e}; not checked") from None
+    good: list[Path] = []
+    bad: list[tuple[Path, str]] = []
+    for e in entries:
+        path = repo_dir / "snapshots" / e.name
+        if e.kind == "folder" and _COMMIT.match(e.name):
+            good.append(path)
+        elif e.kind == "link":
+            bad.append((path, f"snapshots/{e.name} is a link, which huggingface_hub never makes; not read"))
+        elif e.kind == "folder":
+            bad.append((path, f"snapshots/{e.name!r} is not named by a commit hash; not read"))
+    return good, bad
+
+
+def _read_ref(repo_dir: Path, revision: str) -> str | RepoProblem | None:
+    """The commit hash ``refs/<revision>`` holds; None when there is no such ref; a problem when it is not a hash."""
+    got = fsafe.read_file(repo_dir / "refs" / revision, _MAX_REF_BYTES, fsafe.Area(repo_dir), follow=False)
+    if not got.exists or got.error == "is a folder, not a file":
+        return None  # missing, or a folder of nested refs (pr/1)
+    if got.error:
+        return RepoProblem("GD021", f"refs/{revision}: {got.error}")
+    commit = (got.data or b"").decode("utf-8", errors="replace").strip()
+    if not _COMMIT.match(commit):
+        shown = commit if len(commit) <= 60 else commit[:60] + "..."
+        return RepoProblem("GD021", f"refs/{revision} holds {shown!r}, not a commit hash; the repo is not read")
+    return commit
+
+
+def refs_of(repo_dir: Path) -> dict[str, list[str]]:
+    """commit -> ref names pointing at it (``main``, ``pr/1``...); refs that are links or not hashes are left out."""
+    out: dict[str, list[str]] = {}
+    area = fsafe.Area(repo_dir)
+
+    def walk(folder: Path, prefix: str, depth: int) -> None:
+        try:
+            entries = fsafe.list_dir(folder, area)
+        except (fsafe.Refused, OSError):
+            return
+        for e in entries[:1000]:
+            if e.kind == "folder" and depth < 4:
+                walk(folder / e.name, f"{prefix}{e.name}/", depth + 1)
+            elif e.kind == "file":
+                commit = _read_ref(repo_dir, f"{prefix}{e.name}")
+                if isinstance(commit, str):
+                    out.setdefault(commit, []).append(f"{prefix}{e.name}")
+
+    walk(repo_dir / "refs", "", 0)
+    return out

@@ -21,7 +21,12 @@ def source_of(snapshot: Snapshot) -> ModelSource:
 
 
 def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: ModelSource | None = None) -> ModelFacts:
-    """Read one snapshot's config files and undo record (``config`` when already read)."""
+    """Read one snapshot's config files and undo record (``config`` when already read).
+
+    A snapshot whose repo could not be read safely (``snapshot.problem``) is not read at all: its facts say so.
+    """
+    if snapshot.problem is not None:
+        return unreadable_model(snapshot)
     src = source if source is not None else source_of(snapshot)
     if config is None:
         config = src.read_json("config.json")
@@ -30,3 +35,10 @@ def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: Model
     undo_facts = undo.facts_for(snapshot) if src.kind != "hub" else None
     facts = ModelFacts(snapshot=snapshot, config=config, generation_config=generation, family=fam, source=src)
     return facts if undo_facts is None else facts.with_(undo=undo_facts)
+
+
+def unreadable_model(snapshot: Snapshot) -> ModelFacts:
+    """The facts of a snapshot that is not read (its repo folder, ref or snapshot entry is unsafe or unreadable)."""
+    return ModelFacts(snapshot=snapshot, config=JsonFile(snapshot.path / "config.json", exists=False),
+                      generation_config=JsonFile(snapshot.path / "generation_config.json", exists=False),
+                      family=family_mod.NOT_GEMMA)

@@ -118,6 +118,9 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
     skipped: list[dict[str, str]] = []
     fsafe.forget_roots()
     for snap, source in located:
+        if snap.problem is not None:  # never skipped: the finding says why the repo was not read
+            models.append(read_model(snap))
+            continue
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")
         if not explicit and config.ok and not family_mod.detect(config.data).is_gemma:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from gemma_doctor import fsafe
 from gemma_doctor.readers.jsonfile import JsonFile, read_json_file
 from gemma_doctor.readers.safetensors_header import SafetensorsHeader, read_header
 
@@ -60,12 +59,8 @@ class LocalSource:
         return read_json_file(self.folder / name, self.root)
 
     def read_header(self, name: str) -> SafetensorsHeader:
-        """The header of ``name``; a link leading outside the repo folder is refused unread."""
-        path = self.folder / name
-        if self.root is not None and path.is_symlink() and not fsafe.inside(path, self.root):
-            return SafetensorsHeader(path=path, exists=True, file_size=0,
-                                     error="link points outside the repo folder; not read")
-        return read_header(path)
+        """The header of ``name``; a link leading outside the repo folder is refused unread (at the moment of use)."""
+        return read_header(self.folder / name, self.root)
 
     def read_headers(self, names: Sequence[str]) -> list[SafetensorsHeader]:
         """One after the other: local reads are fast, and the weights scan parallelises the heavy part."""

@@ -55,17 +55,15 @@ def test_concurrent_fixes_then_restores_then_a_mix_end_as_one_run(tmp_path, syml
 
 
 def test_a_held_lock_times_out_with_a_clear_message_and_nothing_changes(hub, cli):
-    import filelock
-
     hub.add(REPO, {"config.json": example_file("config.json")})
     snapshot = resolve([REPO], hub.root)[0]
     before = tree_state(hub.repo_dir(REPO))
-    with filelock.FileLock(str(undo.lock_path(snapshot))):
+    with undo.locked(snapshot):
         r = cli("fix", REPO, "--inplace", "--cache-dir", hub.root, "--lock-timeout", "0.2")
         restore = cli("restore", REPO, "--cache-dir", hub.root, "--lock-timeout", "0")
     assert r.code == 3, r
     assert "another gemma-doctor has held" in r.out and "for over 0.2s" in r.out and "--lock-timeout" in r.out
-    assert tree_state(hub.repo_dir(REPO)) == before
+    assert {k: v for k, v in tree_state(hub.repo_dir(REPO)).items() if k != ".gemma-doctor/lock"} == before
     assert restore.code == 0  # nothing to restore: no lock needed
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root, "--lock-timeout", "0.2").code == 0
 
@@ -95,8 +93,8 @@ def test_a_fix_between_restore_planning_and_applying_keeps_its_undo_entry(hub, c
     snapshot = resolve([REPO], hub.root)[0]
     # a stale entry: the record says fixed, the file is still the original link (killed between the two)
     real = fsafe.write_file
-    monkeypatch.setattr(fsafe, "write_file", lambda p, d, m: (_ for _ in ()).throw(KeyboardInterrupt)
-                        if p.name == "config.json" and "snapshots" in p.parts else real(p, d, m))
+    monkeypatch.setattr(fsafe, "write_file", lambda p, d, m, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+                        if p.name == "config.json" and "snapshots" in p.parts else real(p, d, m, *a, **k))
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 130
     monkeypatch.undo()
     facts = read_model(snapshot)

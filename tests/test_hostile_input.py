@@ -352,7 +352,13 @@ def _strict_json_object(raw: bytes) -> bool:
         def no_constant(name):  # noqa: ANN001, ANN202
             raise ValueError(name)
 
-        data = json.loads(text, object_pairs_hook=hook, parse_constant=no_constant)
+        def finite(number: str) -> float:  # 1e309 parses to inf, which no JSON report can carry back
+            value = float(number)
+            if value in (float("inf"), float("-inf")):
+                raise ValueError(number)
+            return value
+
+        data = json.loads(text, object_pairs_hook=hook, parse_constant=no_constant, parse_float=finite)
     except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and not seen_dup and not text.startswith("\ufeff")

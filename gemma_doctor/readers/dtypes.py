@@ -5,6 +5,7 @@ Reads headers only (never tensor data) and imports nothing heavy: it runs on eve
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Mapping
@@ -13,6 +14,12 @@ from gemma_doctor.readers.safetensors_header import FLOAT_DTYPES, SafetensorsHea
 
 if TYPE_CHECKING:
     from gemma_doctor.source import ModelSource
+
+# Per model, over all its shards: header bytes read, and distinct tensors kept for the weights scan. Far above any
+# real checkpoint (the largest sharded models total ~10 MB of headers and ~100k tensors), far below what a crafted
+# cache could otherwise make one `check` spend (each shard header may be 100 MB; links may repeat one shard).
+MAX_HEADER_BYTES_PER_MODEL = 128 * 1024 * 1024
+MAX_TENSORS_PER_MODEL = 300_000
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -120,7 +127,14 @@ def _safe_name(name: str) -> bool:
     return bool(name) and "\\" not in name and not p.is_absolute() and ".." not in p.parts
 
 
-def _shard(h: SafetensorsHeader, name: str) -> tuple[ShardCensus, SafetensorsHeader | None]:
+def _shard(source: ModelSource, name: str, seen: dict[tuple[int, int], SafetensorsHeader] | None = None,
+           ) -> tuple[ShardCensus, SafetensorsHeader | None]:
+    h = source.read_header(name)
+    if seen is not None and h.ok and h.ident is not None:
+        # Several names for one file (links to one blob): one parsed header, shared, whatever the number of names.
+        first = seen.setdefault(h.ident, h)
+        if first is not h:
+            h = dataclasses.replace(first, path=h.path)
     if not h.ok:
         return ShardCensus(name, exists=h.exists, error=h.error, size=h.file_size), h
     params: dict[str, int] = {}
@@ -198,12 +212,25 @@ def census(source: ModelSource, config: Mapping[str, Any] | None) -> DtypeCensus
     weights: dict[str, int] = {}
     nbytes: dict[str, int] = {}
     tensor_names: list[str] = []
-    # All headers at once: a Hub source fetches them in parallel, one range request each.
-    for name, header in zip(names, source.read_headers(names)):
-        sc, h = _shard(header, name)
+    if source.kind == "hub":
+        # A Hub source fetches every header at once, in parallel (one range request each), and keeps them;
+        # a local one reads each below only while the budget lasts.
+        source.read_headers(names)
+    seen: dict[tuple[int, int], SafetensorsHeader] = {}
+    spent = kept = 0
+    for name in names:
+        if spent > MAX_HEADER_BYTES_PER_MODEL or kept > MAX_TENSORS_PER_MODEL:
+            shards.append(ShardCensus(name, exists=source.has(name), error=(
+                f"not read: this model's headers already hold over {MAX_TENSORS_PER_MODEL} tensors or "
+                f"{MAX_HEADER_BYTES_PER_MODEL // 2**20} MB, more than any real checkpoint")))
+            continue
+        before = len(seen)
+        sc, h = _shard(source, name, seen)
         shards.append(sc)
         if h is None or not h.ok:
             continue
+        spent += h.header_len
+        kept += len(h.tensors) if len(seen) > before else 0
         headers.append(h)
         present = {t.name for t in h.tensors}
         tensor_names.extend(present)

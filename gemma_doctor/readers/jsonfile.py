@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,10 @@ class _BadConstant(ValueError):
     pass
 
 
+class _BadNumber(ValueError):
+    pass
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -57,6 +59,32 @@ def _reject_constant(name: str) -> Any:
     raise _BadConstant(name)
 
 
+def _finite_float(text: str) -> float:
+    # 1e400 parses to inf: as unusable as a literal Infinity, and it would make the JSON report invalid.
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise _BadNumber(text if len(text) <= 40 else text[:40] + "...")
+    return value
+
+
+# Real configs nest 3-4 levels; much deeper structures only serve to exhaust recursion in whoever walks them.
+MAX_DEPTH = 64
+
+
+def _depth_over(data: Any, limit: int) -> bool:
+    """True when ``data`` nests deeper than ``limit`` containers (an iterative walk: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
 def parse_json_object(raw: bytes) -> tuple[Any, str | None, bool]:
     """Parse bytes strictly; return (data, error, shape_error). Never raises."""
     try:
@@ -68,11 +96,14 @@ def parse_json_object(raw: bytes) -> tuple[Any, str | None, bool]:
     if not text.strip():
         return None, "empty file", False
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
+                          parse_float=_finite_float)
     except _Duplicate as e:
         return None, f"duplicate key {str(e)!r} (which value counts is ambiguous)", True
     except _BadConstant as e:
         return None, f"non-standard JSON literal {e} (not valid JSON)", True
+    except _BadNumber as e:
+        return None, f"number {e} is out of range (it reads as infinity)", True
     except json.JSONDecodeError as e:
         return None, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", False
     except RecursionError:
@@ -82,6 +113,9 @@ def parse_json_object(raw: bytes) -> tuple[Any, str | None, bool]:
         return None, f"not a config: {e}", True
     if not isinstance(data, dict):
         return None, f"top level is a JSON {_json_type(data)}, not an object", True
+    # Containers are at most the number of brackets: only a file with many of them needs the walk.
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _depth_over(data, MAX_DEPTH):
+        return None, f"nested deeper than {MAX_DEPTH} levels, too deep to be a config", True
     return data, None, False
 
 
@@ -98,39 +132,18 @@ def _json_type(value: Any) -> str:
 
 
 def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
-    """Read and parse ``path``; with ``root``, a link resolving outside it is refused unread."""
-    is_link = path.is_symlink()
-    link_target = None
-    if is_link:
-        try:
-            link_target = os.readlink(path)
-        except OSError as e:
-            return JsonFile(path, exists=True, is_link=True, error=f"cannot read link: {e.strerror}")
-        if root is not None and not fsafe.inside(path, root):
-            return JsonFile(
-                path, exists=True, is_link=True, link_target=link_target, escapes=True,
-                error=f"link points outside the repo folder ({link_target})",
-            )
-        if not path.exists():
-            return JsonFile(path, exists=True, is_link=True, link_target=link_target,
-                            error=f"link to a missing file ({link_target})")
-    elif not path.exists():
+    """Read and parse ``path`` at the moment of use (fsafe.read_file); with ``root`` (a cache repo folder), links are
+    followed only while they stay inside it, and one leading out is refused unread."""
+    got = fsafe.read_file(path, MAX_JSON_BYTES, fsafe.Area(root) if root is not None else None)
+    if not got.exists:
         return JsonFile(path, exists=False)
-    if path.is_dir():
-        return JsonFile(path, exists=True, is_link=is_link, link_target=link_target, error="is a folder, not a file")
-    try:
-        # A FIFO or device would block open() or never end; only regular files are configs.
-        if not stat.S_ISREG(path.stat().st_mode):
-            return JsonFile(path, exists=True, is_link=is_link, link_target=link_target,
-                            error="not a regular file (a pipe, socket or device); not read")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-    except OSError as e:
-        return JsonFile(path, exists=True, is_link=is_link, link_target=link_target,
-                        error=f"cannot read: {e.strerror or e}")
+    if got.error or got.data is None:
+        return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, escapes=got.escapes,
+                        error=got.error or "cannot read")
+    raw = got.data
     if len(raw) > MAX_JSON_BYTES:
-        return JsonFile(path, exists=True, is_link=is_link, link_target=link_target,
+        return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target,
                         error=f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB, not a config (not read whole)")
     data, error, shape_error = parse_json_object(raw)
-    return JsonFile(path, exists=True, is_link=is_link, link_target=link_target, raw=raw, data=data,
+    return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, raw=raw, data=data,
                     error=error, shape_error=shape_error)

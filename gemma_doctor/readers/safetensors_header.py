@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gemma_doctor import fsafe
 
 # The reference reader (safetensors' Rust crate) refuses headers larger than this.
 MAX_HEADER_BYTES = 100_000_000
@@ -27,11 +28,16 @@ DTYPE_BITS: dict[str, int] = {
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
                           "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4"})
 
+# More tensors than any real checkpoint file holds (the largest MoE shards hold a few thousand). Parsing a header
+# costs ~1 KB of memory and ~30 us per tensor, so this bounds one header to ~100 MB and a few seconds; the
+# reference reader's 100 MB limit alone allows ~1.4 million tiny tensors (~1.2 GB, ~45 s measured).
+MAX_TENSORS = 100_000
+
 # Products of shapes beyond this overflow the reference reader's usize arithmetic.
 _USIZE_MAX = 2**64 - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One tensor's entry in a safetensors header; offsets are relative to the data section."""
 
@@ -66,6 +72,10 @@ class SafetensorsHeader:
     tensors: tuple[TensorInfo, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    # (device, inode) of the file read, and the repo folder it was confined to: the weights scan opens the
+    # same file again the same way and checks it is the same one (not a link swapped in meanwhile).
+    ident: tuple[int, int] | None = field(default=None, compare=False)
+    root: Path | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +105,10 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
         return _bad(path, file_size, f"header is not UTF-8 (byte offset {8 + e.start})", n)
     if not text.startswith("{"):
         return _bad(path, file_size, "header does not start with '{'", n)
+    # Each tensor entry is an object, so it costs a '{': counting them bounds the parse before it starts.
+    if raw.count(b"{") > MAX_TENSORS + 2:
+        return _bad(path, file_size, f"header describes more than {MAX_TENSORS} tensors, more than any real "
+                                     f"checkpoint file; not parsed", n)
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -163,26 +177,42 @@ def header_length(head: bytes, file_size: int) -> tuple[int, str | None]:
     return n, None
 
 
-def read_header(path: Path) -> SafetensorsHeader:
-    """Read and validate the header of ``path``; a missing or invalid file gives a header with ``error``."""
+def read_header(path: Path, root: Path | None = None) -> SafetensorsHeader:
+    """Read and validate the header of ``path``; a missing or invalid file gives a header with ``error``.
+
+    With ``root`` (a cache repo folder) links are followed only inside it; a FIFO or device is refused unopened.
+    """
     try:
-        # A FIFO or device would block open() or never end: only regular files are read.
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return SafetensorsHeader(path, exists=True, error="not a regular file (a pipe, socket or device); not read")
-        f = open(path, "rb")
+        opened = fsafe.open_file(path, fsafe.Area(root) if root is not None else None)
+    except fsafe.Refused as e:
+        if e.escapes:
+            return SafetensorsHeader(path, exists=True, error="link points outside the repo folder; not read")
+        return SafetensorsHeader(path, exists=True, error=str(e))
     except FileNotFoundError:
-        return SafetensorsHeader(path, exists=False, error="missing" + (" (dangling link)" if path.is_symlink() else ""))
+        dangling = os.path.islink(path) if root is None else fsafe.read_file(path, 0, fsafe.Area(root)).is_link
+        return SafetensorsHeader(path, exists=False, error="missing" + (" (dangling link)" if dangling else ""))
+    except (OSError, ValueError) as e:
+        return SafetensorsHeader(path, exists=_lexists(path), error=f"cannot open: {getattr(e, 'strerror', None) or e}")
+    fd = opened.fd
+    try:
+        size = opened.st.st_size
+        n, error = header_length(fsafe.read_fd(fd, 8), size)
+        if error:
+            return _bad(path, size, error)
+        raw = fsafe.read_fd(fd, n)
     except OSError as e:
-        return SafetensorsHeader(path, exists=os.path.lexists(path), error=f"cannot open: {e.strerror or e}")
-    with f:
-        try:
-            size = os.fstat(f.fileno()).st_size
-            n, error = header_length(f.read(8), size)
-            if error:
-                return _bad(path, size, error)
-            raw = f.read(n)
-        except OSError as e:
-            return _bad(path, 0, f"cannot read: {e.strerror or e}")
+        return _bad(path, 0, f"cannot read: {e.strerror or e}")
+    finally:
+        os.close(fd)
     if len(raw) != n:
         return _bad(path, size, "file shrank while being read")
-    return parse_header(raw, size, path)
+    h = parse_header(raw, size, path)
+    return SafetensorsHeader(h.path, h.exists, h.file_size, h.header_len, h.tensors, h.metadata, h.error,
+                             ident=opened.ident, root=root)
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return False

@@ -12,8 +12,11 @@ from typing import Any
 
 from gemma_doctor.errors import UsageError
 
-# Training configs are a few KiB; anything larger is not one and is not read whole.
-MAX_BYTES = 4 * 1024 * 1024
+# Training configs are a few KiB; anything larger is not one and is not read whole (PyYAML parses ~1 MB/s).
+MAX_BYTES = 1024 * 1024
+# A setting's value, once aliases are expanded: far more than any real value (a list of target modules...).
+MAX_VALUE_ITEMS = 10_000
+MAX_VALUE_DEPTH = 32
 
 # Normalised setting -> the keys (dotted paths) that hold it in the formats we know, first found wins.
 # TRL's ModelConfig builds BitsAndBytesConfig(bnb_4bit_compute_dtype=torch_dtype), hence torch_dtype below.
@@ -61,8 +64,8 @@ class Setting:
     line: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """JSON view."""
-        return {"key": self.key, "value": self.value, "line": self.line}
+        """JSON view (NaN and infinities, which JSON cannot hold, as the strings "nan", "inf", "-inf")."""
+        return {"key": self.key, "value": _json_value(self.value), "line": self.line}
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,65 @@ class TrainingConfig:
         """The `environment.training_config` block of the JSON report."""
         return {"path": self.path, "kind": self.kind, "error": self.error,
                 "settings": {k: v.to_json() for k, v in self.settings.items()}}
+
+
+class _Unusable(ValueError):
+    """A setting's value that is not plain data: an alias bomb, a recursive alias, or too deep."""
+
+
+def plain_value(value: Any) -> Any:
+    """A setting's value as plain JSON-able data: YAML dates become ISO strings, binary a description, sets sorted
+    lists, keys strings, integers too large to print a description; _Unusable when it expands past
+    MAX_VALUE_ITEMS (YAML aliases share nodes, so a 700-byte file can name billions of items), recurses into
+    itself, or nests deeper than MAX_VALUE_DEPTH."""
+    import datetime
+
+    budget = [MAX_VALUE_ITEMS]
+    active: set[int] = set()
+
+    def walk(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _Unusable(f"expands to more than {MAX_VALUE_ITEMS} items (YAML aliases?)")
+        if depth > MAX_VALUE_DEPTH:
+            raise _Unusable(f"nests deeper than {MAX_VALUE_DEPTH} levels")
+        if v is None or isinstance(v, (bool, str)):
+            return v
+        if isinstance(v, int):
+            # str() of an int over 4300 digits raises; YAML's 0x... and 1:2:3 forms are not bound by that limit.
+            return v if v.bit_length() <= 256 else f"<an integer of {v.bit_length()} bits>"
+        if isinstance(v, float):
+            return v
+        if isinstance(v, (datetime.date, datetime.datetime, datetime.time)):
+            return v.isoformat()
+        if isinstance(v, (bytes, bytearray)):
+            return f"<{len(v)} bytes of binary data>"
+        if id(v) in active:
+            raise _Unusable("refers to itself (a recursive YAML alias)")
+        if isinstance(v, dict):
+            active.add(id(v))
+            out = {(k if isinstance(k, str) else str(walk(k, depth + 1))): walk(x, depth + 1) for k, x in v.items()}
+            active.discard(id(v))
+            return out
+        if isinstance(v, (list, tuple, set, frozenset)):
+            active.add(id(v))
+            items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+            out_list = [walk(x, depth + 1) for x in items]
+            active.discard(id(v))
+            return out_list
+        return str(v)
+
+    return walk(value, 0)
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "nan" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _json_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    return v
 
 
 def _kind(data: dict[str, Any]) -> str:
@@ -156,6 +218,9 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
                 return TrainingConfig(path, error=f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
         except RecursionError:
             return TrainingConfig(path, error="nested too deeply to be a training config")
+        except ValueError as e:
+            # Integers over 4300 digits: Python refuses to convert them with a plain ValueError.
+            return TrainingConfig(path, error=f"not a training config: {e}".splitlines()[0])
     if not is_json:
         try:
             import yaml
@@ -181,6 +246,10 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
             found, value = _lookup(data, key)
             # DeepSpeed writes "bf16": {"enabled": ...}: the mapping itself is not the setting.
             if found and not isinstance(value, dict):
+                try:
+                    value = plain_value(value)
+                except (_Unusable, RecursionError) as e:
+                    return TrainingConfig(path, error=f"the value of {key} {e}; not a training config")
                 line = _json_line(text, key) if is_json else lines.get(key)
                 settings[name] = Setting(key, value, line)
                 break
@@ -193,15 +262,19 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
 
 
 def read(path: str) -> TrainingConfig:
-    """Read the training config at ``path``; a file that cannot be used becomes a fact with ``error``."""
-    p = Path(path)
-    if p.is_dir():
-        return TrainingConfig(path, error="is a folder, not a training config file")
+    """Read the training config at ``path``; a file that cannot be used becomes a fact with ``error``.
+
+    Opened without blocking and checked to be a regular file first: a FIFO or device is refused, never waited on.
+    """
+    from gemma_doctor import fsafe
+
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        return TrainingConfig(path, error=f"cannot read: {e.strerror or e}")
+        raw = fsafe.read_user_file(path, MAX_BYTES)
+    except fsafe.Refused as e:
+        folder = str(e).startswith("is a folder")
+        return TrainingConfig(path, error="is a folder, not a training config file" if folder else str(e))
+    except (OSError, ValueError) as e:
+        return TrainingConfig(path, error=f"cannot read: {getattr(e, 'strerror', None) or e}")
     if len(raw) > MAX_BYTES:
         return TrainingConfig(path, error=f"larger than {MAX_BYTES // (1024 * 1024)} MiB, not a training config (not read whole)")
     try:
@@ -210,7 +283,7 @@ def read(path: str) -> TrainingConfig:
         return TrainingConfig(path, error=f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")
     if not text.strip():
         return TrainingConfig(path, error="empty file")
-    yaml_first = p.suffix.lower() in (".yaml", ".yml")
+    yaml_first = Path(path).suffix.lower() in (".yaml", ".yml")
     return parse(text, path, yaml_first)
 
 

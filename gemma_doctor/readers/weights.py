@@ -9,6 +9,7 @@ here only, and only when a scan runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ CHUNK_BYTES = 2 * 1024 * 1024
 # Scans shorter than this finish before a progress bar would tell anything.
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
 EMBEDDING_MARKERS = ("embed_tokens", "lm_head", "wte", "embedding")
+# Zero-row ranges kept per tensor (every zero row is still counted): a crafted [1e8, 1] embedding of alternating
+# rows would otherwise hold 5e7 ranges in memory.
+MAX_ZERO_RANGES = 1000
 
 
 @dataclass(frozen=True)
@@ -103,16 +107,6 @@ class WeightsScan:
                 "unreadable": [{"file": f, "error": e} for f, e in self.unreadable]}
 
 
-def _ranges(rows: list[int]) -> tuple[tuple[int, int], ...]:
-    out: list[list[int]] = []
-    for r in rows:
-        if out and out[-1][1] == r - 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return tuple((a, b) for a, b in out)
-
-
 def _decode(dtype: str, bits: int) -> float:
     import numpy as np
 
@@ -139,17 +133,28 @@ DROP_BYTES = 64 * 1024 * 1024
 class _Source:
     """The shard's bytes: a read-only memory map (no copy at all), else reads into a reused buffer."""
 
-    def __init__(self, path: Any, expected_size: int, chunk_bytes: int) -> None:
+    def __init__(self, h: SafetensorsHeader, chunk_bytes: int) -> None:
         import mmap
 
         import numpy as np
 
+        from gemma_doctor import fsafe
+
         self.np, self.mmap_mod = np, mmap
-        self.f = open(path, "rb", buffering=0)
-        size = os.fstat(self.f.fileno()).st_size
-        if size != expected_size:
+        # Opened again the way the header was (confined to the repo folder), and checked to be the same file:
+        # a link swapped in between the census and the scan is never followed.
+        try:
+            opened = fsafe.open_file(h.path, fsafe.Area(h.root) if h.root is not None else None)
+        except fsafe.Refused as e:
+            raise OSError(str(e)) from None
+        self.f = os.fdopen(opened.fd, "rb", buffering=0)
+        size = opened.st.st_size
+        if h.ident is not None and opened.ident != h.ident:
             self.f.close()
-            raise OSError(f"file is {size} bytes now, {expected_size} when its header was read (changed meanwhile?)")
+            raise OSError("file was replaced since its header was read; not scanned")
+        if size != h.file_size:
+            self.f.close()
+            raise OSError(f"file is {size} bytes now, {h.file_size} when its header was read (changed meanwhile?)")
         self.raw = np.empty(chunk_bytes, dtype=np.uint8)
         self.mm: Any = None
         self.dropped = 0
@@ -199,54 +204,96 @@ class _Worker:
 
     def tensor(self, src: _Source, h: SafetensorsHeader, t: TensorInfo, file: str,
                advance: Callable[[int], None]) -> TensorScan:
-        np = self.np
         spec = SPECS[t.dtype]
-        numel = t.numel
         emb = is_embedding(t.name, t.shape)
         row = t.shape[1] if emb else 0
-        per_chunk = max(1, self.tmp.size // spec.itemsize)
-        if emb and row:
-            per_chunk = max(row, per_chunk // row * row)  # whole rows per chunk
-            if per_chunk * spec.itemsize > self.tmp.size:  # one row larger than a chunk
-                self.tmp = np.empty(per_chunk * spec.itemsize, dtype=np.uint8)
-        nan = inf = beyond = 0
-        best = -1
-        zero: list[int] = []
+        acc = _Acc(spec)
         base = h.data_start + t.begin
-        done = 0
-        while done < numel:
-            n = min(per_chunk, numel - done)
-            nbytes = n * spec.itemsize
-            bits = src.view(base + done * spec.itemsize, nbytes).view(spec.uint)
-            a = np.bitwise_and(bits, spec.abs_mask, out=self.tmp[:nbytes].view(spec.uint))
-            del bits
+        per_chunk = max(1, self.tmp.size // spec.itemsize)
+        if emb and row and row > per_chunk:
+            # A row larger than a chunk (a crafted [1, 1e9] "embedding"): each row in chunks, memory stays one chunk.
+            for r in range(t.shape[0]):
+                start = base + r * row * spec.itemsize
+                zero = True
+                done = 0
+                while done < row:
+                    n = min(per_chunk, row - done)
+                    top = self._chunk(src, acc, start + done * spec.itemsize, n, advance)
+                    zero = zero and top == 0
+                    done += n
+                if zero:
+                    acc.add_zero_rows(r, r)
+        else:
             if emb and row:
-                # One pass gives both the row maxima (zero rows) and the chunk's maximum.
-                rmax = a.reshape(-1, row).max(axis=1)
-                top = int(rmax.max())
-                if int(rmax.min()) == 0:
-                    zero.extend((np.flatnonzero(rmax == 0) + done // row).tolist())
-            else:
-                top = int(a.max())
-            if top >= spec.nonfinite:
-                # Rare path: NaN/Inf present, so the finite maximum needs a mask.
-                c_nan = int(np.count_nonzero(a > spec.nonfinite))
-                c_inf = int(np.count_nonzero(a == spec.nonfinite))
-                nan += c_nan
-                inf += c_inf
-                finite = a[a < spec.nonfinite]
-                if finite.size:
-                    best = max(best, int(finite.max()))
-            else:
-                c_nan = c_inf = 0
-                best = max(best, top)
-            if spec.fp16_limit is not None and top > spec.fp16_limit:
-                beyond += int(np.count_nonzero(a > spec.fp16_limit)) - c_nan - c_inf
-            done += n
-            advance(nbytes)
-            src.done_until(base + done * spec.itemsize)
-        return TensorScan(t.name, file, t.dtype, t.shape, nan, inf, _decode(t.dtype, best) if best >= 0 else None,
-                          beyond, emb, len(zero), _ranges(zero))
+                per_chunk = max(row, per_chunk // row * row)  # whole rows per chunk
+            numel = t.numel
+            done = 0
+            while done < numel:
+                n = min(per_chunk, numel - done)
+                self._chunk(src, acc, base + done * spec.itemsize, n, advance, row if emb else 0, done // row if emb and row else 0)
+                done += n
+        best = acc.best
+        return TensorScan(t.name, file, t.dtype, t.shape, acc.nan, acc.inf, _decode(t.dtype, best) if best >= 0 else None,
+                          acc.beyond, emb, acc.zero_rows, tuple(acc.ranges))
+
+    def _chunk(self, src: _Source, acc: _Acc, offset: int, n: int, advance: Callable[[int], None],
+               row: int = 0, first_row: int = 0) -> int:
+        """Test ``n`` elements at ``offset``; with ``row``, they are whole rows starting at ``first_row``. Returns max |bits|."""
+        np = self.np
+        spec = acc.spec
+        nbytes = n * spec.itemsize
+        bits = src.view(offset, nbytes).view(spec.uint)
+        a = np.bitwise_and(bits, spec.abs_mask, out=self.tmp[:nbytes].view(spec.uint))
+        del bits
+        if row:
+            # One pass gives both the row maxima (zero rows) and the chunk's maximum.
+            rmax = a.reshape(-1, row).max(axis=1)
+            top = int(rmax.max())
+            if int(rmax.min()) == 0:
+                idx = np.flatnonzero(rmax == 0)
+                # Runs of consecutive zero rows, found without a Python loop over rows.
+                breaks = np.flatnonzero(np.diff(idx) != 1)
+                starts = idx[np.concatenate(([0], breaks + 1))]
+                ends = idx[np.concatenate((breaks, [idx.size - 1]))]
+                for a0, b0 in zip(starts[:MAX_ZERO_RANGES + 1].tolist(), ends[:MAX_ZERO_RANGES + 1].tolist()):
+                    acc.add_zero_rows(first_row + a0, first_row + b0)
+                acc.zero_rows += int(idx.size) - int((ends[:MAX_ZERO_RANGES + 1] - starts[:MAX_ZERO_RANGES + 1] + 1).sum())
+        else:
+            top = int(a.max())
+        if top >= spec.nonfinite:
+            # Rare path: NaN/Inf present, so the finite maximum needs a mask.
+            c_nan = int(np.count_nonzero(a > spec.nonfinite))
+            c_inf = int(np.count_nonzero(a == spec.nonfinite))
+            acc.nan += c_nan
+            acc.inf += c_inf
+            finite = a[a < spec.nonfinite]
+            if finite.size:
+                acc.best = max(acc.best, int(finite.max()))
+        else:
+            c_nan = c_inf = 0
+            acc.best = max(acc.best, top)
+        if spec.fp16_limit is not None and top > spec.fp16_limit:
+            acc.beyond += int(np.count_nonzero(a > spec.fp16_limit)) - c_nan - c_inf
+        advance(nbytes)
+        src.done_until(offset + nbytes)
+        return top
+
+
+class _Acc:
+    """What one tensor's chunks add up to; zero-row ranges merged as they come and kept up to MAX_ZERO_RANGES."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self.spec = spec
+        self.nan = self.inf = self.beyond = self.zero_rows = 0
+        self.best = -1
+        self.ranges: list[tuple[int, int]] = []
+
+    def add_zero_rows(self, first: int, last: int) -> None:
+        self.zero_rows += last - first + 1
+        if self.ranges and self.ranges[-1][1] == first - 1:
+            self.ranges[-1] = (self.ranges[-1][0], last)
+        elif len(self.ranges) < MAX_ZERO_RANGES:
+            self.ranges.append((first, last))
 
 
 def scan_shard(h: SafetensorsHeader, file: str, advance: Callable[[int], None] = lambda n: None,
@@ -257,7 +304,7 @@ def scan_shard(h: SafetensorsHeader, file: str, advance: Callable[[int], None] =
     skipped: dict[str, int] = {}
     scanned = 0
     try:
-        src = _Source(h.path, h.file_size, chunk_bytes)
+        src = _Source(h, chunk_bytes)
     except OSError as e:
         return out, skipped, scanned, str(e.strerror or e)
     try:
@@ -286,7 +333,15 @@ def _progress_wanted(total: int) -> bool:
 
 def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str = "weights",
          chunk_bytes: int = CHUNK_BYTES) -> WeightsScan:
-    """Scan shards (name, validated header), ``jobs`` at a time in threads; the result does not depend on ``jobs``."""
+    """Scan shards (name, validated header), ``jobs`` at a time in threads; the result does not depend on ``jobs``.
+
+    Names for one file (links to one blob) are scanned once: time and memory follow the distinct bytes.
+    """
+    all_headers = headers
+    first: dict[Any, int] = {}
+    for i, (_n, h) in enumerate(all_headers):
+        first.setdefault(h.ident if h.ident is not None else ("path", i), i)
+    headers = [all_headers[i] for i in sorted(set(first.values()))]
     total = sum(h.file_size - h.data_start for _, h in headers)
     progress = None
     advance: Callable[[int], None] = lambda n: None
@@ -321,11 +376,17 @@ def scan(headers: list[tuple[str, SafetensorsHeader]], jobs: int = 1, label: str
     finally:
         if progress is not None:
             progress.stop()
+    by_index = dict(zip(sorted(set(first.values())), results))
     tensors: list[TensorScan] = []
     skipped: dict[str, int] = {}
     unreadable: list[tuple[str, str]] = []
     scanned = 0
-    for (name, _h), (ts, sk, nb, err) in zip(headers, results):
+    for i, (name, h) in enumerate(all_headers):
+        j = first[h.ident if h.ident is not None else ("path", i)]
+        ts, sk, nb, err = by_index[j]
+        if j != i:  # another name of a file already scanned: its results, under this name
+            ts = [dataclasses.replace(t, file=name) for t in ts]
+            nb = 0
         tensors.extend(ts)
         scanned += nb
         for d, c in sk.items():

@@ -13,8 +13,11 @@ LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "n
 
 
 def escape_data(text: str) -> str:
-    """The Actions toolkit's escapeData: % CR LF in a command's message."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """The Actions toolkit's escapeData: % CR LF in a command's message; then every other control character made
+    visible, as logs are read on terminals (and a raw ESC would reach them)."""
+    from gemma_doctor.render.style import printable
+
+    return printable(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def escape_property(text: str) -> str:

@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable
 
 from gemma_doctor.fixes import Outcome
 from gemma_doctor.report import FailOn, Report
 
 
+# Characters json.dumps(ensure_ascii=False) leaves raw that a terminal acts on (DEL, C1 controls, bidi overrides,
+# line separators). They can only occur inside JSON strings, where \uXXXX is the same character: exact JSON still.
+_RAW = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
 def dumps(doc: Any) -> str:
-    """JSON text as every command prints it."""
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    """JSON text as every command prints it (strict: no NaN; nothing a terminal would act on left raw)."""
+    try:
+        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a NaN / infinity, or an integer too long to print, from some hostile input
+        text = json.dumps(_printable_numbers(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    return _RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+
+
+def _printable_numbers(v: Any) -> Any:
+    """``v`` with the numbers JSON cannot hold as strings: "nan", "inf", "-inf", "<an integer of N bits>"."""
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "nan" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 4000:
+        return f"<an integer of {v.bit_length()} bits>"
+    if isinstance(v, dict):
+        return {k: _printable_numbers(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_printable_numbers(x) for x in v]
+    return v
 
 
 def render_report(report: Report, fail_on: FailOn) -> str:

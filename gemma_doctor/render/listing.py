@@ -34,8 +34,10 @@ def render_json(rows: list[Row], skipped: int) -> str:
 
 def render_quiet(rows: list[Row]) -> str:
     """One repo id (or folder) per line, like `hf cache ls -q`; a revision other than main is appended as @rev."""
+    from gemma_doctor.render.style import printable
+
     out = []
     for r in rows:
         name = r.repo_id or r.path
-        out.append(name if r.revision in (None, "main") else f"{name}@{r.revision}")
+        out.append(printable(name if r.revision in (None, "main") else f"{name}@{r.revision}"))
     return "".join(line + "\n" for line in out)

@@ -24,20 +24,24 @@ class RecommendFormat(str, enum.Enum):
 
 
 def _name(item: Any) -> str:
+    from gemma_doctor.render.style import printable
+
     if item.planned:
         return f"{item.family} (planned, not downloaded; assumed {item.model_id})"
     rev = f" @ {item.revision}" if item.repo_id and item.revision else ""
-    return f"{item.repo_id or item.path}{rev}"
+    # Shown in comments of pasted Python/YAML too: a newline in a folder name must not end the comment.
+    return printable(f"{item.repo_id or item.path}{rev}")
 
 
 def render_python(items: Sequence[Any], gpu: Any) -> str:
     """Paste-able Python only: every section of every model, each section self-contained."""
     from gemma_doctor.recommend import python_snippets
+    from gemma_doctor.render.style import printable
 
     out: list[str] = []
     for item in items:
         rec = item.recommendation
-        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n")
+        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n")
         for key, code in python_snippets(rec, item.model_id).items():
             out.append(f"# --- {SECTION_TITLES[key]} ---\n{code}")
     return "\n".join(out)
@@ -46,12 +50,13 @@ def render_python(items: Sequence[Any], gpu: Any) -> str:
 def render_yaml(items: Sequence[Any], gpu: Any) -> str:
     """axolotl and accelerate YAML documents, per model, separated by `---`."""
     from gemma_doctor.recommend import yaml_documents
+    from gemma_doctor.render.style import printable
 
     docs: list[str] = []
     for item in items:
         rec = item.recommendation
         y = yaml_documents(rec)
-        head = f"# gemma-doctor recommend: {_name(item)}\n# {rec.summary}\n"
+        head = f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n"
         docs.append(head + y["axolotl"])
         docs.append(y["accelerate"])
     return "---\n".join(docs)

@@ -9,10 +9,27 @@ from typing import Any
 # rich's markup grammar (rich.markup.RE_TAGS): a tag is "[" + [a-z#/@] + ... + "]", escaped by an odd
 # number of backslashes before it.
 _TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+# What a terminal acts on instead of printing: C0 controls (ESC starts escape sequences; CR and LF fake lines),
+# DEL, C1 controls (U+009B is a one-character CSI), line/paragraph separators and the bidirectional overrides
+# that reorder what is shown ("Trojan Source"). Tabs are harmless and kept.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on shown as an escape (ESC as \\x1b, a newline as
+    \\x0a): folder names, file names and config values reach the terminal as text, never as commands."""
+    return _UNPRINTABLE.sub(_visible, text)
 
 
 def escape(text: str) -> str:
-    """Escape text for rich markup, exactly as rich.markup.escape does (without importing rich)."""
+    """Escape text for rich markup, exactly as rich.markup.escape does (without importing rich), after making it
+    printable: every piece of text from the cache or a config file passes through here on its way to the view."""
+    text = printable(text)
     out = _TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
     if out.endswith("\\") and not out.endswith("\\\\"):
         out += "\\"

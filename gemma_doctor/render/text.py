@@ -79,8 +79,12 @@ _STATUS_TEXT = {
 def _diff_text(diff: str):  # noqa: ANN202 - a rich Text
     from rich.text import Text
 
+    from gemma_doctor.render.style import printable
+
     out = Text()
     for line in diff.splitlines(keepends=True):
+        # The diff shows config text: a value holding ESC or CR must show as text, not act on the terminal.
+        line = printable(line[:-1]) + "\n" if line.endswith("\n") else printable(line)
         style = "green" if line.startswith("+") and not line.startswith("+++") else (
             "red" if line.startswith("-") and not line.startswith("---") else ("cyan" if line.startswith("@@") else ""))
         out.append(line, style=style)

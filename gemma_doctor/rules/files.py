@@ -21,6 +21,12 @@ def _file_problem(code_read: str, code_shape: str, jf: JsonFile, name: str) -> F
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """File-level findings; every other rule assumes config.json parsed."""
+    problem = model.snapshot.problem
+    if problem is not None:
+        yield Finding(problem.code, Severity.ERROR, problem.message, file=None,
+                      fix="inspect the repo folder (who wrote it?), then delete it and download the model again with "
+                          "hf download; gemma-doctor reads and writes nothing of it until then")
+        return
     cfg = model.config
     if not cfg.exists:
         yield Finding("GD001", Severity.ERROR, "config.json is missing: this folder is not a transformers model",
