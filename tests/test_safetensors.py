@@ -242,6 +242,65 @@ def test_shard_that_is_not_a_file(cli, hub, kind):
     assert [f["code"] for f in m["findings"] if f["code"].startswith("GD2")] == ["GD204"]
 
 
+def reference_error(path: Path) -> str | None:
+    """safetensors' own reason for refusing the file, or None when it opens it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "np"):
+            return None
+    except Exception as e:  # noqa: BLE001 - any refusal counts
+        return str(e)
+
+
+def _sparse_header_file(path: Path, length: int) -> None:
+    """A file whose length field says ``length`` and that is long enough to hold such a header: a real tensor
+    entry at the start of the header, the rest a hole (sparse, so no disk is used)."""
+    raw = json.dumps({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", length) + raw)
+        f.truncate(8 + length + 4)
+
+
+def test_header_over_100_million_bytes_is_refused_for_its_size_like_safetensors(tmp_path):
+    """The header fits in the file, so only the size limit can refuse it (not the past-the-end check)."""
+    path = tmp_path / "huge-header.safetensors"
+    _sparse_header_file(path, 100_000_001)
+    assert path.stat().st_size > 100_000_000
+    h = read_header(path)
+    assert not h.ok and h.error == "header length 100000001 exceeds the 100000000-byte limit"
+    assert "header too large" in (reference_error(path) or "")
+
+
+def test_header_of_exactly_100_million_bytes_is_not_refused_for_its_size(tmp_path):
+    """The limit is inclusive in safetensors (n > 100,000,000 is too large): this one is refused for its content."""
+    path = tmp_path / "limit-header.safetensors"
+    _sparse_header_file(path, 100_000_000)
+    h = read_header(path)
+    assert not h.ok and h.error.startswith("header is not valid JSON"), h.error
+    ref = reference_error(path)
+    assert ref is not None and "header too large" not in ref and "invalid JSON" in ref
+
+
+@pytest.mark.parametrize("dtype, count, nbytes, whole", [
+    ("F4", 3, 1, False),  # 12 bits: safetensors refuses a slice that does not end on a byte boundary
+    ("F4", 3, 2, False),
+    ("F4", 4, 2, True),
+    ("F6_E2M3", 3, 2, False),  # 18 bits
+    ("F6_E3M2", 4, 3, True),  # 24 bits
+    ("F4", 0, 0, True),
+])
+def test_sub_byte_dtypes_must_fill_whole_bytes_like_safetensors(tmp_path, dtype, count, nbytes, whole):
+    path = tmp_path / "subbyte.safetensors"
+    path.write_bytes(raw_file({"w": {"dtype": dtype, "shape": [count], "data_offsets": [0, nbytes]}}, nbytes))
+    h = read_header(path)
+    ref = reference_error(path)
+    assert h.ok is whole and (ref is None) is whole, (h.error, ref)
+    if not whole:  # both check the byte boundary before the byte count
+        assert h.error == f"tensor 'w': {count} x {dtype} is not a whole number of bytes"
+        assert "byte boundary" in ref
+
+
 def test_valid_hand_built_file_accepted_like_reference(tmp_path):
     path = tmp_path / "x.safetensors"
     path.write_bytes(raw_file(GOOD_HEADER, 16))
