@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 
 from gemma_doctor.readers.dtypes import census, declared_dtype
 from gemma_doctor.source import local
-from gemma_doctor.readers.safetensors_header import read_header
+from gemma_doctor.readers.safetensors_header import DTYPE_BITS, read_header
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, variant
+from tests.safetensors_gen import CORRUPTIONS, corrupted_headers
 
 TINY_GEMMA3 = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=16)
@@ -318,6 +320,73 @@ def test_mutated_headers_agree_with_reference(tmp_path, data):
     path = tmp_path / "m.safetensors"
     path.write_bytes(bytes(raw))
     assert read_header(path).ok == reference_accepts(path)
+
+
+def reference_view(path: Path) -> dict[str, tuple[str, list[int]]] | None:
+    """{name: (dtype, shape)} as safetensors' own reader sees the file, or None when it refuses it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "np") as f:
+            return {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
+    except Exception:  # noqa: BLE001 - any refusal counts
+        return None
+
+
+# Corruptions that always break a header, and those that never do; each other kind breaks some headers (an
+# offset moved on a zero-sized tensor, a dtype of the same width, a valid surrogate pair...).
+ALWAYS_REFUSED = {"drop-field", "repeat-field", "repeat-metadata", "nan", "offsets-length"}
+NEVER_REFUSED = {"none", "extra-field"}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_generated_headers_are_accepted_exactly_when_safetensors_accepts_them(tmp_path, corruption):
+    """Valid multi-tensor headers (sizes from dtype x shape, data tiled in a shuffled order, sub-byte dtypes in
+    whole bytes) and one kind of targeted corruption of them: we accept exactly what safetensors accepts, and
+    what we accept tiles the data section as safetensors sees it."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=25, deadline=None)
+    @given(spec=corrupted_headers(corruption))
+    def agree(spec):  # noqa: ANN001, ANN202
+        path = tmp_path / "generated.safetensors"
+        path.write_bytes(spec.file_bytes())
+        h = read_header(path)
+        ref = reference_view(path)
+        assert h.ok == (ref is not None), (h.error, spec.header_bytes()[:400])
+        seen["examples"] += 1
+        if not h.ok:
+            seen["refused"] += 1
+            return
+        # The tiling the reference requires, checked on what we return (not on what we were given).
+        start = 0
+        for t in sorted(h.tensors, key=lambda t: (t.begin, t.end)):
+            assert t.begin == start and t.nbytes * 8 == t.numel * DTYPE_BITS[t.dtype]
+            start = t.end
+        assert start == h.file_size - h.data_start
+        assert {t.name: (t.dtype, list(t.shape)) for t in h.tensors} == ref
+        seen["accepted with 2+ tensors" if len(h.tensors) >= 2 else "accepted with 0-1 tensors"] += 1
+
+    agree()
+    assert seen["examples"] >= 25, seen
+    if corruption in NEVER_REFUSED:  # the assertions above ran on real multi-tensor headers, not only on empty ones
+        assert seen["refused"] == 0 and seen["accepted with 2+ tensors"] >= 0.6 * seen["examples"], seen
+    elif corruption in ALWAYS_REFUSED:
+        assert seen["refused"] == seen["examples"], seen
+    else:
+        assert 0 < seen["refused"], seen
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=st.sampled_from(CORRUPTIONS).flatmap(corrupted_headers))
+def test_check_on_a_generated_shard_gives_a_finding_never_an_internal_error(cli, tmp_path_factory, spec):
+    hub = HubCache(tmp_path_factory.mktemp("hostile") / "hub")
+    hub.add("me/m", {"config.json": gemma3_1b_config(), "model.safetensors": spec.file_bytes()})
+    r = cli("check", "me/m", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never")
+    assert r.code == 0 and r.code != 70, r
+    refused = reference_view(hub.repo_dir("me/m") / "blobs" / next(p.name for p in (hub.repo_dir("me/m") / "blobs").iterdir()
+                                                                     if p.read_bytes() == spec.file_bytes())) is None
+    assert ("GD204" in codes(r.json()["models"][0])) is refused, spec.corruption
 
 
 # --- shards and index -----------------------------------------------------------------------------
