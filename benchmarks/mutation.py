@@ -300,7 +300,7 @@ class Result:
     """What the tests made of one mutant."""
 
     mutant: Mutant
-    status: str  # killed | survived | timeout | no-tests
+    status: str  # killed | survived | timeout | no-tests | error (the tool failed; neither killed nor survived)
     tests: int = 0
     seconds: float = 0.0
     killer: str | None = None
@@ -353,7 +353,9 @@ def _child(m: Mutant, code: str, tests: list[str], extra: list[str], out: Path) 
 
     plugin = FirstFailure()
     try:
-        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow", *extra, *tests], plugins=[plugin]))
+        # no:unraisableexception: its gc.collect() per test costs more than the test with torch in memory.
+        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-m", "not slow",
+                              *extra, *tests], plugins=[plugin]))
     except BaseException as e:  # noqa: BLE001 - anything the mutant breaks is a failure of the tests
         rc, plugin.nodeid = 99, f"{type(e).__name__}"
     out.write_text(json.dumps({"rc": rc, "failed": plugin.nodeid}))
@@ -361,11 +363,16 @@ def _child(m: Mutant, code: str, tests: list[str], extra: list[str], out: Path) 
 
 
 def run_all(jobs: list[tuple[Mutant, str, list[str]]], durations: dict[str, float], extra: list[str],
-            workers: int) -> list[Result]:
+            workers: int, progress=None) -> list[Result]:  # noqa: ANN001
     """Run every mutant's tests in forked children, ``workers`` at a time; a child past its budget is a timeout."""
     import signal
     import tempfile
 
+    # Bytecode and pytest's rewritten test modules are cached outside the work tree and shared by the children:
+    # compiling them again in every child was most of a mutant's cost. (The mutated module is never cached: its
+    # loader has no path_stats.)
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(WORK / "pycache")
     for mod in PREIMPORT:
         try:
             __import__(mod)
@@ -379,21 +386,25 @@ def run_all(jobs: list[tuple[Mutant, str, list[str]]], durations: dict[str, floa
     queue = list(jobs)
     done_count = 0
 
-    def finish(pid: int, timed_out: bool) -> None:
+    def finish(pid: int, timed_out: bool, status: int = 0) -> None:
         nonlocal done_count
         m, tests, start, _, out = running.pop(pid)
         seconds = time.monotonic() - start
         if timed_out:
             results.append(Result(m, "timeout", len(tests), seconds))
+        elif os.WIFSIGNALED(status):  # the mutant crashed the interpreter running the tests
+            results.append(Result(m, "killed", len(tests), seconds, f"signal {os.WTERMSIG(status)}"))
         else:
             try:
                 got = json.loads(out.read_text())
-            except (OSError, ValueError):
-                got = {"rc": 98, "failed": "child died"}
-            status = "survived" if got["rc"] == 0 else "killed"
-            results.append(Result(m, status, len(tests), seconds, got["failed"] or (f"exit {got['rc']}" if got["rc"] else None)))
+            except (OSError, ValueError):  # the child could not report: a fault of this tool, not a kill
+                got = {"rc": None, "failed": f"no result (child exit {os.WEXITSTATUS(status)})"}
+            status_ = "error" if got["rc"] is None else "survived" if got["rc"] == 0 else "killed"
+            results.append(Result(m, status_, len(tests), seconds, got["failed"] or (f"exit {got['rc']}" if got["rc"] else None)))
         done_count += 1
-        mark = {"killed": ".", "timeout": "T", "survived": "S"}[results[-1].status]
+        if progress is not None and done_count % 25 == 0:
+            progress(results)
+        mark = {"killed": ".", "timeout": "T", "survived": "S", "error": "E"}[results[-1].status]
         print(mark, end="\n" if done_count % 80 == 0 else "", file=sys.stderr, flush=True)
 
     for m, code, tests in list(queue):
@@ -414,9 +425,9 @@ def run_all(jobs: list[tuple[Mutant, str, list[str]]], durations: dict[str, floa
                 finally:
                     os._exit(97)
             running[pid] = (m, tests, time.monotonic(), budget, out)
-        pid, _status = os.waitpid(-1, os.WNOHANG)
+        pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:
-            finish(pid, False)
+            finish(pid, False, status)
             continue
         now = time.monotonic()
         for cpid, (_, _, start, budget, _) in list(running.items()):
@@ -455,6 +466,28 @@ class Report:
     seconds: float = 0.0
 
 
+def build_report(modules: list[str], results: list[Result], seconds: float, digests: dict[str, str],
+                 out: Path, partial: bool = False) -> Report:
+    """Scores per module and the mutants not killed; written to ``out`` as JSON (also while running: partial)."""
+    report = Report(seconds=round(seconds, 1))
+    for module in modules:
+        rs = [r for r in results if r.mutant.module == module]
+        killed = sum(r.status in ("killed", "timeout") for r in rs)
+        errors = sum(r.status == "error" for r in rs)
+        report.modules[module] = {"mutants": len(rs), "killed": killed,
+                                  "survived": sum(r.status == "survived" for r in rs),
+                                  "no_tests": sum(r.status == "no-tests" for r in rs),
+                                  "errors": sum(r.status == "error" for r in rs),
+                                  "score": round(100 * killed / max(1, len(rs) - errors), 1) if rs else 100.0}
+    report.survivors = [{**asdict(r.mutant), "status": r.status, "tests": r.tests}
+                        for r in results if r.status not in ("killed", "timeout")]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**asdict(report), "partial": partial, "sources": digests,
+                                    "killers": {r.mutant.name: r.killer for r in results if r.killer}}, indent=1))
+
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--module", action="append", help="a module to mutate (repeatable); default: the list in MODULES")
@@ -480,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     carried: list[Result] = []
     if args.retest is not None:
         previous = json.loads(args.retest.read_text())
+        if previous.get("partial"):
+            sys.exit(f"{args.retest} is a partial report (its run was stopped): run every mutant instead")
         for module in modules:
             if previous.get("sources", {}).get(module) != digests[module]:
                 continue  # changed (or new): every mutant is tested
@@ -510,22 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         for m, code in ms:
             jobs.append((m, code, _tests_for(m, lines, durations, ends.get(m.line, m.line))))
     print(f"{len(jobs)} mutants in {len(modules)} modules, {args.jobs} at a time", file=sys.stderr, flush=True)
-    results = carried + run_all(jobs, durations, args.pytest_arg, max(1, args.jobs))
+    results = carried + run_all(jobs, durations, args.pytest_arg, max(1, args.jobs), progress=lambda rs: build_report(
+        modules, carried + rs, time.monotonic() - started, digests, args.out, partial=True))
 
-    report = Report(seconds=round(time.monotonic() - started, 1))
-    for module in modules:
-        rs = [r for r in results if r.mutant.module == module]
-        killed = sum(r.status in ("killed", "timeout") for r in rs)
-        report.modules[module] = {"mutants": len(rs), "killed": killed,
-                                  "survived": sum(r.status == "survived" for r in rs),
-                                  "no_tests": sum(r.status == "no-tests" for r in rs),
-                                  "score": round(100 * killed / len(rs), 1) if rs else 100.0}
-    report.survivors = [{**asdict(r.mutant), "status": r.status, "tests": r.tests}
-                        for r in results if r.status not in ("killed", "timeout")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**asdict(report), "sources": digests,
-                                    "killers": {r.mutant.name: r.killer for r in results if r.killer}}, indent=1))
-
+    report = build_report(modules, results, time.monotonic() - started, digests, args.out)
     total = sum(int(v["mutants"]) for v in report.modules.values())
     total_killed = sum(int(v["killed"]) for v in report.modules.values())
     print(f"\n{'module':45} {'mutants':>7} {'killed':>7} {'score':>6}")
@@ -536,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nsurviving mutants:")
         for s in report.survivors:
             print(f"  {s['module']}:{s['line']} [{s['kind']}] {s['before']}\n      -> {s['after']}"
-                  + ("   (no test runs this line)" if s["status"] == "no-tests" else ""))
+                  + {"no-tests": "   (no test runs this line)", "error": "   (TOOL ERROR: not tested)"}.get(s["status"], ""))
     print(f"\n{report.seconds:.0f} s; report: {args.out}", file=sys.stderr)
-    return 0
+    return 1 if any(s["status"] == "error" for s in report.survivors) else 0
 
 
 if __name__ == "__main__":

@@ -103,11 +103,16 @@ def test_whole_cache_reports_gemma_models_and_skips_others(hub, cli):
     assert doc["summary"]["skipped"] == 1
 
 
-def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli):
-    hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
+@pytest.mark.parametrize("config, said", [(llama_config(), "model_type 'llama'"),
+                                         ({"architectures": ["Gemma7ForCausalLM"]}, "model_type 'unknown'")])
+def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli, config, said):
+    """The message says which model_type was found (or that there was none), so a wrong target is obvious."""
+    hub.add("meta-llama/Llama-3.2-1B", {"config.json": config})
     r = cli("check", "meta-llama/Llama-3.2-1B", "--cache-dir", hub.root, "--format", "json")
     assert r.code == 0
-    assert r.json()["models"][0]["findings"][0]["code"] == "GD003"
+    [f] = r.json()["models"][0]["findings"]
+    assert (f["code"], f["severity"], f["key"]) == ("GD003", "info", "model_type")
+    assert f"not a Gemma-family model ({said}); left alone" == f["message"]
 
 
 BAD_CONFIGS = {
