@@ -53,6 +53,10 @@ def _isolated_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
 
 
+# cli.py's exit code for an exception nothing else handled (EX_SOFTWARE).
+INTERNAL_ERROR = 70
+
+
 class CliResult:
     """What one in-process CLI run produced."""
 
@@ -81,6 +85,9 @@ def cli(capsys):
         except SystemExit as e:
             code = int(e.code or 0)
         out, err = capsys.readouterr()
+        # Whatever the input (a hostile cache, a broken config), an unexpected exception is a bug: no test may
+        # accept cli.py's internal-error exit, even one that only checks that a run "failed".
+        assert code != INTERNAL_ERROR, f"internal error (exit 70) from gemma-doctor {' '.join(map(str, args))}: {err[-3000:]}"
         return CliResult(code, out, err)
 
     return run

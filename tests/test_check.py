@@ -69,6 +69,29 @@ def test_fixed_configs_pass_and_the_top_level_key_alone_does_not(hub, cli):
     assert r.code == 1
 
 
+@pytest.mark.parametrize("value, expected", [(True, "is true"), (None, "is missing (defaults to true)"), (False, None)])
+def test_generation_config_use_cache_is_judged_by_value_not_presence(hub, cli, value, expected):
+    """generate() builds a HybridCache unless generation_config.json says use_cache false: an explicit true
+    (what transformers >= 5 writes when saving) is as bad as a missing key, and fix turns it off."""
+    cfg = gemma3_12b_config()
+    gen = generation_config() if value is None else {**generation_config(), "use_cache": value}
+    hub.add("org/model", {"config.json": variant(cfg, text_config={**cfg["text_config"], "use_cache": False}),
+                          "generation_config.json": gen})
+    r = cli("check", "org/model", "--cache-dir", hub.root, "--format", "json")
+    gd102 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD102"]
+    if expected is None:
+        assert gd102 == [] and r.code == 0 and _codes(r.json()["models"][0]) == {"GD103": "info"}
+        return
+    [f] = gd102
+    assert (f["severity"], f["file"], f["key"]) == ("warning", "generation_config.json", "use_cache")
+    assert f"generation_config.json use_cache {expected}" in f["message"]
+    assert cli("fix", "org/model", "--cache-dir", hub.root, "--inplace").code == 0
+    snap = next((hub.repo_dir("org/model") / "snapshots").iterdir())
+    assert json.loads((snap / "generation_config.json").read_text())["use_cache"] is False
+    again = cli("check", "org/model", "--cache-dir", hub.root, "--format", "json")
+    assert "GD102" not in _codes(again.json()["models"][0])
+
+
 def test_whole_cache_reports_gemma_models_and_skips_others(hub, cli):
     hub.add("google/gemma-2-2b-it", {"config.json": gemma2_config()})
     hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
@@ -80,11 +103,16 @@ def test_whole_cache_reports_gemma_models_and_skips_others(hub, cli):
     assert doc["summary"]["skipped"] == 1
 
 
-def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli):
-    hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
+@pytest.mark.parametrize("config, said", [(llama_config(), "model_type 'llama'"),
+                                         ({"architectures": ["Gemma7ForCausalLM"]}, "model_type 'unknown'")])
+def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli, config, said):
+    """The message says which model_type was found (or that there was none), so a wrong target is obvious."""
+    hub.add("meta-llama/Llama-3.2-1B", {"config.json": config})
     r = cli("check", "meta-llama/Llama-3.2-1B", "--cache-dir", hub.root, "--format", "json")
     assert r.code == 0
-    assert r.json()["models"][0]["findings"][0]["code"] == "GD003"
+    [f] = r.json()["models"][0]["findings"]
+    assert (f["code"], f["severity"], f["key"]) == ("GD003", "info", "model_type")
+    assert f"not a Gemma-family model ({said}); left alone" == f["message"]
 
 
 BAD_CONFIGS = {

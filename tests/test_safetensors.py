@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 
 from gemma_doctor.readers.dtypes import census, declared_dtype
 from gemma_doctor.source import local
-from gemma_doctor.readers.safetensors_header import read_header
+from gemma_doctor.readers.safetensors_header import DTYPE_BITS, read_header
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, variant
+from tests.safetensors_gen import CORRUPTIONS, corrupted_headers
 
 TINY_GEMMA3 = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=16)
@@ -242,6 +244,65 @@ def test_shard_that_is_not_a_file(cli, hub, kind):
     assert [f["code"] for f in m["findings"] if f["code"].startswith("GD2")] == ["GD204"]
 
 
+def reference_error(path: Path) -> str | None:
+    """safetensors' own reason for refusing the file, or None when it opens it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "np"):
+            return None
+    except Exception as e:  # noqa: BLE001 - any refusal counts
+        return str(e)
+
+
+def _sparse_header_file(path: Path, length: int) -> None:
+    """A file whose length field says ``length`` and that is long enough to hold such a header: a real tensor
+    entry at the start of the header, the rest a hole (sparse, so no disk is used)."""
+    raw = json.dumps({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", length) + raw)
+        f.truncate(8 + length + 4)
+
+
+def test_header_over_100_million_bytes_is_refused_for_its_size_like_safetensors(tmp_path):
+    """The header fits in the file, so only the size limit can refuse it (not the past-the-end check)."""
+    path = tmp_path / "huge-header.safetensors"
+    _sparse_header_file(path, 100_000_001)
+    assert path.stat().st_size > 100_000_000
+    h = read_header(path)
+    assert not h.ok and h.error == "header length 100000001 exceeds the 100000000-byte limit"
+    assert "header too large" in (reference_error(path) or "")
+
+
+def test_header_of_exactly_100_million_bytes_is_not_refused_for_its_size(tmp_path):
+    """The limit is inclusive in safetensors (n > 100,000,000 is too large): this one is refused for its content."""
+    path = tmp_path / "limit-header.safetensors"
+    _sparse_header_file(path, 100_000_000)
+    h = read_header(path)
+    assert not h.ok and h.error.startswith("header is not valid JSON"), h.error
+    ref = reference_error(path)
+    assert ref is not None and "header too large" not in ref and "invalid JSON" in ref
+
+
+@pytest.mark.parametrize("dtype, count, nbytes, whole", [
+    ("F4", 3, 1, False),  # 12 bits: safetensors refuses a slice that does not end on a byte boundary
+    ("F4", 3, 2, False),
+    ("F4", 4, 2, True),
+    ("F6_E2M3", 3, 2, False),  # 18 bits
+    ("F6_E3M2", 4, 3, True),  # 24 bits
+    ("F4", 0, 0, True),
+])
+def test_sub_byte_dtypes_must_fill_whole_bytes_like_safetensors(tmp_path, dtype, count, nbytes, whole):
+    path = tmp_path / "subbyte.safetensors"
+    path.write_bytes(raw_file({"w": {"dtype": dtype, "shape": [count], "data_offsets": [0, nbytes]}}, nbytes))
+    h = read_header(path)
+    ref = reference_error(path)
+    assert h.ok is whole and (ref is None) is whole, (h.error, ref)
+    if not whole:  # both check the byte boundary before the byte count
+        assert h.error == f"tensor 'w': {count} x {dtype} is not a whole number of bytes"
+        assert "byte boundary" in ref
+
+
 def test_valid_hand_built_file_accepted_like_reference(tmp_path):
     path = tmp_path / "x.safetensors"
     path.write_bytes(raw_file(GOOD_HEADER, 16))
@@ -259,6 +320,73 @@ def test_mutated_headers_agree_with_reference(tmp_path, data):
     path = tmp_path / "m.safetensors"
     path.write_bytes(bytes(raw))
     assert read_header(path).ok == reference_accepts(path)
+
+
+def reference_view(path: Path) -> dict[str, tuple[str, list[int]]] | None:
+    """{name: (dtype, shape)} as safetensors' own reader sees the file, or None when it refuses it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "np") as f:
+            return {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
+    except Exception:  # noqa: BLE001 - any refusal counts
+        return None
+
+
+# Corruptions that always break a header, and those that never do; each other kind breaks some headers (an
+# offset moved on a zero-sized tensor, a dtype of the same width, a valid surrogate pair...).
+ALWAYS_REFUSED = {"drop-field", "repeat-field", "repeat-metadata", "nan", "offsets-length"}
+NEVER_REFUSED = {"none", "extra-field"}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_generated_headers_are_accepted_exactly_when_safetensors_accepts_them(tmp_path, corruption):
+    """Valid multi-tensor headers (sizes from dtype x shape, data tiled in a shuffled order, sub-byte dtypes in
+    whole bytes) and one kind of targeted corruption of them: we accept exactly what safetensors accepts, and
+    what we accept tiles the data section as safetensors sees it."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=25, deadline=None)
+    @given(spec=corrupted_headers(corruption))
+    def agree(spec):  # noqa: ANN001, ANN202
+        path = tmp_path / "generated.safetensors"
+        path.write_bytes(spec.file_bytes())
+        h = read_header(path)
+        ref = reference_view(path)
+        assert h.ok == (ref is not None), (h.error, spec.header_bytes()[:400])
+        seen["examples"] += 1
+        if not h.ok:
+            seen["refused"] += 1
+            return
+        # The tiling the reference requires, checked on what we return (not on what we were given).
+        start = 0
+        for t in sorted(h.tensors, key=lambda t: (t.begin, t.end)):
+            assert t.begin == start and t.nbytes * 8 == t.numel * DTYPE_BITS[t.dtype]
+            start = t.end
+        assert start == h.file_size - h.data_start
+        assert {t.name: (t.dtype, list(t.shape)) for t in h.tensors} == ref
+        seen["accepted with 2+ tensors" if len(h.tensors) >= 2 else "accepted with 0-1 tensors"] += 1
+
+    agree()
+    assert seen["examples"] >= 25, seen
+    if corruption in NEVER_REFUSED:  # the assertions above ran on real multi-tensor headers, not only on empty ones
+        assert seen["refused"] == 0 and seen["accepted with 2+ tensors"] >= 0.6 * seen["examples"], seen
+    elif corruption in ALWAYS_REFUSED:
+        assert seen["refused"] == seen["examples"], seen
+    else:
+        assert 0 < seen["refused"], seen
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=st.sampled_from(CORRUPTIONS).flatmap(corrupted_headers))
+def test_check_on_a_generated_shard_gives_a_finding_never_an_internal_error(cli, tmp_path_factory, spec):
+    hub = HubCache(tmp_path_factory.mktemp("hostile") / "hub")
+    hub.add("me/m", {"config.json": gemma3_1b_config(), "model.safetensors": spec.file_bytes()})
+    r = cli("check", "me/m", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never")
+    assert r.code == 0 and r.code != 70, r
+    refused = reference_view(hub.repo_dir("me/m") / "blobs" / next(p.name for p in (hub.repo_dir("me/m") / "blobs").iterdir()
+                                                                     if p.read_bytes() == spec.file_bytes())) is None
+    assert ("GD204" in codes(r.json()["models"][0])) is refused, spec.corruption
 
 
 # --- shards and index -----------------------------------------------------------------------------

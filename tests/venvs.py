@@ -15,8 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
-# transformers 4.50.0 with the accelerate the crash was reported with (facts.md section 1).
-LEGACY = ("transformers==4.50.0", "accelerate==1.5.2", "huggingface_hub<1.0")
+# transformers 4.50.0 with the accelerate the crash was reported with (facts.md section 1), and the last PEFT
+# that leaves LoRA adapters in the base model's half precision (GD401), which installs beside them.
+LEGACY = ("transformers==4.50.0", "accelerate==1.5.2", "huggingface_hub<1.0", "peft==0.11.1")
 # The project's own light dependencies (pyproject.toml), installed without letting them move the pinned stack.
 LIGHT = ("click>=8.1", "rich>=13", "safetensors>=0.4.3", "filelock", "packaging", "numpy", "pyyaml")
 # The last transformers 4.x with the last PEFT that still ignores Gemma 3's embed_scale (fixed in 0.18.0): version

@@ -6,7 +6,9 @@ No numpy and no safetensors import here: the census runs on every `check` and mu
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +95,70 @@ def _bad(path: Path, size: int, error: str, header_len: int = 0) -> SafetensorsH
 
 
 def _is_uint(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    """A JSON number the reference reads as a usize: an integer in 0 .. 2**64 - 1 (never a bool or a float)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _USIZE_MAX
+
+
+# The reference parses the header with serde_json, whose rules differ from Python's json module in ways an
+# attacker can aim at (each checked against the safetensors library in tests/test_safetensors.py):
+# containers nest at most 127 deep; NaN/Infinity are not JSON; a number beyond 64 bits is read as a float
+# (so not a shape), and one beyond a float's range is refused; "-0" is a float; a lone UTF-16 surrogate
+# escape is refused; a struct field (dtype, shape, data_offsets, __metadata__) may not repeat, while a
+# repeated tensor name or metadata key keeps the last value (every value must still be well formed).
+_MAX_DEPTH = 127
+_TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Object(list):
+    """A JSON object as its (key, value) pairs in file order, so repeated keys stay visible."""
+
+
+def _json_int(text: str) -> int | float:
+    if text == "-0":
+        return -0.0
+    v = int(text)
+    if -(2**63) <= v <= _USIZE_MAX:
+        return v
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError("number out of range") from None
+
+
+def _json_float(text: str) -> float:
+    v = float(text)
+    if math.isinf(v):
+        raise ValueError("number out of range")
+    return v
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _serde_problem(value: object) -> str | None:
+    """Why serde_json would refuse this parsed document regardless of its shape (nesting, lone surrogates)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list):
+            if depth > _MAX_DEPTH:
+                return f"nested more than {_MAX_DEPTH} deep"
+            items = v if not isinstance(v, _Object) else [x for pair in v for x in pair]
+            stack.extend((x, depth + 1) for x in items)
+        elif isinstance(v, str) and _SURROGATE.search(v):
+            return "a string holds a lone UTF-16 surrogate"
+    return None
+
+
+def _dtype(v: object) -> str | None:
+    """``"BF16"``, or serde's other spelling of a unit variant, ``{"BF16": null}``."""
+    if isinstance(v, str):
+        return v if v in DTYPE_BITS else None
+    if isinstance(v, _Object) and len(v) == 1 and v[0][0] in DTYPE_BITS and v[0][1] is None:
+        return v[0][0]
+    return None
 
 
 def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
@@ -103,39 +168,54 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return _bad(path, file_size, f"header is not UTF-8 (byte offset {8 + e.start})", n)
-    if not text.startswith("{"):
-        return _bad(path, file_size, "header does not start with '{'", n)
     # Each tensor entry is an object, so it costs a '{': counting them bounds the parse before it starts.
     if raw.count(b"{") > MAX_TENSORS + 2:
         return _bad(path, file_size, f"header describes more than {MAX_TENSORS} tensors, more than any real "
                                      f"checkpoint file; not parsed", n)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_Object, parse_int=_json_int, parse_float=_json_float,
+                         parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:
-        # ValueError beyond JSONDecodeError: integers longer than Python's 4300-digit conversion limit.
+        # ValueError beyond JSONDecodeError: integers longer than Python's 4300-digit conversion limit, numbers
+        # out of range, NaN / Infinity.
         msg = (f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError)
                else "nested too deeply" if isinstance(e, RecursionError) else str(e))
         return _bad(path, file_size, f"header is not valid JSON: {msg}", n)
-    if not isinstance(doc, dict):
+    problem = _serde_problem(doc)
+    if problem is not None:
+        return _bad(path, file_size, f"header is not valid JSON: {problem}", n)
+    if not isinstance(doc, _Object):
         return _bad(path, file_size, "header is not a JSON object", n)
     metadata: dict[str, str] = {}
-    tensors: list[TensorInfo] = []
-    for name, entry in doc.items():
+    seen_metadata = False
+    by_name: dict[str, TensorInfo] = {}
+    for name, entry in doc:
         if name == "__metadata__":
-            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            if seen_metadata:
+                return _bad(path, file_size, "__metadata__ appears twice", n)
+            seen_metadata = True
+            if entry is None:  # an absent map, for the reference
+                continue
+            if not isinstance(entry, _Object) or not all(isinstance(v, str) for _, v in entry):
                 return _bad(path, file_size, "__metadata__ is not a map of strings to strings", n)
             metadata = dict(entry)
             continue
-        if not isinstance(entry, dict):
+        if not isinstance(entry, _Object):
             return _bad(path, file_size, f"tensor {name!r}: entry is not an object", n)
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-            return _bad(path, file_size, f"tensor {name!r}: unknown dtype {dtype!r}", n)
-        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        keys = [k for k, _ in entry if k in _TENSOR_FIELDS]
+        if len(keys) != len(set(keys)):
+            return _bad(path, file_size, f"tensor {name!r}: a field appears twice", n)
+        fields = dict(entry)
+        dtype, shape, offsets = _dtype(fields.get("dtype")), fields.get("shape"), fields.get("data_offsets")
+        if dtype is None:
+            return _bad(path, file_size, f"tensor {name!r}: unknown dtype {fields.get('dtype')!r}", n)
+        if not isinstance(shape, list) or isinstance(shape, _Object) or not all(_is_uint(d) for d in shape):
             return _bad(path, file_size, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers", n)
-        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)):
+        if (not isinstance(offsets, list) or isinstance(offsets, _Object) or len(offsets) != 2
+                or not all(_is_uint(o) for o in offsets)):
             return _bad(path, file_size, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]", n)
-        tensors.append(TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1]))
+        by_name[name] = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])  # a repeated name: the last counts
+    tensors = list(by_name.values())
     # The reference reader sorts by offsets and requires them to tile the data section from 0.
     tensors.sort(key=lambda t: (t.begin, t.end))
     start = 0
