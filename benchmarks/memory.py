@@ -95,6 +95,8 @@ class Result:
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
     hwm_reset_after_build: bool = False
+    # A tiny model of the same kind was trained before the baseline, so code loaded on first use is not counted.
+    warmed_up: bool = False
 
     @property
     def measured(self) -> int:
@@ -160,11 +162,86 @@ def _reset_hwm() -> bool:
         return False
 
 
-def run_row(row: Row, device: str) -> Result:
+def _save_bf16(cfg: Any) -> str:
+    """A random model saved in bf16 to a temp folder: QLoRA's from_pretrained is what quantizes."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tmp = tempfile.mkdtemp(prefix="gd-qlora-")
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp)
+    return tmp
+
+
+def _build(row: Row, cfg: Any, device: str, versions: dict[str, str], saved: str | None = None) -> Any:
+    """The row's model: random init in the row's dtype, wrapped by PEFT (and quantized from ``saved``, a folder
+    _save_bf16 wrote, for QLoRA) as the method says."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load_dtype = torch.bfloat16 if row.precision == "bf16" else torch.float32
+    if row.method == "qlora":
+        import bitsandbytes
+        import peft
+        from transformers import BitsAndBytesConfig
+
+        versions["peft"], versions["bitsandbytes"] = peft.__version__, bitsandbytes.__version__
+        compute = torch.float32 if row.precision == "fp32" else torch.bfloat16
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=compute)
+        model = AutoModelForCausalLM.from_pretrained(saved or _save_bf16(cfg), quantization_config=bnb, dtype=compute,
+                                                     device_map={"": device})
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=row.checkpointing)
+        return peft.get_peft_model(model, peft.LoraConfig(r=row.lora_r, lora_alpha=2 * row.lora_r,
+                                                          target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=load_dtype)
+    model.to(device)
+    if row.method == "lora":
+        import peft
+
+        versions["peft"] = peft.__version__
+        model = peft.get_peft_model(model, peft.LoraConfig(r=row.lora_r, lora_alpha=2 * row.lora_r,
+                                                           target_modules="all-linear", task_type="CAUSAL_LM"))
+    return model
+
+
+def _train(model: Any, row: Row, vocab_size: int, device: str) -> None:
+    """``row.steps`` optimizer steps, as transformers' Trainer takes them."""
+    import torch
+
+    if row.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if row.method != "full":
+            model.enable_input_require_grads()
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(row.steps):
+        ids = torch.randint(0, vocab_size, (row.batch, row.seq), generator=gen).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=row.precision in ("amp", "bf16")):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+
+
+# A model of the row's type, method and precision, small enough that its tensors are negligible: training it once
+# before the baseline loads everything that is code, not tensors (transformers' lazily imported modeling module,
+# PEFT and its tuners, bitsandbytes, the autograd engine's threads, the fused optimizer's kernels): ~0.1 GiB of RSS
+# measured here, which the plan does not count and which would otherwise land above the baseline.
+_WARMUP = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "sliding_window": 16}
+
+
+def run_row(row: Row, device: str, warmup: bool = True) -> Result:
     """Train one row in this process (called in a fresh subprocess)."""
+    import gc
+
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -176,43 +253,21 @@ def run_row(row: Row, device: str) -> Result:
     if cuda:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # the CUDA context exists before the baseline
+    if warmup:
+        tiny = AutoConfig.for_model(model_type, **{**cfg_dict, **_WARMUP}, use_cache=False, max_position_embeddings=1024)
+        small = Row(row.model, row.method, row.precision, row.checkpointing, 1, 8, steps=1, lora_r=row.lora_r)
+        _train(_build(small, tiny, device, {}), small, tiny.vocab_size, device)
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    # QLoRA's random bf16 model is built and saved before the baseline: only the quantized load counts.
+    saved = _save_bf16(cfg) if row.method == "qlora" else None
+    gc.collect()
     baseline = _status("VmRSS")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    load_dtype = torch.bfloat16 if row.precision == "bf16" else torch.float32
-    autocast = row.precision in ("amp", "bf16")
-    if row.method == "qlora":
-        import peft
-        from transformers import BitsAndBytesConfig
-
-        versions["peft"] = peft.__version__
-        import bitsandbytes
-
-        versions["bitsandbytes"] = bitsandbytes.__version__
-        # from_pretrained is what quantizes; save the random model first (in bf16) and load it back in 4 bits.
-        import tempfile
-
-        tmp = tempfile.mkdtemp(prefix="gd-qlora-")
-        AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp)
-        baseline = _status("VmRSS")  # the saving model is gone; measure from here
-        compute = torch.float32 if row.precision == "fp32" else torch.bfloat16
-        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                 bnb_4bit_compute_dtype=compute)
-        model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=compute,
-                                                     device_map={"": device})
-        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=row.checkpointing)
-        model = peft.get_peft_model(model, peft.LoraConfig(r=row.lora_r, lora_alpha=2 * row.lora_r,
-                                                           target_modules="all-linear", task_type="CAUSAL_LM"))
-    else:
-        model = AutoModelForCausalLM.from_config(cfg, dtype=load_dtype)
-        model.to(device)
-        if row.method == "lora":
-            import peft
-
-            versions["peft"] = peft.__version__
-            model = peft.get_peft_model(model, peft.LoraConfig(r=row.lora_r, lora_alpha=2 * row.lora_r,
-                                                               target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = _build(row, cfg, device, versions, saved)
     params = {n: list(p.shape) for n, p in model.named_parameters()}
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     attn = getattr(model.config, "_attn_implementation", None)
@@ -220,24 +275,10 @@ def run_row(row: Row, device: str) -> Result:
     # temporaries); reset the high-water mark so that VmHWM is training's peak, still measured from the baseline
     # taken before the model existed (Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS).
     reset = _reset_hwm()
-    if row.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if row.method != "full":
-            model.enable_input_require_grads()
-    model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(row.steps):
-        ids = torch.randint(0, cfg.vocab_size, (row.batch, row.seq), generator=gen).to(device)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del loss
+    _train(model, row, cfg.vocab_size, device)
     out = Result(row, device, True, rss_baseline=baseline, rss_peak=_status("VmHWM"), trainable=trainable,
                  params=params, attn=attn, seconds=time.perf_counter() - t0, versions=versions,
-                 hwm_reset_after_build=reset)
+                 hwm_reset_after_build=reset, warmed_up=warmup)
     if cuda:
         out.cuda_allocated = int(torch.cuda.max_memory_allocated())
         out.cuda_reserved = int(torch.cuda.max_memory_reserved())
@@ -247,7 +288,7 @@ def run_row(row: Row, device: str) -> Result:
 def _child(args: argparse.Namespace) -> None:
     row = Row(**json.loads(args.row))
     try:
-        res = run_row(row, args.device)
+        res = run_row(row, args.device, warmup=not args.no_warmup)
     except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, not a crash of the grid
         res = Result(row, args.device, False, error=f"{type(e).__name__}: {e}".splitlines()[0][:500])
     doc = asdict(res)
@@ -281,8 +322,8 @@ def measure(args: argparse.Namespace) -> None:
             # it land in the heap and stay in RSS after they are freed. A fixed threshold returns every tensor of
             # 64 KiB or more to the system when freed: RSS then tracks live tensors, like CUDA's max_memory_allocated.
             env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        p = subprocess.run([sys.executable, __file__, "child", "--device", device, "--row", json.dumps(asdict(row))],
-                           capture_output=True, text=True, env=env)
+        cmd = [sys.executable, __file__, "child", "--device", device, "--row", json.dumps(asdict(row))]
+        p = subprocess.run(cmd + (["--no-warmup"] if args.no_warmup else []), capture_output=True, text=True, env=env)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             doc = {"row": asdict(row), "device": device, "ok": False,
@@ -386,11 +427,14 @@ def main() -> None:
     m.add_argument("--resume", action="store_true", help="keep rows already in --out")
     m.add_argument("--only", nargs="*", help="run only rows whose JSON contains every one of these strings")
     m.add_argument("--fixed-mmap", action="store_true", help="MALLOC_MMAP_THRESHOLD_=65536 in the rows (see measure())")
+    m.add_argument("--no-warmup", action="store_true",
+                   help="take the baseline before any model is built (code loaded on first use then counts as peak)")
     r = sub.add_parser("report")
     r.add_argument("results")
     c = sub.add_parser("child")
     c.add_argument("--device", required=True)
     c.add_argument("--row", required=True)
+    c.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args()
     {"measure": measure, "report": report, "child": _child}[args.cmd](args)
 
