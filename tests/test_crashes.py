@@ -120,6 +120,20 @@ def test_gemma4_without_kv_sharing_is_not_flagged(hub, cli):
     assert "GD107" not in _findings(cli, hub, gemma4_config(kv_shared=0), *_with("5.5.1"))
 
 
+@pytest.mark.parametrize(("gc", "version", "expected"), [(True, "5.5.1", "error"), (True, ">=5.5", "warning"),
+                                                         (True, "5.5.2", None), (False, "5.5.1", None)])
+def test_gradient_checkpointing_on_a_kv_shared_gemma4_is_flagged_in_the_window(hub, cli, tmp_path, gc, version, expected):
+    args = tmp_path / "args.yaml"
+    args.write_text(f"bf16: true\ngradient_checkpointing: {str(gc).lower()}\n")
+    spec = f"transformers=={version}" if version[0].isdigit() else f"transformers{version}"
+    found = _findings(cli, hub, gemma4_config(kv_shared=20), "--with", spec, "--training-config", str(args),
+                      "--gpu", "A100").get("GD620")
+    assert (found or {}).get("severity") == expected
+    if found:
+        assert found["file"] == str(args) and found["key"] == "gradient_checkpointing"
+        assert found["details"].get("line") == 2 and "transformers>=5.5.2" in found["fix"]
+
+
 def test_fix_never_writes_use_cache_false_for_a_kv_shared_model_on_5_5_0_or_5_5_1(hub, cli):
     """The on-disk use_cache fix would switch KV sharing off on these releases: the plan refuses with a note."""
     hub.add("org/model", {"config.json": gemma4_config(kv_shared=20)})

@@ -130,6 +130,8 @@ def test_kv_sharing_without_a_cache_gives_a_wrong_loss_on_5_5_1(v5, kv_reloaded_
     # Without a cache 5.5.1 ignores the sharing: the loss is the unshared model's, not the model's.
     assert abs(r["without_cache"] - truth) > 1e-3
     assert r["without_cache"] == pytest.approx(r["unshared_weights_same_seed"], abs=1e-6)
+    # Gradient checkpointing drops the cache too, whatever use_cache says (GD620).
+    assert r["checkpointing_with_cache"] == pytest.approx(r["without_cache"], abs=1e-5)
 
 
 def test_prepare_keeps_the_cache_on_where_switching_it_off_breaks_kv_sharing(v5, kv_reloaded_by_5_23):

@@ -1,4 +1,4 @@
-"""Runtime crashes and silent breakage that depend on the transformers that will run (GD105-GD110): inputs a
+"""Runtime crashes and silent breakage that depend on the transformers that will run (GD105-GD110, GD620): inputs a
 text-only batch lacks on some 5.x releases, Gemma 4's KV sharing without a cache, and version skew between the
 checkpoint and the library (a model_type the release does not know, RoPE settings it does not read, Gemma 3n's
 vision tower without timm). Pure: facts in, findings out; the windows are in versioning.py, bisected on PyPI wheels.
@@ -14,6 +14,7 @@ from packaging.version import Version
 from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.training import truthy
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.versioning import (
     GEMMA4_KV_SHARE_NO_CACHE, GEMMA4_MM_TOKEN_TYPE_IDS, ROPE_PARAMETERS_READER, TOKEN_TYPE_IDS_GEMMA3,
@@ -103,6 +104,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from unknown
     yield from _required_input(model, stack)
     yield from _kv_sharing(model, stack)
+    yield from _kv_sharing_checkpointing(model, env, stack)
     if not any(f.severity is Severity.ERROR for f in unknown):  # a release that cannot load it reads no RoPE either
         yield from _rope_parameters(model, stack)
     yield from _timm(model, stack)
@@ -148,6 +150,27 @@ def _kv_sharing(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); gemma-doctor fix and prepare() leave use_cache '
             "alone for this model on these releases",
         details={"exposure": exposure.value, "kv_shared_layers": shared, "window": w.spec, "transformers": tf.to_json()})
+
+
+def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[Finding]:
+    """GD620: the training config turns gradient checkpointing on, which drops the cache; prepare() cannot help."""
+    tc = env.training_config
+    shared = kv_shared_layers(model.family)
+    if tc is None or not tc.ok or not shared:
+        return
+    gc = tc.get("gradient_checkpointing")
+    exposure = use_cache_off_breaks(model.family, stack)
+    if gc is None or not truthy(gc.value) or exposure is Exposure.SAFE:
+        return
+    w = GEMMA4_KV_SHARE_NO_CACHE
+    yield Finding(
+        "GD620", _severity(exposure),
+        f"gradient checkpointing ({gc.key}) drops the cache in every layer, so on these releases the {shared} KV-shared "
+        f"layers compute their own K/V and the loss is wrong, even with use_cache on (GD107): "
+        f"{_where(stack.get('transformers'), exposure, w)}",
+        file=tc.path, key=gc.key,
+        fix=f'pip install "transformers>={w.first_fixed}", or set {gc.key} to false for this model',
+        details={"exposure": exposure.value, **({"line": gc.line} if gc.line else {})})
 
 
 def _minimum(model: ModelFacts) -> tuple[str, str] | None:

@@ -180,6 +180,9 @@ def case_kv_sharing_save(out: str) -> dict:
     model = gemma4(kv_shared=2)
     res = {"with_cache": train_loss(model, use_cache=True), "without_cache": train_loss(model, use_cache=False),
            "unshared_weights_same_seed": train_loss(gemma4(kv_shared=0), use_cache=False)}
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    res["checkpointing_with_cache"] = train_loss(model, use_cache=True)
+    model.gradient_checkpointing_disable()
     model.save_pretrained(os.path.join(out, "kv"))
     disable_use_cache(model)  # what the guard did before it knew KV sharing (and what QLoRA recipes write)
     res["old_guard"] = train_loss(model)
