@@ -3,8 +3,11 @@ evaluate under mixed precision. torch/transformers are never imported here; the 
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -14,8 +17,11 @@ from gemma_doctor import pipeline
 from gemma_doctor.errors import DoctorError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
+from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import FailOn
+from gemma_doctor.rules.crashes import RequiredInput, kv_shared_layers, required_input
 from gemma_doctor.rules.training import GpuView, fallback_gpu
+from gemma_doctor.versioning import GEMMA4_KV_SHARE_NO_CACHE
 
 ON_MISMATCH = ("raise", "warn", "ignore")
 
@@ -28,6 +34,10 @@ class PrecisionWarning(UserWarning):
     """Issued instead of PrecisionMismatch with ``on_mismatch="warn"``."""
 
 
+class KvSharingWarning(UserWarning):
+    """Gemma 4 KV sharing is skipped under gradient checkpointing on transformers 5.5.0-5.5.1 (GD107)."""
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What prepare() did: where it switched use_cache off, and the precision problems it found."""
@@ -35,6 +45,10 @@ class Prepared:
     disabled: tuple[str, ...]
     problems: tuple[str, ...]
     family: str | None
+    # Inputs supplied to text-only batches on releases that require them ("model.token_type_ids=0", GD105/GD106).
+    supplied: tuple[str, ...] = ()
+    # use_cache switched back on where switching it off breaks the model (Gemma 4 KV sharing on 5.5.0-5.5.1, GD107).
+    enabled: tuple[str, ...] = ()
 
 
 def _configs(model: Any) -> Iterator[tuple[str, Any, str]]:
@@ -78,16 +92,111 @@ def disable_use_cache(model: Any) -> tuple[str, ...]:
     return tuple(changed)
 
 
+# The text-config values the family traits and the runtime cures read from a loaded model.
+_TEXT_KEYS = ("model_type", "num_kv_shared_layers", "use_bidirectional_attention")
+
+
+def _text_values(cfg: Any) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in _TEXT_KEYS if getattr(cfg, k, None) is not None}
+
+
 def model_family(model: Any) -> family_mod.FamilyInfo:
     """The family of a loaded model, from its config's model_type (and text_config's), as for files on disk."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return family_mod.NOT_GEMMA
-    data: dict[str, Any] = {"model_type": getattr(cfg, "model_type", None), "architectures": getattr(cfg, "architectures", None)}
+    data: dict[str, Any] = {"architectures": getattr(cfg, "architectures", None), **_text_values(cfg)}
+    data["model_type"] = getattr(cfg, "model_type", None)
     text = getattr(cfg, "text_config", None)
     if text is not None and getattr(text, "model_type", None):
-        data["text_config"] = {"model_type": text.model_type}
+        data["text_config"] = _text_values(text)
     return family_mod.detect(data)
+
+
+def running_transformers() -> str | None:
+    """The transformers version this process runs: the imported module's, else the installed distribution's."""
+    module = sys.modules.get("transformers")
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) else installed().get("transformers")
+
+
+def _text_config_values(model: Any) -> dict[str, Any]:
+    cfg = getattr(model, "config", None)
+    text = getattr(cfg, "text_config", None) if cfg is not None else None
+    return _text_values(text if text is not None else cfg) if cfg is not None else {}
+
+
+# Modules already given an input hook, so prepare() called again (DoctorCallback: init and train begin) adds none.
+_HOOKED: weakref.WeakKeyDictionary[Any, RequiredInput] = weakref.WeakKeyDictionary()
+# Inputs that carry images, video or audio: a batch with any of them needs the processor's real type ids.
+_MEDIA = ("pixel_values", "pixel_values_videos", "input_features", "image_position_ids")
+
+
+def _supply_hook(req: RequiredInput) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if not module.training or kwargs.get(req.name) is not None or any(kwargs.get(m) is not None for m in _MEDIA):
+            return None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None or not hasattr(ids, "new_full"):
+            return None
+        return args, {**kwargs, req.name: ids.new_full(tuple(ids.shape), req.value)}
+
+    return hook
+
+
+def supply_text_inputs(model: Any, version: str | None = None) -> tuple[str, ...]:
+    """On releases that require it, give text-only training batches the type ids they lack (GD105/GD106).
+
+    A forward pre-hook on every sub-module of the multimodal model whose forward takes the input (the
+    ...ForConditionalGeneration and its inner ...Model): PEFT calls the outer model's ``forward`` directly,
+    bypassing its hooks, but the inner model is always called as a module. A hook rather than a collator
+    wrapper because prepare() is handed the model, not the data pipeline, and the same hook serves Trainer,
+    TRL and hand-written loops. It adds the constant only in train mode, only when the batch has no images or
+    audio (those need the processor's real ids), and only when the running transformers is in the window.
+    """
+    fam = model_family(model)
+    req = required_input(fam.model_type, _text_config_values(model))
+    version = version if version is not None else running_transformers()
+    if req is None or version is None or not req.window.contains(version):
+        return ()
+    supplied: list[str] = []
+    named = getattr(model, "named_modules", None)
+    for name, module in (named() if callable(named) else ()):
+        cfg = getattr(module, "config", None)
+        if getattr(cfg, "model_type", None) != req.model_type or module in _HOOKED:
+            continue
+        try:
+            params = inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            continue
+        if req.name not in params:
+            continue
+        module.register_forward_pre_hook(_supply_hook(req), with_kwargs=True)
+        _HOOKED[module] = req
+        supplied.append(f"{type(module).__name__}.{req.name}={req.value}")
+    return tuple(supplied)
+
+
+def enable_use_cache(model: Any) -> tuple[str, ...]:
+    """Set use_cache=True on every config (and text_config) of ``model`` that says False: Trainer writes False."""
+    changed: list[str] = []
+    seen: set[int] = set()
+    for where, obj, kind in _configs(model):
+        for at, conf in ((where, obj), (f"{where}.text_config", getattr(obj, "text_config", None) if kind == "config" else None)):
+            if conf is None or id(conf) in seen:
+                continue
+            seen.add(id(conf))
+            if getattr(conf, "use_cache", None) is False:
+                conf.use_cache = True
+                changed.append(f"{at}.use_cache")
+    return tuple(changed)
+
+
+def _kv_sharing_breaks_without_cache(model: Any, version: str | None) -> bool:
+    """True for a KV-shared Gemma 4 on a release that skips the sharing without a cache (or an unknown release)."""
+    if not kv_shared_layers(model_family(model)):
+        return False
+    return version is None or GEMMA4_KV_SHARE_NO_CACHE.contains(version)
 
 
 def _gpu(gpu: str | None) -> GpuView:
@@ -157,19 +266,36 @@ def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.Pat
 
 
 def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None) -> Prepared:
-    """Make ``model`` safe to train and evaluate under mixed precision: use_cache off everywhere, precision checked.
+    """Make ``model`` safe to train and evaluate: use_cache off everywhere, inputs text-only batches need, precision.
 
-    use_cache is switched off first, whatever ``on_mismatch`` says; then a precision problem raises
+    use_cache is switched off first (except for a KV-shared Gemma 4 on transformers 5.5.0-5.5.1, where it is
+    switched on: without a cache those releases skip the sharing, GD107); on releases that require them,
+    text-only training batches get the type ids they lack (GD105/GD106), whatever ``on_mismatch`` says; then a precision problem raises
     PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
     Call it before Trainer.evaluate() or Trainer.train(), or pass DoctorCallback() to the Trainer.
     """
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
-    disabled = disable_use_cache(model)
+    version = running_transformers()
+    disabled: tuple[str, ...] = ()
+    enabled: tuple[str, ...] = ()
+    if _kv_sharing_breaks_without_cache(model, version):
+        # Gemma 4 KV sharing works only through the cache on 5.5.0-5.5.1 (GD107): never switch it off there;
+        # switch back on what Trainer wrote (TrainingArguments.use_cache defaults to False).
+        enabled = enable_use_cache(model)
+        if getattr(model, "is_gradient_checkpointing", False):
+            warnings.warn(f"transformers {version}: gradient checkpointing drops the cache, so this model's shared layers "
+                          f"compute their own K/V and the loss is wrong (GD107); turn gradient checkpointing off or "
+                          f'pip install "transformers>={GEMMA4_KV_SHARE_NO_CACHE.first_fixed}"', KvSharingWarning,
+                          stacklevel=2)
+    else:
+        disabled = disable_use_cache(model)
+    supplied = supply_text_inputs(model, version)
     problems = tuple(precision_problems(model, training_args, gpu))
     if problems and on_mismatch == "raise":
         raise PrecisionMismatch("; ".join(problems))
     if problems and on_mismatch == "warn":
         for p in problems:
             warnings.warn(p, PrecisionWarning, stacklevel=2)
-    return Prepared(disabled=disabled, problems=problems, family=model_family(model).label)
+    return Prepared(disabled=disabled, problems=problems, family=model_family(model).label, supplied=supplied,
+                    enabled=enabled)

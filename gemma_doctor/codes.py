@@ -34,6 +34,12 @@ _CODES = [
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false"),
     Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model"),
     Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read"),
+    Code("GD105", "token-type-ids-required", "multimodal Gemma 3 / PaliGemma: text-only training raises 'token_type_ids is required' on transformers 5.0-5.5 (PaliGemma: 5.0-5.8)"),
+    Code("GD106", "mm-token-type-ids-required", "Gemma 4 with vision-bidirectional attention: text-only training raises 'mm_token_type_ids is required' on transformers 5.5.x"),
+    Code("GD107", "kv-sharing-without-cache", "Gemma 4 KV sharing is skipped without a cache on transformers 5.5.0-5.5.1: wrong loss with use_cache=False"),
+    Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type"),
+    Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x"),
+    Code("GD110", "gemma3n-needs-timm", "Gemma 3n's vision tower needs timm and Pillow, which are not installed"),
     # GD2xx: saved dtypes, safetensors shards, quantization
     Code("GD201", "dtype-mismatch", "the dtype config.json declares differs from the dtype the weights are saved in"),
     Code("GD202", "fp16-gemma", "Gemma 2/3 weights, declared dtype or quantized compute dtype is float16, whose range they overflow"),
@@ -64,6 +70,7 @@ _CODES = [
     Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)"),
     Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
     Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
+    Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),

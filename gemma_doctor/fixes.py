@@ -18,9 +18,10 @@ from gemma_doctor.jsonedit import EditError, set_member
 from gemma_doctor.model import read_model
 from gemma_doctor.locate import command_args
 from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, JsonFile
+from gemma_doctor.rules.crashes import kv_shared_layers, use_cache_off_breaks
 from gemma_doctor.rules.use_cache import text_use_cache
 from gemma_doctor.stack import Exposure, Stack
-from gemma_doctor.versioning import HYBRIDCACHE
+from gemma_doctor.versioning import GEMMA4_KV_SHARE_NO_CACHE, HYBRIDCACHE
 
 
 class Status(str, enum.Enum):
@@ -108,6 +109,15 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     fam = facts.family
     if not fam.is_gemma:
         return ModelPlan(facts, note=f"not a Gemma-family model (model_type {fam.model_type!r}); left alone", stack=stack)
+    kv_breaks = use_cache_off_breaks(fam, stack) if stack is not None else \
+        (Exposure.UNKNOWN if kv_shared_layers(fam) else Exposure.SAFE)
+    if kv_breaks is not Exposure.SAFE:
+        # Writing use_cache: false here would switch off Gemma 4's KV sharing on 5.5.0-5.5.1 (GD107): refuse, whatever
+        # other family knowledge may one day say about its cache.
+        tf = stack.get("transformers").describe() if stack is not None else "transformers"
+        return ModelPlan(facts, note=f"{kv_shared_layers(fam)} layers share K/V, which {tf} skips without a cache "
+                                     f"({GEMMA4_KV_SHARE_NO_CACHE.describe()}, GD107): use_cache is never written false "
+                                     "for it; nothing to fix on disk", stack=stack)
     if not fam.builds_hybrid_cache:
         return ModelPlan(facts, note=f"its {fam.text_model_type} text model builds no HybridCache; nothing to fix", stack=stack)
     if stack is not None and stack.exposure(HYBRIDCACHE) is Exposure.SAFE:

@@ -28,3 +28,26 @@ HYBRIDCACHE = Window("transformers", ">=4.50.0.dev0,<4.51.0", HYBRIDCACHE_FIRST_
 def transformers_has_hybridcache_bug(version: str | None) -> bool:
     """True for 4.50.0-4.50.3 and the 4.50.0.dev0 / v4.49.0-Gemma-3 previews."""
     return version is not None and HYBRIDCACHE.contains(version)
+
+
+# Multimodal Gemma 3 / PaliGemma in train mode with a text-only batch (no token_type_ids) raise
+# "ValueError: `token_type_ids` is required as a model input when training" (create_causal_mask_mapping).
+# Bisected on every PyPI release 4.50.0-5.23.0 (research/token_type_ids: static scan + runs): Gemma 3 raises
+# 5.0.0-5.5.4 (fixed 5.6.0, transformers #45454); PaliGemma keeps the check until 5.8.1 (fixed 5.9.0).
+TOKEN_TYPE_IDS_GEMMA3 = Window("transformers", ">=5.0.0,<5.6.0", "5.6.0")
+TOKEN_TYPE_IDS_PALIGEMMA = Window("transformers", ">=5.0.0,<5.9.0", "5.9.0")
+# Gemma 4 with text_config.use_bidirectional_attention == "vision" (31B, 26B-A4B) raises "`mm_token_type_ids` is
+# required as a model input when training" on 5.5.0-5.5.4 (transformers #45200, fixed by PR #45454 in 5.6.0).
+GEMMA4_MM_TOKEN_TYPE_IDS = Window("transformers", ">=5.5.0,<5.6.0", "5.6.0")
+# Gemma 4 KV sharing (num_kv_shared_layers > 0) is skipped when no cache is passed (use_cache=False, gradient
+# checkpointing): shared layers compute their own K/V, the loss is wrong (transformers #45242, PR #45312 in 5.5.2).
+GEMMA4_KV_SHARE_NO_CACHE = Window("transformers", ">=5.5.0,<5.5.2", "5.5.2")
+# transformers 5.0.0 writes RoPE settings only as `rope_parameters`; 4.x reads only `rope_scaling` / `rope_theta`
+# and silently falls back to the class defaults (research/loading item 3b, measured on 4.50.0 and 4.57.6).
+ROPE_PARAMETERS_READER = Window("transformers", "<5.0.0", "5.0.0")
+
+
+def older_than(minimum: str) -> Window:
+    """The releases of transformers before ``minimum`` (a model_type's first release): they cannot load it."""
+    # Development builds of the first release already carry the model (4.50.0.dev0 is Gemma 3's launch build).
+    return Window("transformers", f"<{minimum}.dev0", minimum)

@@ -53,7 +53,8 @@ def test_hybridcache_families_report_use_cache_where_the_text_model_reads_it(hub
 def test_models_without_a_hybridcache_get_no_use_cache_error(hub, cli, make, fmt):
     hub.add("org/model", {"config.json": make(), "generation_config.json": generation_config()})
     r = cli("check", "org/model", "--cache-dir", hub.root, "--format", fmt)
-    assert r.code == 0, r
+    # transformers 4.50.3 predates Gemma 3n (4.53.0): that, and its missing timm, are errors of their own (GD108, GD110).
+    assert r.code == (1 if make is gemma3n_config else 0), r
     assert "GD101" not in r.out and "GD102" not in r.out
 
 

@@ -10,7 +10,9 @@ import sys
 from dataclasses import dataclass, field
 
 # The libraries whose versions decide whether a Gemma run crashes or overflows.
-PACKAGES = ("transformers", "accelerate", "peft", "trl", "bitsandbytes", "unsloth", "torch", "huggingface_hub", "safetensors")
+# timm and Pillow: Gemma 3n's vision tower is a timm model (GD110).
+PACKAGES = ("transformers", "accelerate", "peft", "trl", "bitsandbytes", "unsloth", "torch", "huggingface_hub", "safetensors",
+            "timm", "pillow")
 
 
 @dataclass(frozen=True)

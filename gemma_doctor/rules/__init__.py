@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import dtypes, files, libraries, memory, precision, training, use_cache, weights
+from gemma_doctor.rules import crashes, dtypes, files, libraries, memory, precision, training, use_cache, weights
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
@@ -14,6 +14,7 @@ Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 RULES: tuple[Rule, ...] = (
     files.check,
     use_cache.check,
+    crashes.check,
     dtypes.check,
     weights.check,
     training.check,

@@ -1,0 +1,263 @@
+"""Runtime crashes and silent breakage that depend on the transformers that will run (GD105-GD110, GD620): inputs a
+text-only batch lacks on some 5.x releases, Gemma 4's KV sharing without a cache, and version skew between the
+checkpoint and the library (a model_type the release does not know, RoPE settings it does not read, Gemma 3n's
+vision tower without timm). Pure: facts in, findings out; the windows are in versioning.py, bisected on PyPI wheels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from packaging.version import Version
+
+from gemma_doctor import family as family_mod
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.training import truthy
+from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.versioning import (
+    GEMMA4_KV_SHARE_NO_CACHE, GEMMA4_MM_TOKEN_TYPE_IDS, ROPE_PARAMETERS_READER, TOKEN_TYPE_IDS_GEMMA3,
+    TOKEN_TYPE_IDS_PALIGEMMA, older_than)
+
+TOKEN_TYPE_IDS_ERROR = "ValueError: `token_type_ids` is required as a model input when training"
+MM_TOKEN_TYPE_IDS_ERROR = "ValueError: `mm_token_type_ids` is required as a model input when training"
+
+
+@dataclass(frozen=True)
+class RequiredInput:
+    """An input a text-only training batch must carry on some releases, and the constant that is right for text."""
+
+    model_type: str
+    name: str  # the forward() keyword
+    value: int  # the constant a text-only batch needs (0 or 1)
+    window: Window
+    error: str
+    why: str  # what the constant means to the model
+
+
+# Gemma 3: token_type_ids 1 marks image tokens (bidirectional among themselves); 0 = text, causal.
+# PaliGemma: 0 marks the prefix (bidirectional), 1 the suffix (causal). All zeros would let every text token see
+# the future (measured: logits of earlier positions move when the last token changes), so text is all ones.
+# Gemma 4 ("vision" bidirectional configs): mm_token_type_ids 0 = text; token_type_ids does not help there.
+REQUIRED_INPUTS: tuple[RequiredInput, ...] = (
+    RequiredInput("gemma3", "token_type_ids", 0, TOKEN_TYPE_IDS_GEMMA3, TOKEN_TYPE_IDS_ERROR,
+                  "0 marks text tokens (causal attention)"),
+    RequiredInput("paligemma", "token_type_ids", 1, TOKEN_TYPE_IDS_PALIGEMMA, TOKEN_TYPE_IDS_ERROR,
+                  "1 marks the causal suffix; zeros would make the whole sequence a bidirectional prefix that sees "
+                  "its own labels"),
+    RequiredInput("gemma4", "mm_token_type_ids", 0, GEMMA4_MM_TOKEN_TYPE_IDS, MM_TOKEN_TYPE_IDS_ERROR,
+                  "0 marks text tokens"),
+)
+
+
+def required_input(model_type: str | None, text_config: Mapping[str, Any]) -> RequiredInput | None:
+    """The input a text-only batch of this multimodal model needs on the releases of its window, or None."""
+    for req in REQUIRED_INPUTS:
+        if req.model_type != model_type:
+            continue
+        # Gemma 4 checks mm_token_type_ids only where the text model attends bidirectionally to images (31B,
+        # 26B-A4B); E2B/E4B configs (None) never raise (research/gemma4 table b).
+        if model_type == "gemma4" and text_config.get("use_bidirectional_attention") != "vision":
+            return None
+        return req
+    return None
+
+
+def kv_shared_layers(info: family_mod.FamilyInfo) -> int:
+    """How many layers reuse another layer's K/V (Gemma 4 E2B/E4B and the assistants); 0 when none."""
+    shared = info.trait("kv_shared_layers")
+    return shared if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0 else 0
+
+
+def use_cache_off_breaks(info: family_mod.FamilyInfo, stack: Stack) -> Exposure:
+    """Whether writing or setting use_cache=False breaks this model with ``stack``'s transformers (KV sharing)."""
+    if not kv_shared_layers(info):
+        return Exposure.SAFE
+    return stack.exposure(GEMMA4_KV_SHARE_NO_CACHE)
+
+
+def _severity(exposure: Exposure) -> Severity:
+    return Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING
+
+
+def _text_config(model: ModelFacts) -> Mapping[str, Any]:
+    node: Any = model.config.data
+    for key in model.family.text_path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
+
+
+def _where(tf: Any, exposure: Exposure, window: Window) -> str:
+    if exposure is Exposure.AFFECTED:
+        return f"{tf.describe()} is affected ({window.describe()}; fixed in {window.first_fixed})"
+    return (f"whether it happens depends on the transformers that will run ({tf.describe()}): {window.describe()} "
+            f"is affected; name it with --with transformers==VERSION")
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """GD105-GD110 for one model, each only where the libraries that will run can show it."""
+    if not model.config.ok or not model.family.is_gemma:
+        return
+    stack = env.libraries
+    unknown = list(_unknown_model_type(model, stack))
+    yield from unknown
+    yield from _required_input(model, stack)
+    yield from _kv_sharing(model, stack)
+    yield from _kv_sharing_checkpointing(model, env, stack)
+    if not any(f.severity is Severity.ERROR for f in unknown):  # a release that cannot load it reads no RoPE either
+        yield from _rope_parameters(model, stack)
+    yield from _timm(model, stack)
+
+
+def _required_input(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+    fam = model.family
+    text = _text_config(model)
+    req = required_input(fam.model_type, text)
+    if req is None:
+        return
+    exposure = stack.exposure(req.window)
+    if exposure is Exposure.SAFE:
+        return
+    tf = stack.get("transformers")
+    code = "GD106" if req.name == "mm_token_type_ids" else "GD105"
+    scope = ' (text_config.use_bidirectional_attention is "vision")' if req.model_type == "gemma4" else ""
+    yield Finding(
+        code, _severity(exposure),
+        f"training this {fam.display_name} checkpoint{scope} on text-only batches (no images, so no {req.name}) "
+        f"raises {req.error}: {_where(tf, exposure, req.window)}",
+        file="config.json", key="model_type",
+        fix=(f"gemma_doctor.prepare(model) or Trainer(callbacks=[DoctorCallback()]) supplies {req.name} = "
+             f"{req.value} for text-only batches ({req.why}); or pip install \"transformers>={req.window.first_fixed}\""),
+        details={"exposure": exposure.value, "input": req.name, "value": req.value,
+                 "window": req.window.spec, "transformers": tf.to_json()})
+
+
+def _kv_sharing(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+    shared = kv_shared_layers(model.family)
+    exposure = use_cache_off_breaks(model.family, stack)
+    if not shared or exposure is Exposure.SAFE:
+        return
+    tf = stack.get("transformers")
+    w = GEMMA4_KV_SHARE_NO_CACHE
+    yield Finding(
+        "GD107", _severity(exposure),
+        f"{shared} layers of this {model.family.display_name} model reuse other layers' K/V, which these releases do "
+        f"only through the cache: with use_cache=False (Trainer's default, every QLoRA recipe) or gradient "
+        f"checkpointing the shared layers compute their own K/V and the loss is wrong without any error "
+        f"(transformers #45242): {_where(tf, exposure, w)}",
+        file="config.json", key=".".join((*model.family.text_path, "num_kv_shared_layers")),
+        fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); gemma-doctor fix and prepare() leave use_cache '
+            "alone for this model on these releases",
+        details={"exposure": exposure.value, "kv_shared_layers": shared, "window": w.spec, "transformers": tf.to_json()})
+
+
+def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[Finding]:
+    """GD620: the training config turns gradient checkpointing on, which drops the cache; prepare() cannot help."""
+    tc = env.training_config
+    shared = kv_shared_layers(model.family)
+    if tc is None or not tc.ok or not shared:
+        return
+    gc = tc.get("gradient_checkpointing")
+    exposure = use_cache_off_breaks(model.family, stack)
+    if gc is None or not truthy(gc.value) or exposure is Exposure.SAFE:
+        return
+    w = GEMMA4_KV_SHARE_NO_CACHE
+    yield Finding(
+        "GD620", _severity(exposure),
+        f"gradient checkpointing ({gc.key}) drops the cache in every layer, so on these releases the {shared} KV-shared "
+        f"layers compute their own K/V and the loss is wrong, even with use_cache on (GD107): "
+        f"{_where(stack.get('transformers'), exposure, w)}",
+        file=tc.path, key=gc.key,
+        fix=f'pip install "transformers>={w.first_fixed}", or set {gc.key} to false for this model',
+        details={"exposure": exposure.value, **({"line": gc.line} if gc.line else {})})
+
+
+def _minimum(model: ModelFacts) -> tuple[str, str] | None:
+    """(model_type, minimum) of the newest-introduced model_type this config needs (its own or its text model's)."""
+    needs: list[tuple[str, str]] = []
+    for mt in (model.family.model_type, model.family.text_model_type):
+        m = family_mod.member(mt)
+        if m is not None and m.min_transformers:
+            needs.append((m.model_type, m.min_transformers))
+    return max(needs, key=lambda n: Version(n[1])) if needs else None
+
+
+def _unknown_model_type(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+    need = _minimum(model)
+    if need is None:
+        return
+    model_type, minimum = need
+    window = older_than(minimum)
+    exposure = stack.exposure(window)
+    if exposure is Exposure.SAFE:
+        return
+    tf = stack.get("transformers")
+    if exposure is Exposure.AFFECTED:
+        message = (f"transformers {tf.version} cannot load model_type {model_type} (needs >= {minimum}): loading "
+                   f"raises \"The checkpoint you are trying to load has model type `{model_type}` but Transformers "
+                   "does not recognize this architecture\"")
+    else:
+        message = (f"model_type {model_type} needs transformers >= {minimum}; whether the transformers that will run "
+                   f"({tf.describe()}) knows it cannot be told: name it with --with transformers==VERSION")
+    key = "model_type" if model_type == model.family.model_type else ".".join((*model.family.text_path, "model_type"))
+    yield Finding("GD108", _severity(exposure), message, file="config.json", key=key,
+                  fix=f'pip install "transformers>={minimum}"',
+                  details={"exposure": exposure.value, "model_type": model_type, "min_transformers": minimum,
+                           "transformers": tf.to_json()})
+
+
+def _scaled_rope(rope_parameters: Any) -> dict[str, Any]:
+    """The RoPE entries whose rope_type is not "default" (scaling), by layer type ("" for a flat dict)."""
+    if not isinstance(rope_parameters, Mapping):
+        return {}
+    entries = rope_parameters.items() if all(isinstance(v, Mapping) for v in rope_parameters.values()) and \
+        rope_parameters else [("", rope_parameters)]
+    return {k: dict(v) for k, v in entries
+            if isinstance(v, Mapping) and v.get("rope_type") not in (None, "default")}
+
+
+def _rope_parameters(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+    text = _text_config(model)
+    if "rope_parameters" not in text or text.get("rope_scaling") is not None:
+        return
+    scaled = _scaled_rope(text.get("rope_parameters"))
+    if not scaled:
+        return  # unscaled RoPE: 4.x falls back to the same defaults for every Gemma config measured
+    exposure = stack.exposure(ROPE_PARAMETERS_READER)
+    if exposure is Exposure.SAFE:
+        return
+    tf = stack.get("transformers")
+    key = ".".join((*model.family.text_path, "rope_parameters"))
+    kinds = ", ".join(f"{k or 'all layers'}: {v.get('rope_type')} x{v.get('factor', '?')}" for k, v in scaled.items())
+    where = (f"{tf.describe()} reads only rope_scaling/rope_theta" if exposure is Exposure.AFFECTED else
+             f"transformers < 5.0 reads only rope_scaling/rope_theta; whether {tf.describe()} is one cannot be told")
+    yield Finding(
+        "GD109", _severity(exposure),
+        f"{key} ({kinds}) was written by transformers 5.x and {where}: the model silently loads with unscaled RoPE "
+        "(no warning; logits differ from the saved model's)",
+        file="config.json", key=key,
+        fix=f'pip install "transformers>={ROPE_PARAMETERS_READER.first_fixed}", or add the equivalent '
+            f"\"rope_scaling\" ({next(iter(scaled.values()))!r}) to {'.'.join((*model.family.text_path, 'rope_scaling'))} "
+            "for 4.x",
+        details={"exposure": exposure.value, "scaled": scaled, "transformers": tf.to_json()})
+
+
+def _timm(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+    if model.family.model_type != "gemma3n":
+        return
+    missing = [p.name for p in (stack.get("timm"), stack.get("pillow")) if p.absent]
+    if not missing:
+        return
+    # Installed packages are known: absent means absent. A requirements file that does not list them only
+    # says they are not pinned there.
+    sev = Severity.WARNING if stack.planned and stack.origin != "installed + --with" else Severity.ERROR
+    where = "is not installed" if sev is Severity.ERROR else f"is not in {stack.origin}"
+    yield Finding(
+        "GD110", sev,
+        f"{' and '.join(missing)} {where}: Gemma 3n's vision tower is a timm model, so "
+        "Gemma3nForConditionalGeneration and AutoModelForCausalLM fail to build it (ImportError: TimmWrapperModel "
+        "requires the timm library / the PIL library)",
+        file="config.json", key="vision_config",
+        fix="pip install timm pillow; or, for text-only training, load Gemma3nForCausalLM (no vision tower)",
+        details={"missing": missing})
