@@ -48,8 +48,8 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     if mt not in NO_DEFAULT_TARGETS or not adapter_enabled(tc):
         return
     name = model.family.display_name
-    fix = (f"target the language model only: target_modules={LM_ONLY_REGEX!r} (PEFT matches a string with "
-           f"re.fullmatch), or target_modules=\"all-linear\" with exclude_modules={TOWERS_EXCLUDE_REGEX!r}")
+    fix = (f"target the language model only: target_modules=r\"{LM_ONLY_REGEX}\" (PEFT matches a string with "
+           f"re.fullmatch), or target_modules=\"all-linear\" with exclude_modules=r\"{TOWERS_EXCLUDE_REGEX}\"")
     setting = tc.get("lora_target_modules")
     linear = tc.get("lora_target_linear")
     if setting is None and not (linear is not None and truthy(linear.value)):
