@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "pitfalls_repro.py"
 MAIN_CASES = ("gemma2_sdpa", "packing", "lora_targets", "embed_scale", "bidirectional", "eos", "pad_eos", "double_bos",
-              "vocab_rows")
+              "vocab_rows", "recommended_snippets")
 
 
 def _run(python: Path | str, *cases: str) -> dict:
@@ -48,7 +48,8 @@ def legacy_python() -> Path:
 
 @pytest.fixture(scope="module")
 def v4(v4_python) -> dict:
-    return _run(v4_python, "gemma2_sdpa", "embed_scale", "bidirectional", "packing", "lora_targets")
+    return _run(v4_python, "gemma2_sdpa", "embed_scale", "bidirectional", "packing", "lora_targets",
+                "recommended_snippets")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,14 @@ def test_gd901_gd902_gd903_gd505_eos_pad_bos_and_vocab(main):
     assert main["pad_eos"] == {"pad_is_pad": 2, "pad_is_eos": 0}
     assert main["double_bos"] == {"rendered_then_tokenized": 2, "rendered_then_tokenized_no_special": 1}
     assert main["vocab_rows"]["before"].startswith("IndexError") and main["vocab_rows"]["after_resize"][-1] == 131
+
+
+def test_recommend_snippets_load_the_language_model_alone_and_lora_it_only_on_4x_and_5x(main, v4):
+    """Point 2 of issue 10: what to load and which targets, run as emitted (key_mapping on 5.x only)."""
+    for r in (main["recommended_snippets"], v4["recommended_snippets"]):
+        assert r["text_only_class"] == "Gemma3ForCausalLM" and r["text_only_params_vision"] == 0
+        assert r["text_only_matrices_equal"] == r["text_only_matrices"] > 0  # every text weight found, none random
+        assert r["peft_on_full_model"]["vision"] == 0 and r["peft_on_full_model"]["language"] > 0
 
 
 # --- check in each venv judges that venv's installed versions ------------------------------------------

@@ -278,6 +278,33 @@ def case_vocab_rows() -> dict:
     return out
 
 
+def case_recommended_snippets() -> dict:
+    """The recommendation's text-only loading and LoRA snippets for a multimodal Gemma 3, run as emitted."""
+    from gemma_doctor.recommend import Inputs, decide, python_snippets
+    mm = tiny_multimodal().to(torch.bfloat16)
+    rec = decide(Inputs(family="gemma3", gpu_native_bf16=True, nested=True, task="lora",
+                        versions={"transformers": transformers.__version__}))
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        mm.save_pretrained(d)
+        snippets = python_snippets(rec, d)
+        ns: dict = {}
+        exec(compile(snippets["loading_text_only"], "<loading_text_only>", "exec"), ns)
+        text = ns["model"]
+        ref = mm.model.language_model.state_dict() if hasattr(mm, "model") and hasattr(mm.model, "language_model") \
+            else mm.language_model.model.state_dict()
+        got = text.model.state_dict()
+        out["text_only_class"] = type(text).__name__
+        out["text_only_matrices_equal"] = sum(torch.equal(got[k], v) for k, v in ref.items() if v.dim() >= 2 and k in got)
+        out["text_only_matrices"] = sum(1 for v in ref.values() if v.dim() >= 2)
+        out["text_only_params_vision"] = sum(p.numel() for n, p in text.named_parameters() if "vision" in n)
+        ns = {}
+        exec(compile(snippets["loading"], "<loading>", "exec"), ns)
+        exec(compile(snippets["peft"], "<peft>", "exec"), ns)
+        out["peft_on_full_model"] = _lora_counts(ns["model"])
+    return out
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":
