@@ -55,11 +55,17 @@ _CODES = [
     # GD4xx: library combinations
     Code("GD401", "peft-adapters-half-precision", "PEFT < 0.12 keeps LoRA adapters in the base model's half precision (NaN risk)"),
     Code("GD402", "bnb-compute-bf16-not-native", "the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 on a GPU without native bf16"),
+    Code("GD420", "lora-no-default-targets", "LoRA on a multimodal Gemma 3/3n/PaliGemma checkpoint without target_modules: PEFT has no default for it"),
+    Code("GD421", "lora-targets-hit-towers", "LoRA targets (all-linear, bare names) on a multimodal checkpoint also wrap its vision/audio towers"),
+    Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens"),
+    Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal"),
+    Code("GD424", "sliding-window-halved", "transformers 4.57-5.15 halve a bidirectional config's sliding_window at every load + save"),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),
     Code("GD503", "zero-embedding-rows", "an embedding or lm_head matrix has all-zero rows (a NaN risk when fine-tuning)"),
     Code("GD504", "weights-not-scanned", "tensors of other dtypes than F32/F16/BF16, or unreadable shards, were not scanned"),
+    Code("GD505", "embedding-shorter-than-tokenizer", "the tokenizer has token ids beyond the embedding's rows (tokens added, model not resized)"),
     # GD6xx: training-config lint (--training-config)
     Code("GD601", "training-config-unreadable", "the training config is unreadable, not JSON/YAML, or not a mapping of settings"),
     Code("GD602", "fp16-on-gemma", "fp16 mixed precision on a Gemma 2/3 model, whose activations exceed fp16's range"),
@@ -71,11 +77,19 @@ _CODES = [
     Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
     Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
     Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong"),
+    Code("GD640", "gemma2-softcap-dropped", "Gemma 2 on a backend that drops attn_logit_softcapping (SDPA, or flash-attn < 2.6)"),
+    Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100"),
+    Code("GD645", "packing-contamination", "packing / padding-free without a backend or versions that keep packed sequences apart"),
+    Code("GD650", "logits-fp32-memory", "the fp32 logits of Gemma's large vocabulary take gigabytes at this batch x sequence"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),
     Code("GD803", "nothing-fits", "no fine-tuning method (full, LoRA, QLoRA) fits this GPU; a larger one is named"),
     Code("GD804", "towers-loaded-for-nothing", "text-only training of a multimodal checkpoint loads its vision/audio towers"),
+    # GD9xx: BOS/EOS and generation
+    Code("GD901", "eos-lacks-end-of-turn", "a chat checkpoint's eos_token_id lacks <end_of_turn>: generate() never stops"),
+    Code("GD902", "pad-is-eos", "the pad token is the EOS token: the language-modelling collator masks EOS out of the loss"),
+    Code("GD903", "double-bos", "the chat template writes <bos> and the tokenizer adds another to re-tokenized rendered text"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

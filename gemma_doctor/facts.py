@@ -20,6 +20,7 @@ from gemma_doctor.stack import Stack
 if TYPE_CHECKING:  # annotations only: the readers import this module
     from gemma_doctor.readers.dtypes import DtypeCensus
     from gemma_doctor.readers.gpu import GpuFacts
+    from gemma_doctor.readers.tokenizer import TokenizerFacts
     from gemma_doctor.readers.training_config import TrainingConfig
     from gemma_doctor.readers.weights import WeightsScan
     from gemma_doctor.recommend import Recommendation
@@ -69,6 +70,7 @@ class ModelFacts:
     weights_scan: WeightsScan | None = None
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
+    tokenizer: TokenizerFacts | None = None
 
     def with_(self, **changes: Any) -> ModelFacts:
         """A copy with some fields filled in."""

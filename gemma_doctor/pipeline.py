@@ -17,6 +17,7 @@ from gemma_doctor.locate import Snapshot
 from gemma_doctor.model import read_model, source_of
 from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers import gpu as gpu_reader
+from gemma_doctor.readers import tokenizer as tokenizer_reader
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers import weights as weights_scan
 from gemma_doctor.readers.gpu import GpuFacts
@@ -37,12 +38,13 @@ def environment(options: CheckOptions) -> Environment:
 
 
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
-    """Fill in a Gemma model's facts, in order: dtype census (headers only), weights scan (--weights), recommendation."""
+    """Fill in a Gemma model's facts, in order: dtype census (headers only) and tokenizer_config.json, weights scan
+    (--weights), recommendation."""
     if not facts.family.is_gemma:
         return facts
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
     census = dtypes_census.census(source, facts.config.data if facts.config.ok else None)
-    facts = facts.with_(census=census)
+    facts = facts.with_(census=census, tokenizer=tokenizer_reader.read(source))
     if options.weights:
         facts = facts.with_(weights_scan=weights_scan.scan_model(census, source, options.jobs, facts.snapshot.target))
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)

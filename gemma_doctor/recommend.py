@@ -242,6 +242,31 @@ def decide(i: Inputs) -> Recommendation:
     return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method)
 
 
+# LoRA on a multimodal checkpoint: the language model's linear layers only (PEFT has no default targets for gemma3,
+# gemma3n and paligemma, and "all-linear" or bare names also wrap the vision tower: findings GD420/GD421).
+LM_ONLY_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# The text-only class of a multimodal family, and whether transformers 5.x needs key_mapping to find its weights in the
+# multimodal checkpoint (Gemma3ForCausalLM loads none without it on 5.0-5.23; Gemma3nForCausalLM maps them itself).
+TEXT_ONLY_CLASSES = {"gemma3": ("Gemma3ForCausalLM", True), "gemma3n": ("Gemma3nForCausalLM", False)}
+GEMMA3_KEY_MAPPING = {r"^language_model\.model\.": "model.", r"^model\.language_model\.": "model.",
+                      r"^language_model\.lm_head\.": "lm_head."}
+
+
+def lora_targets(family: str | None, nested: bool) -> str:
+    """PEFT target_modules for this family: the language model only on a multimodal checkpoint, else all-linear."""
+    return LM_ONLY_TARGETS if nested and family in ("gemma3", "gemma3n", "paligemma", "paligemma2") else "all-linear"
+
+
+def text_only_loading(family: str | None, nested: bool, transformers_version: str | None) -> dict[str, Any] | None:
+    """How to load a multimodal checkpoint's language model alone: the class, and key_mapping where it is needed
+    (transformers >= 5.0 for Gemma 3; on 4.51-4.57 the same key_mapping loads nothing). None when not multimodal."""
+    if not nested or family not in TEXT_ONLY_CLASSES:
+        return None
+    cls, needs_mapping = TEXT_ONLY_CLASSES[family]
+    v5 = _at_least(transformers_version, "5.0.0") is not False  # not installed: plan for the current transformers
+    return {"class": cls, "key_mapping": dict(GEMMA3_KEY_MAPPING) if needs_mapping and v5 else None}
+
+
 def auto_class(family: str | None, nested: bool) -> str:
     """The transformers Auto class that loads this family (multimodal checkpoints: image-text-to-text)."""
     return "AutoModelForImageTextToText" if nested else "AutoModelForCausalLM"
@@ -298,11 +323,13 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         axolotl.update({"gradient_checkpointing": True, "optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
     return {
         "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
-                         "from_pretrained": load_kwargs, "use_cache": False},
+                         "from_pretrained": load_kwargs, "use_cache": False,
+                         "text_only": text_only_loading(i.family, i.nested, i.versions.get("transformers"))},
         "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
                 "config": dict(args) if trl_cls else None},
         "peft": {"bitsandbytes_config": bnb, "prepare_model_for_kbit_training": bnb is not None,
-                 "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed},
+                 "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed,
+                 "target_modules": lora_targets(i.family, i.nested)},
         "axolotl": axolotl,
         "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]},
         "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit", "load_in_8bit": quant == "8bit"}},
@@ -351,10 +378,31 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
         "model.generation_config.use_cache = False",
     ]
     out["loading"] = "\n".join(lines) + "\n"
+    text_only = tr.get("text_only")
+    if text_only:
+        mapping = f", key_mapping={text_only['key_mapping']!r}" if text_only["key_mapping"] else ""
+        out["loading_text_only"] = "\n".join([
+            "# Text-only training of this multimodal checkpoint: load the language model alone (no vision/audio",
+            "# tower in memory, none for LoRA to wrap). Check that every weight was found: a missing key means random",
+            "# weights (transformers 5.x needs key_mapping for Gemma 3; 4.51-4.57 must load without it).",
+            "import torch",
+            f"from transformers import {text_only['class']}",
+            "",
+            f"model, loading_info = {text_only['class']}.from_pretrained({model_id!r}, {_kwargs(load, dtypes=True)}"
+            f"{extra}{mapping}, output_loading_info=True)",
+            "assert not loading_info[\"missing_keys\"], loading_info[\"missing_keys\"]",
+            "model.config.use_cache = False",
+            "# LoRA on this model: target_modules=\"all-linear\" reaches the language model only (no tower is loaded).",
+        ]) + "\n"
     peft = ["from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if bnb else ""), ""]
     if bnb:
         peft.append("model = prepare_model_for_kbit_training(model)")
-    peft += ["lora_config = LoraConfig(r=16, lora_alpha=32, target_modules=\"all-linear\", task_type=\"CAUSAL_LM\")",
+    targets = fw["peft"].get("target_modules", "all-linear")
+    if targets != "all-linear":
+        peft.append("# Multimodal checkpoint: LoRA on the language model only (PEFT has no default targets for it, and")
+        peft.append("# \"all-linear\" or bare names like q_proj would also wrap the vision tower).")
+    target = f"r\"{targets}\"" if targets != "all-linear" else "\"all-linear\""
+    peft += [f"lora_config = LoraConfig(r=16, lora_alpha=32, target_modules={target}, task_type=\"CAUSAL_LM\")",
              "model = get_peft_model(model, lora_config)  # PEFT >= 0.12: adapter weights in fp32 (autocast_adapter_dtype=True)"]
     cast = ["for param in model.parameters():", "    if param.requires_grad:", "        param.data = param.data.float()"]
     if fw["peft"]["cast_adapters_to_fp32"]:

@@ -51,3 +51,26 @@ def older_than(minimum: str) -> Window:
     """The releases of transformers before ``minimum`` (a model_type's first release): they cannot load it."""
     # Development builds of the first release already carry the model (4.50.0.dev0 is Gemma 3's launch build).
     return Window("transformers", f"<{minimum}.dev0", minimum)
+
+
+# --- the pitfall catalogue (docs/findings.md; measured in /work/research/{loading,attn_tokens}) -------------
+
+# PEFT ignores a scaled embedding's embed_scale when embed_tokens is a LoRA target or has trainable tokens
+# (peft #2809, fixed by PR #2825 in 0.18.0; 0.17.1 measured unscaled, 0.18.0 scaled).
+PEFT_EMBED_SCALE = Window("peft", "<0.18.0", "0.18.0")
+# transformers reads use_bidirectional_attention (EmbeddingGemma) from 4.57.0; older releases run it causal.
+BIDIRECTIONAL_IGNORED = Window("transformers", "<4.57.0", "4.57.0")
+# Each load + save of a bidirectional gemma3_text config halves sliding_window again (4.57.0-5.15.x; 5.16.0 fixed).
+SLIDING_WINDOW_HALVED = Window("transformers", ">=4.57.0,<5.16.0", "5.16.0")
+# Gemma 2's default attention is SDPA (which drops attn_logit_softcapping) in 4.42-4.44 and 4.48-5.20.
+GEMMA2_SDPA_DEFAULT = (Window("transformers", ">=4.42.0,<4.45.0"), Window("transformers", ">=4.48.0,<5.21.0", "5.21.0"))
+# From 5.21.0 SDPA refuses softcapping (ValueError) instead of dropping it.
+SDPA_SOFTCAP_RAISES = Window("transformers", ">=5.21.0")
+# masking_utils turns reset position_ids into a block-diagonal mask (eager/sdpa packing) from 4.53.1.
+PACKED_MASK_MISSING = Window("transformers", "<4.53.1", "4.53.1")
+# TRL's collator drops position_ids unless the backend is flash_attention_2 and keeps an all-ones attention_mask.
+TRL_PACKING_NO_POSITION_IDS = Window("trl", ">=0.19.0,<0.20.0", "0.20.0")
+# TRL's SFTTrainer computes per-token log-probs in chunks, never materialising b*s*V logits (1.15.0).
+TRL_CHUNKED_LOGPROBS = Window("trl", ">=1.15.0")
+# TRL adds a second <bos> to a conversational dataset before 0.17.0 (TRL PR #3328).
+TRL_CONVERSATIONAL_DOUBLE_BOS = Window("trl", "<0.17.0", "0.17.0")

@@ -49,6 +49,18 @@ KEYS: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
+    # The pitfall catalogue (docs/findings.md GD42x, GD64x): attention backend, packing, LoRA targets.
+    # LLaMA-Factory spells the backend flash_attn (auto | disabled | sdpa | fa2).
+    "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation",
+                            "model_kwargs.attn_implementation", "flash_attn"),
+    "flash_attention": ("flash_attention",),  # axolotl's legacy switches
+    "sdp_attention": ("sdp_attention",),
+    "flex_attention": ("flex_attention",),
+    "packing": ("packing", "sample_packing", "neat_packing"),
+    "padding_free": ("padding_free",),
+    "lora_exclude_modules": ("exclude_modules", "lora_exclude_modules", "peft_config.exclude_modules"),
+    "trainable_token_indices": ("trainable_token_indices", "peft_config.trainable_token_indices"),
+    "pad_token": ("pad_token", "special_tokens.pad_token"),  # TRL SFTConfig.pad_token; axolotl special_tokens
 }
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.

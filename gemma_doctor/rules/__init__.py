@@ -6,7 +6,8 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import crashes, dtypes, files, libraries, memory, precision, training, use_cache, weights
+from gemma_doctor.rules import (attention, crashes, dtypes, files, libraries, loading, memory, precision, tokens, training,
+                                 use_cache, weights)
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
@@ -20,6 +21,9 @@ RULES: tuple[Rule, ...] = (
     training.check,
     precision.check,
     libraries.check,
+    loading.check,
+    attention.check,
+    tokens.check,
     memory.check,
 )
 

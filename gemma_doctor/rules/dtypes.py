@@ -17,6 +17,14 @@ def _fmt(n: int) -> str:
     return str(n)
 
 
+def embedding_note(model: ModelFacts) -> str:
+    """For EmbeddingGemma (bidirectional gemma3_text): what fp16 does to it, in the words of its users."""
+    if model.family.trait("bidirectional") is not True:
+        return ""
+    return (" (EmbeddingGemma: activations reach ~800k, unsloth PR #4014; text-embeddings-inference refuses "
+            "--dtype float16 with \"Gemma3 is only supported in fp32 precision\", TEI #748)")
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD201-GD206: dtype mismatch, fp16 Gemma 2/3, missing/corrupt shards, bad index, quantized."""
     c = model.census
@@ -58,12 +66,13 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         if c.dominant == "F16":
             yield Finding("GD202", Severity.WARNING,
                           f"{model.family.label} weights are saved in float16 ({_fmt(c.weights['F16'])} parameters); its "
-                          "activations exceed fp16's 65504 and overflow to inf/NaN",
+                          "activations exceed fp16's 65504 and overflow to inf/NaN" + embedding_note(model),
                           file=c.source, fix="use the original bf16 checkpoint, or load in bfloat16 (fp32 on GPUs without "
                                              "native bf16) and train with bf16=True, never fp16=True")
         elif c.declared == "float16" and not q:
             yield Finding("GD202", Severity.WARNING,
-                          f"{c.declared_key} declares float16 for {model.family.label}, whose activations overflow fp16",
+                          f"{c.declared_key} declares float16 for {model.family.label}, whose activations overflow fp16"
+                          + embedding_note(model),
                           file="config.json", key=c.declared_key,
                           fix="load with dtype=torch.bfloat16 (fp32 on GPUs without native bf16); set the key to \"bfloat16\"")
         if q and q.get("compute_dtype") == "float16":

@@ -9,6 +9,7 @@ from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.gpus import emulation_trap, parse_gpu_spec
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
 
@@ -74,6 +75,12 @@ def _finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name: str | 
     return Finding(code, sev, msg, file=a["file"], key=a["key"], fix=fix, details=a["details"])
 
 
+def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name: str | None, **details: Any) -> Finding:
+    """A finding about one setting of the training config: its file, its key as written, its line."""
+    a = _at(tc, name, **details)
+    return Finding(code, sev, msg, file=a["file"], key=a["key"], fix=fix, details=a["details"])
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config
@@ -107,7 +114,8 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if fp16_key and fp16_unsafe:
         yield _finding("GD602", Severity.ERROR,
                        f"fp16 on {name}: the model was pretrained in bf16 and its activations exceed fp16's maximum "
-                       "(65504), giving inf/NaN losses (transformers #36822; DPO gives loss=0, reward=nan, TRL #3236)",
+                       "(65504), giving inf/NaN losses (transformers #36822; DPO gives loss=0, reward=nan, TRL #3236)"
+                       + embedding_note(model),
                        "use bf16 where the GPU has native bf16 (compute capability >= 8.0), otherwise train in fp32",
                        tc, fp16_key)
     if bf16_key and gpu.native_bf16 is False:

@@ -1,0 +1,179 @@
+"""Training-config pitfalls of the attention backend, packing and the logits (GD64x, GD65x): Gemma 2's softcapping
+under SDPA, FlashAttention-2's head_dim > 192 backward, packed sequences that attend to each other, and the fp32
+logits of Gemma's 256k-262k vocabulary. Measured in docs/findings.md."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.memory import gib
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
+from gemma_doctor.rules.training import setting_finding, truthy
+from gemma_doctor.stack import Exposure, Window
+from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
+                                     TRL_PACKING_NO_POSITION_IDS, parse)
+
+# flash-attn applies softcapping from 2.6.0 (transformers gates it with is_flash_attn_greater_or_equal("2.6.0")).
+FLASH_ATTN_SOFTCAP = Window("flash-attn", "<2.6.0", "2.6.0")
+# flash-attn 2.0.0-2.5.4 refuse the backward of head_dim > 192 outside sm80/sm90 (A100/H100) (flash_api.cpp).
+FLASH_ATTN_HDIM_BACKWARD = Window("flash-attn", "<2.5.5", "2.5.5")
+HDIM_LIMIT = 192
+# The fp32 copy of the logits at which the warning is worth a line: 2 GiB, a third of a 24 GB card after weights.
+LOGITS_WARN_BYTES = 2 * 1024**3
+GEMMA_VOCAB = 262_144  # Gemma 3's vocabulary when config.json does not say
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """GD640, GD641, GD645, GD650 from the training config (or what is assumed without one) and the libraries."""
+    if not model.family.is_gemma or not model.config.ok:
+        return
+    tc = env.training_config
+    if tc is not None and not tc.ok:
+        return
+    backend, key = attention_backend(tc)
+    yield from _softcap(model, env, tc, backend, key)
+    if tc is None:
+        return
+    yield from _fa2_head_dim(model, env, tc, backend, key)
+    yield from _packing(model, env, tc, backend, key)
+    yield from _logits(model, env, tc)
+
+
+def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
+    text = text_config(model)
+    cap = text.get("attn_logit_softcapping")
+    # Gemma 3 has no attention softcapping (null): SDPA is fine there and is never flagged.
+    if model.family.text_model_type != "gemma2" or not isinstance(cap, (int, float)) or isinstance(cap, bool):
+        return
+    stack = env.libraries
+    tf = stack.get("transformers")
+    capkey = text_key(model, "attn_logit_softcapping")
+    fix = 'train Gemma 2 with attn_implementation="eager" (or flash_attention_2 with flash-attn >= 2.6.0)'
+    if backend == "sdpa":
+        raises = stack.exposure(SDPA_SOFTCAP_RAISES)
+        what = ("refuses it: from_pretrained raises \"ValueError: ... does not support an attention implementation "
+                "through torch.nn.functional.scaled_dot_product_attention\"" if raises is Exposure.AFFECTED else
+                "ignores it: attention runs without softcapping, silently from 4.57.0 (earlier releases warn in "
+                "training only), and the logits differ from eager's by as much as their own size"
+                if raises is Exposure.SAFE else
+                "ignores it silently (before 5.21.0) or refuses to load (5.21.0 and later)")
+        yield setting_finding("GD640", Severity.ERROR,
+                              f"attn_implementation sdpa on Gemma 2, whose {capkey} is {cap}: {tf.describe()} {what}",
+                              fix, tc, "attn_implementation" if tc.get("attn_implementation") else
+                              ("sdp_attention" if tc.get("sdp_attention") else None),
+                              transformers=tf.to_json(), attn_logit_softcapping=cap)
+        return
+    if backend == "flash_attention_2":
+        fa = stack.get("flash-attn")
+        if stack.exposure(FLASH_ATTN_SOFTCAP) is Exposure.AFFECTED:
+            yield setting_finding("GD640", Severity.WARNING,
+                                  f"flash_attention_2 on Gemma 2 with {fa.describe()}: flash-attn applies "
+                                  f"{capkey} ({cap}) only from 2.6.0, so attention runs without it",
+                                  'pip install "flash-attn>=2.6.0", or attn_implementation="eager"', tc,
+                                  "attn_implementation", flash_attn=fa.to_json())
+        return
+    if backend is not None:
+        return
+    exposure = exposure_any(stack, GEMMA2_SDPA_DEFAULT)
+    sev = {Exposure.AFFECTED: Severity.WARNING, Exposure.UNKNOWN: Severity.INFO}.get(exposure)
+    if sev is None:
+        return
+    assumed = "the training config does not set attn_implementation" if tc is not None else \
+        "assumed: attn_implementation is not set (no --training-config)"
+    yield Finding("GD640", sev,
+                  f"{assumed}, and Gemma 2's default backend is sdpa in transformers 4.42-4.44 and 4.48-5.20 "
+                  f"({tf.describe()}): SDPA drops {capkey} ({cap}) without a word",
+                  file=tc.path if tc is not None else "config.json", key=None if tc is not None else capkey, fix=fix,
+                  details={"exposure": exposure.value, "transformers": tf.to_json(), "assumed_backend": "default"})
+
+
+def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
+    head_dim = model.family.trait("max_head_dim")
+    if backend != "flash_attention_2" or not isinstance(head_dim, int) or head_dim <= HDIM_LIMIT:
+        return
+    stack = env.libraries
+    fa = stack.get("flash-attn")
+    exposure = stack.exposure(FLASH_ATTN_HDIM_BACKWARD)
+    if exposure is Exposure.SAFE:
+        return
+    gpu = env.gpu
+    device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
+    cc = device.compute_capability if device is not None else None
+    if cc is not None and tuple(cc) in ((8, 0), (9, 0)):
+        return
+    sev = Severity.ERROR if exposure is Exposure.AFFECTED and cc is not None else Severity.WARNING
+    where = f"{gpu.label} (compute capability {cc[0]}.{cc[1]})" if cc is not None else "a GPU other than A100/H100"
+    yield setting_finding(
+        "GD641", sev,
+        f"flash_attention_2 with head_dim {head_dim} on {where}: {fa.describe()} "
+        + ("raises" if exposure is Exposure.AFFECTED else "may be older than 2.5.5, which raises")
+        + " \"FlashAttention backward for head dim > 192 requires A100/A800 or H100/H800\" at the first backward",
+        'pip install "flash-attn>=2.5.5" (no dropout), or attn_implementation="sdpa" (Gemma 3) / "eager" (Gemma 2)',
+        tc, "attn_implementation", head_dim=head_dim, flash_attn=fa.to_json())
+
+
+def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
+    packing, padding_free = tc.get("packing"), tc.get("padding_free")
+    on = [s for s in (packing, padding_free) if s is not None and truthy(s.value)]
+    if not on or backend in PACKING_SAFE:
+        return
+    stack = env.libraries
+    tf, trl = stack.get("transformers"), stack.get("trl")
+    reasons: list[str] = []
+    exposures = [stack.exposure(PACKED_MASK_MISSING)]
+    if exposures[0] is not Exposure.SAFE:
+        reasons.append(f"{tf.describe()}: eager and sdpa turn reset position_ids into a block-diagonal mask only from "
+                       "4.53.1")
+    if tc.kind == "transformers":  # TRL's SFTTrainer builds the packed batches
+        exposures.append(stack.exposure(TRL_PACKING_NO_POSITION_IDS))
+        if exposures[-1] is not Exposure.SAFE:
+            reasons.append(f"{trl.describe()}: TRL before 0.23 gives a non-flash backend no per-sequence position_ids "
+                           "and an all-ones attention_mask")
+    if not reasons:
+        return
+    sev = Severity.ERROR if Exposure.AFFECTED in exposures else Severity.WARNING
+    name = backend or "the default backend (eager or sdpa)"
+    yield setting_finding(
+        "GD645", sev,
+        f"{on[0].key} with {name}: packed sequences attend to each other (cross-contamination), "
+        + ("because " if sev is Severity.ERROR else "unless the versions that run are newer: ") + "; ".join(reasons),
+        'attn_implementation="flash_attention_2" (or flex_attention), or transformers>=4.53.1 with TRL>=0.23 '
+        "(position_ids, no attention_mask, use_cache=False), or turn packing off",
+        tc, "packing" if on[0] is packing else "padding_free", backend=backend)
+
+
+def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
+    b, s = tc.get("batch_size"), tc.get("seq_len")
+    if b is None or s is None:
+        return
+    batch, seq = b.value, s.value
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, seq)):
+        return
+    vocab = text_config(model).get("vocab_size")
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else GEMMA_VOCAB
+    upcast = batch * seq * vocab * 4
+    if upcast < LOGITS_WARN_BYTES:
+        return
+    stack = env.libraries
+    trl = stack.get("trl")
+    rl = tc.get("rl")
+    sft = tc.kind == "transformers" and rl is None
+    chunked = sft and stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
+    numbers = (f"per_device_train_batch_size {batch} x {s.key} {seq} x vocabulary {vocab:,} x 4 bytes = {gib(upcast)} "
+               f"of fp32 logits (the loss upcasts them; about {gib(batch * seq * vocab * 10)} with the bf16 logits and "
+               "the log-softmax kept for backward)")
+    if chunked:
+        yield setting_finding("GD650", Severity.INFO,
+                              f"{numbers}; this does not apply here: {trl.describe()} computes SFT log-probs in chunks "
+                              "(TRL >= 1.15), never holding the full logits", "nothing to do", tc, "seq_len",
+                              logits_fp32_bytes=upcast, chunked=True)
+        return
+    trl_v = parse(trl.version)
+    yield setting_finding(
+        "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
+        "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
+        + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0") else "")
+        + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
+        logits_fp32_bytes=upcast, chunked=False)

@@ -1,0 +1,81 @@
+"""Small readings shared by the pitfall rules: the text config, the attention backend and LoRA targets a training
+config names, and the exposure of a stack to a union of version windows. Pure."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from gemma_doctor.facts import ModelFacts
+from gemma_doctor.stack import Exposure, Stack, Window
+
+# What a training config calls each attention backend -> transformers' attn_implementation.
+_BACKENDS = {"eager": "eager", "disabled": "eager", "sdpa": "sdpa", "sdp": "sdpa",
+             "flash_attention_2": "flash_attention_2", "fa2": "flash_attention_2", "flash_attention_3": "flash_attention_3",
+             "fa3": "flash_attention_3", "flex_attention": "flex_attention", "flex": "flex_attention",
+             "auto": None}
+# Backends that keep packed sequences apart by themselves (varlen kernels, or flex's document mask).
+PACKING_SAFE = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
+
+
+def text_config(model: ModelFacts) -> Mapping[str, Any]:
+    """The mapping the text model reads its settings from (text_config for multimodal checkpoints)."""
+    if not model.config.ok:
+        return {}
+    node: Any = model.config.data
+    for key in model.family.text_path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
+
+
+def text_key(model: ModelFacts, key: str) -> str:
+    """``text_config.key`` for a nested config, ``key`` otherwise."""
+    return ".".join((*model.family.text_path, key))
+
+
+def exposure_any(stack: Stack, windows: Iterable[Window]) -> Exposure:
+    """AFFECTED when the stack is in any of ``windows``, SAFE when in none, else UNKNOWN."""
+    seen = [stack.exposure(w) for w in windows]
+    if Exposure.AFFECTED in seen:
+        return Exposure.AFFECTED
+    return Exposure.SAFE if all(e is Exposure.SAFE for e in seen) else Exposure.UNKNOWN
+
+
+def attention_backend(tc: Any) -> tuple[str | None, str | None]:
+    """(attn_implementation, the key that set it) from a training config; (None, None) when it leaves the default.
+
+    A backend that is not one of transformers' names (a kernels-hub repo, say) is returned as written."""
+    if tc is None or not tc.ok:
+        return None, None
+    setting = tc.get("attn_implementation")
+    if setting is not None and isinstance(setting.value, str) and setting.value.strip():
+        raw = setting.value.strip().lower()
+        return _BACKENDS.get(raw, raw), setting.key
+    for name, backend in (("flash_attention", "flash_attention_2"), ("flex_attention", "flex_attention"),
+                          ("sdp_attention", "sdpa")):
+        s = tc.get(name)
+        if s is not None and s.value is True:
+            return backend, s.key
+    return None, None
+
+
+def target_list(value: Any) -> list[str] | str | None:
+    """LoRA target modules as written: a list of names, one string (a regex, "all-linear", or LLaMA-Factory's
+    comma-separated names, which become a list), or None."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        text = value.strip()
+        if "," in text and not any(ch in text for ch in "()[]*|\\"):
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return text
+    return None
+
+
+def adapter_enabled(tc: Any) -> bool:
+    """True when the training config trains LoRA/QLoRA adapters (TRL use_peft, axolotl adapter, finetuning_type)."""
+    if tc is None or not tc.ok:
+        return False
+    a = tc.get("adapter")
+    if a is not None and str(a.value).strip().lower() in ("lora", "qlora", "true"):
+        return True
+    return tc.get("lora_target_modules") is not None or tc.get("lora_r") is not None

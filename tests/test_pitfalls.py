@@ -1,0 +1,318 @@
+"""The pitfall catalogue's rules (GD42x, GD505, GD64x, GD65x, GD90x) on real hub-cache layouts: which files and
+settings raise which finding, with which severity, for the libraries that will run (named with --with so the
+answer does not depend on this venv). The pitfalls themselves are reproduced with the real libraries in
+tests/test_pitfalls_repro.py."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config, generation_config, variant
+
+LM_ONLY = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+
+
+def tokenizer_config(**changes) -> dict:
+    """A Gemma 3 -it tokenizer_config.json: special tokens, a few added tokens with their ids, the chat template."""
+    added = {"0": "<pad>", "1": "<eos>", "2": "<bos>", "3": "<unk>", "105": "<start_of_turn>", "106": "<end_of_turn>"}
+    cfg = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True,
+           "add_eos_token": False, "chat_template": CHAT_TEMPLATE, "tokenizer_class": "GemmaTokenizer",
+           "added_tokens_decoder": {k: {"content": v, "special": True, "lstrip": False, "rstrip": False,
+                                        "normalized": False, "single_word": False} for k, v in added.items()}}
+    cfg.update(changes)
+    return cfg
+
+
+def safetensors_header(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
+    """A valid safetensors file whose data section is zeros: only the header matters to these rules."""
+    size = {"BF16": 2, "F32": 4}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + bytes(offset)
+
+
+def check(cli, hub, tmp_path, files: dict, training: dict | str | None = None, *extra: str, repo="acme/model") -> dict:
+    """Findings of `check --format json` by code (a list per code)."""
+    hub.add(repo, files)
+    args = ["check", repo, "--cache-dir", str(hub.root), "--format", "json", "--fail-on", "never", *extra]
+    if training is not None:
+        path = tmp_path / ("train.json" if isinstance(training, dict) else "train.yaml")
+        path.write_text(json.dumps(training, indent=2) if isinstance(training, dict) else training)
+        args += ["--training-config", str(path)]
+    r = cli(*args)
+    assert r.code == 0, r
+    [model] = r.json()["models"]
+    out: dict[str, list[dict]] = {}
+    for f in model["findings"]:
+        out.setdefault(f["code"], []).append(f)
+    return out
+
+
+MM = {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()}
+
+
+# --- GD420 / GD421: LoRA targets on multimodal checkpoints ----------------------------------------------
+
+def test_trl_lora_without_targets_on_multimodal_gemma3_is_an_error_that_names_the_lm_only_regex(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, MM, {"use_peft": True, "bf16": True}, "--gpu", "A100")
+    [f] = got["GD420"]
+    assert (f["severity"], f["key"]) == ("error", "use_peft")
+    assert "Please specify `target_modules`" in f["message"] and LM_ONLY in f["fix"]
+    assert "GD421" not in got
+
+
+@pytest.mark.parametrize("targets, hit", [("all-linear", "all-linear"),
+                                          (["q_proj", "k_proj", "v_proj", "o_proj"], "k_proj, q_proj, v_proj")])
+def test_broad_or_bare_targets_on_multimodal_gemma3_warn_that_the_vision_tower_gets_adapters(cli, hub, tmp_path, targets, hit):
+    got = check(cli, hub, tmp_path, MM, {"use_peft": True, "lora_target_modules": targets, "bf16": True}, "--gpu", "A100")
+    [f] = got["GD421"]
+    assert (f["severity"], f["key"]) == ("warning", "lora_target_modules")
+    assert hit in f["message"] and "vision tower" in f["message"] and LM_ONLY in f["fix"]
+    assert "GD420" not in got
+
+
+@pytest.mark.parametrize("training", [
+    {"use_peft": True, "lora_target_modules": LM_ONLY},
+    {"use_peft": True, "lora_target_modules": "all-linear", "exclude_modules": ".*vision_tower.*"},
+    {"use_peft": False, "bf16": True},
+])
+def test_lm_only_targets_exclusions_and_full_fine_tuning_are_not_flagged(cli, hub, tmp_path, training):
+    got = check(cli, hub, tmp_path, MM, training, "--gpu", "A100")
+    assert not {"GD420", "GD421"} & set(got)
+
+
+def test_axolotl_lora_target_linear_on_gemma3n_warns_about_both_towers(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3n_config()},
+                "base_model: google/gemma-3n-E2B-it\nadapter: lora\nlora_target_linear: true\nbf16: true\n", "--gpu", "A100")
+    [f] = got["GD421"]
+    assert f["key"] == "lora_target_linear" and "vision/audio tower" in f["message"]
+
+
+def test_bare_names_on_a_text_only_gemma3_are_fine(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()},
+                {"use_peft": True, "lora_target_modules": ["q_proj", "v_proj"]}, "--gpu", "A100")
+    assert not {"GD420", "GD421"} & set(got)
+
+
+# --- GD422: PEFT < 0.18 and the scaled embedding --------------------------------------------------------
+
+@pytest.mark.parametrize("training, key", [
+    ({"use_peft": True, "lora_target_modules": ["q_proj", "embed_tokens"]}, "lora_target_modules"),
+    ({"use_peft": True, "lora_target_modules": ["q_proj"], "trainable_token_indices": [5, 17]}, "trainable_token_indices"),
+])
+def test_embed_tokens_as_a_peft_target_follows_the_peft_that_will_run(cli, hub, tmp_path, training, key):
+    files = {"config.json": gemma3_1b_config()}
+    old = check(cli, hub, tmp_path, files, training, "--with", "peft==0.17.1", "--with", "transformers==4.57.6")
+    [f] = old["GD422"]
+    assert (f["severity"], f["key"]) == ("error", key) and "peft 0.17.1" in f["message"] and "peft>=0.18.0" in f["fix"]
+    new = check(cli, hub, tmp_path, files, training, "--with", "peft==0.18.0", repo="acme/new")
+    assert "GD422" not in new
+    unknown = check(cli, hub, tmp_path, files, training, "--with", "peft>=0.15", repo="acme/unknown")
+    assert [f["severity"] for f in unknown["GD422"]] == ["warning"]
+
+
+def test_gemma2_embedding_is_scaled_in_the_module_only_from_transformers_5_4(cli, hub, tmp_path):
+    training = {"use_peft": True, "lora_target_modules": ["embed_tokens"]}
+    files = {"config.json": gemma2_config()}
+    assert "GD422" not in check(cli, hub, tmp_path, files, training, "--with", "peft==0.17.1", "--with", "transformers==4.57.6")
+    got = check(cli, hub, tmp_path, files, training, "--with", "peft==0.17.1", "--with", "transformers==5.4.0", repo="acme/b")
+    assert [f["severity"] for f in got["GD422"]] == ["error"]
+
+
+# --- GD423 / GD424 and fp16: EmbeddingGemma --------------------------------------------------------------
+
+EMBEDDING_GEMMA = variant(gemma3_1b_config(), use_bidirectional_attention=True, sliding_window=512,
+                          architectures=["Gemma3TextModel"], hidden_size=768)
+
+
+@pytest.mark.parametrize("tf, code, severity", [("4.56.2", "GD423", "error"), ("4.57.6", "GD424", "warning"),
+                                                ("5.15.1", "GD424", "warning"), ("5.16.0", None, None)])
+def test_embeddinggemma_attention_follows_the_transformers_that_will_run(cli, hub, tmp_path, tf, code, severity):
+    got = check(cli, hub, tmp_path, {"config.json": EMBEDDING_GEMMA}, None, "--with", f"transformers=={tf}")
+    found = {c: f for c, f in got.items() if c in ("GD423", "GD424")}
+    if code is None:
+        assert found == {}
+    else:
+        assert list(found) == [code] and found[code][0]["severity"] == severity
+        assert found[code][0]["key"] == ("use_bidirectional_attention" if code == "GD423" else "sliding_window")
+
+
+def test_embeddinggemma_in_fp16_is_the_fp16_rule_with_its_own_evidence(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": variant(EMBEDDING_GEMMA, torch_dtype="float16")}, {"fp16": True},
+                "--gpu", "T4", "--with", "transformers==5.16.0")
+    assert "TEI #748" in got["GD202"][0]["message"] and "TEI #748" in got["GD602"][0]["message"]
+    assert got["GD602"][0]["severity"] == "error"
+
+
+# --- GD640 / GD641: attention backend --------------------------------------------------------------------
+
+G2 = {"config.json": variant(gemma2_config(), head_dim=256)}
+
+
+@pytest.mark.parametrize("tf, severity, words", [("4.57.6", "error", "ignores it"), ("5.23.0", "error", "refuses it")])
+def test_explicit_sdpa_on_gemma2_is_an_error_in_every_release(cli, hub, tmp_path, tf, severity, words):
+    got = check(cli, hub, tmp_path, G2, {"model_init_kwargs": {"attn_implementation": "sdpa"}}, "--with", f"transformers=={tf}")
+    [f] = got["GD640"]
+    assert (f["severity"], f["key"]) == (severity, "model_init_kwargs.attn_implementation") and words in f["message"]
+
+
+@pytest.mark.parametrize("tf, expected", [("4.44.2", "warning"), ("4.46.3", None), ("4.57.6", "warning"),
+                                          ("5.21.0", None), ("5.23.0", None)])
+def test_gemma2_default_backend_is_judged_and_the_assumption_said(cli, hub, tmp_path, tf, expected):
+    got = check(cli, hub, tmp_path, G2, None, "--with", f"transformers=={tf}")
+    assert [f["severity"] for f in got.get("GD640", [])] == ([expected] if expected else [])
+    if expected:
+        assert "assumed: attn_implementation is not set" in got["GD640"][0]["message"]
+
+
+def test_gemma3_under_sdpa_is_never_flagged(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, MM, {"attn_implementation": "sdpa", "bf16": True}, "--with", "transformers==4.57.6")
+    assert "GD640" not in got
+
+
+def test_eager_on_gemma2_is_fine_and_old_flash_attn_drops_the_softcap(cli, hub, tmp_path):
+    assert "GD640" not in check(cli, hub, tmp_path, G2, {"attn_implementation": "eager"}, "--with", "transformers==4.57.6")
+    got = check(cli, hub, tmp_path, G2, {"attn_implementation": "flash_attention_2"}, "--with", "flash-attn==2.5.9",
+                "--gpu", "A100", repo="acme/fa")
+    assert [f["severity"] for f in got["GD640"]] == ["warning"] and "2.6.0" in got["GD640"][0]["message"]
+
+
+@pytest.mark.parametrize("fa, gpu, expected", [("2.5.4", "A10G", "error"), ("2.5.4", "A100", None),
+                                               ("2.5.5", "A10G", None), ("2.5.4", None, "warning")])
+def test_fa2_backward_with_head_dim_256_depends_on_flash_attn_and_the_gpu(cli, hub, tmp_path, fa, gpu, expected):
+    extra = ["--with", f"flash-attn=={fa}"] + (["--gpu", gpu] if gpu else ["--gpu", "none"])
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, {"attn_implementation": "flash_attention_2"}, *extra)
+    assert [f["severity"] for f in got.get("GD641", [])] == ([expected] if expected else [])
+
+
+# --- GD645: packing ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("training, tf, trl, expected", [
+    ({"packing": True, "attn_implementation": "sdpa"}, "4.50.0", "0.24.0", "error"),
+    ({"packing": True, "attn_implementation": "sdpa"}, "4.57.6", "0.19.1", "error"),
+    ({"packing": True, "attn_implementation": "eager"}, "4.57.6", "0.24.0", None),
+    ({"padding_free": True}, "5.23.0", "1.16.0", None),
+    ({"packing": True, "attn_implementation": "flash_attention_2"}, "4.50.0", "0.19.1", None),
+    ({"packing": False, "attn_implementation": "sdpa"}, "4.50.0", "0.19.1", None),
+])
+def test_packing_is_judged_against_the_backend_and_the_versions(cli, hub, tmp_path, training, tf, trl, expected):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training,
+                "--with", f"transformers=={tf}", "--with", f"trl=={trl}")
+    assert [f["severity"] for f in got.get("GD645", [])] == ([expected] if expected else [])
+
+
+def test_axolotl_sample_packing_is_judged_on_transformers_only(cli, hub, tmp_path):
+    yaml = "base_model: google/gemma-3-1b-it\nsample_packing: true\nmicro_batch_size: 1\nsequence_len: 512\n"
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, yaml, "--with", "transformers==4.53.0",
+                "--with", "trl==0.19.1")
+    [f] = got["GD645"]
+    assert (f["severity"], f["key"]) == ("error", "sample_packing") and "4.53.1" in f["message"] and "TRL" not in f["message"]
+    assert "GD645" not in check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, yaml,
+                                "--with", "transformers==4.53.1", repo="acme/new")
+
+
+# --- GD650: logits memory ---------------------------------------------------------------------------------
+
+def test_logits_memory_warns_with_the_number_unless_trl_chunks_it(cli, hub, tmp_path):
+    training = {"per_device_train_batch_size": 1, "max_length": 4096, "bf16": True}
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.14.0")
+    [f] = got["GD650"]
+    assert f["severity"] == "warning" and f["details"]["logits_fp32_bytes"] == 4096 * 262144 * 4
+    assert "4.0 GiB" in f["message"]
+    chunked = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.15.0", repo="acme/b")
+    assert [g["severity"] for g in chunked["GD650"]] == ["info"] and "does not apply" in chunked["GD650"][0]["message"]
+    small = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, {**training, "max_length": 1024},
+                  "--with", "trl==1.14.0", repo="acme/c")
+    assert "GD650" not in small
+
+
+# --- GD505 / GD503: embedding rows against the tokenizer ---------------------------------------------------
+
+def test_tokens_beyond_the_embedding_rows_are_an_error_naming_them(cli, hub, tmp_path):
+    tok = tokenizer_config()
+    tok["added_tokens_decoder"]["300"] = {"content": "<tool_call>", "special": True}
+    files = {"config.json": variant(gemma3_1b_config(), vocab_size=300), "tokenizer_config.json": tok,
+             "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [300, 8])})}
+    got = check(cli, hub, tmp_path, files)
+    [f] = got["GD505"]
+    assert (f["severity"], f["key"], f["file"]) == ("error", "model.embed_tokens.weight", "model.safetensors")
+    assert "<tool_call> (300)" in f["message"] and "resize_token_embeddings" in f["fix"]
+    files["model.safetensors"] = safetensors_header({"model.embed_tokens.weight": ("BF16", [301, 8])})
+    assert "GD505" not in check(cli, hub, tmp_path, files, repo="acme/resized")
+
+
+def test_the_zero_pad_row_is_not_flagged_and_zero_added_tokens_are_named(cli, hub, tmp_path):
+    import numpy as np
+    from safetensors.numpy import save
+
+    emb = np.ones((300, 8), dtype=np.float32)
+    emb[0] = 0  # the pad row: zero by design
+    files = {"config.json": variant(gemma3_1b_config(), vocab_size=300, torch_dtype="float32"),
+             "tokenizer_config.json": tokenizer_config(), "model.safetensors": save({"model.embed_tokens.weight": emb})}
+    assert "GD503" not in check(cli, hub, tmp_path, files, None, "--weights")
+    emb[106] = 0
+    files["model.safetensors"] = save({"model.embed_tokens.weight": emb})
+    [f] = check(cli, hub, tmp_path, files, None, "--weights", repo="acme/zero")["GD503"]
+    assert "1 all-zero row(s)" in f["message"] and "<end_of_turn> (106)" in f["message"]
+    assert "pad row 0 is zero by design" in f["message"] and f["details"]["ranges"] == [[106, 106]]
+
+
+# --- GD901 / GD902 / GD903: EOS, pad, BOS ------------------------------------------------------------------
+
+def test_a_chat_checkpoint_whose_eos_lacks_end_of_turn_never_stops(cli, hub, tmp_path):
+    gen = variant(generation_config(), eos_token_id=1)
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "generation_config.json": gen,
+                                     "tokenizer_config.json": tokenizer_config()})
+    [f] = got["GD901"]
+    assert (f["severity"], f["file"], f["key"]) == ("warning", "generation_config.json", "eos_token_id")
+    assert "[1, 106]" in f["fix"]
+    gemma2_ids = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": tokenizer_config(),
+                                            "generation_config.json": variant(gen, eos_token_id=[1, 107])}, repo="acme/g2ids")
+    assert "newline" in gemma2_ids["GD901"][0]["message"]
+    fine = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "generation_config.json": generation_config(),
+                                      "tokenizer_config.json": tokenizer_config()}, repo="acme/fine")
+    assert "GD901" not in fine
+
+
+def test_without_generation_config_the_eos_of_config_json_is_read(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": variant(gemma3_1b_config(), eos_token_id=1),
+                                     "tokenizer_config.json": tokenizer_config()})
+    assert got["GD901"][0]["file"] == "config.json"
+
+
+def test_pad_equal_to_eos_in_the_tokenizer_or_the_training_config_warns(cli, hub, tmp_path):
+    files = {"config.json": gemma3_1b_config(), "tokenizer_config.json": tokenizer_config(pad_token="<eos>")}
+    [f] = check(cli, hub, tmp_path, files)["GD902"]
+    assert (f["severity"], f["file"], f["key"]) == ("warning", "tokenizer_config.json", "pad_token")
+    files["tokenizer_config.json"] = tokenizer_config()
+    got = check(cli, hub, tmp_path, files, {"pad_token": "<eos>"}, repo="acme/tc")
+    assert got["GD902"][0]["key"] == "pad_token" and got["GD902"][0]["file"].endswith("train.json")
+    assert "GD902" not in check(cli, hub, tmp_path, files, repo="acme/fine")
+
+
+@pytest.mark.parametrize("trl, severity", [("0.16.1", "warning"), ("0.17.0", "info")])
+def test_double_bos_is_said_with_a_training_config_and_warns_on_old_trl(cli, hub, tmp_path, trl, severity):
+    files = {"config.json": gemma3_1b_config(), "tokenizer_config.json": tokenizer_config()}
+    assert "GD903" not in check(cli, hub, tmp_path, files)
+    got = check(cli, hub, tmp_path, files, {"bf16": True}, "--with", f"trl=={trl}", repo="acme/t")
+    assert [f["severity"] for f in got["GD903"]] == [severity]
+    no_bos = check(cli, hub, tmp_path, {**files, "tokenizer_config.json": tokenizer_config(add_bos_token=False)},
+                   {"bf16": True}, repo="acme/nobos")
+    assert "GD903" not in no_bos
+
+
+def test_a_broken_tokenizer_config_is_no_traceback(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": b"{not json",
+                                     "generation_config.json": variant(generation_config(), eos_token_id=1)})
+    assert not {"GD505", "GD901", "GD902", "GD903"} & set(got)
