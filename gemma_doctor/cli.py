@@ -169,6 +169,13 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
                            with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
     report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
+    if not report.models:
+        # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
+        # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).
+        others = f" ({len(report.skipped)} other repo(s) skipped)" if report.skipped else ""
+        raise UsageError(f"nothing to check: no Gemma-family model in {report.cache_dir}{others}; name one "
+                         f"(gemma-doctor check google/gemma-3-1b-it reads it from the Hub if it is not cached), "
+                         f"pass --cache-dir, or download one with: hf download google/gemma-3-1b-it")
     if fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import render_report as render_json
 
@@ -183,8 +190,6 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         _out(render_text(report, fail_on_, _color()))
     for note in report.notes:
         _hint(note)
-    if not report.models:
-        _hint(f"no Gemma-family model found in {report.cache_dir}; download one with: hf download google/gemma-3-1b-it")
     return ExitCode.FINDINGS if report.failed(fail_on_) else ExitCode.OK
 
 
@@ -350,7 +355,7 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
 @_stack_options
 def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, filters: tuple[str, ...], sort: Optional[str],
                 limit: Optional[int], fmt: str, quiet: bool, with_packages: tuple[str, ...], requirements: Optional[str]) -> int:
-    """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, error)."""
+    """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, broken, error)."""
     from gemma_doctor import listing
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.listing import ListFormat
@@ -376,6 +381,10 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
     if pending and fmt_ is ListFormat.TEXT and not quiet:
         _hint(f"{len(pending)} model(s) need a fix; see why with: gemma-doctor check {pending[0].repo_id or pending[0].path}, "
               f"then: {pending[0].next_command}")
+    broken = [r for r in shown if r.status is listing.RowStatus.BROKEN]
+    if broken and fmt_ is ListFormat.TEXT and not quiet:
+        _hint(f"{len(broken)} model(s) have missing or corrupt files that no fix repairs; download them again: "
+              f"{broken[0].next_command}")
     return ExitCode.OK
 
 
