@@ -64,6 +64,7 @@ _CODES = [
     Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)"),
     Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
     Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
+    Code("GD610", "fp16-load-dtype", "the training config loads a Gemma 2/3 model in float16 (torch_dtype/dtype), whose range its activations overflow"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),

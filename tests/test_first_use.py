@@ -74,3 +74,148 @@ def test_check_on_a_cache_with_a_gemma_model_still_passes(hub, cli):
     hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
     r = cli("check", "--cache-dir", hub.root)
     assert r.code == 0 and r.out.rstrip().splitlines()[-1].startswith("OK 1 model(s)"), r
+
+
+# --- point 6: the training-config lint reads a typical TRL DPO YAML ------------------------------------------
+
+TRL_DPO_YAML = """\
+# trl dpo --config dpo.yaml (TRL's DPOConfig; no `rl:` key, no --task)
+model_name_or_path: google/gemma-3-4b-it
+output_dir: gemma-3-4b-dpo
+beta: 0.1
+loss_type: sigmoid
+max_prompt_length: 512
+max_length: 1024
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+max_grad_norm: 0
+bf16: true
+"""
+
+
+def _lint(hub, cli, tmp_path, text: str, *args: str, name: str = "dpo.yaml") -> dict[str, dict]:  # noqa: ANN001
+    hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    path = tmp_path / name
+    path.write_text(text)
+    r = cli("check", "google/gemma-3-4b-it", "--cache-dir", hub.root, "--training-config", path, "--format", "json", *args)
+    assert r.code in (0, 1), r
+    return {f["code"]: f for f in r.json()["models"][0]["findings"]}
+
+
+def test_a_trl_dpo_yaml_with_clipping_off_gives_gd607_without_task(hub, cli, tmp_path):
+    found = _lint(hub, cli, tmp_path, TRL_DPO_YAML, "--gpu", "A100")
+    gd607 = found["GD607"]
+    assert gd607["severity"] == "warning" and gd607["key"] == "max_grad_norm" and gd607["details"]["line"] == 10
+    assert gd607["message"].startswith("DPO on gemma3: max_grad_norm is 0, which turns gradient clipping off")
+
+
+@pytest.mark.parametrize("loss_type, dpo", [("sigmoid", True), ("ipo", True), ("kto", False)])
+def test_beta_with_a_dpo_loss_type_is_dpo_and_other_trainers_are_not(hub, cli, tmp_path, loss_type, dpo):
+    text = f"beta: 0.1\nloss_type: {loss_type}\nmax_grad_norm: 0\nbf16: true\n"
+    assert ("GD607" in _lint(hub, cli, tmp_path, text, "--gpu", "A100")) is dpo
+
+
+def test_a_config_without_preference_keys_is_not_dpo(hub, cli, tmp_path):
+    assert "GD607" not in _lint(hub, cli, tmp_path, "max_grad_norm: 0\nbf16: true\n", "--gpu", "A100")
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_model_init_kwargs_loading_gemma3_in_float16_is_an_error(hub, cli, tmp_path, key):
+    text = f"bf16: true\nmodel_init_kwargs:\n  {key}: float16\n"
+    gd610 = _lint(hub, cli, tmp_path, text, "--gpu", "A100", name="sft.yaml")["GD610"]
+    assert gd610["severity"] == "error" and gd610["key"] == f"model_init_kwargs.{key}"
+    assert gd610["details"]["line"] == 3 and "65504" in gd610["message"]
+
+
+def test_model_init_kwargs_in_bfloat16_is_fine(hub, cli, tmp_path):
+    found = _lint(hub, cli, tmp_path, "bf16: true\nmodel_init_kwargs:\n  torch_dtype: bfloat16\n", "--gpu", "A100", name="sft.yaml")
+    assert "GD610" not in found and "GD602" not in found
+
+
+@pytest.mark.parametrize("text, gd303", [
+    ("bf16: false\nfp16: false\n", False),  # the user chose fp32 explicitly: nothing for bf16 auto to pick
+    ("bf16: true\n", False),  # explicit (GD603 says bf16 is not native)
+    ("bf16: auto\n", True),  # the trap is live: auto is what resolves through is_bf16_supported()
+    ("learning_rate: 1.0e-5\n", True),  # precision not set: the launcher's default decides
+])
+def test_gd303_fires_only_where_the_config_leaves_precision_to_auto(hub, cli, tmp_path, text, gd303):
+    assert ("GD303" in _lint(hub, cli, tmp_path, text, "--gpu", "T4", name="sft.yaml")) is gd303
+
+
+# --- point 7: advice that does not contradict itself ---------------------------------------------------------
+
+@pytest.mark.parametrize("zero, expected", [([0], None), ([0, 5, 6], "2 all-zero row(s) of 8: 5-6"), ([5], "1 all-zero row(s) of 8: 5")])
+def test_gd503_does_not_count_the_pad_row(hub, cli, tmp_path, zero, expected):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from tests.builders import gemma3_1b_config
+
+    emb = np.ones((8, 4), dtype=np.float32)
+    emb[zero] = 0.0
+    save_file({"model.embed_tokens.weight": emb}, str(tmp_path / "model.safetensors"))
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config(), "model.safetensors": (tmp_path / "model.safetensors").read_bytes()})
+    r = cli("check", "google/gemma-3-1b-it", "--cache-dir", hub.root, "--weights", "--format", "json")
+    gd503 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD503"]
+    assert [f["message"].split(": ", 1)[0].split(" has ")[1] + ": " + f["message"].split(": ", 1)[1].split(" (")[0]
+            for f in gd503] == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("bf16: true\ngradient_checkpointing: true\nuse_cache: true\n",
+     "use_cache is true in the training config: it conflicts with gradient_checkpointing: true, and transformers turns "
+     "it off with a warning; with bf16: true the evaluation loop builds a HybridCache, on which transformers "
+     "4.50.0-4.50.3 crash"),
+])
+def test_gd606_reads_as_a_sentence(hub, cli, tmp_path, text, words):
+    assert _lint(hub, cli, tmp_path, text, "--gpu", "A100", name="sft.yaml")["GD606"]["message"].startswith(words)
+
+
+def test_no_message_cites_material_users_do_not_have():
+    import ast
+    import pathlib
+    import re
+
+    package = pathlib.Path(__file__).resolve().parent.parent / "gemma_doctor"
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        # What a user can read: string literals, not docstrings or comments (which may cite the project's notes).
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                assert not re.search(r"seed 00\d|facts\.md", node.value), (path, node.value)
+
+
+def test_no_user_doc_cites_material_users_do_not_have():
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        found = re.findall(r".{0,40}(?:seed 00\d|facts\.md).{0,20}", path.read_text())
+        assert not found, (path.name, found)
+
+
+GEMMA1 = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18,
+          "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 16384,
+          "vocab_size": 256000, "torch_dtype": "bfloat16", "use_cache": True, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("repo", ["google/gemma-2b", "google/gemma-3-4b-it", "google/gemma-3n-E2B-it"])
+@pytest.mark.parametrize("plan", [[], ["--with", "transformers==4.50.3"]], ids=["installed", "planned-4.50"])
+def test_recommend_says_fix_writes_on_disk_exactly_when_fix_would(hub, cli, repo, plan):
+    from tests.builders import gemma3n_config
+
+    config = {"google/gemma-2b": GEMMA1, "google/gemma-3-4b-it": gemma3_12b_config(),
+              "google/gemma-3n-E2B-it": gemma3n_config()}[repo]
+    hub.add(repo, {"config.json": config, "generation_config.json": generation_config()})
+    rec = cli("recommend", repo, "--cache-dir", hub.root, "--gpu", "A100", "--format", "json", *plan)
+    [reason] = [r for r in rec.json()["models"][0]["recommendation"]["reasons"] if r.startswith("use_cache=False")]
+    fix = cli("fix", repo, "--cache-dir", hub.root, "--format", "json", *plan)
+    writes = any(m["changes"] for m in fix.json()["models"])
+    assert ("`gemma-doctor fix` sets it on disk" in reason) is writes, (reason, fix.out)
+    assert ("nothing" in reason) is not writes
+    if repo == "google/gemma-2b":
+        assert "Gemma 1 builds no HybridCache" in reason

@@ -21,6 +21,35 @@ def _row_ranges(ranges: tuple[tuple[int, int], ...], limit: int = 8) -> str:
     return ", ".join(parts) + (f" (+{len(ranges) - limit} more ranges)" if len(ranges) > limit else "")
 
 
+def pad_rows(config: Any) -> frozenset[int]:
+    """The pad token ids config.json declares (top level and text_config): Gemma's embedding has padding_idx there,
+    an all-zero row by design, not a token someone forgot to initialise."""
+    out: set[int] = set()
+    for scope in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if isinstance(scope, dict):
+            pad = scope.get("pad_token_id")
+            if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0:
+                out.add(pad)
+    return frozenset(out)
+
+
+def without_rows(ranges: tuple[tuple[int, int], ...], count: int, drop: frozenset[int]) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Zero-row ranges and their count with the rows in ``drop`` taken out (ranges are inclusive; ``count`` may
+    exceed what the kept ranges hold when the scan stopped recording ranges)."""
+    out: list[tuple[int, int]] = []
+    removed = 0
+    for a, b in ranges:
+        start = a
+        for row in sorted(r for r in drop if a <= r <= b):
+            if row > start:
+                out.append((start, row - 1))
+            start = row + 1
+            removed += 1
+        if start <= b:
+            out.append((start, b))
+    return tuple(out), count - removed
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD501-GD504 from ModelFacts.weights_scan; nothing without --weights."""
     scan = model.weights_scan
@@ -48,17 +77,22 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                       f"{_names(over)}", file=over[0].file, key=over[0].name,
                       fix="keep these weights out of fp16: load and train in bf16 (fp32 on GPUs without native bf16)",
                       details={"tensors": {t.name: t.beyond_fp16 for t in over}})
-    zero = [t for t in scan.tensors if t.zero_rows]
-    for t in zero:
-        rows, total = t.zero_rows, t.shape[0]
+    pads = pad_rows(model.config.data if model.config.ok else None)
+    for t in scan.tensors:
+        if not t.zero_rows:
+            continue
+        ranges, rows = without_rows(t.zero_row_ranges, t.zero_rows, pads)
+        if not rows:
+            continue
+        total = t.shape[0]
         yield Finding("GD503", Severity.WARNING,
-                      f"{t.name} has {rows} all-zero row(s) of {total}: {_row_ranges(t.zero_row_ranges)} "
+                      f"{t.name} has {rows} all-zero row(s) of {total}: {_row_ranges(ranges)} "
                       "(zero-initialised new tokens are a NaN risk when fine-tuning)",
                       file=t.file, key=t.name,
                       fix="initialise the rows from the mean of the existing rows (or small random values, std 0.02) "
                           "and save again: w = model.get_input_embeddings().weight; "
                           "w.data[new] = w.data[old].mean(0, keepdim=True) (+ small noise)",
-                      details={"ranges": [list(r) for r in t.zero_row_ranges]})
+                      details={"ranges": [list(r) for r in ranges]})
     if scan.skipped or scan.unreadable:
         parts = [f"{c} {d} tensor(s)" for d, c in scan.skipped.items()]
         parts += [f"{f} ({e})" for f, e in scan.unreadable]
