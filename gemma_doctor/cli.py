@@ -24,6 +24,7 @@ _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # Choices as plain strings so that start-up imports no renderer; converted to enums inside the commands.
 _LIST_FORMATS = ("text", "json", "quiet")
 _RECOMMEND_FORMATS = ("text", "python", "yaml", "json")
+_OUTCOME_FORMATS = ("text", "json")
 
 
 def _choice(values: Any) -> click.Choice:
@@ -34,6 +35,15 @@ def _targets(f: Callable) -> Callable:
     return click.argument("targets", nargs=-1, metavar="[TARGET]...")(f)
 
 
+def _clean_path(_ctx: Any, _param: Any, value: Optional[Path]) -> Optional[Path]:
+    """--cache-dir without `..` parts, so that every path printed reads cleanly (examples/../.cache -> .cache)."""
+    if value is None:
+        return value
+    from gemma_doctor.locate import clean_path
+
+    return clean_path(value)
+
+
 def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]:
     """--cache-dir, --revision (and --all-revisions): shared by every command that reads the cache."""
 
@@ -42,6 +52,7 @@ def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]
             f = click.option("--all-revisions", is_flag=True, help="Every cached snapshot of each repo.")(f)
         f = click.option("--revision", default="main", show_default=True, help="Branch, tag or commit of cached repos.")(f)
         f = click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         callback=_clean_path,
                          help="Hugging Face hub cache (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).")(f)
         return f
 
@@ -50,6 +61,12 @@ def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]
 
 def _format_option(f: Callable) -> Callable:
     return click.option("--format", "-f", "fmt", type=_choice(OutputFormat), default="text", show_default=True,
+                        help="Output format (github: GitHub Actions annotations).")(f)
+
+
+def _outcome_format_option(f: Callable) -> Callable:
+    """fix/restore report files written, not findings: no annotations to offer, so no github format."""
+    return click.option("--format", "-f", "fmt", type=_choice(_OUTCOME_FORMATS), default="text", show_default=True,
                         help="Output format.")(f)
 
 
@@ -208,8 +225,6 @@ def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_re
 
 
 def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: bool) -> None:
-    if OutputFormat(fmt.lower()) is OutputFormat.GITHUB:
-        raise UsageError(f"--format github is for check; {command} supports text and json")
     if OutputFormat(fmt.lower()) is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import dumps, outcomes_doc
 
@@ -224,7 +239,7 @@ def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: b
 @_targets
 @click.option("--inplace", is_flag=True, help="Apply the changes (default: print the diff only).")
 @_cache_options()
-@_format_option
+@_outcome_format_option
 @_lock_option
 @_stack_options
 def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
@@ -255,6 +270,8 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
                     outcome.messages.append(f"undo with: gemma-doctor restore {command_args(facts.snapshot)}")
             except WriteError as e:
                 outcome.status = Status.FAILED
+                if isinstance(e, LockTimeout):
+                    outcome.changes = []  # nothing was written: a diff here would read as if it had been
                 outcome.messages.append(str(e))
                 failed = True
         outcomes.append(outcome)
@@ -273,7 +290,7 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
 @click.option("--force", is_flag=True, help="Also restore files edited since the fix; your edited version is kept in "
                                             ".gemma-doctor/kept/ (the message says where).")
 @_cache_options()
-@_format_option
+@_outcome_format_option
 @_lock_option
 def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Optional[Path], revision: str,
             all_revisions: bool, fmt: str, lock_timeout: float) -> int:

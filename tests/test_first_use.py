@@ -219,3 +219,92 @@ def test_recommend_says_fix_writes_on_disk_exactly_when_fix_would(hub, cli, repo
     assert ("nothing" in reason) is not writes
     if repo == "google/gemma-2b":
         assert "Gemma 1 builds no HybridCache" in reason
+
+
+# --- point 8: help, docs and the tool agree -----------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["fix", "restore"])
+def test_fix_and_restore_offer_only_the_formats_they_accept(cli, command):
+    helptext = cli(command, "--help").out
+    assert "[text|json]" in helptext and "github" not in helptext
+    r = cli(command, "--format", "github")
+    assert r.code == 2 and "'github' is not one of 'text', 'json'" in r.err and r.err.count("\n") == 1
+
+
+def test_check_offers_github():
+    from click.testing import CliRunner
+
+    from gemma_doctor.cli import app
+
+    assert "[text|json|github]" in CliRunner().invoke(app, ["check", "--help"]).output
+
+
+def test_the_public_enums_import_from_the_package():
+    from gemma_doctor import ExitCode, FailOn, Severity
+
+    assert FailOn("warning").fails(Severity.WARNING) and ExitCode.USAGE == 2
+
+
+def test_docs_do_not_send_users_to_pypi_or_to_options_that_do_not_exist():
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = path.read_text()
+        assert not re.search(r"pip install ['\"]?gemma-doctor\b", text), path.name
+        assert "--install-completion" not in text, path.name
+
+
+def test_readme_options_table_lists_every_format_check_accepts():
+    import pathlib
+    import re
+
+    from gemma_doctor.render import OutputFormat
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    row = re.search(r"^\| `--format ([^`]+)` \|", readme, flags=re.M)
+    assert row and row.group(1).split("\\|") == [f.value for f in OutputFormat]
+
+
+def test_paths_are_printed_without_dot_dot(hub, cli, tmp_path):
+    snap = hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    (tmp_path / "examples").mkdir()
+    roundabout = tmp_path / "examples" / ".." / hub.root.name
+    for args in (["check", "google/gemma-3-4b-it", "--cache-dir", roundabout],
+                 ["check", str(roundabout / snap.relative_to(hub.root))],
+                 ["list", "--cache-dir", roundabout, "--format", "json"],
+                 ["fix", "google/gemma-3-4b-it", "--cache-dir", roundabout, "--with", "transformers==4.50.3"]):
+        r = cli(*args)
+        assert r.code in (0, 1), r
+        assert "/../" not in r.out and str(hub.root) in r.out, (args, r.out)
+
+
+def test_list_and_check_write_sizes_in_the_same_units(hub, cli):
+    import re
+
+    hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "model.safetensors": _safetensors(["a"]),
+                                     "extra.bin": b"\0" * 217_000})
+    size = cli("list", "--cache-dir", hub.root, "--format", "json").json()["models"][0]["size"]
+    assert 217_000 < size < 227_000
+    table = cli("list", "--cache-dir", hub.root).out.splitlines()[1]
+    assert re.search(rf"\b{size / 1000:.1f} kB\b", table), table
+    check = cli("check", "google/gemma-3-4b-it", "--cache-dir", hub.root).out
+    assert re.search(r"\(\d+ params, \d+ B\)", check), check  # the same writer: "2 B", not "2B"
+    assert not re.search(r"\d(K|M|G)\b", table + check)
+
+
+def test_a_lock_timeout_prints_no_diff(hub, cli):
+    from gemma_doctor import undo
+    from gemma_doctor.locate import resolve
+
+    hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    [snapshot] = resolve(["google/gemma-3-4b-it"], hub.root)
+    with undo.locked(snapshot):
+        r = cli("fix", "google/gemma-3-4b-it", "--inplace", "--cache-dir", hub.root, "--lock-timeout", "0.1",
+                "--with", "transformers==4.50.3")
+        js = cli("fix", "google/gemma-3-4b-it", "--inplace", "--cache-dir", hub.root, "--lock-timeout", "0.1",
+                 "--with", "transformers==4.50.3", "--format", "json")
+    assert r.code == 3 and "another gemma-doctor has held" in r.out, r
+    assert "+++" not in r.out and "@@" not in r.out and '"use_cache": false' not in r.out
+    assert js.json()["models"][0]["changes"] == []
