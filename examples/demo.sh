@@ -4,7 +4,7 @@
 # check -> fix (diff only) -> fix --inplace -> check -> restore. Run from the repository root.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
-cache="${GEMMA_DOCTOR_EXAMPLE_CACHE:-$here/../.example-cache}"
+cache="${GEMMA_DOCTOR_EXAMPLE_CACHE:-$(dirname "$here")/.example-cache}"
 rm -rf "$cache"
 python "$here/build_example_cache.py" "$cache" || exit 2
 export HF_HUB_OFFLINE=1

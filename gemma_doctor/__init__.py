@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "diagnose", "prepare", "DoctorCallback", "Report", "PrecisionMismatch", "PrecisionWarning"]
+__all__ = ["__version__", "diagnose", "prepare", "DoctorCallback", "Report", "FailOn", "Severity", "ExitCode",
+           "PrecisionMismatch", "PrecisionWarning"]
 
 # The public API, imported on first use so that `import gemma_doctor` (and the CLI's start-up) stays light.
 _LAZY = {
@@ -14,6 +15,9 @@ _LAZY = {
     "PrecisionWarning": ("gemma_doctor.api", "PrecisionWarning"),
     "DoctorCallback": ("gemma_doctor.callback", "DoctorCallback"),  # imports transformers
     "Report": ("gemma_doctor.report", "Report"),
+    "FailOn": ("gemma_doctor.report", "FailOn"),
+    "Severity": ("gemma_doctor.report", "Severity"),
+    "ExitCode": ("gemma_doctor.report", "ExitCode"),
 }
 
 

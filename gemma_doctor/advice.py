@@ -11,7 +11,9 @@ from gemma_doctor import recommend
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.runplan import MemoryFacts
+from gemma_doctor.family import FAMILY_TEXT_TYPE, HYBRID_CACHE_TEXT_TYPES
 from gemma_doctor.stack import Stack
+from gemma_doctor.versioning import HYBRIDCACHE, transformers_has_hybridcache_bug
 
 _SAFETENSORS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 _DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
@@ -72,18 +74,24 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
     """The decision's inputs for a cached model (facts) or, with facts None, a --family plan."""
     if isinstance(stack, Stack):
         pkgs = {key: p.version for key, p in stack.packages.items()}  # normalised names: transformers, peft, trl
+        hybridcache = stack.exposure(HYBRIDCACHE).value
     else:
         pkgs = dict(stack or {})
+        version = pkgs.get("transformers")
+        hybridcache = "unknown" if version is None else (
+            "affected" if transformers_has_hybridcache_bug(version) else "safe")
     task_name = recommend.normalise_task(task)
     quant_opt = recommend.normalise_quantization(quantization) if quantization is not None else None
     common = dict(gpu_native_bf16=gpu.native_bf16, gpu_backend=gpu.backend, gpu_label=gpu.label,
-                  gpu_trap=gpu.emulated_bf16_trap, task=task_name, versions=pkgs, memory=memory)
+                  gpu_trap=gpu.emulated_bf16_trap, task=task_name, versions=pkgs, memory=memory,
+                  hybridcache=hybridcache)
     if facts is None:
         fam = family or "gemma3"
         model_id = PLAN_MODEL_IDS.get(fam, f"google/{fam}")
         return recommend.Inputs(family=fam, saved_dtype=ASSUMED_SAVED_DTYPE, saved_dtype_source="assumed: Google publishes bf16",
                                 quantization=quant_opt, model_id=model_id,
-                                nested=fam in ("gemma3n", "paligemma", "paligemma2"), **common)
+                                nested=fam in ("gemma3n", "paligemma", "paligemma2"),
+                                builds_hybrid_cache=FAMILY_TEXT_TYPE.get(fam) in HYBRID_CACHE_TEXT_TYPES, **common)
     dtype, source = saved_dtype(facts)
     q_mode, q_method, q_compute = checkpoint_quantization(facts)
     # A quantized checkpoint stays quantized whatever the options say; --quantization adds on-the-fly quantization.
@@ -92,7 +100,8 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
     return recommend.Inputs(family=facts.family.label, fp16_unsafe=facts.family.fp16_unsafe, saved_dtype=dtype,
                             saved_dtype_source=source, quantization=quant,
                             quant_method=q_method if q_mode else None, checkpoint_compute_dtype=q_compute,
-                            model_id=snap.repo_id or str(snap.path), nested=facts.family.nested, **common)
+                            model_id=snap.repo_id or str(snap.path), nested=facts.family.nested,
+                            builds_hybrid_cache=facts.family.builds_hybrid_cache, **common)
 
 
 def recommendation_for(facts: ModelFacts, gpu: GpuFacts, task: str | None, stack: Stack,

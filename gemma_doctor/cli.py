@@ -24,6 +24,7 @@ _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # Choices as plain strings so that start-up imports no renderer; converted to enums inside the commands.
 _LIST_FORMATS = ("text", "json", "quiet")
 _RECOMMEND_FORMATS = ("text", "python", "yaml", "json")
+_OUTCOME_FORMATS = ("text", "json")
 
 
 def _choice(values: Any) -> click.Choice:
@@ -34,6 +35,15 @@ def _targets(f: Callable) -> Callable:
     return click.argument("targets", nargs=-1, metavar="[TARGET]...")(f)
 
 
+def _clean_path(_ctx: Any, _param: Any, value: Optional[Path]) -> Optional[Path]:
+    """--cache-dir without `..` parts, so that every path printed reads cleanly (examples/../.cache -> .cache)."""
+    if value is None:
+        return value
+    from gemma_doctor.locate import clean_path
+
+    return clean_path(value)
+
+
 def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]:
     """--cache-dir, --revision (and --all-revisions): shared by every command that reads the cache."""
 
@@ -42,6 +52,7 @@ def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]
             f = click.option("--all-revisions", is_flag=True, help="Every cached snapshot of each repo.")(f)
         f = click.option("--revision", default="main", show_default=True, help="Branch, tag or commit of cached repos.")(f)
         f = click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         callback=_clean_path,
                          help="Hugging Face hub cache (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub).")(f)
         return f
 
@@ -50,6 +61,12 @@ def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]
 
 def _format_option(f: Callable) -> Callable:
     return click.option("--format", "-f", "fmt", type=_choice(OutputFormat), default="text", show_default=True,
+                        help="Output format (github: GitHub Actions annotations).")(f)
+
+
+def _outcome_format_option(f: Callable) -> Callable:
+    """fix/restore report files written, not findings: no annotations to offer, so no github format."""
+    return click.option("--format", "-f", "fmt", type=_choice(_OUTCOME_FORMATS), default="text", show_default=True,
                         help="Output format.")(f)
 
 
@@ -169,6 +186,13 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
                            with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
     report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
+    if not report.models:
+        # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
+        # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).
+        others = f" ({len(report.skipped)} other repo(s) skipped)" if report.skipped else ""
+        raise UsageError(f"nothing to check: no Gemma-family model in {report.cache_dir}{others}; name one "
+                         f"(gemma-doctor check google/gemma-3-1b-it reads it from the Hub if it is not cached), "
+                         f"pass --cache-dir, or download one with: hf download google/gemma-3-1b-it")
     if fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import render_report as render_json
 
@@ -183,8 +207,6 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         _out(render_text(report, fail_on_, _color()))
     for note in report.notes:
         _hint(note)
-    if not report.models:
-        _hint(f"no Gemma-family model found in {report.cache_dir}; download one with: hf download google/gemma-3-1b-it")
     return ExitCode.FINDINGS if report.failed(fail_on_) else ExitCode.OK
 
 
@@ -203,8 +225,6 @@ def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_re
 
 
 def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: bool) -> None:
-    if OutputFormat(fmt.lower()) is OutputFormat.GITHUB:
-        raise UsageError(f"--format github is for check; {command} supports text and json")
     if OutputFormat(fmt.lower()) is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import dumps, outcomes_doc
 
@@ -219,7 +239,7 @@ def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: b
 @_targets
 @click.option("--inplace", is_flag=True, help="Apply the changes (default: print the diff only).")
 @_cache_options()
-@_format_option
+@_outcome_format_option
 @_lock_option
 @_stack_options
 def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
@@ -250,6 +270,8 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
                     outcome.messages.append(f"undo with: gemma-doctor restore {command_args(facts.snapshot)}")
             except WriteError as e:
                 outcome.status = Status.FAILED
+                if isinstance(e, LockTimeout):
+                    outcome.changes = []  # nothing was written: a diff here would read as if it had been
                 outcome.messages.append(str(e))
                 failed = True
         outcomes.append(outcome)
@@ -268,7 +290,7 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
 @click.option("--force", is_flag=True, help="Also restore files edited since the fix; your edited version is kept in "
                                             ".gemma-doctor/kept/ (the message says where).")
 @_cache_options()
-@_format_option
+@_outcome_format_option
 @_lock_option
 def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Optional[Path], revision: str,
             all_revisions: bool, fmt: str, lock_timeout: float) -> int:
@@ -350,7 +372,7 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
 @_stack_options
 def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, filters: tuple[str, ...], sort: Optional[str],
                 limit: Optional[int], fmt: str, quiet: bool, with_packages: tuple[str, ...], requirements: Optional[str]) -> int:
-    """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, error)."""
+    """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, broken, error)."""
     from gemma_doctor import listing
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.listing import ListFormat
@@ -376,6 +398,10 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
     if pending and fmt_ is ListFormat.TEXT and not quiet:
         _hint(f"{len(pending)} model(s) need a fix; see why with: gemma-doctor check {pending[0].repo_id or pending[0].path}, "
               f"then: {pending[0].next_command}")
+    broken = [r for r in shown if r.status is listing.RowStatus.BROKEN]
+    if broken and fmt_ is ListFormat.TEXT and not quiet:
+        _hint(f"{len(broken)} model(s) have missing or corrupt files that no fix repairs; download them again: "
+              f"{broken[0].next_command}")
     return ExitCode.OK
 
 

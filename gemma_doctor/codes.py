@@ -76,6 +76,7 @@ _CODES = [
     Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)"),
     Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
     Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
+    Code("GD610", "fp16-load-dtype", "the training config loads a Gemma 2/3 model in float16 (torch_dtype/dtype), whose range its activations overflow"),
     Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong"),
     Code("GD640", "gemma2-softcap-dropped", "Gemma 2 on a backend that drops attn_logit_softcapping (SDPA, or flash-attn < 2.6)"),
     Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100"),

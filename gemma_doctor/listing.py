@@ -35,6 +35,7 @@ class RowStatus(str, enum.Enum):
     OK = "ok"
     NEEDS_FIX = "needs-fix"
     FIXED = "fixed"
+    BROKEN = "broken"
     ERROR = "error"
 
 
@@ -91,12 +92,17 @@ def declared_dtype(config: Any) -> str | None:
 
 _READ_ERRORS = {"GD001", "GD002", "GD004", "GD005", "GD020", "GD021", "GD022"}
 _FIXABLE = {"GD101", "GD102"}
+# Files no `fix` can repair: a missing or truncated shard, an index from another revision. Only a new download helps.
+_DOWNLOAD_AGAIN = {"GD203", "GD204", "GD206"}
 
 
 def status_of(codes: set[str], fixed_before: bool, would_change: bool) -> RowStatus:
-    """Pure verdict: unreadable files -> error; a pending `fix` -> needs-fix; fixed earlier -> fixed; else ok."""
+    """Pure verdict: unreadable config -> error; a download to redo -> broken; a pending `fix` -> needs-fix;
+    fixed earlier -> fixed; else ok."""
     if codes & _READ_ERRORS:
         return RowStatus.ERROR
+    if codes & _DOWNLOAD_AGAIN:
+        return RowStatus.BROKEN
     if would_change or codes & _FIXABLE:
         return RowStatus.NEEDS_FIX
     if fixed_before:
@@ -122,12 +128,33 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         status = status_of({f.code for f in report.findings}, bool(facts.undo.entries), would_change)
         snap = facts.snapshot
         nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
+            redownload_command(snap, [f.file for f in report.findings if f.code in _DOWNLOAD_AGAIN])
+            if status is RowStatus.BROKEN else
             f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
         rows.append(Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
                         declared_dtype(facts.config.data if facts.config.ok else None),
                         snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
                         status, counts, nxt))
     return rows, len(skipped)
+
+
+def redownload_command(snapshot: Any, files: list[str | None]) -> str:
+    """`hf download REPO FILE... --force-download` for the files a download must replace; a folder that is not a
+    cached repo gets `gemma-doctor check` (only its author knows where its files came from)."""
+    import shlex
+
+    if snapshot.repo_id is None or snapshot.repo_dir is None:
+        return f"gemma-doctor check {shlex.quote(snapshot.target)}"
+    names = sorted({f for f in files if f})
+    parts = ["hf download", shlex.quote(snapshot.repo_id), *map(shlex.quote, names)]
+    rev = snapshot.revision if snapshot.revision and snapshot.revision != "main" else None
+    if rev is None and not snapshot.revision and snapshot.commit:
+        rev = snapshot.commit
+    if rev:
+        parts.append(f"--revision {shlex.quote(rev)}")
+    if snapshot.cache_dir is not None and os.path.abspath(snapshot.cache_dir) != os.path.abspath(locate.default_cache_dir()):
+        parts.append(f"--cache-dir {shlex.quote(str(snapshot.cache_dir))}")
+    return " ".join(parts + ["--force-download"])
 
 
 # --- filters and sorting, as `hf cache ls` spells them -------------------------------------------
@@ -193,11 +220,3 @@ def select_rows(rows: list[Row], filters: list[str], sort: str | None, limit: in
     }
     out.sort(key=sort_key[key], reverse=desc)
     return out[:limit] if limit is not None else out
-
-
-def human_size(n: int) -> str:
-    """Decimal units like `hf cache ls`: 1.2G, 340.5M, 12.0K."""
-    for unit, scale in (("T", 10**12), ("G", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{n}B"

@@ -205,13 +205,19 @@ def resolve(targets: list[str], cache_dir: Path | None = None, revision: str = "
     return out
 
 
+def clean_path(path: Path) -> Path:
+    """``path`` as the user should read it: without ``..`` parts (examples/../.cache -> .cache). Resolved through
+    the file system, links included, as the OS resolves ``..`` (a text-only normpath would be wrong after a link)."""
+    return Path(os.path.realpath(path)) if ".." in Path(path).parts else Path(path)
+
+
 def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -> list[Snapshot]:
     url = hub_url(target)
     if url is not None:
         target, revision = url.repo_id, url_revision(url, revision)
         validate_repo_id(target)
         return _cached_repo(target, cache, revision, all_revisions)
-    path = Path(target).expanduser()
+    path = clean_path(Path(target).expanduser())
     if _is_file(path):
         # A file of a model folder (config.json, model.safetensors...) names the folder it is in.
         path = path.parent

@@ -90,6 +90,10 @@ class Inputs:
     # Activations beyond fp16's range; None = from the family label (a --family plan).
     fp16_unsafe: bool | None = None
     memory: MemoryAdvice | None = None  # the method and batch the memory plan chose
+    # Whether the text model builds a HybridCache (Gemma 2/3) and whether the transformers that will run crashes on
+    # it (affected | safe | unknown): what `gemma-doctor fix` would write on disk follows from both.
+    builds_hybrid_cache: bool = True
+    hybridcache: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,25 @@ def _at_least(version: str | None, minimum: str) -> bool | None:
 
 def _family_name(family: str | None) -> str:
     return FAMILY_NAMES.get(family or "", "this model")
+
+
+def _use_cache_reason(i: Inputs, fam: str) -> str:
+    """Why use_cache=False, and who sets it: on disk only where `gemma-doctor fix` would (as `fix` itself decides)."""
+    head = "use_cache=False for training (a KV cache only helps generation"
+    snippet = "the loading snippet sets it in memory on every sub-model config"
+    if not i.builds_hybrid_cache:
+        return f"{head}, and gradient checkpointing turns it off anyway): {snippet}; {fam} builds no HybridCache, " \
+               "so there is nothing for `gemma-doctor fix` to write on disk"
+    crash = "transformers 4.50.0-4.50.3 crash bf16/fp16 evaluation with the HybridCache error"
+    version = i.versions.get("transformers")
+    if i.hybridcache == "affected":
+        return f"{head}; with it on, {crash}, and transformers {version or '4.50.x'} will run): " \
+               f"`gemma-doctor fix` sets it on disk, {snippet}"
+    if i.hybridcache == "safe":
+        return f"{head}; {crash}, transformers {version or 'that will run'} does not): {snippet}; nothing to fix " \
+               "on disk (`gemma-doctor fix --with transformers==4.50.3` would, for such a machine)"
+    return f"{head}; with it on, {crash}, and the transformers that will run is unknown): {snippet}; " \
+           "`gemma-doctor fix --with transformers==VERSION` sets it on disk for a machine that runs 4.50.x"
 
 
 def decide(i: Inputs) -> Recommendation:
@@ -217,9 +240,7 @@ def decide(i: Inputs) -> Recommendation:
     if rl:
         reasons.append(f"{i.task}: the stable setting from TRL #3236: gradient_checkpointing=True, "
                        "optim=\"adamw_torch_fused\", max_grad_norm=1.0, with the precision above")
-    reasons.append("use_cache=False for training (a KV cache only helps generation; with it on, transformers 4.50.x "
-                   "crashes bf16/fp16 evaluation with the HybridCache error): `gemma-doctor fix` sets it on disk, "
-                   "the loading snippet sets it in memory on every sub-model config")
+    reasons.append(_use_cache_reason(i, fam))
 
     # 5. Memory: the cheapest method and the largest batch that fit the GPU (docs/memory.md).
     if mem is not None:

@@ -11,7 +11,17 @@ from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, g
 # These tests exercise the on-disk fix, planned only where transformers 4.50.x will run (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("plan_450")
 
-WEIGHTS = b"\0" * 5000
+def _safetensors(dtype: str, count: int) -> bytes:
+    """A valid one-tensor safetensors file of ``count`` elements (2 or 4 bytes each), all zero."""
+    import json
+
+    width = {"BF16": 2, "F32": 4}[dtype]
+    header = json.dumps({"w": {"dtype": dtype, "shape": [count], "data_offsets": [0, width * count]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + b"\0" * (width * count)
+
+
+WEIGHTS = _safetensors("BF16", 2500)
 
 
 @pytest.fixture
@@ -24,7 +34,7 @@ def cache(hub):
                                       "copy.safetensors": WEIGHTS}, refs=("pr/1",))
     fixed = variant(gemma3_1b_config(), use_cache=False)
     hub.add("google/gemma-3-1b-it", {"config.json": fixed, "generation_config.json": {**generation_config(), "use_cache": False}})
-    hub.add("google/gemma-2-2b-it", {"config.json": variant(gemma2_config(), torch_dtype="float32"), "model.safetensors": b"\1" * 100})
+    hub.add("google/gemma-2-2b-it", {"config.json": variant(gemma2_config(), torch_dtype="float32"), "model.safetensors": _safetensors("F32", 25)})
     hub.add("acme/broken", {"config.json": b'{"model_type": "gemma3_text", '})
     hub.add("meta/llama", {"config.json": llama_config()})
     return hub
@@ -81,7 +91,7 @@ def test_filters_sort_and_limit_like_hf_cache_ls(cache, cli, args, expected):
 @pytest.mark.parametrize("args, message", [
     (["--filter", "colour=red"], "KEY=VALUE"),
     (["--filter", "size>lots"], "not a size"),
-    (["--filter", "status=broken"], "status is one of ok, needs-fix, fixed, error"),
+    (["--filter", "status=rotten"], "status is one of ok, needs-fix, fixed, broken, error"),
     (["--filter", "family>gemma"], "family takes = or !="),
     (["--sort", "age"], "--sort 'age'"),
 ])

@@ -78,7 +78,7 @@ def test_real_views_render_hostile_text_like_rich(where, message, name, cells):
         assert plain(line) == Text.from_markup(line, emoji=False).plain
     row = Row(cells[0], cells[1], None, "/x", cells[2], cells[3], 5, RowStatus.OK, {}, None)
     printed = list_view.render_text([row], color=False).splitlines()[1]
-    assert printed.split() == " ".join([*cells[:4], "5B", "ok"]).split()  # every cell verbatim, nothing eaten
+    assert printed.split() == " ".join([*cells[:4], "5 B", "ok"]).split()  # every cell verbatim, nothing eaten
 
 
 def test_fast_path_equals_rich_console_output():

@@ -65,6 +65,10 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
 _DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
+# `beta` is shared by TRL's DPO, CPO, ORPO and KTO configs; with one of DPOConfig's loss types (TRL 0.8-0.2x
+# trl/trainer/dpo_config.py; a list of them since 0.20), or with max_prompt_length and no loss_type, it is DPO.
+_DPO_LOSS_TYPES = frozenset({"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
+                             "aot", "aot_pair", "apo_zero", "apo_down", "discopop", "sft"})
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,20 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
             if key in data:
                 settings["rl"] = Setting(key, "dpo", _json_line(text, key) if is_json else lines.get(key))
                 break
+    if "rl" not in settings and _looks_like_dpo(data):
+        settings["rl"] = Setting("beta", "dpo", _json_line(text, "beta") if is_json else lines.get("beta"))
     return TrainingConfig(path, kind=kind, settings=settings)
+
+
+def _looks_like_dpo(data: dict[str, Any]) -> bool:
+    """A TRL DPOConfig written as YAML/JSON without `rl:` (what `trl dpo --config` reads): beta with a DPO loss."""
+    if "beta" not in data:
+        return False
+    loss = data.get("loss_type")
+    if loss is None:
+        return "max_prompt_length" in data
+    losses = loss if isinstance(loss, list) else [loss]
+    return bool(losses) and all(isinstance(x, str) and x.lower() in _DPO_LOSS_TYPES for x in losses)
 
 
 def read(path: str) -> TrainingConfig:

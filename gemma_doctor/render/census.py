@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gemma_doctor.units import human_size
+
 
 def _num(n: float) -> str:
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -12,11 +14,7 @@ def _num(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _size(n: float) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n:.0f} B"
+_size = human_size
 
 
 def census_lines(extra: dict[str, Any]) -> list[str]:

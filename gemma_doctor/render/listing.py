@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from gemma_doctor.listing import Row, RowStatus, human_size
+from gemma_doctor.listing import Row, RowStatus
+from gemma_doctor.units import human_size
 
-_STATUS_STYLE = {RowStatus.OK: "green", RowStatus.FIXED: "green", RowStatus.NEEDS_FIX: "yellow", RowStatus.ERROR: "bold red"}
+_STATUS_STYLE = {RowStatus.OK: "green", RowStatus.FIXED: "green", RowStatus.NEEDS_FIX: "yellow", RowStatus.ERROR: "bold red",
+                 RowStatus.BROKEN: "bold red"}
 HEADERS = ("REPO", "REVISION", "FAMILY", "DTYPE", "SIZE", "STATUS")
 
 

@@ -15,6 +15,16 @@ def recommend_command(model: ModelFacts, gpu: Any) -> str:
     return f"gemma-doctor recommend {model.snapshot.target}{flag}"
 
 
+def _precision_explicit(env: Environment) -> bool:
+    """True when the --training-config sets fp16/bf16/mixed_precision to a value, not `auto`: then nothing asks
+    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value)."""
+    tc = env.training_config
+    if tc is None or not tc.ok:
+        return False
+    values = [tc.get(k).value for k in ("fp16", "bf16", "mixed_precision") if tc.get(k) is not None]
+    return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings about the GPU the run will use, for a Gemma model."""
     gpu = env.gpu
@@ -39,7 +49,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             "and runs without tensor cores",
             key="gpu", fix=f"{recommend_command(model, gpu)} (fp32 settings); or QLoRA to cut memory; or a GPU with compute "
                            "capability 8.0+ (A10G, L4, A100, H100)", details=details)
-    if gpu.emulated_bf16_trap:
+    if gpu.emulated_bf16_trap and not _precision_explicit(env):
         yield Finding(
             "GD303", Severity.WARNING,
             f"torch.cuda.is_bf16_supported() returns True on {gpu.label} through emulation, so `bf16: auto` (axolotl), "

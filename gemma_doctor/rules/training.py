@@ -129,6 +129,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        f"bf16: auto resolves through torch.cuda.is_bf16_supported(), which counts emulation, so on "
                        f"{gpu.label} it picks slow emulated bf16",
                        "set bf16: false (fp32) explicitly on this GPU", tc, "bf16")
+    yield from _load_dtype(tc, fp16_unsafe, name)
     yield from _use_cache(model, env, tc, fp16_key or bf16_key)
     yield from _dpo(model, options, tc, fp16_key, name)
     yield from _qlora(tc, gpu, fp16_unsafe, name)
@@ -141,11 +142,13 @@ def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) 
     gc = tc.get("gradient_checkpointing")
     reasons = []
     if gc is not None and truthy(gc.value):
-        reasons.append(f"it conflicts with gradient_checkpointing ({gc.key}), and transformers turns it off with a warning")
+        reasons.append(f"it conflicts with {gc.key}: true, and transformers turns it off with a warning")
     buggy = env.libraries.exposure(HYBRIDCACHE) is Exposure.AFFECTED
     if model.family.builds_hybrid_cache and mixed:
-        reasons.append(f"under {mixed} evaluation builds a HybridCache, which transformers 4.50.0-4.50.3 crashes on "
-                       f"({HYBRID_CRASH}), overriding the on-disk fix")
+        precision = tc.get(mixed)
+        shown = str(precision.value).lower() if isinstance(precision.value, bool) else precision.value
+        reasons.append(f"with {precision.key}: {shown} the evaluation loop builds a HybridCache, on which "
+                       f"transformers 4.50.0-4.50.3 crash ({HYBRID_CRASH}), whatever `gemma-doctor fix` wrote on disk")
     if not reasons:
         return
     sev = Severity.ERROR if buggy and model.family.builds_hybrid_cache and mixed else Severity.WARNING
@@ -173,17 +176,35 @@ def _dpo(model: ModelFacts, options: CheckOptions, tc: Any, fp16_key: str | None
         return
     why = "is missing" if mgn is None else f"is {value!r}, which turns gradient clipping off"
     yield _finding("GD607", Severity.WARNING,
-                   f"{task.upper()} on {name}: max_grad_norm {why}" + (" in an fp16-era recipe" if fp16_key else "")
-                   + "; DPO on Gemma without clipping diverges (loss=0, grad_norm=0, reward=nan reported in TRL #3236)",
+                   f"{task.upper()} on {name}: max_grad_norm {why}" + (" (and the recipe trains in fp16)" if fp16_key else "")
+                   + ": DPO on Gemma without gradient clipping diverges (TRL #3236 reports loss=0, grad_norm=0, "
+                   "reward=nan)",
                    f"set max_grad_norm: 1.0 (stable DPO setting for Gemma: {stable})", tc, "max_grad_norm" if mgn else None)
 
 
-def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
+def _four_bit(tc: Any) -> bool:
     q = tc.get("load_in_4bit")
     adapter = tc.get("adapter")
-    four_bit = (q is not None and (truthy(q.value) or q.value == 4)) or (
+    return (q is not None and (truthy(q.value) or q.value == 4)) or (
         adapter is not None and str(adapter.value).lower() == "qlora")
-    if not four_bit:
+
+
+def _load_dtype(tc: Any, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
+    """torch_dtype/dtype (top level or model_init_kwargs) loading a Gemma 2/3 model in float16."""
+    setting = tc.get("torch_dtype")
+    # With 4-bit QLoRA, TRL's ModelConfig makes torch_dtype the compute dtype: GD608 judges it there.
+    if setting is None or not fp16_unsafe or _four_bit(tc) or _dtype_name(setting.value) != "fp16":
+        return
+    yield _finding("GD610", Severity.ERROR,
+                   f"{setting.key}: {setting.value} loads {name} in float16: the model was pretrained in bf16 and its "
+                   "activations exceed fp16's maximum (65504), giving inf/NaN losses whatever bf16/fp16 says "
+                   "(transformers #36822)",
+                   f"set {setting.key}: bfloat16 where the GPU has native bf16 (compute capability >= 8.0), "
+                   "otherwise float32", tc, "torch_dtype")
+
+
+def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
+    if not _four_bit(tc):
         return
     key = "compute_dtype" if tc.get("compute_dtype") is not None else ("torch_dtype" if tc.get("torch_dtype") is not None else None)
     if key is None:

@@ -1,0 +1,199 @@
+"""Every shell example in README.md and docs/*.md that runs gemma-doctor is run, and its shown output checked.
+
+Fenced ```bash / ```sh / ```console / ```text blocks are read; in console/text blocks a command starts with
+``$ ``, and the lines after it are its output as the doc shows it. Commands that are not gemma-doctor (pip,
+hf download, python) are the reader's set-up: the test provides their effect instead (a hub cache holding the
+bundled google/gemma-3-12b-it example and a small google/gemma-3-1b-it, the training configs the examples name).
+
+What is checked, per gemma-doctor command:
+- it ends with the exit code the doc shows (``$ echo $?``), else with 0 or 1 (never a usage or internal error);
+- each output line the doc shows appears in the real output (whitespace collapsed, so wrapping is free; ``...``
+  or ``…`` elide; the test's cache prints as ``~/.cache/huggingface/hub`` and its local Hub as huggingface.co).
+
+A marker on the line before the fence says how to run a block:
+- ``<!-- doc-test: hub -->``: the repo is not cached; a local Hub serves the example (gated; the token has access)
+- ``<!-- doc-test: hub, no token -->``: the same without a token
+- ``<!-- doc-test: skip: REASON -->``: not run (the reason is required)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.builders import HubCache, gemma3_1b_config, generation_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "reference.md")]
+FENCE = re.compile(r"(?:^<!-- doc-test: (?P<mark>[^>]*?) -->\n)?^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.M | re.S)
+SHELL_LANGS = {"bash", "sh", "shell", "console", "text"}
+TOKEN = "hf_reader_of_the_docs"
+HOME_CACHE = "~/.cache/huggingface/hub"
+
+
+@dataclass
+class Command:
+    """One gemma-doctor command of a block, with the output and exit code the doc shows for it."""
+
+    argv: list[str]
+    output: list[str] = field(default_factory=list)
+    code: int | None = None
+
+
+@dataclass
+class Block:
+    """One fenced example that runs gemma-doctor."""
+
+    doc: str
+    line: int
+    mark: str
+    commands: list[Command]
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def _parse(lang: str, body: str) -> list[Command]:
+    commands: list[Command] = []
+    current: Command | None = None
+    prompt = lang in ("console", "text")
+    for raw in body.splitlines():
+        line = raw.rstrip()
+        if prompt and not line.startswith("$ "):
+            if current is not None and line.strip():
+                current.output.append(line)
+            continue
+        text = line[2:] if prompt else line
+        argv = shlex.split(text, comments=True) if text.strip() else []
+        if argv[:2] == ["echo", "$?"] and commands:
+            current = Command(["echo"])  # its output is the previous command's exit code
+            commands[-1].code = -1
+            commands.append(current)
+            continue
+        current = Command(argv) if argv[:1] == ["gemma-doctor"] else None
+        if current is not None:
+            commands.append(current)
+    # `$ echo $?` blocks: move the printed code onto the command before it
+    out: list[Command] = []
+    for c in commands:
+        if c.argv == ["echo"]:
+            out[-1].code = int(c.output[0]) if c.output else None
+        else:
+            out.append(c)
+    return out
+
+
+def doc_blocks() -> list[Block]:
+    """Every fenced block of the docs with at least one gemma-doctor command."""
+    blocks = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in FENCE.finditer(text):
+            if m.group("lang") not in SHELL_LANGS:
+                continue
+            commands = _parse(m.group("lang"), m.group("body"))
+            if commands:
+                line = text[:m.start("body")].count("\n")
+                blocks.append(Block(str(path.relative_to(ROOT)), line, (m.group("mark") or "").strip(), commands))
+    return blocks
+
+
+BLOCKS = doc_blocks()
+
+
+def test_the_docs_have_examples_and_every_skip_says_why():
+    assert len(BLOCKS) >= 8
+    for b in BLOCKS:
+        assert b.mark in ("", "hub", "hub, no token") or re.fullmatch(r"skip: \S.*", b.mark), (b.id, b.mark)
+
+
+@pytest.fixture(scope="module")
+def hub_server(tmp_path_factory) -> Iterator[object]:
+    from tests.hubserver import HubServer, repos_from_cache
+
+    storage = tmp_path_factory.mktemp("docs-hub")
+    _example(storage)
+    repos = repos_from_cache(storage)
+    repos["google/gemma-3-12b-it"].gated, repos["google/gemma-3-12b-it"].readers = "manual", frozenset({TOKEN})
+    with HubServer(repos) as server:
+        yield server
+
+
+def _example(dest: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_example_cache", ROOT / "examples" / "build_example_cache.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    mod.build(dest)
+
+
+def _workspace(tmp: Path, cached: bool) -> tuple[Path, Path]:
+    cache = tmp / "hub"
+    cache.mkdir()
+    if cached:
+        _example(cache)
+        HubCache(cache).add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config(), "generation_config.json": generation_config()})
+    work = tmp / "work"
+    (work / "train").mkdir(parents=True)
+    for name in ("train.yaml", "sft.yaml", "train/sft.yaml"):
+        (work / name).write_text("bf16: true\nper_device_train_batch_size: 1\nmax_length: 512\n")
+    (work / "train" / "dpo.json").write_text('{"bf16": true, "beta": 0.1, "max_grad_norm": 1.0}\n')
+    (work / "requirements.txt").write_text("transformers==4.50.3\n")
+    return cache, work
+
+
+def _collapse(text: str) -> str:
+    return " ".join(text.split())
+
+
+def shown_but_missing(shown: list[str], actual: str) -> list[str]:
+    """The doc's output lines that the real output does not contain (``...``/``…`` elide)."""
+    real = _collapse(actual)
+    missing = []
+    for line in shown:
+        pieces = [p.strip() for p in re.split(r"\.\.\.|…", _collapse(line))]
+        if not all(p in real for p in pieces if p):
+            missing.append(line)
+    return missing
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if not b.mark.startswith("skip")], ids=lambda b: b.id)
+def test_doc_example_runs_as_shown(block, tmp_path, request):
+    remote = block.mark.startswith("hub")
+    cache, work = _workspace(tmp_path, cached=not remote)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GEMMA_DOCTOR_", "PYTHON"))}
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "hf-home"), NO_COLOR="1",
+               COLUMNS="100")
+    endpoint = None
+    if remote:
+        server = request.getfixturevalue("hub_server")
+        endpoint = server.endpoint
+        env["HF_ENDPOINT"] = endpoint
+        if block.mark == "hub":
+            env["HF_TOKEN"] = TOKEN
+    else:
+        env["HF_HUB_OFFLINE"] = "1"
+    for command in block.commands:
+        r = subprocess.run([sys.executable, "-m", "gemma_doctor", *command.argv[1:]], cwd=work, env=env, text=True,
+                           capture_output=True, timeout=120)
+        shown = " ".join(command.argv)
+        if command.code is not None:
+            assert r.returncode == command.code, (block.id, shown, r.stdout[-2000:], r.stderr[-2000:])
+        else:
+            assert r.returncode in (0, 1), (block.id, shown, r.stdout[-2000:], r.stderr[-2000:])
+        actual = (r.stdout + r.stderr).replace(str(cache), HOME_CACHE)
+        if endpoint:
+            actual = actual.replace(endpoint, "https://huggingface.co")
+        missing = shown_but_missing(command.output, actual)
+        assert not missing, f"{block.id}: `{shown}` no longer prints:\n" + "\n".join(missing) + "\n--- it prints:\n" + actual
