@@ -9,6 +9,7 @@ SECTION_TITLES = {
     "transformers": "transformers Trainer: TrainingArguments",
     "trl": "TRL trainer config",
     "loading": "loading (transformers / bitsandbytes), use_cache off in memory",
+    "loading_text_only": "loading the language model alone (text-only training of a multimodal checkpoint)",
     "peft": "PEFT LoRA adapters",
     "unsloth": "Unsloth",
 }
