@@ -26,6 +26,7 @@ _CODES = [
     Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape"),
     Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written"),
     Code("GD006", "fixed-by-doctor", "files of this snapshot were rewritten by gemma-doctor fix; restore brings back the originals"),
+    Code("GD007", "unknown-gemma-type", "model_type names a Gemma that gemma-doctor does not know; nothing is guessed from the name"),
     Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked"),
     Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read"),
     Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read"),
