@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from gemma_doctor import family as family_mod
-from gemma_doctor import pipeline
+from gemma_doctor import guards, pipeline
 from gemma_doctor.errors import DoctorError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
@@ -35,6 +35,8 @@ class Prepared:
     disabled: tuple[str, ...]
     problems: tuple[str, ...]
     family: str | None
+    # Training guards for the family's traps (gemma_doctor/guards.py): non-reentrant checkpointing on KV-shared Gemma 4.
+    guarded: tuple[str, ...] = ()
 
 
 def _configs(model: Any) -> Iterator[tuple[str, Any, str]]:
@@ -157,7 +159,8 @@ def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.Pat
 
 
 def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None) -> Prepared:
-    """Make ``model`` safe to train and evaluate under mixed precision: use_cache off everywhere, precision checked.
+    """Make ``model`` safe to train and evaluate under mixed precision: use_cache off everywhere, precision checked,
+    and gradient checkpointing non-reentrant on a KV-shared Gemma 4 (reentrant corrupts its gradients silently).
 
     use_cache is switched off first, whatever ``on_mismatch`` says; then a precision problem raises
     PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
@@ -166,10 +169,11 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
     disabled = disable_use_cache(model)
+    guarded = guards.non_reentrant_checkpointing(model, training_args)
     problems = tuple(precision_problems(model, training_args, gpu))
     if problems and on_mismatch == "raise":
         raise PrecisionMismatch("; ".join(problems))
     if problems and on_mismatch == "warn":
         for p in problems:
             warnings.warn(p, PrecisionWarning, stacklevel=2)
-    return Prepared(disabled=disabled, problems=problems, family=model_family(model).label)
+    return Prepared(disabled=disabled, problems=problems, family=model_family(model).label, guarded=guarded)
