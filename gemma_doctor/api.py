@@ -158,18 +158,23 @@ def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.Pat
     return pipeline.diagnose(names, cache, revision, all_revisions, options)
 
 
-def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None) -> Prepared:
+def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None,
+            text_only: bool = False) -> Prepared:
     """Make ``model`` safe to train and evaluate under mixed precision: use_cache off everywhere, precision checked,
     and gradient checkpointing non-reentrant on a KV-shared Gemma 4 (reentrant corrupts its gradients silently).
 
     use_cache is switched off first, whatever ``on_mismatch`` says; then a precision problem raises
     PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
     Call it before Trainer.evaluate() or Trainer.train(), or pass DoctorCallback() to the Trainer.
+    ``text_only=True`` (text-only training data) also freezes a Gemma 4's vision/audio towers, which such batches
+    leave without gradients (DDP would stop on them).
     """
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
     disabled = disable_use_cache(model)
     guarded = guards.non_reentrant_checkpointing(model, training_args)
+    if text_only and model_family(model).family == "gemma4":
+        guarded += guards.freeze_towers(model)
     problems = tuple(precision_problems(model, training_args, gpu))
     if problems and on_mismatch == "raise":
         raise PrecisionMismatch("; ".join(problems))

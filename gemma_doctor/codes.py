@@ -35,6 +35,11 @@ _CODES = [
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false"),
     Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model"),
     Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read"),
+    # GD13x: member-specific training traps (Gemma 4 and the other new members)
+    Code("GD130", "reentrant-checkpointing-kv-shared", "reentrant gradient checkpointing on a KV-shared Gemma 4 silently corrupts its gradients"),
+    Code("GD131", "flash-attention-head-dim", "FlashAttention asked for a model whose global attention heads are wider than 256"),
+    Code("GD132", "attention-backend-unsupported", "the training config asks for an attention implementation the model does not support"),
+    Code("GD133", "ddp-unused-towers", "multi-GPU DDP on Gemma 4 with towers that text-only batches leave without gradients"),
     # GD2xx: saved dtypes, safetensors shards, quantization
     Code("GD201", "dtype-mismatch", "the dtype config.json declares differs from the dtype the weights are saved in"),
     Code("GD202", "fp16-gemma", "Gemma 2/3 weights, declared dtype or quantized compute dtype is float16, whose range they overflow"),
@@ -50,6 +55,10 @@ _CODES = [
     # GD4xx: library combinations
     Code("GD401", "peft-adapters-half-precision", "PEFT < 0.12 keeps LoRA adapters in the base model's half precision (NaN risk)"),
     Code("GD402", "bnb-compute-bf16-not-native", "the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 on a GPU without native bf16"),
+    Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses"),
+    Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers"),
+    Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)"),
+    Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there"),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),

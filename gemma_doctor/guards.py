@@ -61,3 +61,25 @@ def non_reentrant_checkpointing(model: Any, training_args: Any = None) -> tuple[
     if layers:
         changed.append(f"model: {layers} checkpointed modules use_reentrant=False")
     return tuple(changed)
+
+
+# The Gemma 4 modules a text-only batch never reaches (every one of their parameters has grad None after backward,
+# transformers 5.5.0-5.23.0, research/gemma4 repro_e): the towers and their projections into the text model.
+TOWER_MODULES = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
+
+
+def freeze_towers(model: Any) -> tuple[str, ...]:
+    """Stop gradients to the vision/audio towers of a Gemma 4 model; returns the modules frozen (with counts).
+
+    Safe only for text-only training, which is why prepare() does it only when asked (text_only=True): such a batch
+    gives those parameters no gradient anyway, so freezing changes no update, and DDP no longer waits for them.
+    """
+    counts: dict[str, int] = {}
+    named = getattr(model, "named_parameters", None)
+    for name, param in (named() if callable(named) else ()):
+        parts = name.split(".")
+        hit = next((p for p in parts if p in TOWER_MODULES), None)
+        if hit is not None and getattr(param, "requires_grad", False):
+            param.requires_grad_(False)
+            counts[hit] = counts.get(hit, 0) + 1
+    return tuple(f"{k}: {n} parameters frozen" for k, n in counts.items())

@@ -86,3 +86,18 @@ def test_prepare_leaves_checkpointing_alone_without_kv_sharing():
     args = {"gradient_checkpointing_kwargs": {"use_reentrant": True}}
     assert prepare(model, args, on_mismatch="ignore").guarded == ()
     assert args == {"gradient_checkpointing_kwargs": {"use_reentrant": True}}
+
+
+def test_text_only_prepare_freezes_exactly_the_towers_a_text_batch_leaves_without_gradients(reference):
+    _, ref = reference
+    model = _model()
+    prepared = prepare(model, on_mismatch="ignore", text_only=True)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(any(part in n.split(".") for part in ("vision_tower", "audio_tower", "embed_vision",
+                                                                 "embed_audio")) for n in frozen)
+    assert {g.split(":")[0] for g in prepared.guarded} == {"vision_tower", "audio_tower", "embed_vision", "embed_audio"}
+    _, got = _step(model)
+    # every parameter still trained gets a gradient (nothing left for DDP to wait on), and the same one as before
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == set(got) == set(ref)
+    assert all(torch.allclose(ref[n], got[n]) for n in ref)
+    assert prepare(_model(), on_mismatch="ignore").guarded == ()  # not without text_only

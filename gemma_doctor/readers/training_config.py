@@ -49,6 +49,16 @@ KEYS: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
+    # Gemma 4 traps (rules/gemma4.py). LLaMA-Factory's use_reentrant_gc defaults to true (hparams/model_args.py).
+    "use_reentrant": ("activation_checkpointing_kwargs.use_reentrant", "gradient_checkpointing_kwargs.use_reentrant",
+                      "use_reentrant_gc"),
+    "disable_gradient_checkpointing": ("disable_gradient_checkpointing",),
+    "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation",
+                            "model_kwargs.attn_implementation", "flash_attn", "flash_attention"),
+    "distributed_type": ("distributed_type",),
+    "ddp_find_unused_parameters": ("ddp_find_unused_parameters",),
+    "freeze_vision_tower": ("freeze_vision_tower",),
+    "lora_target_parameters": ("lora_target_parameters", "target_parameters", "peft_config.target_parameters"),
 }
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.

@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import dtypes, files, libraries, memory, precision, training, use_cache, weights
+from gemma_doctor.rules import dtypes, files, libraries, members, memory, precision, training, use_cache, weights
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
@@ -17,6 +17,7 @@ RULES: tuple[Rule, ...] = (
     dtypes.check,
     weights.check,
     training.check,
+    members.check,
     precision.check,
     libraries.check,
     memory.check,
