@@ -102,6 +102,10 @@ MEMBERS: tuple[Member, ...] = (
     _M("diffusion_gemma_text", "diffusion_gemma", "DiffusionGemma", min_transformers="5.11.0", role="component"),
 )
 
+# A LoRA target naming Gemma 4's language model only (its towers' projections are Gemma4ClippableLinear, which PEFT
+# refuses, and adapters there are unused by text-only training); PEFT >= 0.19's own gemma4 default has this shape.
+LANGUAGE_MODEL_REGEX = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
 _BY_TYPE: dict[str, Member] = {m.model_type: m for m in MEMBERS}
 _BY_ARCH: dict[str, Member] = {a: m for m in MEMBERS for a in m.architectures}
 # Text model types whose forward pass builds a HybridCache in eval mode on transformers 4.50.x

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import parse
 
-from gemma_doctor.family import FAMILY_NAMES, family_from_name, fp16_unsafe_family
+from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family
 
 TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
 # Preference and RL trainers get seed 003's stable setting (TRL #3236).
@@ -354,7 +354,12 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     peft = ["from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if bnb else ""), ""]
     if bnb:
         peft.append("model = prepare_model_for_kbit_training(model)")
-    peft += ["lora_config = LoraConfig(r=16, lora_alpha=32, target_modules=\"all-linear\", task_type=\"CAUSAL_LM\")",
+    targets = '"all-linear"'
+    if rec.inputs.get("family") == "gemma4" and tr["auto_class"] == "AutoModelForImageTextToText":
+        # Gemma 4's towers are Gemma4ClippableLinear: all-linear adapts them too (GD441), plain names fail (GD440).
+        peft.append("# the language model only: the vision/audio towers would get adapters text-only training never uses")
+        targets = repr(LANGUAGE_MODEL_REGEX)
+    peft += [f"lora_config = LoraConfig(r=16, lora_alpha=32, target_modules={targets}, task_type=\"CAUSAL_LM\")",
              "model = get_peft_model(model, lora_config)  # PEFT >= 0.12: adapter weights in fp32 (autocast_adapter_dtype=True)"]
     cast = ["for param in model.parameters():", "    if param.requires_grad:", "        param.data = param.data.float()"]
     if fw["peft"]["cast_adapters_to_fp32"]:

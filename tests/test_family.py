@@ -153,3 +153,10 @@ def test_fix_and_restore_touch_only_the_members_that_need_a_fix(member_cache, cl
     assert cli("restore", "--cache-dir", member_cache.root).code == 0
     restored = {k: v for k, v in tree_state(member_cache.root).items() if "/.gemma-doctor" not in k}
     assert restored == before
+
+
+def test_every_family_a_plan_can_name_has_a_published_checkpoint_id():
+    """recommend --family FAMILY names a real repo in its snippets, never an invented google/<label>."""
+    from gemma_doctor.advice import PLAN_MODEL_IDS
+
+    assert set(FAMILY_NAMES) <= set(PLAN_MODEL_IDS)

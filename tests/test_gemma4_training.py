@@ -101,3 +101,24 @@ def test_text_only_prepare_freezes_exactly_the_towers_a_text_batch_leaves_withou
     assert {n for n, p in model.named_parameters() if p.requires_grad} == set(got) == set(ref)
     assert all(torch.allclose(ref[n], got[n]) for n in ref)
     assert prepare(_model(), on_mismatch="ignore").guarded == ()  # not without text_only
+
+
+def test_the_recommended_lora_snippet_adapts_the_language_model_only():
+    """recommend --family gemma4's PEFT snippet runs with the installed PEFT on a real Gemma 4 with towers, where
+    plain names fail on Gemma4ClippableLinear (GD440)."""
+    peft = pytest.importorskip("peft")
+    from gemma_doctor import advice, recommend
+    from gemma_doctor.readers.gpu import for_options
+    from gemma_doctor.facts import CheckOptions
+
+    gpu = for_options(CheckOptions(gpu="A100"))
+    rec = recommend.decide(advice.inputs_for(None, gpu, None, None, None, family="gemma4"))
+    snippet = recommend.python_snippets(rec, "google/gemma-4-E2B-it")["peft"]
+    line = next(ln for ln in snippet.splitlines() if ln.startswith("lora_config = "))
+    scope = {"LoraConfig": peft.LoraConfig}
+    exec(line, scope)  # noqa: S102 - the snippet users paste
+    model = peft.get_peft_model(_model(), scope["lora_config"])
+    adapted = {n.split(".lora_A")[0] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert adapted and all(".language_model." in n for n in adapted)
+    with pytest.raises(ValueError, match="Gemma4ClippableLinear"):
+        peft.get_peft_model(_model(), peft.LoraConfig(target_modules=["q_proj", "v_proj"]))

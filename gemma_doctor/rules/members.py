@@ -7,6 +7,7 @@ import re
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.training import truthy
@@ -16,8 +17,6 @@ FLASH_MAX_HEAD_DIM = 256
 _FLASH = {"flash_attention_2", "flash_attention_3", "fa2", "fa3", "kernels-community/flash-attn",
           "kernels-community/flash-attn3"}
 _LINEAR_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-# A LoRA target that names the language model only (PEFT >= 0.19's own default for gemma4 has this shape).
-LANGUAGE_MODEL_REGEX = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
 def _finding(code: str, sev: Severity, msg: str, fix: str, tc: TrainingConfig, name: str | None,
