@@ -141,8 +141,23 @@ def test_a_whole_cache_of_every_member_reports_each_with_its_family(member_cache
             assert precision == "fp32" and "GD302" in codes, (model_type, precision, codes)
 
 
+def test_list_and_recommend_name_every_member_with_its_family(member_cache, cli):
+    rows = cli("list", "--cache-dir", member_cache.root, "--format", "json").json()
+    rows = rows["models"]
+    families = {r["repo_id"].split("/")[1]: r["family"] for r in rows}
+    assert families == {t: ("paligemma2" if t == "paligemma" else member(t).family) for t in families}
+    assert len(families) == len([m for m in MEMBERS if m.role != "component"])
+    assert {r["status"] for r in rows} == {"ok"}
+    doc = cli("recommend", "--cache-dir", member_cache.root, "--gpu", "A100", "--format", "json").json()
+    assert {m["family"] for m in doc["models"]} == set(families.values())
+    assert {m["recommendation"]["precision"] for m in doc["models"]} == {"bf16"}
+
+
 def test_fix_and_restore_touch_only_the_members_that_need_a_fix(member_cache, cli):
     before = tree_state(member_cache.root)
+    # the installed transformers (5.23) has no HybridCache crash: nothing is rewritten anywhere
+    assert cli("fix", "--cache-dir", member_cache.root, "--inplace").code == 0
+    assert tree_state(member_cache.root) == before
     r = cli("fix", "--cache-dir", member_cache.root, "--with", "transformers==4.50.3", "--inplace", "--format", "json")
     assert r.code == 0, r
     changed = {m["repo_id"].split("/")[1] for m in r.json()["models"] if m["status"] == "would-change" or m.get("changes")}
