@@ -175,3 +175,14 @@ def test_every_family_a_plan_can_name_has_a_published_checkpoint_id():
     from gemma_doctor.advice import PLAN_MODEL_IDS
 
     assert set(FAMILY_NAMES) <= set(PLAN_MODEL_IDS)
+
+
+def test_kv_sharing_is_read_from_configs_as_transformers_saves_them(member_cache, cli, tmp_path):
+    """The tiny checkpoints' configs come from save_pretrained (per_layer_config, no global_head_dim): the E-series
+    model and both assistants (every layer shared) are KV-shared, the unified 12B-like model is not."""
+    train = tmp_path / "train.yaml"
+    train.write_text("bf16: true\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: true\n")
+    doc = cli("check", "--cache-dir", member_cache.root, "--gpu", "A100", "--training-config", train,
+              "--format", "json").json()
+    flagged = {m["repo_id"].split("/")[1] for m in doc["models"] if any(f["code"] == "GD130" for f in m["findings"])}
+    assert flagged == {"gemma4", "gemma4_text", "gemma4_assistant", "gemma4_unified_assistant"}

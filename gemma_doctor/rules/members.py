@@ -96,7 +96,8 @@ def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     if impl is None:
         return
     m = model.family.member
-    assert m is not None
+    if m is None:
+        return
     widest = model.family.trait("max_head_dim")
     if impl in _FLASH and isinstance(widest, int) and widest > FLASH_MAX_HEAD_DIM:
         yield _finding(
@@ -135,9 +136,10 @@ def _ddp_towers(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     freeze = tc.get("freeze_vision_tower")
     if (unused is not None and truthy(unused.value)) or (freeze is not None and truthy(freeze.value)):
         return
+    where = dist.key if dist is not None else procs.key  # type: ignore[union-attr]  # multi implies one is set
     yield _finding(
         "GD133", Severity.WARNING,
-        f"multi-GPU DDP ({(dist or procs).key}) on {model.family.display_name} with vision/audio towers: a text-only "  # type: ignore[union-attr]
+        f"multi-GPU DDP ({where}) on {model.family.display_name} with vision/audio towers: a text-only "
         "batch leaves every tower parameter without a gradient (all of them, transformers 5.5.0-5.23.0), and DDP "
         "stops with \"Expected to have finished reduction in the prior iteration\" unless they are frozen or "
         "ddp_find_unused_parameters is on (TRL #6617)",
