@@ -1,17 +1,19 @@
-"""Build a Hugging Face hub cache holding a realistic google/gemma-3-12b-it snapshot, offline, in about a second.
+"""Build a Hugging Face hub cache holding realistic google/gemma-3-12b-it and google/gemma-4-E2B-it snapshots,
+offline, in about a second.
 
     python examples/build_example_cache.py DEST
-    gemma-doctor check google/gemma-3-12b-it --cache-dir DEST
+    gemma-doctor check --cache-dir DEST
 
-The snapshot has the Hub's config.json and generation_config.json, a model.safetensors.index.json with
-the real tensor names, shapes and dtypes (BF16) of gemma-3-12b-it as transformers 4.50.0 saves them,
-and five shards with valid headers whose data sections are file holes (zeros): ~24 GB apparent size,
-almost no disk use. Blobs are named as the hub names them: git blob sha1 for small files, sha256 of
+Each snapshot has its config.json and generation_config.json, a model.safetensors.index.json with the real
+tensor names, shapes and dtypes (BF16) of the model, and shards with valid headers whose data sections are
+file holes (zeros): ~24 GB and ~10 GB apparent size, almost no disk use. gemma-3-12b-it's configs are the
+Hub's, its tensors those transformers 4.50.0 saves; where gemma-4-E2B-it's files come from is in its
+SOURCE.md. Blobs are named as the hub names them: git blob sha1 for small files, sha256 of
 the content for LFS files. Those sha256 digests were computed once (the content is deterministic) and
 are stored in tensors.json beside the configs, so the build never hashes 24 GB.
 
-Regenerate the manifest (tensors.json) from a list of [name, shape] pairs (see --help):
-    python examples/build_example_cache.py --manifest-from tensors-4.50.json
+Regenerate a manifest (tensors.json) from a list of [name, shape] pairs (see --help):
+    python examples/build_example_cache.py --manifest-from tensors-4.50.json [--snapshot google--gemma-4-E2B-it]
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-HERE = Path(__file__).resolve().parent / "google--gemma-3-12b-it"
+EXAMPLES = Path(__file__).resolve().parent
+HERE = EXAMPLES / "google--gemma-3-12b-it"
 REPO_ID = "google/gemma-3-12b-it"
 MANIFEST = HERE / "tensors.json"
+# Every bundled snapshot: a folder with config.json, generation_config.json and tensors.json.
+SNAPSHOTS = (HERE, EXAMPLES / "google--gemma-4-E2B-it")
 DTYPE = "BF16"
 DTYPE_BYTES = 2
 # transformers' default max_shard_size when gemma-3-12b-it was saved: 5 GB (decimal) per shard.
@@ -89,7 +94,8 @@ def split(tensors: list[tuple[str, list[int]]], max_bytes: int = MAX_SHARD_BYTES
     return shards
 
 
-def make_manifest(tensors: list[tuple[str, list[int]]], transformers_version: str) -> dict[str, Any]:
+def make_manifest(tensors: list[tuple[str, list[int]]], transformers_version: str, repo_id: str = REPO_ID,
+                  architecture: str = "Gemma3ForConditionalGeneration") -> dict[str, Any]:
     """The manifest: shards with their tensors and precomputed content digests (hashes ~24 GB of zeros once)."""
     parts = split(tensors)
     shards = []
@@ -98,9 +104,9 @@ def make_manifest(tensors: list[tuple[str, list[int]]], transformers_version: st
         shards.append({"file": f"model-{i:05d}-of-{len(parts):05d}.safetensors", "size": len(header) + data_len,
                        "sha256": content_sha256(header, data_len), "header_sha256": hashlib.sha256(header).hexdigest(),
                        "tensors": [[n, s] for n, s in part]})
-    commit = hashlib.sha1(json.dumps([REPO_ID, [s["sha256"] for s in shards]]).encode()).hexdigest()
-    return {"repo_id": REPO_ID, "commit": commit, "dtype": DTYPE, "transformers": transformers_version,
-            "note": "tensor names/shapes of Gemma3ForConditionalGeneration on the meta device, tied lm_head omitted",
+    commit = hashlib.sha1(json.dumps([repo_id, [s["sha256"] for s in shards]]).encode()).hexdigest()
+    return {"repo_id": repo_id, "commit": commit, "dtype": DTYPE, "transformers": transformers_version,
+            "note": f"tensor names/shapes of {architecture} on the meta device, tied lm_head omitted",
             "shards": shards}
 
 
@@ -125,14 +131,14 @@ def _link(repo: Path, commit: str, name: str, blob: str) -> None:
     os.symlink(os.path.relpath(repo / "blobs" / blob, dest.parent), dest)
 
 
-def build(dest: Path, manifest: dict[str, Any] | None = None) -> Path:
-    """Build (or refresh) the cache at ``dest``; returns the snapshot folder."""
-    manifest = manifest or load_manifest()
+def build(dest: Path, manifest: dict[str, Any] | None = None, folder: Path = HERE) -> Path:
+    """Build (or refresh) the snapshot of ``folder`` in the cache at ``dest``; returns the snapshot folder."""
+    manifest = manifest or load_manifest(folder / "tensors.json")
     repo = Path(dest) / ("models--" + manifest["repo_id"].replace("/", "--"))
     commit = manifest["commit"]
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    small = {"config.json": (HERE / "config.json").read_bytes(),
-             "generation_config.json": (HERE / "generation_config.json").read_bytes(),
+    small = {"config.json": (folder / "config.json").read_bytes(),
+             "generation_config.json": (folder / "generation_config.json").read_bytes(),
              "model.safetensors.index.json": index_json(manifest)}
     for name, data in small.items():
         blob = git_blob_sha1(data)
@@ -153,21 +159,28 @@ def build(dest: Path, manifest: dict[str, Any] | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: build DEST, or regenerate the manifest."""
-    ap = argparse.ArgumentParser(description="Build a hub cache with a realistic google/gemma-3-12b-it snapshot.")
+    ap = argparse.ArgumentParser(description="Build a hub cache with realistic gemma-3-12b-it and gemma-4-E2B-it snapshots.")
     ap.add_argument("dest", nargs="?", type=Path, help="the cache folder to build (like ~/.cache/huggingface/hub)")
     ap.add_argument("--manifest-from", type=Path, metavar="JSON",
                     help='regenerate tensors.json from {"transformers": VERSION, "tensors": [[name, shape], ...]}')
+    ap.add_argument("--snapshot", default=HERE.name, choices=[f.name for f in SNAPSHOTS],
+                    help="the bundled snapshot whose manifest --manifest-from regenerates")
     args = ap.parse_args(argv)
     if args.manifest_from:
+        folder = EXAMPLES / args.snapshot
+        config = json.loads((folder / "config.json").read_text())
+        repo_id = "/".join(folder.name.split("--", 1))
         src = json.loads(args.manifest_from.read_text())
-        manifest = make_manifest([(n, list(s)) for n, s in src["tensors"]], src["transformers"])
-        MANIFEST.write_text(json.dumps(manifest, separators=(",", ":")) + "\n", encoding="utf-8")
-        print(f"wrote {MANIFEST} ({len(manifest['shards'])} shards)")
+        manifest = make_manifest([(n, list(s)) for n, s in src["tensors"]], src["transformers"], repo_id,
+                                 config["architectures"][0])
+        (folder / "tensors.json").write_text(json.dumps(manifest, separators=(",", ":")) + "\n", encoding="utf-8")
+        print(f"wrote {folder / 'tensors.json'} ({len(manifest['shards'])} shards)")
         return 0
     if args.dest is None:
         ap.error("DEST is required")
-    snap = build(args.dest)
-    print(f"built {snap}\nnext: gemma-doctor check {REPO_ID} --cache-dir {args.dest}")
+    for folder in SNAPSHOTS:
+        print(f"built {build(args.dest, folder=folder)}")
+    print(f"next: gemma-doctor check --cache-dir {args.dest}")
     return 0
 
 

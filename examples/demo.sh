@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the bundled example: a realistic google/gemma-3-12b-it snapshot in a fresh hub cache
-# (configs as on the Hub, real safetensors headers, sparse shards: no download, no disk use).
-# check -> fix (diff only) -> fix --inplace -> check -> restore. Run from the repository root.
+# The main job on the bundled example: realistic google/gemma-3-12b-it and google/gemma-4-E2B-it snapshots in a
+# fresh hub cache (configs as published, real safetensors headers, sparse shards: no download, no disk use).
+# gemma-3: check -> fix (diff only) -> fix --inplace -> check -> restore; gemma-4: its training traps on a T4.
+# Run from the repository root.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${GEMMA_DOCTOR_EXAMPLE_CACHE:-$(dirname "$here")/.example-cache}"
@@ -15,4 +16,6 @@ step gemma-doctor fix google/gemma-3-12b-it --cache-dir "$cache"
 step gemma-doctor fix google/gemma-3-12b-it --cache-dir "$cache" --inplace
 step gemma-doctor check google/gemma-3-12b-it --cache-dir "$cache"
 step gemma-doctor restore google/gemma-3-12b-it --cache-dir "$cache"
+step gemma-doctor check google/gemma-4-E2B-it --cache-dir "$cache" --gpu T4 --training-config "$here/gemma-4-E2B-it.train.yaml"
+step gemma-doctor fix google/gemma-4-E2B-it --cache-dir "$cache"
 exit 0

@@ -24,7 +24,14 @@ ASSUMED_SAVED_DTYPE = "bfloat16"
 PLAN_MODEL_IDS = {"gemma": "google/gemma-7b", "gemma2": "google/gemma-2-2b-it", "gemma3": "google/gemma-3-1b-it",
                   "gemma3n": "google/gemma-3n-E2B-it", "gemma4": "google/gemma-4-E2B-it",
                   "paligemma": "google/paligemma-3b-pt-224", "paligemma2": "google/paligemma2-3b-pt-224",
-                  "recurrent_gemma": "google/recurrentgemma-2b", "shieldgemma2": "google/shieldgemma-2-4b-it"}
+                  "recurrent_gemma": "google/recurrentgemma-2b", "shieldgemma2": "google/shieldgemma-2-4b-it",
+                  # repo ids as public training scripts name them (docs/families.md)
+                  "t5gemma": "google/t5gemma-2b-2b-prefixlm-it", "t5gemma2": "google/t5gemma-2-270m-270m",
+                  "vaultgemma": "google/vaultgemma-1b", "embedding_gemma2": "google/embeddinggemma-2",
+                  "diffusion_gemma": "google/diffusiongemma-26B-A4B-it"}
+# Plans whose assumed checkpoint keeps its text config in text_config (the snippets switch use_cache off there).
+PLAN_NESTED = frozenset({"gemma3n", "paligemma", "paligemma2", "gemma4", "shieldgemma2", "embedding_gemma2",
+                         "diffusion_gemma"})
 
 
 def _dtype_name(value: Any) -> str | None:
@@ -87,10 +94,10 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
                   hybridcache=hybridcache)
     if facts is None:
         fam = family or "gemma3"
-        model_id = PLAN_MODEL_IDS.get(fam, f"google/{fam}")
+        model_id = PLAN_MODEL_IDS[fam]
         return recommend.Inputs(family=fam, saved_dtype=ASSUMED_SAVED_DTYPE, saved_dtype_source="assumed: Google publishes bf16",
                                 quantization=quant_opt, model_id=model_id,
-                                nested=fam in ("gemma3n", "paligemma", "paligemma2"),
+                                nested=fam in PLAN_NESTED,
                                 builds_hybrid_cache=FAMILY_TEXT_TYPE.get(fam) in HYBRID_CACHE_TEXT_TYPES, **common)
     dtype, source = saved_dtype(facts)
     q_mode, q_method, q_compute = checkpoint_quantization(facts)

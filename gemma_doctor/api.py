@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from gemma_doctor import family as family_mod
-from gemma_doctor import pipeline
+from gemma_doctor import guards, pipeline
 from gemma_doctor.errors import DoctorError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
@@ -49,6 +49,8 @@ class Prepared:
     supplied: tuple[str, ...] = ()
     # use_cache switched back on where switching it off breaks the model (Gemma 4 KV sharing on 5.5.0-5.5.1, GD107).
     enabled: tuple[str, ...] = ()
+    # Training guards for the family's traps (gemma_doctor/guards.py): non-reentrant checkpointing on KV-shared Gemma 4.
+    guarded: tuple[str, ...] = ()
 
 
 def _configs(model: Any) -> Iterator[tuple[str, Any, str]]:
@@ -265,14 +267,18 @@ def diagnose(targets: str | Iterable[str] | None = None, cache_dir: str | os.Pat
     return pipeline.diagnose(names, cache, revision, all_revisions, options)
 
 
-def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None) -> Prepared:
-    """Make ``model`` safe to train and evaluate: use_cache off everywhere, inputs text-only batches need, precision.
+def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", gpu: str | None = None,
+            text_only: bool = False) -> Prepared:
+    """Make ``model`` safe to train and evaluate: use_cache off everywhere, inputs text-only batches need, precision,
+    and gradient checkpointing non-reentrant on a KV-shared Gemma 4 (reentrant corrupts its gradients silently).
 
     use_cache is switched off first (except for a KV-shared Gemma 4 on transformers 5.5.0-5.5.1, where it is
     switched on: without a cache those releases skip the sharing, GD107); on releases that require them,
     text-only training batches get the type ids they lack (GD105/GD106), whatever ``on_mismatch`` says; then a precision problem raises
     PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
     Call it before Trainer.evaluate() or Trainer.train(), or pass DoctorCallback() to the Trainer.
+    ``text_only=True`` (text-only training data) also freezes a Gemma 4's vision/audio towers, which such batches
+    leave without gradients (DDP would stop on them).
     """
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
@@ -291,6 +297,9 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
     else:
         disabled = disable_use_cache(model)
     supplied = supply_text_inputs(model, version)
+    guarded = guards.non_reentrant_checkpointing(model, training_args)
+    if text_only and model_family(model).family == "gemma4":
+        guarded += guards.freeze_towers(model)
     problems = tuple(precision_problems(model, training_args, gpu))
     if problems and on_mismatch == "raise":
         raise PrecisionMismatch("; ".join(problems))
@@ -298,4 +307,4 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
         for p in problems:
             warnings.warn(p, PrecisionWarning, stacklevel=2)
     return Prepared(disabled=disabled, problems=problems, family=model_family(model).label, supplied=supplied,
-                    enabled=enabled)
+                    enabled=enabled, guarded=guarded)

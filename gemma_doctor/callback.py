@@ -17,11 +17,12 @@ class DoctorCallback(TrainerCallback):
     ``on_train_begin``; call ``gemma_doctor.prepare(model, args)`` yourself before evaluating first.
     """
 
-    def __init__(self, on_mismatch: str = "raise", gpu: str | None = None) -> None:
+    def __init__(self, on_mismatch: str = "raise", gpu: str | None = None, text_only: bool = False) -> None:
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
         self.on_mismatch = on_mismatch
         self.gpu = gpu
+        self.text_only = text_only  # freeze a Gemma 4's towers (text-only training data), as prepare(text_only=True)
         self._judged: set[int] = set()
 
     def _guard(self, args: Any, model: Any) -> None:
@@ -31,7 +32,7 @@ class DoctorCallback(TrainerCallback):
         # verdict is given once per model so a warning is not repeated at train begin.
         first = id(model) not in self._judged
         self._judged.add(id(model))
-        prepare(model, args, self.on_mismatch if first else "ignore", self.gpu)
+        prepare(model, args, self.on_mismatch if first else "ignore", self.gpu, self.text_only)
 
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """The Trainer is built: guard the model before any evaluate() (transformers passes the model here)."""

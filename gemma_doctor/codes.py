@@ -26,6 +26,7 @@ _CODES = [
     Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape"),
     Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written"),
     Code("GD006", "fixed-by-doctor", "files of this snapshot were rewritten by gemma-doctor fix; restore brings back the originals"),
+    Code("GD007", "unknown-gemma-type", "model_type names a Gemma that gemma-doctor does not know; nothing is guessed from the name"),
     Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked"),
     Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read"),
     Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read"),
@@ -40,6 +41,11 @@ _CODES = [
     Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type"),
     Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x"),
     Code("GD110", "gemma3n-needs-timm", "Gemma 3n's vision tower needs timm and Pillow, which are not installed"),
+    # GD13x: member-specific training traps (Gemma 4 and the other new members)
+    Code("GD130", "reentrant-checkpointing-kv-shared", "reentrant gradient checkpointing on a KV-shared Gemma 4 silently corrupts its gradients"),
+    Code("GD131", "flash-attention-head-dim", "FlashAttention asked for a model whose global attention heads are wider than 256"),
+    Code("GD132", "attention-backend-unsupported", "the training config asks for an attention implementation the model does not support"),
+    Code("GD133", "ddp-unused-towers", "multi-GPU DDP on Gemma 4 with towers that text-only batches leave without gradients"),
     # GD2xx: saved dtypes, safetensors shards, quantization
     Code("GD201", "dtype-mismatch", "the dtype config.json declares differs from the dtype the weights are saved in"),
     Code("GD202", "fp16-gemma", "Gemma 2/3 weights, declared dtype or quantized compute dtype is float16, whose range they overflow"),
@@ -60,6 +66,10 @@ _CODES = [
     Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens"),
     Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal"),
     Code("GD424", "sliding-window-halved", "transformers 4.57-5.15 halve a bidirectional config's sliding_window at every load + save"),
+    Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses"),
+    Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers"),
+    Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)"),
+    Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there"),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),

@@ -26,19 +26,29 @@ class Member:
     fp16_safe: bool = False
     min_transformers: str | None = None  # first release whose registry knows this model_type
     architectures: tuple[str, ...] = ()  # exact class names, for configs without model_type
-    role: str = "causal-lm"  # causal-lm | multimodal | encoder-decoder | drafter | classifier | diffusion | embedding
+    # causal-lm | multimodal | encoder-decoder | drafter | classifier | diffusion | embedding | component
+    # ("component": a sub-config type such as gemma4_vision, the root of a checkpoint only when saved on its own)
+    role: str = "causal-lm"
+    # attn_implementation values the model's PreTrainedModel refuses (transformers 5.23.0 source, _supports_* flags)
+    unsupported_attention: tuple[str, ...] = ()
 
 
 _M = Member
+_NO_SDPA = ("sdpa",)  # "sdpa does not support softcapping" (modeling_gemma2/t5gemma/vaultgemma.py, 5.23.0)
+_NO_FLASH = ("flash_attention_2", "flash_attention_3", "flex_attention")  # t5gemma2: "Mask creation is incompatible"
+_VA = ("vision", "audio")
 MEMBERS: tuple[Member, ...] = (
     _M("gemma", "gemma", "Gemma 1", fp16_safe=True, min_transformers="4.38.0", architectures=("GemmaForCausalLM",)),
-    _M("gemma2", "gemma2", "Gemma 2", min_transformers="4.42.0", architectures=("Gemma2ForCausalLM",)),
+    _M("gemma2", "gemma2", "Gemma 2", min_transformers="4.42.0", architectures=("Gemma2ForCausalLM",),
+       unsupported_attention=_NO_SDPA),
     _M("gemma3_text", "gemma3", "Gemma 3", min_transformers="4.50.0", architectures=("Gemma3ForCausalLM",)),
     _M("gemma3", "gemma3", "Gemma 3", ("text_config",), "gemma3_text", ("vision",), min_transformers="4.50.0",
        architectures=("Gemma3ForConditionalGeneration",), role="multimodal"),
     _M("gemma3n_text", "gemma3n", "Gemma 3n", min_transformers="4.53.0", architectures=("Gemma3nForCausalLM",)),
-    _M("gemma3n", "gemma3n", "Gemma 3n", ("text_config",), "gemma3n_text", ("vision", "audio"),
+    _M("gemma3n", "gemma3n", "Gemma 3n", ("text_config",), "gemma3n_text", _VA,
        min_transformers="4.53.0", architectures=("Gemma3nForConditionalGeneration",), role="multimodal"),
+    _M("gemma3n_vision", "gemma3n", "Gemma 3n vision tower", min_transformers="4.53.0", role="component"),
+    _M("gemma3n_audio", "gemma3n", "Gemma 3n audio tower", min_transformers="4.53.0", role="component"),
     # PaliGemma 1 has a Gemma text model, PaliGemma 2 a Gemma 2 one; transformers defaults text_config to "gemma".
     _M("paligemma", "paligemma", "PaliGemma 1", ("text_config",), "gemma", ("vision",), fp16_safe=True,
        min_transformers="4.41.0", architectures=("PaliGemmaForConditionalGeneration",), role="multimodal"),
@@ -46,10 +56,55 @@ MEMBERS: tuple[Member, ...] = (
        architectures=("RecurrentGemmaForCausalLM",)),
     _M("shieldgemma2", "shieldgemma2", "ShieldGemma 2", ("text_config",), "gemma3_text", ("vision",),
        min_transformers="4.50.0", architectures=("ShieldGemma2ForImageClassification",), role="classifier"),
+    # T5Gemma: encoder-decoder adapted from Gemma 2; get_text_config() is the decoder, which holds use_cache.
+    _M("t5gemma", "t5gemma", "T5Gemma", ("decoder",), "t5_gemma_module", min_transformers="4.53.0",
+       architectures=("T5GemmaForConditionalGeneration", "T5GemmaEncoderModel", "T5GemmaModel"),
+       role="encoder-decoder", unsupported_attention=_NO_SDPA),
+    _M("t5_gemma_module", "t5gemma", "T5Gemma encoder/decoder", min_transformers="5.6.0", role="component",
+       unsupported_attention=_NO_SDPA),
+    # T5Gemma 2: encoder-decoder adapted from Gemma 3, with a vision tower inside the encoder.
+    _M("t5gemma2", "t5gemma2", "T5Gemma 2", ("decoder",), "t5gemma2_decoder", ("vision",), min_transformers="5.0.0",
+       architectures=("T5Gemma2ForConditionalGeneration", "T5Gemma2Model"), role="encoder-decoder",
+       unsupported_attention=_NO_FLASH),
+    _M("t5gemma2_encoder", "t5gemma2", "T5Gemma 2 encoder", ("text_config",), "t5gemma2_text", ("vision",),
+       min_transformers="5.1.0", role="component", unsupported_attention=_NO_FLASH),
+    _M("t5gemma2_decoder", "t5gemma2", "T5Gemma 2 decoder", min_transformers="5.6.0", role="component",
+       unsupported_attention=_NO_FLASH),
+    _M("t5gemma2_text", "t5gemma2", "T5Gemma 2 text encoder", min_transformers="5.6.0", role="component",
+       unsupported_attention=_NO_FLASH),
+    _M("vaultgemma", "vaultgemma", "VaultGemma", min_transformers="4.57.1", architectures=("VaultGemmaForCausalLM",),
+       unsupported_attention=_NO_SDPA),
     _M("gemma4_text", "gemma4", "Gemma 4", min_transformers="5.5.0", architectures=("Gemma4ForCausalLM",)),
-    _M("gemma4", "gemma4", "Gemma 4", ("text_config",), "gemma4_text", ("vision", "audio"), min_transformers="5.5.0",
+    _M("gemma4", "gemma4", "Gemma 4", ("text_config",), "gemma4_text", _VA, min_transformers="5.5.0",
        architectures=("Gemma4ForConditionalGeneration",), role="multimodal"),
+    _M("gemma4_vision", "gemma4", "Gemma 4 vision tower", min_transformers="5.5.0", role="component"),
+    # Gemma4AudioModel: "The chunked local attention is only implemented in eager" (5.23.0).
+    _M("gemma4_audio", "gemma4", "Gemma 4 audio tower", min_transformers="5.5.0", role="component",
+       unsupported_attention=("sdpa",) + _NO_FLASH),
+    # Speculative-decoding drafters (E-series assistants): Gemma 4 text models that share KV.
+    _M("gemma4_assistant", "gemma4", "Gemma 4 assistant", ("text_config",), "gemma4_text", min_transformers="5.8.0",
+       architectures=("Gemma4AssistantForCausalLM",), role="drafter"),
+    # gemma-4-12B: one model for text, vision and audio ("unified").
+    _M("gemma4_unified", "gemma4", "Gemma 4 unified", ("text_config",), "gemma4_unified_text", _VA,
+       min_transformers="5.10.1", architectures=("Gemma4UnifiedForConditionalGeneration",), role="multimodal"),
+    _M("gemma4_unified_text", "gemma4", "Gemma 4 unified", min_transformers="5.10.1",
+       architectures=("Gemma4UnifiedForCausalLM",)),
+    _M("gemma4_unified_vision", "gemma4", "Gemma 4 unified vision tower", min_transformers="5.10.1", role="component"),
+    _M("gemma4_unified_audio", "gemma4", "Gemma 4 unified audio tower", min_transformers="5.10.1", role="component"),
+    _M("gemma4_unified_assistant", "gemma4", "Gemma 4 unified assistant", ("text_config",), "gemma4_unified_text",
+       min_transformers="5.10.1", architectures=("Gemma4UnifiedAssistantForCausalLM",), role="drafter"),
+    _M("embedding_gemma2", "embedding_gemma2", "EmbeddingGemma 2", ("text_config",), "embedding_gemma2_text", _VA,
+       min_transformers="5.19.0", architectures=("EmbeddingGemma2Model",), role="embedding"),
+    _M("embedding_gemma2_text", "embedding_gemma2", "EmbeddingGemma 2", min_transformers="5.19.0",
+       architectures=("EmbeddingGemma2TextModel",), role="embedding"),
+    _M("diffusion_gemma", "diffusion_gemma", "DiffusionGemma", ("text_config",), "diffusion_gemma_text", ("vision",),
+       min_transformers="5.11.0", architectures=("DiffusionGemmaForBlockDiffusion",), role="diffusion"),
+    _M("diffusion_gemma_text", "diffusion_gemma", "DiffusionGemma", min_transformers="5.11.0", role="component"),
 )
+
+# A LoRA target naming Gemma 4's language model only (its towers' projections are Gemma4ClippableLinear, which PEFT
+# refuses, and adapters there are unused by text-only training); PEFT >= 0.19's own gemma4 default has this shape.
+LANGUAGE_MODEL_REGEX = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 _BY_TYPE: dict[str, Member] = {m.model_type: m for m in MEMBERS}
 _BY_ARCH: dict[str, Member] = {a: m for m in MEMBERS for a in m.architectures}
@@ -59,13 +114,15 @@ HYBRID_CACHE_TEXT_TYPES = frozenset({"gemma2", "gemma3_text"})
 
 
 # Family labels for --family and reports; PaliGemma 2 is PaliGemma with a Gemma 2 text model.
-FAMILY_NAMES: dict[str, str] = {**{m.family: m.name for m in MEMBERS}, "paligemma2": "PaliGemma 2"}
+# The first member of a family names it (gemma4 -> "Gemma 4", not its assistant or a tower).
+FAMILY_NAMES: dict[str, str] = {**{m.family: m.name for m in reversed(MEMBERS)}, "paligemma2": "PaliGemma 2"}
 # The model_type whose defaults a --family plan assumes (a flat text model where the family has one).
 FAMILY_TEXT_TYPE: dict[str, str] = {**{m.family: (m.text_type or m.model_type) for m in reversed(MEMBERS)},
                                     "paligemma": "gemma", "paligemma2": "gemma2"}
 # Spellings --family accepts besides the labels and model types themselves.
 _ALIASES = {"gemma1": "gemma", "codegemma": "gemma", "embeddinggemma": "gemma3", "paligemma1": "paligemma",
-            "recurrentgemma": "recurrent_gemma", "shieldgemma": "shieldgemma2"}
+            "recurrentgemma": "recurrent_gemma", "shieldgemma": "shieldgemma2", "embeddinggemma2": "embedding_gemma2",
+            "diffusiongemma": "diffusion_gemma"}
 
 
 def family_from_name(text: str) -> str | None:
@@ -117,6 +174,11 @@ class FamilyInfo:
     def is_gemma(self) -> bool:
         """True for every Gemma-family model."""
         return self.family is not None
+
+    @property
+    def unknown_gemma(self) -> bool:
+        """True when model_type names a Gemma (it contains "gemma") that gemma-doctor does not classify."""
+        return self.family is None and "gemma" in (self.model_type or "").lower()
 
     @property
     def builds_hybrid_cache(self) -> bool:
@@ -197,8 +259,11 @@ def _int(value: Any) -> int | None:
 def _traits(text: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Architecture traits from the text config's values."""
     out: dict[str, Any] = {}
-    if text.get("use_bidirectional_attention") is True:
-        out["bidirectional"] = True
+    bidirectional = text.get("use_bidirectional_attention")
+    if bidirectional is True or isinstance(bidirectional, str):
+        out["bidirectional"] = bidirectional  # True (EmbeddingGemma) or "vision" (Gemma 4 31B / 26B-A4B)
+    if text.get("attention_k_eq_v") is True:
+        out["attention_k_eq_v"] = True  # full-attention layers have no v_proj
     if text.get("enable_moe_block") is True or (_int(text.get("num_experts")) or 0) > 1:
         out["moe_experts"] = _int(text.get("num_experts"))
     shared = _int(text.get("num_kv_shared_layers"))

@@ -125,7 +125,8 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
             continue
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")
-        if not explicit and config.ok and not family_mod.detect(config.data).is_gemma:
+        # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
+        if not explicit and config.ok and not (fam := family_mod.detect(config.data)).is_gemma and not fam.unknown_gemma:
             skipped.append({"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"})
             continue
         if not explicit and not config.ok and not config.exists:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import parse
 
-from gemma_doctor.family import FAMILY_NAMES, family_from_name, fp16_unsafe_family
+from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family
 
 TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
 # Preference and RL trainers get seed 003's stable setting (TRL #3236).
@@ -275,7 +275,7 @@ GEMMA3_KEY_MAPPING = {r"^language_model\.model\.": "model.", r"^model\.language_
 
 def lora_targets(family: str | None, nested: bool) -> str:
     """PEFT target_modules for this family: the language model only on a multimodal checkpoint, else all-linear."""
-    return LM_ONLY_TARGETS if nested and family in ("gemma3", "gemma3n", "paligemma", "paligemma2") else "all-linear"
+    return LM_ONLY_TARGETS if nested and family in ("gemma3", "gemma3n", "paligemma", "paligemma2", "gemma4") else "all-linear"
 
 
 def text_only_loading(family: str | None, nested: bool, transformers_version: str | None) -> dict[str, Any] | None:
@@ -419,7 +419,11 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     if bnb:
         peft.append("model = prepare_model_for_kbit_training(model)")
     targets = fw["peft"].get("target_modules", "all-linear")
-    if targets != "all-linear":
+    if rec.inputs.get("family") == "gemma4" and tr["auto_class"] == "AutoModelForImageTextToText":
+        # Gemma 4's towers are Gemma4ClippableLinear: all-linear adapts them too (GD441), plain names fail (GD440).
+        peft.append("# the language model only: the vision/audio towers would get adapters text-only training never uses")
+        targets = LANGUAGE_MODEL_REGEX
+    elif targets != "all-linear":
         peft.append("# Multimodal checkpoint: LoRA on the language model only (PEFT has no default targets for it, and")
         peft.append("# \"all-linear\" or bare names like q_proj would also wrap the vision tower).")
     target = f"r\"{targets}\"" if targets != "all-linear" else "\"all-linear\""

@@ -1,4 +1,4 @@
-"""The bundled example cache (examples/build_example_cache.py): a realistic gemma-3-12b-it snapshot."""
+"""The bundled example cache (examples/build_example_cache.py): realistic gemma-3-12b-it and gemma-4-E2B-it snapshots."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def _load_builder():
 builder = _load_builder()
 MANIFEST = builder.load_manifest()
 PARAMS = sum(__import__("math").prod(s) for sh in MANIFEST["shards"] for _, s in sh["tensors"])
+G4 = EXAMPLES / "google--gemma-4-E2B-it"
+G4_MANIFEST = builder.load_manifest(G4 / "tensors.json")
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +98,12 @@ def test_scan_cache_dir_has_no_warnings(example):
 
     info = scan_cache_dir(example)
     assert list(info.warnings) == []
-    (repo,) = info.repos
-    assert repo.repo_id == "google/gemma-3-12b-it"
-    (rev,) = repo.revisions
+    repos = {r.repo_id: r for r in info.repos}
+    assert set(repos) == {"google/gemma-3-12b-it", "google/gemma-4-E2B-it"}
+    (rev,) = repos["google/gemma-3-12b-it"].revisions
     assert rev.refs == frozenset({"main"}) and len(rev.files) == 8
+    (rev4,) = repos["google/gemma-4-E2B-it"].revisions
+    assert rev4.refs == frozenset({"main"}) and len(rev4.files) == 3 + len(G4_MANIFEST["shards"])
 
 
 def test_check_shows_census_without_shard_findings(cli, example):
@@ -118,3 +122,25 @@ def test_rebuild_is_idempotent(example):
     before = {p: os.readlink(p) for p in example.rglob("*") if p.is_symlink()}
     builder.build(example)
     assert {p: os.readlink(p) for p in example.rglob("*") if p.is_symlink()} == before
+
+
+def test_gemma4_manifest_is_gemma_4_e2b_it():
+    """The per-layer embedding table (2.35B) dwarfs the main one (0.40B); the 20 KV-shared layers have no k/v_proj."""
+    shapes = {n: s for sh in G4_MANIFEST["shards"] for n, s in sh["tensors"]}
+    assert G4_MANIFEST["repo_id"] == "google/gemma-4-E2B-it" and len(shapes) == 1951
+    assert shapes["model.language_model.embed_tokens_per_layer.weight"] == [262144, 35 * 256]
+    assert shapes["model.language_model.embed_tokens.weight"] == [262144, 1536]
+    assert "model.language_model.layers.14.self_attn.k_proj.weight" in shapes
+    assert not any(f"layers.{i}.self_attn.k_proj" in n for n in shapes for i in range(15, 35) if "language_model" in n)
+    assert round(sum(__import__("math").prod(s) for s in shapes.values()) / 1e9, 2) == 5.10
+
+
+def test_check_gemma4_with_the_bundled_training_config_shows_its_traps(cli, example):
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", example, "--gpu", "T4", "--training-config",
+            EXAMPLES / "gemma-4-E2B-it.train.yaml", "--format", "json")
+    (m,) = r.json()["models"]
+    assert m["family"] == "gemma4" and m["recommendation"]["precision"] == "fp32"
+    codes = {f["code"] for f in m["findings"]}
+    assert {"GD130", "GD440", "GD443", "GD302"} <= codes
+    assert not [c for c in codes if c.startswith("GD2")]  # the census reads the sparse shards cleanly
+    assert m["dtypes"]["declared"] == "bfloat16" and m["dtypes"]["dominant"] == "BF16"

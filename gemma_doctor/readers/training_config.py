@@ -61,6 +61,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     "lora_exclude_modules": ("exclude_modules", "lora_exclude_modules", "peft_config.exclude_modules"),
     "trainable_token_indices": ("trainable_token_indices", "peft_config.trainable_token_indices"),
     "pad_token": ("pad_token", "special_tokens.pad_token"),  # TRL SFTConfig.pad_token; axolotl special_tokens
+    # Gemma 4 traps (rules/gemma4.py). LLaMA-Factory's use_reentrant_gc defaults to true (hparams/model_args.py).
+    "use_reentrant": ("activation_checkpointing_kwargs.use_reentrant", "gradient_checkpointing_kwargs.use_reentrant",
+                      "use_reentrant_gc"),
+    "disable_gradient_checkpointing": ("disable_gradient_checkpointing",),
+    "distributed_type": ("distributed_type",),
+    "ddp_find_unused_parameters": ("ddp_find_unused_parameters",),
+    "freeze_vision_tower": ("freeze_vision_tower",),
+    "lora_target_parameters": ("lora_target_parameters", "target_parameters", "peft_config.target_parameters"),
 }
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.

@@ -33,6 +33,14 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                       file="config.json", fix="point gemma-doctor at a model folder, or download the model's config.json")
     elif not cfg.ok:
         yield _file_problem("GD001", "GD002", cfg, "config.json")
+    elif model.family.unknown_gemma:
+        mt = model.family.model_type
+        yield Finding("GD007", Severity.WARNING,
+                      f"model_type {mt!r} names a Gemma that gemma-doctor does not know: nothing is checked or fixed, and "
+                      "no precision is advised (a newer Gemma may need settings the known ones do not)",
+                      file="config.json", key="model_type",
+                      fix="upgrade gemma-doctor (pip install -U gemma-doctor); until then follow the model card's "
+                          "precision (bf16 where the GPU has it, never fp16 for Gemma 2 and later)")
     elif not model.family.is_gemma:
         mt = model.family.model_type or "unknown"
         yield Finding("GD003", Severity.INFO, f"not a Gemma-family model (model_type {mt!r}); left alone",

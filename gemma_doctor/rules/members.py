@@ -1,0 +1,195 @@
+"""Member-specific training traps (GD13x, GD44x): what the --training-config asks of a Gemma 4 (or another member
+whose traits it touches) that the model cannot do. Pure: reads the family's data and traits, never a file."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.family import LANGUAGE_MODEL_REGEX
+from gemma_doctor.readers.training_config import TrainingConfig
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.training import truthy
+
+# flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
+FLASH_MAX_HEAD_DIM = 256
+_FLASH = {"flash_attention_2", "flash_attention_3", "fa2", "fa3", "kernels-community/flash-attn",
+          "kernels-community/flash-attn3"}
+_LINEAR_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def _finding(code: str, sev: Severity, msg: str, fix: str, tc: TrainingConfig, name: str | None,
+             **details: Any) -> Finding:
+    setting = tc.get(name) if name else None
+    extra = {"line": setting.line} if setting is not None and setting.line else {}
+    return Finding(code, sev, msg, file=tc.path, key=setting.key if setting is not None else name, fix=fix,
+                   details={**extra, **details})
+
+
+def _targets(value: Any) -> list[str]:
+    """LoRA target modules as names: a list, or LLaMA-Factory's comma-separated string."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _has_towers(model: ModelFacts) -> bool:
+    """True when the checkpoint's config declares a vision or audio tower (Gemma 4 declares them optional)."""
+    data = model.config.data if model.config.ok else {}
+    return any(isinstance(data.get(k), dict) for k in ("vision_config", "audio_config"))
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """Findings for the training config against the member's data (attention limits, towers) and traits."""
+    tc = env.training_config
+    m = model.family.member
+    if tc is None or not tc.ok or m is None:
+        return
+    yield from _reentrant(model, tc)
+    yield from _attention(model, tc)
+    yield from _ddp_towers(model, tc)
+    yield from _peft(model, tc)
+
+
+def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+    shared = model.family.trait("kv_shared_layers")
+    if not shared:
+        return
+    ur = tc.get("use_reentrant")
+    gc = tc.get("gradient_checkpointing")
+    disabled = tc.get("disable_gradient_checkpointing")
+    if ur is not None and truthy(ur.value):
+        # TrainingArguments / TRL / axolotl only checkpoint with gradient_checkpointing on; LLaMA-Factory always does
+        # unless disable_gradient_checkpointing.
+        on = (gc is not None and truthy(gc.value)) if tc.kind != "llama-factory" else not (disabled and truthy(disabled.value))
+        if not on:
+            return
+        where, name = f"{ur.key} is true", "use_reentrant"
+    elif ur is None and tc.kind == "llama-factory" and not (disabled is not None and truthy(disabled.value)):
+        where, name = "LLaMA-Factory checkpoints with use_reentrant_gc: true unless told otherwise", None
+    else:
+        return
+    yield _finding(
+        "GD130", Severity.ERROR,
+        f"{where}: on {model.family.display_name} with {shared} KV-shared layers, reentrant gradient checkpointing "
+        "silently corrupts the gradients: the shared layers' K/V come from producer layers through a side channel, "
+        "which reentrant checkpointing detaches, so the producers' k_proj/v_proj and every layer below them get wrong "
+        "gradients while the loss stays identical (cosine 0.84-0.88 to the true gradient on a tiny model, transformers "
+        "5.5.2-5.23.0; 0.14-0.55 on gemma-4-E2B-it, unsloth-zoo #813)",
+        "use non-reentrant checkpointing: activation_checkpointing_kwargs / gradient_checkpointing_kwargs "
+        "{use_reentrant: false} (use_reentrant_gc: false in LLaMA-Factory); gemma_doctor.prepare(model, args) or "
+        "DoctorCallback does it in memory", tc, name, kv_shared_layers=shared)
+
+
+def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+    attn = tc.get("attn_implementation") or tc.get("flash_attention")
+    if attn is None:
+        return
+    value = attn.value
+    if attn.key == "flash_attention":  # axolotl: flash_attention: true
+        impl = "flash_attention_2" if truthy(value) else None
+    else:
+        impl = str(value).strip().lower() if isinstance(value, str) else None
+    if impl is None:
+        return
+    m = model.family.member
+    if m is None:
+        return
+    widest = model.family.trait("max_head_dim")
+    if impl in _FLASH and isinstance(widest, int) and widest > FLASH_MAX_HEAD_DIM:
+        yield _finding(
+            "GD131", Severity.ERROR,
+            f"{attn.key} asks for FlashAttention, but {model.family.display_name}'s global attention layers have "
+            f"{widest}-wide heads and FlashAttention's kernels stop at {FLASH_MAX_HEAD_DIM}: the first forward fails "
+            "with \"FlashAttention forward only supports head dimension at most 256\" (flash-attn flash_api.cpp; "
+            "flash-attention #2427). Packing / padding-free training, which needs FlashAttention, is out too",
+            "use attn_implementation: sdpa (or eager)", tc, "attn_implementation", max_head_dim=widest)
+    # Gemma 2's missing SDPA belongs to the Gemma 2/3 attention findings; here the members new to gemma-doctor.
+    if m.family not in ("gemma2", "gemma3") and _backend(impl) in m.unsupported_attention:
+        yield _finding(
+            "GD132", Severity.ERROR,
+            f"{attn.key} asks for {impl}, which {model.family.display_name} does not support: transformers refuses to "
+            f"load it (\"does not support an attention implementation through ...\" / \"does not support Flash "
+            "Attention 2 yet\", reproduced with transformers 5.23.0)",
+            "use " + ("eager (or flash_attention_2 on a GPU)" if _backend(impl) == "sdpa" else "sdpa or eager"),
+            tc, "attn_implementation")
+
+
+def _backend(impl: str) -> str:
+    return {"fa2": "flash_attention_2", "fa3": "flash_attention_3"}.get(impl, impl)
+
+
+def _ddp_towers(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+    if model.family.family != "gemma4" or not _has_towers(model):
+        return
+    dist = tc.get("distributed_type")
+    procs = tc.get("num_processes")
+    multi = (dist is not None and str(dist.value).upper() == "MULTI_GPU") or (
+        procs is not None and isinstance(procs.value, int) and not isinstance(procs.value, bool) and procs.value > 1
+        and (dist is None or str(dist.value).upper() not in ("DEEPSPEED", "FSDP", "NO")))
+    if not multi or tc.get("deepspeed") is not None or tc.get("fsdp") is not None:
+        return
+    unused = tc.get("ddp_find_unused_parameters")
+    freeze = tc.get("freeze_vision_tower")
+    if (unused is not None and truthy(unused.value)) or (freeze is not None and truthy(freeze.value)):
+        return
+    where = dist.key if dist is not None else procs.key  # type: ignore[union-attr]  # multi implies one is set
+    yield _finding(
+        "GD133", Severity.WARNING,
+        f"multi-GPU DDP ({where}) on {model.family.display_name} with vision/audio towers: a text-only "
+        "batch leaves every tower parameter without a gradient (all of them, transformers 5.5.0-5.23.0), and DDP "
+        "stops with \"Expected to have finished reduction in the prior iteration\" unless they are frozen or "
+        "ddp_find_unused_parameters is on (TRL #6617)",
+        "freeze the towers for text-only training (gemma_doctor.prepare(model, args, text_only=True) does it), or set "
+        "ddp_find_unused_parameters: true (slower)", tc, "distributed_type" if dist is not None else "num_processes")
+
+
+def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+    fam = model.family
+    setting = tc.get("lora_target_modules")
+    linear = tc.get("lora_target_linear")
+    targets = _targets(setting.value) if setting is not None else []
+    all_linear = (linear is not None and truthy(linear.value)) or targets in (["all-linear"], ["all_linear"])
+    towers = fam.model_type == "gemma4" and _has_towers(model)
+    # LLaMA-Factory builds its own regex that leaves the vision tower out (freeze_vision_tower): not judged here.
+    judged = tc.kind != "llama-factory"
+    plain = [t for t in targets if t in _LINEAR_NAMES]
+    if towers and judged and plain and len(plain) == len(targets):
+        yield _finding(
+            "GD440", Severity.ERROR,
+            f"LoRA target_modules {plain} also match the vision/audio towers' projections, which are "
+            "Gemma4ClippableLinear, not nn.Linear: PEFT stops with \"Target module Gemma4ClippableLinear(...) is not "
+            "supported\" (PEFT #3129; reproduced with PEFT 0.18.1 and 0.21.2 on every transformers 5.5.0-5.23.0)",
+            f"target the language model only: target_modules: '{LANGUAGE_MODEL_REGEX}' (a regex string)", tc,
+            "lora_target_modules")
+    if towers and judged and all_linear:
+        key = "lora_target_linear" if linear is not None and truthy(linear.value) else "lora_target_modules"
+        yield _finding(
+            "GD441", Severity.WARNING,
+            "all-linear LoRA on Gemma 4 also puts adapters inside the vision and audio towers (on the inner .linear of "
+            "every Gemma4ClippableLinear): adapters a text-only run never trains, which also leave DDP with unused "
+            "parameters",
+            f"for text-only training target the language model only: target_modules: '{LANGUAGE_MODEL_REGEX}'", tc, key)
+    experts = fam.trait("moe_experts")
+    tp = tc.get("lora_target_parameters")
+    if experts and (targets or all_linear) and (tp is None or not tp.value):
+        yield _finding(
+            "GD442", Severity.WARNING,
+            f"{fam.display_name} is a mixture of experts ({experts} experts): the experts' weights are 3-D parameters "
+            "(experts.gate_up_proj, experts.down_proj), which no target_modules reaches, so the bulk of the model gets "
+            "no adapter; bitsandbytes does not quantize them either (axolotl #3395)",
+            "add target_parameters: [experts.gate_up_proj, experts.down_proj] (PEFT >= 0.18; works with 0.18.1 and "
+            "0.21.2) if the experts should be adapted", tc, "lora_target_modules" if setting is not None else None,
+            moe_experts=experts)
+    shared = fam.trait("kv_shared_layers")
+    kv = [t for t in targets if re.search(r"(^|[^a-z])[kv]_proj", t)]
+    if shared and kv:
+        yield _finding(
+            "GD443", Severity.INFO,
+            f"{fam.display_name}'s last {shared} layers share the K/V of earlier layers and have no k_proj/v_proj "
+            "(transformers >= 5.5.2): the k_proj/v_proj adapters go to the other layers only",
+            "nothing to fix; count on fewer adapters than layers x targets", tc, "lora_target_modules",
+            kv_shared_layers=shared)
