@@ -151,8 +151,11 @@ def test_embeddinggemma_attention_follows_the_transformers_that_will_run(cli, hu
 def test_embeddinggemma_in_fp16_is_the_fp16_rule_with_its_own_evidence(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": variant(EMBEDDING_GEMMA, torch_dtype="float16")}, {"fp16": True},
                 "--gpu", "T4", "--with", "transformers==5.16.0")
-    assert "TEI #748" in got["GD202"][0]["message"] and "TEI #748" in got["GD602"][0]["message"]
+    assert all("TEI #748" in got[code][0]["message"] for code in ("GD202", "GD302", "GD602"))
     assert got["GD602"][0]["severity"] == "error"
+    plain = check(cli, hub, tmp_path, {"config.json": variant(gemma3_1b_config(), torch_dtype="float16")}, {"fp16": True},
+                  "--gpu", "T4", repo="acme/plain")
+    assert not any("TEI" in plain[code][0]["message"] for code in ("GD202", "GD302", "GD602"))
 
 
 # --- GD640 / GD641: attention backend --------------------------------------------------------------------
@@ -316,3 +319,15 @@ def test_a_broken_tokenizer_config_is_no_traceback(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": b"{not json",
                                      "generation_config.json": variant(generation_config(), eos_token_id=1)})
     assert not {"GD505", "GD901", "GD902", "GD903"} & set(got)
+
+
+@pytest.mark.parametrize("tok", [
+    {"added_tokens_decoder": ["<pad>"], "chat_template": {"name": "x"}, "pad_token": 5, "eos_token": None},
+    {"added_tokens_decoder": {"-1": {"content": "<x>"}, "99999999999999999999": {"content": "<y>"}, "7": 3}},
+    {"chat_template": [{"name": "default", "template": "{{ bos_token }}<end_of_turn>"}, "junk"], "pad_token": {"x": 1}},
+])
+def test_odd_tokenizer_configs_are_read_without_a_traceback(cli, hub, tmp_path, tok):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": tok,
+                                     "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [4, 2])})},
+                {"bf16": True})
+    assert "GD505" not in got and "GD902" not in got
