@@ -86,6 +86,7 @@ def test_broad_or_bare_targets_on_multimodal_gemma3_warn_that_the_vision_tower_g
     {"use_peft": True, "lora_target_modules": LM_ONLY},
     {"use_peft": True, "lora_target_modules": "all-linear", "exclude_modules": ".*vision_tower.*"},
     {"use_peft": False, "bf16": True},
+    {"use_peft": False, "lora_target_modules": "all-linear"},
 ])
 def test_lm_only_targets_exclusions_and_full_fine_tuning_are_not_flagged(cli, hub, tmp_path, training):
     got = check(cli, hub, tmp_path, MM, training, "--gpu", "A100")
