@@ -332,3 +332,18 @@ def test_odd_tokenizer_configs_are_read_without_a_traceback(cli, hub, tmp_path, 
                                      "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [4, 2])})},
                 {"bf16": True})
     assert "GD505" not in got and "GD902" not in got
+
+
+def test_boundaries_head_dim_192_and_two_gib_of_logits(cli, hub, tmp_path):
+    files = {"config.json": variant(gemma3_1b_config(), head_dim=192)}
+    fa2 = {"attn_implementation": "flash_attention_2", "per_device_train_batch_size": 1, "max_length": 2048}
+    got = check(cli, hub, tmp_path, files, fa2, "--with", "flash-attn==2.5.4", "--gpu", "A10G", "--with", "trl==1.14.0")
+    assert "GD641" not in got  # the limit is head_dim > 192
+    assert got["GD650"][0]["details"]["logits_fp32_bytes"] == 2 * 1024**3  # exactly 2 GiB warns
+    below = check(cli, hub, tmp_path, files, {**fa2, "max_length": 2047}, "--with", "trl==1.14.0", repo="acme/below")
+    assert "GD650" not in below
+
+
+def test_a_transformers_range_that_straddles_4_57_warns_instead_of_failing(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": EMBEDDING_GEMMA}, None, "--with", "transformers>=4.50")
+    assert [f["severity"] for f in got["GD423"]] == ["warning"] and "GD424" not in got
