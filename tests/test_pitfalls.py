@@ -86,6 +86,7 @@ def test_broad_or_bare_targets_on_multimodal_gemma3_warn_that_the_vision_tower_g
     {"use_peft": True, "lora_target_modules": LM_ONLY},
     {"use_peft": True, "lora_target_modules": "all-linear", "exclude_modules": ".*vision_tower.*"},
     {"use_peft": False, "bf16": True},
+    {"use_peft": False, "lora_target_modules": "all-linear"},
 ])
 def test_lm_only_targets_exclusions_and_full_fine_tuning_are_not_flagged(cli, hub, tmp_path, training):
     got = check(cli, hub, tmp_path, MM, training, "--gpu", "A100")
@@ -151,8 +152,11 @@ def test_embeddinggemma_attention_follows_the_transformers_that_will_run(cli, hu
 def test_embeddinggemma_in_fp16_is_the_fp16_rule_with_its_own_evidence(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": variant(EMBEDDING_GEMMA, torch_dtype="float16")}, {"fp16": True},
                 "--gpu", "T4", "--with", "transformers==5.16.0")
-    assert "TEI #748" in got["GD202"][0]["message"] and "TEI #748" in got["GD602"][0]["message"]
+    assert all("TEI #748" in got[code][0]["message"] for code in ("GD202", "GD302", "GD602"))
     assert got["GD602"][0]["severity"] == "error"
+    plain = check(cli, hub, tmp_path, {"config.json": variant(gemma3_1b_config(), torch_dtype="float16")}, {"fp16": True},
+                  "--gpu", "T4", repo="acme/plain")
+    assert not any("TEI" in plain[code][0]["message"] for code in ("GD202", "GD302", "GD602"))
 
 
 # --- GD640 / GD641: attention backend --------------------------------------------------------------------
@@ -316,3 +320,30 @@ def test_a_broken_tokenizer_config_is_no_traceback(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": b"{not json",
                                      "generation_config.json": variant(generation_config(), eos_token_id=1)})
     assert not {"GD505", "GD901", "GD902", "GD903"} & set(got)
+
+
+@pytest.mark.parametrize("tok", [
+    {"added_tokens_decoder": ["<pad>"], "chat_template": {"name": "x"}, "pad_token": 5, "eos_token": None},
+    {"added_tokens_decoder": {"-1": {"content": "<x>"}, "99999999999999999999": {"content": "<y>"}, "7": 3}},
+    {"chat_template": [{"name": "default", "template": "{{ bos_token }}<end_of_turn>"}, "junk"], "pad_token": {"x": 1}},
+])
+def test_odd_tokenizer_configs_are_read_without_a_traceback(cli, hub, tmp_path, tok):
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": tok,
+                                     "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [4, 2])})},
+                {"bf16": True})
+    assert "GD505" not in got and "GD902" not in got
+
+
+def test_boundaries_head_dim_192_and_two_gib_of_logits(cli, hub, tmp_path):
+    files = {"config.json": variant(gemma3_1b_config(), head_dim=192)}
+    fa2 = {"attn_implementation": "flash_attention_2", "per_device_train_batch_size": 1, "max_length": 2048}
+    got = check(cli, hub, tmp_path, files, fa2, "--with", "flash-attn==2.5.4", "--gpu", "A10G", "--with", "trl==1.14.0")
+    assert "GD641" not in got  # the limit is head_dim > 192
+    assert got["GD650"][0]["details"]["logits_fp32_bytes"] == 2 * 1024**3  # exactly 2 GiB warns
+    below = check(cli, hub, tmp_path, files, {**fa2, "max_length": 2047}, "--with", "trl==1.14.0", repo="acme/below")
+    assert "GD650" not in below
+
+
+def test_a_transformers_range_that_straddles_4_57_warns_instead_of_failing(cli, hub, tmp_path):
+    got = check(cli, hub, tmp_path, {"config.json": EMBEDDING_GEMMA}, None, "--with", "transformers>=4.50")
+    assert [f["severity"] for f in got["GD423"]] == ["warning"] and "GD424" not in got

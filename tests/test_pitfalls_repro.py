@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "pitfalls_repro.py"
 MAIN_CASES = ("gemma2_sdpa", "packing", "lora_targets", "embed_scale", "bidirectional", "eos", "pad_eos", "double_bos",
-              "vocab_rows", "recommended_snippets")
+              "vocab_rows", "recommended_snippets", "lora_targets_paligemma")
 
 
 def _run(python: Path | str, *cases: str) -> dict:
@@ -82,11 +82,12 @@ def test_gd645_packed_sequences_mix_without_the_position_ids_mask(main, v4, lega
 
 
 def test_gd420_gd421_peft_has_no_default_targets_and_broad_ones_reach_the_vision_tower(main, v4):
-    for r in (main["lora_targets"], v4["lora_targets"]):
+    """Gemma 3 (PEFT 0.21 and 0.17) and PaliGemma (SigLIP names its layers like Gemma's)."""
+    for r in (main["lora_targets"], v4["lora_targets"], main["lora_targets_paligemma"]):
         assert "Please specify `target_modules`" in r["default"]["error"]
         assert r["all_linear"]["vision"] > 0 and r["bare_names"]["vision"] > 0
         for cure in ("lm_only_regex", "all_linear_excluding_towers"):  # what the fix says
-            assert r[cure] == {"vision": 0, "language": r["all_linear"]["language"]}
+            assert r[cure] == {"vision": 0, "projector": 0, "language": r["all_linear"]["language"]}
 
 
 def test_gd422_peft_0_17_ignores_embed_scale_and_0_18_plus_applies_it(main, v4):
@@ -114,7 +115,8 @@ def test_recommend_snippets_load_the_language_model_alone_and_lora_it_only_on_4x
     for r in (main["recommended_snippets"], v4["recommended_snippets"]):
         assert r["text_only_class"] == "Gemma3ForCausalLM" and r["text_only_params_vision"] == 0
         assert r["text_only_matrices_equal"] == r["text_only_matrices"] > 0  # every text weight found, none random
-        assert r["peft_on_full_model"]["vision"] == 0 and r["peft_on_full_model"]["language"] > 0
+        assert r["peft_on_full_model"]["vision"] == r["peft_on_full_model"]["projector"] == 0
+        assert r["peft_on_full_model"]["language"] > 0
 
 
 # --- check in each venv judges that venv's installed versions ------------------------------------------

@@ -76,6 +76,6 @@ def adapter_enabled(tc: Any) -> bool:
     if tc is None or not tc.ok:
         return False
     a = tc.get("adapter")
-    if a is not None and str(a.value).strip().lower() in ("lora", "qlora", "true"):
-        return True
+    if a is not None:  # stated: TRL use_peft true/false, axolotl adapter lora/qlora, LLaMA-Factory finetuning_type
+        return str(a.value).strip().lower() in ("lora", "qlora", "true")
     return tc.get("lora_target_modules") is not None or tc.get("lora_r") is not None

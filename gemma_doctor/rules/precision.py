@@ -6,6 +6,7 @@ from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.dtypes import embedding_note
 
 
 def recommend_command(model: ModelFacts, gpu: Any) -> str:
@@ -46,7 +47,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             "GD302", Severity.WARNING,
             f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
             "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
-            "and runs without tensor cores",
+            "and runs without tensor cores" + embedding_note(model),
             key="gpu", fix=f"{recommend_command(model, gpu)} (fp32 settings); or QLoRA to cut memory; or a GPU with compute "
                            "capability 8.0+ (A10G, L4, A100, H100)", details=details)
     if gpu.emulated_bf16_trap and not _precision_explicit(env):

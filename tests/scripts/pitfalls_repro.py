@@ -133,16 +133,36 @@ def tiny_multimodal():
     return Gemma3ForConditionalGeneration(cfg)
 
 
+def tiny_paligemma():
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+    cfg = PaliGemmaConfig(
+        text_config=dict(model_type="gemma", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=300),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, projection_dim=32),
+        projection_dim=32, image_token_index=299)
+    torch.manual_seed(0)
+    return PaliGemmaForConditionalGeneration(cfg)
+
+
 def _lora_counts(model) -> dict:
     from peft.tuners.lora import LoraLayer
-    counts = {"vision": 0, "language": 0}
+    counts = {"vision": 0, "projector": 0, "language": 0}
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
-            counts["vision" if "vision_tower" in name else "language"] += 1
+            counts["vision" if "vision_tower" in name else "projector" if "multi_modal_projector" in name else "language"] += 1
     return counts
 
 
 def case_lora_targets() -> dict:
+    return _lora_targets(tiny_multimodal)
+
+
+def case_lora_targets_paligemma() -> dict:
+    return _lora_targets(tiny_paligemma)
+
+
+def _lora_targets(build) -> dict:
     from peft import LoraConfig, get_peft_model
     lm_only = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
     out: dict = {}
@@ -153,7 +173,7 @@ def case_lora_targets() -> dict:
                       ("all_linear_excluding_towers", {"target_modules": "all-linear",
                                                        "exclude_modules": r".*(vision_tower|multi_modal_projector).*"})):
         try:
-            out[label] = _lora_counts(get_peft_model(tiny_multimodal(), LoraConfig(r=2, **kw)))
+            out[label] = _lora_counts(get_peft_model(build(), LoraConfig(r=2, **kw)))
         except Exception as e:  # noqa: BLE001
             out[label] = {"error": err(e)}
     return out
