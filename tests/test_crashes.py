@@ -226,3 +226,28 @@ def test_gemma3n_with_timm_and_pillow_planned_is_not_flagged(hub, cli, tmp_path)
 
 def test_other_families_never_need_timm(hub, cli):
     assert "GD110" not in _findings(cli, hub, copy.deepcopy(gemma3_12b_config()))
+
+
+# ---------------------------------------------------------------------------------------------- prepare() on 5.23
+
+def test_on_the_installed_5_23_prepare_supplies_nothing_and_switches_the_cache_off():
+    """Outside every window (the main venv's transformers 5.23.0) prepare() adds no hook and guards use_cache as
+    always, Gemma 4 included; inside them see tests/test_crashes_venvs.py (5.5.1)."""
+    import sys
+    from pathlib import Path
+
+    import gemma_doctor
+    from gemma_doctor.api import running_transformers
+
+    sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+    try:
+        import crash_cases
+    finally:
+        sys.path.pop(0)
+    assert running_transformers() == "5.23.0"
+    g3 = crash_cases.gemma3()
+    assert gemma_doctor.prepare(g3).supplied == () and not g3._forward_pre_hooks
+    g4 = crash_cases.gemma4(kv_shared=2, bidirectional="vision")
+    prepared = gemma_doctor.prepare(g4)
+    assert prepared.supplied == () and prepared.enabled == ()
+    assert "config.text_config.use_cache" in prepared.disabled and g4.config.text_config.use_cache is False

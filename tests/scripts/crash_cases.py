@@ -21,14 +21,9 @@ import sys
 import tempfile
 import warnings
 
-warnings.filterwarnings("ignore")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-torch.set_num_threads(1)
 SEQ, BATCH, VOCAB = 12, 4, 300
 
 
@@ -250,6 +245,10 @@ CASES = {"token-type-ids": case_token_type_ids, "mm-token-type-ids": case_mm_tok
 
 
 def main(argv: list[str]) -> None:
+    """Run the named cases; print one JSON object. (Imported in-process by a test, the module changes nothing.)"""
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
     out, names = argv[0], argv[1:]
     result: dict = {"transformers": transformers.__version__}
     for name in names:
