@@ -283,7 +283,11 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
         # Gemma 4 KV sharing works only through the cache on 5.5.0-5.5.1 (GD107): never switch it off there;
         # switch back on what Trainer wrote (TrainingArguments.use_cache defaults to False).
         enabled = enable_use_cache(model)
-        if getattr(model, "is_gradient_checkpointing", False):
+        # 5.5.x names it is_gradient_checkpointing (is_activation_checkpointing from later releases).
+        checkpointing = getattr(model, "is_activation_checkpointing", None)
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        if checkpointing:
             warnings.warn(f"transformers {version}: gradient checkpointing drops the cache, so this model's shared layers "
                           f"compute their own K/V and the loss is wrong (GD107); turn gradient checkpointing off or "
                           f'pip install "transformers>={GEMMA4_KV_SHARE_NO_CACHE.first_fixed}"', KvSharingWarning,

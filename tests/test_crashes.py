@@ -251,3 +251,18 @@ def test_on_the_installed_5_23_prepare_supplies_nothing_and_switches_the_cache_o
     prepared = gemma_doctor.prepare(g4)
     assert prepared.supplied == () and prepared.enabled == ()
     assert "config.text_config.use_cache" in prepared.disabled and g4.config.text_config.use_cache is False
+
+
+def test_recommend_keeps_the_cache_on_for_a_kv_shared_gemma4_in_the_window(hub, cli):
+    """The loading snippet and TrainingArguments never switch use_cache off where that breaks KV sharing."""
+    hub.add("google/gemma-4-E2B-it", {"config.json": gemma4_config(kv_shared=20)})
+    for version, keep in (("5.5.1", True), ("5.5.2", False)):
+        r = cli("recommend", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json",
+                "--with", f"transformers=={version}")
+        assert r.code == 0, r
+        [model] = r.json()["models"]
+        tr = model["recommendation"]["frameworks"]["transformers"]
+        loading = model["snippets"]["python"]["loading"]
+        assert tr["use_cache"] is keep and tr["training_arguments"].get("use_cache") is (True if keep else None)
+        assert ("sub_config.use_cache = False" in loading) is not keep
+        assert any("GD107" in reason for reason in model["recommendation"]["reasons"]) is keep
