@@ -266,3 +266,11 @@ def test_recommend_keeps_the_cache_on_for_a_kv_shared_gemma4_in_the_window(hub, 
         assert tr["use_cache"] is keep and tr["training_arguments"].get("use_cache") is (True if keep else None)
         assert ("sub_config.use_cache = False" in loading) is not keep
         assert any("GD107" in reason for reason in model["recommendation"]["reasons"]) is keep
+
+
+def test_without_any_transformers_known_gd108_stays_quiet_and_a_straddling_range_warns(hub, cli, tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.13.0\n")  # transformers not on the training machine's list
+    assert "GD108" not in _findings(cli, hub, gemma3n_config(), "--requirements", str(req))
+    gd108 = _findings(cli, hub, gemma3n_config(), "--with", "transformers>=4.50,<4.60")["GD108"]
+    assert gd108["severity"] == "warning" and "cannot be told" in gd108["message"]

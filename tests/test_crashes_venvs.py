@@ -140,6 +140,8 @@ def test_prepare_keeps_the_cache_on_where_switching_it_off_breaks_kv_sharing(v5,
     assert r["old_guard"] == pytest.approx(r["without_cache"], abs=1e-6)  # use_cache off everywhere: broken
     assert r["disabled"] == [] and "config.text_config.use_cache" in r["enabled"]
     assert r["prepared"] == pytest.approx(truth, abs=1e-5)
+    # Checkpointing drops the cache whatever use_cache says: prepare() cannot cure that and says so.
+    assert r["checkpointing_warnings"] == ["KvSharingWarning"]
 
 
 def test_a_real_trainer_trains_the_broken_path_unguarded_and_the_right_one_with_the_callback(v5, kv_reloaded_by_5_23):

@@ -188,11 +188,13 @@ def _unknown_model_type(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
     if need is None:
         return
     model_type, minimum = need
+    tf = stack.get("transformers")
     window = older_than(minimum)
     exposure = stack.exposure(window)
-    if exposure is Exposure.SAFE:
+    # Nothing known about transformers at all: every version-dependent finding already says so, and a warning that
+    # any release might be too old would be noise on every model.
+    if exposure is Exposure.SAFE or tf.absent:
         return
-    tf = stack.get("transformers")
     if exposure is Exposure.AFFECTED:
         message = (f"transformers {tf.version} cannot load model_type {model_type} (needs >= {minimum}): loading "
                    f"raises \"The checkpoint you are trying to load has model type `{model_type}` but Transformers "

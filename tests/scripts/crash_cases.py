@@ -184,6 +184,11 @@ def case_kv_sharing_save(out: str) -> dict:
     prepared = gemma_doctor.prepare(model)
     res["prepared"] = train_loss(model)
     res["enabled"], res["disabled"] = list(prepared.enabled), list(prepared.disabled)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemma_doctor.prepare(model)
+    res["checkpointing_warnings"] = sorted({type(w.message).__name__ for w in caught if "GD107" in str(w.message)})
     res["unguarded_trainer"] = train_one_step(gemma4(kv_shared=2), guarded=False)
     res["guarded_trainer"] = train_one_step(gemma4(kv_shared=2), guarded=True)
     return res
