@@ -98,6 +98,7 @@ def test_gemma4_vision_bidirectional_needs_mm_token_type_ids_on_5_5(hub, cli, ve
     assert (found or {}).get("severity") == expected
     if found:
         assert "`mm_token_type_ids` is required" in found["message"] and found["details"]["input"] == "mm_token_type_ids"
+        assert found["key"] == "text_config.use_bidirectional_attention"
 
 
 def test_gemma4_e2b_style_config_never_needs_mm_token_type_ids(hub, cli):

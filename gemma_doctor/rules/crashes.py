@@ -96,7 +96,7 @@ def _where(tf: Any, exposure: Exposure, window: Window) -> str:
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """GD105-GD110 for one model, each only where the libraries that will run can show it."""
+    """GD105-GD110 and GD620 for one model, each only where the libraries that will run can show it."""
     if not model.config.ok or not model.family.is_gemma:
         return
     stack = env.libraries
@@ -126,7 +126,8 @@ def _required_input(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         code, _severity(exposure),
         f"training this {fam.display_name} checkpoint{scope} on text-only batches (no images, so no {req.name}) "
         f"raises {req.error}: {_where(tf, exposure, req.window)}",
-        file="config.json", key="model_type",
+        file="config.json",
+        key=".".join((*fam.text_path, "use_bidirectional_attention")) if req.model_type == "gemma4" else "model_type",
         fix=(f"gemma_doctor.prepare(model) or Trainer(callbacks=[DoctorCallback()]) supplies {req.name} = "
              f"{req.value} for text-only batches ({req.why}); or pip install \"transformers>={req.window.first_fixed}\""),
         details={"exposure": exposure.value, "input": req.name, "value": req.value,
