@@ -42,7 +42,7 @@ class RequiredInput:
 # Gemma 4 ("vision" bidirectional configs): mm_token_type_ids 0 = text; token_type_ids does not help there.
 REQUIRED_INPUTS: tuple[RequiredInput, ...] = (
     RequiredInput("gemma3", "token_type_ids", 0, TOKEN_TYPE_IDS_GEMMA3, TOKEN_TYPE_IDS_ERROR,
-                  "0 marks text tokens (causal attention)"),
+                  "0 marks text tokens, attended causally"),
     RequiredInput("paligemma", "token_type_ids", 1, TOKEN_TYPE_IDS_PALIGEMMA, TOKEN_TYPE_IDS_ERROR,
                   "1 marks the causal suffix; zeros would make the whole sequence a bidirectional prefix that sees "
                   "its own labels"),
@@ -148,8 +148,9 @@ def _kv_sharing(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         f"checkpointing the shared layers compute their own K/V and the loss is wrong without any error "
         f"(transformers #45242): {_where(tf, exposure, w)}",
         file="config.json", key=".".join((*model.family.text_path, "num_kv_shared_layers")),
-        fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); gemma-doctor fix and prepare() leave use_cache '
-            "alone for this model on these releases",
+        fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); or train through gemma_doctor.prepare(model) / '
+            "DoctorCallback, which keep use_cache on for this model on these releases (undoing Trainer's use_cache=False), "
+            "with gradient checkpointing off; gemma-doctor fix never writes use_cache: false for it",
         details={"exposure": exposure.value, "kv_shared_layers": shared, "window": w.spec, "transformers": tf.to_json()})
 
 
