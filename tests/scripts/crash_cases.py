@@ -137,6 +137,12 @@ def case_token_type_ids(out: str) -> dict:
         r["hooked_loss"] = train_loss(model)
         r["future_leak_guarded"] = future_leak(model)
         res[name] = r
+    # PEFT calls the wrapped model's forward() directly (no hooks run there): the inner model's hook must do it.
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj)", task_type="CAUSAL_LM")
+    res["gemma3_peft"] = {"unguarded": train_one_step(get_peft_model(gemma3(), lora), guarded=False),
+                          "guarded": train_one_step(get_peft_model(gemma3(), lora), guarded=True)}
     return res
 
 
