@@ -10,9 +10,10 @@ from typing import Any, Mapping
 from gemma_doctor import recommend
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.gpu import GpuFacts
+from gemma_doctor.rules import crashes
 from gemma_doctor.runplan import MemoryFacts
 from gemma_doctor.family import FAMILY_TEXT_TYPE, HYBRID_CACHE_TEXT_TYPES
-from gemma_doctor.stack import Stack
+from gemma_doctor.stack import Exposure, Stack
 from gemma_doctor.versioning import HYBRIDCACHE, transformers_has_hybridcache_bug
 
 _SAFETENSORS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -104,7 +105,9 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
     # A quantized checkpoint stays quantized whatever the options say; --quantization adds on-the-fly quantization.
     quant = q_mode or quant_opt
     snap = facts.snapshot
-    return recommend.Inputs(family=facts.family.label, fp16_unsafe=facts.family.fp16_unsafe, saved_dtype=dtype,
+    keep_cache = crashes.use_cache_off_breaks(facts.family, stack) if isinstance(stack, Stack) else \
+        (Exposure.UNKNOWN if crashes.kv_shared_layers(facts.family) else Exposure.SAFE)
+    return recommend.Inputs(family=facts.family.label, keep_use_cache=keep_cache is not Exposure.SAFE, fp16_unsafe=facts.family.fp16_unsafe, saved_dtype=dtype,
                             saved_dtype_source=source, quantization=quant,
                             quant_method=q_method if q_mode else None, checkpoint_compute_dtype=q_compute,
                             model_id=snap.repo_id or str(snap.path), nested=facts.family.nested,

@@ -45,7 +45,7 @@ class Prepared:
     disabled: tuple[str, ...]
     problems: tuple[str, ...]
     family: str | None
-    # Inputs supplied to text-only batches on releases that require them ("model.token_type_ids=0", GD105/GD106).
+    # Inputs supplied to text-only batches on releases that require them ("Gemma3Model.token_type_ids=0", GD105/GD106).
     supplied: tuple[str, ...] = ()
     # use_cache switched back on where switching it off breaks the model (Gemma 4 KV sharing on 5.5.0-5.5.1, GD107).
     enabled: tuple[str, ...] = ()
@@ -163,7 +163,7 @@ def supply_text_inputs(model: Any, version: str | None = None) -> tuple[str, ...
         return ()
     supplied: list[str] = []
     named = getattr(model, "named_modules", None)
-    for name, module in (named() if callable(named) else ()):
+    for _name, module in (named() if callable(named) else ()):
         cfg = getattr(module, "config", None)
         if getattr(cfg, "model_type", None) != req.model_type or module in _HOOKED:
             continue
@@ -274,8 +274,9 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
 
     use_cache is switched off first (except for a KV-shared Gemma 4 on transformers 5.5.0-5.5.1, where it is
     switched on: without a cache those releases skip the sharing, GD107); on releases that require them,
-    text-only training batches get the type ids they lack (GD105/GD106), whatever ``on_mismatch`` says; then a precision problem raises
-    PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is only returned ("ignore").
+    text-only training batches get the type ids they lack (GD105/GD106). Both happen whatever ``on_mismatch``
+    says; then a precision problem raises PrecisionMismatch ("raise"), issues a PrecisionWarning ("warn"), or is
+    only returned ("ignore").
     Call it before Trainer.evaluate() or Trainer.train(), or pass DoctorCallback() to the Trainer.
     ``text_only=True`` (text-only training data) also freezes a Gemma 4's vision/audio towers, which such batches
     leave without gradients (DDP would stop on them).
@@ -289,7 +290,11 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
         # Gemma 4 KV sharing works only through the cache on 5.5.0-5.5.1 (GD107): never switch it off there;
         # switch back on what Trainer wrote (TrainingArguments.use_cache defaults to False).
         enabled = enable_use_cache(model)
-        if getattr(model, "is_gradient_checkpointing", False):
+        # 5.5.x names it is_gradient_checkpointing (is_activation_checkpointing from later releases).
+        checkpointing = getattr(model, "is_activation_checkpointing", None)
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        if checkpointing:
             warnings.warn(f"transformers {version}: gradient checkpointing drops the cache, so this model's shared layers "
                           f"compute their own K/V and the loss is wrong (GD107); turn gradient checkpointing off or "
                           f'pip install "transformers>={GEMMA4_KV_SHARE_NO_CACHE.first_fixed}"', KvSharingWarning,

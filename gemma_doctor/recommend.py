@@ -94,6 +94,9 @@ class Inputs:
     # it (affected | safe | unknown): what `gemma-doctor fix` would write on disk follows from both.
     builds_hybrid_cache: bool = True
     hybridcache: str = "unknown"
+    # A KV-shared Gemma 4 on transformers 5.5.0-5.5.1 (or a version that cannot be told): use_cache=False and
+    # gradient checkpointing skip the sharing and give a wrong loss (GD107, GD620), so the cache stays on.
+    keep_use_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,16 @@ def decide(i: Inputs) -> Recommendation:
     if rl:
         reasons.append(f"{i.task}: the stable setting from TRL #3236: gradient_checkpointing=True, "
                        "optim=\"adamw_torch_fused\", max_grad_norm=1.0, with the precision above")
-    reasons.append(_use_cache_reason(i, fam))
+    if i.keep_use_cache and mem is not None and mem.gradient_checkpointing:
+        reasons.append("the memory plan fits only with gradient checkpointing, which this model cannot use on "
+                       "transformers 5.5.0-5.5.1 (GD620): upgrade to transformers >= 5.5.2 for that plan")
+    if i.keep_use_cache:
+        reasons.append("use_cache stays on (use_cache=True in TrainingArguments, which Trainer writes onto the model "
+                       "config) and gradient checkpointing off: transformers 5.5.0-5.5.1 share this model's K/V only "
+                       "through the cache, so without it the loss is wrong (GD107, GD620); transformers >= 5.5.2 "
+                       "needs neither")
+    else:
+        reasons.append(_use_cache_reason(i, fam))
 
     # 5. Memory: the cheapest method and the largest batch that fit the GPU (docs/memory.md).
     if mem is not None:
@@ -316,8 +328,10 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     mem = i.memory
     if mem is not None:
         args.update({"per_device_train_batch_size": mem.batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps})
-        if mem.gradient_checkpointing:
+        if mem.gradient_checkpointing and not i.keep_use_cache:
             args["gradient_checkpointing"] = True
+    if i.keep_use_cache:
+        args["use_cache"] = True
     dtype_key = "dtype" if _at_least(i.versions.get("transformers"), TRANSFORMERS_DTYPE_KWARG) else "torch_dtype"
     load_kwargs: dict[str, Any] = {dtype_key: load}
     bnb: dict[str, Any] | None = None
@@ -344,7 +358,7 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         axolotl.update({"gradient_checkpointing": True, "optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
     return {
         "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
-                         "from_pretrained": load_kwargs, "use_cache": False,
+                         "from_pretrained": load_kwargs, "use_cache": i.keep_use_cache,
                          "text_only": text_only_loading(i.family, i.nested, i.versions.get("transformers"))},
         "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
                 "config": dict(args) if trl_cls else None},
@@ -388,16 +402,19 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     if bnb:
         lines.append(f"bnb_config = BitsAndBytesConfig({_kwargs(bnb, dtypes=True)})")
     extra = ", quantization_config=bnb_config" if bnb else ""
-    lines += [
-        f"model = {tr['auto_class']}.from_pretrained({model_id!r}, {_kwargs(load, dtypes=True)}{extra})",
-        "# Training needs no KV cache: switch it off on every sub-model config a forward pass reads",
-        "# (model.config alone is not enough for multimodal Gemma 3 on transformers 4.50.x).",
-        "for module in model.modules():",
-        "    sub_config = getattr(module, \"config\", None)",
-        "    if sub_config is not None and hasattr(sub_config, \"use_cache\"):",
-        "        sub_config.use_cache = False",
-        "model.generation_config.use_cache = False",
-    ]
+    lines.append(f"model = {tr['auto_class']}.from_pretrained({model_id!r}, {_kwargs(load, dtypes=True)}{extra})")
+    if tr["use_cache"]:
+        lines.append("# Keep use_cache on: transformers 5.5.0-5.5.1 share this model's K/V only through the cache.")
+    else:
+        lines += [
+            "# Training needs no KV cache: switch it off on every sub-model config a forward pass reads",
+            "# (model.config alone is not enough for multimodal Gemma 3 on transformers 4.50.x).",
+            "for module in model.modules():",
+            "    sub_config = getattr(module, \"config\", None)",
+            "    if sub_config is not None and hasattr(sub_config, \"use_cache\"):",
+            "        sub_config.use_cache = False",
+            "model.generation_config.use_cache = False",
+        ]
     out["loading"] = "\n".join(lines) + "\n"
     text_only = tr.get("text_only")
     if text_only:

@@ -98,6 +98,7 @@ def test_gemma4_vision_bidirectional_needs_mm_token_type_ids_on_5_5(hub, cli, ve
     assert (found or {}).get("severity") == expected
     if found:
         assert "`mm_token_type_ids` is required" in found["message"] and found["details"]["input"] == "mm_token_type_ids"
+        assert found["key"] == "text_config.use_bidirectional_attention"
 
 
 def test_gemma4_e2b_style_config_never_needs_mm_token_type_ids(hub, cli):
@@ -226,3 +227,51 @@ def test_gemma3n_with_timm_and_pillow_planned_is_not_flagged(hub, cli, tmp_path)
 
 def test_other_families_never_need_timm(hub, cli):
     assert "GD110" not in _findings(cli, hub, copy.deepcopy(gemma3_12b_config()))
+
+
+# ---------------------------------------------------------------------------------------------- prepare() on 5.23
+
+def test_on_the_installed_5_23_prepare_supplies_nothing_and_switches_the_cache_off():
+    """Outside every window (the main venv's transformers 5.23.0) prepare() adds no hook and guards use_cache as
+    always, Gemma 4 included; inside them see tests/test_crashes_venvs.py (5.5.1)."""
+    import sys
+    from pathlib import Path
+
+    import gemma_doctor
+    from gemma_doctor.api import running_transformers
+
+    sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+    try:
+        import crash_cases
+    finally:
+        sys.path.pop(0)
+    assert running_transformers() == "5.23.0"
+    g3 = crash_cases.gemma3()
+    assert gemma_doctor.prepare(g3).supplied == () and not g3._forward_pre_hooks
+    g4 = crash_cases.gemma4(kv_shared=2, bidirectional="vision")
+    prepared = gemma_doctor.prepare(g4)
+    assert prepared.supplied == () and prepared.enabled == ()
+    assert "config.text_config.use_cache" in prepared.disabled and g4.config.text_config.use_cache is False
+
+
+def test_recommend_keeps_the_cache_on_for_a_kv_shared_gemma4_in_the_window(hub, cli):
+    """The loading snippet and TrainingArguments never switch use_cache off where that breaks KV sharing."""
+    hub.add("google/gemma-4-E2B-it", {"config.json": gemma4_config(kv_shared=20)})
+    for version, keep in (("5.5.1", True), ("5.5.2", False)):
+        r = cli("recommend", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json",
+                "--with", f"transformers=={version}")
+        assert r.code == 0, r
+        [model] = r.json()["models"]
+        tr = model["recommendation"]["frameworks"]["transformers"]
+        loading = model["snippets"]["python"]["loading"]
+        assert tr["use_cache"] is keep and tr["training_arguments"].get("use_cache") is (True if keep else None)
+        assert ("sub_config.use_cache = False" in loading) is not keep
+        assert any("GD107" in reason for reason in model["recommendation"]["reasons"]) is keep
+
+
+def test_without_any_transformers_known_gd108_stays_quiet_and_a_straddling_range_warns(hub, cli, tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.13.0\n")  # transformers not on the training machine's list
+    assert "GD108" not in _findings(cli, hub, gemma3n_config(), "--requirements", str(req))
+    gd108 = _findings(cli, hub, gemma3n_config(), "--with", "transformers>=4.50,<4.60")["GD108"]
+    assert gd108["severity"] == "warning" and "cannot be told" in gd108["message"]

@@ -85,6 +85,14 @@ def test_text_only_training_crashes_on_5_5_1_and_trains_with_the_doctor_callback
     assert r["future_leak_guarded"] is False
 
 
+def test_a_peft_wrapped_gemma3_is_guarded_too(v5):
+    """PEFT calls the wrapped model's forward() directly, so the hook on the inner Gemma3Model does the work."""
+    r = v5["token-type-ids"]["gemma3_peft"]
+    assert r["unguarded"] == {"error": "ValueError: `token_type_ids` is required as a model input when training"}
+    # LoRA's B starts at zero: the first step's loss is the base model's on the same batch.
+    assert r["guarded"]["train_loss"] == pytest.approx(v5["token-type-ids"]["gemma3"]["explicit_ids_loss"], abs=1e-5)
+
+
 def test_the_supplied_constant_is_zeros_for_gemma3_and_ones_for_paligemma(v5):
     r = v5["token-type-ids"]
     assert r["gemma3"]["supplied"] == ["Gemma3ForConditionalGeneration.token_type_ids=0", "Gemma3Model.token_type_ids=0"]
@@ -140,6 +148,8 @@ def test_prepare_keeps_the_cache_on_where_switching_it_off_breaks_kv_sharing(v5,
     assert r["old_guard"] == pytest.approx(r["without_cache"], abs=1e-6)  # use_cache off everywhere: broken
     assert r["disabled"] == [] and "config.text_config.use_cache" in r["enabled"]
     assert r["prepared"] == pytest.approx(truth, abs=1e-5)
+    # Checkpointing drops the cache whatever use_cache says: prepare() cannot cure that and says so.
+    assert r["checkpointing_warnings"] == ["KvSharingWarning"]
 
 
 def test_a_real_trainer_trains_the_broken_path_unguarded_and_the_right_one_with_the_callback(v5, kv_reloaded_by_5_23):

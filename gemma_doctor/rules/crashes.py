@@ -42,7 +42,7 @@ class RequiredInput:
 # Gemma 4 ("vision" bidirectional configs): mm_token_type_ids 0 = text; token_type_ids does not help there.
 REQUIRED_INPUTS: tuple[RequiredInput, ...] = (
     RequiredInput("gemma3", "token_type_ids", 0, TOKEN_TYPE_IDS_GEMMA3, TOKEN_TYPE_IDS_ERROR,
-                  "0 marks text tokens (causal attention)"),
+                  "0 marks text tokens, attended causally"),
     RequiredInput("paligemma", "token_type_ids", 1, TOKEN_TYPE_IDS_PALIGEMMA, TOKEN_TYPE_IDS_ERROR,
                   "1 marks the causal suffix; zeros would make the whole sequence a bidirectional prefix that sees "
                   "its own labels"),
@@ -96,7 +96,7 @@ def _where(tf: Any, exposure: Exposure, window: Window) -> str:
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """GD105-GD110 for one model, each only where the libraries that will run can show it."""
+    """GD105-GD110 and GD620 for one model, each only where the libraries that will run can show it."""
     if not model.config.ok or not model.family.is_gemma:
         return
     stack = env.libraries
@@ -126,7 +126,8 @@ def _required_input(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         code, _severity(exposure),
         f"training this {fam.display_name} checkpoint{scope} on text-only batches (no images, so no {req.name}) "
         f"raises {req.error}: {_where(tf, exposure, req.window)}",
-        file="config.json", key="model_type",
+        file="config.json",
+        key=".".join((*fam.text_path, "use_bidirectional_attention")) if req.model_type == "gemma4" else "model_type",
         fix=(f"gemma_doctor.prepare(model) or Trainer(callbacks=[DoctorCallback()]) supplies {req.name} = "
              f"{req.value} for text-only batches ({req.why}); or pip install \"transformers>={req.window.first_fixed}\""),
         details={"exposure": exposure.value, "input": req.name, "value": req.value,
@@ -147,8 +148,9 @@ def _kv_sharing(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         f"checkpointing the shared layers compute their own K/V and the loss is wrong without any error "
         f"(transformers #45242): {_where(tf, exposure, w)}",
         file="config.json", key=".".join((*model.family.text_path, "num_kv_shared_layers")),
-        fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); gemma-doctor fix and prepare() leave use_cache '
-            "alone for this model on these releases",
+        fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); or train through gemma_doctor.prepare(model) / '
+            "DoctorCallback, which keep use_cache on for this model on these releases (undoing Trainer's use_cache=False), "
+            "with gradient checkpointing off; gemma-doctor fix never writes use_cache: false for it",
         details={"exposure": exposure.value, "kv_shared_layers": shared, "window": w.spec, "transformers": tf.to_json()})
 
 
@@ -188,11 +190,13 @@ def _unknown_model_type(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
     if need is None:
         return
     model_type, minimum = need
+    tf = stack.get("transformers")
     window = older_than(minimum)
     exposure = stack.exposure(window)
-    if exposure is Exposure.SAFE:
+    # Nothing known about transformers at all: every version-dependent finding already says so, and a warning that
+    # any release might be too old would be noise on every model.
+    if exposure is Exposure.SAFE or tf.absent:
         return
-    tf = stack.get("transformers")
     if exposure is Exposure.AFFECTED:
         message = (f"transformers {tf.version} cannot load model_type {model_type} (needs >= {minimum}): loading "
                    f"raises \"The checkpoint you are trying to load has model type `{model_type}` but Transformers "

@@ -21,14 +21,9 @@ import sys
 import tempfile
 import warnings
 
-warnings.filterwarnings("ignore")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-torch.set_num_threads(1)
 SEQ, BATCH, VOCAB = 12, 4, 300
 
 
@@ -142,6 +137,12 @@ def case_token_type_ids(out: str) -> dict:
         r["hooked_loss"] = train_loss(model)
         r["future_leak_guarded"] = future_leak(model)
         res[name] = r
+    # PEFT calls the wrapped model's forward() directly (no hooks run there): the inner model's hook must do it.
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj)", task_type="CAUSAL_LM")
+    res["gemma3_peft"] = {"unguarded": train_one_step(get_peft_model(gemma3(), lora), guarded=False),
+                          "guarded": train_one_step(get_peft_model(gemma3(), lora), guarded=True)}
     return res
 
 
@@ -189,6 +190,11 @@ def case_kv_sharing_save(out: str) -> dict:
     prepared = gemma_doctor.prepare(model)
     res["prepared"] = train_loss(model)
     res["enabled"], res["disabled"] = list(prepared.enabled), list(prepared.disabled)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemma_doctor.prepare(model)
+    res["checkpointing_warnings"] = sorted({type(w.message).__name__ for w in caught if "GD107" in str(w.message)})
     res["unguarded_trainer"] = train_one_step(gemma4(kv_shared=2), guarded=False)
     res["guarded_trainer"] = train_one_step(gemma4(kv_shared=2), guarded=True)
     return res
@@ -250,6 +256,10 @@ CASES = {"token-type-ids": case_token_type_ids, "mm-token-type-ids": case_mm_tok
 
 
 def main(argv: list[str]) -> None:
+    """Run the named cases; print one JSON object. (Imported in-process by a test, the module changes nothing.)"""
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
     out, names = argv[0], argv[1:]
     result: dict = {"transformers": transformers.__version__}
     for name in names:
