@@ -823,6 +823,22 @@ def test_a_yaml_alias_bomb_costs_no_memory(world, tmp_path, baseline_mib):
     assert peak - baseline_mib < 100, (peak, baseline_mib)
 
 
+def test_a_config_nested_a_million_levels_costs_no_memory(world, baseline_mib):
+    """2 MB of brackets: a recursive parser would build a million nested lists (or die of recursion); the reader
+    refuses the depth before building them (the 900-level config, under the recursion limit, is tested above)."""
+    depth = 1_000_000
+    (world.snap / "config.json").unlink()
+    (world.snap / "config.json").write_text('{"model_type": "gemma2", "a": ' + "[" * depth + "]" * depth + "}")
+    world.freeze()
+    for args, code in ((("check", REPO, "--format", "json"), 1), (("fix", REPO, "--inplace"), 1)):
+        peak, r = peak_mib(world.hub.root, *args)
+        no_internal_error(r)
+        assert r.returncode == code, r
+        assert "config.json: nested too deeply to be a config" in r.stdout, r.stdout[-2000:]
+        assert peak - baseline_mib < 50, (args, peak, baseline_mib)
+    world.untouched()
+
+
 # --- permissions: folders this user cannot read are findings, never "OK" (run as nobody) --------------------------------
 
 def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
