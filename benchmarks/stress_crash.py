@@ -1,8 +1,10 @@
 """Stress gemma-doctor's crash and concurrency promises: hundreds of random kills, rounds of parallel runs.
 
     python benchmarks/stress_crash.py --kills 300 --concurrent-rounds 10 --seed 1
+    python benchmarks/stress_crash.py --kills 0 --concurrent-rounds 105 --no-symlinks-rounds 30 --width 8   # 1,080 racing runs
 
-Prints one JSON document of figures (recorded in docs/reliability.md); exits 1 on the first violation.
+Prints one JSON document of figures (recorded in docs/reliability.md); exits 1 on the first violation, or when any
+concurrent run failed spuriously (all of them are counted first).
 Baseline: the same cache fixed and restored by uninterrupted runs, measured in the same process.
 """
 
