@@ -498,6 +498,7 @@ class Current:
     data: bytes | None = None  # None: missing, unreadable, not a regular file, a link leading out, too large
     mode: int = 0o644
     kind: str = "missing"  # "file" | "link" | "folder" | "special" | "missing"
+    why: str = ""  # why it could not be read (a link on the way, a missing folder), when that is known
 
 
 def current(path: Path, area: Area, limit: int) -> Current:
