@@ -1,8 +1,10 @@
 """Stress gemma-doctor's crash and concurrency promises: hundreds of random kills, rounds of parallel runs.
 
     python benchmarks/stress_crash.py --kills 300 --concurrent-rounds 10 --seed 1
+    python benchmarks/stress_crash.py --kills 0 --concurrent-rounds 105 --no-symlinks-rounds 30 --width 8   # 1,080 racing runs
 
-Prints one JSON document of figures (recorded in docs/reliability.md); exits 1 on the first violation.
+Prints one JSON document of figures (recorded in docs/reliability.md); exits 1 on the first violation, or when any
+concurrent run failed spuriously (all of them are counted first).
 Baseline: the same cache fixed and restored by uninterrupted runs, measured in the same process.
 """
 
@@ -22,47 +24,87 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import crash_harness as harness  # noqa: E402
 
 
-def _together(root: Path, commands: list[tuple[str, ...]]) -> list[str]:
-    """Run ``commands`` at once; the stderr of every one that did not exit 0 (a spurious failure: each of them,
-    run alone, exits 0 from any state these rounds leave)."""
-    procs = [subprocess.Popen(harness._argv(root, *c), env=harness._env(root), stdout=subprocess.DEVNULL,
+def _codes(report: dict) -> set[tuple[str, str]]:
+    """(repo, code) of every finding in a ``check --format json`` report, skipped targets included."""
+    found = {(m.get("repo_id") or m.get("target"), f["code"]) for m in report.get("models", []) for f in m.get("findings", [])}
+    return found | {(s.get("target", ""), s.get("code", "skipped")) for s in report.get("skipped", []) if isinstance(s, dict)}
+
+
+def check_baseline(root: Path) -> set[tuple[str, str]]:
+    """The findings ``check`` may give while fixes and restores race: those of the original and the fixed cache."""
+    assert harness.cli(root, "restore").returncode == 0
+    allowed = _codes(json.loads(harness.cli(root, "check", "--format", "json").stdout))
+    assert harness.cli(root, "fix", "--inplace").returncode == 0
+    allowed |= _codes(json.loads(harness.cli(root, "check", "--format", "json").stdout))
+    assert harness.cli(root, "restore").returncode == 0
+    return allowed
+
+
+def _together(root: Path, commands: list[tuple[str, ...]], allowed: set[tuple[str, str]]) -> list[str]:
+    """Run ``commands`` at once; one line per spurious failure.
+
+    A fix or restore is spurious when it does not exit 0 (each of them, run alone, exits 0 from any state these
+    rounds leave). A check is spurious when it exits other than 0 or 1 (the fixed and the original cache), writes
+    to stderr, prints invalid JSON, or reports a finding neither the original nor the fixed cache gives (a
+    file seen half-way, a link a sibling was replacing)."""
+    procs = [subprocess.Popen(harness._argv(root, *c), env=harness._env(root), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for c in commands]
     failures = []
     for c, p in zip(commands, procs):
-        _, err = p.communicate(timeout=600)
-        if p.returncode != 0:
-            failures.append(f"{' '.join(c)} exited {p.returncode}: {err.strip()}")
+        out, err = p.communicate(timeout=600)
+        what = f"{' '.join(c)} exited {p.returncode}"
+        if c[0] != "check":
+            if p.returncode != 0:
+                failures.append(f"{what}: {err.strip()}")
+            continue
+        if p.returncode not in (0, 1) or err.strip():
+            failures.append(f"{what}: {err.strip()}")
+            continue
+        try:
+            extra = _codes(json.loads(out)) - allowed
+        except ValueError as e:
+            failures.append(f"{what}: invalid JSON ({e})")
+            continue
+        if extra:
+            failures.append(f"{what}: findings neither state gives: {sorted(extra)}")
     return failures
 
 
-def concurrency_rounds(root: Path, exp: harness.Expected, rounds: int, width: int, seed: int) -> dict:
-    """Rounds of ``width`` processes at once: all fix, all restore, or a random mix; check after each.
+CHECK = ("check", "--format", "json")
 
-    Stops at the first spurious failure (a run that exits non-zero), reporting it."""
+
+def concurrency_rounds(root: Path, exp: harness.Expected, rounds: int, width: int, seed: int) -> dict:
+    """Rounds of ``width`` processes at once: all fix, all restore, or a random mix of fix, restore and check;
+    the cache is checked against the exact expected state after each.
+
+    Counts every spurious failure (a run that exits non-zero, a check that sees what no state holds), keeping the
+    first few; a violation of the end state stops the run (an AssertionError)."""
     rng = random.Random(seed)
+    allowed = check_baseline(root)
     runs = 0
-    by_kind = {"fix": 0, "restore": 0}
+    by_kind = {"fix": 0, "restore": 0, "check": 0}
+    failures: list[str] = []
     for i in range(rounds):
         kind = ("fix", "restore", "mix")[i % 3]
         if kind == "mix":
-            commands = [rng.choice([("fix", "--inplace"), ("restore",)]) for _ in range(width)]
+            commands = [rng.choice([("fix", "--inplace"), ("restore",), CHECK]) for _ in range(width)]
         else:
-            commands = [("fix", "--inplace") if kind == "fix" else ("restore",)] * width
-        failures = _together(root, commands)
+            # One check races every all-fix and all-restore round too.
+            commands = [("fix", "--inplace") if kind == "fix" else ("restore",)] * (width - 1) + [CHECK]
+        failures += _together(root, commands, allowed)
+        if (i + 1) % 15 == 0:
+            print(f"  round {i + 1}/{rounds}: {len(failures)} spurious failures", file=sys.stderr)
         runs += width
         for c in commands:
             by_kind[c[0]] += 1
-        if failures:
-            return {"rounds": i + 1, "processes_per_round": width, "runs": runs, "by_command": by_kind,
-                    "spurious_failures": len(failures), "first_failure": failures[0]}
         if kind == "mix":
             harness.check_after_kill(root, exp)
             assert harness.cli(root, "restore").returncode == 0
-            runs += 1
             harness.check_complete(root, exp, "restore")
         else:
             harness.check_complete(root, exp, kind)
-    return {"rounds": rounds, "processes_per_round": width, "runs": runs, "by_command": by_kind, "spurious_failures": 0}
+    return {"rounds": rounds, "processes_per_round": width, "runs": runs, "by_command": by_kind,
+            "spurious_failures": len(failures), "first_failures": failures[:5]}
 
 
 def main() -> int:

@@ -149,8 +149,8 @@ def _current(snap: Any, path: Path) -> fsafe.Current:
     """A file of ``snap`` as it is now, in one consistent look (links inside the repo followed for its bytes)."""
     try:
         return fsafe.current(path, undo.area(snap), MAX_JSON_BYTES)
-    except (fsafe.Refused, OSError, ValueError):
-        return fsafe.Current(True, kind="special")
+    except (fsafe.Refused, OSError, ValueError) as e:
+        return fsafe.Current(True, kind="special", why=str(e))
 
 
 def _unchanged(snap: Any, change: FileChange) -> bool:
@@ -324,6 +324,8 @@ def _classify(snap: Any, name: str, entry: dict[str, Any], force: bool = False) 
     if force and (now.kind in ("file", "link", "missing") and (now.kind != "file" or now.data is not None)):
         return RestoreAction(name, path, entry, drop_only=False, force=True)
     why = {"folder": "is now a folder", "special": "is now a pipe, socket or device, or unreadable"}.get(now.kind)
+    if now.why:  # e.g. its folder was swapped for a link: say so rather than guess
+        why = f"cannot be read now ({now.why})"
     if why:
         return f"{name} {why}; left as it is (its original is kept in {backup})"
     return (f"{name} changed since gemma-doctor fixed it; left as it is (its original is kept in {backup}; "

@@ -498,6 +498,7 @@ class Current:
     data: bytes | None = None  # None: missing, unreadable, not a regular file, a link leading out, too large
     mode: int = 0o644
     kind: str = "missing"  # "file" | "link" | "folder" | "special" | "missing"
+    why: str = ""  # why it could not be read (a link on the way, a missing folder), when that is known
 
 
 def current(path: Path, area: Area, limit: int) -> Current:
@@ -604,16 +605,18 @@ def _refusal(e: Refused) -> WriteError:
     return WriteError(f"{e}; refusing to write through it")
 
 
-def write_file(path: Path, data: bytes, mode: int, area: Area | None = None) -> None:
+def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, make_folders: bool = False) -> None:
     """Atomically make ``path`` a regular file holding ``data`` with permissions ``mode`` (umask does not apply).
 
     Temp file beside it (``O_EXCL | O_NOFOLLOW``), fsync, rename, all relative to the real folder holding it, which
     is reached from the area's root without following a link. A link at ``path`` is replaced, never written
     through, so the blob it pointed at is untouched; a hard link elsewhere keeps its bytes for the same reason.
+    ``make_folders``: create missing folders on the way (our own state folder); otherwise a missing folder (a
+    snapshot folder someone moved away) is an error, never made anew holding one file.
     """
     area = area or area_of(path)
     try:
-        with _parent(path, area, create=True) as (dir_fd, name):
+        with _parent(path, area, create=make_folders) as (dir_fd, name):
             tmp = tmp_name(Path(name)).name
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode & 0o777, dir_fd=dir_fd)

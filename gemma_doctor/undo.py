@@ -130,7 +130,7 @@ def save(snapshot: Snapshot, entries: dict[str, dict[str, Any]]) -> None:
     doc = {"schema_version": SCHEMA_VERSION, "tool": "gemma-doctor",
            "note": "originals of files rewritten by `gemma-doctor fix`; `gemma-doctor restore` puts them back",
            "entries": dict(sorted(entries.items()))}
-    fsafe.write_file(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"), 0o644, area(snapshot))
+    fsafe.write_file(path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"), 0o644, area(snapshot), make_folders=True)
 
 
 def backup_path(snapshot: Snapshot, digest: str) -> Path:
@@ -163,7 +163,7 @@ def save_backup(snapshot: Snapshot, data: bytes, mode: int = 0o644) -> str:
     path = backup_path(snapshot, digest)
     have = fsafe.read_file(path, MAX_JSON_BYTES, area(snapshot), follow=False)
     if not (have.data is not None and sha256(have.data) == digest):
-        fsafe.write_file(path, data, (mode & 0o666) | 0o600, area(snapshot))
+        fsafe.write_file(path, data, (mode & 0o666) | 0o600, area(snapshot), make_folders=True)
     return digest
 
 
@@ -176,7 +176,7 @@ def keep_path(snapshot: Snapshot, name: str, digest: str) -> Path:
 def keep(snapshot: Snapshot, name: str, data: bytes, mode: int) -> Path:
     """Keep ``data`` (a user's version of ``name``) where the user can find it; returns the path."""
     path = keep_path(snapshot, name, sha256(data))
-    fsafe.write_file(path, data, (mode & 0o666) | 0o600, area(snapshot))
+    fsafe.write_file(path, data, (mode & 0o666) | 0o600, area(snapshot), make_folders=True)
     return path
 
 

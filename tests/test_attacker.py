@@ -18,6 +18,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -821,6 +823,22 @@ def test_a_yaml_alias_bomb_costs_no_memory(world, tmp_path, baseline_mib):
     assert peak - baseline_mib < 100, (peak, baseline_mib)
 
 
+def test_a_config_nested_a_million_levels_costs_no_memory(world, baseline_mib):
+    """2 MB of brackets: a recursive parser would build a million nested lists (or die of recursion); the reader
+    refuses the depth before building them (the 900-level config, under the recursion limit, is tested above)."""
+    depth = 1_000_000
+    (world.snap / "config.json").unlink()
+    (world.snap / "config.json").write_text('{"model_type": "gemma2", "a": ' + "[" * depth + "]" * depth + "}")
+    world.freeze()
+    for args, code in ((("check", REPO, "--format", "json"), 1), (("fix", REPO, "--inplace"), 1)):
+        peak, r = peak_mib(world.hub.root, *args)
+        no_internal_error(r)
+        assert r.returncode == code, r
+        assert "config.json: nested too deeply to be a config" in r.stdout, r.stdout[-2000:]
+        assert peak - baseline_mib < 50, (args, peak, baseline_mib)
+    world.untouched()
+
+
 # --- permissions: folders this user cannot read are findings, never "OK" (run as nobody) --------------------------------
 
 def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -918,6 +936,18 @@ def test_fsafe_writes_refuse_any_link_on_the_way(tmp_path):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_fsafe_writes_make_no_folder_but_our_own(tmp_path):
+    """A snapshot folder moved away while fix writes is not made anew holding one config.json (found by the swap loop
+    below: the attacker could not move the real one back, and the repo showed a snapshot of one file)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(WriteError, match=r"cannot write .*gone/config.json: No such file or directory; it was left as it was"):
+        fsafe.write_file(root / "gone" / "config.json", b"{}", 0o644, fsafe.Area(root))
+    assert list(root.iterdir()) == []
+    fsafe.write_file(root / ".gemma-doctor" / "backups" / "b", b"x", 0o600, fsafe.Area(root), make_folders=True)
+    assert (root / ".gemma-doctor" / "backups" / "b").read_bytes() == b"x"
+
+
 @pytest.mark.parametrize("mode", [0o600, 0o664, 0o640, 0o444])
 def test_fsafe_write_file_sets_the_exact_mode_whatever_the_umask(tmp_path, mode):
     old = os.umask(0o077)
@@ -1003,3 +1033,233 @@ def test_any_mix_of_plants_never_touches_the_victim_or_a_blob_and_never_crashes(
         if args[-1] == "json" and r.code in (0, 1):
             json.loads(r.out)
         world.untouched()
+
+
+# --- hostile names in every position, FIFOs at every file position, folders swapped in a loop --------------------------
+# These run gemma-doctor in a subprocess whose stdout and stderr are strict UTF-8, as on a UTF-8 terminal or a CI log:
+# a name that is not UTF-8 reaches Python as lone surrogates, which such a stream refuses (before: exit 70).
+
+def strict_run(cache: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """One gemma-doctor process with strict UTF-8 output; its output decoded strictly (a stray byte fails here)."""
+    env = {**_env(cache), "PYTHONIOENCODING": "utf-8:strict"}
+    r = subprocess.run([sys.executable, "-m", "gemma_doctor", *args, "--cache-dir", str(cache)], env=env,
+                       capture_output=True, timeout=timeout)
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode("utf-8"), r.stderr.decode("utf-8"))
+
+
+def printable_only(r: subprocess.CompletedProcess[str]) -> None:
+    """No internal error, and nothing a terminal would act on: no control character but newline and tab."""
+    no_internal_error(r)
+    text = r.stdout + r.stderr
+    bad = sorted({c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f or 0xd800 <= ord(c) <= 0xdfff})
+    assert not bad, (bad, text[-2000:])
+    assert len(r.stderr.splitlines()) <= 1, r.stderr
+
+
+HOSTILE_NAMES = {"newline": b"a\nb", "escapes": b"\x1b]0;pwned\x07\x1b[2J", "not UTF-8": b"\xff\xfe\x80x"}
+
+
+def _plant_names(world: World, position: str) -> list[bytes]:
+    """Plant one entry per hostile name (and one name of exactly 255 bytes) at ``position``; the names planted."""
+    repo, snap = os.fsencode(world.repo), os.fsencode(world.snap)
+    if position == "repo folder":
+        names = [b"models--org--" + n for n in HOSTILE_NAMES.values()] + [b"models--org--" + b"n" * 242]
+        for n in names:
+            os.mkdir(os.fsencode(world.hub.root) + b"/" + n)
+        return names
+    names = list(HOSTILE_NAMES.values()) + [b"n" * 255]
+    if position == "shard":  # shards the index names, each a link to the real weights
+        names = [n + b".safetensors" for n in HOSTILE_NAMES.values()] + [b"n" * 243 + b".safetensors"]
+        target = os.readlink(world.snap / "model.safetensors")
+        for n in names:
+            os.symlink(target, snap + b"/" + n)
+        os.unlink(world.snap / "model.safetensors")
+        weight_map = {f"t{i}": os.fsdecode(n) for i, n in enumerate(names)} | {"t4": "m" * 300 + ".safetensors"}
+        # JSON text is UTF-8: a name that is not is written as \\udcff escapes, which Python reads back as that name.
+        (world.snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return names
+    for n in names:
+        if position == "snapshot folder":
+            os.mkdir(repo + b"/snapshots/" + n)
+        elif position == "ref":  # a branch name no Hub allows, naming the real commit
+            with open(repo + b"/refs/" + n, "w") as f:
+                f.write(world.snap.name)
+        else:
+            folder = {"blob": b"/blobs/", "snapshot file": b"/snapshots/" + os.fsencode(world.snap.name) + b"/",
+                      "backup": b"/.gemma-doctor/backups/"}[position]
+            os.makedirs(repo + folder, exist_ok=True)
+            with open(repo + folder + n, "wb") as f:
+                f.write(b"\x1b[2J")
+    return names
+
+
+def _expected_names_findings(position: str, names: list[bytes]) -> list[tuple[str, str]]:
+    """(code, message) each planted name gives in `check --all-revisions --format json`, beyond the model's own."""
+    shown = [os.fsdecode(n) for n in names]
+    if position == "repo folder":
+        return [("GD020", f"{s!r} is not the folder of a valid repo name; not read") for s in shown]
+    if position == "snapshot folder":
+        return [("GD022", f"snapshots/{s!r} is not named by a commit hash; not read") for s in shown]
+    if position == "shard":
+        return [("GD206", f"index and shards disagree: {s} lacks 1 tensor(s) the index maps to it (first: t{i})")
+                for i, s in enumerate(shown)] + [("GD203", "shard " + "m" * 300 + ".safetensors")]
+    return []  # a stray ref, blob, file or backup changes nothing gemma-doctor reads
+
+
+@pytest.mark.parametrize("position", ["repo folder", "snapshot folder", "ref", "blob", "snapshot file", "backup", "shard"])
+def test_hostile_names_in_every_position_are_shown_escaped_and_never_crash(world, position):
+    """Newlines, escape sequences, bytes that are not UTF-8 and 255-byte names wherever a name can be planted."""
+    names = _plant_names(world, position)
+    world.freeze()
+    r = strict_run(world.hub.root, "check", "--all-revisions", "--format", "json")
+    printable_only(r)
+    assert r.returncode == 1, r
+    doc = json.loads(r.stdout)
+    got = [(f["code"], f["message"]) for m in doc["models"] for f in m["findings"] if f["code"] not in ("GD101", "GD102")]
+    want = _expected_names_findings(position, names)
+    # GD203's message goes on to say what the missing shard means; the name is the part an attacker chose.
+    assert sorted((c, m[:len(w)]) for (c, m), (_, w) in zip(sorted(got), sorted(want))) == sorted(want) and len(got) == len(want), got
+    for args, code in ((("check", "--all-revisions"), 1), (("check", "--weights"), 1), (("list",), 0),
+                       (("fix", REPO, "--inplace"), 0), (("restore", REPO), 0)):
+        r = strict_run(world.hub.root, *args)
+        printable_only(r)
+        assert r.returncode == code, (args, r)
+        if position in ("repo folder", "snapshot folder", "shard") and args == ("check", "--all-revisions"):
+            assert "\\x1b]0;pwned\\x07\\x1b[2J" in r.stdout and "\\xff\\xfe\\x80x" in r.stdout, r.stdout
+    # Nothing named by an attacker was taken for ours: every planted entry is still there, as planted.
+    parent = {"repo folder": os.fsencode(world.hub.root), "snapshot folder": os.fsencode(world.repo / "snapshots"),
+              "ref": os.fsencode(world.repo / "refs"), "blob": os.fsencode(world.repo / "blobs"),
+              "snapshot file": os.fsencode(world.snap), "shard": os.fsencode(world.snap),
+              "backup": os.fsencode(world.repo / ".gemma-doctor" / "backups")}[position]
+    assert set(names) <= set(os.listdir(parent))
+    world.untouched()
+
+
+FIFO_PLACES = {
+    # place: (commands and the exit code of each, the exact words of the finding or line each gives)
+    "config.json": [(("check", REPO, "--format", "json"), 1, "GD001 config.json: not a regular file (a pipe, socket or device); not read"),
+                    (("fix", REPO, "--inplace"), 1, "config.json: not a regular file (a pipe, socket or device); not read; not rewritten")],
+    "generation_config.json": [
+        (("check", REPO, "--format", "json"), 1, "GD004 generation_config.json: not a regular file (a pipe, socket or device); not read"),
+        (("fix", REPO, "--inplace"), 1, "generation_config.json: not a regular file (a pipe, socket or device); not read; not rewritten")],
+    "model.safetensors": [
+        (("check", REPO, "--format", "json"), 1,
+         "GD204 shard model.safetensors is not a valid safetensors file: not a regular file (a pipe, socket or device); not read"),
+        (("check", REPO, "--weights", "--format", "json"), 1,
+         "GD504 not scanned: model.safetensors (not a regular file (a pipe, socket or device); not read)"),
+        (("fix", REPO, "--inplace"), 0, "fixed")],
+    "model.safetensors.index.json": [
+        (("check", REPO, "--weights", "--format", "json"), 1,
+         "GD206 model.safetensors.index.json: not a regular file (a pipe, socket or device); not read")],
+    "a backup (no symlinks)": [
+        (("restore", REPO), 3, "is unusable (not a regular file (a pipe, socket or device); not read); nothing restored")],
+    ".gemma-doctor/kept": [
+        (("restore", REPO, "--force"), 3, "kept is not a folder; refusing to write through it; nothing was restored")],
+}
+
+
+@pytest.mark.parametrize("place", sorted(FIFO_PLACES))
+def test_a_fifo_at_every_file_position_is_refused_unread_and_never_hangs(tmp_path, place):
+    """A FIFO blocks whoever opens it for reading until a writer comes: each place is opened without blocking and
+    refused as not a regular file. (The ref, the undo record, the lock and the training config: tests above.)"""
+    world = World(tmp_path, symlinks=place != "a backup (no symlinks)")
+    if place == "a backup (no symlinks)":
+        assert strict_run(world.hub.root, "fix", REPO, "--inplace").returncode == 0
+        path = next((world.repo / ".gemma-doctor" / "backups").iterdir())
+        path.unlink()
+    elif place == ".gemma-doctor/kept":
+        assert strict_run(world.hub.root, "fix", REPO, "--inplace").returncode == 0
+        (world.snap / "config.json").unlink()
+        (world.snap / "config.json").write_text("{}")  # the user's edit, which restore --force keeps a copy of
+        path = world.repo / place
+    else:
+        path = world.snap / place
+        if place == "model.safetensors.index.json":
+            (world.snap / "model.safetensors").unlink()
+        elif path.is_symlink():
+            path.unlink()
+    os.mkfifo(path)
+    world.freeze()
+    for args, code, words in FIFO_PLACES[place]:
+        r = strict_run(world.hub.root, *args, timeout=60)
+        printable_only(r)
+        assert r.returncode == code, (args, r)
+        if args[-1] == "json":
+            assert words in [f"{f['code']} {f['message']}" for m in json.loads(r.stdout)["models"] for f in m["findings"]], r.stdout
+        else:
+            assert words in r.stdout + r.stderr, (args, r)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    world.untouched()
+
+
+def _swap_in_a_loop(folder: Path, decoy: Path, parked: Path, stop: "threading.Event", swaps: list[int]) -> None:
+    """The attacker: move ``folder`` away, put a link to ``decoy`` in its place, a moment later put it back; again."""
+    while not stop.is_set():
+        try:
+            os.rename(folder, parked)
+        except OSError:  # a run is replacing it (the state folder is created and removed by gemma-doctor)
+            time.sleep(0.001)
+            continue
+        os.symlink(decoy, folder)
+        time.sleep(0.004)
+        os.unlink(folder)
+        try:
+            os.rename(parked, folder)
+        except OSError:  # gemma-doctor made a new state folder meanwhile (as it does when there is none): keep it
+            return
+        swaps[0] += 1
+        time.sleep(0.004)
+
+
+@pytest.mark.parametrize("folder", ["snapshots/<commit>", ".gemma-doctor"])
+def test_a_folder_swapped_for_a_link_in_a_loop_while_fix_restore_and_check_run(world, folder):
+    """Every run sees the folder or the link at any moment between two system calls: whatever it sees, the victim's
+    copy (byte-identical, so a run following the link would find it 'unchanged' and write there) and every blob keep
+    their hashes, no run ends in an internal error, and the cache ends as one run would leave it."""
+    original = {n: (world.snap / n).read_bytes() for n in ("config.json", "generation_config.json")}
+    assert strict_run(world.hub.root, "fix", REPO, "--inplace").returncode == 0  # a record and backups to aim at
+    target = world.snap if folder == "snapshots/<commit>" else world.repo / ".gemma-doctor"
+    decoy = world.victim / "decoy"
+    shutil.copytree(target, decoy, symlinks=False)
+    world.freeze()
+    stop, swaps = threading.Event(), [0]
+    swapper = threading.Thread(target=_swap_in_a_loop, args=(target, decoy, world.attacker / "parked", stop, swaps))
+    swapper.start()
+    codes_seen: dict[str, set[int]] = {}
+    seen_lines: list[str] = []
+    try:
+        for _ in range(3):
+            for args in (("restore", REPO), ("fix", REPO, "--inplace"), ("check", REPO, "--format", "json")):
+                r = strict_run(world.hub.root, *args)
+                printable_only(r)
+                codes_seen.setdefault(args[0], set()).add(r.returncode)
+                if r.returncode != 0 and args[0] != "check":
+                    seen_lines.append(f"{args[0]} {r.returncode}: {r.stdout.strip().splitlines()[-1:]} {r.stderr.strip()}")
+                if args[0] == "check" and r.returncode == 2:  # it looked while the folder was moved away
+                    assert "which has no snapshot in" in r.stderr and not r.stdout, r
+                elif args[0] == "check":
+                    json.loads(r.stdout)
+    finally:
+        stop.set()
+        swapper.join()
+    assert swaps[0] > 0
+    # A run that met the link refused it: the repo as a finding (exit 1, GD022 or GD006), the file or the write
+    # (exit 3, "… is a link; refusing to write through it"), the target at the moment it was gone (exit 2).
+    assert set().union(*codes_seen.values()) <= {0, 1, 2, 3}, (codes_seen, seen_lines)
+    reasons = ("is a link", "a link leads out of the repo folder", "which has no snapshot", "No such file or directory",
+               "cannot be read now (", "undo record")
+    assert all(any(w in line for w in reasons) for line in seen_lines), seen_lines
+    world.untouched()
+    r = strict_run(world.hub.root, "restore", REPO)
+    printable_only(r)
+    if folder == "snapshots/<commit>":
+        assert r.returncode == 0, r
+        assert {n: (world.snap / n).read_bytes() for n in original} == original
+        assert not (world.repo / ".gemma-doctor").exists()
+    else:
+        # Moving our state folder away is deleting it (the attacker may): the files keep their fixed bytes then.
+        assert r.returncode in (0, 1), r
+        fixed = {n: json.loads(b) for n, b in original.items()}
+        for n in original:
+            assert json.loads((world.snap / n).read_bytes()) in (fixed[n], {**fixed[n], "use_cache": False}), n
+    world.untouched()

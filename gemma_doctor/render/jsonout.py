@@ -11,8 +11,9 @@ from gemma_doctor.report import FailOn, Report
 
 
 # Characters json.dumps(ensure_ascii=False) leaves raw that a terminal acts on (DEL, C1 controls, bidi overrides,
-# line separators). They can only occur inside JSON strings, where \uXXXX is the same character: exact JSON still.
-_RAW = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# line separators), and lone surrogates (a file name that is not UTF-8, as Python holds it), which no UTF-8 text
+# can hold. They can only occur inside JSON strings, where \uXXXX is the same character: exact JSON still.
+_RAW = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 
 
 def dumps(doc: Any) -> str:

@@ -11,12 +11,15 @@ from typing import Any
 _TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 # What a terminal acts on instead of printing: C0 controls (ESC starts escape sequences; CR and LF fake lines),
 # DEL, C1 controls (U+009B is a one-character CSI), line/paragraph separators and the bidirectional overrides
-# that reorder what is shown ("Trojan Source"). Tabs are harmless and kept.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# that reorder what is shown ("Trojan Source"). Tabs are harmless and kept. Lone surrogates too: Python names
+# a file whose name is not UTF-8 with U+DC80-U+DCFF (surrogateescape), which a UTF-8 stdout refuses to encode.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 
 
 def _visible(m: re.Match[str]) -> str:
     c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:  # the byte that was not UTF-8, as the name holds it on disk
+        return f"\\x{c - 0xDC00:02x}"
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
