@@ -308,3 +308,11 @@ def test_a_lock_timeout_prints_no_diff(hub, cli):
     assert r.code == 3 and "another gemma-doctor has held" in r.out, r
     assert "+++" not in r.out and "@@" not in r.out and '"use_cache": false' not in r.out
     assert js.json()["models"][0]["changes"] == []
+
+
+
+def test_check_names_the_file_to_download_again(hub, cli):
+    _sharded(hub, "google/gemma-3-4b-it", None)
+    r = cli("check", "google/gemma-3-4b-it", "--cache-dir", hub.root, "--format", "json")
+    gd203 = next(f for f in r.json()["models"][0]["findings"] if f["code"] == "GD203")
+    assert gd203["fix"].endswith(f"hf download google/gemma-3-4b-it {SHARD_2} --cache-dir {hub.root} --force-download")
