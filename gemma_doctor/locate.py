@@ -82,7 +82,7 @@ def redownload_command(snapshot: Snapshot, files: list[str | None]) -> str:
     cached repo gets `gemma-doctor check` (only its author knows where its files came from)."""
     import shlex
 
-    if snapshot.repo_id is None or snapshot.repo_dir is None:
+    if snapshot.repo_id is None or (snapshot.repo_dir is None and not snapshot.remote):
         return f"gemma-doctor check {shlex.quote(snapshot.target)}"
     names = sorted({f for f in files if f})
     parts = ["hf download", shlex.quote(snapshot.repo_id), *map(shlex.quote, names)]

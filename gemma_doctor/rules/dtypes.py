@@ -21,9 +21,8 @@ def _fmt(n: int) -> str:
 def _download(model: ModelFacts, file: str) -> str:
     """The command that replaces ``file`` of this model: hf download for a cached repo, else the author's copy."""
     snap = model.snapshot
-    if snap.remote:  # read from the Hub: the Hub's own copy is incomplete, a download would be too
-        return f"the Hub's {file} is incomplete at this revision: pick another revision or tell the repo's owner"
-    if snap.repo_id is None or snap.repo_dir is None:
+    # The same text for a snapshot read from the Hub as for its cached copy: the findings of both agree by design.
+    if snap.repo_id is None or (snap.repo_dir is None and not snap.remote):
         return f"copy {file} again from where this folder came from"
     return redownload_command(snap, [file])
 
