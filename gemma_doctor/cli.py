@@ -475,6 +475,10 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, traceback on request
         known = _click_error(e)
+        if known is None and isinstance(e.__cause__, KeyboardInterrupt):
+            # Ctrl-C during an import that creates a dataclass: Python re-raises it from __set_name__ as
+            # "RuntimeError: Error calling __set_name__" (seen in tests/test_crash_safety.py's random kills).
+            known = _INTERRUPTED, int(ExitCode.INTERRUPTED)
         if known is not None:
             if known[0].startswith("Usage:"):
                 sys.stderr.write(known[0] + "\n")

@@ -128,7 +128,7 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         status = status_of({f.code for f in report.findings}, bool(facts.undo.entries), would_change)
         snap = facts.snapshot
         nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
-            redownload_command(snap, [f.file for f in report.findings if f.code in _DOWNLOAD_AGAIN])
+            locate.redownload_command(snap, [f.file for f in report.findings if f.code in _DOWNLOAD_AGAIN])
             if status is RowStatus.BROKEN else
             f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
         rows.append(Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
@@ -136,25 +136,6 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
                         snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
                         status, counts, nxt))
     return rows, len(skipped)
-
-
-def redownload_command(snapshot: Any, files: list[str | None]) -> str:
-    """`hf download REPO FILE... --force-download` for the files a download must replace; a folder that is not a
-    cached repo gets `gemma-doctor check` (only its author knows where its files came from)."""
-    import shlex
-
-    if snapshot.repo_id is None or snapshot.repo_dir is None:
-        return f"gemma-doctor check {shlex.quote(snapshot.target)}"
-    names = sorted({f for f in files if f})
-    parts = ["hf download", shlex.quote(snapshot.repo_id), *map(shlex.quote, names)]
-    rev = snapshot.revision if snapshot.revision and snapshot.revision != "main" else None
-    if rev is None and not snapshot.revision and snapshot.commit:
-        rev = snapshot.commit
-    if rev:
-        parts.append(f"--revision {shlex.quote(rev)}")
-    if snapshot.cache_dir is not None and os.path.abspath(snapshot.cache_dir) != os.path.abspath(locate.default_cache_dir()):
-        parts.append(f"--cache-dir {shlex.quote(str(snapshot.cache_dir))}")
-    return " ".join(parts + ["--force-download"])
 
 
 # --- filters and sorting, as `hf cache ls` spells them -------------------------------------------

@@ -77,6 +77,25 @@ def command_args(snapshot: Snapshot) -> str:
     return " ".join(parts)
 
 
+def redownload_command(snapshot: Snapshot, files: list[str | None]) -> str:
+    """`hf download REPO FILE... --force-download` for the files a download must replace; a folder that is not a
+    cached repo gets `gemma-doctor check` (only its author knows where its files came from)."""
+    import shlex
+
+    if snapshot.repo_id is None or (snapshot.repo_dir is None and not snapshot.remote):
+        return f"gemma-doctor check {shlex.quote(snapshot.target)}"
+    names = sorted({f for f in files if f})
+    parts = ["hf download", shlex.quote(snapshot.repo_id), *map(shlex.quote, names)]
+    rev = snapshot.revision if snapshot.revision and snapshot.revision != "main" else None
+    if rev is None and not snapshot.revision and snapshot.commit:
+        rev = snapshot.commit
+    if rev:
+        parts.append(f"--revision {shlex.quote(rev)}")
+    if snapshot.cache_dir is not None and os.path.abspath(snapshot.cache_dir) != os.path.abspath(default_cache_dir()):
+        parts.append(f"--cache-dir {shlex.quote(str(snapshot.cache_dir))}")
+    return " ".join(parts + ["--force-download"])
+
+
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """The hub cache as huggingface_hub resolves it: HF_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME, ~/.cache."""
     env = os.environ if env is None else env
@@ -208,7 +227,11 @@ def resolve(targets: list[str], cache_dir: Path | None = None, revision: str = "
 def clean_path(path: Path) -> Path:
     """``path`` as the user should read it: without ``..`` parts (examples/../.cache -> .cache). Resolved through
     the file system, links included, as the OS resolves ``..`` (a text-only normpath would be wrong after a link)."""
-    return Path(os.path.realpath(path)) if ".." in Path(path).parts else Path(path)
+    # Only a path that exists: realpath resolves `..` after a missing part by text (org/.. -> .), where the OS
+    # says "no such folder"; such a path stays as typed and fails as typed.
+    if ".." not in Path(path).parts or not os.path.exists(path):
+        return Path(path)
+    return Path(os.path.realpath(path))
 
 
 def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -> list[Snapshot]:

@@ -308,3 +308,29 @@ def test_a_lock_timeout_prints_no_diff(hub, cli):
     assert r.code == 3 and "another gemma-doctor has held" in r.out, r
     assert "+++" not in r.out and "@@" not in r.out and '"use_cache": false' not in r.out
     assert js.json()["models"][0]["changes"] == []
+
+
+
+def test_check_names_the_file_to_download_again(hub, cli):
+    _sharded(hub, "google/gemma-3-4b-it", None)
+    r = cli("check", "google/gemma-3-4b-it", "--cache-dir", hub.root, "--format", "json")
+    gd203 = next(f for f in r.json()["models"][0]["findings"] if f["code"] == "GD203")
+    assert gd203["fix"].endswith(f"hf download google/gemma-3-4b-it {SHARD_2} --cache-dir {hub.root} --force-download")
+
+
+def test_ctrl_c_wrapped_by_python_in_a_runtime_error_is_an_interruption(monkeypatch, capsys):
+    """Python 3.11 re-raises a KeyboardInterrupt that lands in a descriptor's __set_name__ (a dataclass being
+    created during an import) as RuntimeError from it; that is still a Ctrl-C, exit 130, not an internal error."""
+    import gemma_doctor.cli as cli_mod
+
+    def interrupted(_argv):  # noqa: ANN001, ANN202
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on '_Field' instance 'skipped' in 'WeightsScan'") from e
+
+    monkeypatch.setattr(cli_mod, "_invoke", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        cli_mod.main(["check"])
+    assert exit_.value.code == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.locate import redownload_command
 from gemma_doctor.report import Finding, Severity
 
 _ST_TO_TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
@@ -25,6 +26,15 @@ def embedding_note(model: ModelFacts) -> str:
             "--dtype float16 with \"Gemma3 is only supported in fp32 precision\", TEI #748)")
 
 
+def _download(model: ModelFacts, file: str) -> str:
+    """The command that replaces ``file`` of this model: hf download for a cached repo, else the author's copy."""
+    snap = model.snapshot
+    # The same text for a snapshot read from the Hub as for its cached copy: the findings of both agree by design.
+    if snap.repo_id is None or (snap.repo_dir is None and not snap.remote):
+        return f"copy {file} again from where this folder came from"
+    return redownload_command(snap, [file])
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD201-GD206: dtype mismatch, fp16 Gemma 2/3, missing/corrupt shards, bad index, quantized."""
     c = model.census
@@ -32,7 +42,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         return
     if c.index_error:
         yield Finding("GD206", Severity.ERROR, f"{c.source}: {c.index_error}", file=c.source, key="weight_map",
-                      fix="download the index again: hf download REPO model.safetensors.index.json")
+                      fix=f"download the index again: {_download(model, c.source)}")
     for p in c.index_problems:
         yield Finding("GD206", Severity.ERROR, f"index and shards disagree: {p}", file=c.source, key="weight_map",
                       fix="the index and shards come from different revisions; download the model again")
@@ -41,11 +51,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             continue
         if not s.exists:
             yield Finding("GD203", Severity.ERROR, f"shard {s.file} is {s.error}", file=s.file,
-                          fix="download the missing shard: hf download REPO --include '*.safetensors'")
+                          fix=f"download the missing shard: {_download(model, s.file)}")
         else:
             yield Finding("GD204", Severity.ERROR, f"shard {s.file} is not a valid safetensors file: {s.error}", file=s.file,
-                          fix="delete the corrupt blob and download it again (hf download REPO --force-download "
-                              "--include FILE); check the disk is not full")
+                          fix=f"download it again: {_download(model, s.file)}; check the disk is not full")
     q = c.quantization
     if q:
         bits = f" {q['bits']}-bit" if q.get("bits") else ""
