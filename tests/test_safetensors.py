@@ -485,3 +485,38 @@ def test_quantized_layout_without_config(cli, hub, names, method):
     m = check_json(cli, hub, "me/layout")
     assert m["dtypes"]["quantization"]["method"] == method
     assert "GD205" in codes(m)
+
+
+# --- how the findings state sizes and quantization ----------------------------------------------------
+
+def _fp16_model_folder(folder: Path, params: int) -> Path:
+    """A plain model folder: Gemma 2 config and one float16 tensor of ``params`` values (the data a sparse hole)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(variant(gemma2_config(), torch_dtype="float16")))
+    header = json.dumps({"w": {"dtype": "F16", "shape": [params], "data_offsets": [0, 2 * params]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + 2 * params)
+    return folder
+
+
+@pytest.mark.parametrize("params, shown", [(999, "999"), (1000, "1.0K"), (1_500_000, "1.5M"), (10**9, "1.0B")])
+def test_parameter_counts_are_stated_in_thousands_millions_and_billions(cli, tmp_path, params, shown):
+    folder = _fp16_model_folder(tmp_path / "model", params)
+    r = cli("check", str(folder), "--format", "json", "--fail-on", "never")
+    gd202 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD202"]
+    assert len(gd202) == 1, r
+    assert f"weights are saved in float16 ({shown} parameters)" in gd202[0]["message"]
+
+
+@pytest.mark.parametrize("names, says", [
+    (["l.weight", "l.weight.absmax", "l.weight.quant_map"],
+     "quantized checkpoint (bitsandbytes 4-bit, from tensor layout (.absmax/.quant_map)); compute dtype unknown"),
+    (["l.qweight", "l.qzeros", "l.scales", "l.g_idx"],
+     "quantized checkpoint (gptq, from tensor layout (qweight/qzeros/scales)); compute dtype bfloat16"),
+])
+def test_quantization_finding_says_bits_and_compute_dtype_only_when_known(cli, hub, names, says):
+    hub.add("me/layout", {"config.json": gemma2_config(), "model.safetensors": st_file({n: ("I32", [4]) for n in names})})
+    m = check_json(cli, hub, "me/layout")
+    assert [f["message"] for f in m["findings"] if f["code"] == "GD205"] == [says]
