@@ -220,7 +220,8 @@ def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
         if code == original or code in seen:
             continue
         seen.add(code)
-        line = getattr(node, "lineno", 0)
+        # A comprehension clause has no position of its own: its target's is the line the filter is on.
+        line = getattr(node, "lineno", None) or getattr(getattr(node, "target", None), "lineno", 0)
         before = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         after = _changed_line(original, code) or kind
         out.append((Mutant(module, len(out), line, kind, before, after), code))
