@@ -180,6 +180,18 @@ def test_a_tampered_undo_record_cannot_name_files_to_delete(hub, cli, tmp_path, 
     assert victim.read_text() == "precious" and (snap / "config.json").is_symlink()
 
 
+@pytest.mark.parametrize("entry", [5, "config.json", ["file"], None])
+def test_an_undo_record_whose_entry_is_not_an_object_is_unreadable(hub, cli, entry):
+    snap = hub.add("org/m", {"config.json": gemma2_config()})
+    record = hub.repo_dir("org/m") / ".gemma-doctor" / "undo.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"schema_version": 1, "entries": {f"snapshots/{snap.name}/config.json": entry}}))
+    before = tree_state(hub.root)
+    r = cli("restore", "org/m", "--cache-dir", hub.root)
+    assert r.code == 1 and "undo record unreadable" in r.out and "not an undo record" in r.out, r
+    assert tree_state(hub.root) == before
+
+
 def test_our_state_folder_as_a_link_is_refused(hub, cli, tmp_path):
     snap = hub.add("org/m", {"config.json": gemma2_config()})
     (tmp_path / "trap").mkdir()

@@ -114,6 +114,21 @@ def test_a_corrupted_backup_is_never_restored(tmp_path, cli):
     assert (snap / "config.json").read_bytes() == fixed
 
 
+def test_a_missing_backup_is_named_as_missing_and_nothing_is_restored(tmp_path, cli):
+    hub = HubCache(tmp_path / "hub", symlinks=False)
+    snap = hub.add(REPO, {"config.json": gemma2_config()})
+    assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
+    fixed = (snap / "config.json").read_bytes()
+    (entry,) = undo.load(resolve([REPO], hub.root)[0]).values()
+    backup = hub.repo_dir(REPO) / ".gemma-doctor" / "backups" / entry["original_sha256"]
+    backup.unlink()
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 3, r
+    (model,) = r.json()["models"]
+    assert model["messages"] == [f"the backup {backup} is unusable (missing); nothing restored"], model
+    assert (snap / "config.json").read_bytes() == fixed
+
+
 def test_restore_dry_run_changes_nothing(hub, cli):
     snap = hub.add(REPO, {"config.json": gemma2_config(), "generation_config.json": generation_config()})
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
