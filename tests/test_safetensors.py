@@ -309,7 +309,7 @@ def test_valid_hand_built_file_accepted_like_reference(tmp_path):
     assert read_header(path).ok and reference_accepts(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_headers_agree_with_reference(tmp_path, data):
     """Flip bytes of a valid file: we never raise, and we accept exactly what the reference accepts."""
@@ -377,7 +377,7 @@ def test_generated_headers_are_accepted_exactly_when_safetensors_accepts_them(tm
         assert 0 < seen["refused"], seen
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=st.sampled_from(CORRUPTIONS).flatmap(corrupted_headers))
 def test_check_on_a_generated_shard_gives_a_finding_never_an_internal_error(cli, tmp_path_factory, spec):
     hub = HubCache(tmp_path_factory.mktemp("hostile") / "hub")
