@@ -2,6 +2,7 @@
 tree, and the test named for it run there. Each named test must pass on the unmutated copy and fail on its mutant.
 
     .venv/bin/python benchmarks/hand_mutations.py            # prints one line per mutation, JSON at the end
+    .venv/bin/python benchmarks/hand_mutations.py MODULE BEFORE AFTER TEST   # any one mutation, the same way
 
 The mapping (mutation -> test) is in docs/mutation.md; this script is how it was verified.
 """
@@ -78,12 +79,17 @@ def _pytest(work: Path, test: str) -> tuple[int, str]:
     return done.returncode, (done.stdout.strip().splitlines() or [""])[-1]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    mutations = MUTATIONS
+    if argv:
+        module, before, after, test = argv
+        mutations = (HandMutation("given on the command line", module, before, after, test),)
     results = []
     with tempfile.TemporaryDirectory(prefix="gd-hand-mutations-") as tmp:
         work = Path(tmp) / "repo"
         _fresh_copy(work)
-        for m in MUTATIONS:
+        for m in mutations:
             path = work / m.module
             original = path.read_text()
             assert original.count(m.before) == 1, f"{m.module}: {m.before!r} occurs {original.count(m.before)} times"

@@ -129,6 +129,17 @@ def test_a_missing_backup_is_named_as_missing_and_nothing_is_restored(tmp_path, 
     assert (snap / "config.json").read_bytes() == fixed
 
 
+def test_a_temp_file_a_killed_run_left_in_a_plain_folder_is_swept_by_the_next_run(tmp_path, cli):
+    """The name is one only gemma-doctor writes (tests/test_crash_safety.py kills real runs; this plants the file)."""
+    folder = _plain(tmp_path)
+    before = tree_state(folder)
+    assert cli("fix", folder, "--inplace").code == 0
+    leftover = folder / ".config.json.gemma-doctor-12345-0badf00d.tmp"
+    leftover.write_bytes(b'{"half": ')
+    assert cli("restore", folder).code == 0
+    assert not leftover.exists() and tree_state(folder) == before
+
+
 def test_restore_dry_run_changes_nothing(hub, cli):
     snap = hub.add(REPO, {"config.json": gemma2_config(), "generation_config.json": generation_config()})
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
