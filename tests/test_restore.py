@@ -140,6 +140,26 @@ def test_a_temp_file_a_killed_run_left_in_a_plain_folder_is_swept_by_the_next_ru
     assert not leftover.exists() and tree_state(folder) == before
 
 
+def test_a_backup_replaced_by_a_link_is_never_read_even_to_the_right_bytes(tmp_path, cli):
+    """The backup must be our own file: a link planted in its place is refused, even one leading to a file inside
+    the repo folder with exactly the original bytes."""
+    hub = HubCache(tmp_path / "hub", symlinks=False)
+    snap = hub.add(REPO, {"config.json": gemma2_config()})
+    assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
+    fixed = (snap / "config.json").read_bytes()
+    (entry,) = undo.load(resolve([REPO], hub.root)[0]).values()
+    backup = hub.repo_dir(REPO) / ".gemma-doctor" / "backups" / entry["original_sha256"]
+    planted = hub.repo_dir(REPO) / ".gemma-doctor" / "planted"
+    planted.write_bytes(backup.read_bytes())
+    backup.unlink()
+    os.symlink("../planted", backup)
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 3, r
+    (model,) = r.json()["models"]
+    assert len(model["messages"]) == 1 and model["messages"][0].startswith(f"the backup {backup} is unusable ("), model
+    assert (snap / "config.json").read_bytes() == fixed
+
+
 def test_restore_dry_run_changes_nothing(hub, cli):
     snap = hub.add(REPO, {"config.json": gemma2_config(), "generation_config.json": generation_config()})
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
