@@ -498,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=WORK / "report.json")
     p.add_argument("--reuse-measure", action="store_true",
                    help="reuse the last coverage measurement (only when neither code nor tests changed since)")
+    p.add_argument("--also-test", action="append", default=[], metavar="NODEID",
+                   help="a test every mutant also runs (repeatable): one added since the coverage measurement that "
+                        "--reuse-measure reuses, so it can kill mutants the measurement does not know it reaches")
     p.add_argument("--retest", type=Path, metavar="REPORT",
                    help="test again only the mutants REPORT did not kill (and every mutant of a module whose source "
                         "changed since); the others count as killed. Tests may only have been added since REPORT")
@@ -544,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         ends = _node_ends((ROOT / module).read_text())
         lines = by_module.get(module, {})
         for m, code in ms:
-            jobs.append((m, code, _tests_for(m, lines, durations, ends.get(m.line, m.line))))
+            tests = _tests_for(m, lines, durations, ends.get(m.line, m.line))
+            jobs.append((m, code, tests + [t for t in args.also_test if t not in tests]))
     print(f"{len(jobs)} mutants in {len(modules)} modules, {args.jobs} at a time", file=sys.stderr, flush=True)
     results = carried + run_all(jobs, durations, args.pytest_arg, max(1, args.jobs), progress=lambda rs: build_report(
         modules, carried + rs, time.monotonic() - started, digests, args.out, partial=True))
