@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--orders", action="store_true",
                    help="instead: the CI profile with the files in order, reversed and one by one; compare examples")
     p.add_argument("--file", action="append", help="a test file (repeatable); default: every file using @given")
-    p.add_argument("--out", type=Path, help="write the JSON report here too")
+    p.add_argument("--out", type=Path, help="write the JSON report here too (after every run: partial until the end)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     args = p.parse_args(argv)
     files = args.file or property_test_files()
     runs: list[dict] = []
@@ -166,32 +167,53 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             print(f"{label:40} {r['summary']}  ({r['seconds']} s)", file=sys.stderr, flush=True)
     else:
-        for i in range(args.runs):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        lock = threading.Lock()
+
+        def one(i: int) -> dict:
             seed = args.first_seed + i if args.profile == "explore" else None
-            r = run_once(files, args.profile, seed)
-            r["seed"] = seed
-            runs.append(r)
-            print(f"run {i + 1}/{args.runs}{'' if seed is None else f' seed {seed}'}: {r['summary']} ({r['seconds']} s)"
-                  + (f" FAILED {r['failed']}" if r["failed"] else ""), file=sys.stderr, flush=True)
-    # Per test: how many different example sequences the runs produced.
+            r = {**run_once(files, args.profile, seed), "seed": seed}
+            with lock:
+                runs.append(r)
+                print(f"run {len(runs)}/{args.runs}{'' if seed is None else f' seed {seed}'}: {r['summary']} "
+                      f"({r['seconds']} s)" + (f" FAILED {r['failed']}" if r["failed"] else ""), file=sys.stderr, flush=True)
+                if args.out:  # a partial report after every run, so a stopped series still counts
+                    _write(args.out, _report(args, files, runs, partial=len(runs) < args.runs))
+            return r
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            list(pool.map(one, range(args.runs)))
+    report = _report(args, files, runs)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        _write(args.out, report)
+    return 0 if report["failed_runs"] == 0 and (args.profile == "explore" or not report["tests_with_differing_examples"]) else 1
+
+
+def _report(args: argparse.Namespace, files: list[str], runs: list[dict], partial: bool = False) -> dict:
+    """Failures, and per test how many different example sequences the runs produced."""
     variants: dict[str, set[str]] = {}
     for r in runs:
         for test, v in r["tests"].items():
             variants.setdefault(test, set()).add(v["digest"])
-    report = {"profile": "deterministic" if args.orders else args.profile, "orders": args.orders, "files": files,
-              "runs": len(runs), "failed_runs": sum(r["rc"] != 0 for r in runs),
-              "failures": [{"run": i, "seed": r.get("seed"), "label": r.get("label"), "failed": r["failed"]}
-                           for i, r in enumerate(runs) if r["rc"] != 0],
-              "property_tests": len(variants),
-              "tests_with_differing_examples": sorted(t for t, v in variants.items() if len(v) > 1),
-              "seconds_per_run": round(sum(r["seconds"] for r in runs) / max(1, len(runs)), 1),
-              "python": sys.version.split()[0], "hypothesis": _version("hypothesis")}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0 if report["failed_runs"] == 0 and (args.profile == "explore" or not report["tests_with_differing_examples"]) else 1
+    return {"profile": "deterministic" if args.orders else args.profile, "orders": args.orders, "files": files,
+            "partial": partial, "runs": len(runs), "failed_runs": sum(r["rc"] != 0 for r in runs),
+            "failures": [{"seed": r.get("seed"), "label": r.get("label"), "failed": r["failed"]} for r in runs if r["rc"] != 0],
+            "seeds": sorted(r["seed"] for r in runs if r.get("seed") is not None),
+            "property_tests": len(variants),
+            "tests_with_differing_examples": sorted(t for t, v in variants.items() if len(v) > 1),
+            "seconds_per_run": round(sum(r["seconds"] for r in runs) / max(1, len(runs)), 1),
+            "python": sys.version.split()[0], "hypothesis": _version("hypothesis")}
+
+
+def _write(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def _version(name: str) -> str:

@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = by_module.get(module, {})
         for m, code in ms:
             tests = _tests_for(m, lines, durations, ends.get(m.line, m.line))
-            jobs.append((m, code, tests + [t for t in args.also_test if t not in tests]))
+            # The added tests first: they were written for the survivors a retest is about.
+            jobs.append((m, code, [*args.also_test, *(t for t in tests if t not in args.also_test)]))
     print(f"{len(jobs)} mutants in {len(modules)} modules, {args.jobs} at a time", file=sys.stderr, flush=True)
     results = carried + run_all(jobs, durations, args.pytest_arg, max(1, args.jobs), progress=lambda rs: build_report(
         modules, carried + rs, time.monotonic() - started, digests, args.out, partial=True))
