@@ -283,7 +283,7 @@ def test_zero_rows_name_the_row_count_and_at_most_eight_ranges(tmp_path, ranges,
     emb = TensorScan("model.embed_tokens.weight", "model.safetensors", "BF16", (64, 48), embedding=True,
                      zero_rows=rows, zero_row_ranges=ranges)
     [gd503] = _weights_findings(tmp_path, [emb])
-    assert gd503.message.startswith(f"model.embed_tokens.weight has {rows} all-zero row(s) of 64: {shown} (")
+    assert gd503.message.startswith(f"model.embed_tokens.weight has {rows} all-zero row(s) of 64: {shown} (zero-initialised")
 
 
 def test_read_fallback_without_mmap(tmp_path, monkeypatch):
