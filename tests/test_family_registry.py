@@ -57,6 +57,7 @@ def test_detection_says_family_nesting_text_model_hybridcache_and_fp16(config, e
     (["SomethingElse", "Gemma2ForCausalLM"], "gemma2"),
     (["Gemma3ForCausalLMWithExtras"], None),  # exact class names only, never a prefix
     ("Gemma2ForCausalLM", None),  # not a list
+    ([{"name": "Gemma2ForCausalLM"}, ["x"], "Gemma2ForCausalLM"], "gemma2"),  # entries that are not names are skipped
 ])
 def test_a_config_without_model_type_is_matched_on_exact_architecture_names(architectures, model_type):
     assert detect({"architectures": architectures}).model_type == model_type
