@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gemma_doctor.readers.dtypes import census, declared_dtype
 from gemma_doctor.source import local
-from gemma_doctor.readers.safetensors_header import DTYPE_BITS, read_header
+from gemma_doctor.readers.safetensors_header import DTYPE_BITS, parse_header, read_header
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, variant
 from tests.safetensors_gen import CORRUPTIONS, corrupted_headers
 
@@ -520,3 +520,17 @@ def test_quantization_finding_says_bits_and_compute_dtype_only_when_known(cli, h
     hub.add("me/layout", {"config.json": gemma2_config(), "model.safetensors": st_file({n: ("I32", [4]) for n in names})})
     m = check_json(cli, hub, "me/layout")
     assert [f["message"] for f in m["findings"] if f["code"] == "GD205"] == [says]
+
+
+def test_a_header_with_more_tensor_entries_than_any_checkpoint_is_refused_before_parsing():
+    raw = b'{"t": ' + b'{"a": ' * 100_003 + b"1" + b"}" * 100_003 + b"}"
+    h = parse_header(raw, 8 + len(raw), Path("big.safetensors"))
+    assert not h.ok and h.error == ("header describes more than 100000 tensors, more than any real checkpoint file; "
+                                    "not parsed")
+
+
+@pytest.mark.parametrize("entry", ["5", '"F32"', "[1, 2]", "null"])
+def test_a_tensor_entry_that_is_not_an_object_is_named(entry):
+    raw = b'{"w": ' + entry.encode() + b"}"
+    h = parse_header(raw, 8 + len(raw), Path("x.safetensors"))
+    assert not h.ok and h.error == "tensor 'w': entry is not an object"
