@@ -534,3 +534,11 @@ def test_a_tensor_entry_that_is_not_an_object_is_named(entry):
     raw = b'{"w": ' + entry.encode() + b"}"
     h = parse_header(raw, 8 + len(raw), Path("x.safetensors"))
     assert not h.ok and h.error == "tensor 'w': entry is not an object"
+
+
+@pytest.mark.parametrize("shape, shown", [(b"[-0]", "[-0.0]"), (b"[1.5]", "[1.5]"), (b"[2, 1e0]", "[2, 1.0]")])
+def test_a_shape_of_non_integers_is_refused_naming_the_numbers_read(shape, shown):
+    """JSON -0 and fractions are numbers safetensors refuses as sizes; the message shows what was read."""
+    raw = b'{"w": {"dtype": "F32", "shape": ' + shape + b', "data_offsets": [0, 4]}}'
+    h = parse_header(raw, 8 + len(raw) + 4, Path("x.safetensors"))
+    assert not h.ok and h.error == f"tensor 'w': shape {shown} is not a list of non-negative integers"
