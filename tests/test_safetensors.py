@@ -542,3 +542,24 @@ def test_a_shape_of_non_integers_is_refused_naming_the_numbers_read(shape, shown
     raw = b'{"w": {"dtype": "F32", "shape": ' + shape + b', "data_offsets": [0, 4]}}'
     h = parse_header(raw, 8 + len(raw) + 4, Path("x.safetensors"))
     assert not h.ok and h.error == f"tensor 'w': shape {shown} is not a list of non-negative integers"
+
+
+@pytest.mark.parametrize("in_cache", [False, True])
+def test_a_missing_shard_says_whether_a_link_dangles(tmp_path, in_cache):
+    """A cache snapshot's files are links to blobs: 'dangling link' tells a deleted blob from a file never there."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    os.symlink("blobs/gone", root / "linked.safetensors")
+    area = root if in_cache else None
+    assert read_header(root / "linked.safetensors", area).error == "missing (dangling link)"
+    assert read_header(root / "absent.safetensors", area).error == "missing"
+    assert not read_header(root / "absent.safetensors", area).exists
+
+
+@pytest.mark.parametrize("size", [0, 5, 7])
+def test_a_file_too_short_for_the_length_field_claims_no_header(tmp_path, size):
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(b"\x01" * size)
+    h = read_header(path)
+    assert not h.ok and h.header_len == 0 and h.file_size == size
+    assert h.error == f"file is {size} bytes, shorter than the 8-byte header length"
