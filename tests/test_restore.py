@@ -226,3 +226,51 @@ def test_a_restore_that_times_out_on_the_lock_does_not_say_restored(hub, cli):
     assert model["status"] == "failed"
     assert not any(m.startswith("restored") for m in model["messages"]), model
     assert "another gemma-doctor has held" in model["messages"][-1] and model["messages"][-1].endswith("nothing was restored")
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_restore_of_a_model_never_fixed_says_nothing_to_restore(hub, cli, dry):
+    hub.add(REPO, {"config.json": gemma2_config()})
+    before = tree_state(hub.root)
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json", *(["--dry-run"] if dry else []))
+    assert r.code == 0, r
+    (model,) = r.json()["models"]
+    assert model["status"] == "nothing-to-restore" and tree_state(hub.root) == before
+
+
+def test_a_fixed_file_that_became_a_folder_is_left_as_it_is_and_named(tmp_path, cli):
+    folder = _plain(tmp_path)
+    assert cli("fix", folder, "--inplace").code == 0
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    r = cli("restore", folder, "--format", "json")
+    assert r.code == 1, r
+    (model,) = r.json()["models"]
+    assert any(m.startswith("config.json is now a folder; left as it is (its original is kept in ") for m in model["messages"])
+    assert (folder / "config.json").is_dir()
+
+
+@pytest.mark.parametrize("layout", ["cache links", "plain folder"])
+def test_a_file_already_back_to_its_original_is_not_written_again(tmp_path, cli, layout):
+    """The user (or a restore killed before it dropped the record) already put the original back: restore only
+    forgets the record, and says it restored nothing."""
+    if layout == "plain folder":
+        folder = _plain(tmp_path)
+        target = [folder]
+        original = (folder / "config.json").read_bytes()
+    else:
+        hub = HubCache(tmp_path / "hub")
+        folder = hub.add(REPO, {"config.json": gemma3_12b_config()})
+        target = [REPO, "--cache-dir", hub.root]
+        link = os.readlink(folder / "config.json")
+    assert cli("fix", *target, "--inplace").code == 0
+    if layout == "plain folder":
+        (folder / "config.json").write_bytes(original)
+    else:
+        (folder / "config.json").unlink()
+        os.symlink(link, folder / "config.json")
+    r = cli("restore", *target, "--format", "json")
+    assert r.code == 0, r
+    (model,) = r.json()["models"]
+    assert not any(m.startswith("restored config.json") for m in model["messages"]), model
+    assert undo.load(resolve([str(target[0])], target[2] if len(target) > 1 else None)[0]) == {}
