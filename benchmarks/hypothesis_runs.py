@@ -206,6 +206,9 @@ def _report(args: argparse.Namespace, files: list[str], runs: list[dict], partia
             "property_tests": len(variants),
             "tests_with_differing_examples": sorted(t for t, v in variants.items() if len(v) > 1),
             "seconds_per_run": round(sum(r["seconds"] for r in runs) / max(1, len(runs)), 1),
+            # One digest of every test's examples per run: equal digests, equal examples (for the same tree).
+            "examples_per_run": [hashlib.sha256(json.dumps(r["tests"], sort_keys=True).encode()).hexdigest()[:16]
+                                 for r in runs],
             "python": sys.version.split()[0], "hypothesis": _version("hypothesis")}
 
 
