@@ -220,7 +220,8 @@ def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
         if code == original or code in seen:
             continue
         seen.add(code)
-        line = getattr(node, "lineno", 0)
+        # A comprehension clause has no position of its own: its target's is the line the filter is on.
+        line = getattr(node, "lineno", None) or getattr(getattr(node, "target", None), "lineno", 0)
         before = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         after = _changed_line(original, code) or kind
         out.append((Mutant(module, len(out), line, kind, before, after), code))
@@ -497,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=WORK / "report.json")
     p.add_argument("--reuse-measure", action="store_true",
                    help="reuse the last coverage measurement (only when neither code nor tests changed since)")
+    p.add_argument("--also-test", action="append", default=[], metavar="NODEID",
+                   help="a test every mutant also runs (repeatable): one added since the coverage measurement that "
+                        "--reuse-measure reuses, so it can kill mutants the measurement does not know it reaches")
     p.add_argument("--retest", type=Path, metavar="REPORT",
                    help="test again only the mutants REPORT did not kill (and every mutant of a module whose source "
                         "changed since); the others count as killed. Tests may only have been added since REPORT")
@@ -543,7 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         ends = _node_ends((ROOT / module).read_text())
         lines = by_module.get(module, {})
         for m, code in ms:
-            jobs.append((m, code, _tests_for(m, lines, durations, ends.get(m.line, m.line))))
+            tests = _tests_for(m, lines, durations, ends.get(m.line, m.line))
+            # The added tests first: they were written for the survivors a retest is about.
+            jobs.append((m, code, [*args.also_test, *(t for t in tests if t not in args.also_test)]))
     print(f"{len(jobs)} mutants in {len(modules)} modules, {args.jobs} at a time", file=sys.stderr, flush=True)
     results = carried + run_all(jobs, durations, args.pytest_arg, max(1, args.jobs), progress=lambda rs: build_report(
         modules, carried + rs, time.monotonic() - started, digests, args.out, partial=True))

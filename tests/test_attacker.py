@@ -1013,7 +1013,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(plants=st.lists(st.tuples(st.sampled_from(PLACES), st.sampled_from(PLANTS)), min_size=1, max_size=4),
        fixed_first=st.booleans())
 def test_any_mix_of_plants_never_touches_the_victim_or_a_blob_and_never_crashes(tmp_path_factory, cli, plants, fixed_first):

@@ -210,3 +210,25 @@ def test_the_suggested_fix_command_runs_as_printed(hub, cli, monkeypatch):
     r = cli("check", "google/gemma-2-2b-it", "--format", "json")
     assert next(f["fix"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD101") == \
         "gemma-doctor fix google/gemma-2-2b-it --with transformers==4.50.3 --inplace"
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_non_boolean_use_cache_gets_our_fix_only_where_the_crash_can_happen(hub, cli, monkeypatch, planned):
+    """With transformers 4.50.x planned, `fix` writes false; with a release without the crash it is the user's call."""
+    if not planned:
+        monkeypatch.delenv("GEMMA_DOCTOR_WITH")  # the main test venv's transformers 5.x: no HybridCache crash
+    hub.add("org/m", {"config.json": {**gemma2_config(), "use_cache": "false"}})
+    r = cli("check", "org/m", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never")
+    [gd002] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD002"]
+    if planned:
+        assert gd002["fix"].startswith("gemma-doctor fix org/m") and gd002["fix"].endswith(" (writes false)")
+    else:
+        assert gd002["fix"] == "write a JSON boolean (true or false) for use_cache"
+
+
+def test_a_null_text_config_reads_as_use_cache_missing(hub, cli):
+    """transformers builds a default text config for text_config: null, whose use_cache is true."""
+    hub.add("org/m", {"config.json": {**gemma3_12b_config(), "text_config": None}})
+    r = cli("check", "org/m", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never")
+    found = [(f["code"], f["message"]) for f in r.json()["models"][0]["findings"] if f["key"] == "text_config.use_cache"]
+    assert len(found) == 1 and found[0][1].startswith("text_config.use_cache is missing (defaults to true)"), found

@@ -156,3 +156,18 @@ def test_read_only_folder_is_a_clear_error_and_nothing_changes(hub, cli):
     finally:
         os.chmod(snap, 0o755)
     assert r.code == 3 and "cannot write" in r.out
+
+
+@pytest.mark.parametrize("files, says", [
+    ({"config.json": {"model_type": "gemma3n", "text_config": {"model_type": "gemma3n_text", "use_cache": True}}},
+     "its gemma3n_text text model builds no HybridCache; nothing to fix"),
+    ({"config.json": {**gemma3_12b_config(), "text_config": [1, 2]}},
+     "config.json: text_config is not an object; not rewritten"),
+])
+def test_fix_leaves_alone_what_it_must_not_or_cannot_rewrite_and_says_why(hub, cli, files, says):
+    hub.add("org/m", files)
+    before = tree_state(hub.root)
+    r = cli("fix", "org/m", "--inplace", "--cache-dir", hub.root, "--format", "json")
+    (model,) = r.json()["models"]
+    assert says in model["messages"], model
+    assert tree_state(hub.root) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import types
@@ -218,6 +219,24 @@ def test_check_json_has_environment_gpu_from_a_faked_nvml(cli, cache, monkeypatc
     gpu = r.json()["environment"]["gpu"]
     assert gpu["source"] == "probe" and gpu["via"] == "nvml" and gpu["native_bf16"] is False
     assert gpu["devices"][0]["compute_capability"] == "7.5"
+
+
+@pytest.mark.parametrize("gpu_option, words", [
+    (("--gpu", "RTX 2080 Ti"), ["--gpu", "RTX 2080 Ti"]),  # a name with spaces stays one shell word
+    (("--gpu", "T4"), ["--gpu", "T4"]),
+    ((), []),  # the GPU came from the probe: the command plans for the GPU found, as check did
+])
+def test_gd302_fix_command_runs_for_the_same_gpu_as_typed(cli, cache, monkeypatch, gpu_option, words):
+    monkeypatch.setattr(gpu_reader, "nvidia_driver_present", lambda *a: True)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([("Tesla T4", (7, 5), 16)]))
+    r = cli("check", "google/gemma-3-1b-it", "--cache-dir", cache.root, *gpu_option, "--format", "json",
+            "--fail-on", "never")
+    gd302 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD302"]
+    assert len(gd302) == 1, r
+    command = gd302[0]["fix"].split(" (fp32 settings)")[0]
+    assert shlex.split(command) == ["gemma-doctor", "recommend", "google/gemma-3-1b-it", *words]
+    if not any(" " in w for w in words):  # a plain name is printed as typed, unquoted
+        assert command == " ".join(["gemma-doctor", "recommend", "google/gemma-3-1b-it", *words])
 
 
 def test_probe_runs_once_per_run_not_per_model(cli, hub, monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,6 +181,18 @@ def test_a_tampered_undo_record_cannot_name_files_to_delete(hub, cli, tmp_path, 
     assert victim.read_text() == "precious" and (snap / "config.json").is_symlink()
 
 
+@pytest.mark.parametrize("entry", [5, "config.json", ["file"], None])
+def test_an_undo_record_whose_entry_is_not_an_object_is_unreadable(hub, cli, entry):
+    snap = hub.add("org/m", {"config.json": gemma2_config()})
+    record = hub.repo_dir("org/m") / ".gemma-doctor" / "undo.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"schema_version": 1, "entries": {f"snapshots/{snap.name}/config.json": entry}}))
+    before = tree_state(hub.root)
+    r = cli("restore", "org/m", "--cache-dir", hub.root)
+    assert r.code == 1 and "undo record unreadable" in r.out and "not an undo record" in r.out, r
+    assert tree_state(hub.root) == before
+
+
 def test_our_state_folder_as_a_link_is_refused(hub, cli, tmp_path):
     snap = hub.add("org/m", {"config.json": gemma2_config()})
     (tmp_path / "trap").mkdir()
@@ -313,17 +326,23 @@ def test_disk_full_at_every_point_of_a_fix(tmp_path, cli, monkeypatch, capsys, s
             r = cli("fix", REPO, "--inplace", "--cache-dir", hub.root)
         assert r.code == 3 and "No space left on device" in r.out, (budget, r)
         assert not list(hub.root.rglob("*.tmp")), budget
+        stay = re.search(r"; ([a-z_.json, ]+) could not be put back and stay fixed", r.out)
         if symlinks:
             assert _state(hub.root) == before, budget
+            assert stay is None, (budget, r.out)
         else:
             originals = {k: v for k, v in before.items()}
             now = _state(hub.root)
             covered = undo.load(_snapshot(hub, snap))
+            fixed = set()
             for name in ("config.json", "generation_config.json"):
                 key = str((snap / name).relative_to(hub.root))
                 if now[key] != originals[key]:
                     json.loads((snap / name).read_text())
                     assert f"snapshots/{snap.name}/{name}" in covered, (budget, name)
+                    fixed.add(name)
+            # The message names exactly the files that stay fixed (the disk is still full: no rollback write works).
+            assert (set(stay.group(1).split(", ")) if stay else set()) == fixed, (budget, r.out)
             assert cli("restore", REPO, "--cache-dir", hub.root).code == 0
             assert {k: v for k, v in _state(hub.root).items() if ".gemma-doctor" not in k} == \
                    {k: v for k, v in before.items() if ".gemma-doctor" not in k}, budget

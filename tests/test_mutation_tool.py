@@ -50,3 +50,10 @@ def test_docstrings_annotations_and_message_text_are_not_mutated():
         compile(code, "x.py", "exec")
     names = [m.name for m, _ in tool.make_mutants("x.py", SOURCE)]
     assert len(names) == len(set(names))
+
+
+def test_a_negated_comprehension_filter_is_placed_on_its_line():
+    """Otherwise the mutant has line 0, no test is chosen for it, and it counts as a survivor nobody tested."""
+    source = "def f(xs):\n    return [\n        x for x in xs if x > 1]\n"
+    [(m, code)] = [(m, c) for m, c in _tool().make_mutants("x.py", source) if m.kind == "negate filter"]
+    assert m.line == 3 and "if not x > 1" in code

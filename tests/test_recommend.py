@@ -420,3 +420,61 @@ def test_gd402_bnb_bf16_compute_on_a_gpu_without_bf16(cli, hub, gpu, expected):
     hub.add("org/gemma-3-1b-bnb", {"config.json": variant(gemma3_1b_config(), quantization_config=qc)})
     r = cli("check", "--cache-dir", hub.root, "--gpu", gpu, "--format", "json", "--fail-on", "never")
     assert ("GD402" in _codes(r.json()["models"][0])) is expected
+
+
+@pytest.mark.parametrize("peft, helper", [
+    ("0.7.1", "for p in model.parameters(): if p.requires_grad: p.data = p.data.float()"),
+    ("0.8.0", "peft.cast_mixed_precision_params(model, dtype)"),  # the first release with the helper
+    ("0.11.1", "peft.cast_mixed_precision_params(model, dtype)"),
+])
+def test_gd401_fix_uses_the_cast_the_planned_peft_has(cli, hub, peft, helper):
+    hub.add("org/model", {"config.json": gemma3_1b_config()})
+    r = cli("check", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json", "--fail-on", "never",
+            "--with", f"peft=={peft}")
+    [gd401] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD401"]
+    assert gd401["fix"] == f'pip install "peft>=0.12.0", or after get_peft_model: {helper}'
+
+
+def test_gd401_for_adapters_on_a_quantized_base_even_when_it_loads_in_fp32(cli, hub):
+    """QLoRA on a T4: the precision is fp32, but the 4-bit base still leaves PEFT < 0.12 adapters in half precision."""
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_compute_dtype": "float16"}
+    hub.add("org/gemma-3-1b-bnb", {"config.json": variant(gemma3_1b_config(), quantization_config=qc)})
+    r = cli("check", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on", "never",
+            "--with", "peft==0.11.1")
+    m = r.json()["models"][0]
+    assert m["recommendation"]["load_dtype"] == "float32"
+    assert _codes(m)["GD401"] == "warning"
+
+
+GEMMA1 = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("config, qc, expected", [
+    # bf16 compute on a T4: the fix names the dtype the family is safe in
+    (gemma3_1b_config(), {"load_in_4bit": True, "bnb_4bit_compute_dtype": "bfloat16"}, "float32"),
+    (GEMMA1, {"load_in_4bit": True, "bnb_4bit_compute_dtype": "torch.bfloat16"}, "float16"),
+    # not bf16 compute, not bitsandbytes 4-bit, or a compute dtype nobody wrote down: nothing to say
+    (gemma3_1b_config(), {"load_in_4bit": True, "bnb_4bit_compute_dtype": "float16"}, None),
+    (gemma3_1b_config(), {"load_in_8bit": True}, None),  # LLM.int8 computes in the declared bfloat16
+    (gemma3_1b_config(), {"quant_method": "gptq", "bits": 4}, None),  # GPTQ computes in the declared bfloat16
+])
+def test_gd402_only_for_bitsandbytes_4bit_bf16_compute_and_names_a_safe_dtype(cli, hub, config, qc, expected):
+    hub.add("org/q", {"config.json": variant(config, quantization_config={"quant_method": "bitsandbytes", **qc})})
+    r = cli("check", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on", "never")
+    gd402 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD402"]
+    if expected is None:
+        assert gd402 == []
+    else:
+        assert len(gd402) == 1 and f"bnb_4bit_compute_dtype=torch.{expected})" in gd402[0]["fix"]
+
+
+def test_gd402_is_silent_when_only_the_tensor_layout_says_bitsandbytes(cli, hub):
+    """The layout gives 4-bit away but not the compute dtype: no guess, and no crash on the missing value."""
+    from tests.test_safetensors import st_file
+
+    names = ["l.weight", "l.weight.absmax", "l.weight.quant_map"]
+    hub.add("org/q", {"config.json": gemma3_1b_config(), "model.safetensors": st_file({n: ("I32", [4]) for n in names})})
+    r = cli("check", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on", "never")
+    m = r.json()["models"][0]
+    assert m["dtypes"]["quantization"]["compute_dtype"] is None
+    assert "GD402" not in _codes(m)

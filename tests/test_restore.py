@@ -114,6 +114,52 @@ def test_a_corrupted_backup_is_never_restored(tmp_path, cli):
     assert (snap / "config.json").read_bytes() == fixed
 
 
+def test_a_missing_backup_is_named_as_missing_and_nothing_is_restored(tmp_path, cli):
+    hub = HubCache(tmp_path / "hub", symlinks=False)
+    snap = hub.add(REPO, {"config.json": gemma2_config()})
+    assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
+    fixed = (snap / "config.json").read_bytes()
+    (entry,) = undo.load(resolve([REPO], hub.root)[0]).values()
+    backup = hub.repo_dir(REPO) / ".gemma-doctor" / "backups" / entry["original_sha256"]
+    backup.unlink()
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 3, r
+    (model,) = r.json()["models"]
+    assert model["messages"] == [f"the backup {backup} is unusable (missing); nothing restored"], model
+    assert (snap / "config.json").read_bytes() == fixed
+
+
+def test_a_temp_file_a_killed_run_left_in_a_plain_folder_is_swept_by_the_next_run(tmp_path, cli):
+    """The name is one only gemma-doctor writes (tests/test_crash_safety.py kills real runs; this plants the file)."""
+    folder = _plain(tmp_path)
+    before = tree_state(folder)
+    assert cli("fix", folder, "--inplace").code == 0
+    leftover = folder / ".config.json.gemma-doctor-12345-0badf00d.tmp"
+    leftover.write_bytes(b'{"half": ')
+    assert cli("restore", folder).code == 0
+    assert not leftover.exists() and tree_state(folder) == before
+
+
+def test_a_backup_replaced_by_a_link_is_never_read_even_to_the_right_bytes(tmp_path, cli):
+    """The backup must be our own file: a link planted in its place is refused, even one leading to a file inside
+    the repo folder with exactly the original bytes."""
+    hub = HubCache(tmp_path / "hub", symlinks=False)
+    snap = hub.add(REPO, {"config.json": gemma2_config()})
+    assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
+    fixed = (snap / "config.json").read_bytes()
+    (entry,) = undo.load(resolve([REPO], hub.root)[0]).values()
+    backup = hub.repo_dir(REPO) / ".gemma-doctor" / "backups" / entry["original_sha256"]
+    planted = hub.repo_dir(REPO) / ".gemma-doctor" / "planted"
+    planted.write_bytes(backup.read_bytes())
+    backup.unlink()
+    os.symlink("../planted", backup)
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json")
+    assert r.code == 3, r
+    (model,) = r.json()["models"]
+    assert len(model["messages"]) == 1 and model["messages"][0].startswith(f"the backup {backup} is unusable ("), model
+    assert (snap / "config.json").read_bytes() == fixed
+
+
 def test_restore_dry_run_changes_nothing(hub, cli):
     snap = hub.add(REPO, {"config.json": gemma2_config(), "generation_config.json": generation_config()})
     assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
@@ -180,3 +226,51 @@ def test_a_restore_that_times_out_on_the_lock_does_not_say_restored(hub, cli):
     assert model["status"] == "failed"
     assert not any(m.startswith("restored") for m in model["messages"]), model
     assert "another gemma-doctor has held" in model["messages"][-1] and model["messages"][-1].endswith("nothing was restored")
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_restore_of_a_model_never_fixed_says_nothing_to_restore(hub, cli, dry):
+    hub.add(REPO, {"config.json": gemma2_config()})
+    before = tree_state(hub.root)
+    r = cli("restore", REPO, "--cache-dir", hub.root, "--format", "json", *(["--dry-run"] if dry else []))
+    assert r.code == 0, r
+    (model,) = r.json()["models"]
+    assert model["status"] == "nothing-to-restore" and tree_state(hub.root) == before
+
+
+def test_a_fixed_file_that_became_a_folder_is_left_as_it_is_and_named(tmp_path, cli):
+    folder = _plain(tmp_path)
+    assert cli("fix", folder, "--inplace").code == 0
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    r = cli("restore", folder, "--format", "json")
+    assert r.code == 1, r
+    (model,) = r.json()["models"]
+    assert any(m.startswith("config.json is now a folder; left as it is (its original is kept in ") for m in model["messages"])
+    assert (folder / "config.json").is_dir()
+
+
+@pytest.mark.parametrize("layout", ["cache links", "plain folder"])
+def test_a_file_already_back_to_its_original_is_not_written_again(tmp_path, cli, layout):
+    """The user (or a restore killed before it dropped the record) already put the original back: restore only
+    forgets the record, and says it restored nothing."""
+    if layout == "plain folder":
+        folder = _plain(tmp_path)
+        target = [folder]
+        original = (folder / "config.json").read_bytes()
+    else:
+        hub = HubCache(tmp_path / "hub")
+        folder = hub.add(REPO, {"config.json": gemma3_12b_config()})
+        target = [REPO, "--cache-dir", hub.root]
+        link = os.readlink(folder / "config.json")
+    assert cli("fix", *target, "--inplace").code == 0
+    if layout == "plain folder":
+        (folder / "config.json").write_bytes(original)
+    else:
+        (folder / "config.json").unlink()
+        os.symlink(link, folder / "config.json")
+    r = cli("restore", *target, "--format", "json")
+    assert r.code == 0, r
+    (model,) = r.json()["models"]
+    assert not any(m.startswith("restored config.json") for m in model["messages"]), model
+    assert undo.load(resolve([str(target[0])], target[2] if len(target) > 1 else None)[0]) == {}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gemma_doctor.readers.dtypes import census, declared_dtype
 from gemma_doctor.source import local
-from gemma_doctor.readers.safetensors_header import DTYPE_BITS, read_header
+from gemma_doctor.readers.safetensors_header import DTYPE_BITS, parse_header, read_header
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, variant
 from tests.safetensors_gen import CORRUPTIONS, corrupted_headers
 
@@ -309,7 +309,7 @@ def test_valid_hand_built_file_accepted_like_reference(tmp_path):
     assert read_header(path).ok and reference_accepts(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_headers_agree_with_reference(tmp_path, data):
     """Flip bytes of a valid file: we never raise, and we accept exactly what the reference accepts."""
@@ -377,7 +377,7 @@ def test_generated_headers_are_accepted_exactly_when_safetensors_accepts_them(tm
         assert 0 < seen["refused"], seen
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=st.sampled_from(CORRUPTIONS).flatmap(corrupted_headers))
 def test_check_on_a_generated_shard_gives_a_finding_never_an_internal_error(cli, tmp_path_factory, spec):
     hub = HubCache(tmp_path_factory.mktemp("hostile") / "hub")
@@ -485,3 +485,81 @@ def test_quantized_layout_without_config(cli, hub, names, method):
     m = check_json(cli, hub, "me/layout")
     assert m["dtypes"]["quantization"]["method"] == method
     assert "GD205" in codes(m)
+
+
+# --- how the findings state sizes and quantization ----------------------------------------------------
+
+def _fp16_model_folder(folder: Path, params: int) -> Path:
+    """A plain model folder: Gemma 2 config and one float16 tensor of ``params`` values (the data a sparse hole)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(variant(gemma2_config(), torch_dtype="float16")))
+    header = json.dumps({"w": {"dtype": "F16", "shape": [params], "data_offsets": [0, 2 * params]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + 2 * params)
+    return folder
+
+
+@pytest.mark.parametrize("params, shown", [(999, "999"), (1000, "1.0K"), (1_500_000, "1.5M"), (10**9, "1.0B")])
+def test_parameter_counts_are_stated_in_thousands_millions_and_billions(cli, tmp_path, params, shown):
+    folder = _fp16_model_folder(tmp_path / "model", params)
+    r = cli("check", str(folder), "--format", "json", "--fail-on", "never")
+    gd202 = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD202"]
+    assert len(gd202) == 1, r
+    assert f"weights are saved in float16 ({shown} parameters)" in gd202[0]["message"]
+
+
+@pytest.mark.parametrize("names, says", [
+    (["l.weight", "l.weight.absmax", "l.weight.quant_map"],
+     "quantized checkpoint (bitsandbytes 4-bit, from tensor layout (.absmax/.quant_map)); compute dtype unknown"),
+    (["l.qweight", "l.qzeros", "l.scales", "l.g_idx"],
+     "quantized checkpoint (gptq, from tensor layout (qweight/qzeros/scales)); compute dtype bfloat16"),
+])
+def test_quantization_finding_says_bits_and_compute_dtype_only_when_known(cli, hub, names, says):
+    hub.add("me/layout", {"config.json": gemma2_config(), "model.safetensors": st_file({n: ("I32", [4]) for n in names})})
+    m = check_json(cli, hub, "me/layout")
+    assert [f["message"] for f in m["findings"] if f["code"] == "GD205"] == [says]
+
+
+def test_a_header_with_more_tensor_entries_than_any_checkpoint_is_refused_before_parsing():
+    raw = b'{"t": ' + b'{"a": ' * 100_003 + b"1" + b"}" * 100_003 + b"}"
+    h = parse_header(raw, 8 + len(raw), Path("big.safetensors"))
+    assert not h.ok and h.error == ("header describes more than 100000 tensors, more than any real checkpoint file; "
+                                    "not parsed")
+
+
+@pytest.mark.parametrize("entry", ["5", '"F32"', "[1, 2]", "null"])
+def test_a_tensor_entry_that_is_not_an_object_is_named(entry):
+    raw = b'{"w": ' + entry.encode() + b"}"
+    h = parse_header(raw, 8 + len(raw), Path("x.safetensors"))
+    assert not h.ok and h.error == "tensor 'w': entry is not an object"
+
+
+@pytest.mark.parametrize("shape, shown", [(b"[-0]", "[-0.0]"), (b"[1.5]", "[1.5]"), (b"[2, 1e0]", "[2, 1.0]")])
+def test_a_shape_of_non_integers_is_refused_naming_the_numbers_read(shape, shown):
+    """JSON -0 and fractions are numbers safetensors refuses as sizes; the message shows what was read."""
+    raw = b'{"w": {"dtype": "F32", "shape": ' + shape + b', "data_offsets": [0, 4]}}'
+    h = parse_header(raw, 8 + len(raw) + 4, Path("x.safetensors"))
+    assert not h.ok and h.error == f"tensor 'w': shape {shown} is not a list of non-negative integers"
+
+
+@pytest.mark.parametrize("in_cache", [False, True])
+def test_a_missing_shard_says_whether_a_link_dangles(tmp_path, in_cache):
+    """A cache snapshot's files are links to blobs: 'dangling link' tells a deleted blob from a file never there."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    os.symlink("blobs/gone", root / "linked.safetensors")
+    area = root if in_cache else None
+    assert read_header(root / "linked.safetensors", area).error == "missing (dangling link)"
+    assert read_header(root / "absent.safetensors", area).error == "missing"
+    assert not read_header(root / "absent.safetensors", area).exists
+
+
+@pytest.mark.parametrize("size", [0, 5, 7])
+def test_a_file_too_short_for_the_length_field_claims_no_header(tmp_path, size):
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(b"\x01" * size)
+    h = read_header(path)
+    assert not h.ok and h.header_len == 0 and h.file_size == size
+    assert h.error == f"file is {size} bytes, shorter than the 8-byte header length"

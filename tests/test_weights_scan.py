@@ -102,7 +102,7 @@ def test_scan_matches_torch_reference(tmp_path, dtype, chunk_bytes):
         assert mlp["inf"] == 2 and mlp["beyond_fp16"] == (3 if dtype == "BF16" else 2)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(dtype=st.sampled_from(["F32", "F16", "BF16"]), rows=st.integers(1, 9), cols=st.integers(1, 9),
        seed=st.integers(0, 2**32 - 1), zero_rows=st.lists(st.integers(0, 8), max_size=4),
        chunk=st.sampled_from([4, 36, 4096]))
@@ -215,27 +215,75 @@ def test_corrupt_shard_is_reported_not_scanned(cli, hub):
 
 # --- the GD502 severity follows the precision plan (pure rule) ------------------------------------
 
-@pytest.mark.parametrize("precision, dominant, severity", [
-    ("fp16", "BF16", "warning"), ("bf16", "BF16", "info"), (None, "F16", "warning"), (None, "BF16", "info"),
-])
-def test_beyond_fp16_severity(tmp_path, precision, dominant, severity):
+def _weights_findings(tmp_path: Path, tensors, precision: str | None = None, dominant: str | None = "BF16") -> list:
+    """The weights rule alone on a scan of ``tensors`` (census None when ``dominant`` is None)."""
     from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
     from gemma_doctor.family import detect
     from gemma_doctor.locate import Snapshot
     from gemma_doctor.readers.dtypes import DtypeCensus
     from gemma_doctor.readers.jsonfile import JsonFile
     from gemma_doctor.readers.versions import installed
-    from gemma_doctor.readers.weights import TensorScan, WeightsScan
+    from gemma_doctor.readers.weights import WeightsScan
     from gemma_doctor.rules import weights
 
-    ws = WeightsScan((TensorScan("a.weight", "model.safetensors", "F32", (4,), beyond_fp16=3, max_abs=1e6),), 16)
     cfg = gemma3_1b_config()
     facts = ModelFacts(Snapshot("x", tmp_path), JsonFile(tmp_path / "config.json", True, data=cfg),
-                       JsonFile(tmp_path / "generation_config.json", False), detect(cfg), weights_scan=ws,
-                       census=DtypeCensus(declared=None, dominant=dominant),
+                       JsonFile(tmp_path / "generation_config.json", False), detect(cfg),
+                       weights_scan=WeightsScan(tuple(tensors), 16),
+                       census=DtypeCensus(declared=None, dominant=dominant) if dominant else None,
                        recommendation=SimpleNamespace(precision=precision) if precision else None)
-    found = list(weights.check(facts, Environment(installed()), CheckOptions(weights=True)))
+    return list(weights.check(facts, Environment(installed()), CheckOptions(weights=True)))
+
+
+@pytest.mark.parametrize("precision, dominant, severity, why", [
+    ("fp16", "BF16", "warning", "fp16 is planned"), ("fp16", "F16", "warning", "fp16 is planned"),
+    ("bf16", "BF16", "info", "only if cast to fp16"), (None, "F16", "warning", "the weights are saved in fp16"),
+    (None, "BF16", "info", "only if cast to fp16"), (None, None, "info", "only if cast to fp16"),
+])
+def test_beyond_fp16_severity(tmp_path, precision, dominant, severity, why):
+    from gemma_doctor.readers.weights import TensorScan
+
+    found = _weights_findings(tmp_path, [TensorScan("a.weight", "model.safetensors", "F32", (4,), beyond_fp16=3, max_abs=1e6)],
+                              precision, dominant)
     assert [(f.code, f.severity.value, f.key) for f in found] == [("GD502", severity, "a.weight")]
+    assert f"3 value(s) beyond fp16's range (|x| > 65504) in 1 tensor(s) ({why}): a.weight" == found[0].message
+
+
+@pytest.mark.parametrize("count, names", [
+    (10, ", ".join(f"t{i}.weight" for i in range(10))),
+    (11, ", ".join(f"t{i}.weight" for i in range(10)) + " and 1 more"),
+])
+def test_long_lists_of_tensors_are_cut_after_ten_names(tmp_path, count, names):
+    from gemma_doctor.readers.weights import TensorScan
+
+    over = [TensorScan(f"t{i}.weight", "model.safetensors", "F32", (4,), beyond_fp16=1, max_abs=1e5) for i in range(count)]
+    [gd502] = _weights_findings(tmp_path, over)
+    assert gd502.message.endswith(f"(only if cast to fp16): {names}")
+
+
+def test_nan_findings_beyond_ten_tensors_are_summed_up_with_their_names(tmp_path):
+    from gemma_doctor.readers.weights import TensorScan
+
+    bad = [TensorScan(f"t{i}.weight", "model.safetensors", "F32", (4,), nan=1) for i in range(22)]
+    found = _weights_findings(tmp_path, bad)
+    assert [f.code for f in found] == ["GD501"] * 11
+    assert found[-1].message == ("12 more tensors hold NaN/Inf: " + ", ".join(f"t{i}.weight" for i in range(10, 20))
+                                 + " and 2 more")
+
+
+@pytest.mark.parametrize("ranges, shown", [
+    (tuple((2 * i, 2 * i) for i in range(8)), "0, 2, 4, 6, 8, 10, 12, 14"),
+    (tuple((2 * i, 2 * i) for i in range(9)), "0, 2, 4, 6, 8, 10, 12, 14 (+1 more ranges)"),
+    (((3, 5), (60, 60)), "3-5, 60"),
+])
+def test_zero_rows_name_the_row_count_and_at_most_eight_ranges(tmp_path, ranges, shown):
+    from gemma_doctor.readers.weights import TensorScan
+
+    rows = sum(b - a + 1 for a, b in ranges)
+    emb = TensorScan("model.embed_tokens.weight", "model.safetensors", "BF16", (64, 48), embedding=True,
+                     zero_rows=rows, zero_row_ranges=ranges)
+    [gd503] = _weights_findings(tmp_path, [emb])
+    assert gd503.message.startswith(f"model.embed_tokens.weight has {rows} all-zero row(s) of 64: {shown} (zero-initialised")
 
 
 def test_read_fallback_without_mmap(tmp_path, monkeypatch):
