@@ -66,6 +66,7 @@ def _parse(lang: str, body: str) -> list[Command]:
     commands: list[Command] = []
     current: Command | None = None
     prompt = lang in ("console", "text")
+    body = re.sub(r"\\\n[ \t]*", " ", body)  # a shell line continued with a backslash is one command
     for raw in body.splitlines():
         line = raw.rstrip()
         if prompt and not line.startswith("$ "):

@@ -71,7 +71,9 @@ def test_model_type_wins_over_architectures():
 @pytest.mark.parametrize("text, traits", [
     ({}, {}),
     ({"use_bidirectional_attention": True, "num_kv_shared_layers": 10}, {"bidirectional": True, "kv_shared_layers": 10}),
-    ({"use_bidirectional_attention": "yes", "num_kv_shared_layers": 0}, {}),
+    # Gemma 4 31B / 26B-A4B write "vision" (bidirectional over image tokens only); a number means nothing.
+    ({"use_bidirectional_attention": "vision", "num_kv_shared_layers": 0}, {"bidirectional": "vision"}),
+    ({"use_bidirectional_attention": 1, "num_kv_shared_layers": 0}, {}),
     ({"enable_moe_block": True}, {"moe_experts": None}),
     ({"num_experts": 8}, {"moe_experts": 8}),
     ({"num_experts": 1}, {}),
