@@ -19,7 +19,6 @@ from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers import tokenizer as tokenizer_reader
 from gemma_doctor.readers import training_config
-from gemma_doctor.readers import weights as weights_scan
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import ModelReport, Report
@@ -46,6 +45,9 @@ def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
     census = dtypes_census.census(source, facts.config.data if facts.config.ok else None)
     facts = facts.with_(census=census, tokenizer=tokenizer_reader.read(source))
     if options.weights:
+        # The weights scan (mmap, thread pool) is imported only when asked for: `check` starts without it.
+        from gemma_doctor.readers import weights as weights_scan
+
         facts = facts.with_(weights_scan=weights_scan.scan_model(census, source, options.jobs, facts.snapshot.target))
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))

@@ -14,11 +14,18 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+import operator
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+# packaging.specifiers and packaging.requirements cost ~35 ms to import (their grammars are compiled regexes), a
+# sixth of a `check` of one cached repo. They are imported where a range or a requirement line is read; the
+# common question, "is this installed release in that window?", is answered by _plain_contains without them.
 
 from gemma_doctor.errors import UsageError
 
@@ -84,13 +91,49 @@ class Window:
         except InvalidVersion:
             return False
         if self.preview_spec and self.preview_local and v.local and self.preview_local in v.local.lower() \
-                and SpecifierSet(self.preview_spec).contains(Version(v.public), prereleases=True):
+                and _spec_contains(self.preview_spec, Version(v.public)):
             return True
-        return SpecifierSet(self.spec).contains(v, prereleases=True)
+        return _spec_contains(self.spec, v)
 
     def describe(self) -> str:
         """``transformers >=4.50.0.dev0,<4.51.0``."""
         return f"{self.package} {self.spec}"
+
+
+_PLAIN_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+              "<": operator.lt}
+_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*([0-9][0-9A-Za-z.]*)\s*")
+
+
+def _plain_contains(spec: str, v: Version) -> bool | None:
+    """``spec`` contains ``v`` by plain version comparison, or None when PEP 440's special rules could apply.
+
+    For a final release (no pre-, post-, dev- or local part) and clauses of the six plain operators without
+    wildcards, PEP 440's exclusions (pre-releases of V under ``<V``, post-releases of V under ``>V``, local
+    versions) cannot arise, so the ordered comparison is the specifier's answer."""
+    if v.pre is not None or v.post is not None or v.dev is not None or v.local is not None:
+        return None
+    for clause in spec.split(","):
+        m = _CLAUSE.fullmatch(clause)
+        if m is None:
+            return None
+        try:
+            bound = Version(m.group(2))
+        except InvalidVersion:
+            return None
+        if not _PLAIN_OPS[m.group(1)](v, bound):
+            return False
+    return True
+
+
+def _spec_contains(spec: str, v: Version) -> bool:
+    """PEP 440 ``SpecifierSet(spec).contains(v, prereleases=True)``."""
+    plain = _plain_contains(spec, v)
+    if plain is not None:
+        return plain
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(spec).contains(v, prereleases=True)
 
 
 def _probe_versions(specs: Iterable[SpecifierSet]) -> list[Version]:
@@ -121,6 +164,8 @@ def exposure_of(package: Package, window: Window) -> Exposure:
         return Exposure.AFFECTED if window.contains(package.version) else Exposure.SAFE
     if package.specifier is None:
         return Exposure.UNKNOWN
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         allowed = SpecifierSet(package.specifier)
     except InvalidSpecifier:
@@ -180,6 +225,8 @@ def _package(req: Requirement, source: str) -> Package:
 
 def parse_requirement(text: str, source: str) -> Package:
     """One pip requirement (``transformers==4.50.3``, ``peft>=0.12,<0.13``) -> Package; UsageError otherwise."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         req = Requirement(text.strip())
     except InvalidRequirement as e:
@@ -196,6 +243,8 @@ _LOCK_VERSION = re.compile(r'^\s*version\s*=\s*"([^"]+)"\s*$')
 
 def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], list[str]]:
     """Packages of a requirements file, pip freeze output, or a uv/poetry/PEP 751 lock file; and the lines skipped."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     packages: dict[str, Package] = {}
     skipped: list[str] = []
     lines = text.splitlines()

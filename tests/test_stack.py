@@ -139,3 +139,24 @@ def test_with_overrides_the_requirements_file(tmp_path):
     assert (stack.version("transformers"), stack.version("peft"), stack.planned) == ("5.1.0", "0.11.1", True)
     assert stack.cli_args == ("--requirements", str(path), "--with", "transformers==5.1.0")
     assert stack.get("accelerate").describe() == "accelerate (not installed)"
+
+
+# --- the window test without packaging.specifiers (kept off check's start-up path) ----------------------------
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+_releases = st.tuples(st.integers(0, 6), st.integers(0, 30), st.integers(0, 9)).map(lambda t: "%d.%d.%d" % t)
+_versions = _releases | st.tuples(_releases, st.sampled_from(["rc1", ".dev0", ".post1", "+local", "a2", ""])).map("".join)
+_clause = st.tuples(st.sampled_from([">=", "<=", "==", "!=", ">", "<"]), _releases | _releases.map(lambda r: r + ".dev0"))
+
+
+@given(version=_versions, clauses=st.lists(_clause, min_size=1, max_size=3))
+def test_window_membership_is_pep440s_for_every_version_and_plain_specifier(version, clauses):
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from gemma_doctor.stack import Window
+
+    spec = ",".join(op + v for op, v in clauses)
+    assert Window("transformers", spec).contains(version) == SpecifierSet(spec).contains(Version(version), prereleases=True)

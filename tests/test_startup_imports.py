@@ -57,3 +57,17 @@ def test_weights_scan_needs_numpy_not_torch(cached):
     code, mods = imported("check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root), "--weights")
     assert code in (0, 1)
     assert "numpy" in mods and not mods & {"torch", "transformers", "safetensors"}
+
+
+LATE_PROBE = PROBE.replace("{m.split('.')[0] for m in sys.modules}", "set(sys.modules)")
+
+
+def test_check_of_one_repo_leaves_the_writers_and_the_heavy_parsers_unimported(cached):
+    """What only fix/restore, --weights, --with or --requirements need is imported by them (each cost 3-35 ms)."""
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", LATE_PROBE, "check", "google/gemma-3-12b-it", "--cache-dir",
+                          str(cached.root)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    mods = set(json.loads(res.stderr.strip().splitlines()[-1])["modules"])
+    assert "gemma_doctor.pipeline" in mods  # the probe saw the check run
+    assert not mods & {"gemma_doctor.fixes", "gemma_doctor.jsonedit", "gemma_doctor.readers.weights",
+                       "packaging.specifiers", "packaging.requirements"}

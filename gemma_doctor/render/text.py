@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from gemma_doctor.fixes import Outcome, Status
 from gemma_doctor.render.style import SEVERITY_STYLE, to_string
 from gemma_doctor.report import FailOn, ModelReport, Report, Severity
+
+if TYPE_CHECKING:
+    from gemma_doctor.fixes import Outcome
 
 
 def _title(repo_id: str | None, revision: str | None, commit: str | None, path: str, family: str | None) -> str:
@@ -64,16 +66,20 @@ def render_report(report: Report, fail_on: FailOn, color: bool) -> str:
     return to_string(lines, color)
 
 
-_STATUS_TEXT = {
-    Status.WOULD_CHANGE: "[yellow]would change[/]",
-    Status.CHANGED: "[green]fixed[/]",
-    Status.UP_TO_DATE: "[green]already fixed[/]",
-    Status.NOT_APPLICABLE: "[dim]left alone[/]",
-    Status.REFUSED: "[red]refused[/]",
-    Status.FAILED: "[bold red]failed[/]",
-    Status.RESTORED: "[green]restored[/]",
-    Status.NOTHING_TO_RESTORE: "[dim]nothing to restore[/]",
-}
+def _status_text(status: object) -> str:
+    # fixes (with the JSON editor) is imported by fix and restore only: `check` starts without it.
+    from gemma_doctor.fixes import Status
+
+    return {
+        Status.WOULD_CHANGE: "[yellow]would change[/]",
+        Status.CHANGED: "[green]fixed[/]",
+        Status.UP_TO_DATE: "[green]already fixed[/]",
+        Status.NOT_APPLICABLE: "[dim]left alone[/]",
+        Status.REFUSED: "[red]refused[/]",
+        Status.FAILED: "[bold red]failed[/]",
+        Status.RESTORED: "[green]restored[/]",
+        Status.NOTHING_TO_RESTORE: "[dim]nothing to restore[/]",
+    }[status]
 
 
 def _diff_text(diff: str):  # noqa: ANN202 - a rich Text
@@ -98,7 +104,7 @@ def render_outcomes(outcomes: Iterable[Outcome], color: bool, show_diffs: bool =
     items: list = []
     for o in outcomes:
         s = o.facts.snapshot
-        items.append(_title(s.repo_id, s.revision, s.commit, str(s.path), o.facts.family.label) + "  " + _STATUS_TEXT[o.status])
+        items.append(_title(s.repo_id, s.revision, s.commit, str(s.path), o.facts.family.label) + "  " + _status_text(o.status))
         for c in o.changes:
             if show_diffs and c.after != c.before:
                 items.append(_diff_text(c.diff()))
