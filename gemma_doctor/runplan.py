@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from gemma_doctor import gpus, memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.memory import Choice, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.rules.training import truthy
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
 TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}
@@ -81,12 +82,6 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "1", "on")
-    return value is True or (isinstance(value, int) and not isinstance(value, bool) and value == 1)
-
-
 def _zero_stage(tc: Any) -> tuple[int, str | None]:
     """ZeRO stage / FSDP sharding from the training config: (stage, the setting it came from)."""
     s = tc.settings
@@ -128,10 +123,10 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         s = tc.settings
         where = lambda name: f"training config {s[name].key}"  # noqa: E731
         q4, q8, adapter = s.get("load_in_4bit"), s.get("load_in_8bit"), s.get("adapter")
-        if q4 is not None and (_truthy(q4.value) or q4.value == 4):
+        if q4 is not None and (truthy(q4.value) or q4.value == 4):
             put("method", "qlora", where("load_in_4bit"))
             put("quant_bits", 4, where("load_in_4bit"))
-        elif q4 is not None and q4.value == 8 or (q8 is not None and _truthy(q8.value)):
+        elif q4 is not None and q4.value == 8 or (q8 is not None and truthy(q8.value)):
             put("method", "qlora", where("load_in_8bit" if q8 is not None else "load_in_4bit"))
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
@@ -140,7 +135,7 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             if name in s and _int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, _int(s[name].value), where(name))
         if "gradient_checkpointing" in s:
-            put("gradient_checkpointing", _truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
+            put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
             put("optimizer", s["optimizer"].value, where("optimizer"))
         targets = s.get("lora_target_modules")
@@ -152,7 +147,7 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
                 put("lora_targets", tuple(t.strip() for t in v.split(",") if t.strip()), where("lora_target_modules"))
             elif isinstance(v, list) and all(isinstance(t, str) for t in v):
                 put("lora_targets", tuple(v), where("lora_target_modules"))
-        if "lora_target_linear" in s and _truthy(s["lora_target_linear"].value):
+        if "lora_target_linear" in s and truthy(s["lora_target_linear"].value):
             put("lora_targets", "all-linear", where("lora_target_linear"))
         stage, key = _zero_stage(tc)
         if key is not None:

@@ -41,18 +41,20 @@ def gpu_view(env: Environment, options: CheckOptions) -> GpuView:
     if gpu is not None:
         # CPU runs (no GPU) use CPU autocast, where bf16 is fine: nothing to judge.
         native = None if gpu.backend == "none" else gpu.native_bf16
-        label = gpu.label or options.gpu or "the GPU"
-        return GpuView(native, gpu.emulated_bf16_trap, str(label))
+        return GpuView(native, gpu.emulated_bf16_trap, gpu.label)
     if options.gpu:
         return fallback_gpu(options.gpu)
     return GpuView(None, False, "unknown GPU")
 
 
 def truthy(value: Any) -> bool:
-    """A setting that turns a feature on: true, "true", "yes", 1 (how YAML/JSON/CLI configs spell it)."""
+    """A setting that turns a feature on: true, "true", "yes", 1 (how YAML/JSON/CLI configs spell it).
+
+    Only 1 among numbers: LLaMA-Factory's quantization_bit (read as load_in_4bit) is 4 or 8, not a switch.
+    """
     if isinstance(value, str):
         return value.strip().lower() in ("true", "yes", "1", "on")
-    return value is True or (isinstance(value, int) and not isinstance(value, bool) and value == 1)
+    return value == 1  # True == 1; False, 0, 2, None, lists and mappings are not 1
 
 
 def _dtype_name(value: Any) -> str | None:
@@ -92,7 +94,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         return
     s = tc.settings
     fam = model.family
-    name = fam.label or fam.family
+    name = fam.label  # never None here: every Gemma model has a family label
     fp16_unsafe = fam.fp16_unsafe
     mp = s.get("mixed_precision")
     mp_value = str(mp.value).lower() if mp is not None else None
