@@ -56,7 +56,9 @@ MODULES = (
 # The fast part of the suite: no venv builds or training (-m "not slow"), and none of the files whose tests
 # drive gemma-doctor in child processes (crash kills, lock races, start-up imports): coverage cannot attribute
 # a child's lines to a test, so they would only add time.
-PYTEST_ARGS = ("-m", "not slow", "-p", "no:cacheprovider",
+# no:xdist: pyproject's addopts run the suite on every core (-n auto); here the tests must run in this process,
+# where coverage records them and the import hook serves the mutant (an xdist worker would see neither).
+PYTEST_ARGS = ("-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist",
                "--ignore=tests/test_crash_safety.py", "--ignore=tests/test_concurrency.py",
                "--ignore=tests/test_startup_imports.py", "--ignore=tests/test_install.py",
                "--ignore=tests/test_e2e_transformers450.py", "--ignore=tests/test_versions.py")
@@ -263,6 +265,9 @@ def measure(extra: list[str]) -> tuple[dict[str, dict[int, set[str]]], dict[str,
 
     data = CoverageData(basename=str(data_file))
     data.read()
+    if not any(c for c in data.measured_contexts()):
+        sys.exit("coverage recorded no test: the tests did not run in the measured process (a plugin such as "
+                 "xdist moved them to workers?); a score from this would be 0% for nothing")
     by_module: dict[str, dict[int, set[str]]] = {}
     for measured in data.measured_files():
         rel = os.path.relpath(measured, ROOT)
@@ -355,7 +360,7 @@ def _child(m: Mutant, code: str, tests: list[str], extra: list[str], out: Path) 
     plugin = FirstFailure()
     try:
         # no:unraisableexception: its gc.collect() per test costs more than the test with torch in memory.
-        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-m", "not slow",
+        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:unraisableexception", "-m", "not slow",
                               *extra, *tests], plugins=[plugin]))
     except BaseException as e:  # noqa: BLE001 - anything the mutant breaks is a failure of the tests
         rc, plugin.nodeid = 99, f"{type(e).__name__}"
