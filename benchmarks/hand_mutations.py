@@ -74,7 +74,7 @@ def _pytest(work: Path, test: str) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(work)}
     code = ("import sys, pytest, gemma_doctor; "
             f"assert gemma_doctor.__file__.startswith({str(work)!r}), gemma_doctor.__file__; "
-            f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', '-p', 'no:xdist', {test!r}]))")
+            f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', '-o', 'addopts=', '-p', 'no:xdist', {test!r}]))")
     done = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     return done.returncode, (done.stdout.strip().splitlines() or [""])[-1]
 

@@ -128,7 +128,7 @@ def run_once(files: list[str], profile: str, seed: int | None, keep_going: bool 
                "HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY_NOCOVER": "1",
                DIGESTS_ENV: str(digests),
                "PYTHONPATH": os.pathsep.join([str(work), str(work / "benchmarks")])}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "hypothesis_runs",
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:xdist", "-p", "hypothesis_runs",
                "-m", "not slow", "-rf", *files]
         if seed is not None:
             cmd.append(f"--hypothesis-seed={seed}")

@@ -56,9 +56,9 @@ MODULES = (
 # The fast part of the suite: no venv builds or training (-m "not slow"), and none of the files whose tests
 # drive gemma-doctor in child processes (crash kills, lock races, start-up imports): coverage cannot attribute
 # a child's lines to a test, so they would only add time.
-# no:xdist: pyproject's addopts run the suite on every core (-n auto); here the tests must run in this process,
+# addopts= and no:xdist: pyproject's addopts run the suite on every core (-n auto); here the tests must run in this process,
 # where coverage records them and the import hook serves the mutant (an xdist worker would see neither).
-PYTEST_ARGS = ("-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist",
+PYTEST_ARGS = ("-m", "not slow", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:xdist",
                "--ignore=tests/test_crash_safety.py", "--ignore=tests/test_concurrency.py",
                "--ignore=tests/test_startup_imports.py", "--ignore=tests/test_install.py",
                "--ignore=tests/test_e2e_transformers450.py", "--ignore=tests/test_versions.py")
@@ -360,7 +360,7 @@ def _child(m: Mutant, code: str, tests: list[str], extra: list[str], out: Path) 
     plugin = FirstFailure()
     try:
         # no:unraisableexception: its gc.collect() per test costs more than the test with torch in memory.
-        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:unraisableexception", "-m", "not slow",
+        rc = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:xdist", "-p", "no:unraisableexception", "-m", "not slow",
                               *extra, *tests], plugins=[plugin]))
     except BaseException as e:  # noqa: BLE001 - anything the mutant breaks is a failure of the tests
         rc, plugin.nodeid = 99, f"{type(e).__name__}"
