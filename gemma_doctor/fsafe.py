@@ -631,12 +631,11 @@ def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, mak
                 finally:
                     os.close(fd)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException as e:
-                # Ctrl-C included: the temp file goes, the target was never touched.
+            except BaseException:
+                # Ctrl-C included: the temp file goes, the target was never touched (an OSError becomes the
+                # WriteError below).
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dir_fd)
-                if isinstance(e, OSError):
-                    raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
                 raise
             fsync_dir(dir_fd)
     except Refused as e:
@@ -654,11 +653,9 @@ def write_link(path: Path, target: str, area: Area | None = None) -> None:
             try:
                 os.symlink(target, tmp, dir_fd=dir_fd)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException as e:
+            except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dir_fd)
-                if isinstance(e, OSError):
-                    raise WriteError(f"cannot restore the link {path}: {e.strerror or e}; it was left as it was") from None
                 raise
             fsync_dir(dir_fd)
     except Refused as e:
@@ -698,8 +695,10 @@ class Entry:
 def list_dir(path: Path, area: Area) -> list[Entry]:
     """The entries of the real folder ``path`` (empty when it is missing); Refused when it is a link."""
     if not SUPPORTED:  # see open_file: by path, after a realpath check
-        if not _inside_by_realpath(path, area.root) or os.path.islink(path):
+        if os.path.islink(path):
             raise Refused(f"{path} is a link", escapes=True)
+        if not _inside_by_realpath(path, area.root):
+            raise Refused(f"{path} leads outside the repo folder", escapes=True)
         if not os.path.isdir(path):
             return []
         fd = None
