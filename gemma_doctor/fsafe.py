@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -89,10 +90,14 @@ class Area:
                 raise Refused(f"{self.root} is not a folder") from None
             raise
 
+    @functools.cached_property
+    def _abs_root(self) -> str:
+        return os.path.abspath(self.root)
+
     def parts(self, path: Path | str) -> list[str]:
         """The components of ``path`` below the root (lexically); Refused when it is not below it."""
         # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
-        full, root = os.path.abspath(path), os.path.abspath(self.root)
+        full, root = os.path.abspath(path), self._abs_root
         if full == root:
             return []
         prefix = root if root.endswith(os.sep) else root + os.sep

@@ -109,7 +109,8 @@ def test_lora_trainable_counts_equal_peft(saved_tiny, targets, r):
 
 # --- optimizer states --------------------------------------------------------------------------------
 
-SHAPES = [(64, 48), (48,), (3, 5, 7), (5000,)]
+# Repeated shapes as a model's layers repeat them: the estimate costs each distinct shape once and counts it.
+SHAPES = [(64, 48), (48,), (3, 5, 7), (5000,), (64, 48), (48,), (64, 48)]
 
 
 def _state_bytes(opt) -> int:

@@ -159,4 +159,8 @@ def test_window_membership_is_pep440s_for_every_version_and_plain_specifier(vers
     from gemma_doctor.stack import Window
 
     spec = ",".join(op + v for op, v in clauses)
-    assert Window("transformers", spec).contains(version) == SpecifierSet(spec).contains(Version(version), prereleases=True)
+    expected = SpecifierSet(spec).contains(Version(version), prereleases=True)
+    window = Window("transformers", spec)
+    # a version string goes through the remembered answer, a Version is decided afresh: both are PEP 440's
+    assert window.contains(version) == window.contains(Version(version)) == expected
+    assert window.contains(version) == expected  # asked again: the remembered answer
