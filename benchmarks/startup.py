@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -54,8 +55,12 @@ def build_cache(root: Path, repos: int) -> float:
 
 
 def timed(cmd: list[str]) -> float:
+    env = None
+    if cmd and cmd[0].startswith("PYTHONPATH="):  # a tree to run: PYTHONPATH=DIR python -m gemma_doctor ...
+        env = {**os.environ, "PYTHONPATH": cmd[0].split("=", 1)[1]}
+        cmd = cmd[1:]
     t0 = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env)
     return time.perf_counter() - t0
 
 
@@ -74,8 +79,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--repos", type=int, default=1000)
+    ap.add_argument("--baseline", metavar="TREE", help="also time the whole-cache scans of another checkout (a git "
+                    "worktree of an older commit), both trees run as `python -m gemma_doctor`, alternated in one run")
     args = ap.parse_args()
     doctor, hf = str(BIN / "gemma-doctor"), str(BIN / "hf")
+    trees = {}
+    if args.baseline:
+        trees = {"this tree": [f"PYTHONPATH={ROOT}", sys.executable, "-m", "gemma_doctor"],
+                 "baseline": [f"PYTHONPATH={Path(args.baseline).resolve()}", sys.executable, "-m", "gemma_doctor"]}
     with tempfile.TemporaryDirectory() as tmp:
         one = Path(tmp) / "one"
         HubCache(one).add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(),
@@ -94,11 +105,15 @@ def main() -> None:
         for n in (args.repos, 2 * args.repos):
             cache = Path(tmp) / f"c{n}"
             built = build_cache(cache, n)
-            scans[n] = compare({"check": [doctor, "check", "--cache-dir", str(cache), "--fail-on", "never"],
-                                "hf": [hf, "cache", "ls", "--cache-dir", str(cache)]}, args.runs)
+            scan = ["check", "--cache-dir", str(cache), "--fail-on", "never"]
+            scans[n] = compare({"check": [doctor, *scan], "hf": [hf, "cache", "ls", "--cache-dir", str(cache)],
+                                **{k: [*v, *scan] for k, v in trees.items()}}, args.runs)
             c, h = scans[n]["check"], scans[n]["hf"]
             print(f"{n} repos x 2 revisions (built in {built:.1f} s), median of {args.runs}: check {c:.3f} s, "
                   f"hf cache ls {h:.3f} s, ratio {c / h:.2f}")
+            if trees:
+                t, b = scans[n]["this tree"], scans[n]["baseline"]
+                print(f"  python -m gemma_doctor: this tree {t:.3f} s, baseline {b:.3f} s, this / baseline {t / b:.2f}")
             shutil.rmtree(cache)
         n1, n2 = args.repos, 2 * args.repos
         print(f"growth {n1} -> {n2} repos: check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "

@@ -7,7 +7,6 @@ which the fields are filled is code, in pipeline.gather.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,9 +86,9 @@ class Environment:
     gpu: GpuFacts | None = None
     training_config: TrainingConfig | None = None
 
-    @functools.cached_property
+    @property
     def libraries(self) -> Stack:
-        """The libraries that will run: the planned stack, else what is installed here (built once)."""
+        """The libraries that will run: the planned stack, else what is installed here."""
         return self.stack if self.stack is not None else Stack.installed(self.versions)
 
     def to_json(self) -> dict[str, Any]:

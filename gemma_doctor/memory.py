@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
@@ -399,29 +398,27 @@ BNB_BLOCK = 256
 def optimizer_state_bytes(kind: str, shapes: Iterable[tuple[int, ...]], param_bytes: int) -> int:
     """Bytes of optimizer state for trainable tensors of ``shapes`` (what the optimizer's state_dict holds after a step)."""
     total = 0
-    # A model repeats its layers: each distinct shape is costed once and counted (gemma-3-12b-it's language
-    # model has 338 trainable tensors of 6 shapes, and a whole-cache `check` plans every Gemma snapshot).
-    for shape, count in Counter(shapes).items():
+    for shape in shapes:
         n = math.prod(shape)
         if kind in ("adamw", "adamw_fused", "paged_adamw"):
-            total += count * 2 * n * param_bytes
+            total += 2 * n * param_bytes
         elif kind in ("adamw_8bit", "paged_adamw_8bit", "lion_8bit"):
             states = 1 if kind == "lion_8bit" else 2
             if n >= BNB_MIN_8BIT_SIZE:
-                total += count * states * (n + 4 * math.ceil(n / BNB_BLOCK))
+                total += states * (n + 4 * math.ceil(n / BNB_BLOCK))
             else:
-                total += count * states * n * 4
+                total += states * n * 4
         elif kind in ("sgd_momentum", "lion", "adagrad", "rmsprop"):
-            total += count * n * param_bytes
+            total += n * param_bytes
         elif kind == "adafactor":
             # transformers' Adafactor (beta1=None): row and column second moments of matrices, the full one of
             # vectors, always in fp32 (it upcasts bf16/fp16 parameters for the update).
             if len(shape) >= 2:
                 rows = math.prod(shape[:-1])
                 cols = math.prod(shape[:-2]) * shape[-1]
-                total += count * (rows + cols) * 4
+                total += (rows + cols) * 4
             else:
-                total += count * n * 4
+                total += n * 4
         # sgd without momentum keeps no state
     return total
 

@@ -10,12 +10,11 @@ answer is UNKNOWN, and rules warn instead of failing.
 from __future__ import annotations
 
 import enum
-import functools
-import operator
 import os
 import re
 import stat
 from dataclasses import dataclass, field
+import operator
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from packaging.version import InvalidVersion, Version
@@ -87,11 +86,6 @@ class Window:
 
     def contains(self, version: str | Version) -> bool:
         """True when ``version`` is in the window."""
-        if isinstance(version, str):
-            return _contains_text(self, version)
-        return self._contains(version)
-
-    def _contains(self, version: str | Version) -> bool:
         try:
             v = version if isinstance(version, Version) else Version(version)
         except InvalidVersion:
@@ -104,13 +98,6 @@ class Window:
     def describe(self) -> str:
         """``transformers >=4.50.0.dev0,<4.51.0``."""
         return f"{self.package} {self.spec}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _contains_text(window: Window, version: str) -> bool:
-    """Window.contains for a version string, remembered: every model of a whole-cache check asks the same
-    few windows about the same installed versions."""
-    return window._contains(version)
 
 
 _PLAIN_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,

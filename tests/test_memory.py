@@ -109,7 +109,7 @@ def test_lora_trainable_counts_equal_peft(saved_tiny, targets, r):
 
 # --- optimizer states --------------------------------------------------------------------------------
 
-# Repeated shapes as a model's layers repeat them: the estimate costs each distinct shape once and counts it.
+# Repeated shapes, as a model's layers repeat them.
 SHAPES = [(64, 48), (48,), (3, 5, 7), (5000,), (64, 48), (48,), (64, 48)]
 
 

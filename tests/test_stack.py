@@ -161,6 +161,5 @@ def test_window_membership_is_pep440s_for_every_version_and_plain_specifier(vers
     spec = ",".join(op + v for op, v in clauses)
     expected = SpecifierSet(spec).contains(Version(version), prereleases=True)
     window = Window("transformers", spec)
-    # a version string goes through the remembered answer, a Version is decided afresh: both are PEP 440's
+    # as a version string (the installed version) and as a Version (a planned one): both are PEP 440's answer
     assert window.contains(version) == window.contains(Version(version)) == expected
-    assert window.contains(version) == expected  # asked again: the remembered answer
