@@ -82,6 +82,10 @@ def _pytest(work: Path, test: str) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     mutations = MUTATIONS
+    if argv and (len(argv) != 4 or argv[0] in ("-h", "--help")):
+        print("usage: hand_mutations.py [MODULE BEFORE AFTER TEST]\n  no arguments: the seven hand mutations of "
+              "issue 15; four: one mutation (replace BEFORE by AFTER in MODULE, which TEST must catch)", file=sys.stderr)
+        return 0 if argv[0] in ("-h", "--help") else 2
     if argv:
         module, before, after, test = argv
         mutations = (HandMutation("given on the command line", module, before, after, test),)
