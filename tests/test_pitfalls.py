@@ -6,11 +6,11 @@ tests/test_pitfalls_repro.py."""
 from __future__ import annotations
 
 import json
-import struct
 
 import pytest
 
 from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config, generation_config, variant
+from tests.test_safetensors import st_file
 
 LM_ONLY = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
@@ -25,21 +25,6 @@ def tokenizer_config(**changes) -> dict:
                                         "normalized": False, "single_word": False} for k, v in added.items()}}
     cfg.update(changes)
     return cfg
-
-
-def safetensors_header(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
-    """A valid safetensors file whose data section is zeros: only the header matters to these rules."""
-    size = {"BF16": 2, "F32": 4}
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        n = size[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + bytes(offset)
 
 
 def check(cli, hub, tmp_path, files: dict, training: dict | str | None = None, *extra: str, repo="acme/model") -> dict:
@@ -247,12 +232,12 @@ def test_tokens_beyond_the_embedding_rows_are_an_error_naming_them(cli, hub, tmp
     tok = tokenizer_config()
     tok["added_tokens_decoder"]["300"] = {"content": "<tool_call>", "special": True}
     files = {"config.json": variant(gemma3_1b_config(), vocab_size=300), "tokenizer_config.json": tok,
-             "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [300, 8])})}
+             "model.safetensors": st_file({"model.embed_tokens.weight": ("BF16", [300, 8])})}
     got = check(cli, hub, tmp_path, files)
     [f] = got["GD505"]
     assert (f["severity"], f["key"], f["file"]) == ("error", "model.embed_tokens.weight", "model.safetensors")
     assert "<tool_call> (300)" in f["message"] and "resize_token_embeddings" in f["fix"]
-    files["model.safetensors"] = safetensors_header({"model.embed_tokens.weight": ("BF16", [301, 8])})
+    files["model.safetensors"] = st_file({"model.embed_tokens.weight": ("BF16", [301, 8])})
     assert "GD505" not in check(cli, hub, tmp_path, files, repo="acme/resized")
 
 
@@ -329,7 +314,7 @@ def test_a_broken_tokenizer_config_is_no_traceback(cli, hub, tmp_path):
 ])
 def test_odd_tokenizer_configs_are_read_without_a_traceback(cli, hub, tmp_path, tok):
     got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config(), "tokenizer_config.json": tok,
-                                     "model.safetensors": safetensors_header({"model.embed_tokens.weight": ("BF16", [4, 2])})},
+                                     "model.safetensors": st_file({"model.embed_tokens.weight": ("BF16", [4, 2])})},
                 {"bf16": True})
     assert "GD505" not in got and "GD902" not in got
 
