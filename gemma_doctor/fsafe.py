@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import re
 import secrets
@@ -90,14 +89,10 @@ class Area:
                 raise Refused(f"{self.root} is not a folder") from None
             raise
 
-    @functools.cached_property
-    def _abs_root(self) -> str:
-        return os.path.abspath(self.root)
-
     def parts(self, path: Path | str) -> list[str]:
         """The components of ``path`` below the root (lexically); Refused when it is not below it."""
         # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
-        full, root = os.path.abspath(path), self._abs_root
+        full, root = os.path.abspath(path), os.path.abspath(self.root)
         if full == root:
             return []
         prefix = root if root.endswith(os.sep) else root + os.sep

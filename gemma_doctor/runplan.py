@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gemma_doctor import gpus, memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.memory import Choice, MemoryPlan, ModelShape, RunSpec
-from gemma_doctor.rules.training import truthy
+from gemma_doctor.readers.training_config import truthy
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
 TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}

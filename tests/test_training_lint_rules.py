@@ -18,7 +18,8 @@ from gemma_doctor.readers import training_config
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.rules import training
-from gemma_doctor.rules.training import GpuView, fallback_gpu, gpu_view, truthy
+from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.rules.training import GpuView, fallback_gpu, gpu_view
 from tests.builders import gemma3_12b_config, gemma3n_config
 
 GEMMA1 = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "torch_dtype": "bfloat16"}

@@ -329,3 +329,13 @@ def load(path: str) -> TrainingConfig:
     if not os.path.lexists(path):
         raise UsageError(f"training config {path} does not exist")
     return read(path)
+
+
+def truthy(value: Any) -> bool:
+    """A setting that turns a feature on: true, "true", "yes", 1 (how YAML/JSON/CLI configs spell it).
+
+    Only 1 among numbers: LLaMA-Factory's quantization_bit (read as load_in_4bit) is 4 or 8, not a switch.
+    """
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return value == 1  # True == 1; False, 0, 2, None, lists and mappings are not 1

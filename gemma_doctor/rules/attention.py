@@ -8,9 +8,10 @@ from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.memory import gib
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
-from gemma_doctor.rules.training import setting_finding, truthy
+from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
                                      TRL_PACKING_NO_POSITION_IDS, parse)

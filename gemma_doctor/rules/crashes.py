@@ -13,8 +13,8 @@ from packaging.version import Version
 
 from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.training import truthy
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.versioning import (
     GEMMA4_KV_SHARE_NO_CACHE, GEMMA4_MM_TOKEN_TYPE_IDS, ROPE_PARAMETERS_READER, TOKEN_TYPE_IDS_GEMMA3,

@@ -7,9 +7,10 @@ import re
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import adapter_enabled, target_list, text_config, text_key
-from gemma_doctor.rules.training import setting_finding, truthy
+from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import BIDIRECTIONAL_IGNORED, PEFT_EMBED_SCALE, SLIDING_WINDOW_HALVED
 

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.training import truthy
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
 FLASH_MAX_HEAD_DIM = 256

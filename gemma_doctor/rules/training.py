@@ -8,6 +8,7 @@ from typing import Any, Iterator
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.gpus import emulation_trap, parse_gpu_spec
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
@@ -45,16 +46,6 @@ def gpu_view(env: Environment, options: CheckOptions) -> GpuView:
     if options.gpu:
         return fallback_gpu(options.gpu)
     return GpuView(None, False, "unknown GPU")
-
-
-def truthy(value: Any) -> bool:
-    """A setting that turns a feature on: true, "true", "yes", 1 (how YAML/JSON/CLI configs spell it).
-
-    Only 1 among numbers: LLaMA-Factory's quantization_bit (read as load_in_4bit) is 4 or 8, not a switch.
-    """
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "1", "on")
-    return value == 1  # True == 1; False, 0, 2, None, lists and mappings are not 1
 
 
 def _dtype_name(value: Any) -> str | None:
