@@ -28,6 +28,21 @@ V4_LATE = ("transformers==4.57.6", "accelerate==1.10.1", "huggingface_hub<1.0", 
 V5_EARLY = ("transformers==5.5.1", "accelerate==1.13.0", "peft==0.18.1")
 
 
+CONSTRAINTS = ROOT / "tests" / "constraints.txt"
+
+
+def pinned(name: str, constraints: Path = CONSTRAINTS) -> str:
+    """The version of ``name`` the test stack pins (tests/constraints.txt), e.g. ``pinned("transformers")``."""
+    want = name.lower().replace("_", "-")
+    for line in constraints.read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if "==" in spec:
+            pkg, version = (part.strip() for part in spec.split("==", 1))
+            if pkg.lower().replace("_", "-") == want:
+                return version
+    raise KeyError(f"{name} is not pinned in {constraints}")
+
+
 def venv_root() -> Path:
     """Where built venvs are kept between runs."""
     return Path(os.environ.get("GEMMA_DOCTOR_TEST_VENVS") or ROOT / ".ci-cache" / "venvs")
