@@ -29,6 +29,7 @@ from gemma_doctor.errors import WriteError
 from gemma_doctor.fixes import apply_plan, plan_model
 from gemma_doctor.locate import resolve
 from gemma_doctor.model import read_model
+from tests import as_nobody
 from tests.builders import HubCache, example_file, gemma2_config, gemma3_12b_config, generation_config
 
 # The on-disk fix is planned only where transformers 4.50.x will run (tests/conftest.py).
@@ -842,16 +843,13 @@ def test_a_config_nested_a_million_levels_costs_no_memory(world, baseline_mib):
 # --- permissions: folders this user cannot read are findings, never "OK" (run as nobody) --------------------------------
 
 def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1",
-           "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cwd / "nope"), "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "gemma_doctor", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return as_nobody.run(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize("folder", ["repo", "snapshots", "snapshot", "blobs"])
 def test_a_folder_this_user_cannot_read_is_a_finding_in_a_whole_cache_check(folder):
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("switches to user nobody, which needs root and setpriv")
+    if as_nobody.skip_reason():
+        pytest.skip(as_nobody.skip_reason())
     top = Path(tempfile.mkdtemp(prefix="gd-perm-"))
     try:
         os.chmod(top, 0o755)
@@ -885,8 +883,8 @@ def test_a_folder_this_user_cannot_read_is_a_finding_in_a_whole_cache_check(fold
 def test_folders_this_user_may_traverse_but_not_list_still_read(world):
     """Mode 711 on every folder (a common way to share a cache read-only): each step is opened O_PATH, like a
     path lookup, so the model reads as it did with plain paths."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("switches to user nobody, which needs root and setpriv")
+    if as_nobody.skip_reason():
+        pytest.skip(as_nobody.skip_reason())
     top = Path(tempfile.mkdtemp(prefix="gd-711-"))
     try:
         hub = HubCache(top / "hub")

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from gemma_doctor import undo
 from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, parse_json_object, read_json_file
 from gemma_doctor.readers.safetensors_header import DTYPE_BITS, parse_header, read_header
+from tests import as_nobody
 from tests.builders import HubCache, example_file, gemma2_config, gemma3_12b_config, tree_state
 
 
@@ -216,21 +217,14 @@ def test_hostile_repo_ids_write_nothing_anywhere(tmp_path, cli, bad, command):
 # --- read-only files and folders: run as an unprivileged user (root ignores permissions) -------------
 
 def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cwd / "nope"), "PYTHONDONTWRITEBYTECODE": "1",
-           "GEMMA_DOCTOR_WITH": os.environ.get("GEMMA_DOCTOR_WITH", "")}
-    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "gemma_doctor", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return as_nobody.run(*args, cwd=cwd, GEMMA_DOCTOR_WITH=os.environ.get("GEMMA_DOCTOR_WITH", ""))
 
 
 @pytest.fixture
 def world(tmp_path):
     """A folder every user can reach (pytest's tmp_path is private to root)."""
-    if os.geteuid() != 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("needs root to switch to an unprivileged user")
-    elif not shutil.which("setpriv"):
-        pytest.skip("setpriv is not installed")
+    if as_nobody.skip_reason():
+        pytest.skip(as_nobody.skip_reason())
     folder = Path(tempfile.mkdtemp(prefix="gd-ro-"))
     os.chmod(folder, 0o755)
     yield folder
