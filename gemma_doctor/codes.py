@@ -41,6 +41,8 @@ _CODES = [
     Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type"),
     Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x"),
     Code("GD110", "gemma3n-needs-timm", "Gemma 3n's vision tower needs timm and Pillow, which are not installed"),
+    # GD12x: the knowledge horizon
+    Code("GD120", "newer-than-verified", "a library that will run is newer than the newest release the findings were verified on"),
     # GD13x: member-specific training traps (Gemma 4 and the other new members)
     Code("GD130", "reentrant-checkpointing-kv-shared", "reentrant gradient checkpointing on a KV-shared Gemma 4 silently corrupts its gradients"),
     Code("GD131", "flash-attention-head-dim", "FlashAttention asked for a model whose global attention heads are wider than 256"),

@@ -15,6 +15,7 @@ from gemma_doctor.locate import Snapshot
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
+from gemma_doctor import horizon
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
@@ -98,6 +99,7 @@ class Environment:
             "platform": self.versions.platform,
             "packages": dict(self.versions.packages),
             "stack": self.libraries.to_json(),
+            "horizon": horizon.to_json(self.libraries),
         }
         if self.training_config is not None:
             out["training_config"] = self.training_config.to_json()

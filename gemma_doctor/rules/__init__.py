@@ -22,6 +22,7 @@ RULES: tuple[Rule, ...] = (
     members.check,
     precision.check,
     libraries.check,
+    libraries.beyond_horizon,
     loading.check,
     attention.check,
     tokens.check,

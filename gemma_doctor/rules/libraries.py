@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from gemma_doctor import horizon
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.recommend import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER
 from gemma_doctor.report import Finding, Severity
@@ -53,3 +54,20 @@ def _bnb_quantization(model: ModelFacts) -> Mapping[str, Any] | None:
     if isinstance(qc, Mapping) and qc.get("load_in_4bit"):
         return {"method": "bitsandbytes", "bits": 4, "compute_dtype": qc.get("bnb_4bit_compute_dtype")}
     return None
+
+
+def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """GD120: a library that will run is newer than the newest release the findings were verified on."""
+    if not model.family.is_gemma:
+        return
+    for b in horizon.beyond(env.libraries):
+        yield Finding(
+            "GD120", Severity.INFO,
+            f"{b.describe()} is newer than {b.name} {b.verified}, the newest release gemma-doctor's findings were "
+            f"verified on ({horizon.VERIFIED_ON}): a failure it introduced or fixed is not known here, and the "
+            f"{b.name} windows still open are assumed to go on",
+            key=b.name,
+            fix=f'for a verified stack: pip install "{b.name}=={b.verified}"; or a newer gemma-doctor, whose horizon '
+                f"may include {b.name} {b.package.version or b.package.specifier or ''}".rstrip(),
+            details={"package": b.name, "version": b.package.version, "specifier": b.package.specifier,
+                     "verified": b.verified, "verified_on": horizon.VERIFIED_ON})
