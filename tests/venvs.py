@@ -48,9 +48,24 @@ def venv_root() -> Path:
     return Path(os.environ.get("GEMMA_DOCTOR_TEST_VENVS") or ROOT / ".ci-cache" / "venvs")
 
 
+LOCKS = ROOT / "tests" / "venv-locks"
+
+
+def lock_file(packages: tuple[str, ...]) -> Path:
+    """The lock of the venv built for ``packages`` (tests/venv-locks/NAME.txt, NAME from its pins): every package it
+    holds, exact, so that a release of a dependency tomorrow builds the same venv."""
+    name = "_".join(p.replace("==", "-").replace("<", "lt").replace(">", "gt").replace("=", "") for p in packages)
+    return LOCKS / f"{name}.txt"
+
+
 def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -> Path:
-    """Build (or reuse) a venv holding torch 2.13.0 + ``packages`` (+ this project); return its python."""
-    key = hashlib.sha256("\n".join((TORCH, *packages, *LIGHT, str(with_project))).encode()).hexdigest()[:12]
+    """Build (or reuse) a venv holding torch 2.13.0 + ``packages`` (+ this project); return its python.
+
+    Installs are constrained by the venv's lock (tests/venv-locks) when there is one; ``python -m tests.venvs
+    --lock`` writes the locks of the venvs already built."""
+    lock_path = lock_file(packages)
+    pinned_text = lock_path.read_text() if lock_path.exists() else ""
+    key = hashlib.sha256("\n".join((TORCH, *packages, *LIGHT, str(with_project), pinned_text)).encode()).hexdigest()[:12]
     root = venv_root()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"venv-{key}"
@@ -62,13 +77,34 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
             return python
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        if pinned_text:
+            pip += ["-c", str(lock_path)]
         subprocess.run([*pip, TORCH], check=True)
         subprocess.run([*pip, *packages], check=True)
         if with_project:
             subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
             subprocess.run([*pip, *LIGHT], check=True)
+        (path / ".packages").write_text("\n".join(packages) + "\n")
         marker.write_text("ok\n")
     return python
+
+
+def write_locks() -> list[Path]:
+    """Freeze every complete venv under venv_root() into its lock file (run after a deliberate change of a venv)."""
+    written = []
+    for marker in sorted(venv_root().glob("venv-*/.packages")):
+        packages = tuple(marker.read_text().split())
+        python = marker.parent / "bin" / "python"
+        frozen = subprocess.run([str(python), "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+        lines = sorted((line.replace("+cpu", "") for line in frozen
+                        if "==" in line and not line.lower().startswith(("gemma-doctor", "gemma_doctor"))), key=str.lower)
+        path = lock_file(packages)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# The venv of tests/venvs.py for {' '.join(packages)}: every package, exact "
+                        "(python -m tests.venvs --lock).\n" + "\n".join(lines) + "\n")
+        written.append(path)
+    return written
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -78,3 +114,10 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.update({"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra)
     return env
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--lock"]:
+        sys.exit("usage: python -m tests.venvs --lock   (writes tests/venv-locks/ from the venvs already built)")
+    for written in write_locks():
+        print(written.relative_to(ROOT))
