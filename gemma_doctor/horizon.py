@@ -25,7 +25,7 @@ VERIFIED_ON = "2026-11-24"
 # (versioning.py; a test keeps every Window's package here) plus accelerate (the HybridCache crash's other half)
 # and torch (the precision and memory findings).
 VERIFIED: dict[str, str] = {
-    "transformers": "5.23.0",
+    "transformers": "5.24.0",
     "peft": "0.21.2",
     "trl": "1.16.0",
     "accelerate": "1.15.0",

@@ -32,14 +32,14 @@ def test_a_release_that_does_not_exist_yet_is_named_not_passed_silently(cli, hub
     assert r.code == 0  # info: it never fails a run by itself
     gd120 = found["GD120"]
     assert gd120["severity"] == "info" and gd120["key"] == "transformers"
-    assert "transformers 9.0.0 (--with) is newer than transformers 5.23.0" in gd120["message"]
+    assert f"transformers 9.0.0 (--with) is newer than transformers {horizon.VERIFIED['transformers']}" in gd120["message"]
     assert gd120["details"]["verified"] == horizon.VERIFIED["transformers"]
     assert doc["environment"]["horizon"]["libraries"]["transformers"] == {
         "verified": horizon.VERIFIED["transformers"], "version": "9.0.0", "specifier": None, "newer": True}
     assert doc["environment"]["horizon"]["verified_on"] == horizon.VERIFIED_ON
 
 
-@pytest.mark.parametrize("planned", ["transformers==5.23.0", "transformers==4.50.3", "transformers>=5.0"])
+@pytest.mark.parametrize("planned", ["transformers==5.24.0", "transformers==5.23.0", "transformers==4.50.3", "transformers>=5.0"])
 def test_a_verified_release_or_a_range_that_admits_one_is_not_reported(cli, hub, planned):
     _r, doc, found = _check(cli, hub, "--with", planned)
     assert "GD120" not in found
@@ -47,8 +47,8 @@ def test_a_verified_release_or_a_range_that_admits_one_is_not_reported(cli, hub,
 
 
 def test_a_range_of_only_newer_releases_is_reported(cli, hub):
-    _r, _doc, found = _check(cli, hub, "--with", "transformers>=5.24")
-    assert "transformers>=5.24 (--with) is newer" in found["GD120"]["message"]
+    _r, _doc, found = _check(cli, hub, "--with", "transformers>=5.25")
+    assert "transformers>=5.25 (--with) is newer" in found["GD120"]["message"]
 
 
 def test_each_library_is_judged_on_its_own(cli, hub):
