@@ -6,7 +6,7 @@ Each row runs in a fresh subprocess and records what training actually held at i
 - on a CUDA GPU: torch.cuda.max_memory_allocated() and max_memory_reserved() (bytes of tensors, and what the
   caching allocator took from the driver), plus the same RSS figures.
 
-The plan (gemma_doctor.memory) is computed afterwards from the same inputs, so the model can be tuned and the
+The plan (gemma_doctor.plan.memory) is computed afterwards from the same inputs, so the model can be tuned and the
 table re-rendered without training again:
 
     python benchmarks/memory.py measure --out benchmarks/results/memory-cpu.json     # trains (minutes)
@@ -341,9 +341,9 @@ def measure(args: argparse.Namespace) -> None:
 
 # --- the plan side ------------------------------------------------------------------------------
 
-def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.memory.MemoryPlan
+def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.plan.memory.MemoryPlan
     """gemma-doctor's plan for a measured row (same model, method, precision, batch, sequence, optimizer)."""
-    from gemma_doctor import memory
+    from gemma_doctor.plan import memory
 
     row = doc["row"]
     config = dict(MODELS[row["model"]])

@@ -94,7 +94,7 @@ _CODES = [
     Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100"),
     Code("GD645", "packing-contamination", "packing / padding-free without a backend or versions that keep packed sequences apart"),
     Code("GD650", "logits-fp32-memory", "the fp32 logits of Gemma's large vocabulary take gigabytes at this batch x sequence"),
-    # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
+    # GD8xx: memory (the plan of gemma_doctor/plan/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),
     Code("GD803", "nothing-fits", "no fine-tuning method (full, LoRA, QLoRA) fits this GPU; a larger one is named"),

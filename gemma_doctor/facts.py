@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # annotations only: the readers import this module
     from gemma_doctor.readers.tokenizer import TokenizerFacts
     from gemma_doctor.readers.training_config import TrainingConfig
     from gemma_doctor.readers.weights import WeightsScan
-    from gemma_doctor.recommend import Recommendation
-    from gemma_doctor.runplan import MemoryFacts, MemoryRequest
+    from gemma_doctor.plan.recommend import Recommendation
+    from gemma_doctor.plan.runplan import MemoryFacts, MemoryRequest
     from gemma_doctor.source import ModelSource
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from gemma_doctor import advice, fsafe, locate, memory, recommend, rules, runplan
+from gemma_doctor import fsafe, locate, rules
+from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
 from gemma_doctor.errors import HubOffline, UsageError

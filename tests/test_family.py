@@ -172,7 +172,7 @@ def test_fix_and_restore_touch_only_the_members_that_need_a_fix(member_cache, cl
 
 def test_every_family_a_plan_can_name_has_a_published_checkpoint_id():
     """recommend --family FAMILY names a real repo in its snippets, never an invented google/<label>."""
-    from gemma_doctor.advice import PLAN_MODEL_IDS
+    from gemma_doctor.plan.advice import PLAN_MODEL_IDS
 
     assert set(FAMILY_NAMES) <= set(PLAN_MODEL_IDS)
 

@@ -107,7 +107,7 @@ def test_the_recommended_lora_snippet_adapts_the_language_model_only():
     """recommend --family gemma4's PEFT snippet runs with the installed PEFT on a real Gemma 4 with towers, where
     plain names fail on Gemma4ClippableLinear (GD440)."""
     peft = pytest.importorskip("peft")
-    from gemma_doctor import advice, recommend
+    from gemma_doctor.plan import advice, recommend
     from gemma_doctor.readers.gpu import for_options
     from gemma_doctor.facts import CheckOptions
 

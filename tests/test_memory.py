@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from gemma_doctor import gpus, memory, runplan
+from gemma_doctor import gpus
+from gemma_doctor.plan import memory, runplan
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers.training_config import parse as parse_training_config

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from gemma_doctor import recommend
-from gemma_doctor.recommend import Inputs, decide, python_snippets, yaml_documents
+from gemma_doctor.plan import recommend
+from gemma_doctor.plan.recommend import Inputs, decide, python_snippets, yaml_documents
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, llama_config, paligemma2_config, variant
 
 NEW = {"transformers": "5.0.0", "peft": "0.17.0", "trl": "1.0.0"}

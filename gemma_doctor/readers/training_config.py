@@ -35,7 +35,7 @@ KEYS: dict[str, tuple[str, ...]] = {
                       "model_init_kwargs.quantization_config.bnb_4bit_compute_dtype"),
     "torch_dtype": ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype"),
     "use_cpu": ("use_cpu", "no_cuda"),
-    # The memory plan's inputs (gemma_doctor/memory.py): batch, sequence, optimizer, LoRA, sharding.
+    # The memory plan's inputs (gemma_doctor/plan/memory.py): batch, sequence, optimizer, LoRA, sharding.
     "batch_size": ("per_device_train_batch_size", "micro_batch_size", "train_micro_batch_size_per_gpu"),
     "seq_len": ("max_seq_length", "max_length", "sequence_len", "cutoff_len", "max_seq_len", "model_max_length"),
     "optimizer": ("optim", "optimizer", "optimizer.type"),

@@ -36,7 +36,7 @@ def _name(item: Any) -> str:
 
 def render_python(items: Sequence[Any], gpu: Any) -> str:
     """Paste-able Python only: every section of every model, each section self-contained."""
-    from gemma_doctor.recommend import python_snippets
+    from gemma_doctor.plan.recommend import python_snippets
     from gemma_doctor.render.style import printable
 
     out: list[str] = []
@@ -50,7 +50,7 @@ def render_python(items: Sequence[Any], gpu: Any) -> str:
 
 def render_yaml(items: Sequence[Any], gpu: Any) -> str:
     """axolotl and accelerate YAML documents, per model, separated by `---`."""
-    from gemma_doctor.recommend import yaml_documents
+    from gemma_doctor.plan.recommend import yaml_documents
     from gemma_doctor.render.style import printable
 
     docs: list[str] = []
@@ -75,7 +75,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
     """Human summary: the decision, its reasons and notes, then the Python snippets."""
     from gemma_doctor.render.style import escape
 
-    from gemma_doctor.recommend import python_snippets
+    from gemma_doctor.plan.recommend import python_snippets
     from gemma_doctor.render.style import to_string
 
     lines: list[Any] = []
@@ -89,7 +89,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [yellow]note:[/] {escape(n)}")
         mem = getattr(item, "memory", None)
         if mem is not None:
-            from gemma_doctor.memory import components_line
+            from gemma_doctor.plan.memory import components_line
 
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")

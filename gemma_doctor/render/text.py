@@ -35,7 +35,7 @@ def _model_lines(m: ModelReport) -> list[str]:
         lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")
     mem = m.extra.get("memory")
     if isinstance(mem, dict) and mem.get("summary"):
-        from gemma_doctor.memory import components_line
+        from gemma_doctor.plan.memory import components_line
 
         lines.append(f"  [bold]memory[/bold] {escape(mem['summary'])}")
         lines.append(f"  [dim]  {escape(components_line(mem.get('components') or {}))}[/dim]")

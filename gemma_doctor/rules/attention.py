@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.memory import gib
+from gemma_doctor.plan.memory import gib
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key

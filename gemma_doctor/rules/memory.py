@@ -1,11 +1,11 @@
-"""Memory findings (GD8xx): the planned run against the GPU's memory (gemma_doctor/memory.py, docs/memory.md)."""
+"""Memory findings (GD8xx): the planned run against the GPU's memory (gemma_doctor/plan/memory.py, docs/memory.md)."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.memory import gib
+from gemma_doctor.plan.memory import gib
 from gemma_doctor.report import Finding, Severity
 
 

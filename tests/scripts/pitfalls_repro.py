@@ -300,7 +300,7 @@ def case_vocab_rows() -> dict:
 
 def case_recommended_snippets() -> dict:
     """The recommendation's text-only loading and LoRA snippets for a multimodal Gemma 3, run as emitted."""
-    from gemma_doctor.recommend import Inputs, decide, python_snippets
+    from gemma_doctor.plan.recommend import Inputs, decide, python_snippets
     mm = tiny_multimodal().to(torch.bfloat16)
     rec = decide(Inputs(family="gemma3", gpu_native_bf16=True, nested=True, task="lora",
                         versions={"transformers": transformers.__version__}))

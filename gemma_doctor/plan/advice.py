@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from gemma_doctor import recommend
+from gemma_doctor.plan import recommend
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.rules import crashes
-from gemma_doctor.runplan import MemoryFacts
+from gemma_doctor.plan.runplan import MemoryFacts
 from gemma_doctor.family import FAMILY_TEXT_TYPE, HYBRID_CACHE_TEXT_TYPES
 from gemma_doctor.stack import Exposure, Stack
 from gemma_doctor.versioning import HYBRIDCACHE, transformers_has_hybridcache_bug

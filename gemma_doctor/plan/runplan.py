@@ -11,9 +11,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from gemma_doctor import gpus, memory
+from gemma_doctor import gpus
+from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
-from gemma_doctor.memory import Choice, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers.training_config import truthy
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
