@@ -318,7 +318,7 @@ def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Opt
 @click.option("--qlora", is_flag=True, help="Shorthand for --quantization 4bit.")
 @_cache_options(all_revisions=False)
 @click.option("--format", "-f", "fmt", type=_choice(_RECOMMEND_FORMATS), default="text", show_default=True,
-              help="text (reasons + Python), python, yaml (axolotl + accelerate) or json.")
+              help="text (reasons + Python), python, yaml (the training config check --training-config reads) or json.")
 @_stack_options
 @_remote_option
 @_memory_options
@@ -347,8 +347,9 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
                                                 str(training_config) if training_config else None)
     for line in skipped:
         _hint(line)
+    task_name = next((i.recommendation.inputs["task"] for i in items if i.recommendation is not None), task or "sft")
     if fmt_ is RecommendFormat.JSON:
-        _out(view.render_json(items, gpu_facts, items[0].recommendation.inputs["task"]))
+        _out(view.render_json(items, gpu_facts, task_name))
     elif fmt_ is RecommendFormat.PYTHON:
         _out(view.render_python(items, gpu_facts))
     elif fmt_ is RecommendFormat.YAML:
@@ -357,6 +358,10 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
         _out(view.render_text(items, gpu_facts, _color()))
     if gpu_facts.source == "probe" and gpu_facts.backend == "none":
         _hint(f"{gpu_facts.reason}; planning for CPU training")
+    missing = [i for i in items if not i.prescribed]
+    if missing:
+        _hint(f"no run passes check for {len(missing)} of {len(items)} model(s): see the way out")
+        return ExitCode.FINDINGS
     return ExitCode.OK
 
 

@@ -72,6 +72,8 @@ class ModelFacts:
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
     tokenizer: TokenizerFacts | None = None
+    # The prescription (gemma_doctor.plan.search.Decision): a run that passes check, or none and the way out.
+    decision: Any = field(default=None, compare=False)
 
     def with_(self, **changes: Any) -> ModelFacts:
         """A copy with some fields filled in."""

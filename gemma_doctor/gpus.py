@@ -204,9 +204,15 @@ def parse_gpu_spec(text: str) -> GpuPlan:
     name = f"{gpu.name}-{gib}GB" if size and gib else gpu.name
     # A bare name of a GPU sold in several sizes states no size as a fact; the memory plan assumes the smallest.
     ambiguous = size is None and len(gpu.memory_options) > 1
+    reported = None
+    if gib:
+        reported, source = reported_memory(gpu.name, gib)
+        why = f"{why}: {source}" if gpu.backend == "cuda" else why
+        if gpu.backend != "cuda":  # rocm/mps: no nvidia-smi figure; the marketed size as GiB
+            reported = gib * GIB
     return GpuPlan(spec=raw, backend=gpu.backend, name=name, compute_capability=gpu.compute_capability,
-                   memory_bytes=None if ambiguous or not gib else gib * GIB, native_bf16=native, note=gpu.note,
-                   memory_note=why, assumed_memory_bytes=gib * GIB if gib else None)
+                   memory_bytes=None if ambiguous or not gib else reported, native_bf16=native, note=gpu.note,
+                   memory_note=why, assumed_memory_bytes=reported)
 
 
 # A memory size written into a GPU name: "A100-80GB", "A100 80G", "V100-SXM2-32GB", "H100 94 GB".
@@ -221,14 +227,86 @@ def memory_of(gpu: KnownGpu, written: int | None, spec: str) -> tuple[int | None
         if sizes and written not in sizes:
             raise UsageError(f"--gpu {spec!r}: {gpu.name} ships with {' or '.join(f'{s} GB' for s in sizes)}, not {written} GB; "
                              "use --gpu-memory for another size")
-        return written, f"{gpu.name}: {written} GiB (from the name)"
+        return written, f"{gpu.name}: {written} GB (from the name)"
     if not sizes:
         return None, f"{gpu.name}: memory size unknown (pass --gpu-memory)"
     if len(sizes) == 1:
-        return sizes[0], f"{gpu.name}: {sizes[0]} GiB"
+        return sizes[0], f"{gpu.name}: {sizes[0]} GB marketed"
     alt = "-".join((gpu.name.replace(" ", "-"), f"{sizes[-1]}GB"))
     return sizes[0], (f"{gpu.name} ships with {' or '.join(f'{s}' for s in sizes)} GB: planned for the smallest, "
-                      f"{sizes[0]} GiB (say --gpu {alt} or --gpu-memory {sizes[-1]} for the larger)")
+                      f"{sizes[0]} GB (say --gpu {alt} or --gpu-memory {sizes[-1]} for the larger)")
+
+
+# Total memory as the device reports it (nvidia-smi's MiB total, what torch.cuda.mem_get_info sees as the total), by
+# (GPU, marketed GB): vendors quote decimal GB and part of it is reserved (ECC on GDDR takes 6.25%), so a "16 GB" T4
+# reports 15,360 MiB. Sources in docs/decision.md ("GPU memory"); the plan's assumptions name the figure used.
+REPORTED_MIB: dict[tuple[str, int], tuple[int, str]] = {
+    ("T4", 16): (15_360, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("L4", 24): (23_034, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("A10", 24): (23_028, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("L40S", 48): (46_068, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("A100", 40): (40_960, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("A100", 80): (81_920, "nvidia-smi (modal-labs/modal-client PR #2797)"),
+    ("H100", 80): (81_559, "nvidia-smi, H100 SXM (modal-labs/modal-client PR #2797)"),
+    ("H100", 94): (95_830, "nvidia-smi, H100 NVL, driver 535 (NVIDIA/gpu-admin-tools #4)"),
+    ("V100", 16): (16_160, "nvidia-smi, V100-SXM2-16GB, driver 440 (4paradigm/k8s-vgpu-scheduler #7)"),
+    ("V100", 32): (32_768, "nvidia-smi, V100-SXM2-32GB, driver 525 (Wan-Video/Wan2.1 #5)"),
+    ("A10G", 24): (23_028, "nvidia-smi, driver 535 (NVIDIA/DCGM #232)"),
+    ("RTX 3060", 12): (12_288, "nvidia-smi, driver 580 (geerlingguy/raspberry-pi-pcie-devices #790)"),
+    ("RTX 3090", 24): (24_576, "nvidia-smi, driver 580 (noonghunna/club-3090 #390)"),
+    ("RTX 4090", 24): (24_564, "nvidia-smi, driver 550 (RLinf/RLinf #255)"),
+    ("RTX A6000", 48): (46_068, "nvidia-smi with ECC on, driver 550 (thamada/gls RTX_A6000_x9_smi.py)"),
+    ("A40", 48): (46_068, "nvidia-smi with ECC on, driver 550 (thamada/nvidia-smi A40x10_smi.py)"),
+    ("H200", 141): (143_771, "nvidia-smi, driver 550 (NVIDIA/cuda-samples #311)"),
+    ("B200", 180): (183_359, "nvidia-smi, driver 580 (NVIDIA/TensorRT-LLM #10278)"),
+    ("GH200", 96): (97_871, "nvidia-smi, GH200 480GB, driver 570 (hu-po/warp-ik docs/specs/arm-gh200.md)"),
+}
+# Where no reported total is recorded: the marketed size as GiB less the 6.25% that ECC reserves on a T4 (the largest
+# reservation recorded above), so that an unrecorded GPU is never planned larger than it reports.
+UNRECORDED_SHARE = 0.9375
+
+
+def reported_memory(name: str, gb: int) -> tuple[int, str]:
+    """(bytes, where the figure comes from) of a GPU marketed with ``gb`` GB, as the device reports its total."""
+    known = REPORTED_MIB.get((name, gb))
+    if known is not None:
+        mib, source = known
+        return mib * 1024**2, f"{mib:,} MiB as {source} reports it"
+    size = int(gb * GIB * UNRECORDED_SHARE)
+    return size, (f"{size / 1024**2:,.0f} MiB estimated ({UNRECORDED_SHARE:.2%} of {gb} GiB: no reported total recorded "
+                  f"for a {gb} GB {name}; pass --gpu-memory with nvidia-smi's figure)")
+
+
+# Common training GPUs, smallest first, as --gpu names them: where a run that fits nowhere here would fit.
+COMMON_TRAINING_GPU_NAMES = ("T4", "L4", "A10G", "RTX 4090", "V100-32GB", "A100-40GB", "L40S", "A100-80GB", "H100",
+                             "H200", "B200", "MI300X")
+
+
+@dataclass(frozen=True)
+class CommonGpu:
+    """One of the common training GPUs with its reported memory and native bf16."""
+
+    name: str
+    memory_bytes: int
+    native_bf16: bool
+
+
+def common_training_gpus() -> tuple[CommonGpu, ...]:
+    """COMMON_TRAINING_GPU_NAMES as plans, smallest reported memory first."""
+    global _COMMON
+    if _COMMON is None:
+        plans = [parse_gpu_spec(n) for n in COMMON_TRAINING_GPU_NAMES]
+        _COMMON = tuple(sorted((CommonGpu(n, p.assumed_memory_bytes or 0, bool(p.native_bf16))
+                                for n, p in zip(COMMON_TRAINING_GPU_NAMES, plans)), key=lambda g: g.memory_bytes))
+    return _COMMON
+
+
+_COMMON: tuple[CommonGpu, ...] | None = None
+
+
+def usable_bytes(gpu: CommonGpu) -> int:
+    """The memory a plan is judged against on ``gpu`` (the reported total; the CUDA context is part of the plan)."""
+    return gpu.memory_bytes
 
 
 def parse_memory(text: str) -> int:

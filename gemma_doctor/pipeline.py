@@ -52,7 +52,21 @@ def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
         facts = facts.with_(weights_scan=weights_scan.scan_model(census, source, options.jobs, facts.snapshot.target))
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
-    return with_memory(facts, options, env, gpu)
+    facts = with_memory(facts, options, env, gpu)
+    return with_decision(facts, options, env, gpu)
+
+
+def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
+                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> ModelFacts:
+    """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out); the
+    recommendation shown becomes the prescription's."""
+    from gemma_doctor.plan import search
+
+    if shape is None:
+        shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
+    decision = search.prescribe(facts, env, options, gpu, shape, quantization)
+    rec = decision.recommendation if decision.ok else facts.recommendation
+    return facts.with_(decision=decision, recommendation=rec)
 
 
 def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts) -> ModelFacts:
@@ -86,6 +100,8 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> 
     extra["remote"] = remote_block(facts, env) if source.kind == "hub" else None
     if facts.memory is not None:
         extra["memory"] = facts.memory.to_json()
+    if facts.decision is not None:
+        extra.update(facts.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
                        commit=snap.commit, family=facts.family.label, findings=findings, extra=extra)
@@ -246,25 +262,16 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
     if request is not None and request.size is not None and fam is None:
         raise UsageError("--size names a published size of --family; a cached model's size is read from its files")
     if fam is not None:
-        inputs = advice.inputs_for(None, gpu, options.task, quantization, env.libraries, family=fam)
-        rec = recommend.decide(inputs)
         size = request.size if request is not None else None
         shape = memory.published_shape(fam, size)
         if shape is None and size is not None:
             sizes = memory.published_sizes(fam)
             raise UsageError(f"--size {size!r}: gemma-doctor knows the published sizes of {fam} as "
                              + (", ".join(sizes) if sizes else "none (plan a downloaded model instead)"))
-        mem = None
-        if shape is not None:
-            mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=gpu_spec,
-                                      request=request or runplan.MemoryRequest(), training_config=env.training_config,
-                                      task=options.task or "sft")
-            chosen = advice.memory_advice(mem)
-            if chosen is not None:
-                rec = recommend.decide(advice.inputs_for(None, gpu, options.task, quantization, env.libraries,
-                                                         family=fam, memory=chosen))
-        model_id = inputs.model_id if size is None else _published_id(fam, size)
-        return gpu, [advice.Item(f"{fam} (planned)", None, None, None, None, fam, True, model_id, rec, mem)], []
+        model_id = advice.PLAN_MODEL_IDS[fam] if size is None else _published_id(fam, size)
+        facts = advice.planned_facts(fam, size, model_id)
+        facts = with_decision(facts, options, env, gpu, shape, quantization)
+        return gpu, [_item(facts, f"{fam} (planned)", True, model_id)], []
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     try:
         located, notes = locate_targets(targets, cache, revision, False, remote)
@@ -278,14 +285,22 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
             skipped.append(f"{facts.snapshot.target}: not a Gemma-family model (or config.json unreadable); skipped")
             continue
         facts = gather(facts, options, env)  # the census first: the saved dtype and quantization come from it
-        chosen = advice.memory_advice(facts.memory) if facts.memory is not None else None
-        inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries, memory=chosen)
-        rec = recommend.decide(inputs)
-        s = facts.snapshot
-        where = facts.source.location if facts.source is not None else str(s.path)
-        items.append(advice.Item(s.target, s.repo_id, s.revision, s.commit, where, facts.family.label, False,
-                                 inputs.model_id, rec, facts.memory))
+        if quantization is not None:  # --quantization is recommend's own: decide again with it
+            facts = with_decision(facts, options, env, gpu, None, quantization)
+        items.append(_item(facts, facts.snapshot.target, False, facts.snapshot.repo_id or str(facts.snapshot.path)))
     if not items:
         where = f"in {cache}" if not targets else "among the targets"
         raise UsageError(f"no Gemma-family model {where}; name one (gemma-doctor recommend google/gemma-3-1b-it) {_PLAN_HINT}")
     return gpu, items, skipped
+
+
+def _item(facts: ModelFacts, target: str, planned: bool, model_id: str) -> advice.Item:
+    """One entry of `recommend`: the model and its decision (the prescription, or the nearest run and the way out)."""
+    d = facts.decision
+    s = facts.snapshot
+    rec = d.recommendation if d.ok else d.nearest
+    mem = d.memory if d.ok else d.nearest_memory
+    where = None if planned else (facts.source.location if facts.source is not None else str(s.path))
+    model = (facts.family.label if planned else facts.family.label)
+    return advice.Item(target, None if planned else s.repo_id, None if planned else s.revision,
+                       None if planned else s.commit, where, model, planned, model_id, rec, mem, d)

@@ -150,7 +150,9 @@ def test_list_and_recommend_name_every_member_with_its_family(member_cache, cli)
     assert {r["status"] for r in rows} == {"ok"}
     doc = cli("recommend", "--cache-dir", member_cache.root, "--gpu", "A100", "--format", "json").json()
     assert {m["family"] for m in doc["models"]} == set(families.values())
-    assert {m["recommendation"]["precision"] for m in doc["models"]} == {"bf16"}
+    assert {(m["recommendation"] or m["nearest"])["precision"] for m in doc["models"]} == {"bf16"}
+    # the members without a prescription on an A100 are those check flags whatever the run (GD110: timm missing)
+    assert {b.split(":")[0] for m in doc["models"] if m["prescription"] is None for b in m["blocking"]} <= {"GD110"}
 
 
 def test_fix_and_restore_touch_only_the_members_that_need_a_fix(member_cache, cli):

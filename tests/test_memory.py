@@ -184,13 +184,16 @@ def test_logits_grow_with_batch_times_sequence_times_vocabulary():
 
 # --- GPUs ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,gib,ambiguous", [("T4", 16, False), ("A100", 40, True), ("A100-80GB", 80, False),
-                                                ("A100 40GB", 40, False), ("NVIDIA A100-SXM4-80GB", 80, False),
-                                                ("V100", 16, True), ("V100-32GB", 32, False), ("H100", 80, True),
-                                                ("L4", 24, False), ("8.0", None, False)])
-def test_gpu_memory_from_names(spec, gib, ambiguous):
+# The totals as nvidia-smi reports them (MiB), not the marketed GB read as GiB (issue 20: a T4 is 15,360 MiB).
+@pytest.mark.parametrize("spec,mib,ambiguous", [("T4", 15_360, False), ("A100", 40_960, True), ("A100-80GB", 81_920, False),
+                                                ("A100 40GB", 40_960, False), ("NVIDIA A100-SXM4-80GB", 81_920, False),
+                                                ("V100", 16_160, True), ("V100-32GB", 32_768, False), ("H100", 81_559, True),
+                                                ("L4", 23_034, False), ("RTX 3060", 12_288, False), ("8.0", None, False)])
+def test_gpu_memory_from_names(spec, mib, ambiguous):
     plan = gpus.parse_gpu_spec(spec)
-    assert plan.assumed_memory_bytes == (gib * gpus.GIB if gib else None)
+    assert plan.assumed_memory_bytes == (mib * 2**20 if mib else None)
+    if mib:
+        assert f"{mib:,} MiB" in plan.memory_note
     # A bare name of a GPU sold in several sizes is no fact about the size: the plan assumes the smallest and says so.
     assert plan.memory_bytes == (None if ambiguous else plan.assumed_memory_bytes)
     assert ("ships with" in plan.memory_note) is ambiguous
@@ -207,20 +210,21 @@ def test_a_size_the_gpu_does_not_ship_with_is_a_usage_error():
 # --- choosing and the verdicts -----------------------------------------------------------------------
 
 def test_gemma3_12b_on_a_t4_is_not_full_fp32_and_names_a_gpu_where_it_fits(cli, tmp_path):
+    """Only a tight QLoRA run fits a T4's 15,360 MiB: no prescription (check warns GD802 on it); the way out names a
+    shorter sequence, two T4s, and the smallest common GPU where a run fits with margin."""
     r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "T4", "--cache-dir", tmp_path, "--format", "json")
-    assert r.code == 0, r
+    assert r.code == 1, r
     (m,) = r.json()["models"]
-    mem, rec = m["memory"], m["recommendation"]
-    assert rec["precision"] == "fp32" and rec["method"] != "full" and mem["method"] != "full"
+    mem = m["memory"]
+    assert m["prescription"] is None and m["nearest"]["precision"] == "fp32" and mem["method"] == "qlora"
     full = memory.plan(memory.published_shape("gemma3", "12b"),
                        memory.RunSpec(method="full", precision="fp32", load_dtype="float32", batch_size=1, seq_len=1024,
-                                      gradient_checkpointing=True), 16 * gpus.GIB)
+                                      gradient_checkpointing=True), 15_360 * 2**20)
     assert full.verdict == "does-not-fit" and full.per_gpu_bytes > 150 * gpus.GIB
-    if mem["verdict"] == "fits":
-        assert mem["choice"]["fits"] is True
-    else:
-        assert mem["choice"]["smallest_gpu"] in {g[0] for g in memory.COMMON_GPUS}
-        assert mem["choice"]["smallest_gpu"] in " ".join(rec["reasons"])
+    assert mem["verdict"] == "tight" and any(b.startswith("GD802") for b in m["blocking"])
+    names = {g.name for g in gpus.common_training_gpus()}
+    assert any(w.startswith("a GPU with") and any(f'--gpu "{n}"' in w for n in names) for w in m["way_out"])
+    assert any(w.startswith("a shorter sequence, --seq-len 512") for w in m["way_out"])
 
 
 def test_gemma3_1b_on_an_h100_trains_fully_and_on_a_t4_with_lora_or_less(cli, tmp_path):
@@ -243,7 +247,7 @@ def test_check_json_carries_the_memory_contract(cli, hub):
     (m,) = r.json()["models"]
     mem = m["memory"]
     assert {"method", "total_bytes", "per_gpu_bytes", "gpu_bytes", "verdict", "components", "assumptions"} <= set(mem)
-    assert mem["verdict"] in ("fits", "tight", "does-not-fit") and mem["gpu_bytes"] == 24 * gpus.GIB
+    assert mem["verdict"] in ("fits", "tight", "does-not-fit") and mem["gpu_bytes"] == 23_034 * 2**20
     assert sum(mem["components"].values()) == mem["per_gpu_bytes"]
     assert any("config.json" in a for a in mem["assumptions"])
     text = cli("check", "--cache-dir", hub.root, "--gpu", "L4", "--fail-on", "never")
@@ -297,7 +301,8 @@ def test_nothing_fits_is_gd803_naming_a_larger_gpu_and_no_gpu_gives_no_verdict(c
     r = cli("check", "--cache-dir", hub.root, "--gpu", "T4", "--seq-len", "4096", "--format", "json", "--fail-on", "never")
     (m,) = r.json()["models"]
     (gd803,) = [f for f in m["findings"] if f["code"] == "GD803"]
-    assert gd803["severity"] == "warning" and gd803["details"]["smallest_gpu"] in gd803["fix"]
+    # a GPU was named (--gpu T4): a run that fits nowhere on it cannot start, so it gates (issue 20)
+    assert gd803["severity"] == "error" and gd803["details"]["smallest_gpu"] in gd803["fix"]
     assert m["memory"]["model"]["source"].startswith("config.json")
     cpu = cli("check", "--cache-dir", hub.root, "--gpu", "none", "--format", "json", "--fail-on", "never")
     (m,) = cpu.json()["models"]

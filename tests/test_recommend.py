@@ -9,7 +9,7 @@ import types
 import pytest
 
 from gemma_doctor.plan import recommend
-from gemma_doctor.plan.recommend import Inputs, decide, python_snippets, yaml_documents
+from gemma_doctor.plan.recommend import Inputs, decide, python_snippets, training_config_yaml
 from tests.builders import HubCache, gemma2_config, gemma3_1b_config, gemma3_12b_config, llama_config, paligemma2_config, variant
 
 NEW = {"transformers": "5.0.0", "peft": "0.17.0", "trl": "1.0.0"}
@@ -236,29 +236,28 @@ def test_every_python_output_compiles(cli, hub):
 
 @pytest.mark.parametrize("family,native,task,quant", [("gemma3", True, "dpo", "4bit"), ("gemma3", False, "sft", None),
                                                       ("gemma", False, "lora", None)])
-def test_yaml_documents_parse_with_the_expected_keys(family, native, task, quant):
+def test_the_training_config_yaml_is_one_document_with_the_expected_keys(family, native, task, quant):
     yaml = pytest.importorskip("yaml")
     rec = decide(inputs(family, native, task=task, quantization=quant))
-    docs = yaml_documents(rec)
-    ax = yaml.safe_load(docs["axolotl"])
+    text = training_config_yaml(rec)
+    (ax,) = list(yaml.safe_load_all(text))  # one document: check --training-config reads it (issue 20)
     assert ax == rec.frameworks["axolotl"]
     assert ax["bf16"] is (rec.precision == "bf16")  # explicit, never "auto"
-    assert "bf16: auto" in docs["axolotl"]  # the comment that explains why not
-    acc = yaml.safe_load(docs["accelerate"])
-    assert acc == {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[rec.precision]}
+    assert "bf16: auto" in text  # the comment that explains why not
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[rec.precision]
+    assert f'# accelerate (accelerate config / accelerate launch): mixed_precision: "{mixed}"' in text
 
 
-def test_yaml_format_is_a_stream_of_documents(cli, hub):
+def test_yaml_format_is_one_training_config_per_model(cli, hub):
     yaml = pytest.importorskip("yaml")
     hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
     hub.add("google/gemma-2-2b-it", {"config.json": gemma2_config()})
     r = cli("recommend", "--cache-dir", hub.root, "--gpu", "T4", "--format", "yaml")
     assert r.code == 0, r
     docs = list(yaml.safe_load_all(r.out))
-    assert len(docs) == 4
-    assert [d.get("base_model") for d in docs[::2]] == ["google/gemma-2-2b-it", "google/gemma-3-1b-it"]
-    assert all(d["bf16"] is False and d["fp16"] is False for d in docs[::2])
-    assert all(d == {"mixed_precision": "no"} for d in docs[1::2])
+    assert len(docs) == 2
+    assert [d.get("base_model") for d in docs] == ["google/gemma-2-2b-it", "google/gemma-3-1b-it"]
+    assert all(d["bf16"] is False and d["fp16"] is False for d in docs)
 
 
 # --- the CLI -------------------------------------------------------------------------------------
@@ -270,8 +269,14 @@ def test_yaml_format_is_a_stream_of_documents(cli, hub):
 def test_recommend_gpu_values(cli, hub, gpu, precision):
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
     r = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", gpu, "--format", "json")
-    assert r.code == 0, r
-    assert r.json()["models"][0]["recommendation"]["precision"] == precision
+    m = r.json()["models"][0]
+    # a 12B on a 16 GB GPU: no prescription passes (only a tight QLoRA fits), and the nearest run says the precision
+    assert r.code == (1 if m["prescription"] is None else 0), r
+    assert (m["recommendation"] or m["nearest"])["precision"] == precision
+
+
+def rec_method(m: dict) -> str:
+    return m["recommendation"]["method"]
 
 
 def test_recommend_json_shape(cli, hub):
@@ -284,7 +289,8 @@ def test_recommend_json_shape(cli, hub):
     assert doc["gpu"]["label"] == "A100 (sm_80)" and doc["gpu"]["source"] == "--gpu"
     (m,) = doc["models"]
     assert set(m) == {"target", "repo_id", "revision", "commit", "path", "family", "planned", "recommendation", "snippets",
-                      "memory"}
+                      "memory", "prescription", "way_out", "blocking"}
+    assert m["prescription"]["method"] == rec_method(m) and m["way_out"] == [] and m["blocking"] == []
     assert (m["repo_id"], m["family"], m["planned"]) == ("google/gemma-3-12b-it", "gemma3", False)
     rec = m["recommendation"]
     assert set(rec) == {"precision", "load_dtype", "summary", "reasons", "notes", "inputs", "frameworks", "method"}
@@ -295,14 +301,21 @@ def test_recommend_json_shape(cli, hub):
     fw = rec["frameworks"]
     assert set(fw) == {"transformers", "trl", "peft", "axolotl", "accelerate", "unsloth"}
     run = m["memory"]["run"]
-    assert fw["transformers"]["training_arguments"] == {"bf16": True, "fp16": False, "tf32": True, "gradient_checkpointing": True,
+    ckpt = run["gradient_checkpointing"]
+    # transformers 5.23 (installed) names gradient checkpointing activation_checkpointing (the old name warns)
+    assert fw["transformers"]["training_arguments"] == {"bf16": True, "fp16": False, "tf32": True,
                                                         "optim": "adamw_torch_fused", "max_grad_norm": 1.0,
                                                         "per_device_train_batch_size": run["batch_size"],
-                                                        "gradient_accumulation_steps": run["gradient_accumulation_steps"]}
+                                                        "gradient_accumulation_steps": run["gradient_accumulation_steps"],
+                                                        **({"activation_checkpointing": True,
+                                                            "activation_checkpointing_kwargs": {"use_reentrant": False}}
+                                                           if ckpt else {})}
     assert fw["transformers"]["auto_class"] == "AutoModelForImageTextToText"
-    assert fw["trl"] == {"config_class": "DPOConfig", "module": "trl", "config": fw["transformers"]["training_arguments"]}
+    # TRL's config is TrainingArguments plus the prescribed sequence length
+    assert fw["trl"] == {"config_class": "DPOConfig", "module": "trl",
+                         "config": {**fw["transformers"]["training_arguments"], "max_length": run["seq_len"]}}
     assert fw["accelerate"] == {"mixed_precision": "bf16"}
-    assert set(m["snippets"]) == {"python", "yaml"} and set(m["snippets"]["yaml"]) == {"axolotl", "accelerate"}
+    assert set(m["snippets"]) == {"python", "yaml"} and m["snippets"]["yaml"].count("\nbase_model: ") == 1
 
 
 def test_recommend_text_has_reasons_and_python(cli, hub):

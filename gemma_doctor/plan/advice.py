@@ -41,6 +41,39 @@ def _dtype_name(value: Any) -> str | None:
     return _DTYPE_NAMES.get(value.lower().replace("torch.", ""))
 
 
+# The model_type a --family plan's config names where no published size is known (the checkpoint PLAN_MODEL_IDS names).
+_PLAN_MODEL_TYPES = {"paligemma2": "paligemma"}
+_PLANNED_DIR = "<planned: not downloaded>"
+
+
+def planned_facts(family: str, size: str | None, model_id: str) -> ModelFacts:
+    """A --family plan as a model whose config.json is the published one (or the bare model_type where gemma-doctor
+    has no published config): the same decision and the same rules as for a downloaded snapshot."""
+    import json as _json
+    from pathlib import Path
+
+    from gemma_doctor import family as family_mod
+    from gemma_doctor.locate import Snapshot
+    from gemma_doctor.plan import memory
+    from gemma_doctor.readers.jsonfile import JsonFile
+
+    config = memory.published_config(family, size) or {"model_type": _PLAN_MODEL_TYPES.get(family, family)}
+    if family == "paligemma2":
+        config["text_config"] = {"model_type": "gemma2", **config.get("text_config", {})}
+    config.setdefault("torch_dtype", ASSUMED_SAVED_DTYPE)
+    folder = Path(_PLANNED_DIR)
+    raw = _json.dumps(config).encode()
+    snapshot = Snapshot(f"{family} (planned)", folder, model_id, None, None)
+    return ModelFacts(snapshot=snapshot, config=JsonFile(folder / "config.json", True, raw=raw, data=config),
+                      generation_config=JsonFile(folder / "generation_config.json", False),
+                      family=family_mod.detect(config))
+
+
+def is_planned(facts: ModelFacts) -> bool:
+    """True for a --family plan (planned_facts)."""
+    return str(facts.snapshot.path) == _PLANNED_DIR
+
+
 def saved_dtype(facts: ModelFacts) -> tuple[str | None, str | None]:
     """(dtype, source): the safetensors census's dominant float dtype, else what config.json declares."""
     census = facts.census
@@ -101,6 +134,8 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
                                 nested=fam in PLAN_NESTED,
                                 builds_hybrid_cache=FAMILY_TEXT_TYPE.get(fam) in HYBRID_CACHE_TEXT_TYPES, **common)
     dtype, source = saved_dtype(facts)
+    if is_planned(facts):
+        source = "assumed: Google publishes bf16"
     q_mode, q_method, q_compute = checkpoint_quantization(facts)
     # A quantized checkpoint stays quantized whatever the options say; --quantization adds on-the-fly quantization.
     quant = q_mode or quant_opt
@@ -130,7 +165,11 @@ def memory_advice(mem: MemoryFacts) -> recommend.MemoryAdvice | None:
     return recommend.MemoryAdvice(method=run.method, batch_size=run.batch_size,
                                   gradient_accumulation_steps=run.gradient_accumulation_steps,
                                   gradient_checkpointing=run.gradient_checkpointing, fits=mem.choice.fits,
-                                  summary=summary, quant_bits=run.quant_bits)
+                                  summary=summary, quant_bits=run.quant_bits, seq_len=run.seq_len,
+                                  lora_r=run.lora_r if run.method != "full" else None,
+                                  lora_targets=run.lora_targets if run.method != "full" else None,
+                                  num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
+                                  optimizer=run.optimizer, attention=run.attention)
 
 
 # --- the `recommend` command ---------------------------------------------------------------------
@@ -147,14 +186,27 @@ class Item:
     family: str | None
     planned: bool
     model_id: str
-    recommendation: recommend.Recommendation
+    recommendation: recommend.Recommendation | None
     memory: MemoryFacts | None = None
+    decision: Any = None  # plan.search.Decision: the prescription or none and the way out
+
+    @property
+    def prescribed(self) -> bool:
+        """True when a run passes check (exit 1 from recommend otherwise)."""
+        return self.decision is None or self.decision.ok
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of recommend's JSON `models` list."""
-        return {"target": self.target, "repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
-                "path": self.path, "family": self.family, "planned": self.planned,
-                "recommendation": self.recommendation.to_json(),
-                "memory": self.memory.to_json() if self.memory is not None else None,
-                "snippets": {"python": recommend.python_snippets(self.recommendation, self.model_id),
-                             "yaml": recommend.yaml_documents(self.recommendation)}}
+        """One entry of recommend's JSON `models` list: the prescription (null when none) and everything it renders."""
+        out = {"target": self.target, "repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
+               "path": self.path, "family": self.family, "planned": self.planned}
+        if self.decision is not None:
+            out.update(self.decision.to_json())
+        ok = self.prescribed
+        out.update({"recommendation": self.recommendation.to_json() if ok and self.recommendation else None,
+                    "memory": self.memory.to_json() if self.memory is not None else None,
+                    "snippets": {"python": recommend.python_snippets(self.recommendation, self.model_id),
+                                 "yaml": self.decision.training_config if self.decision is not None else
+                                 recommend.training_config_yaml(self.recommendation)} if ok and self.recommendation else None})
+        if not ok and self.recommendation is not None:
+            out["nearest"] = self.recommendation.to_json()
+        return out

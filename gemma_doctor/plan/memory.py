@@ -17,6 +17,7 @@ The components reported are those of the peak moment, so they add up to the tota
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, replace
@@ -224,6 +225,10 @@ def shape_from_config(config: Mapping[str, Any], counted: tuple[ParamCounts, tup
         linears = (Linear("q_proj", h, heads * d, layers), Linear("k_proj", h, kv * d, layers),
                    Linear("v_proj", h, kv * d, layers), Linear("o_proj", heads * d, h, layers),
                    Linear("gate_proj", h, i, layers), Linear("up_proj", h, i, layers), Linear("down_proj", i, h, layers))
+        shared = _int(text.get("num_kv_shared_layers")) or 0
+        if text.get("use_double_wide_mlp") is True and shared:
+            # Gemma 4 E2B: the KV-shared layers' MLPs are twice as wide (Gemma4TextMLP, use_double_wide_mlp).
+            linears += (Linear("gate_proj", h, i, shared), Linear("up_proj", h, i, shared), Linear("down_proj", i, h, shared))
         per_layer = 0
         pl_h, pl_v = _int(text.get("hidden_size_per_layer_input")), _int(text.get("vocab_size_per_layer_input"))
         if pl_h and pl_v:
@@ -289,9 +294,26 @@ PUBLISHED: dict[str, dict[str, dict[str, Any]]] = {
             "hidden_size": 5376, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
             "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208}},
     },
+    # Gemma 4: the variants of transformers 5.5.0's convert_gemma4_weights.py (_VARIANTS), as Gemma4Config saves them;
+    # derived parameter counts within 2.5% of the model built from them (4.80B, 7.63B, 31.27B, 25.81B).
+    "gemma4": {
+        "e2b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6144, "vocab_size": 262144, "num_kv_shared_layers": 20, "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": True, "enable_moe_block": False, "final_logit_softcapping": 30.0, "attention_k_eq_v": False, "sliding_window": 512, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "patch_size": 16}},
+        "e4b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 2560, "num_hidden_layers": 42, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 10240, "vocab_size": 262144, "num_kv_shared_layers": 18, "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": False, "final_logit_softcapping": 30.0, "attention_k_eq_v": False, "sliding_window": 512, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "patch_size": 16}},
+        "31b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 21504, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": False, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
+        "26b-a4b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 2112, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": True, "num_experts": 128, "moe_intermediate_size": 704, "top_k_experts": 8, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
+    },
 }
 # The size a --family plan assumes (the checkpoint advice.PLAN_MODEL_IDS names).
-DEFAULT_SIZE = {"gemma": "7b", "gemma2": "2b", "gemma3": "1b"}
+DEFAULT_SIZE = {"gemma": "7b", "gemma2": "2b", "gemma3": "1b", "gemma4": "e2b"}
+
+
+def published_config(family: str, size: str | None = None) -> dict[str, Any] | None:
+    """A copy of the published config of ``family`` at ``size`` (its default size when None); None where unknown."""
+    import copy
+
+    key = (size or DEFAULT_SIZE.get(family, "")).lower().replace(" ", "")
+    cfg = PUBLISHED.get(family, {}).get(key)
+    return copy.deepcopy(cfg) if cfg is not None else None
 
 
 def published_shape(family: str, size: str | None = None) -> ModelShape | None:
@@ -397,8 +419,23 @@ BNB_BLOCK = 256
 
 def optimizer_state_bytes(kind: str, shapes: Iterable[tuple[int, ...]], param_bytes: int) -> int:
     """Bytes of optimizer state for trainable tensors of ``shapes`` (what the optimizer's state_dict holds after a step)."""
-    total = 0
+    shapes = tuple(shapes)
+    # A model repeats a handful of shapes (338 tensors, 6 shapes for gemma-3-12b's LM): each distinct one is costed
+    # once. The decision's search plans dozens of runs per model, so this is its inner loop.
+    return sum(count * _state_bytes_of(kind, shape, param_bytes) for shape, count in _shape_counts(shapes).items())
+
+
+@functools.lru_cache(maxsize=64)
+def _shape_counts(shapes: tuple[tuple[int, ...], ...]) -> dict[tuple[int, ...], int]:
+    out: dict[tuple[int, ...], int] = {}
     for shape in shapes:
+        out[shape] = out.get(shape, 0) + 1
+    return out
+
+
+def _state_bytes_of(kind: str, shape: tuple[int, ...], param_bytes: int) -> int:
+    total = 0
+    for shape in (shape,):
         n = math.prod(shape)
         if kind in ("adamw", "adamw_fused", "paged_adamw"):
             total += 2 * n * param_bytes
@@ -423,6 +460,7 @@ def optimizer_state_bytes(kind: str, shapes: Iterable[tuple[int, ...]], param_by
     return total
 
 
+@functools.lru_cache(maxsize=256)
 def lora_shapes(shape: ModelShape, r: int, targets: str | tuple[str, ...]) -> tuple[tuple[int, int], ...]:
     """Shapes of every LoRA A and B matrix PEFT adds for ``targets`` (a list of module names or "all-linear")."""
     out: list[tuple[int, int]] = []
@@ -637,7 +675,7 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     if kind == "adamw" and run.device == "cuda":
         step_temp = trainable * train_bytes // (n if stage >= 1 else 1)  # foreach: one sqrt(v) per parameter at once
     elif kind == "adamw":
-        step_temp = max((math.prod(s) for s in trainable_shapes), default=0) * train_bytes
+        step_temp = max((math.prod(s) for s in _shape_counts(tuple(trainable_shapes))), default=0) * train_bytes
 
     persistent = {"weights": weights + reference, "towers": tower_bytes // (n if stage >= 3 else 1),
                   "lora_adapters": adapters, "optimizer_states": opt_states}
@@ -661,6 +699,7 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
                       assumptions=tuple(notes), run=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name)
 
 
+@functools.lru_cache(maxsize=64)
 def _param_shapes(shape: ModelShape, include_towers: bool) -> tuple[tuple[int, ...], ...]:
     """Shapes of the trainable tensors of full fine-tuning (Linear kinds exactly, the rest as one vector each)."""
     p = shape.params
@@ -732,14 +771,6 @@ class Choice:
                 "tried": [p.summary() for p in self.tried]}
 
 
-# Common training GPUs, smallest first: (name for --gpu, memory GiB, native bf16).
-COMMON_GPUS: tuple[tuple[str, int, bool], ...] = (
-    ("T4", 16, False), ("L4", 24, True), ("A10G", 24, True), ("RTX 4090", 24, True), ("V100-32GB", 32, False),
-    ("A100-40GB", 40, True), ("L40S", 48, True), ("A100-80GB", 80, True), ("H100", 80, True), ("H200", 141, True),
-    ("B200", 180, True), ("MI300X", 192, True),
-)
-
-
 def _batches(target: int) -> list[int]:
     out, b = [], max(1, target)
     while b >= 1:
@@ -760,8 +791,10 @@ def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tup
     found, tried = _search(shape, base, gpu_bytes, methods, batch_fixed, ckpt_fixed, gpu_name)
     if found is not None:
         return Choice(found, True, tuple(tried), reason=f"cheapest run that fits: {found.summary()}")
-    for name, mem, native in COMMON_GPUS:
-        size = mem * GIB
+    from gemma_doctor.gpus import common_training_gpus
+
+    for g in common_training_gpus():
+        name, size, native = g.name, g.memory_bytes, g.native_bf16
         if size <= gpu_bytes:
             continue
         alt = base
@@ -773,7 +806,7 @@ def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tup
                           reason=f"nothing fits in {gib(gpu_bytes)}; the smallest common GPU where a run fits: {name} "
                                  f"({other.summary()})")
     return Choice(tried[-1] if tried else None, False, tuple(tried),
-                  reason=f"nothing fits in {gib(gpu_bytes)}, nor on one {COMMON_GPUS[-1][0]}: shard over several GPUs "
+                  reason=f"nothing fits in {gib(gpu_bytes)}, nor on one {common_training_gpus()[-1].name}: shard over several GPUs "
                          "(ZeRO-3 / FSDP)")
 
 

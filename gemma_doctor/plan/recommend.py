@@ -24,6 +24,9 @@ STABLE_RL_SETTINGS: dict[str, Any] = {"gradient_checkpointing": True, "optim": "
 PEFT_ADAPTER_FP32 = "0.12.0"  # PEFT upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)
 PEFT_CAST_HELPER = "0.8.0"  # peft.cast_mixed_precision_params
 TRANSFORMERS_DTYPE_KWARG = "4.56.0"  # from_pretrained(dtype=...) replaces torch_dtype= (PR #39782)
+# TrainingArguments.activation_checkpointing(_kwargs) replace gradient_checkpointing(_kwargs) (FutureWarning on the old
+# names): first in the 5.23.0 wheel's training_args.py, absent from 5.22.0's.
+TRANSFORMERS_ACTIVATION_CHECKPOINTING = "5.23.0"
 OUTPUT_DIR = "outputs"
 
 
@@ -67,6 +70,14 @@ class MemoryAdvice:
     fits: bool
     summary: str  # the plan's one line, or why nothing fits
     quant_bits: int | None = None
+    # The rest of the prescribed run, so that every view (snippets, the training-config YAML) says the same run.
+    seq_len: int | None = None
+    lora_r: int | None = None
+    lora_targets: str | tuple[str, ...] | None = None
+    num_gpus: int = 1
+    zero_stage: int = 0
+    optimizer: str | None = None
+    attention: str | None = None  # None: the transformers default (sdpa); eager where the model needs it
 
 
 @dataclass(frozen=True)
@@ -254,9 +265,7 @@ def decide(i: Inputs) -> Recommendation:
     else:
         reasons.append(_use_cache_reason(i, fam))
 
-    # 5. Memory: the cheapest method and the largest batch that fit the GPU (docs/memory.md).
-    if mem is not None:
-        reasons.append("memory: " + mem.summary)
+    # 5. Memory: the plan of the prescribed run is its own line in every view (docs/memory.md), not a reason.
 
     frameworks = _frameworks(i, precision, load, quant, compute, rl, cast_needed, peft_ok)
     summary = f"{precision}: " + {
@@ -287,7 +296,9 @@ GEMMA3_KEY_MAPPING = {r"^language_model\.model\.": "model.", r"^model\.language_
 
 def lora_targets(family: str | None, nested: bool) -> str:
     """PEFT target_modules for this family: the language model only on a multimodal checkpoint, else all-linear."""
-    return LM_ONLY_TARGETS if nested and family in ("gemma3", "gemma3n", "paligemma", "paligemma2", "gemma4") else "all-linear"
+    if nested and family == "gemma4":
+        return LANGUAGE_MODEL_REGEX  # Gemma 4's towers are Gemma4ClippableLinear (GD440/GD441)
+    return LM_ONLY_TARGETS if nested and family in ("gemma3", "gemma3n", "paligemma", "paligemma2") else "all-linear"
 
 
 def text_only_loading(family: str | None, nested: bool, transformers_version: str | None) -> dict[str, Any] | None:
@@ -315,6 +326,14 @@ def trl_config_class(task: str, trl_version: str | None) -> tuple[str, str] | No
     return ("trl", {"dpo": "DPOConfig", "kto": "KTOConfig", "grpo": "GRPOConfig"}.get(task, "SFTConfig"))
 
 
+def checkpointing_keys(transformers_version: str | None) -> tuple[str, str]:
+    """TrainingArguments' names for gradient checkpointing and its kwargs: transformers 5.23.0 renamed them
+    activation_checkpointing(_kwargs) and warns (FutureWarning) on the old ones; earlier releases know only those."""
+    if _at_least(transformers_version, TRANSFORMERS_ACTIVATION_CHECKPOINTING):
+        return "activation_checkpointing", "activation_checkpointing_kwargs"
+    return "gradient_checkpointing", "gradient_checkpointing_kwargs"
+
+
 def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute: str | None, rl: bool,
                 cast_needed: bool, peft_ok: bool | None) -> dict[str, Any]:
     bf16, fp16 = precision == "bf16", precision == "fp16"
@@ -323,17 +342,28 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     tf32 = bf16 and i.gpu_backend == "cuda"
     if tf32:
         args["tf32"] = True
+    mem = i.memory
     if rl:
         args.update(STABLE_RL_SETTINGS)
-    mem = i.memory
+        if mem is not None:  # the prescribed run decides; the stable setting is only the preferred one
+            args["gradient_checkpointing"] = mem.gradient_checkpointing
+    ckpt_key, ckpt_kwargs_key = checkpointing_keys(i.versions.get("transformers"))
+    ckpt = bool(args.pop("gradient_checkpointing", False)) or (mem is not None and mem.gradient_checkpointing)
     if mem is not None:
         args.update({"per_device_train_batch_size": mem.batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps})
-        if mem.gradient_checkpointing and not i.keep_use_cache:
-            args["gradient_checkpointing"] = True
+        if mem.optimizer and "optim" not in args:
+            args["optim"] = mem.optimizer
+    if ckpt:
+        # Non-reentrant: the reentrant kind corrupts the gradients of KV-shared Gemma 4 layers (GD130).
+        args[ckpt_key] = True
+        args[ckpt_kwargs_key] = {"use_reentrant": False}
     if i.keep_use_cache:
         args["use_cache"] = True
     dtype_key = "dtype" if _at_least(i.versions.get("transformers"), TRANSFORMERS_DTYPE_KWARG) else "torch_dtype"
     load_kwargs: dict[str, Any] = {dtype_key: load}
+    attention = mem.attention if mem is not None else None
+    if attention and attention != "sdpa":
+        load_kwargs["attn_implementation"] = attention
     bnb: dict[str, Any] | None = None
     if quant == "4bit" and i.quant_method in (None, "bitsandbytes"):
         bnb = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
@@ -341,32 +371,67 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     elif quant == "8bit" and i.quant_method in (None, "bitsandbytes"):
         bnb = {"load_in_8bit": True}
     trl_cls = trl_config_class(i.task, i.versions.get("trl"))
+    trl_config = dict(args) if trl_cls else None
+    if trl_config is not None and mem is not None and mem.seq_len:
+        trl_config["max_length"] = mem.seq_len
+    targets = lora_targets(i.family, i.nested)
+    lora_r = (mem.lora_r if mem is not None and mem.lora_r else 16)
+    if mem is not None and isinstance(mem.lora_targets, tuple):
+        targets = list(mem.lora_targets)  # the user's own (a training config's lora_target_modules)
+    adapter = "qlora" if quant == "4bit" else "lora" if (quant == "8bit" or i.task in ("lora", "qlora") or (
+        mem is not None and mem.method in ("lora", "qlora"))) else None
     axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}
     if quant == "4bit":
         axolotl.update({"adapter": "qlora", "load_in_4bit": True})
+        if compute:  # overrides a checkpoint's own quantization_config (GD402 reads it back)
+            axolotl["bnb_4bit_compute_dtype"] = compute
     elif quant == "8bit":
         axolotl.update({"adapter": "lora", "load_in_8bit": True})
-    elif i.task == "lora" or (mem is not None and mem.method == "lora"):
+    elif adapter:
         axolotl["adapter"] = "lora"
+    if axolotl.get("adapter"):
+        axolotl.update({"lora_r": lora_r, "lora_alpha": 2 * lora_r})
+        if targets == "all-linear":
+            axolotl["lora_target_linear"] = True
+        else:
+            axolotl["lora_target_modules"] = targets
     if mem is not None:
+        if mem.seq_len:
+            axolotl["sequence_len"] = mem.seq_len
         axolotl.update({"micro_batch_size": mem.batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps})
-        if mem.gradient_checkpointing:
-            axolotl["gradient_checkpointing"] = True
+    axolotl["gradient_checkpointing"] = ckpt
+    if ckpt:
+        axolotl["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if attention:
+        axolotl["attn_implementation"] = attention
+    if i.keep_use_cache:
+        axolotl["use_cache"] = True
     if rl:
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
-        axolotl.update({"gradient_checkpointing": True, "optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
+        axolotl.update({"optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
+    elif mem is not None and mem.optimizer:
+        axolotl["optimizer"] = mem.optimizer
+    sharding: dict[str, Any] | None = None
+    if mem is not None and mem.num_gpus > 1:
+        sharding = {"num_processes": mem.num_gpus, "zero_stage": mem.zero_stage}
+        axolotl["num_processes"] = mem.num_gpus
+        if mem.zero_stage:
+            suffix = {"bf16": "_bf16", "fp16": "_fp16"}.get(precision, "")
+            axolotl["deepspeed"] = f"deepspeed_configs/zero{mem.zero_stage}{suffix}.json"
     return {
         "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
                          "from_pretrained": load_kwargs, "use_cache": i.keep_use_cache,
                          "text_only": text_only_loading(i.family, i.nested, i.versions.get("transformers"))},
         "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
-                "config": dict(args) if trl_cls else None},
+                "config": trl_config},
         "peft": {"bitsandbytes_config": bnb, "prepare_model_for_kbit_training": bnb is not None,
                  "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed,
-                 "target_modules": lora_targets(i.family, i.nested)},
+                 "target_modules": targets, "r": lora_r, "lora_alpha": 2 * lora_r},
         "axolotl": axolotl,
-        "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]},
+        "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision],
+                       **({"num_processes": sharding["num_processes"]} if sharding else {}),
+                       **({"zero_stage": sharding["zero_stage"]} if sharding and sharding["zero_stage"] else {})},
         "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit", "load_in_8bit": quant == "8bit"}},
     }
 
@@ -439,12 +504,13 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     if rec.inputs.get("family") == "gemma4" and tr["auto_class"] == "AutoModelForImageTextToText":
         # Gemma 4's towers are Gemma4ClippableLinear: all-linear adapts them too (GD441), plain names fail (GD440).
         peft.append("# the language model only: the vision/audio towers would get adapters text-only training never uses")
-        targets = LANGUAGE_MODEL_REGEX
-    elif targets != "all-linear":
+    elif targets != "all-linear" and not isinstance(targets, list):
         peft.append("# Multimodal checkpoint: LoRA on the language model only (PEFT has no default targets for it, and")
         peft.append("# \"all-linear\" or bare names like q_proj would also wrap the vision tower).")
-    target = f"r\"{targets}\"" if targets != "all-linear" else "\"all-linear\""
-    peft += [f"lora_config = LoraConfig(r=16, lora_alpha=32, target_modules={target}, task_type=\"CAUSAL_LM\")",
+    target = repr(targets) if isinstance(targets, list) else f"r\"{targets}\"" if targets != "all-linear" else "\"all-linear\""
+    r = fw["peft"].get("r", 16)
+    peft += [f"lora_config = LoraConfig(r={r}, lora_alpha={fw['peft'].get('lora_alpha', 2 * r)}, target_modules={target}, "
+             "task_type=\"CAUSAL_LM\")",
              "model = get_peft_model(model, lora_config)  # PEFT >= 0.12: adapter weights in fp32 (autocast_adapter_dtype=True)"]
     cast = ["for param in model.parameters():", "    if param.requires_grad:", "        param.data = param.data.float()"]
     if fw["peft"]["cast_adapters_to_fp32"]:
@@ -469,14 +535,23 @@ def _yaml_scalar(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a valid YAML scalar
 
 
-def yaml_documents(rec: Recommendation) -> dict[str, str]:
-    """axolotl and accelerate settings as YAML (one document each, with comments saying why)."""
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return _yaml_scalar(value)
+
+
+def training_config_yaml(rec: Recommendation) -> str:
+    """The prescribed run as one YAML document: axolotl's keys, which `gemma-doctor check --training-config` reads
+    back as the same run (method, batch x accumulation, sequence length, checkpointing, attention, sharding)."""
     ax = rec.frameworks["axolotl"]
     head = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
             "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
             "# depend on the machine that reads the file.\n")
-    axolotl = head + "".join(f"{k}: {_yaml_scalar(v)}\n" for k, v in ax.items())
+    body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in ax.items())
     acc = rec.frameworks["accelerate"]
-    accelerate = ("# accelerate config (merge into `accelerate config` output): no = fp32\n"
-                  + "".join(f"{k}: {_yaml_scalar(v)}\n" for k, v in acc.items()))
-    return {"axolotl": axolotl, "accelerate": accelerate}
+    tail = ("# accelerate (accelerate config / accelerate launch): "
+            + ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in acc.items()) + "\n")
+    return head + body + tail

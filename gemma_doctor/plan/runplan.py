@@ -139,6 +139,11 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
             put("optimizer", s["optimizer"].value, where("optimizer"))
+        attn = s.get("attn_implementation")
+        if attn is not None and isinstance(attn.value, str) and attn.value.strip().lower() in (
+                "eager", "sdpa", "flash_attention_2", "flash_attention_3", "fa2"):
+            v = attn.value.strip().lower()
+            put("attention", "flash_attention_2" if v == "fa2" else v, where("attn_implementation"))
         targets = s.get("lora_target_modules")
         if targets is not None:
             v = targets.value
@@ -187,9 +192,20 @@ def gpu_memory(gpu: Any, spec: str | None, override: int | None) -> tuple[int | 
     return None, name, count, note or f"{name}: memory size unknown (pass --gpu-memory)"
 
 
-def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,
-                request: MemoryRequest, training_config: Any | None, task: str) -> MemoryFacts:
-    """The memory plan of the run the user described, its open settings chosen so that it fits where possible."""
+@dataclass(frozen=True)
+class RunRequest:
+    """The run the user described: a RunSpec with their settings (the rest defaults), what they fixed, and the GPU."""
+
+    base: RunSpec
+    fixed: tuple[str, ...]  # settings the user fixed: method, batch_size, gradient_checkpointing, zero_stage, seq_len...
+    gpu_bytes: int | None
+    gpu_name: str | None
+    gpu_note: str | None
+
+
+def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest,
+                 training_config: Any | None, task: str) -> RunRequest:
+    """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's memory."""
     values, src = run_request(training_config, request, task)
     gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, gpu_spec, request.gpu_memory)
     device = "cuda" if getattr(gpu, "backend", "none") in ("cuda", "rocm") else "cpu"
@@ -211,20 +227,48 @@ def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | 
                    lora_targets=values.get("lora_targets", memory.DEFAULT_LORA_TARGETS),
                    quant_bits=values.get("quant_bits"), num_gpus=num, zero_stage=values.get("zero_stage", 0),
                    offload_optimizer=values.get("offload_optimizer", False), device=device, task=task,
-                   sources=tuple(sorted(sources.items())))
+                   attention=values.get("attention", "sdpa"), sources=tuple(sorted(sources.items())))
+    # A preference (the stable RL setting) is not the user's choice: the search may drop it.
+    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
+                  if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
+    return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
+
+
+def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,
+                request: MemoryRequest, training_config: Any | None, task: str) -> MemoryFacts:
+    """The memory plan of the run the user described, its open settings chosen so that it fits where possible."""
+    req = request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+                       training_config=training_config, task=task)
+    base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
+    values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)
-    methods = (method,) if "method" in values else memory.METHODS
+    methods = (base.method,) if "method" in values else memory.METHODS
     choice = memory.choose(shape, base, gpu_bytes, methods, batch_fixed="batch_size" in values,
-                           ckpt_fixed="gradient_checkpointing" in values, gpu_name=gpu_name)
+                           ckpt_fixed="gradient_checkpointing" in values or base.source("gradient_checkpointing").endswith(
+                               "(the stable setting)"), gpu_name=gpu_name)
     unconstrained = None
     if not choice.fits and fixed and gpu_bytes:
         unconstrained = memory.choose(shape, replace(base, method="full"), gpu_bytes, memory.METHODS, gpu_name=gpu_name)
     plan = choice.plan if choice.plan is not None else memory.plan(shape, base, gpu_bytes, gpu_name)
+    return _finish(shape, plan, choice, fixed, unconstrained, gpu_bytes, gpu_name, gpu_note)
+
+
+def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[str, ...], unconstrained: Choice | None,
+            gpu_bytes: int | None, gpu_name: str | None, gpu_note: str | None) -> MemoryFacts:
     # Where the chosen settings came from, for the assumptions: what the user left open was chosen to fit.
     chosen = dict(plan.run.sources)
     for k in ("method", "batch_size", "gradient_checkpointing"):
         chosen.setdefault(k, "chosen to fit" if gpu_bytes else "default")
+    if "lora" not in chosen and plan.run.method != "full" and any(v == "chosen by the search" for v in chosen.values()):
+        chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
     plan = replace(plan, run=replace(plan.run, sources=tuple(sorted(chosen.items()))))
     plan = replace(plan, assumptions=memory.plan(shape, plan.run, gpu_bytes, gpu_name).assumptions + extra)
     return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
+
+
+def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: str) -> MemoryFacts:
+    """MemoryFacts of a run the search chose (it fits: ``plan``)."""
+    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in req.fixed)
+    choice = Choice(plan, plan.fits if req.gpu_bytes else False, (plan,), reason=reason)
+    return _finish(shape, plan, choice, fixed, None, req.gpu_bytes, req.gpu_name, req.gpu_note)

@@ -35,13 +35,17 @@ def _name(item: Any) -> str:
 
 
 def render_python(items: Sequence[Any], gpu: Any) -> str:
-    """Paste-able Python only: every section of every model, each section self-contained."""
+    """Paste-able Python only: every section of every prescribed model, each section self-contained."""
     from gemma_doctor.plan.recommend import python_snippets
     from gemma_doctor.render.style import printable
 
     out: list[str] = []
     for item in items:
         rec = item.recommendation
+        if not item.prescribed or rec is None:
+            out.append(f"# gemma-doctor recommend: {_name(item)}\n# no run passes check; the way out:\n"
+                       + "".join(f"#   - {printable(w)}\n" for w in item.decision.way_out))
+            continue
         out.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n")
         for key, code in python_snippets(rec, item.model_id).items():
             out.append(f"# --- {SECTION_TITLES[key]} ---\n{code}")
@@ -49,17 +53,20 @@ def render_python(items: Sequence[Any], gpu: Any) -> str:
 
 
 def render_yaml(items: Sequence[Any], gpu: Any) -> str:
-    """axolotl and accelerate YAML documents, per model, separated by `---`."""
-    from gemma_doctor.plan.recommend import yaml_documents
+    """The prescribed run as one training-config document per model (axolotl's keys, which check --training-config
+    reads back as the same run); several models are separate documents."""
+    from gemma_doctor.plan.recommend import training_config_yaml
     from gemma_doctor.render.style import printable
 
     docs: list[str] = []
     for item in items:
         rec = item.recommendation
-        y = yaml_documents(rec)
-        head = f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n"
-        docs.append(head + y["axolotl"])
-        docs.append(y["accelerate"])
+        if not item.prescribed or rec is None:
+            docs.append(f"# gemma-doctor recommend: {_name(item)}\n# no run passes check; the way out:\n"
+                        + "".join(f"#   - {printable(w)}\n" for w in item.decision.way_out))
+            continue
+        text = item.decision.training_config if item.decision is not None else training_config_yaml(rec)
+        docs.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n" + text)
     return "---\n".join(docs)
 
 
@@ -82,6 +89,9 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
     for item in items:
         rec = item.recommendation
         lines.append(f"[bold]{escape(_name(item))}[/bold]  [dim]{escape(item.family or '')}[/dim]")
+        if not item.prescribed:
+            lines.extend(_no_prescription(item, escape))
+            continue
         lines.append(f"  [bold green]precision {escape(rec.precision)}[/]  {escape(rec.summary.split(': ', 1)[-1])}")
         lines.append("  why:")
         lines.extend(f"    - {escape(r)}" for r in rec.reasons)
@@ -94,6 +104,9 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")
             lines.append(f"    {escape(components_line(mem.plan.components))}")
+            for f in (item.decision.findings if item.decision is not None else ()):
+                if f.severity.value != "info":
+                    lines.append(f"  [yellow]first:[/] {escape(f.code)} {escape(f.fix or f.message)}")
             if not mem.choice.fits and mem.choice.reason:
                 lines.append(f"    {escape(mem.choice.reason)}")
             lines.append("    [dim]assumed: " + escape("; ".join(mem.plan.assumptions)) + "[/dim]")
@@ -102,6 +115,20 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
             lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
             lines.append("")
-        lines.append("  [dim]axolotl / accelerate YAML: gemma-doctor recommend ... --format yaml[/dim]")
+        lines.append("  [dim]the run as a training config (check --training-config reads it): gemma-doctor recommend ... --format yaml[/dim]")
         lines.append("")
     return to_string(lines, color, width=160)
+
+
+def _no_prescription(item: Any, escape: Any) -> list[str]:
+    """No run passes check: what check said of the nearest run, and the way out."""
+    d = item.decision
+    out = ["  [bold red]no prescription[/]: no run passes gemma-doctor check on this GPU and stack"]
+    if item.memory is not None:
+        out.append(f"  nearest run: {escape(item.memory.plan.summary())}")
+    for f in d.blocking:
+        out.append(f"    [red]{escape(f.severity.value.upper())}[/] {escape(f.code)} {escape(f.message)}")
+    out.append("  way out (any one of):")
+    out.extend(f"    - {escape(w)}" for w in d.way_out)
+    out.append("")
+    return out

@@ -172,6 +172,15 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
                               logits_fp32_bytes=upcast, chunked=True)
         return
     trl_v = parse(trl.version)
+    plan = model.memory.plan if model.memory is not None else None
+    if plan is not None and plan.verdict == "fits" and plan.run.batch_size == batch and plan.run.seq_len == seq:
+        # The memory plan of this very run counts the logits and their copies, and the run fits with margin: a fact.
+        yield setting_finding(
+            "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them and the run fits "
+                                              f"({plan.summary()})",
+            "nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
+            tc, "seq_len", logits_fp32_bytes=upcast, chunked=False)
+        return
     yield setting_finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("

@@ -103,7 +103,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     unknown = list(_unknown_model_type(model, stack))
     yield from unknown
     yield from _required_input(model, stack)
-    yield from _kv_sharing(model, stack)
+    yield from _kv_sharing(model, env, stack)
     yield from _kv_sharing_checkpointing(model, env, stack)
     if not any(f.severity is Severity.ERROR for f in unknown):  # a release that cannot load it reads no RoPE either
         yield from _rope_parameters(model, stack)
@@ -134,13 +134,27 @@ def _required_input(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
                  "window": req.window.spec, "transformers": tf.to_json()})
 
 
-def _kv_sharing(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
+def _kv_sharing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[Finding]:
     shared = kv_shared_layers(model.family)
     exposure = use_cache_off_breaks(model.family, stack)
     if not shared or exposure is Exposure.SAFE:
         return
     tf = stack.get("transformers")
     w = GEMMA4_KV_SHARE_NO_CACHE
+    tc = env.training_config
+    if tc is not None and tc.ok and tc.get("use_cache") is not None and truthy(tc.get("use_cache").value) and not (
+            tc.get("gradient_checkpointing") is not None and truthy(tc.get("gradient_checkpointing").value)):
+        # The run keeps the cache on and checkpointing off (what recommend prescribes here): the sharing works.
+        yield Finding(
+            "GD107", Severity.INFO,
+            f"{shared} layers of this {model.family.display_name} model reuse other layers' K/V only through the cache "
+            f"on these releases; the training config keeps use_cache on ({tc.get('use_cache').key}) and gradient "
+            f"checkpointing off, so the loss is right: {_where(tf, exposure, w)}",
+            file=tc.path, key=tc.get("use_cache").key,
+            fix=f'keep it so (Trainer writes TrainingArguments.use_cache onto the model config), or pip install '
+                f'"transformers>={w.first_fixed}"',
+            details={"exposure": exposure.value, "kv_shared_layers": shared, "window": w.spec, "transformers": tf.to_json()})
+        return
     yield Finding(
         "GD107", _severity(exposure),
         f"{shared} layers of this {model.family.display_name} model reuse other layers' K/V, which these releases do "

@@ -32,6 +32,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             key="peft", fix=f'pip install "peft>={PEFT_ADAPTER_FP32}", or after get_peft_model: {helper}',
             details={"peft": peft})
     q = _bnb_quantization(model)
+    tc = env.training_config
+    override = tc.get("compute_dtype") if tc is not None and tc.ok else None
+    if override is not None and str(override.value).replace("torch.", "") not in ("bfloat16", "bf16"):
+        q = None  # the run loads with its own compute dtype (BitsAndBytesConfig), not the checkpoint's
     if q is not None and gpu is not None and gpu.native_bf16 is False and gpu.backend != "none":
         compute = q.get("compute_dtype")
         if isinstance(compute, str) and compute.replace("torch.", "") in ("bfloat16", "bf16"):

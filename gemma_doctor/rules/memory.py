@@ -41,7 +41,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                           "shorten the sequences", details=details)
     elif plan.gpu_bytes and not mem.choice.fits:
         c = mem.choice
-        yield Finding("GD803", Severity.WARNING,
+        # A GPU someone named (--gpu, the probe, --gpu-memory) that no run fits is a run that cannot start: an error.
+        named = env.gpu is not None and env.gpu.source in ("--gpu", "probe") or bool(options.memory and options.memory.gpu_memory)
+        yield Finding("GD803", Severity.ERROR if named else Severity.WARNING,
                       f"no fine-tuning method fits {plan.gpu_name or 'this GPU'} ({gib(plan.gpu_bytes)}): even "
                       f"{plan.summary()}", fix=(f"train on a {c.smallest_gpu} or larger ({c.smallest_gpu_plan.summary()})"
                                                 if c.smallest_gpu and c.smallest_gpu_plan else c.reason),

@@ -26,6 +26,19 @@ def _precision_explicit(env: Environment) -> bool:
     return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
 
 
+def _trains_in_fp32(env: Environment) -> bool:
+    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on."""
+    tc = env.training_config
+    if not _precision_explicit(env) or tc is None:
+        return False
+    from gemma_doctor.readers.training_config import truthy
+
+    mixed = tc.get("mixed_precision")
+    if mixed is not None and str(mixed.value).strip().lower() not in ("no", "fp32", "none", "false"):
+        return False
+    return not any(tc.get(k) is not None and truthy(tc.get(k).value) for k in ("fp16", "bf16"))
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings about the GPU the run will use, for a Gemma model."""
     gpu = env.gpu
@@ -43,8 +56,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                       details=details)
         return
     if gpu.native_bf16 is False and model.family.fp16_unsafe:
+        # A training config that already trains in fp32 follows this advice: what remains is a fact, not a warning.
         yield Finding(
-            "GD302", Severity.WARNING,
+            "GD302", Severity.INFO if _trains_in_fp32(env) else Severity.WARNING,
             f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
             "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
             "and runs without tensor cores" + embedding_note(model),

@@ -1,0 +1,149 @@
+"""The prescription against its own check, over a grid (issue 20): for every point, `recommend --format json` is run,
+the training config it prints (`snippets.yaml`, the same text `--format yaml` prints) is handed to `check
+--training-config` with the same model, GPU and stack, and the point passes when check raises no error and no warning
+other than those `gemma-doctor fix` cures in the model files, or when recommend exits 1 with `prescription: null`
+and a non-empty `way_out`.
+
+    python benchmarks/prescription_grid.py [--cache DIR]     (builds the bundled example cache when not given)
+
+prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
+violation. tests/test_prescription.py runs the same points (GRID below) through the same function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUS = ("T4", "V100", "L4", "A100", "H100", "RTX 3060")
+# transformers releases at the edges of the windows that touch these models: the HybridCache crash (4.50.3 / 4.51.0),
+# Gemma 3's token_type_ids and Gemma 4's mm_token_type_ids (5.5.x / 5.6.0), Gemma 4's KV sharing (5.5.1 / 5.5.2),
+# and today's (5.23.0).
+VERSIONS = ("4.50.3", "4.51.0", "5.5.1", "5.5.2", "5.6.0", "5.23.0")
+TASKS = ("sft", "lora", "qlora", "full", "dpo")
+EXAMPLES = ("google/gemma-3-12b-it", "google/gemma-4-E2B-it")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: a model (cached repo or --family plan), a GPU, a transformers release, a task, fixed choices."""
+
+    target: tuple[str, ...]  # recommend's target arguments
+    check_target: tuple[str, ...]  # check's
+    gpu: str
+    transformers: str
+    task: str
+    extra: tuple[str, ...] = ()  # fixed choices: --method, --batch-size, --seq-len, --num-gpus...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened at one point."""
+
+    point: Point
+    kind: str  # "prescribed" | "none" | "violation"
+    detail: str = ""
+
+
+Runner = Callable[..., tuple[int, str, str]]
+
+
+def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
+    """recommend, then check of what it printed; the outcome at ``point``."""
+    stack = ("--gpu", point.gpu, "--with", f"transformers=={point.transformers}")
+    code, out, err = run("recommend", *point.target, *stack, "--task", point.task, "--format", "json", *point.extra)
+    if code not in (0, 1):
+        return Outcome(point, "violation", f"recommend exit {code}: {err.strip()[-300:]}")
+    model = json.loads(out)["models"][0]
+    if model["prescription"] is None:
+        if code == 1 and model["way_out"]:
+            return Outcome(point, "none", "; ".join(sorted({b.split(":")[0] for b in model["blocking"]})) or "memory")
+        return Outcome(point, "violation", f"no prescription but exit {code} and way_out {model['way_out']!r}")
+    if code != 0:
+        return Outcome(point, "violation", f"a prescription but exit {code}")
+    yaml_text = model["snippets"]["yaml"]
+    path = workdir / "prescription.yaml"
+    path.write_text(yaml_text)
+    code, out, err = run("check", *point.check_target, *stack, "--training-config", str(path), "--format", "json",
+                         "--fail-on", "never")
+    if code != 0:
+        return Outcome(point, "violation", f"check exit {code}: {err.strip()[-300:]}")
+    findings = json.loads(out)["models"][0]["findings"]
+    flagged = [f"{f['code']} {f['severity']}: {f['message'][:160]}" for f in findings
+               if f["severity"] in ("error", "warning") and not (f.get("fix") or "").startswith("gemma-doctor fix")]
+    if flagged:
+        return Outcome(point, "violation", " | ".join(flagged))
+    p = model["prescription"]
+    # The YAML says the same run as the JSON prescription.
+    for key, value in (("micro_batch_size", p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]),
+                       ("gradient_checkpointing", p["gradient_checkpointing"])):
+        if f"\n{key}: {json.dumps(value)}\n" not in "\n" + yaml_text:
+            return Outcome(point, "violation", f"the YAML does not say {key}: {value}")
+    return Outcome(point, "prescribed")
+
+
+def example_points(cache: Path, models: tuple[str, ...] = EXAMPLES, gpus: tuple[str, ...] = GPUS,
+                   versions: tuple[str, ...] = VERSIONS, tasks: tuple[str, ...] = TASKS) -> list[Point]:
+    """The bundled example checkpoints (exact parameter counts from their safetensors headers)."""
+    where = ("--cache-dir", str(cache))
+    return [Point((m, *where), (m, *where), g, v, t) for m in models for g in gpus for v in versions for t in tasks]
+
+
+def in_process(argv_prefix: tuple[str, ...] = ()) -> Runner:
+    """Run the CLI in this process: (exit code, stdout, stderr)."""
+    from gemma_doctor.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([*argv_prefix, *map(str, args)])
+            except SystemExit as e:
+                code = int(e.code or 0)
+        return code, out.getvalue(), err.getvalue()
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", help="a hub cache holding the bundled examples (built when not given)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="gd-grid-") as tmp:
+        cache = Path(args.cache) if args.cache else Path(tmp) / "hub"
+        if not args.cache:
+            import subprocess
+
+            subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                           capture_output=True)
+        run = in_process()
+        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache)]
+    kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
+    print(f"{len(outcomes)} points: {kinds['prescribed']} prescriptions pass check, {kinds['none']} honest 'none' "
+          f"with a way out, {kinds['violation']} violations")
+    reasons: dict[str, int] = {}
+    for o in outcomes:
+        if o.kind == "none":
+            reasons[o.detail] = reasons.get(o.detail, 0) + 1
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  none ({n}): check flags {why}")
+    for o in outcomes:
+        if o.kind == "violation":
+            print(f"  VIOLATION {o.point}: {o.detail}")
+    return 1 if kinds["violation"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

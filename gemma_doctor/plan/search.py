@@ -1,0 +1,334 @@
+"""prescribe(): the one decision. What run to prescribe for a model, found by searching the options against the very
+rules and memory plan that `check` runs (docs/decision.md).
+
+Candidates come in the order a user would prefer them: the user's own fixed choices (method, batch, sequence length,
+GPUs, training-config keys) first; then a run that fits with margin; the largest per-device batch (gradient
+accumulation keeps the effective batch); checkpointing before a smaller batch; sharding over the GPUs the user has
+(ZeRO-2, ZeRO-3) before changing the method; full fine-tuning, then LoRA, then QLoRA; the default attention backend,
+then eager. Each candidate that fits the GPU's memory is rendered as the training config `recommend --format yaml`
+prints, read back by the training-config reader, and judged by `check`'s own rules with the same GPU and stack:
+whatever `check` would flag (an error or a warning, other than what `gemma-doctor fix` cures in the model files) rejects
+it. The first that passes is the prescription; when none does, there is none, and the way out says what would make one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from gemma_doctor import rules
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.plan import advice, memory, recommend, runplan
+from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.readers import training_config as tc_reader
+from gemma_doctor.readers.gpu import GpuFacts
+from gemma_doctor.report import Finding, Severity
+
+# The path a prescription's training config is judged under (it exists only in memory).
+PRESCRIPTION = "<prescription>"
+# At most this many candidates are judged by check's rules (each costs one rules.run): enough for every order above.
+MAX_JUDGED = 96
+_RL_TASKS = recommend.RL_TASKS
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The prescription for one model (None when no run passes check), what check says of it, and the way out."""
+
+    recommendation: recommend.Recommendation | None
+    memory: runplan.MemoryFacts | None
+    training_config: str | None  # the YAML `recommend --format yaml` prints: check --training-config reads it
+    findings: tuple[Finding, ...] = ()  # check's findings on the prescription (infos, and what `fix` cures)
+    way_out: tuple[str, ...] = ()
+    judged: int = 0  # candidates judged by check's rules
+    # When there is no prescription: the nearest run tried and what check said of it.
+    nearest: recommend.Recommendation | None = None
+    nearest_memory: runplan.MemoryFacts | None = None
+    blocking: tuple[Finding, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when there is a prescription."""
+        return self.recommendation is not None
+
+    def prescription(self) -> dict[str, Any] | None:
+        """The prescription as one flat object (JSON `prescription`), or None."""
+        rec, mem = self.recommendation, self.memory
+        if rec is None:
+            return None
+        run = mem.plan.run if mem is not None else None
+        args = rec.training_arguments
+        ckpt = bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing"))
+        out: dict[str, Any] = {
+            "precision": rec.precision, "load_dtype": rec.load_dtype, "method": rec.method,
+            "quantization": rec.inputs.get("quantization"),
+            "batch_size": args.get("per_device_train_batch_size", run.batch_size if run else None),
+            "gradient_accumulation_steps": args.get("gradient_accumulation_steps", 1),
+            "seq_len": run.seq_len if run else None,
+            "gradient_checkpointing": ckpt, "checkpointing": "non-reentrant" if ckpt else None,
+            "attention": rec.frameworks["transformers"]["from_pretrained"].get("attn_implementation", "sdpa"),
+            "use_cache": bool(rec.frameworks["transformers"]["use_cache"]),
+            "lora": ({"r": rec.frameworks["peft"]["r"], "alpha": rec.frameworks["peft"]["lora_alpha"],
+                      "target_modules": rec.frameworks["peft"]["target_modules"]} if rec.method != "full" else None),
+            "num_gpus": run.num_gpus if run else 1, "zero_stage": run.zero_stage if run and run.num_gpus > 1 else 0,
+            "memory": mem.plan.summary() if mem is not None else None,
+            "versions": dict(rec.inputs.get("versions") or {}),
+            "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
+        }
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The `prescription` / `way_out` pair of check's and recommend's JSON."""
+        return {"prescription": self.prescription(), "way_out": list(self.way_out),
+                "blocking": [f"{f.code}: {f.message}" for f in self.blocking] if not self.ok else []}
+
+
+def cured_by_fix(f: Finding) -> bool:
+    """A finding `gemma-doctor fix` cures in the model files (its fix is that command): not the run's business."""
+    return (f.fix or "").startswith("gemma-doctor fix")
+
+
+def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
+    """What makes `check` fail or warn on a run, other than what `fix` cures on disk."""
+    return tuple(f for f in findings if f.severity in (Severity.ERROR, Severity.WARNING) and not cured_by_fix(f))
+
+
+# --- candidates ----------------------------------------------------------------------------------------------------
+
+def _batches(target: int) -> list[int]:
+    out, b = [], max(1, target)
+    while b >= 1:
+        out.append(b)
+        b //= 2
+    return out
+
+
+def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
+               relax_batch: bool = False) -> Iterator[MemoryPlan]:
+    """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown)."""
+    base, fixed = req.base, set(req.fixed)
+    methods = (base.method,) if "method" in fixed else METHODS
+    n = base.num_gpus
+    stages = (base.zero_stage,) if "zero_stage" in fixed or n <= 1 else tuple(dict.fromkeys((base.zero_stage, 2, 3)))
+    target = base.batch_size * base.gradient_accumulation_steps
+    batch_fixed = "batch_size" in fixed and not relax_batch
+    batches = [base.batch_size] if batch_fixed else _batches(target)
+    if "gradient_checkpointing" in fixed:
+        ckpts: tuple[bool, ...] = (base.gradient_checkpointing,)
+    elif base.task in _RL_TASKS:
+        ckpts = (True, False)  # the stable RL setting first (TRL #3236)
+    else:
+        ckpts = (False, True)
+    attentions = (base.attention,) if "attention" in fixed else tuple(dict.fromkeys((base.attention, "eager")))
+    seen: set[tuple[Any, ...]] = set()
+    for method in methods:
+        load = memory.load_dtype_for(base.precision, method) if base.source("precision") != "option" else base.load_dtype
+        run0 = replace(base, method=method, quant_bits=(base.quant_bits or 4) if method == "qlora" else None,
+                       load_dtype=load)
+        for stage in stages:
+            for attention in attentions:
+                # The largest batch first; at each batch the preferred checkpointing first, so checkpointing comes
+                # before a smaller batch (and a model that must not checkpoint still gets every batch).
+                for b in batches:
+                    for ck in ckpts:
+                        acc = base.gradient_accumulation_steps if batch_fixed else max(1, -(-target // b))
+                        key = (method, stage, attention, ck, b, acc)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        run = replace(run0, zero_stage=stage, attention=attention, gradient_checkpointing=ck,
+                                      batch_size=b, gradient_accumulation_steps=acc)
+                        p = memory.plan(shape, run, req.gpu_bytes, req.gpu_name)
+                        if not req.gpu_bytes or p.verdict in accept:
+                            yield p
+
+
+# --- judging a candidate by check's own rules ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Judged:
+    """A candidate run, its views, and what check's rules say of it."""
+
+    plan: MemoryPlan
+    recommendation: recommend.Recommendation
+    memory: runplan.MemoryFacts
+    yaml: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocking(self) -> tuple[Finding, ...]:
+        """What check would flag."""
+        return blocking(self.findings)
+
+
+def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
+    run = plan.run
+    return recommend.MemoryAdvice(
+        method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
+        gradient_checkpointing=run.gradient_checkpointing, fits=plan.fits or not plan.gpu_bytes, summary=plan.summary(),
+        quant_bits=run.quant_bits, seq_len=run.seq_len, lora_r=run.lora_r if run.method != "full" else None,
+        lora_targets=run.lora_targets if run.method != "full" and isinstance(run.lora_targets, tuple) else None,
+        num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
+        optimizer=run.optimizer if run.source("optimizer") != "default" else None,
+        attention=run.attention if run.attention != "sdpa" else None)
+
+
+def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
+          plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs) -> Judged:
+    """Render ``plan`` as the prescription would, then run `check` on it: the training config it prints, read back,
+    the memory plan check makes of that config, and every rule, with the same GPU and stack."""
+    rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
+    yaml_text = recommend.training_config_yaml(rec)
+    tc = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+    env2 = replace(env, training_config=tc)
+    opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
+                   training_config=PRESCRIPTION)
+    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=options.gpu,
+                              request=opts.memory or runplan.MemoryRequest(), training_config=tc,
+                              task=str(rec.inputs.get("task") or "sft"))
+    judged_facts = facts.with_(recommendation=rec, memory=mem)
+    findings = tuple(rules.run(judged_facts, env2, opts))
+    # check read every setting from the prescription's training config; the user reads where each came from.
+    src = dict(mem.plan.run.sources)
+    for k, v in src.items():
+        if v.startswith("training config"):
+            src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
+    relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
+    mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+    if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
+        findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
+    return Judged(plan, rec, mem, yaml_text, findings)
+
+
+# --- the decision --------------------------------------------------------------------------------------------------
+
+def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape | None,
+              quantization: str | None = None) -> Decision:
+    """The one decision for ``facts`` (a cached model, or a --family plan's published config): a run that passes
+    check, or none and the way out."""
+    inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
+    first = recommend.decide(inputs)
+    if shape is None:  # no shape to plan memory for: the precision decision alone, judged as it is
+        return Decision(first, None, recommend.training_config_yaml(first))
+    req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
+                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
+                               task=str(first.inputs.get("task") or "sft"))
+    req = _with_quantization(req, first)
+    judged = 0
+    nearest: Judged | None = None
+    for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
+        if relax and "batch_size" not in req.fixed:
+            continue
+        for plan in candidates(shape, req, accept, relax_batch=relax):
+            if judged >= MAX_JUDGED:
+                break
+            j = judge(facts, env, options, gpu, shape, plan, req, inputs)
+            judged += 1
+            if not j.blocking:
+                return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged)
+            if nearest is None or len(j.blocking) < len(nearest.blocking):
+                nearest = j
+    if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
+        plan = _smallest(shape, req)
+        nearest = judge(facts, env, options, gpu, shape, plan, req, inputs)
+        judged += 1
+        if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
+            return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged)
+    return Decision(None, None, None, (), tuple(way_out(shape, req, nearest, gpu)), judged,
+                    nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+
+
+def _with_quantization(req: runplan.RunRequest, rec: recommend.Recommendation) -> runplan.RunRequest:
+    """--quantization 4bit/8bit or a quantized checkpoint fixes QLoRA."""
+    quant = rec.inputs.get("quantization")
+    if quant in ("4bit", "8bit") and "method" not in req.fixed:
+        base = replace(req.base, method="qlora", quant_bits=4 if quant == "4bit" else 8)
+        return replace(req, base=base, fixed=req.fixed + ("method",))
+    return req
+
+
+def _smallest(shape: ModelShape, req: runplan.RunRequest) -> MemoryPlan:
+    """The least memory-hungry run the user's fixed choices allow (QLoRA, batch 1, checkpointing, ZeRO-3)."""
+    base, fixed = req.base, set(req.fixed)
+    method = base.method if "method" in fixed else "qlora"
+    run = replace(base, method=method, quant_bits=(base.quant_bits or 4) if method == "qlora" else None,
+                  load_dtype=memory.load_dtype_for(base.precision, method),
+                  batch_size=base.batch_size if "batch_size" in fixed else 1,
+                  gradient_accumulation_steps=base.batch_size * base.gradient_accumulation_steps
+                  if "batch_size" not in fixed else base.gradient_accumulation_steps,
+                  gradient_checkpointing=base.gradient_checkpointing if "gradient_checkpointing" in fixed else True,
+                  zero_stage=base.zero_stage if "zero_stage" in fixed or base.num_gpus <= 1 else 3)
+    return memory.plan(shape, run, req.gpu_bytes, req.gpu_name)
+
+
+# --- the way out ---------------------------------------------------------------------------------------------------
+
+def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, gpu: GpuFacts) -> list[str]:
+    """The nearest changes that would make a prescription, one line each: what check flagged on the nearest run (each
+    finding's own cure), and for memory a larger GPU, a shorter sequence, more GPUs, another method."""
+    out: list[str] = []
+    memory_codes = {"GD801", "GD802", "GD803"}
+    for f in nearest.blocking:
+        if f.code in memory_codes:
+            continue
+        line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
+        if line not in out:
+            out.append(line)
+    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(f.code in memory_codes for f in nearest.blocking)):
+        out.extend(_memory_way_out(shape, req))
+    return out
+
+
+def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> MemoryPlan | None:
+    """The first candidate (by the same preference) that fits once ``changes`` apply to the request."""
+    base = replace(req.base, **{k: v for k, v in changes.items() if k != "fixed" and k != "gpu_bytes"})
+    r = replace(req, base=base, gpu_bytes=changes.get("gpu_bytes", req.gpu_bytes),
+                fixed=tuple(changes.get("fixed", req.fixed)))
+    for accept in (("fits",), ("tight",)):
+        for p in candidates(shape, r, accept, relax_batch=True):
+            return p
+    return None
+
+
+def _memory_way_out(shape: ModelShape, req: runplan.RunRequest) -> list[str]:
+    out: list[str] = []
+    base, fixed = req.base, req.fixed
+    if "method" in fixed:
+        for method in METHODS:
+            if method != base.method:
+                p = _fits_with(shape, req, method=method, fixed=tuple(k for k in fixed if k != "method") + ("method",))
+                if p is not None:
+                    out.append(f"--method {method}: {p.summary()}")
+                    break
+    seq = base.seq_len // 2
+    while seq >= 128:
+        p = _fits_with(shape, req, seq_len=seq)
+        if p is not None:
+            out.append(f"a shorter sequence, --seq-len {seq}: {p.summary()}")
+            break
+        seq //= 2
+    for n in (2, 4, 8):
+        if n > base.num_gpus:
+            p = _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage"))
+            if p is not None:
+                out.append(f"{n} GPUs with ZeRO-{p.run.zero_stage} (--num-gpus {n}): {p.summary()}")
+                break
+    from gemma_doctor import gpus as gpu_table
+
+    for g in gpu_table.common_training_gpus():
+        size = gpu_table.usable_bytes(g)
+        if size is None or size <= (req.gpu_bytes or 0):
+            continue
+        precision = base.precision
+        if g.native_bf16 and precision == "fp32":
+            precision = "bf16"
+        p = _fits_with(shape, replace(req, gpu_name=g.name), gpu_bytes=size, precision=precision,
+                       load_dtype=memory.load_dtype_for(precision, base.method))
+        if p is not None:
+            out.append(f"a GPU with {size / memory.GIB:.1f} GiB usable, e.g. {g.name} (--gpu \"{g.name}\"): {p.summary()}")
+            break
+    if not out:
+        out.append("nothing fits even sharded over 8 GPUs or on the largest common GPU: a smaller model "
+                   "(--size) or a shorter sequence")
+    return out

@@ -1,0 +1,223 @@
+"""One prescription (issue 20): what `recommend` prescribes passes `check` with the same inputs, or there is none and
+a way out; every view says the same run. The grid and its judge are benchmarks/prescription_grid.py's."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import prescription_grid as grid  # noqa: E402
+
+sys.path.pop(0)
+G3, G4 = "google/gemma-3-12b-it", "google/gemma-4-E2B-it"
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    """The bundled example cache (gemma-3-12b-it and gemma-4-E2B-it, real safetensors headers)."""
+    import subprocess
+
+    cache = tmp_path_factory.mktemp("examples") / "hub"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
+def _runner(cli):
+    def run(*args: str) -> tuple[int, str, str]:
+        r = cli(*args)
+        return r.code, r.out, r.err
+    return run
+
+
+# --- the property, on the grid -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", grid.EXAMPLES)
+@pytest.mark.parametrize("gpu", grid.GPUS)
+def test_every_prescription_passes_its_own_check_or_there_is_none_and_a_way_out(cli, examples, tmp_path, model, gpu):
+    outcomes = [grid.judge_point(_runner(cli), p, tmp_path) for p in grid.example_points(examples, (model,), (gpu,))]
+    assert len(outcomes) == len(grid.VERSIONS) * len(grid.TASKS)
+    violations = [f"{o.point.transformers} {o.point.task}: {o.detail}" for o in outcomes if o.kind == "violation"]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_grid_prescribes_where_a_run_exists(cli, examples, tmp_path):
+    """Not an empty promise: on GPUs where the run fits and no window bites, there is a prescription."""
+    points = grid.example_points(examples, (G3, G4), ("A100", "H100"), ("5.23.0",), ("sft", "qlora", "dpo"))
+    kinds = [grid.judge_point(_runner(cli), p, tmp_path).kind for p in points]
+    assert kinds == ["prescribed"] * len(points)
+
+
+FAMILY_SIZES = [("gemma", "2b"), ("gemma", "7b"), ("gemma2", "2b"), ("gemma2", "9b"), ("gemma2", "27b"), ("gemma3", "1b"),
+                ("gemma3", "4b"), ("gemma3", "12b"), ("gemma3", "27b"), ("gemma4", "e2b"), ("gemma4", "e4b"),
+                ("gemma4", "31b"), ("gemma4", "26b-a4b")]
+
+
+@pytest.mark.parametrize("family, size", FAMILY_SIZES)
+def test_published_sizes_prescriptions_pass_check_on_their_published_config(cli, hub, tmp_path, family, size):
+    """A --family plan is judged on the published config: the same config, cached, passes check with its YAML."""
+    from gemma_doctor.plan import advice
+
+    facts = advice.planned_facts(family, size, "org/planned")
+    hub.add("org/planned", {"config.json": facts.config.data})
+    bad = []
+    for gpu in ("T4", "L4", "A100-80GB"):
+        for version in ("4.50.3", "5.5.1", "5.23.0"):
+            for task in ("sft", "qlora", "dpo"):
+                p = grid.Point(("--family", family, "--size", size, "--cache-dir", str(hub.root)),
+                               ("org/planned", "--cache-dir", str(hub.root)), gpu, version, task)
+                o = grid.judge_point(_runner(cli), p, tmp_path)
+                if o.kind == "violation":
+                    bad.append(f"{gpu} {version} {task}: {o.detail}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("extra", [("--method", "full", "--num-gpus", "8"), ("--method", "lora", "--batch-size", "4", "--seq-len", "2048"),
+                                   ("--seq-len", "4096"), ("--gradient-checkpointing",), ("--method", "qlora", "--batch-size", "16")],
+                         ids=["full-8gpus", "lora-b4-s2048", "s4096", "ckpt", "qlora-b16"])
+def test_fixed_choices_stay_fixed_and_the_prescription_still_passes(cli, examples, tmp_path, extra):
+    for model in (G3, G4):
+        for gpu in ("A100", "H100", "L4"):
+            p = grid.Point((model, "--cache-dir", str(examples)), (model, "--cache-dir", str(examples)), gpu, "5.23.0",
+                           "sft", extra)
+            o = grid.judge_point(_runner(cli), p, tmp_path)
+            assert o.kind != "violation", (model, gpu, o.detail)
+
+
+# --- the defects of issue 20, each shown on 2df619a ----------------------------------------------------------------
+
+def _rec(cli, *args: str) -> tuple[int, dict]:
+    r = cli("recommend", *args, "--format", "json")
+    assert r.code in (0, 1), r
+    return r.code, r.json()["models"][0]
+
+
+def test_yaml_is_one_document_that_check_reads(cli, examples):
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--format", "yaml")
+    docs = list(yaml.safe_load_all(r.out))
+    assert len(docs) == 1 and docs[0]["base_model"] == G3  # was two documents: GD601 "found another document"
+
+
+def test_gemma4_e2b_on_5_5_1_keeps_the_cache_on_and_checkpointing_off(cli, examples, tmp_path):
+    code, m = _rec(cli, G4, "--cache-dir", examples, "--gpu", "L4", "--with", "transformers==5.5.1")
+    p = m["prescription"]
+    assert code == 0 and p["use_cache"] is True and p["gradient_checkpointing"] is False
+    tr = m["recommendation"]["frameworks"]["transformers"]
+    assert tr["training_arguments"].get("use_cache") is True
+    assert "use_cache = False" not in m["snippets"]["python"]["loading"]
+
+
+def test_a_gemma4_family_plan_on_5_5_1_keeps_the_cache_on(cli):
+    """It set use_cache=False on every sub-config: the KV sharing then breaks (GD107)."""
+    code, m = _rec(cli, "--family", "gemma4", "--gpu", "A100", "--with", "transformers==5.5.1")
+    assert code == 0 and m["prescription"]["use_cache"] is True
+    assert "sub_config.use_cache = False" not in m["snippets"]["python"]["loading"]
+
+
+def test_gpu_memory_is_what_the_device_reports(cli):
+    from gemma_doctor import gpus
+
+    assert gpus.parse_gpu_spec("T4").memory_bytes == 15_360 * 2**20  # not 16 GiB
+    code, m = _rec(cli, "--family", "gemma3", "--size", "12b", "--gpu", "T4")
+    assert m["memory"]["gpu_bytes"] == 15_360 * 2**20
+    assert any("15,360 MiB" in a for a in m["memory"]["assumptions"])
+
+
+def test_no_prescription_is_ever_one_its_own_memory_line_calls_does_not_fit(cli, examples):
+    for model in (G3, G4):
+        for gpu in grid.GPUS:
+            code, m = _rec(cli, model, "--cache-dir", examples, "--gpu", gpu)
+            if m["prescription"] is not None:
+                assert m["memory"]["verdict"] == "fits", (model, gpu, m["memory"]["summary"])
+
+
+def test_gemma3_on_5_5_1_has_no_prescription_that_leaves_gd105_and_says_the_way_out(cli, examples):
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==5.5.1")
+    assert code == 1 and m["prescription"] is None
+    assert any(w.startswith("GD105:") and "transformers>=5.6.0" in w for w in m["way_out"])
+    assert any(b.startswith("GD105") for b in m["blocking"])
+
+
+def test_headline_snippets_yaml_and_json_say_the_same_checkpointing(cli, examples):
+    """The headline said gradient checkpointing, the snippet dropped it (Gemma 4 on an H100)."""
+    for gpu in ("H100", "L4", "T4"):
+        code, m = _rec(cli, G4, "--cache-dir", examples, "--gpu", gpu, "--task", "dpo")
+        if m["prescription"] is None:
+            continue
+        ckpt = m["prescription"]["gradient_checkpointing"]
+        args = m["recommendation"]["frameworks"]["transformers"]["training_arguments"]
+        assert bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing")) is ckpt
+        assert ("gradient checkpointing" in m["recommendation"]["summary"]) is ckpt
+        assert yaml.safe_load(m["snippets"]["yaml"])["gradient_checkpointing"] is ckpt
+
+
+def test_full_fine_tuning_on_8_gpus_shards_before_changing_the_method(cli, examples):
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "H100", "--method", "full", "--num-gpus", "8")
+    p = m["prescription"]
+    # it said "would fit as LoRA"; ZeRO-2 (gradients and optimizer states sharded) is preferred to ZeRO-3 when it fits
+    assert code == 0 and p["method"] == "full" and p["num_gpus"] == 8 and p["zero_stage"] in (2, 3)
+    assert yaml.safe_load(m["snippets"]["yaml"])["deepspeed"].startswith(f"deepspeed_configs/zero{p['zero_stage']}")
+
+
+def test_a_fixed_batch_that_does_not_fit_keeps_the_effective_batch(cli, examples):
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--method", "lora", "--batch-size", "4",
+                   "--seq-len", "2048")
+    p = m["prescription"]
+    assert code == 0 and p["method"] == "lora" and p["seq_len"] == 2048
+    assert p["batch_size"] * p["gradient_accumulation_steps"] == 4 and p["batch_size"] < 4
+
+
+def test_nothing_fits_a_named_gpu_is_an_error(cli, examples):
+    r = cli("check", G3, "--cache-dir", examples, "--gpu", "RTX 3060", "--format", "json")
+    found = {f["code"]: f for f in r.json()["models"][0]["findings"]}
+    assert r.code == 1 and found["GD803"]["severity"] == "error"  # was a warning: OK, exit 0
+
+
+@pytest.mark.parametrize("size", ["E2B", "E4B", "31B", "26B-A4B"])
+def test_gemma4_published_sizes_are_known(cli, size):
+    code, m = _rec(cli, "--family", "gemma4", "--size", size, "--gpu", "H100")
+    assert m["memory"]["model"]["source"].startswith("published config of gemma4")
+
+
+def test_snippets_use_no_argument_the_transformers_named_deprecates(cli, examples):
+    """transformers 5.23 renamed gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs) (FutureWarning)."""
+    from transformers import TrainingArguments
+
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==5.23.0")
+    args = m["recommendation"]["frameworks"]["transformers"]["training_arguments"]
+    assert args["activation_checkpointing"] is True and "gradient_checkpointing" not in args
+    args = {k: v for k, v in args.items() if k not in ("tf32",)}  # tf32 needs an Ampere GPU to construct
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        TrainingArguments(output_dir="out", use_cpu=True, **{k: v for k, v in args.items() if k != "bf16"})
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==5.22.0")
+    assert m["recommendation"]["frameworks"]["transformers"]["training_arguments"]["gradient_checkpointing"] is True
+
+
+def test_the_memory_line_is_printed_once(cli, examples):
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100")
+    summary = json.loads(cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--format", "json").out)[
+        "models"][0]["memory"]["summary"]
+    assert r.out.count(summary.split(":")[0]) == 1, r.out
+
+
+def test_check_shows_the_same_prescription_as_recommend(cli, examples):
+    rec = _rec(cli, G4, "--cache-dir", examples, "--gpu", "L4")[1]["prescription"]
+    r = cli("check", G4, "--cache-dir", examples, "--gpu", "L4", "--format", "json", "--fail-on", "never")
+    assert r.json()["models"][0]["prescription"] == rec
+
+
+def test_a_planned_config_is_judged_by_the_rules_a_cached_one_is():
+    from gemma_doctor.plan import advice
+
+    facts = advice.planned_facts("gemma4", "e2b", "google/gemma-4-E2B-it")
+    assert facts.family.label == "gemma4" and facts.family.nested
+    assert facts.config.data["text_config"]["num_kv_shared_layers"] == 20
+
