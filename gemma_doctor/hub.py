@@ -488,6 +488,36 @@ class translate_errors:  # noqa: N801 - used as a context manager, reads like on
 
 # --- opening a repo --------------------------------------------------------------------------------
 
+def _bound_agent_registry(deadline: Deadline) -> None:
+    """huggingface_hub >= 2 fetches ``{ENDPOINT}/api/agent-harnesses`` for its user agent with ``response.json()``
+    (whole, on the first ``build_hf_headers`` of a process, unless a fresh copy is cached in HF_HOME): read it
+    first, bounded like a search answer, and hand the library the result (its registry; empty on any failure,
+    which is also what the library falls back to)."""
+    try:
+        from huggingface_hub.utils import _detect_agent
+    except ImportError:  # huggingface_hub < 2: no registry
+        return
+    if getattr(_detect_agent, "_registry", 0) is not None or constants.HF_HUB_OFFLINE or constants.HF_HUB_DISABLE_TELEMETRY:
+        return
+    try:
+        cached = _detect_agent._read_cached_registry(constants.AGENT_HARNESSES_PATH, max_age=_detect_agent._REGISTRY_TTL_SECONDS)
+    except Exception:  # noqa: BLE001 - the library's own fallbacks apply
+        cached = None
+    if cached:
+        return
+    registry: Any = {"standardEnvVars": [], "harnesses": {}}
+    try:
+        # its own share of the deadline (the library waits 3 s for it): a drip here leaves time for the model
+        _, _, body, more = bounded_get(f"{endpoint()}/api/agent-harnesses", {}, 3.0, MAX_SEARCH_BYTES,
+                                       Deadline(min(3.0, deadline.left() / 4)), "huggingface_hub's agent registry")
+        data = json.loads(body) if not more else None
+        if isinstance(data, dict):
+            registry = data
+    except Exception:  # noqa: BLE001 - best effort, as in the library
+        pass
+    _detect_agent._registry = registry
+
+
 def _hub_candidates(repo_id: str, deadline: Deadline) -> list[str]:
     """Model ids on the Hub whose name resembles ``repo_id`` (best effort: a failure means no suggestions).
 
@@ -551,6 +581,7 @@ def open_model(repo_id: str, revision: str = "main", cached: Sequence[str] = (),
     The deadline (``GEMMA_DOCTOR_HUB_DEADLINE``) starts here and covers every later read of the source.
     """
     deadline = Deadline(deadline_seconds())
+    _bound_agent_registry(deadline)
     with translate_errors(repo_id, revision, cached=cached, not_cached=not_cached) as tr:
         try:
             info = _model_info(repo_id, revision, deadline)

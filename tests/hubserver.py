@@ -21,7 +21,8 @@ Routes (facts.md section 9):
 Hostile modes (``HubState.hostile``, route -> mode; tests/test_hub_hostile.py): a broken or hostile endpoint
 behind ``HF_ENDPOINT``, per route the doctor reads: ``info`` (``/api/models/{repo}...``), ``json`` (``resolve`` of a
 ``.json`` file), ``header`` (``resolve`` of a ``.safetensors`` file, the header's range GETs) and ``search``
-(``/api/models?search=``, asked for "did you mean" after a 404). Modes: see ``HOSTILE_MODES``.
+(``/api/models?search=``, asked for "did you mean" after a 404) and ``agent`` (``/api/agent-harnesses``, which
+huggingface_hub >= 2 reads for its user agent). Modes: see ``HOSTILE_MODES``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ HOSTILE_MODES = {
     "long-length": "Content-Length says 1 MB more than is sent, then the connection closes",
     "short-length": "Content-Length says 10 bytes, then a long body follows",
 }
-HOSTILE_ROUTES = ("info", "json", "header", "search")
+HOSTILE_ROUTES = ("info", "json", "header", "search", "agent")
 # What each route's body starts with: plausible enough that a client must read on to find out.
 _PREFIX = {
     "info": b'{"id": "acme/x", "sha": "' + b"0" * 40 + b'", "siblings": [',
@@ -61,12 +62,14 @@ _PREFIX = {
     # a header length just under the format's 100,000,000-byte limit: the client reads on to the limit
     "header": struct.pack("<Q", 99_999_000) + b'{"a": "',
     "search": b"[",
+    "agent": b'{"standardEnvVars": ["AI_AGENT"], "harnesses": {',
 }
 _FILLER = {
     "info": b'{"rfilename": "model-00001-of-00002.safetensors", "size": 1},',
     "json": b"x" * 64,
     "header": b"x" * 64,
     "search": b'{"id": "acme/gemma-3-4b-it", "modelId": "acme/gemma-3-4b-it"},',
+    "agent": b'"x": {"envVars": {"X": "1"}}, ' * 4,
 }
 
 
@@ -325,6 +328,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         if path == "/api/models":
             return "search"
+        if path == "/api/agent-harnesses":
+            return "agent"
         if path.startswith("/api/models/") and not path.endswith("/auth-check") and "/tree/" not in path:
             return "info"
         if "/resolve/" in path:
