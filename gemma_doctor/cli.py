@@ -124,8 +124,14 @@ def _stack_options(f: Callable) -> Callable:
 HUB_DEADLINE_ENV = "GEMMA_DOCTOR_HUB_DEADLINE"
 
 
+def _seconds(_ctx: Any, _param: Any, value: Optional[float]) -> Optional[float]:
+    if value is not None and not (0 < value <= 86400):  # FloatRange lets nan through
+        raise click.BadParameter(f"{value} is not a number of seconds above 0 and at most 86400")
+    return value
+
+
 def _remote_option(f: Callable) -> Callable:
-    f = click.option("--hub-deadline", "hub_deadline", type=click.FloatRange(min=0.0, min_open=True, max=86400.0),
+    f = click.option("--hub-deadline", "hub_deadline", type=float, callback=_seconds,
                      default=None, metavar="SECONDS", envvar=HUB_DEADLINE_ENV,
                      help="Seconds the whole remote read of a repo may take (default: 60); past it, one line and "
                           "exit code 5.")(f)

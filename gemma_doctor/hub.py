@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 import zlib
@@ -74,6 +75,7 @@ LIBRARY_VERSION = huggingface_hub.__version__
 # few; a CI step that waits longer than a minute for a pre-flight is better told the Hub did not answer.
 DEFAULT_DEADLINE = 60.0
 DEADLINE_ENV = "GEMMA_DOCTOR_HUB_DEADLINE"
+MAX_DEADLINE = 86400.0  # a day: more is no deadline (and past what a thread's join accepts)
 # Model info with blobs=true costs ~250 bytes per file; the Hub recommends fewer than 100k files per repo
 # (huggingface.co/docs/hub/repositories-recommendations), and Gemma repos hold tens. 16 MiB is ~65k files.
 MAX_INFO_BYTES = 16 * 1024 * 1024
@@ -109,8 +111,9 @@ def deadline_seconds() -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"{DEADLINE_ENV}={raw!r} is not a number of seconds above 0 (e.g. 60)")
+    if not (0 < value <= MAX_DEADLINE):
+        raise UsageError(f"{DEADLINE_ENV}={raw[:40]!r} is not a number of seconds above 0 and at most "
+                         f"{MAX_DEADLINE:g} (e.g. 60)")
     return value
 
 
@@ -534,6 +537,9 @@ def _hub_candidates(repo_id: str, deadline: Deadline) -> list[str]:
         return []
 
 
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
 @dataclass(frozen=True)
 class _Info:
     """What model_info says that gemma-doctor uses."""
@@ -592,8 +598,13 @@ def open_model(repo_id: str, revision: str = "main", cached: Sequence[str] = (),
             raise
     if not info.sha:
         raise HubUnreachable(f"the Hub at {endpoint()} did not say which commit {repo_id}@{revision} is")
+    if not _COMMIT.fullmatch(info.sha):  # a git commit id: it names a cache folder and is printed
+        raise HubUnreachable(f"the Hub at {endpoint()} named a commit for {repo_id}@{revision} that is not a git "
+                             f"commit id ({info.sha[:50]!r})")
     gated = info.gated if isinstance(info.gated, (bool, str)) else False
-    return HubSource(info.id or repo_id, revision, info.sha, info.files, gated or False, info.private, cached_commit,
+    # The Hub's spelling of the name (its case), never another repo's name.
+    name = info.id if info.id and info.id.lower() == repo_id.lower() else repo_id
+    return HubSource(name, revision, info.sha, info.files, gated or False, info.private, cached_commit,
                      deadline=deadline)
 
 

@@ -53,7 +53,12 @@ HOSTILE_MODES = {
     "gzip-bomb": "Content-Encoding: gzip over a stream of zeros that never ends (1000:1 on the wire)",
     "long-length": "Content-Length says 1 MB more than is sent, then the connection closes",
     "short-length": "Content-Length says 10 bytes, then a long body follows",
+    "error-endless": "500 with an error message that never ends (huggingface_hub reads it for its error)",
+    "injection": "a well-formed answer whose names and values carry terminal escapes and GitHub workflow commands",
+    "bad-commit": "model info whose commit is not a git commit id (info only; elsewhere the honest answer)",
 }
+# What "injection" puts where a name or value is printed.
+INJECTION = "\x1b[2J\x1b]8;;http://x\x07\n::error file=victim.py::pwned\r\n::add-mask::x"
 HOSTILE_ROUTES = ("info", "json", "header", "search", "agent")
 # What each route's body starts with: plausible enough that a client must read on to find out.
 _PREFIX = {
@@ -340,7 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve the hostile answer of this request's route, if the test asked for one."""
         route = self._route()
         mode = self.state.hostile.get(route) if route else None
-        if mode is None:
+        if mode is None or (mode == "bad-commit" and route != "info"):
             return False
         prefix, filler = _PREFIX[route], _FILLER[route]  # type: ignore[index]
         if mode in ("redirect-loop", "cross-host"):
@@ -366,8 +371,14 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Length"] = "10"
             elif mode == "gzip-bomb":
                 headers["Content-Encoding"] = "gzip"
-            status = 200
-            if route == "header" and self.headers.get("Range"):  # a 206 for a 20 GB file: the client reads on
+            status = 500 if mode == "error-endless" else 200
+            if mode in ("injection", "bad-commit"):
+                self._injection(route, head, bad_commit=mode == "bad-commit")
+                return True
+            if mode == "error-endless":
+                headers["X-Error-Message"] = "Internal Error"
+                prefix, filler = b'{"error": "', b"Internal Error " * 4
+            elif route == "header" and self.headers.get("Range"):  # a 206 for a 20 GB file: the client reads on
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"].strip())
                 start = int(m.group(1)) if m else 0
                 end = int(m.group(2)) if m and m.group(2) else 20 * 10**9 - 1
@@ -407,9 +418,32 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass
         finally:
-            self.state.record(Hit(self.command, self.path, 200, sent, self.role, self.headers.get("Range"),
-                                  self.headers.get("Authorization") is not None))
+            if mode not in ("injection", "bad-commit"):  # those recorded their answer already
+                self.state.record(Hit(self.command, self.path, 200, sent, self.role, self.headers.get("Range"),
+                                      self.headers.get("Authorization") is not None))
         return True
+
+    def _injection(self, route: str, head: bool, bad_commit: bool = False) -> None:
+        """The honest answer of the route, with INJECTION in what gets printed (and, asked, a commit that is not one)."""
+        path = urlsplit(self.path).path
+        if route == "info":  # another repo's name with escapes, one more file named with them
+            repo = self.state.repos[next(iter(self.state.repos))]
+            commit = repo.refs["main"]
+            siblings = [{"rfilename": e.name, "size": e.size} for e in repo.commits[commit].values()]
+            self._json(200, {"id": "victim/other" + INJECTION, "sha": commit[:-4] + INJECTION if bad_commit else commit,
+                             "siblings": [*siblings, {"rfilename": "README.md" + INJECTION, "size": 1}]}, head=head)
+        elif route == "json":
+            name = unquote(path.split("/resolve/", 1)[1].split("/", 1)[1])
+            doc: dict[str, Any] = {}
+            if name == "config.json":  # a config whose values are printed in findings
+                doc = {"architectures": ["Gemma3ForCausalLM" + INJECTION], "model_type": "gemma3_text",
+                       "torch_dtype": "float16" + INJECTION, "use_cache": True, "hidden_size": 8,
+                       "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+                       "head_dim": 8, "intermediate_size": 8, "vocab_size": 16, "transformers_version": INJECTION}
+            self._json(200, doc, head=head)
+        else:  # an error whose message (the JSON body's; a header cannot carry escapes) is printed
+            self._send(404, json.dumps({"error": INJECTION}).encode(),
+                       {"Content-Type": "application/json", "X-Error-Code": "EntryNotFound"}, head)
 
     def _list_models(self, query: dict[str, list[str]], head: bool) -> None:
         search = (query.get("search") or [""])[0].lower()

@@ -126,18 +126,20 @@ BUDGET_MIB = {"info": 64, "json": 64, "search": 32, "agent": 32, "header": 450}
 
 # (route, mode) -> what the check says: "exit5" (one line: the Hub could not be read, nothing reported),
 # or a finding code (the bytes were read within their limit and are not a valid file).
+# (Output injection and a false commit: their own tests below.)
+OWN_TESTS = {"injection", "bad-commit"}
 EXPECT = {
-    **{("info", m): "exit5" for m in HOSTILE_MODES},
+    **{("info", m): "exit5" for m in HOSTILE_MODES if m not in OWN_TESTS},
     # a small JSON file: past 16 MiB it is "not a config" (GD030); what a short body leaves is not JSON
     ("json", "endless"): "finding", ("json", "oversized"): "finding", ("json", "gzip-bomb"): "finding",
     ("json", "short-length"): "finding",
     ("json", "drip"): "exit5", ("json", "silent"): "exit5", ("json", "redirect-loop"): "exit5",
-    ("json", "cross-host"): "exit5", ("json", "long-length"): "exit5",
+    ("json", "cross-host"): "exit5", ("json", "long-length"): "exit5", ("json", "error-endless"): "exit5",
     # a header announced at 99,999,000 bytes in a "20 GB file": read to its length, then not valid JSON (GD204)
     ("header", "endless"): "finding", ("header", "oversized"): "finding", ("header", "gzip-bomb"): "finding",
     ("header", "short-length"): "finding",
     ("header", "drip"): "exit5", ("header", "silent"): "exit5", ("header", "redirect-loop"): "exit5",
-    ("header", "cross-host"): "exit5", ("header", "long-length"): "exit5",
+    ("header", "cross-host"): "exit5", ("header", "long-length"): "exit5", ("header", "error-endless"): "exit5",
 }
 CASES = sorted(EXPECT)
 
@@ -193,7 +195,22 @@ def test_the_option_sets_the_deadline_and_recommend_keeps_it(client, hub, baseli
     assert r.out == ""
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "1e300"])
+def test_the_environment_variable_is_checked_where_no_option_parser_is_in_the_way(monkeypatch, value):
+    """gemma_doctor.api and other callers reach hub.py without click: it checks the variable itself."""
+    from gemma_doctor import hub as hub_module
+    from gemma_doctor.errors import UsageError
+
+    monkeypatch.setenv("GEMMA_DOCTOR_HUB_DEADLINE", value)
+    with pytest.raises(UsageError, match="GEMMA_DOCTOR_HUB_DEADLINE"):
+        hub_module.deadline_seconds()
+    monkeypatch.setenv("GEMMA_DOCTOR_HUB_DEADLINE", "2.5")
+    assert hub_module.deadline_seconds() == 2.5
+    monkeypatch.delenv("GEMMA_DOCTOR_HUB_DEADLINE")
+    assert hub_module.deadline_seconds() == 60.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "1e300"])
 def test_a_bad_deadline_is_a_usage_error(client, hub, value):
     r = gd(client, hub, "check", REPO, deadline=value)
     assert r.code == 2, r
@@ -201,9 +218,38 @@ def test_a_bad_deadline_is_a_usage_error(client, hub, value):
     assert "--hub-deadline" in line or "GEMMA_DOCTOR_HUB_DEADLINE" in line, line  # click's check, or hub.py's
 
 
+@pytest.mark.parametrize("fmt", ["text", "github"])
+@pytest.mark.parametrize("route,code", [("info", 0), ("json", 0), ("header", 5)])
+def test_names_and_values_from_the_hub_cannot_inject_terminal_escapes_or_workflow_commands(client, hub, baseline,
+                                                                                         route, code, fmt):
+    """Another repo's name, a file name, config values and an error message, each carrying ESC, BEL, CR/LF and
+    `::error`: shown escaped on one line, never acted on; the Hub's spelling of the name is taken only when it is
+    the name asked for."""
+    hub.state.hostile[route] = "injection"
+    r = gd(client, hub, "check", REPO, "--format", fmt)
+    assert r.code == code, r
+    for stream in (r.out, r.err):
+        assert not any(c in stream for c in "\x1b\x07\r"), stream
+        assert not [line for line in stream.splitlines() if line.startswith(("::add-mask", "::error file=victim"))]
+    assert "victim/other" not in r.out + r.err
+    if code == 5:
+        assert "::error file=victim.py::pwned" in one_line(r)  # shown, escaped, on the one line
+    elif route == "json":
+        assert "GD201" in r.out and "::error file=victim.py::pwned" in r.out
+
+
+def test_a_commit_that_is_not_a_git_commit_id_is_refused(client, hub, baseline):
+    """The commit names a cache folder and is printed: anything but 40 hex digits is an unreadable answer."""
+    hub.state.hostile["info"] = "bad-commit"
+    r = gd(client, hub, "check", REPO)
+    assert r.code == 5, r
+    assert "not a git commit id" in one_line(r) and "\x1b" not in r.err
+    assert r.out == ""
+
+
 def test_every_route_and_mode_is_tested():
     """A mode added to the server without a case here would be a hostile answer nobody checked."""
     routes = {r for r, _ in EXPECT}
     assert routes == set(HOSTILE_ROUTES) - {"search", "agent"}
-    assert {m for _, m in EXPECT} == set(HOSTILE_MODES)
-    assert all((r, m) in EXPECT for r in routes for m in HOSTILE_MODES)
+    assert {m for _, m in EXPECT} | OWN_TESTS == set(HOSTILE_MODES)
+    assert all((r, m) in EXPECT for r in routes for m in set(HOSTILE_MODES) - OWN_TESTS)
