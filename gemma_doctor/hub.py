@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import huggingface_hub
 from urllib.parse import quote
 
+import huggingface_hub
 from huggingface_hub import constants, hf_hub_url
 # huggingface_hub.utils exports the error classes from 0.24 (the oldest release gemma-doctor supports) on.
 from huggingface_hub.utils import (
@@ -61,7 +61,7 @@ from huggingface_hub.utils import (
 from gemma_doctor import targets
 from gemma_doctor.errors import HubAccessError, HubOffline, HubUnreachable, UsageError
 from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, JsonFile, parse_json_object
-from gemma_doctor.readers.safetensors_header import MAX_HEADER_BYTES, SafetensorsHeader, header_length, parse_header
+from gemma_doctor.readers.safetensors_header import SafetensorsHeader, header_length, parse_header
 
 # get_safetensors_metadata's first range: 97% of headers on the Hub fit (huggingface_hub PR #1855).
 FIRST_RANGE = 100_001
@@ -70,14 +70,17 @@ MAX_PARALLEL = 8
 
 LIBRARY_VERSION = huggingface_hub.__version__
 
-# The whole remote read of one repo (model info, config files, every shard's header): a minute. A healthy
-# Hub answers a remote check in about a second (tests/test_hub.py: ~610 kB for a 24 GB model), a slow link in a
-# few; a CI step that waits longer than a minute for a pre-flight is better told the Hub did not answer.
+# The whole remote read of one repo (model info, config files, every shard's header): a minute. A remote check
+# is a handful of small requests, the headers in parallel (tests/test_hub.py: ~610 kB in all for a 24 GB model),
+# a few round trips on a healthy link and seconds on a slow one; a CI step that waits longer than a minute for a
+# pre-flight is better told the Hub did not answer (exit 5) than left hanging.
 DEFAULT_DEADLINE = 60.0
 DEADLINE_ENV = "GEMMA_DOCTOR_HUB_DEADLINE"
 MAX_DEADLINE = 86400.0  # a day: more is no deadline (and past what a thread's join accepts)
-# Model info with blobs=true costs ~250 bytes per file; the Hub recommends fewer than 100k files per repo
-# (huggingface.co/docs/hub/repositories-recommendations), and Gemma repos hold tens. 16 MiB is ~65k files.
+# Model info with blobs=true costs ~250 bytes per file (rfilename, blobId, size, lfs {sha256, size, pointerSize});
+# the Hub recommends fewer than 100k files per repo (huggingface.co/docs/hub/repositories-recommendations) and
+# Gemma repos hold tens; the rest (card data, config, the ids of Spaces using the model) is tens to hundreds of kB.
+# 16 MiB, the local reader's bound for a JSON file, is ~65k files.
 MAX_INFO_BYTES = 16 * 1024 * 1024
 # "Did you mean": 20 search results of a few hundred bytes each.
 MAX_SEARCH_BYTES = 1024 * 1024
@@ -302,14 +305,20 @@ class _Decoder:
         else:  # br, zstd, several encodings stacked: asked for identity, so not read
             raise _Unreadable(f"Content-Encoding {enc[:40]!r}, though identity was asked for")
 
-    def feed(self, data: bytes, room: int) -> bytes:
-        """At most ``room`` decoded bytes of ``data`` (fewer only when ``data`` is used up)."""
+    def feed(self, data: bytes, room: int) -> Iterator[bytes]:
+        """The decoded bytes of ``data`` in pieces of at most CHUNK; the caller stops once it has ``room``."""
         if self.z is None:
-            return data[:room]
-        try:
-            return self.z.decompress(data, room)
-        except zlib.error as e:
-            raise _Unreadable(f"a broken compressed body ({e})") from None
+            yield data[:room]
+            return
+        while True:  # max_length: a bomb never inflates more than a piece at a time
+            try:
+                piece = self.z.decompress(data, CHUNK)
+            except zlib.error as e:
+                raise _Unreadable(f"a broken compressed body ({e})") from None
+            yield piece
+            data = self.z.unconsumed_tail
+            if len(piece) < CHUNK and not data:  # input used up and nothing pending
+                return
 
 
 class _Progress:
@@ -325,13 +334,14 @@ def _read_body(chunks: Iterator[bytes], encoding: str | None, limit: int, deadli
     decoder = _Decoder(encoding)
     body = bytearray()
     for chunk in chunks:
-        body += decoder.feed(chunk, limit + 1 - len(body))
-        progress.bytes = len(body)
-        if len(body) > limit:
-            del body[limit:]
-            return body, True
-        if deadline is not None and deadline.passed():
-            raise _DeadlinePassed
+        for piece in decoder.feed(chunk, limit + 1 - len(body)):
+            body += piece
+            progress.bytes = len(body)
+            if len(body) > limit:
+                del body[limit:]
+                return body, True
+            if deadline is not None and deadline.passed():
+                raise _DeadlinePassed
     return body, False
 
 

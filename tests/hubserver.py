@@ -403,12 +403,13 @@ class _Handler(BaseHTTPRequestHandler):
                 sent = len(prefix)
             elif mode == "gzip-bomb":
                 z = zlib.compressobj(9, zlib.DEFLATED, 31)
-                self.wfile.write(z.compress(prefix))
-                zeros = filler * (1024**2 // len(filler))  # ~1 MiB decoded per ~1 kB sent
+                self.wfile.write(z.compress(prefix) + z.flush(zlib.Z_FULL_FLUSH))
+                # After a full flush the compressor starts afresh: the same input gives the same bytes, so one
+                # block (~1 MiB decoded from ~1 kB) is sent for ever at no cost to the server.
+                block = z.compress(filler * (1024**2 // len(filler))) + z.flush(zlib.Z_FULL_FLUSH)
                 while True:
-                    out = z.compress(zeros) + z.flush(zlib.Z_SYNC_FLUSH)
-                    self.wfile.write(out)
-                    sent += len(out)
+                    self.wfile.write(block)
+                    sent += len(block)
             else:  # endless, oversized, short-length: the same bytes for ever
                 self.wfile.write(prefix)
                 block = filler * (64 * 1024 // len(filler))

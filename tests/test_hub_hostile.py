@@ -119,10 +119,11 @@ def one_line(r: Run) -> str:
     return lines[0]
 
 
-# What each route may cost beyond the honest run, in MiB: the body's limit (hub.py), its one copy, and slack.
-# json: 16 MiB (readers/jsonfile.py's MAX_JSON_BYTES); info: 16 MiB (MAX_INFO_BYTES); search/agent: 1 MiB;
+# What each route may cost beyond the honest run (~39 MiB), in MiB: the body's limit (hub.py), its one copy, and
+# slack. json: 16 MiB (readers/jsonfile.py's MAX_JSON_BYTES); info: 16 MiB (MAX_INFO_BYTES); search/agent: 1 MiB;
 # header: the first 100,001-byte range, then up to the 100,000,000-byte header limit, joined and parsed.
-BUDGET_MIB = {"info": 64, "json": 64, "search": 32, "agent": 32, "header": 450}
+# Measured with both clients: info and json +31-33 (endless, oversized, gzip bomb alike), header +286.
+BUDGET_MIB = {"info": 48, "json": 48, "search": 32, "agent": 32, "header": 350}
 
 # (route, mode) -> what the check says: "exit5" (one line: the Hub could not be read, nothing reported),
 # or a finding code (the bytes were read within their limit and are not a valid file).
@@ -147,7 +148,9 @@ CASES = sorted(EXPECT)
 @pytest.mark.parametrize("route,mode", CASES, ids=[f"{r}-{m}" for r, m in CASES])
 def test_a_hostile_hub_ends_the_check_within_the_deadline_and_the_memory_bound(client, hub, baseline, route, mode):
     hub.state.hostile[route] = mode
-    r = gd(client, hub, "check", REPO)  # a hang raises subprocess.TimeoutExpired: the test fails
+    # What the size limits end is given a deadline that a loaded machine cannot reach (it is not what is tested
+    # there); what only the deadline ends gets 3 s. A hang raises subprocess.TimeoutExpired: the test fails.
+    r = gd(client, hub, "check", REPO, deadline=DEADLINE if mode in ("drip", "silent") else "60")
     assert r.peak_mib < baseline + BUDGET_MIB[route], (r.peak_mib, baseline, r)
     if EXPECT[route, mode] == "exit5":
         assert r.code == 5, r
@@ -158,8 +161,12 @@ def test_a_hostile_hub_ends_the_check_within_the_deadline_and_the_memory_bound(c
             assert "deadline" in line and f"{DEADLINE}-second" in line, line
             named = {"info": "model info", "json": ".json", "header": "model.safetensors"}[route]
             assert named in line, line
+        else:  # ended by what it is (a size limit, a protocol error, an error status), not by the clock
+            assert "deadline" not in line, line
         if mode == "redirect-loop":
             assert "redirect" in line, line
+        if mode in ("endless", "oversized", "gzip-bomb"):
+            assert "larger than 16 MiB" in line, line
     else:
         assert r.code == 1, r  # an error finding for the file, the rest of the report as usual
         assert "Traceback" not in r.err and "internal error" not in r.err, r.err
