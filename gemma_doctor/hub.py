@@ -1,10 +1,11 @@
 """A model repo on the Hub as a ModelSource: config files and safetensors headers read over HTTP, nothing stored.
 
-Built on huggingface_hub (0.x with requests, >= 1.0 with httpx): ``HfApi.model_info`` pins the revision to a
-commit and lists the files with their sizes; every file is read through the library's own session,
+Built on huggingface_hub (0.x with requests, >= 1.0 with httpx): the request ``HfApi.model_info`` makes pins the
+revision to a commit and lists the files with their sizes; it and every file are read through the library's own session,
 ``hf_hub_url`` (so ``HF_ENDPOINT`` holds), ``build_hf_headers`` (its token resolution: ``HF_TOKEN``, the
 token file, ``HF_HUB_DISABLE_IMPLICIT_TOKEN``), ``hf_raise_for_status`` (its error classes) and its timeouts
-(``HF_HUB_ETAG_TIMEOUT`` for the API, ``HF_HUB_DOWNLOAD_TIMEOUT`` for files); ``HF_HUB_OFFLINE`` is the
+(``HF_HUB_ETAG_TIMEOUT`` for the API, ``HF_HUB_DOWNLOAD_TIMEOUT`` for files, each cut to what is left of the
+deadline below); ``HF_HUB_OFFLINE`` is the
 library's to enforce. Safetensors headers are read with the ranges ``get_safetensors_metadata`` uses
 (``bytes=0-100000``, a second range only for a larger header), but kept as raw bytes with the file's size
 from ``Content-Range``, so the strict reader of local files validates them and a truncated shard on the Hub
