@@ -8,10 +8,11 @@ commands that need them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import click
 
@@ -119,10 +120,42 @@ def _stack_options(f: Callable) -> Callable:
     return f
 
 
+# gemma_doctor/hub.py reads it (DEADLINE_ENV there; hub is not imported here: no huggingface_hub at start-up).
+HUB_DEADLINE_ENV = "GEMMA_DOCTOR_HUB_DEADLINE"
+
+
+def _seconds(_ctx: Any, _param: Any, value: Optional[float]) -> Optional[float]:
+    if value is not None and not (0 < value <= 86400):  # FloatRange lets nan through
+        raise click.BadParameter(f"{value} is not a number of seconds above 0 and at most 86400")
+    return value
+
+
 def _remote_option(f: Callable) -> Callable:
+    f = click.option("--hub-deadline", "hub_deadline", type=float, callback=_seconds,
+                     default=None, metavar="SECONDS", envvar=HUB_DEADLINE_ENV,
+                     help="Seconds the whole remote read of a repo may take (default: 60); past it, one line and "
+                          "exit code 5.")(f)
     return click.option("--remote", is_flag=True,
                         help="Read named repos from the Hub even when cached (config files and safetensors headers "
                              "only, nothing downloaded); a repo that is not cached is read from the Hub anyway.")(f)
+
+
+
+@contextlib.contextmanager
+def _hub_deadline(seconds: Optional[float]) -> Iterator[None]:
+    """--hub-deadline for the Hub reads of this command (through the environment hub.py reads), then as it was."""
+    if seconds is None:
+        yield
+        return
+    before = os.environ.get(HUB_DEADLINE_ENV)
+    os.environ[HUB_DEADLINE_ENV] = repr(float(seconds))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HUB_DEADLINE_ENV, None)
+        else:
+            os.environ[HUB_DEADLINE_ENV] = before
 
 
 def _color(stream: object = None) -> bool:
@@ -172,9 +205,9 @@ def app() -> None:
 @_memory_options
 def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
           weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path],
-          with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, method: Optional[str],
-          batch_size: Optional[int], seq_len: Optional[int], gradient_checkpointing: Optional[bool],
-          gpu_memory: Optional[str], num_gpus: Optional[int]) -> int:
+          with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, hub_deadline: Optional[float],
+          method: Optional[str], batch_size: Optional[int], seq_len: Optional[int],
+          gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int]) -> int:
     """Diagnose models, cached or on the Hub before download: use_cache, generation config, saved dtypes, GPU,
     library versions and whether the run fits in memory. Writes nothing."""
     from gemma_doctor.pipeline import diagnose
@@ -185,7 +218,8 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
                            training_config=str(training_config) if training_config else None, jobs=jobs,
                            with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
-    report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
+    with _hub_deadline(hub_deadline):
+        report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
     if not report.models:
         # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
         # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).
@@ -327,10 +361,10 @@ def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Opt
               help="A training config whose batch, sequence length, method and sharding the memory plan uses.")
 def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str], task: Optional[str],
               quantization: Optional[str], qlora: bool, cache_dir: Optional[Path], revision: str, fmt: str,
-              with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, method: Optional[str],
-              batch_size: Optional[int], seq_len: Optional[int], gradient_checkpointing: Optional[bool],
-              gpu_memory: Optional[str], num_gpus: Optional[int], size: Optional[str],
-              training_config: Optional[Path]) -> int:
+              with_packages: tuple[str, ...], requirements: Optional[str], remote: bool,
+              hub_deadline: Optional[float], method: Optional[str], batch_size: Optional[int],
+              seq_len: Optional[int], gradient_checkpointing: Optional[bool], gpu_memory: Optional[str],
+              num_gpus: Optional[int], size: Optional[str], training_config: Optional[Path]) -> int:
     """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
     from gemma_doctor.pipeline import recommend_items
     from gemma_doctor.render import recommend as view
@@ -342,9 +376,10 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
         quantization = "4bit"
     fmt_ = RecommendFormat(fmt.lower())
     request = _memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus, size)
-    gpu_facts, items, skipped = recommend_items(list(targets), cache_dir, revision, family, gpu, task, quantization,
-                                                tuple(with_packages), requirements, remote, request,
-                                                str(training_config) if training_config else None)
+    with _hub_deadline(hub_deadline):
+        gpu_facts, items, skipped = recommend_items(list(targets), cache_dir, revision, family, gpu, task,
+                                                    quantization, tuple(with_packages), requirements, remote, request,
+                                                    str(training_config) if training_config else None)
     for line in skipped:
         _hint(line)
     task_name = next((i.recommendation.inputs["task"] for i in items if i.recommendation is not None), task or "sft")

@@ -17,6 +17,12 @@ Routes (facts.md section 9):
 - errors with ``X-Error-Code``: ``GatedRepo`` (401 without a token, 403 with one that has no access),
   ``RepoNotFound`` (401 anonymous, 404 with a token, as the Hub hides private repos), ``RevisionNotFound``,
   ``EntryNotFound``
+
+Hostile modes (``HubState.hostile``, route -> mode; tests/test_hub_hostile.py): a broken or hostile endpoint
+behind ``HF_ENDPOINT``, per route the doctor reads: ``info`` (``/api/models/{repo}...``), ``json`` (``resolve`` of a
+``.json`` file), ``header`` (``resolve`` of a ``.safetensors`` file, the header's range GETs) and ``search``
+(``/api/models?search=``, asked for "did you mean" after a 404) and ``agent`` (``/api/agent-harnesses``, which
+huggingface_hub >= 2 reads for its user agent). Modes: see ``HOSTILE_MODES``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +41,41 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+HOSTILE_MODES = {
+    "endless": "200, no length, a body that never ends (until the client hangs up)",
+    "oversized": "200 with an honest Content-Length of 10 GB, and the bytes to match",
+    "drip": "200, one body byte per second, for ever",
+    "silent": "the connection is accepted and nothing is ever sent",
+    "redirect-loop": "302 to the same URL, for ever",
+    "cross-host": "302 to another host (localhost instead of 127.0.0.1, another port): the CDN, which records "
+                  "whether a token came along",
+    "gzip-bomb": "Content-Encoding: gzip over a stream of zeros that never ends (1000:1 on the wire)",
+    "long-length": "Content-Length says 1 MB more than is sent, then the connection closes",
+    "short-length": "Content-Length says 10 bytes, then a long body follows",
+    "error-endless": "500 with an error message that never ends (huggingface_hub reads it for its error)",
+    "injection": "a well-formed answer whose names and values carry terminal escapes and GitHub workflow commands",
+    "bad-commit": "model info whose commit is not a git commit id (info only; elsewhere the honest answer)",
+}
+# What "injection" puts where a name or value is printed.
+INJECTION = "\x1b[2J\x1b]8;;http://x\x07\n::error file=victim.py::pwned\r\n::add-mask::x"
+HOSTILE_ROUTES = ("info", "json", "header", "search", "agent")
+# What each route's body starts with: plausible enough that a client must read on to find out.
+_PREFIX = {
+    "info": b'{"id": "acme/x", "sha": "' + b"0" * 40 + b'", "siblings": [',
+    "json": b'{"model_type": "gemma3_text", "x": "',
+    # a header length just under the format's 100,000,000-byte limit: the client reads on to the limit
+    "header": struct.pack("<Q", 99_999_000) + b'{"a": "',
+    "search": b"[",
+    "agent": b'{"standardEnvVars": ["AI_AGENT"], "harnesses": {',
+}
+_FILLER = {
+    "info": b'{"rfilename": "model-00001-of-00002.safetensors", "size": 1},',
+    "json": b"x" * 64,
+    "header": b"x" * 64,
+    "search": b'{"id": "acme/gemma-3-4b-it", "modelId": "acme/gemma-3-4b-it"},',
+    "agent": b'"x": {"envVars": {"X": "1"}}, ' * 4,
+}
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -137,6 +180,8 @@ class HubState:
     delay: float = 0.0  # seconds every answer waits (a network round trip; a stalled Hub for timeouts)
     fail_status: int | None = None  # every Hub answer is this error (a Hub outage)
     cdn_base: str = ""
+    # route -> mode (HOSTILE_ROUTES, HOSTILE_MODES): the Hub turns hostile on that route
+    hostile: dict[str, str] = field(default_factory=dict)
 
     def record(self, hit: Hit) -> None:
         with self.lock:
@@ -261,6 +306,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self.role == "cdn":
                 self._cdn(head)
                 return
+            if self._hostile(head):
+                return
             if self.state.fail_status:
                 raise _Error(self.state.fail_status, None, "Internal Error - We're working hard to fix this as soon as possible!")
             url = urlsplit(self.path)
@@ -280,6 +327,124 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(e, head)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    # --- hostile modes -------------------------------------------------------------------------
+    def _route(self) -> str | None:
+        path = urlsplit(self.path).path
+        if path == "/api/models":
+            return "search"
+        if path == "/api/agent-harnesses":
+            return "agent"
+        if path.startswith("/api/models/") and not path.endswith("/auth-check") and "/tree/" not in path:
+            return "info"
+        if "/resolve/" in path:
+            return "header" if path.endswith(".safetensors") else "json" if path.endswith(".json") else None
+        return None
+
+    def _hostile(self, head: bool) -> bool:
+        """Serve the hostile answer of this request's route, if the test asked for one."""
+        route = self._route()
+        mode = self.state.hostile.get(route) if route else None
+        if mode is None or (mode == "bad-commit" and route != "info"):
+            return False
+        prefix, filler = _PREFIX[route], _FILLER[route]  # type: ignore[index]
+        if mode in ("redirect-loop", "cross-host"):
+            port = urlsplit(self.state.cdn_base).port
+            location = self.path if mode == "redirect-loop" else f"http://localhost:{port}{self.path}"
+            self._send(302, b"", {"Location": location}, head)
+            return True
+        self.close_connection = True
+        sent = 0
+        try:
+            if mode == "silent":
+                time.sleep(300)
+                return True
+            headers = {"Content-Type": "application/json" if route != "header" else "application/octet-stream",
+                       "Connection": "close"}
+            if mode == "oversized":
+                headers["Content-Length"] = str(10 * 1024**3)
+            elif mode == "drip":
+                headers["Content-Length"] = str(1024**2)
+            elif mode == "long-length":
+                headers["Content-Length"] = str(len(prefix) + 1024**2)
+            elif mode == "short-length":
+                headers["Content-Length"] = "10"
+            elif mode == "gzip-bomb":
+                headers["Content-Encoding"] = "gzip"
+            status = 500 if mode == "error-endless" else 200
+            if mode in ("injection", "bad-commit"):
+                self._injection(route, head, bad_commit=mode == "bad-commit")
+                return True
+            if mode == "error-endless":
+                headers["X-Error-Message"] = "Internal Error"
+                prefix, filler = b'{"error": "', b"Internal Error " * 4
+            elif route == "header" and self.headers.get("Range"):  # a 206 for a 20 GB file: the client reads on
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"].strip())
+                start = int(m.group(1)) if m else 0
+                end = int(m.group(2)) if m and m.group(2) else 20 * 10**9 - 1
+                headers["Content-Range"] = f"bytes {start}-{end}/{20 * 10**9}"
+                status = 206
+                if start > 0:
+                    prefix = b""
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if head:
+                return True
+            if mode == "drip":
+                for i in range(1024**2):
+                    self.wfile.write((prefix + filler * 1024)[i:i + 1])
+                    self.wfile.flush()
+                    sent += 1
+                    time.sleep(1.0)
+            elif mode == "long-length":
+                self.wfile.write(prefix)
+                sent = len(prefix)
+            elif mode == "gzip-bomb":
+                z = zlib.compressobj(9, zlib.DEFLATED, 31)
+                self.wfile.write(z.compress(prefix) + z.flush(zlib.Z_FULL_FLUSH))
+                # After a full flush the compressor starts afresh: the same input gives the same bytes, so one
+                # block (~1 MiB decoded from ~1 kB) is sent for ever at no cost to the server.
+                block = z.compress(filler * (1024**2 // len(filler))) + z.flush(zlib.Z_FULL_FLUSH)
+                while True:
+                    self.wfile.write(block)
+                    sent += len(block)
+            else:  # endless, oversized, short-length: the same bytes for ever
+                self.wfile.write(prefix)
+                block = filler * (64 * 1024 // len(filler))
+                while True:
+                    self.wfile.write(block)
+                    sent += len(block)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+        finally:
+            if mode not in ("injection", "bad-commit"):  # those recorded their answer already
+                self.state.record(Hit(self.command, self.path, 200, sent, self.role, self.headers.get("Range"),
+                                      self.headers.get("Authorization") is not None))
+        return True
+
+    def _injection(self, route: str, head: bool, bad_commit: bool = False) -> None:
+        """The honest answer of the route, with INJECTION in what gets printed (and, asked, a commit that is not one)."""
+        path = urlsplit(self.path).path
+        if route == "info":  # another repo's name with escapes, one more file named with them
+            repo = self.state.repos[next(iter(self.state.repos))]
+            commit = repo.refs["main"]
+            siblings = [{"rfilename": e.name, "size": e.size} for e in repo.commits[commit].values()]
+            self._json(200, {"id": "victim/other" + INJECTION, "sha": commit[:-4] + INJECTION if bad_commit else commit,
+                             "siblings": [*siblings, {"rfilename": "README.md" + INJECTION, "size": 1}]}, head=head)
+        elif route == "json":
+            name = unquote(path.split("/resolve/", 1)[1].split("/", 1)[1])
+            doc: dict[str, Any] = {}
+            if name == "config.json":  # a config whose values are printed in findings
+                doc = {"architectures": ["Gemma3ForCausalLM" + INJECTION], "model_type": "gemma3_text",
+                       "torch_dtype": "float16" + INJECTION, "use_cache": True, "hidden_size": 8,
+                       "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+                       "head_dim": 8, "intermediate_size": 8, "vocab_size": 16, "transformers_version": INJECTION}
+            self._json(200, doc, head=head)
+        else:  # an error whose message (the JSON body's; a header cannot carry escapes) is printed
+            self._send(404, json.dumps({"error": INJECTION}).encode(),
+                       {"Content-Type": "application/json", "X-Error-Code": "EntryNotFound"}, head)
 
     def _list_models(self, query: dict[str, list[str]], head: bool) -> None:
         search = (query.get("search") or [""])[0].lower()
