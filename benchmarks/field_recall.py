@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                     help="a source tree holding gemma_doctor/ (default: after=this repository)")
     ap.add_argument("--json", metavar="FILE", help="also write the per-report rows as JSON")
+    ap.add_argument("--docs", metavar="FILE", help="write the table and the per-report verdicts into FILE between "
+                    "the recall markers (docs/field-recall.md)")
     ns = ap.parse_args()
     trees = dict(t.split("=", 1) for t in ns.tree) if ns.tree else {"after": str(ROOT)}
     rows = measure({k: Path(v).resolve() for k, v in trees.items()})
@@ -113,6 +115,29 @@ def main() -> None:
         print(f"{r['id']:48} {r['area']:26} " + "  ".join(f"{t}={r[t]:7}" for t in trees) + ("" if r["held_out"] else "  (cited)"))
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))
+    if ns.docs:
+        write_docs(Path(ns.docs), rows, list(trees))
+
+
+BEGIN = "<!-- BEGIN measured recall: written by `python benchmarks/field_recall.py --docs`, do not edit -->"
+END = "<!-- END measured recall -->"
+
+
+def write_docs(page: Path, rows: list[dict], labels: list[str]) -> None:
+    """Replace the measured block of ``page`` with this run's table and per-report verdicts."""
+    lines = [BEGIN, table(rows, labels), "", "| report | area | detectable | held out | "
+             + " | ".join(labels) + " | codes (" + labels[-1] + ") |", "| --- | --- | --- | --- | "
+             + " | ".join("---" for _ in labels) + " | --- |"]
+    for r in rows:
+        repo, num = r["id"].split("#")
+        lines.append(f"| [{r['id']}](https://github.com/{repo}/issues/{num}) | {r['area']} | {r['detectable']} | "
+                     f"{'yes' if r['held_out'] else 'no'} | " + " | ".join(r[t] for t in labels)
+                     + f" | {', '.join(r[labels[-1] + '_codes']) or '-'} |")
+    lines.append(END)
+    text = page.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    page.write_text(head + "\n".join(lines) + tail)
 
 
 if __name__ == "__main__":

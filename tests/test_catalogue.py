@@ -56,9 +56,10 @@ def test_validation_catches_a_broken_entry():
     bad = doc["entries"][0]
     bad["windows"] = {"trl": ">=0.19.0,<1.2.0"}  # disagrees with the condition
     bad["when"]["training"]["no_such_setting"] = True
+    bad["when"]["training"]["assistant_only_loss"] = {"approximately": True}
     bad["triage"] = "guessed"
     out = "\n".join(catalogue.problems(doc))
-    assert "disagree" in out and "no_such_setting" in out and "guessed" in out
+    assert "disagree" in out and "no_such_setting" in out and "guessed" in out and "not a matcher" in out
 
 
 def test_every_code_is_in_codes_py_and_docs_are_generated():
@@ -66,9 +67,10 @@ def test_every_code_is_in_codes_py_and_docs_are_generated():
         assert CODES[e["code"]].name == e["name"]
     assert {c for c in CODES if c.startswith("GD7")} == {e["code"] for e in CODED}
     gen = runpy.run_path(str(ROOT / "docs" / "gen_catalogue.py"))
-    findings_md, codes_py = gen["render"]()
+    findings_md, codes_py, recall_md = gen["render"]()
     assert (ROOT / "docs" / "findings.md").read_text() == findings_md, "run: python docs/gen_catalogue.py"
     assert (ROOT / "gemma_doctor" / "codes.py").read_text() == codes_py, "run: python docs/gen_catalogue.py"
+    assert (ROOT / "docs" / "field-recall.md").read_text() == recall_md, "run: python docs/gen_catalogue.py"
 
 
 @pytest.mark.parametrize("entry", CODED, ids=[e["code"] for e in CODED])
