@@ -48,17 +48,38 @@ def evaluate(entry: Mapping[str, Any], model: ModelFacts, env: Environment) -> F
         exposure = env.libraries.exposure(Window(name, spec))
         if exposure is Exposure.SAFE:
             return None
-        (hits if exposure is Exposure.AFFECTED else unknown).append(pkg.describe())
+        if exposure is Exposure.AFFECTED:
+            hits.append(pkg.describe())
+        else:
+            unknown.append(f"{pkg.describe()} may or may not be in {name}{spec}")
     if unknown:
         severity = _LOWER[severity]
     versions = "; ".join(hits + unknown)
     message = f"{entry['title']}: `{entry['symptom']}`"
     if versions:
-        message += f" ({versions}" + (", a version that cannot be told from what is installed or named" if unknown else "") + ")"
+        message += f" ({versions})"
     refs = ", ".join(s["ref"] for s in entry["sources"][:3])
-    return Finding(entry["code"], severity, message, file=None, key=None, fix=f"{entry['cure']} (reported: {refs})",
+    file, key = _where(when, env)
+    return Finding(entry["code"], severity, message, file=file, key=key, fix=f"{entry['cure']} (reported: {refs})",
                    details={"catalogue_id": entry["id"], "stage": entry["stage"], "triage": entry["triage"],
                             "windows": dict(entry.get("windows") or {}), "unknown": bool(unknown)})
+
+
+def _where(when: Mapping[str, Any], env: Environment) -> tuple[str | None, str | None]:
+    """The file and key a finding points at: the first config.json key, else tokenizer_config.json, else the
+    training config's first setting that the condition names and the file sets."""
+    if when.get("config"):
+        return "config.json", next(iter(when["config"]))
+    if when.get("tokenizer"):
+        return "tokenizer_config.json", next(iter(when["tokenizer"]))
+    tc = env.training_config
+    if when.get("training") and tc is not None:
+        for name in when["training"]:
+            setting = tc.get(name)
+            if setting is not None:
+                return tc.path, setting.key
+        return tc.path, None
+    return None, None
 
 
 def _clauses(when: Mapping[str, Any], model: ModelFacts, env: Environment) -> bool | None:
