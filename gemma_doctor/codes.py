@@ -113,6 +113,7 @@ _CODES = [
     Code("GD717", "ollama-too-old-for-gemma3", "Ollama before 0.6.0 cannot run Gemma 3"),
     Code("GD718", "gemma4-sdpa-batched-nan", "Gemma 4 with SDPA attention, bf16 and a batch of 2 or more: NaN loss after a few steps (reported on H100)"),
     Code("GD719", "gemma4-fp16-rl-overflow", "Gemma 4 GRPO in float16 overflows in the first MLP down_proj: inf residuals, NaN logits, a device-side assert"),
+    Code("GD720", "rl-logit-softcap-formula", "Unsloth's RL log-probabilities apply Gemma's final logit softcap with the wrong formula: the cap does nothing"),
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
