@@ -114,6 +114,9 @@ _CODES = [
     Code("GD718", "gemma4-sdpa-batched-nan", "Gemma 4 with SDPA attention, bf16 and a batch of 2 or more: NaN loss after a few steps (reported on H100)"),
     Code("GD719", "gemma4-fp16-rl-overflow", "Gemma 4 GRPO in float16 overflows in the first MLP down_proj: inf residuals, NaN logits, a device-side assert"),
     Code("GD720", "rl-logit-softcap-formula", "Unsloth's RL log-probabilities apply Gemma's final logit softcap with the wrong formula: the cap does nothing"),
+    Code("GD721", "ollama-too-old-for-gemma2", "Ollama before 0.1.47 cannot run Gemma 2"),
+    Code("GD722", "ollama-too-old-for-gemma", "Ollama before 0.1.26 cannot run Gemma"),
+    Code("GD723", "vllm-gemma3-transformers-skew", "vLLM up to 0.8.5.post1 with transformers 4.53 or later cannot read Gemma 3's config"),
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
