@@ -81,6 +81,24 @@ def test_entry_fires_on_its_positive_example_only(cli, tmp_path, entry):
     assert entry["code"] not in neg, neg
 
 
+def test_every_entry_detectable_from_files_raises_a_finding():
+    """An entry triaged detectable (yes) has its own condition or names the earlier codes that catch it."""
+    assert [e["id"] for e in catalogue.entries() if e["detectable"] == "yes" and not (e.get("code") or e.get("covered_by"))] == []
+    assert [e["id"] for e in catalogue.entries() if e.get("covered_by") and not set(e["covered_by"]) <= set(CODES)] == []
+
+
+CORPUS = json.loads((ROOT / "benchmarks" / "field_corpus.json").read_text())["reports"]
+DETECTABLE = [r for r in CORPUS if r["detectable"] == "yes"]
+
+
+@pytest.mark.parametrize("report", DETECTABLE, ids=[r["id"] for r in DETECTABLE])
+def test_field_reports_detectable_from_files_are_caught(cli, tmp_path, report):
+    """benchmarks/field_recall.py's corpus, in process: every report whose inputs show the failure is caught."""
+    example = dict(report["inputs"], gpu=report["inputs"].get("gpu", "none"))
+    codes = findings(cli, tmp_path, example)
+    assert set(codes) & set(report["expect"]), (report["id"], sorted(codes))
+
+
 def test_unknown_version_downgrades_and_unused_package_stays_silent(cli, tmp_path):
     # GD707 (vLLM < 0.8.0): a range that straddles the window is UNKNOWN -> warning; vLLM not named -> nothing.
     example = {"config": "gemma3", "with": ["vllm>=0.7,<0.9"]}
