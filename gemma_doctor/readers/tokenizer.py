@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 FILE = "tokenizer_config.json"
 # The chat template writes the BOS token itself: "{{ bos_token }}" (Gemma 2/3/3n templates) or a literal "<bos>".
 _EMITS_BOS = re.compile(r"\{\{-?\s*bos_token\s*-?\}\}|<bos>")
+# transformers' return_assistant_tokens_mask marks only text inside {% generation %} ... {% endgeneration %}.
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class TokenizerFacts:
     add_bos_token: bool | None = None
     has_chat_template: bool = False
     template_emits_bos: bool = False
+    # The chat template marks assistant text with {% generation %} (what assistant-only loss masks need).
+    template_has_generation: bool = False
     # Added-token content -> id (``added_tokens_decoder``), e.g. {"<end_of_turn>": 106, "<pad>": 0}.
     added: Mapping[str, int] = field(default_factory=dict)
 
@@ -81,6 +85,7 @@ def parse(data: Mapping[str, Any]) -> TokenizerFacts:
                           pad_token=_token(data.get("pad_token")),
                           add_bos_token=add_bos if isinstance(add_bos, bool) else None,
                           has_chat_template=bool(template), template_emits_bos=bool(_EMITS_BOS.search(template)),
+                          template_has_generation=bool(_GENERATION.search(template)),
                           added=added)
 
 

@@ -69,6 +69,12 @@ KEYS: dict[str, tuple[str, ...]] = {
     "ddp_find_unused_parameters": ("ddp_find_unused_parameters",),
     "freeze_vision_tower": ("freeze_vision_tower",),
     "lora_target_parameters": ("lora_target_parameters", "target_parameters", "peft_config.target_parameters"),
+    # The field catalogue (gemma_doctor/catalogue/field.json): loss masking, kernels, trainer templates, data format.
+    "assistant_only_loss": ("assistant_only_loss",),
+    "liger_kernel": ("use_liger_kernel", "enable_liger_kernel", "liger_rms_norm", "liger_fused_linear_cross_entropy"),
+    "template": ("template",),  # LLaMA-Factory's chat template name
+    "dataset_text_field": ("dataset_text_field",),
+    "max_length": ("max_length",),
 }
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 # timm and Pillow: Gemma 3n's vision tower is a timm model (GD110).
 PACKAGES = ("transformers", "accelerate", "peft", "trl", "bitsandbytes", "unsloth", "torch", "huggingface_hub", "safetensors",
             "timm", "pillow")
+# The rest of the stack a Gemma run touches (kernels, trainers, serving engines): the field catalogue
+# (gemma_doctor/catalogue/field.json) judges their versions. Read from the same dist-info listing, never imported.
+STACK_PACKAGES = ("unsloth_zoo", "flash_attn", "liger_kernel", "cut_cross_entropy", "deepspeed", "xformers", "axolotl",
+                  "llamafactory", "ms_swift", "vllm", "sglang", "llmcompressor", "compressed_tensors", "llama_cpp_python")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ def _scan_dist_info(wanted: set[str]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=8)
-def installed(names: tuple[str, ...] = PACKAGES) -> Versions:
+def installed(names: tuple[str, ...] = PACKAGES + STACK_PACKAGES) -> Versions:
     """Versions of ``names`` from the running interpreter's package metadata, read once per process."""
     wanted = {_normalise(n): n for n in names}
     fast = _scan_dist_info(set(wanted))

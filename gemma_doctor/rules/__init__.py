@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import (attention, crashes, dtypes, files, libraries, loading, members, memory, precision, tokens,
+from gemma_doctor.rules import (attention, catalogue, crashes, dtypes, files, libraries, loading, members, memory, precision, tokens,
                                  training, use_cache, weights)
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
@@ -27,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     attention.check,
     tokens.check,
     memory.check,
+    catalogue.check,
 )
 
 

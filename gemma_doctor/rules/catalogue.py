@@ -1,0 +1,176 @@
+"""Findings from the field catalogue (GD7xx): one generic evaluation of each entry's condition against the facts.
+
+A condition (``when``) is an AND of clauses: the model type, package windows, config.json keys, tokenizer facts,
+training-config settings and the GPU; ``any`` holds alternatives. A clause about a file or setting that was not
+given (no --training-config, no tokenizer_config.json, an unknown GPU) leaves the entry out: the doctor does not
+guess. Package windows follow stack.py: every window AFFECTED -> the entry's severity; a window UNKNOWN -> one step
+lower (error -> warning); a window SAFE, or a package the run does not use, -> nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.stack import Exposure, Window
+
+# Every run has these; an absent one is UNKNOWN (not installed here and not named), not "unused".
+CORE = frozenset({"transformers", "torch"})
+_MISSING = object()
+_LOWER = {Severity.ERROR: Severity.WARNING, Severity.WARNING: Severity.INFO, Severity.INFO: Severity.INFO}
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """A finding for every catalogue entry whose condition the model, its stack and its training config meet."""
+    if not model.family.is_gemma:
+        return
+    from gemma_doctor import catalogue  # the JSON is read on the first Gemma model, not at import
+
+    for entry in catalogue.coded():
+        finding = evaluate(entry, model, env)
+        if finding is not None:
+            yield finding
+
+
+def evaluate(entry: Mapping[str, Any], model: ModelFacts, env: Environment) -> Finding | None:
+    """The entry's finding for these facts, or None when its condition is not met (or cannot be told)."""
+    when = entry["when"]
+    if _clauses(when, model, env) is not True:
+        return None
+    severity = Severity(entry["severity"])
+    hits: list[str] = []
+    unknown: list[str] = []
+    for name, spec in (when.get("packages") or {}).items():
+        pkg = env.libraries.get(name)
+        if pkg.absent and name not in CORE:
+            return None  # the run does not use it
+        exposure = env.libraries.exposure(Window(name, spec))
+        if exposure is Exposure.SAFE:
+            return None
+        if exposure is Exposure.AFFECTED:
+            hits.append(pkg.describe())
+        else:
+            unknown.append(f"{pkg.describe()} may or may not be in {name}{spec}")
+    if unknown:
+        severity = _LOWER[severity]
+    versions = "; ".join(hits + unknown)
+    message = f"{entry['title']}: `{entry['symptom']}`"
+    if versions:
+        message += f" ({versions})"
+    refs = ", ".join(s["ref"] for s in entry["sources"][:3])
+    file, key = _where(when, env)
+    return Finding(entry["code"], severity, message, file=file, key=key, fix=f"{entry['cure']} (reported: {refs})",
+                   details={"catalogue_id": entry["id"], "stage": entry["stage"], "triage": entry["triage"],
+                            "windows": dict(entry.get("windows") or {}), "unknown": bool(unknown)})
+
+
+def _where(when: Mapping[str, Any], env: Environment) -> tuple[str | None, str | None]:
+    """The file and key a finding points at: the first config.json key, else tokenizer_config.json, else the
+    training config's first setting that the condition names and the file sets."""
+    if when.get("config"):
+        return "config.json", next(iter(when["config"]))
+    if when.get("tokenizer"):
+        return "tokenizer_config.json", next(iter(when["tokenizer"]))
+    tc = env.training_config
+    if when.get("training") and tc is not None:
+        for name in when["training"]:
+            setting = tc.get(name)
+            if setting is not None:
+                return tc.path, setting.key
+        return tc.path, None
+    return None, None
+
+
+def _clauses(when: Mapping[str, Any], model: ModelFacts, env: Environment) -> bool | None:
+    """True when every clause holds, False when one fails, None when one cannot be told (and none fails)."""
+    results = [_clause(kind, value, model, env) for kind, value in when.items() if kind != "packages"]
+    if False in results:
+        return False
+    return None if None in results else True
+
+
+def _clause(kind: str, value: Any, model: ModelFacts, env: Environment) -> bool | None:
+    fam = model.family
+    if kind == "model_type":
+        return fam.model_type in value  # the top-level type: list a text-only type (gemma3_text) where it counts too
+    if kind == "any":
+        results = [_clauses(sub, model, env) for sub in value]
+        return True if True in results else (None if None in results else False)
+    if kind == "config":
+        if not model.config.ok or not isinstance(model.config.data, Mapping):
+            return None
+        return all(match(m, _lookup(model.config.data, key)) for key, m in value.items())
+    if kind == "tokenizer":
+        tok = model.tokenizer
+        if tok is None or not tok.ok:
+            return None
+        return all(match(m, getattr(tok, key)) for key, m in value.items())
+    if kind == "training":
+        tc = env.training_config
+        if tc is None or not tc.ok:
+            return None
+        return all(match(m, tc.get(key).value if tc.get(key) is not None else _MISSING) for key, m in value.items())
+    if kind == "gpu":
+        gpu = env.gpu
+        if gpu is None:
+            return None
+        got = {key: getattr(gpu, key, None) for key in value}
+        if any(v is None for v in got.values()):
+            return None
+        return all(match(m, got[key]) for key, m in value.items())
+    raise ValueError(f"unknown clause {kind!r}")  # the catalogue's own test keeps this unreachable
+
+
+def _lookup(data: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _norm(v: Any) -> Any:
+    return v.strip().lower().replace("torch.", "") if isinstance(v, str) else v
+
+
+def _truthy(v: Any) -> bool:
+    from gemma_doctor.readers.training_config import truthy
+
+    return truthy(v)
+
+
+def match(matcher: Any, value: Any) -> bool:
+    """Whether a value (``_MISSING`` when the key is absent) satisfies a catalogue matcher.
+
+    ``true``/``false``: set and (not) truthy; ``"absent"``/``"present"``; a string or number: equal (strings without
+    case or a ``torch.`` prefix); ``{"in": [...]}`` (null: absent counts), ``{"not_in": [...]}`` (absent passes),
+    ``{"gte"|"gt"|"lte"|"lt": n}``, ``{"contains": s}`` / ``{"lacks": s}`` (a string, or any item of a list).
+    """
+    missing = value is _MISSING
+    if matcher is True:
+        return not missing and _truthy(value)
+    if matcher is False:
+        return not missing and not _truthy(value)
+    if matcher == "absent":
+        return missing
+    if matcher == "present":
+        return not missing
+    if isinstance(matcher, (str, int, float)):
+        return not missing and _norm(value) == _norm(matcher)
+    if isinstance(matcher, Mapping) and len(matcher) == 1:
+        (op, arg), = matcher.items()
+        if op == "in":
+            return (None in arg) if missing else _norm(value) in [_norm(a) for a in arg]
+        if op == "not_in":
+            return missing or _norm(value) not in [_norm(a) for a in arg]
+        if op in ("gte", "gt", "lte", "lt"):
+            if missing or isinstance(value, bool) or not isinstance(value, (int, float)):
+                return False
+            return {"gte": value >= arg, "gt": value > arg, "lte": value <= arg, "lt": value < arg}[op]
+        if op in ("contains", "lacks"):
+            items = [] if missing else (value if isinstance(value, list) else [value])
+            found = any(isinstance(i, str) and arg.lower() in i.lower() for i in items)
+            return found if op == "contains" else not found
+    raise ValueError(f"unknown matcher {matcher!r}")
