@@ -18,6 +18,7 @@ from gemma_doctor.report import FailOn
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
+    from gemma_doctor.readers.adapter import AdapterFacts, BaseFacts, HeadComparison
     from gemma_doctor.readers.dtypes import DtypeCensus
     from gemma_doctor.readers.gpu import GpuFacts
     from gemma_doctor.readers.tokenizer import TokenizerFacts
@@ -71,6 +72,12 @@ class ModelFacts:
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
     tokenizer: TokenizerFacts | None = None
+    # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
+    kind: str = "model"
+    adapter: AdapterFacts | None = None
+    base: BaseFacts | None = None
+    # check --weights: whether a saved lm_head.weight differs from embed_tokens (readers/adapter.compare_head).
+    head_differs: HeadComparison | None = None
 
     def with_(self, **changes: Any) -> ModelFacts:
         """A copy with some fields filled in."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from gemma_doctor import advice, fsafe, locate, memory, recommend, rules, runplan
+from gemma_doctor import adapters, advice, fsafe, locate, memory, recommend, rules, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
 from gemma_doctor.errors import HubOffline, UsageError
@@ -49,6 +49,9 @@ def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
         from gemma_doctor.readers import weights as weights_scan
 
         facts = facts.with_(weights_scan=weights_scan.scan_model(census, source, options.jobs, facts.snapshot.target))
+        from gemma_doctor.readers.adapter import compare_head
+
+        facts = facts.with_(head_differs=compare_head(census.headers))
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
     return with_memory(facts, options, env, gpu)
@@ -73,7 +76,13 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
 def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> ModelReport:
     """Findings and JSON blocks of one model."""
     findings = rules.run(facts, env, options)
-    extra: dict = {"model_type": facts.family.model_type}
+    extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind}
+    family = facts.family.label
+    if facts.adapter is not None:
+        extra["adapter"] = facts.adapter.to_json()
+        extra["base"] = facts.base.to_json() if facts.base is not None else None
+        if facts.base is not None and facts.base.family is not None and facts.base.family.is_gemma:
+            family = facts.base.family.label  # an adapter is of its base's family
     if facts.census is not None:
         extra["dtypes"] = facts.census.to_json()
     if facts.weights_scan is not None:
@@ -87,7 +96,7 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> 
         extra["memory"] = facts.memory.to_json()
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
-                       commit=snap.commit, family=facts.family.label, findings=findings, extra=extra)
+                       commit=snap.commit, family=family, findings=findings, extra=extra)
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:
@@ -145,6 +154,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
+    models = [adapters.with_base(m, cache) for m in models]
     env = environment(options)
     reports = tuple(model_report(gather(m, options, env), env, options) for m in models)
     return Report(models=reports, environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),

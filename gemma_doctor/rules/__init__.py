@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import (attention, crashes, dtypes, files, libraries, loading, members, memory, precision, tokens,
+from gemma_doctor.rules import (after, attention, crashes, dtypes, files, libraries, loading, members, memory, precision, tokens,
                                  training, use_cache, weights)
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
@@ -14,6 +14,7 @@ Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 # Order is the order findings are reported in.
 RULES: tuple[Rule, ...] = (
     files.check,
+    after.check,
     use_cache.check,
     crashes.check,
     dtypes.check,
