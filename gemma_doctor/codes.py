@@ -96,7 +96,7 @@ _CODES = [
     Code("GD701", "adapter-unreadable", "a PEFT adapter folder whose adapter_config.json or adapter_model.safetensors cannot be read"),
     Code("GD702", "adapter-base-not-found", "the adapter's base model (base_model_name_or_path) is not named, or not here: base checks skipped"),
     Code("GD703", "adapter-base-not-gemma", "the adapter's base model is not a Gemma-family model; the adapter is left alone"),
-    Code("GD710", "tied-head-saved-apart", "a model folder saves lm_head.weight apart from embed_tokens while its config ties them: reloading discards the head"),
+    Code("GD710", "tied-head-saved-apart", "a model folder saves lm_head.weight apart from embed_tokens while its config ties them: transformers 4.x discards the head at load"),
     Code("GD711", "adapter-unties-embeddings", "modules_to_save trains embed_tokens / lm_head apart without ensure_weight_tying: a PEFT < 0.19 merge loses the head"),
     Code("GD712", "adapter-modules-to-save-vllm", "the adapter saves full modules (modules_to_save), which vLLM refuses to load as a LoRA adapter"),
     Code("GD720", "adapter-key-layout", "the adapter's keys use transformers >= 4.52's multimodal layout, which the transformers that will run does not have"),

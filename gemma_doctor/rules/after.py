@@ -20,6 +20,9 @@ NEW_LAYOUT_UNREAD = Window("transformers", "<4.52.0", "4.52.0")
 # 0.18.1; from 0.19.0 merge_and_unload sets tie_word_embeddings=false (bisected on 0.17.1-0.21.2 with transformers
 # 4.57.6; tests/test_after_training_repro.py).
 MERGE_KEEPS_TIE = Window("peft", "<0.19.0", "0.19.0")
+# Loading such a folder ties lm_head to embed_tokens again, discarding the saved head, in transformers 4.x (measured
+# 4.51.3 and 4.57.6); 5.0.0, 5.5.1 and 5.23.0 load the saved head (tests/test_after_training_repro.py).
+RELOAD_TIES = Window("transformers", "<5.0.0", "5.0.0")
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
@@ -27,7 +30,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if model.adapter is not None:
         yield from _adapter(model, model.adapter, env)
     elif model.family.is_gemma and model.config.ok:
-        yield from _untied_head(model)
+        yield from _untied_head(model, env)
 
 
 def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_prefix: str) -> tuple[bool, str | None]:
@@ -40,7 +43,7 @@ def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_pre
     return True, None
 
 
-def _untied_head(model: ModelFacts) -> Iterator[Finding]:
+def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
     census = model.census
     if census is None:
         return
@@ -64,11 +67,19 @@ def _untied_head(model: ModelFacts) -> Iterator[Finding]:
     if cmp is not None and cmp.max_abs_diff is not None:
         measured = f" (--weights: they differ by up to {cmp.max_abs_diff:.4g})"
         details["max_abs_diff"] = cmp.max_abs_diff
+    exposure = env.libraries.exposure(RELOAD_TIES)
+    tf = env.libraries.get("transformers")
+    if exposure is Exposure.AFFECTED:
+        what = f"{tf.describe()} ties lm_head to embed_tokens again at load and the trained head is discarded"
+    elif exposure is Exposure.SAFE:
+        what = (f"{tf.describe()} loads the saved head, but transformers 4.x discards it at load, and vLLM ignores it "
+                "or refuses the folder (vllm #21755, #14212)")
+    else:
+        what = "transformers 4.x ties lm_head to embed_tokens again at load and the trained head is discarded (5.x keeps it)"
     yield Finding(
-        "GD710", Severity.ERROR,
-        f"{head[1].name} is saved apart from {embed[1].name}{measured}, but {said}: loading ties lm_head to "
-        "embed_tokens again and the trained head is discarded (a PEFT < 0.19 merge of an adapter that trained both "
-        "copies apart)", file="config.json", key=key or "tie_word_embeddings",
+        "GD710", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
+        f"{head[1].name} is saved apart from {embed[1].name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
+        "adapter that trained both copies apart)", file="config.json", key=key or "tie_word_embeddings",
         fix="if the head was trained, set \"tie_word_embeddings\": false in config.json (the saved head is then used); "
             "if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
         details=details)
@@ -132,16 +143,17 @@ def _tied_copies(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Itera
     tied, why = _base_ties(model)
     if tied is False:
         return
-    exposure = env.libraries.exposure(MERGE_KEEPS_TIE)
-    if exposure is Exposure.SAFE:  # PEFT >= 0.19 unties the merged config itself: the head is kept
+    merge, reload = env.libraries.exposure(MERGE_KEEPS_TIE), env.libraries.exposure(RELOAD_TIES)
+    if Exposure.SAFE in (merge, reload):  # PEFT >= 0.19 unties the merged config; transformers 5.x loads the head
         return
-    sev = Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING
+    sev = Severity.ERROR if merge is reload is Exposure.AFFECTED else Severity.WARNING
     peft = env.libraries.get("peft")
     yield Finding(
         "GD711", sev,
         f"modules_to_save trains {' and '.join(saved)} as copies apart from the tied pair ({why}) without "
-        f"ensure_weight_tying: merging it with PEFT < 0.19 saves a head that config.json still ties, and reloading the "
-        f"merged model discards it ({peft.describe()} will merge)",
+        f"ensure_weight_tying: merging it with PEFT < 0.19 saves a head that config.json still ties, and transformers 4.x "
+        f"discards it when it loads the merged model ({peft.describe()} will merge, "
+        f"{env.libraries.get('transformers').describe()} will load)",
         file="adapter_config.json", key="modules_to_save",
         fix="merge with PEFT >= 0.19 (it sets tie_word_embeddings=false), or set \"tie_word_embeddings\": false in the "
             "merged config.json; to keep the pair tied, retrain with LoraConfig(ensure_weight_tying=True)",
