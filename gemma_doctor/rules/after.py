@@ -123,7 +123,7 @@ def _base_ties(model: ModelFacts) -> tuple[bool | None, str]:
     for k in base.family.text_path:
         node = node.get(k) if isinstance(node, Mapping) else None
     tied, key = ties_embeddings(cfg, node if isinstance(node, Mapping) else {}, ".".join((*base.family.text_path, "")))
-    return tied, (f"the base's {key} is {str(tied).lower()}" if key else "the base ties them (the default)")
+    return tied, (f"the base's {key} is {str(tied).lower()}" if key else "the base ties them by default")
 
 
 def _tied_copies(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
