@@ -205,3 +205,36 @@ def test_a_damaged_adapter_is_a_finding_not_a_crash(cli, made, tmp_path, damage)
     m = _check(cli, adapter, cache=tmp_path / "hub")
     assert m["kind"] == "adapter" and _codes(m)["GD701"]["severity"] == "error"
     assert "GD001" not in _codes(m)
+
+
+@pytest.mark.parametrize(("base", "code", "says"), [
+    ("/", "GD702", "whose config.json is missing"),        # a folder, but no model
+    ("acme/\x1b[31mred", "GD702", "neither a folder"),      # not a repo id, not a folder: never printed raw
+    ("", "GD702", "names no base model"),
+    ("llama", "GD703", "not a Gemma-family model"),
+])
+def test_a_base_that_is_not_a_gemma_model_here_is_said_plainly(cli, made, tmp_path, monkeypatch, base, code, says):
+    from tests.builders import llama_config
+
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(llama_config()))
+    monkeypatch.chdir(tmp_path)  # a relative base name is a folder of the working directory, as for transformers
+    adapter = tmp_path / "adapter"
+    shutil.copytree(made["mts"], adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    found = _codes(_check(cli, adapter, "--with", "peft==0.17.1", "--with", "transformers==4.57.6",
+                          cache=tmp_path / "hub"))
+    assert says in found[code]["message"]
+    assert ("GD711" in found) is (code == "GD702")  # the base is not read: Gemma's tie default is assumed
+    r = cli("check", str(adapter), "--cache-dir", str(tmp_path / "hub"), "--gpu", "none")
+    assert "\x1b" not in r.out
+
+
+def test_fix_leaves_an_adapter_alone(cli, made, tmp_path):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(made["mts"], adapter)
+    before = {p.name: p.read_bytes() for p in adapter.iterdir()}
+    r = cli("fix", str(adapter), "--inplace", "--with", "transformers==4.50.3")
+    assert r.code == 0 and "a PEFT adapter" in r.out
+    assert {p.name: p.read_bytes() for p in adapter.iterdir()} == before

@@ -93,25 +93,38 @@ def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[
                           "adapter_model.safetensors)")
         return
     base = model.base
+    name = _shown(base.name) if base is not None else ""
     if base is not None and base.found == "not found":
         yield Finding("GD702", Severity.INFO,
                       f"the base model {base.name!r} (adapter_config.json base_model_name_or_path) is neither a folder "
                       "here nor in the hub cache: the checks that need the base's config were skipped",
                       file="adapter_config.json", key="base_model_name_or_path",
-                      fix=f"download it (hf download {base.name} --include '*.json') or check the base by name")
+                      fix=f"download it (hf download {name} --include '*.json') or check the base by name")
     elif base is not None and base.found == "unnamed":
         yield Finding("GD702", Severity.WARNING, "adapter_config.json names no base model (base_model_name_or_path): "
                       "nothing says which model it was trained on", file="adapter_config.json",
                       key="base_model_name_or_path", fix="set base_model_name_or_path to the repo id the adapter was "
                                                          "trained on")
     fam = base.family if base is not None else None
-    if base is not None and base.config is not None and fam is not None and not fam.is_gemma:
+    if base is not None and base.config is not None and not base.config.ok:
+        yield Finding("GD702", Severity.INFO,
+                      f"the base model {base.name!r} is {_shown(base.path or '')}, whose config.json is "
+                      f"{'missing' if not base.config.exists else 'unreadable'}: the checks that need it were skipped",
+                      file="adapter_config.json", key="base_model_name_or_path",
+                      fix="point base_model_name_or_path at the model folder (or repo id) the adapter was trained on")
+    elif base is not None and base.config is not None and fam is not None and not fam.is_gemma:
         mt = fam.model_type or "unknown"
         yield Finding("GD703", Severity.INFO, f"the base model is not a Gemma-family model (model_type {mt!r}); "
                       "its adapter is left alone", file="adapter_config.json", key="base_model_name_or_path")
         return
     yield from _tied_copies(model, ad, env)
     yield from _layout(ad, env)
+
+
+def _shown(text: str | None) -> str:
+    """A name or path as typed when printable, else its repr (a value read from a file never drives the terminal)."""
+    text = text or ""
+    return text if text.isprintable() else repr(text)
 
 
 def _base_ties(model: ModelFacts) -> tuple[bool | None, str]:
