@@ -76,6 +76,8 @@ class ModelFacts:
     kind: str = "model"
     adapter: AdapterFacts | None = None
     base: BaseFacts | None = None
+    # Which of readers/adapter.NOTED_FILES the folder has (processor configs, tokenizer files, training marks).
+    files: frozenset[str] = frozenset()
     # check --weights: whether a saved lm_head.weight differs from embed_tokens (readers/adapter.compare_head).
     head_differs: HeadComparison | None = None
 

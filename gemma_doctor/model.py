@@ -37,6 +37,7 @@ def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: Model
     facts = ModelFacts(snapshot=snapshot, config=config, generation_config=generation, family=fam, source=src)
     # An adapter (or a checkpoint of one) enters through the same source: its own files, its base looked up later.
     kind = adapter_reader.kind_of(src)
+    facts = facts.with_(files=adapter_reader.present(src))
     if kind != adapter_reader.MODEL:
         facts = facts.with_(kind=kind, adapter=adapter_reader.read(src) if adapter_reader.is_adapter(src) else None)
     return facts if undo_facts is None else facts.with_(undo=undo_facts)

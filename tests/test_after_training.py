@@ -65,7 +65,7 @@ def made(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _check(cli, target: Path, *extra: str, cache: Path | None = None) -> dict:
+def _check(cli, target: Path | str, *extra: str, cache: Path | None = None) -> dict:
     args = ["check", str(target), "--format", "json", "--fail-on", "never", "--gpu", "none", *extra]
     if cache is not None:
         args += ["--cache-dir", str(cache)]
@@ -238,3 +238,33 @@ def test_fix_leaves_an_adapter_alone(cli, made, tmp_path):
     r = cli("fix", str(adapter), "--inplace", "--with", "transformers==4.50.3")
     assert r.code == 0 and "a PEFT adapter" in r.out
     assert {p.name: p.read_bytes() for p in adapter.iterdir()} == before
+
+
+def test_a_saved_multimodal_folder_without_its_processor(cli, made, tmp_path):
+    folder = tmp_path / "sft-out"
+    shutil.copytree(made["mm_base"], folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    f = _codes(_check(cli, folder))["GD730"]
+    assert f["severity"] == "warning" and "trl #3110" in f["message"]
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Gemma3ImageProcessor"}))
+    assert "GD730" not in _codes(_check(cli, folder))
+    # A published snapshot is what its publisher uploaded: not judged as a training run's output.
+    hub = HubCache(tmp_path / "hub")
+    hub.add("acme/mm", {n: (made["mm_base"] / n).read_bytes() for n in ("config.json", "model.safetensors")}
+            | {"tokenizer_config.json": {"bos_token": "<bos>"}})
+    assert "GD730" not in _codes(_check(cli, "acme/mm", cache=hub.root))
+    # A text model has no processor to lose.
+    text = tmp_path / "text"
+    shutil.copytree(made["base"], text)
+    (text / "tokenizer_config.json").write_text("{}")
+    assert "GD730" not in _codes(_check(cli, text))
+
+
+def test_gguf_export_needs_tokenizer_model_for_gemma_2(cli, tmp_path):
+    from tests import tiny_family
+
+    folder = tiny_family.save("gemma2", tmp_path / "g2")
+    (folder / "tokenizer.json").write_text("{}")
+    assert _codes(_check(cli, folder))["GD731"]["severity"] == "info"
+    (folder / "tokenizer.model").write_bytes(b"\x0a")
+    assert "GD731" not in _codes(_check(cli, folder))

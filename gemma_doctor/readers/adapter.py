@@ -94,6 +94,17 @@ class BaseFacts:
                 "family": self.family.label if self.family is not None else None}
 
 
+# Files whose presence (not content) the after-training rules read: processors for serving, the SentencePiece model
+# for GGUF export, and the marks a training run leaves in the folders it saves.
+NOTED_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json", "tokenizer.json",
+               "tokenizer.model", "training_args.bin", TRAINER_STATE)
+
+
+def present(source: ModelSource) -> frozenset[str]:
+    """Which of NOTED_FILES the folder has."""
+    return frozenset(n for n in NOTED_FILES if source.has(n))
+
+
 def kind_of(source: ModelSource) -> str:
     """MODEL, ADAPTER or CHECKPOINT (a Trainer checkpoint-N folder: trainer_state.json beside the model or adapter)."""
     if source.has(TRAINER_STATE) and (source.has("config.json") or source.has(CONFIG)):

@@ -31,6 +31,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         yield from _adapter(model, model.adapter, env)
     elif model.family.is_gemma and model.config.ok:
         yield from _untied_head(model, env)
+        yield from _saved_folder(model)
 
 
 def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_prefix: str) -> tuple[bool, str | None]:
@@ -83,6 +84,35 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
         fix="if the head was trained, set \"tie_word_embeddings\": false in config.json (the saved head is then used); "
             "if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
         details=details)
+
+
+# llama.cpp's convert_hf_to_gguf.py reads these members' vocabulary from tokenizer.model (llama.cpp #19152, Gemma 2).
+SENTENCEPIECE_GGUF = frozenset({"gemma", "gemma2"})
+
+
+def _saved_folder(model: ModelFacts) -> Iterator[Finding]:
+    """A folder a training run (or a merge) saved, not a published snapshot: files that loaders of it need."""
+    source = model.source
+    if source is None or source.kind != "folder":
+        return  # a cached or Hub repo is what its publisher uploaded
+    files = model.files
+    trained = model.kind == "checkpoint" or "training_args.bin" in files
+    member = model.family.member
+    if member is not None and "vision" in member.towers and (trained or "tokenizer_config.json" in files) \
+            and not files & {"preprocessor_config.json", "processor_config.json"}:
+        yield Finding(
+            "GD730", Severity.WARNING,
+            f"a saved {model.family.display_name} folder without preprocessor_config.json: "
+            "AutoProcessor.from_pretrained on it raises OSError, so vLLM and evaluation harnesses cannot load it "
+            "(trl #3110: SFTTrainer saves the tokenizer, not the processor)", file="preprocessor_config.json",
+            fix="save the base model's processor beside the weights: AutoProcessor.from_pretrained(BASE)"
+                ".save_pretrained(FOLDER)")
+    if model.family.family in SENTENCEPIECE_GGUF and "tokenizer.json" in files and "tokenizer.model" not in files:
+        yield Finding(
+            "GD731", Severity.INFO,
+            "the folder has tokenizer.json but no tokenizer.model: llama.cpp's convert_hf_to_gguf.py reads a Gemma "
+            "vocabulary from tokenizer.model and stops with FileNotFoundError (llama.cpp #19152)",
+            file="tokenizer.model", fix="copy tokenizer.model from the base model's repo before converting to GGUF")
 
 
 def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
