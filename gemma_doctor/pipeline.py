@@ -141,7 +141,10 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
             skipped.append({"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"})
             continue
         if not explicit and not config.ok and not config.exists:
-            skipped.append({"target": snap.target, "path": source.location, "reason": "no config.json"})
+            # An adapter's family is its base's, found only by reading further: named, it is checked (issue 21).
+            adapter = source.has("adapter_config.json")
+            skipped.append({"target": snap.target, "path": source.location,
+                            "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"})
             continue
         models.append(read_model(snap, config, source))
     return models, skipped

@@ -268,3 +268,18 @@ def test_gguf_export_needs_tokenizer_model_for_gemma_2(cli, tmp_path):
     assert _codes(_check(cli, folder))["GD731"]["severity"] == "info"
     (folder / "tokenizer.model").write_bytes(b"\x0a")
     assert "GD731" not in _codes(_check(cli, folder))
+
+
+def test_an_adapter_repo_in_the_cache(cli, made, tmp_path):
+    hub = HubCache(tmp_path / "hub")
+    hub.add("acme/gemma-3-tiny", {n: (made["base"] / n).read_bytes() for n in ("config.json", "model.safetensors")})
+    files = {n: (made["plain"] / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+    cfg = json.loads(files["adapter_config.json"])
+    hub.add("acme/tiny-lora", {**files, "adapter_config.json": {**cfg, "base_model_name_or_path": "acme/gemma-3-tiny"}})
+    r = cli("check", "--cache-dir", str(hub.root), "--format", "json", "--gpu", "none")
+    doc = r.json()
+    assert [m["repo_id"] for m in doc["models"]] == ["acme/gemma-3-tiny"]
+    assert doc["skipped"] == [{"target": "acme/tiny-lora", "path": doc["skipped"][0]["path"],
+                               "reason": "a PEFT adapter; name it to check it"}]
+    m = _check(cli, "acme/tiny-lora", cache=hub.root)
+    assert (m["kind"], m["source"], m["base"]["found"], m["family"]) == ("adapter", "cache", "cache", "gemma3")
