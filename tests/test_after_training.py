@@ -283,3 +283,28 @@ def test_an_adapter_repo_in_the_cache(cli, made, tmp_path):
                                "reason": "a PEFT adapter; name it to check it"}]
     m = _check(cli, "acme/tiny-lora", cache=hub.root)
     assert (m["kind"], m["source"], m["base"]["found"], m["family"]) == ("adapter", "cache", "cache", "gemma3")
+
+
+def test_an_adapter_read_from_the_hub_is_not_downloaded(made, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.hubserver import HubServer, repos_from_cache
+
+    storage = HubCache(tmp_path / "storage")
+    storage.add("acme/tiny-lora", {n: (made["mts"] / n).read_bytes()
+                                   for n in ("adapter_config.json", "adapter_model.safetensors")})
+    cache = tmp_path / "cache"
+    with HubServer(repos_from_cache(storage.root)) as server:
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+        env.update(HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"))
+        r = subprocess.run([sys.executable, "-m", "gemma_doctor", "check", "acme/tiny-lora", "--format", "json",
+                            "--gpu", "none", "--with", "peft==0.17.1", "--with", "transformers==4.57.6"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stderr
+    m = json.loads(r.stdout)["models"][0]
+    assert (m["kind"], m["source"], m["adapter"]["rank"]) == ("adapter", "hub", 4)
+    assert m["base"]["found"] == "folder"  # base_model_name_or_path is the folder it was trained from, here
+    assert {f["code"] for f in m["findings"]} == {"GD711", "GD712"}
+    assert not cache.exists() or not any(cache.rglob("*.safetensors"))
