@@ -100,6 +100,7 @@ _CODES = [
     Code("GD711", "adapter-unties-embeddings", "modules_to_save trains embed_tokens / lm_head apart without ensure_weight_tying: a PEFT < 0.19 merge loses the head"),
     Code("GD712", "adapter-modules-to-save-vllm", "the adapter saves full modules (modules_to_save), which vLLM refuses to load as a LoRA adapter"),
     Code("GD720", "adapter-key-layout", "the adapter's keys use transformers >= 4.52's multimodal layout, which the transformers that will run does not have"),
+    Code("GD721", "adapter-key-layout-old", "the adapter's keys use the pre-4.52 multimodal layout and the PEFT that will load it (< 0.16) does not map them"),
     Code("GD730", "processor-config-missing", "a saved multimodal Gemma folder lacks preprocessor_config.json: AutoProcessor and vLLM cannot load it"),
     Code("GD731", "gguf-tokenizer-model-missing", "a saved Gemma 1/2 folder has tokenizer.json but no tokenizer.model, which llama.cpp's GGUF converter reads"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)

@@ -100,3 +100,13 @@ def test_a_4_52_layout_adapter_loads_as_nothing_on_transformers_4_51(cli, v4, wo
     assert _case(v4, "mm-load", adapter)["adapter_effect"] > 0.1
     assert _codes(cli, adapter, "--with", "transformers==4.51.3")["GD720"]["severity"] == "error"
     assert "GD720" not in _codes(cli, adapter, "--with", "transformers==4.57.6")
+
+
+def test_a_pre_4_52_adapter_loads_on_4_57_through_peft_s_key_mapping(cli, v4, work):
+    adapter = work / "mm-adapter-old"
+    assert _case(ensure_venv(V4_PRE_LAYOUT), "mm-train", adapter)["transformers"] == "4.51.3"
+    new = _case(v4, "mm-load", adapter)
+    assert new["adapter_effect"] > 0.1 and not new["missing_keys_warnings"]
+    assert "GD721" not in _codes(cli, adapter, "--with", "transformers==4.57.6", "--with", "peft==0.17.1")
+    assert _codes(cli, adapter, "--with", "transformers==4.52.4", "--with", "peft==0.15.2")["GD721"]["severity"] == "error"
+    assert "GD720" not in _codes(cli, adapter, "--with", "transformers==4.51.3")

@@ -16,6 +16,10 @@ TIED_MODULES = frozenset({"embed_tokens", "lm_head"})
 # transformers 4.52 moved the multimodal classes' language model from language_model.model.* to
 # model.language_model.* (transformers #38927): an adapter saved in the new layout names modules older releases lack.
 NEW_LAYOUT_UNREAD = Window("transformers", "<4.52.0", "4.52.0")
+# The other way round, PEFT maps the old keys onto the new modules from 0.16.0 (PR #2574): an adapter saved before 4.52
+# loads as nothing on transformers >= 4.52 with PEFT 0.15.2 (measured on 4.52.4; 0.16.0 and 0.17.0 load it).
+OLD_LAYOUT_TRANSFORMERS = Window("transformers", ">=4.52.0")
+OLD_LAYOUT_PEFT = Window("peft", "<0.16.0", "0.16.0")
 # A merge of untied copies keeps config.json tied, so the reload discards the trained head, on PEFT 0.17.1, 0.18.0 and
 # 0.18.1; from 0.19.0 merge_and_unload sets tie_word_embeddings=false (bisected on 0.17.1-0.21.2 with transformers
 # 4.57.6; tests/test_after_training_repro.py).
@@ -204,6 +208,8 @@ def _tied_copies(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Itera
 
 
 def _layout(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
+    if ad.layout == LAYOUT_OLD:
+        yield from _old_layout(ad, env)
     if ad.layout != LAYOUT_NEW:
         return
     exposure = env.libraries.exposure(NEW_LAYOUT_UNREAD)
@@ -218,3 +224,16 @@ def _layout(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
         file=ad.weights_file, key=None,
         fix="load it with transformers >= 4.52 (the release the adapter was trained with), or rename the keys "
             f"{LAYOUT_NEW}. -> {LAYOUT_OLD}. in adapter_model.safetensors")
+
+
+def _old_layout(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
+    tf, peft = env.libraries.exposure(OLD_LAYOUT_TRANSFORMERS), env.libraries.exposure(OLD_LAYOUT_PEFT)
+    if Exposure.SAFE in (tf, peft):
+        return
+    yield Finding(
+        "GD721", Severity.ERROR if tf is peft is Exposure.AFFECTED else Severity.WARNING,
+        f"the adapter's keys use the layout of transformers < 4.52 (base_model.model.{LAYOUT_OLD}.layers...): "
+        f"{env.libraries.get('transformers').describe()} names those modules {LAYOUT_NEW}.layers and "
+        f"{env.libraries.get('peft').describe()} does not map the old keys (PEFT 0.16.0 does, PR #2574), so the LoRA "
+        "weights are not loaded and the base runs unchanged", file=ad.weights_file, key=None,
+        fix="pip install \"peft>=0.16.0\" on the machine that loads it")
