@@ -62,6 +62,12 @@ def made(tmp_path_factory) -> dict[str, Path]:
                                report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no")
     T.Trainer(model=model, args=args, train_dataset=data).train()
     out["checkpoint"] = root / "run" / "checkpoint-1"
+    # The same for full fine-tuning: the checkpoint holds the model itself.
+    full = T.Gemma3ForCausalLM.from_pretrained(out["base"], dtype=torch.float32)
+    args = T.TrainingArguments(output_dir=str(root / "full"), max_steps=1, save_steps=1, per_device_train_batch_size=1,
+                               report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no")
+    T.Trainer(model=full, args=args, train_dataset=data).train()
+    out["full_checkpoint"] = root / "full" / "checkpoint-1"
     return out
 
 
@@ -188,6 +194,12 @@ def test_a_trainer_checkpoint_is_recognised(cli, made, tmp_path):
     m = _check(cli, ckpt, cache=tmp_path / "hub")
     assert m["kind"] == "checkpoint" and m["adapter"]["target_modules"] == ["q_proj"]
     assert m["base"]["found"] == "folder" and "GD001" not in _codes(m)
+    # A full fine-tuning checkpoint is read as the model it holds.
+    full = _check(cli, made["full_checkpoint"])
+    assert (full["kind"], full["family"], full["model_type"]) == ("checkpoint", "gemma3", "gemma3_text")
+    assert "adapter" not in full and full["dtypes"]["source"] == "model.safetensors"
+    r = cli("check", str(made["full_checkpoint"]), "--gpu", "none")
+    assert "Trainer checkpoint (trainer_state.json) of a model" in r.out
     # A plain model folder is a model.
     assert _check(cli, made["base"])["kind"] == "model"
 
