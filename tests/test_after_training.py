@@ -320,3 +320,19 @@ def test_an_adapter_read_from_the_hub_is_not_downloaded(made, tmp_path):
     assert m["base"]["found"] == "folder"  # base_model_name_or_path is the folder it was trained from, here
     assert {f["code"] for f in m["findings"]} == {"GD711", "GD712"}
     assert not cache.exists() or not any(cache.rglob("*.safetensors"))
+
+
+def test_the_head_comparison_reads_bounded_chunks_and_agrees_with_numpy(made, monkeypatch):
+    from safetensors.numpy import load_file
+
+    from gemma_doctor.readers import adapter as adapter_reader
+    from gemma_doctor.readers.safetensors_header import read_header
+
+    file = made["merged"] / "model.safetensors"
+    tensors = load_file(file)
+    want = float(abs(tensors["lm_head.weight"].astype("float32") - tensors["model.embed_tokens.weight"]).max())
+    header = read_header(file)
+    whole = adapter_reader.compare_head((header,))
+    monkeypatch.setattr(adapter_reader, "_CHUNK_ELEMENTS", 7)  # many chunks, the last one short
+    chunked = adapter_reader.compare_head((header,))
+    assert whole.max_abs_diff == chunked.max_abs_diff == want > 0 and not whole.identical

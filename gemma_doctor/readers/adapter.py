@@ -201,46 +201,73 @@ class HeadComparison:
     error: str | None = None
 
 
-def _values(h: SafetensorsHeader, t: Any) -> Any:
-    import os
+_CHUNK_ELEMENTS = 1 << 23  # 8 M elements per read: bounded memory whatever the vocabulary
 
-    import numpy as np
 
+def _open(h: SafetensorsHeader) -> int:
     from gemma_doctor import fsafe
 
-    kinds = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-    if t.dtype not in kinds:
-        raise ValueError(f"{t.name} is {t.dtype}, not compared")
     # Opened the way the header was read (confined to the repo folder) and checked to be the same file.
     try:
         opened = fsafe.open_file(h.path, fsafe.Area(h.root) if h.root is not None else None)
     except fsafe.Refused as e:
         raise ValueError(str(e)) from None
-    try:
-        if h.ident is not None and opened.ident != h.ident:
-            raise ValueError("file was replaced since its header was read; not compared")
-        raw = os.pread(opened.fd, t.nbytes, 8 + h.header_len + t.begin)
-    finally:
+    if h.ident is not None and opened.ident != h.ident:
+        import os
+
         os.close(opened.fd)
-    arr = np.frombuffer(raw, dtype=kinds[t.dtype])
+        raise ValueError("file was replaced since its header was read; not compared")
+    return opened.fd
+
+
+def _chunk(fd: int, h: SafetensorsHeader, t: Any, first: int, count: int) -> Any:
+    import os
+
+    import numpy as np
+
+    kinds = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
+    kind, size = kinds[t.dtype]
+    raw = os.pread(fd, count * size, 8 + h.header_len + t.begin + first * size)
+    if len(raw) != count * size:
+        raise ValueError(f"{t.name}: the file ends inside the tensor")
+    arr = np.frombuffer(raw, dtype=kind)
     if t.dtype == "BF16":
-        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr.astype(np.float32)
 
 
 def compare_head(headers: tuple[SafetensorsHeader, ...]) -> HeadComparison | None:
-    """Compare a saved lm_head with embed_tokens value by value; None when the folder saves no head beside one."""
+    """Compare a saved lm_head with embed_tokens value by value, a bounded chunk at a time; None when the folder
+    saves no head beside an embedding."""
+    import os
+
+    import numpy as np
+
     head, embed = head_pair(headers)
     if head is None or embed is None:
         return None
     names = (head[1].name, embed[1].name)
     if head[1].shape != embed[1].shape:
         return HeadComparison(*names, identical=False, error=f"shapes differ: {head[1].shape} vs {embed[1].shape}")
+    if any(t.dtype not in ("F32", "F16", "BF16") for _, t in (head, embed)):
+        return HeadComparison(*names, error="not compared: only F32, F16 and BF16 tensors are read")
+    fds: list[int] = []
     try:
-        a, b = _values(*head), _values(*embed)
+        for h, _ in (head, embed):
+            fds.append(_open(h))
+        diff, total = 0.0, head[1].numel
+        for first in range(0, total, _CHUNK_ELEMENTS):
+            count = min(_CHUNK_ELEMENTS, total - first)
+            a = _chunk(fds[0], *head, first, count)
+            b = _chunk(fds[1], *embed, first, count)
+            delta = np.abs(a - b)
+            if np.isnan(delta).any():  # NaN in either (a broken head) is a difference, never equality
+                diff = float("inf")
+                break
+            diff = max(diff, float(delta.max()))
     except (OSError, ValueError) as e:
         return HeadComparison(*names, error=str(e))
-    import numpy as np
-
-    diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-    return HeadComparison(*names, identical=bool(np.array_equal(a, b)), max_abs_diff=diff)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return HeadComparison(*names, identical=diff == 0.0, max_abs_diff=diff)
