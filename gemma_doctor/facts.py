@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gemma_doctor.family import FamilyInfo
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers.adapter import Kind
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
@@ -73,7 +74,7 @@ class ModelFacts:
     memory: MemoryFacts | None = None
     tokenizer: TokenizerFacts | None = None
     # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
-    kind: str = "model"
+    kind: Kind = Kind.MODEL
     adapter: AdapterFacts | None = None
     base: BaseFacts | None = None
     # Which of readers/adapter.NOTED_FILES the folder has (processor configs, tokenizer files, training marks).

@@ -76,7 +76,7 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
 def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> ModelReport:
     """Findings and JSON blocks of one model."""
     findings = rules.run(facts, env, options)
-    extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind}
+    extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
     if facts.adapter is not None:
         extra["adapter"] = facts.adapter.to_json()

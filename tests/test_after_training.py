@@ -336,3 +336,19 @@ def test_the_head_comparison_reads_bounded_chunks_and_agrees_with_numpy(made, mo
     monkeypatch.setattr(adapter_reader, "_CHUNK_ELEMENTS", 7)  # many chunks, the last one short
     chunked = adapter_reader.compare_head((header,))
     assert whole.max_abs_diff == chunked.max_abs_diff == want > 0 and not whole.identical
+
+
+def test_every_kind_is_in_the_json_schema():
+    from gemma_doctor.readers.adapter import Kind
+
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "schema" / "check.schema.json").read_text())
+    assert set(schema["$defs"]["model"]["properties"]["kind"]["enum"]) == {k.value for k in Kind}
+
+
+@pytest.mark.parametrize("name", ["mts", "mm", "checkpoint", "merged"])
+def test_the_json_of_each_kind_validates_against_the_schema(cli, made, tmp_path, name):
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "schema" / "check.schema.json").read_text())
+    r = cli("check", str(made[name]), "--format", "json", "--gpu", "none", "--cache-dir", str(tmp_path / "hub"))
+    jsonschema.validate(r.json(), schema, cls=jsonschema.Draft202012Validator)

@@ -7,6 +7,7 @@ its tensor keys (which transformers class layout it was trained against).
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,9 +24,16 @@ WEIGHTS = "adapter_model.safetensors"
 WEIGHTS_BIN = "adapter_model.bin"
 TRAINER_STATE = "trainer_state.json"
 
-# The kinds of folder `check` tells apart ("kind" in the JSON report). A merged or fully fine-tuned model is a
-# "model": nothing in a saved folder records that it was merged.
-MODEL, ADAPTER, CHECKPOINT = "model", "adapter", "checkpoint"
+class Kind(str, enum.Enum):
+    """The kinds of folder `check` tells apart ("kind" in the JSON report). A merged or fully fine-tuned model is a
+    model: nothing in a saved folder records that it was merged."""
+
+    MODEL = "model"
+    ADAPTER = "adapter"
+    CHECKPOINT = "checkpoint"
+
+
+MODEL, ADAPTER, CHECKPOINT = Kind.MODEL, Kind.ADAPTER, Kind.CHECKPOINT
 
 # Where the language model's layers sit in an adapter's keys (PEFT prefixes base_model.model.):
 #   "model.language_model": multimodal classes of transformers >= 4.52 (Gemma3ForConditionalGeneration.model.language_model)
@@ -105,7 +113,7 @@ def present(source: ModelSource) -> frozenset[str]:
     return frozenset(n for n in NOTED_FILES if source.has(n))
 
 
-def kind_of(source: ModelSource) -> str:
+def kind_of(source: ModelSource) -> Kind:
     """MODEL, ADAPTER or CHECKPOINT (a Trainer checkpoint-N folder: trainer_state.json beside the model or adapter)."""
     if source.has(TRAINER_STATE) and (source.has("config.json") or source.has(CONFIG)):
         return CHECKPOINT
