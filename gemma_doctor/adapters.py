@@ -2,7 +2,7 @@
 
 An adapter enters `check` through the same source interface as a model (readers/adapter.py reads its files); this
 module looks its base up the way `check BASE` would (a folder first, then the cache), reads the base's config.json
-and family, and never reaches the Hub: a base that is not here is reported (GD702), not downloaded.
+and family, and never reaches the Hub: a base that is not here is reported (GD742), not downloaded.
 """
 
 from __future__ import annotations

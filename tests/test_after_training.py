@@ -116,7 +116,7 @@ def test_the_base_is_found_in_the_cache_by_repo_id(cli, made, tmp_path):
     assert m["base"]["path"].startswith(str(hub.repo_dir("acme/gemma-3-tiny") / "snapshots"))
     # Not cached: reported, never fetched from the Hub.
     m = _check(cli, adapter, cache=tmp_path / "empty")
-    assert m["base"]["found"] == "not found" and _codes(m)["GD702"]["severity"] == "info"
+    assert m["base"]["found"] == "not found" and _codes(m)["GD742"]["severity"] == "info"
 
 
 @pytest.mark.parametrize(("peft", "transformers", "severity"), [
@@ -129,37 +129,37 @@ def test_modules_to_save_on_the_tied_pair_warns_where_a_merge_loses_the_head(cli
     m = _check(cli, made["mts"], *plan, cache=tmp_path / "hub")
     assert sorted(m["adapter"]["full_tensors"]) == ["base_model.model.lm_head.weight",
                                                     "base_model.model.model.embed_tokens.weight"]
-    got = _codes(m).get("GD711")
+    got = _codes(m).get("GD751")
     assert (got["severity"] if got else None) == severity
     # ensure_weight_tying keeps the pair tied: nothing to lose at merge, whatever PEFT merges it.
-    assert "GD711" not in _codes(_check(cli, made["tied"], *plan, cache=tmp_path / "hub"))
+    assert "GD751" not in _codes(_check(cli, made["tied"], *plan, cache=tmp_path / "hub"))
 
 
 def test_vllm_refuses_modules_to_save(cli, made, tmp_path):
-    assert _codes(_check(cli, made["mts"], cache=tmp_path / "hub"))["GD712"]["severity"] == "info"
+    assert _codes(_check(cli, made["mts"], cache=tmp_path / "hub"))["GD752"]["severity"] == "info"
     m = _check(cli, made["mts"], "--with", "vllm==0.10.0", cache=tmp_path / "hub")
-    assert _codes(m)["GD712"]["severity"] == "warning" and "vllm #9280" in _codes(m)["GD712"]["message"]
-    assert "GD712" not in _codes(_check(cli, made["plain"], "--with", "vllm==0.10.0", cache=tmp_path / "hub"))
+    assert _codes(m)["GD752"]["severity"] == "warning" and "vllm #9280" in _codes(m)["GD752"]["message"]
+    assert "GD752" not in _codes(_check(cli, made["plain"], "--with", "vllm==0.10.0", cache=tmp_path / "hub"))
 
 
 def test_merged_head_under_a_tied_config_is_an_error(cli, made, tmp_path):
     merged = made["merged"]
     cfg = json.loads((merged / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is False  # PEFT 0.21.2 unties the config at merge: the head is kept
-    assert "GD710" not in _codes(_check(cli, merged))
+    assert "GD750" not in _codes(_check(cli, merged))
     # What PEFT 0.17.1-0.18.1 write (tests/test_after_training_repro.py): the same head, the config left tied.
     for tie in ({"tie_word_embeddings": True}, {}):
         folder = tmp_path / f"merged-{len(tie)}"
         shutil.copytree(merged, folder)
         (folder / "config.json").write_text(json.dumps({**{k: v for k, v in cfg.items() if k != "tie_word_embeddings"},
                                                         **tie}))
-        f = _codes(_check(cli, folder, "--with", "transformers==4.57.6"))["GD710"]
+        f = _codes(_check(cli, folder, "--with", "transformers==4.57.6"))["GD750"]
         assert f["severity"] == "error" and f["key"] == "tie_word_embeddings"
         assert f["details"] == {"head": "lm_head.weight", "embed": "model.embed_tokens.weight"}
-        weighed = _codes(_check(cli, folder, "--weights", "--with", "transformers==4.57.6"))["GD710"]
+        weighed = _codes(_check(cli, folder, "--weights", "--with", "transformers==4.57.6"))["GD750"]
         assert weighed["severity"] == "error" and weighed["details"]["max_abs_diff"] > 0
         # transformers 5.x loads the saved head; other loaders (vLLM) still read the tie flag.
-        assert _codes(_check(cli, folder, "--with", "transformers==5.0.0"))["GD710"]["severity"] == "warning"
+        assert _codes(_check(cli, folder, "--with", "transformers==5.0.0"))["GD750"]["severity"] == "warning"
 
 
 def test_a_saved_head_equal_to_the_embedding_is_harmless(cli, made, tmp_path):
@@ -173,19 +173,19 @@ def test_a_saved_head_equal_to_the_embedding_is_harmless(cli, made, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
     plan = ("--with", "transformers==4.57.6")
-    assert _codes(_check(cli, folder, *plan))["GD710"]["severity"] == "error"  # headers alone cannot tell
-    assert _codes(_check(cli, folder, "--weights", *plan))["GD710"]["severity"] == "info"
+    assert _codes(_check(cli, folder, *plan))["GD750"]["severity"] == "error"  # headers alone cannot tell
+    assert _codes(_check(cli, folder, "--weights", *plan))["GD750"]["severity"] == "info"
 
 
 def test_multimodal_adapter_keys_and_the_transformers_4_52_layout(cli, made, tmp_path):
     m = _check(cli, made["mm"], cache=tmp_path / "hub")
     assert m["adapter"]["layout"] == "model.language_model" and m["base"]["model_type"] == "gemma3"
-    assert "GD720" not in _codes(m)  # transformers 5.23.0 here has the layout the adapter was saved in
-    assert _codes(_check(cli, made["mm"], "--with", "transformers==4.51.3"))["GD720"]["severity"] == "error"
-    assert "GD720" not in _codes(_check(cli, made["mm"], "--with", "transformers==4.52.0"))
-    assert _codes(_check(cli, made["mm"], "--with", "transformers>=4.40"))["GD720"]["severity"] == "warning"
+    assert "GD760" not in _codes(m)  # transformers 5.23.0 here has the layout the adapter was saved in
+    assert _codes(_check(cli, made["mm"], "--with", "transformers==4.51.3"))["GD760"]["severity"] == "error"
+    assert "GD760" not in _codes(_check(cli, made["mm"], "--with", "transformers==4.52.0"))
+    assert _codes(_check(cli, made["mm"], "--with", "transformers>=4.40"))["GD760"]["severity"] == "warning"
     # A text-only model's keys (model.layers) are the same in every release.
-    assert "GD720" not in _codes(_check(cli, made["plain"], "--with", "transformers==4.51.3"))
+    assert "GD760" not in _codes(_check(cli, made["plain"], "--with", "transformers==4.51.3"))
 
 
 def test_a_trainer_checkpoint_is_recognised(cli, made, tmp_path):
@@ -215,15 +215,15 @@ def test_a_damaged_adapter_is_a_finding_not_a_crash(cli, made, tmp_path, damage)
     else:
         (adapter / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{broken")
     m = _check(cli, adapter, cache=tmp_path / "hub")
-    assert m["kind"] == "adapter" and _codes(m)["GD701"]["severity"] == "error"
+    assert m["kind"] == "adapter" and _codes(m)["GD741"]["severity"] == "error"
     assert "GD001" not in _codes(m)
 
 
 @pytest.mark.parametrize(("base", "code", "says"), [
-    ("/", "GD702", "whose config.json is missing"),        # a folder, but no model
-    ("acme/\x1b[31mred", "GD702", "neither a folder"),      # not a repo id, not a folder: never printed raw
-    ("", "GD702", "names no base model"),
-    ("llama", "GD703", "not a Gemma-family model"),
+    ("/", "GD742", "whose config.json is missing"),        # a folder, but no model
+    ("acme/\x1b[31mred", "GD742", "neither a folder"),      # not a repo id, not a folder: never printed raw
+    ("", "GD742", "names no base model"),
+    ("llama", "GD743", "not a Gemma-family model"),
 ])
 def test_a_base_that_is_not_a_gemma_model_here_is_said_plainly(cli, made, tmp_path, monkeypatch, base, code, says):
     from tests.builders import llama_config
@@ -238,7 +238,7 @@ def test_a_base_that_is_not_a_gemma_model_here_is_said_plainly(cli, made, tmp_pa
     found = _codes(_check(cli, adapter, "--with", "peft==0.17.1", "--with", "transformers==4.57.6",
                           cache=tmp_path / "hub"))
     assert says in found[code]["message"]
-    assert ("GD711" in found) is (code == "GD702")  # the base is not read: Gemma's tie default is assumed
+    assert ("GD751" in found) is (code == "GD742")  # the base is not read: Gemma's tie default is assumed
     r = cli("check", str(adapter), "--cache-dir", str(tmp_path / "hub"), "--gpu", "none")
     assert "\x1b" not in r.out
 
@@ -256,20 +256,20 @@ def test_a_saved_multimodal_folder_without_its_processor(cli, made, tmp_path):
     folder = tmp_path / "sft-out"
     shutil.copytree(made["mm_base"], folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    f = _codes(_check(cli, folder))["GD730"]
+    f = _codes(_check(cli, folder))["GD770"]
     assert f["severity"] == "warning" and "trl #3110" in f["message"]
     (folder / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Gemma3ImageProcessor"}))
-    assert "GD730" not in _codes(_check(cli, folder))
+    assert "GD770" not in _codes(_check(cli, folder))
     # A published snapshot is what its publisher uploaded: not judged as a training run's output.
     hub = HubCache(tmp_path / "hub")
     hub.add("acme/mm", {n: (made["mm_base"] / n).read_bytes() for n in ("config.json", "model.safetensors")}
             | {"tokenizer_config.json": {"bos_token": "<bos>"}})
-    assert "GD730" not in _codes(_check(cli, "acme/mm", cache=hub.root))
+    assert "GD770" not in _codes(_check(cli, "acme/mm", cache=hub.root))
     # A text model has no processor to lose.
     text = tmp_path / "text"
     shutil.copytree(made["base"], text)
     (text / "tokenizer_config.json").write_text("{}")
-    assert "GD730" not in _codes(_check(cli, text))
+    assert "GD770" not in _codes(_check(cli, text))
 
 
 def test_gguf_export_needs_tokenizer_model_for_gemma_2(cli, tmp_path):
@@ -277,9 +277,9 @@ def test_gguf_export_needs_tokenizer_model_for_gemma_2(cli, tmp_path):
 
     folder = tiny_family.save("gemma2", tmp_path / "g2")
     (folder / "tokenizer.json").write_text("{}")
-    assert _codes(_check(cli, folder))["GD731"]["severity"] == "info"
+    assert _codes(_check(cli, folder))["GD771"]["severity"] == "info"
     (folder / "tokenizer.model").write_bytes(b"\x0a")
-    assert "GD731" not in _codes(_check(cli, folder))
+    assert "GD771" not in _codes(_check(cli, folder))
 
 
 def test_an_adapter_repo_in_the_cache(cli, made, tmp_path):
@@ -318,7 +318,7 @@ def test_an_adapter_read_from_the_hub_is_not_downloaded(made, tmp_path):
     m = json.loads(r.stdout)["models"][0]
     assert (m["kind"], m["source"], m["adapter"]["rank"]) == ("adapter", "hub", 4)
     assert m["base"]["found"] == "folder"  # base_model_name_or_path is the folder it was trained from, here
-    assert {f["code"] for f in m["findings"]} == {"GD711", "GD712"}
+    assert {f["code"] for f in m["findings"]} == {"GD751", "GD752"}
     assert not cache.exists() or not any(cache.rglob("*.safetensors"))
 
 

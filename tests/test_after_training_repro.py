@@ -1,4 +1,4 @@
-"""The after-training failures shown by the real libraries, then judged by `check` (issue 21, GD710/GD711/GD720).
+"""The after-training failures shown by the real libraries, then judged by `check` (issue 21, GD750/GD751/GD760).
 
 - V4_LATE (transformers 4.57.6, PEFT 0.17.1): modules_to_save on Gemma's tied embed_tokens / lm_head trains the
   copies apart; merge_and_unload + save_pretrained keeps the trained lm_head.weight while config.json stays tied, and
@@ -67,20 +67,20 @@ def test_peft_0_17_merge_loses_the_trained_head_and_check_says_so(cli, peft17, v
     assert peft17["reload"]["logit_change"] > 0.1
     assert _case(sys.executable, "reload", merged)["logit_change"] < 1e-4
     v4_stack = ("--with", "transformers==4.57.6", "--with", "peft==0.17.1")
-    f = _codes(cli, merged, *v4_stack)["GD710"]
+    f = _codes(cli, merged, *v4_stack)["GD750"]
     assert f["severity"] == "error" and f["details"]["head"] == "lm_head.weight"
-    assert _codes(cli, merged, "--weights", *v4_stack)["GD710"]["details"]["max_abs_diff"] > 0
-    assert _codes(cli, merged)["GD710"]["severity"] == "warning"  # judged for this venv's transformers 5.23.0
+    assert _codes(cli, merged, "--weights", *v4_stack)["GD750"]["details"]["max_abs_diff"] > 0
+    assert _codes(cli, merged)["GD750"]["severity"] == "warning"  # judged for this venv's transformers 5.23.0
     # The adapter that led there, judged for the stack that merged and reloaded it.
-    assert _codes(cli, peft17["out"] / "adapter", *v4_stack)["GD711"]["severity"] == "error"
-    # The cure GD710 names: untie the config; the saved head is used again and the finding is gone.
+    assert _codes(cli, peft17["out"] / "adapter", *v4_stack)["GD751"]["severity"] == "error"
+    # The cure GD750 names: untie the config; the saved head is used again and the finding is gone.
     cured = tmp_path / "merged"
     shutil.copytree(merged, cured)
     shutil.copy(peft17["out"] / "logits.json", tmp_path / "logits.json")
     cfg = json.loads((cured / "config.json").read_text())
     (cured / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
     assert _case(v4, "reload", cured)["logit_change"] < 1e-4
-    assert "GD710" not in _codes(cli, cured, *v4_stack)
+    assert "GD750" not in _codes(cli, cured, *v4_stack)
 
 
 def test_ensure_weight_tying_keeps_the_pair_tied(cli, work):
@@ -88,8 +88,8 @@ def test_ensure_weight_tying_keeps_the_pair_tied(cli, work):
     made = _case(sys.executable, "merge", out, "ensure-weight-tying")
     assert made["tied_after_merge"] is True and Version(made["peft"]) >= Version("0.18.0")
     assert _case(sys.executable, "reload", out / "merged")["logit_change"] < 1e-4
-    assert "GD710" not in _codes(cli, out / "merged")
-    assert "GD711" not in _codes(cli, out / "adapter", "--with", "peft==0.17.1", "--with", "transformers==4.57.6")
+    assert "GD750" not in _codes(cli, out / "merged")
+    assert "GD751" not in _codes(cli, out / "adapter", "--with", "peft==0.17.1", "--with", "transformers==4.57.6")
 
 
 def test_a_4_52_layout_adapter_loads_as_nothing_on_transformers_4_51(cli, v4, work):
@@ -98,8 +98,8 @@ def test_a_4_52_layout_adapter_loads_as_nothing_on_transformers_4_51(cli, v4, wo
     old = _case(ensure_venv(V4_PRE_LAYOUT), "mm-load", adapter)
     assert old["transformers"] == "4.51.3" and old["adapter_effect"] == 0.0 and old["missing_keys_warnings"]
     assert _case(v4, "mm-load", adapter)["adapter_effect"] > 0.1
-    assert _codes(cli, adapter, "--with", "transformers==4.51.3")["GD720"]["severity"] == "error"
-    assert "GD720" not in _codes(cli, adapter, "--with", "transformers==4.57.6")
+    assert _codes(cli, adapter, "--with", "transformers==4.51.3")["GD760"]["severity"] == "error"
+    assert "GD760" not in _codes(cli, adapter, "--with", "transformers==4.57.6")
 
 
 def test_a_pre_4_52_adapter_loads_on_4_57_through_peft_s_key_mapping(cli, v4, work):
@@ -107,6 +107,6 @@ def test_a_pre_4_52_adapter_loads_on_4_57_through_peft_s_key_mapping(cli, v4, wo
     assert _case(ensure_venv(V4_PRE_LAYOUT), "mm-train", adapter)["transformers"] == "4.51.3"
     new = _case(v4, "mm-load", adapter)
     assert new["adapter_effect"] > 0.1 and not new["missing_keys_warnings"]
-    assert "GD721" not in _codes(cli, adapter, "--with", "transformers==4.57.6", "--with", "peft==0.17.1")
-    assert _codes(cli, adapter, "--with", "transformers==4.52.4", "--with", "peft==0.15.2")["GD721"]["severity"] == "error"
-    assert "GD720" not in _codes(cli, adapter, "--with", "transformers==4.51.3")
+    assert "GD761" not in _codes(cli, adapter, "--with", "transformers==4.57.6", "--with", "peft==0.17.1")
+    assert _codes(cli, adapter, "--with", "transformers==4.52.4", "--with", "peft==0.15.2")["GD761"]["severity"] == "error"
+    assert "GD760" not in _codes(cli, adapter, "--with", "transformers==4.51.3")

@@ -28,7 +28,7 @@ V4_LATE = ("transformers==4.57.6", "accelerate==1.10.1", "huggingface_hub<1.0", 
 V5_EARLY = ("transformers==5.5.1", "accelerate==1.13.0", "peft==0.18.1")
 # The last transformers before 4.52 moved the multimodal classes' language model (language_model.model.* ->
 # model.language_model.*, transformers #38927), with the PEFT of its time: an adapter saved in the new layout loads
-# as nothing there (GD720).
+# as nothing there (GD760).
 V4_PRE_LAYOUT = ("transformers==4.51.3", "accelerate==1.6.0", "huggingface_hub<1.0", "peft==0.15.2")
 
 

@@ -30,7 +30,7 @@ RELOAD_TIES = Window("transformers", "<5.0.0", "5.0.0")
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """GD70x for adapters and checkpoints, GD710 for a model folder that saves an untied head under a tied config."""
+    """GD70x for adapters and checkpoints, GD750 for a model folder that saves an untied head under a tied config."""
     if model.adapter is not None:
         yield from _adapter(model, model.adapter, env)
     elif model.family.is_gemma and model.config.ok:
@@ -63,7 +63,7 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
     cmp = model.head_differs
     details: dict[str, Any] = {"head": head[1].name, "embed": embed[1].name}
     if cmp is not None and cmp.identical:
-        yield Finding("GD710", Severity.INFO,
+        yield Finding("GD750", Severity.INFO,
                       f"{head[1].name} is saved although {said}; it equals {embed[1].name} value for value (--weights), "
                       "so tying it again at load loses nothing", file="config.json", key=key or "tie_word_embeddings",
                       details=details)
@@ -82,7 +82,7 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
     else:
         what = "transformers 4.x ties lm_head to embed_tokens again at load and the trained head is discarded (5.x keeps it)"
     yield Finding(
-        "GD710", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
+        "GD750", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
         f"{head[1].name} is saved apart from {embed[1].name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
         "adapter that trained both copies apart)", file="config.json", key=key or "tie_word_embeddings",
         fix="if the head was trained, set \"tie_word_embeddings\": false in config.json (the saved head is then used); "
@@ -105,7 +105,7 @@ def _saved_folder(model: ModelFacts) -> Iterator[Finding]:
     if member is not None and "vision" in member.towers and (trained or "tokenizer_config.json" in files) \
             and not files & {"preprocessor_config.json", "processor_config.json"}:
         yield Finding(
-            "GD730", Severity.WARNING,
+            "GD770", Severity.WARNING,
             f"a saved {model.family.display_name} folder without preprocessor_config.json: "
             "AutoProcessor.from_pretrained on it raises OSError, so vLLM and evaluation harnesses cannot load it "
             "(trl #3110: SFTTrainer saves the tokenizer, not the processor)", file="preprocessor_config.json",
@@ -113,7 +113,7 @@ def _saved_folder(model: ModelFacts) -> Iterator[Finding]:
                 ".save_pretrained(FOLDER)")
     if model.family.family in SENTENCEPIECE_GGUF and "tokenizer.json" in files and "tokenizer.model" not in files:
         yield Finding(
-            "GD731", Severity.INFO,
+            "GD771", Severity.INFO,
             "the folder has tokenizer.json but no tokenizer.model: llama.cpp's convert_hf_to_gguf.py reads a Gemma "
             "vocabulary from tokenizer.model and stops with FileNotFoundError (llama.cpp #19152)",
             file="tokenizer.model", fix="copy tokenizer.model from the base model's repo before converting to GGUF")
@@ -121,7 +121,7 @@ def _saved_folder(model: ModelFacts) -> Iterator[Finding]:
 
 def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
     if not ad.ok:
-        yield Finding("GD701", Severity.ERROR, f"the adapter cannot be loaded: {ad.error}",
+        yield Finding("GD741", Severity.ERROR, f"the adapter cannot be loaded: {ad.error}",
                       file=ad.weights_file or "adapter_config.json",
                       fix="save the adapter again with model.save_pretrained(DIR) (adapter_config.json and "
                           "adapter_model.safetensors)")
@@ -129,26 +129,26 @@ def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[
     base = model.base
     name = _shown(base.name) if base is not None else ""
     if base is not None and base.found == "not found":
-        yield Finding("GD702", Severity.INFO,
+        yield Finding("GD742", Severity.INFO,
                       f"the base model {base.name!r} (adapter_config.json base_model_name_or_path) is neither a folder "
                       "here nor in the hub cache: the checks that need the base's config were skipped",
                       file="adapter_config.json", key="base_model_name_or_path",
                       fix=f"download it (hf download {name} --include '*.json') or check the base by name")
     elif base is not None and base.found == "unnamed":
-        yield Finding("GD702", Severity.WARNING, "adapter_config.json names no base model (base_model_name_or_path): "
+        yield Finding("GD742", Severity.WARNING, "adapter_config.json names no base model (base_model_name_or_path): "
                       "nothing says which model it was trained on", file="adapter_config.json",
                       key="base_model_name_or_path", fix="set base_model_name_or_path to the repo id the adapter was "
                                                          "trained on")
     fam = base.family if base is not None else None
     if base is not None and base.config is not None and not base.config.ok:
-        yield Finding("GD702", Severity.INFO,
+        yield Finding("GD742", Severity.INFO,
                       f"the base model {base.name!r} is {_shown(base.path or '')}, whose config.json is "
                       f"{'missing' if not base.config.exists else 'unreadable'}: the checks that need it were skipped",
                       file="adapter_config.json", key="base_model_name_or_path",
                       fix="point base_model_name_or_path at the model folder (or repo id) the adapter was trained on")
     elif base is not None and base.config is not None and fam is not None and not fam.is_gemma:
         mt = fam.model_type or "unknown"
-        yield Finding("GD703", Severity.INFO, f"the base model is not a Gemma-family model (model_type {mt!r}); "
+        yield Finding("GD743", Severity.INFO, f"the base model is not a Gemma-family model (model_type {mt!r}); "
                       "its adapter is left alone", file="adapter_config.json", key="base_model_name_or_path")
         return
     yield from _tied_copies(model, ad, env)
@@ -179,7 +179,7 @@ def _tied_copies(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Itera
         stack = env.libraries
         vllm = stack.get("vllm")
         yield Finding(
-            "GD712", Severity.WARNING if not vllm.absent else Severity.INFO,
+            "GD752", Severity.WARNING if not vllm.absent else Severity.INFO,
             f"modules_to_save saves full copies of {', '.join(saved)}: vLLM refuses such an adapter (\"vLLM only "
             "supports modules_to_save being None\", vllm #9280)" + (f"; {vllm.describe()} will serve it" if not vllm.absent else ""),
             file="adapter_config.json", key="modules_to_save",
@@ -196,7 +196,7 @@ def _tied_copies(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Itera
     sev = Severity.ERROR if merge is reload is Exposure.AFFECTED else Severity.WARNING
     peft = env.libraries.get("peft")
     yield Finding(
-        "GD711", sev,
+        "GD751", sev,
         f"modules_to_save trains {' and '.join(saved)} as copies apart from the tied pair ({why}) without "
         f"ensure_weight_tying: merging it with PEFT < 0.19 saves a head that config.json still ties, and transformers 4.x "
         f"discards it when it loads the merged model ({peft.describe()} will merge, "
@@ -217,7 +217,7 @@ def _layout(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
         return
     tf = env.libraries.get("transformers")
     yield Finding(
-        "GD720", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
+        "GD760", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
         f"the adapter's keys use transformers >= 4.52's layout (base_model.model.{LAYOUT_NEW}.layers...) and "
         f"{tf.describe()} names those modules {LAYOUT_OLD}.layers: the LoRA weights are not loaded (\"missing adapter "
         "keys\"), the base model runs unchanged (transformers #38927)",
@@ -231,7 +231,7 @@ def _old_layout(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
     if Exposure.SAFE in (tf, peft):
         return
     yield Finding(
-        "GD721", Severity.ERROR if tf is peft is Exposure.AFFECTED else Severity.WARNING,
+        "GD761", Severity.ERROR if tf is peft is Exposure.AFFECTED else Severity.WARNING,
         f"the adapter's keys use the layout of transformers < 4.52 (base_model.model.{LAYOUT_OLD}.layers...): "
         f"{env.libraries.get('transformers').describe()} names those modules {LAYOUT_NEW}.layers and "
         f"{env.libraries.get('peft').describe()} does not map the old keys (PEFT 0.16.0 does, PR #2574), so the LoRA "
