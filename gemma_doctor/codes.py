@@ -122,6 +122,18 @@ _CODES = [
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/plan/memory.py against the GPU's memory)
+    # GD74x-GD77x: after training (adapters, checkpoints, merged models)
+    Code("GD741", "adapter-unreadable", "a PEFT adapter folder whose adapter_config.json or adapter_model.safetensors cannot be read"),
+    Code("GD742", "adapter-base-not-found", "the adapter's base model (base_model_name_or_path) is not named, or not here: base checks skipped"),
+    Code("GD743", "adapter-base-not-gemma", "the adapter's base model is not a Gemma-family model; the adapter is left alone"),
+    Code("GD750", "tied-head-saved-apart", "a model folder saves lm_head.weight apart from embed_tokens while its config ties them: transformers 4.x discards the head at load"),
+    Code("GD751", "adapter-unties-embeddings", "modules_to_save trains embed_tokens / lm_head apart without ensure_weight_tying: a PEFT < 0.19 merge loses the head"),
+    Code("GD752", "adapter-modules-to-save-vllm", "the adapter saves full modules (modules_to_save), which vLLM refuses to load as a LoRA adapter"),
+    Code("GD760", "adapter-key-layout", "the adapter's keys use transformers >= 4.52's multimodal layout, which the transformers that will run does not have"),
+    Code("GD761", "adapter-key-layout-old", "the adapter's keys use the pre-4.52 multimodal layout and the PEFT that will load it (< 0.16) does not map them"),
+    Code("GD770", "processor-config-missing", "a saved multimodal Gemma folder lacks preprocessor_config.json: AutoProcessor and vLLM cannot load it"),
+    Code("GD771", "gguf-tokenizer-model-missing", "a saved Gemma 1/2 folder has tokenizer.json but no tokenizer.model, which llama.cpp's GGUF converter reads"),
+    # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),
     Code("GD803", "nothing-fits", "no fine-tuning method (full, LoRA, QLoRA) fits this GPU; a larger one is named"),

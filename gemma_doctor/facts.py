@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gemma_doctor.family import FamilyInfo
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers.adapter import Kind
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
@@ -19,6 +20,7 @@ from gemma_doctor import horizon
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
+    from gemma_doctor.readers.adapter import AdapterFacts, BaseFacts, HeadComparison
     from gemma_doctor.readers.dtypes import DtypeCensus
     from gemma_doctor.readers.gpu import GpuFacts
     from gemma_doctor.readers.tokenizer import TokenizerFacts
@@ -74,6 +76,14 @@ class ModelFacts:
     tokenizer: TokenizerFacts | None = None
     # The prescription (gemma_doctor.plan.search.Decision): a run that passes check, or none and the way out.
     decision: Any = field(default=None, compare=False)
+    # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
+    kind: Kind = Kind.MODEL
+    adapter: AdapterFacts | None = None
+    base: BaseFacts | None = None
+    # Which of readers/adapter.NOTED_FILES the folder has (processor configs, tokenizer files, training marks).
+    files: frozenset[str] = frozenset()
+    # check --weights: whether a saved lm_head.weight differs from embed_tokens (readers/adapter.compare_head).
+    head_differs: HeadComparison | None = None
 
     def with_(self, **changes: Any) -> ModelFacts:
         """A copy with some fields filled in."""

@@ -103,6 +103,9 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     if facts.snapshot.problem is not None:
         return ModelPlan(facts, refused=(facts.snapshot.problem.message,), stack=stack)
     cfg = facts.config
+    if facts.adapter is not None and not cfg.exists:
+        return ModelPlan(facts, note="a PEFT adapter (adapter_config.json) has no config.json for fix to rewrite; "
+                                     "`gemma-doctor check` lists its findings", stack=stack)
     if not cfg.ok:
         reason = "config.json is missing" if not cfg.exists else f"config.json: {cfg.error}"
         return ModelPlan(facts, refused=(f"{reason}; not rewritten",), stack=stack)

@@ -11,6 +11,7 @@ from gemma_doctor import source as sources
 from gemma_doctor import undo
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers import adapter as adapter_reader
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.source import ModelSource
 
@@ -34,6 +35,11 @@ def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: Model
     fam = family_mod.detect(config.data) if config.ok else family_mod.NOT_GEMMA
     undo_facts = undo.facts_for(snapshot) if src.kind != "hub" else None
     facts = ModelFacts(snapshot=snapshot, config=config, generation_config=generation, family=fam, source=src)
+    # An adapter (or a checkpoint of one) enters through the same source: its own files, its base looked up later.
+    kind = adapter_reader.kind_of(src)
+    facts = facts.with_(files=adapter_reader.present(src))
+    if kind != adapter_reader.MODEL:
+        facts = facts.with_(kind=kind, adapter=adapter_reader.read(src) if adapter_reader.is_adapter(src) else None)
     return facts if undo_facts is None else facts.with_(undo=undo_facts)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from gemma_doctor import fsafe, locate, rules
+from gemma_doctor import adapters, fsafe, locate, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
@@ -50,6 +50,9 @@ def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
         from gemma_doctor.readers import weights as weights_scan
 
         facts = facts.with_(weights_scan=weights_scan.scan_model(census, source, options.jobs, facts.snapshot.target))
+        from gemma_doctor.readers.adapter import compare_head
+
+        facts = facts.with_(head_differs=compare_head(census.headers))
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
     facts = with_memory(facts, options, env, gpu)
@@ -88,7 +91,13 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
 def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> ModelReport:
     """Findings and JSON blocks of one model."""
     findings = rules.run(facts, env, options)
-    extra: dict = {"model_type": facts.family.model_type}
+    extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
+    family = facts.family.label
+    if facts.adapter is not None:
+        extra["adapter"] = facts.adapter.to_json()
+        extra["base"] = facts.base.to_json() if facts.base is not None else None
+        if facts.base is not None and facts.base.family is not None and facts.base.family.is_gemma:
+            family = facts.base.family.label  # an adapter is of its base's family
     if facts.census is not None:
         extra["dtypes"] = facts.census.to_json()
     if facts.weights_scan is not None:
@@ -104,7 +113,7 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> 
         extra.update(facts.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
-                       commit=snap.commit, family=facts.family.label, findings=findings, extra=extra)
+                       commit=snap.commit, family=family, findings=findings, extra=extra)
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:
@@ -149,7 +158,10 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
             skipped.append({"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"})
             continue
         if not explicit and not config.ok and not config.exists:
-            skipped.append({"target": snap.target, "path": source.location, "reason": "no config.json"})
+            # An adapter's family is its base's, found only by reading further: named, it is checked (issue 21).
+            adapter = source.has("adapter_config.json")
+            skipped.append({"target": snap.target, "path": source.location,
+                            "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"})
             continue
         models.append(read_model(snap, config, source))
     return models, skipped
@@ -162,6 +174,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
+    models = [adapters.with_base(m, cache) for m in models]
     env = environment(options)
     reports = tuple(model_report(gather(m, options, env), env, options) for m in models)
     return Report(models=reports, environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),

@@ -65,7 +65,8 @@ def test_validation_catches_a_broken_entry():
 def test_every_code_is_in_codes_py_and_docs_are_generated():
     for e in CODED:
         assert CODES[e["code"]].name == e["name"]
-    assert {c for c in CODES if c.startswith("GD7")} == {e["code"] for e in CODED}
+    # GD701-GD739 are the catalogue's; GD74x-GD77x are after-training's own rules (rules/after.py)
+    assert {c for c in CODES if c.startswith("GD7") and int(c[2:]) < 740} == {e["code"] for e in CODED}
     gen = runpy.run_path(str(ROOT / "docs" / "gen_catalogue.py"))
     findings_md, codes_py, recall_md = gen["render"]()
     assert (ROOT / "docs" / "findings.md").read_text() == findings_md, "run: python docs/gen_catalogue.py"

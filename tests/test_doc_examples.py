@@ -18,6 +18,7 @@ A marker on the line before the fence says how to run a block:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -151,7 +152,31 @@ def _workspace(tmp: Path, cached: bool) -> tuple[Path, Path]:
         (work / name).write_text("bf16: true\nper_device_train_batch_size: 1\nmax_length: 512\n")
     (work / "train" / "dpo.json").write_text('{"bf16": true, "beta": 0.1, "max_grad_norm": 1.0}\n')
     (work / "requirements.txt").write_text("transformers==4.50.3\n")
+    _after_training(work)
     return cache, work
+
+
+def _after_training(work: Path) -> None:
+    """docs/after-training.md's folders: a LoRA adapter of the cached gemma-3-1b-it with modules_to_save on the tied
+    pair (as PEFT 0.17.1 writes it), and a merged model that saves lm_head beside a tied config (headers only)."""
+    from tests.test_safetensors import st_file
+
+    adapter = work / "my-adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": "google/gemma-3-1b-it", "r": 16, "lora_alpha": 32,
+        "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["embed_tokens", "lm_head"], "revision": None}))
+    lora = {f"base_model.model.model.layers.{i}.self_attn.{p}.lora_{ab}.weight": ("F32", [16, 8] if ab == "A" else [8, 16])
+            for i in range(2) for p in ("q_proj", "v_proj") for ab in "AB"}
+    full = {"base_model.model.model.embed_tokens.weight": ("F32", [256, 8]),
+            "base_model.model.lm_head.weight": ("F32", [256, 8])}
+    (adapter / "adapter_model.safetensors").write_bytes(st_file({**lora, **full}))
+    merged = work / "merged"
+    merged.mkdir()
+    (merged / "config.json").write_text(json.dumps({k: v for k, v in gemma3_1b_config().items() if k != "use_cache"}))
+    (merged / "model.safetensors").write_bytes(st_file({"model.embed_tokens.weight": ("BF16", [256, 8]),
+                                                        "lm_head.weight": ("BF16", [256, 8]),
+                                                        "model.norm.weight": ("BF16", [8])}, {"format": "pt"}))
 
 
 def _collapse(text: str) -> str:

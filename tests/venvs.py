@@ -26,6 +26,10 @@ V4_LATE = ("transformers==4.57.6", "accelerate==1.10.1", "huggingface_hub<1.0", 
 # An early 5.x inside several windows at once: Gemma 3's token_type_ids check, Gemma 4's mm_token_type_ids check
 # (5.5.0-5.5.4) and Gemma 4's KV sharing without a cache (5.5.0-5.5.1). One venv for all of them keeps CI short.
 V5_EARLY = ("transformers==5.5.1", "accelerate==1.13.0", "peft==0.18.1")
+# The last transformers before 4.52 moved the multimodal classes' language model (language_model.model.* ->
+# model.language_model.*, transformers #38927), with the PEFT of its time: an adapter saved in the new layout loads
+# as nothing there (GD760).
+V4_PRE_LAYOUT = ("transformers==4.51.3", "accelerate==1.6.0", "huggingface_hub<1.0", "peft==0.15.2")
 
 
 CONSTRAINTS = ROOT / "tests" / "constraints.txt"

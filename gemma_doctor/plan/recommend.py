@@ -385,6 +385,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         axolotl.update({"adapter": "qlora", "load_in_4bit": True})
         if compute:  # overrides a checkpoint's own quantization_config (GD402 reads it back)
             axolotl["bnb_4bit_compute_dtype"] = compute
+    if quant:
+        # An explicit dtype: transformers 4.x overrides a missing one to float16 for bitsandbytes loading (GD705).
+        axolotl["torch_dtype"] = load
     elif quant == "8bit":
         axolotl.update({"adapter": "lora", "load_in_8bit": True})
     elif adapter:

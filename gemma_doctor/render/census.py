@@ -63,3 +63,28 @@ def remote_lines(extra: dict[str, Any]) -> list[str]:
             notes = "; ".join(fad.get("notes") or []) or "nothing to change"
             lines.append(f"after download, fix would change nothing: {notes}")
     return lines
+
+
+def adapter_lines(extra: dict[str, Any]) -> list[str]:
+    """Summary lines of an adapter (its `adapter` and `base` blocks) or a Trainer checkpoint (`kind`)."""
+    lines: list[str] = []
+    kind = extra.get("kind")
+    ad = extra.get("adapter")
+    if kind == "checkpoint":
+        lines.append("Trainer checkpoint (trainer_state.json)" + (" of a PEFT adapter" if ad else " of a model"))
+    if not isinstance(ad, dict) or ad.get("error"):
+        return lines
+    targets = ad.get("target_modules")
+    targets = ", ".join(targets) if isinstance(targets, list) else (targets or "none")
+    mts = ", ".join(ad.get("modules_to_save") or []) or "none"
+    lines.append(f"adapter: {ad.get('peft_type') or '?'} r={ad.get('rank')} alpha={ad.get('alpha')}; targets {targets}; "
+                 f"modules_to_save {mts}; saved by PEFT {ad.get('peft_version') or '(not recorded)'}; "
+                 f"{ad.get('lora_tensors', 0)} LoRA + {len(ad.get('full_tensors') or {})} full tensor(s), layers under "
+                 f"{ad.get('layout') or '?'}")
+    base = extra.get("base")
+    if isinstance(base, dict):
+        where = {"cache": f"cached, {base.get('path')}", "folder": f"folder {base.get('path')}"}.get(
+            str(base.get("found")), str(base.get("found")))
+        mt = f", model_type {base['model_type']}" if base.get("model_type") else ""
+        lines.append(f"base: {base.get('name') or '(unnamed)'} ({where}{mt})")
+    return lines

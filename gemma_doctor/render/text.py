@@ -27,9 +27,10 @@ def _model_lines(m: ModelReport) -> list[str]:
     from gemma_doctor.render.style import escape
 
     lines = [_title(m.repo_id, m.revision, m.commit, m.path, m.family)]
-    from gemma_doctor.render.census import census_lines, remote_lines
+    from gemma_doctor.render.census import adapter_lines, census_lines, remote_lines
 
-    lines.extend(f"  [dim]{escape(line)}[/dim]" for line in remote_lines(m.extra) + census_lines(m.extra))
+    lines.extend(f"  [dim]{escape(line)}[/dim]" for line in remote_lines(m.extra) + adapter_lines(m.extra)
+                 + census_lines(m.extra))
     rec = m.extra.get("recommendation")
     if isinstance(rec, dict) and rec.get("summary"):
         lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")

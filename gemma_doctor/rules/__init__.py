@@ -6,14 +6,15 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import (attention, catalogue, crashes, dtypes, files, libraries, loading, members, memory, precision, tokens,
-                                 training, use_cache, weights)
+from gemma_doctor.rules import (after, attention, catalogue, crashes, dtypes, files, libraries, loading, members, memory,
+                                 precision, tokens, training, use_cache, weights)
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
 # Order is the order findings are reported in.
 RULES: tuple[Rule, ...] = (
     files.check,
+    after.check,
     use_cache.check,
     crashes.check,
     dtypes.check,

@@ -28,7 +28,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                           "hf download; gemma-doctor reads and writes nothing of it until then")
         return
     cfg = model.config
-    if not cfg.exists:
+    if not cfg.exists and model.adapter is not None:
+        pass  # a PEFT adapter has no config.json of its own: rules/after.py reads adapter_config.json and its base
+    elif not cfg.exists:
         yield Finding("GD001", Severity.ERROR, "config.json is missing: this folder is not a transformers model",
                       file="config.json", fix="point gemma-doctor at a model folder, or download the model's config.json")
     elif not cfg.ok:

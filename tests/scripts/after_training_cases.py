@@ -1,0 +1,114 @@
+"""After-training cases run inside one venv (tests/test_after_training_repro.py); prints one JSON line.
+
+  merge OUT [ensure-weight-tying]   tiny Gemma 3 text model, LoRA + modules_to_save=[embed_tokens, lm_head], 5 AdamW
+                                    steps; saves OUT/adapter, merges, saves OUT/merged and the merged model's logits
+  reload MERGED                     reloads MERGED and compares its logits with the merged model's (logits.json)
+  mm-train OUT                      LoRA on a tiny Gemma3ForConditionalGeneration (lora_B random), saved to OUT
+  mm-load ADAPTER                   loads ADAPTER on the same tiny base: how much it changes the logits, and PEFT's
+                                    warnings about missing keys
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import peft  # noqa: E402
+import torch  # noqa: E402
+import transformers as T  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+
+TXT = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+           num_key_value_heads=1, head_dim=16, max_position_embeddings=128, pad_token_id=0, eos_token_id=1,
+           bos_token_id=2)
+SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+              num_attention_heads=2, image_size=28, patch_size=14)
+IDS = torch.arange(3, 19).unsqueeze(0)
+
+
+def versions() -> dict:
+    return {"transformers": T.__version__, "peft": peft.__version__}
+
+
+def merge(out: Path, ensure_weight_tying: bool) -> dict:
+    torch.manual_seed(0)
+    T.Gemma3ForCausalLM(T.Gemma3TextConfig(**TXT)).save_pretrained(out / "base")
+    kw: dict = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"])
+    if ensure_weight_tying:
+        kw["ensure_weight_tying"] = True
+    model = get_peft_model(T.Gemma3ForCausalLM.from_pretrained(out / "base"), LoraConfig(**kw))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = torch.randint(3, 256, (2, 16))
+    for _ in range(5):
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out / "adapter")
+    merged = model.merge_and_unload().eval()
+    with torch.no_grad():
+        logits = merged(input_ids=IDS).logits
+    tied = merged.lm_head.weight.data_ptr() == merged.model.embed_tokens.weight.data_ptr()
+    merged.save_pretrained(out / "merged")
+    (out / "logits.json").write_text(json.dumps(logits.tolist()))
+    return {**versions(), "tied_after_merge": tied}
+
+
+def reload(folder: Path) -> dict:
+    want = torch.tensor(json.loads((folder.parent / "logits.json").read_text()))
+    model = T.Gemma3ForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        got = model(input_ids=IDS).logits
+    return {**versions(), "logit_change": (got - want).abs().max().item()}
+
+
+def mm_base() -> T.Gemma3ForConditionalGeneration:
+    torch.manual_seed(0)
+    cfg = T.Gemma3Config(text_config=TXT, vision_config=SIGLIP, mm_tokens_per_image=4, image_token_index=255,
+                         boi_token_index=253, eoi_token_index=254)
+    return T.Gemma3ForConditionalGeneration(cfg).eval()
+
+
+def mm_train(out: Path) -> dict:
+    model = get_peft_model(mm_base(), LoraConfig(r=4, target_modules=r".*language_model.*\.(q_proj|v_proj)"))
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    model.save_pretrained(out)
+    return versions()
+
+
+def mm_load(adapter: Path) -> dict:
+    model = mm_base()
+    with torch.no_grad():
+        before = model(input_ids=IDS).logits
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = PeftModel.from_pretrained(model, adapter).eval()
+    with torch.no_grad():
+        after = loaded(input_ids=IDS).logits
+    missing = [str(w.message)[:200] for w in caught if "missing adapter keys" in str(w.message).lower()]
+    return {**versions(), "adapter_effect": (after - before).abs().max().item(), "missing_keys_warnings": missing}
+
+
+def main() -> None:
+    mode, target, *rest = sys.argv[1:]
+    path = Path(target)
+    if mode == "merge":
+        result = merge(path, "ensure-weight-tying" in rest)
+    elif mode == "reload":
+        result = reload(path)
+    elif mode == "mm-train":
+        result = mm_train(path)
+    else:
+        result = mm_load(path)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
