@@ -92,6 +92,9 @@ _CODES = [
     Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100"),
     Code("GD645", "packing-contamination", "packing / padding-free without a backend or versions that keep packed sequences apart"),
     Code("GD650", "logits-fp32-memory", "the fp32 logits of Gemma's large vocabulary take gigabytes at this batch x sequence"),
+    Code("GD660", "fsdp-wrap-class-absent", "FSDP transformer-based auto-wrap without a class list names layer classes this checkpoint lacks: accelerate stops"),
+    Code("GD661", "zero3-gemma4-clip-buffers", "DeepSpeed ZeRO-3 on a Gemma 4 with towers on transformers 5.5.x: the clip buffers are not loaded"),
+    Code("GD662", "fsdp2-tied-embeddings", "FSDP2 on a tied-embedding Gemma with accelerate 1.14.0 and torch >= 2.13: the shared parameter is refused"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),

@@ -49,6 +49,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
+    # How the run is sharded (rules/distributed.py): accelerate's fsdp_config (fsdp_-prefixed keys), TrainingArguments'
+    # / TRL's / axolotl's fsdp_config (prefix optional: transformers strips it), DeepSpeed's offload, the node count.
+    "num_machines": ("num_machines",),
+    "fsdp_version": ("fsdp_config.fsdp_version", "fsdp_config.version", "fsdp_version"),
+    "fsdp_auto_wrap_policy": ("fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.auto_wrap_policy", "fsdp_auto_wrap_policy"),
+    "fsdp_wrap_classes": ("fsdp_config.fsdp_transformer_layer_cls_to_wrap", "fsdp_config.transformer_layer_cls_to_wrap",
+                          "fsdp_transformer_layer_cls_to_wrap"),
+    "fsdp_min_num_params": ("fsdp_config.fsdp_min_num_params", "fsdp_config.min_num_params"),
+    "fsdp_offload_params": ("fsdp_config.fsdp_offload_params", "fsdp_config.offload_params", "fsdp_config.cpu_offload"),
+    "offload_param": ("zero_optimization.offload_param.device", "deepspeed_config.offload_param_device"),
+    "deepspeed_config_file": ("deepspeed_config.deepspeed_config_file",),
     # The pitfall catalogue (docs/findings.md GD42x, GD64x): attention backend, packing, LoRA targets.
     # LLaMA-Factory spells the backend flash_attn (auto | disabled | sdpa | fa2).
     "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation",
