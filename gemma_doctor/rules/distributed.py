@@ -103,7 +103,8 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Itera
         "GD660", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
         f"FSDP transformer-based auto-wrap without a class list wraps the model's _no_split_modules, which on "
         f"{model.family.display_name} name {', '.join(absent)}: classes this checkpoint does not have, so accelerate "
-        f"stops before training with \"Could not find the transformer layer class {absent[0]} in the model\"{when} "
+        f"stops before training with \"Could not find the transformer layer class ... in the model\" naming the "
+        f"first of them it meets{when} "
         f"(reproduced on CPU with accelerate's FullyShardedDataParallelPlugin; verl #4950)",
         f"name the layers to wrap: fsdp_transformer_layer_cls_to_wrap: {paste} (accelerate config; "
         f"TrainingArguments: fsdp_config: {{transformer_layer_cls_to_wrap: [{', '.join(cure)}]}})"
