@@ -223,3 +223,16 @@ def test_accelerate_fails_where_gd660_says_and_its_cure_wraps_the_model(runs, la
             assert run["after"]["models"][name]["fsdp1"] == "ok" and run["after"]["models"][name]["fsdp2"] == "ok"
         else:
             assert failed == [] and "GD660" not in run["findings"][name]  # 5.23.0's Gemma 3: nothing to report
+
+
+def test_a_deepspeed_file_named_by_the_training_config_adds_its_stage(tmp_path):
+    """`deepspeed: ds_z3.json` (TRL, axolotl, LLaMA-Factory): GD661 reads the stage from the named file."""
+    (tmp_path / "ds_z3.json").write_text(json.dumps({"zero_optimization": {"stage": 3}, "deepspeed": "ds_z3.json"}))
+    (tmp_path / "sft.yaml").write_text("bf16: true\ndeepspeed: ds_z3.json\n")
+    tc = training_config.read(str(tmp_path / "sft.yaml"))
+    stage = tc.get("zero_stage")
+    assert (stage.key, stage.value) == ("deepspeed (ds_z3.json: zero_optimization.stage)", 3)
+    (tmp_path / "sft.yaml").write_text("bf16: true\ndeepspeed: missing.json\n")
+    assert training_config.read(str(tmp_path / "sft.yaml")).get("zero_stage") is None  # nothing to add, no error
+    # The named file refers to itself: read one level, never further.
+    assert training_config.read(str(tmp_path / "ds_z3.json")).get("zero_stage").key == "zero_optimization.stage"
