@@ -94,6 +94,7 @@ ZERO3_GEMMA4_CLIP_BUFFERS = Window("transformers", ">=5.5.0.dev0,<5.6.0", "5.6.0
 # accelerate 1.14.0's fsdp2_prepare_model puts a tied input embedding in a tail group fully_shard([final_norm,
 # input_embed]) and leaves lm_head (the same parameter) to the root group; torch >= 2.13 refuses a parameter seen by two
 # FSDP groups ("Parameter 'model.embed_tokens.weight' is shared with a parameter already managed by another FSDP
-# group"). 1.13.0 has no tail group; 1.15.0 adds output_embed to it (accelerate PR #4171). Read from the three wheels.
+# group"). 1.13.0 has no tail group; 1.15.0 adds output_embed to it (accelerate PR #4171). Read from the three wheels;
+# reproduced on CPU with 2 gloo processes (tests/scripts/fsdp2_tied.py): 1.14.0 raises, 1.15.0 trains.
 FSDP2_TIED_TAIL_GROUP = Window("accelerate", "==1.14.0", "1.15.0")
 FSDP2_SHARED_PARAM_CHECK = Window("torch", ">=2.13.0.dev0")

@@ -26,9 +26,10 @@ from gemma_doctor.readers.versions import Versions
 from gemma_doctor.rules import distributed
 from tests.builders import gemma3_1b_config, gemma3_12b_config
 from tests.test_crashes import gemma4_config
-from tests.venvs import V4_LATE, ensure_venv, subprocess_env
+from tests.venvs import ACCEL_FSDP2_TIED, V4_LATE, ensure_venv, subprocess_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_wrap_cases.py"
+TIED_SCRIPT = Path(__file__).parent / "scripts" / "fsdp2_tied.py"
 
 GEMMA4_NO_AUDIO = {**gemma4_config(), "audio_config": None}
 GEMMA4_TEXT = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 1536,
@@ -236,3 +237,40 @@ def test_a_deepspeed_file_named_by_the_training_config_adds_its_stage(tmp_path):
     assert training_config.read(str(tmp_path / "sft.yaml")).get("zero_stage") is None  # nothing to add, no error
     # The named file refers to itself: read one level, never further.
     assert training_config.read(str(tmp_path / "ds_z3.json")).get("zero_stage").key == "zero_optimization.stage"
+
+
+@pytest.fixture(scope="module")
+def tied_runs(tmp_path_factory) -> dict:
+    """FSDP2 through accelerate's fsdp2_prepare_model on 2 gloo processes, and check's GD662, per accelerate."""
+    work = tmp_path_factory.mktemp("fsdp2-tied")
+    folder = work / "gemma3-1b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(gemma3_1b_config()))
+    launch = work / "fsdp2.yaml"
+    launch.write_text(FSDP2.replace("  fsdp_sharding_strategy: FULL_SHARD\n", "  fsdp_reshard_after_forward: true\n"))
+    out = {}
+    for python in (str(ensure_venv(ACCEL_FSDP2_TIED)), sys.executable):
+        done = subprocess.run([python, str(TIED_SCRIPT)], capture_output=True, text=True, timeout=600,
+                              env=subprocess_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run["findings"] = _check(python, folder, launch)
+        out[run["accelerate"]] = run
+    return out
+
+
+@pytest.mark.slow
+def test_fsdp2_refuses_the_tied_embedding_where_gd662_says_and_the_next_accelerate_runs(tied_runs):
+    assert sorted(tied_runs) == ["1.14.0", "1.15.0"]
+    before, after = tied_runs["1.14.0"], tied_runs["1.15.0"]
+    assert before["torch"].startswith("2.13") and after["torch"].startswith("2.13")
+    for rank in before["ranks"]:
+        assert rank["tied"] and rank["result"].startswith(
+            "ValueError: Parameter 'model.embed_tokens.weight' is shared with a parameter already managed by another "
+            "FSDP group"), rank
+    gd662 = before["findings"]["GD662"]
+    assert gd662["severity"] == "error" and gd662["fix"].startswith('pip install "accelerate>=1.15.0"')
+    # The cure: the release the finding names prepares and trains the same model on the same two ranks.
+    assert [r["result"] for r in after["ranks"]] == ["ok", "ok"]
+    assert after["ranks"][0]["loss"] == after["ranks"][1]["loss"]
+    assert "GD662" not in after["findings"]

@@ -26,6 +26,9 @@ V4_LATE = ("transformers==4.57.6", "accelerate==1.10.1", "huggingface_hub<1.0", 
 # An early 5.x inside several windows at once: Gemma 3's token_type_ids check, Gemma 4's mm_token_type_ids check
 # (5.5.0-5.5.4) and Gemma 4's KV sharing without a cache (5.5.0-5.5.1). One venv for all of them keeps CI short.
 V5_EARLY = ("transformers==5.5.1", "accelerate==1.13.0", "peft==0.18.1")
+# The one accelerate whose FSDP2 preparation splits a tied embedding over two FSDP groups, which torch 2.13 refuses
+# (GD662; accelerate PR #4171, fixed in 1.15.0), beside the main venv's transformers.
+ACCEL_FSDP2_TIED = ("transformers==5.23.0", "accelerate==1.14.0")
 
 
 CONSTRAINTS = ROOT / "tests" / "constraints.txt"

@@ -167,5 +167,5 @@ def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iter
         + ("" if affected else f" (it will use {libs})")
         + ": accelerate 1.14.0 puts the tied embedding in a group of its own and lm_head in the root group, which torch "
         "2.13 refuses at the first forward: \"Parameter 'model.embed_tokens.weight' is shared with a parameter already "
-        "managed by another FSDP group\" (accelerate PR #4171, fixed in 1.15.0)",
+        "managed by another FSDP group\" (reproduced on CPU with 2 gloo processes; accelerate PR #4171, fixed in 1.15.0)",
         f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")", tc, "fsdp_version")
