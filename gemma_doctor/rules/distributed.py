@@ -105,7 +105,8 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Itera
         f"{model.family.display_name} name {', '.join(absent)}: classes this checkpoint does not have, so accelerate "
         f"stops before training with \"Could not find the transformer layer class ... in the model\" naming the "
         f"first of them it meets{when} "
-        f"(reproduced on CPU with accelerate's FullyShardedDataParallelPlugin; verl #4950)",
+        f"(reproduced on CPU with accelerate's FullyShardedDataParallelPlugin"
+        + ("; verl #4950)" if model.family.model_type.startswith("gemma4") else ")"),
         f"name the layers to wrap: fsdp_transformer_layer_cls_to_wrap: {paste} (accelerate config; "
         f"TrainingArguments: fsdp_config: {{transformer_layer_cls_to_wrap: [{', '.join(cure)}]}})"
         + (f"; or pip install \"transformers>={window.first_fixed}\"" if window.first_fixed else ""),
