@@ -169,6 +169,24 @@ def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.memory.Memor
     return memory.plan(shape, run)
 
 
+def proposed(doc: dict[str, Any]) -> int:
+    """What the measurements say the per-rank peak is (fp32 full fine-tuning with AdamW, at the embedding's backward):
+    the plan's sharded parts, plus the unit holding the tied embedding / lm_head (the root, in accelerate's FSDP2
+    wrapping) gathered whole, its gradient produced whole (from the lm_head, from the input embedding, their sum), and
+    FSDP2's reduce-scatter input, a flat copy of that unsharded gradient. Not gemma_doctor.memory's formula: a
+    proposal for it, from these rows (docs/benchmarks.md)."""
+    import math
+
+    names = _base_names(doc["params"])
+    total = 4 * sum(math.prod(v) if isinstance(v, list) else v for v in names.values())
+    embed = 4 * math.prod(names["model.embed_tokens.weight"])
+    n = doc["row"]["world"]
+    sharded = total // n + 2 * total // n + (total - embed) // n  # weights, AdamW's two states, the other gradients
+    gathered = embed - embed // n
+    reduce_scatter = embed if n > 1 else 0
+    return sharded + gathered + 3 * embed + reduce_scatter
+
+
 def measure(args: argparse.Namespace) -> None:
     docs = []
     for row in GRID:
@@ -180,8 +198,8 @@ def measure(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace) -> None:
     docs = json.loads(Path(args.results).read_text())
     print("| model | ranks | sharding | b x s | measured per rank (max) | plan per GPU | plan / measured | "
-          "unsharded / measured | plan's peak moment |")
-    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
+          "proposed / measured | unsharded / measured | plan's peak moment |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     single = {d["row"]["model"]: max(r["rss_peak"] - r["rss_baseline"] for r in d["ranks"])
               for d in docs if d["row"]["world"] == 1}
     for doc in docs:
@@ -191,11 +209,12 @@ def report(args: argparse.Namespace) -> None:
         alone = single.get(row["model"])
         print(f"| {row['model']} | {row['world']} | {row['strategy']} | {row['batch']} x {row['seq']} | "
               f"{measured / 2**30:.3f} GiB | {p.per_gpu_bytes / 2**30:.3f} GiB | {p.per_gpu_bytes / measured:.2f} | "
+              f"{proposed(doc) / measured:.2f} | "
               + (f"{alone / measured:.2f}" if alone else "–") + f" | {p.peak} |")
         worst = max(doc["ranks"], key=lambda r: r["rss_peak"] - r["rss_baseline"])
         moments = ", ".join(f"{k} {v / 2**30:.3f}" for k, v in worst.get("phases", {}).items() if k != "peak")
         print(f"|   measured by moment (GiB) | | | | {moments} | plan's parts (GiB): "
-              f"{', '.join(f'{k} {v / 2**30:.3f}' for k, v in p.components.items())} | | | |")
+              f"{', '.join(f'{k} {v / 2**30:.3f}' for k, v in p.components.items())} | | | | |")
 
 
 def main() -> None:
