@@ -98,3 +98,7 @@ ZERO3_GEMMA4_CLIP_BUFFERS = Window("transformers", ">=5.5.0.dev0,<5.6.0", "5.6.0
 # reproduced on CPU with 2 gloo processes (tests/scripts/fsdp2_tied.py): 1.14.0 raises, 1.15.0 trains.
 FSDP2_TIED_TAIL_GROUP = Window("accelerate", "==1.14.0", "1.15.0")
 FSDP2_SHARED_PARAM_CHECK = Window("torch", ">=2.13.0.dev0")
+# TrainingArguments' FSDP defaults (training_args.py of every 5.x wheel): up to 5.9.0 the `fsdp` option needs
+# "auto_wrap" for transformer-based wrapping and FSDP defaults to version 1; from 5.10.1 (the next release) any `fsdp`
+# wraps TRANSFORMER_BASED_WRAP unless fsdp_config names another auto_wrap_policy, and the version defaults to 2.
+TRAINER_FSDP2_DEFAULTS = Window("transformers", ">=5.10.0")

@@ -85,7 +85,13 @@ WRAP = ("GD660", "error", "fsdp_config.fsdp_auto_wrap_policy")
     ("fsdp: [full_shard, auto_wrap]\nfsdp_config:\n  fsdp_transformer_layer_cls_to_wrap: Gemma3DecoderLayer\n",
      "gemma3_text", "4.57.6", []),
     ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", "4.57.6", []),
-    ("fsdp: full_shard\n", "gemma3_text", "4.57.6", []),
+    ("fsdp: full_shard\n", "gemma3_text", "4.57.6", []),  # no auto_wrap: no wrapping before transformers 5.10
+    ("fsdp: full_shard\n", "gemma4_text", "5.9.0", []),
+    # from 5.10 TrainingArguments wraps TRANSFORMER_BASED_WRAP whenever fsdp is on (training_args.py of the wheels)
+    ("fsdp: full_shard\n", "gemma4_text", "5.10.1", [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard\n", "gemma3_text", "5.14.1", [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard\n", "gemma3_text", "5.15.0", []),
+    ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: NO_WRAP\n", "gemma4_text", "5.23.0", []),
     ("fsdp: ''\n", "gemma3_text", "4.57.6", []),
     ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", "gemma4_text", "5.23.0",
      [("GD660", "error", "fsdp_config.auto_wrap_policy")]),
@@ -135,11 +141,22 @@ TIED = ("GD662", "error", "fsdp_config.fsdp_version")
     (FSDP2, "gemma3_text", "1.14.0", "2.12.0", []),  # torch 2.12 lets two groups see one parameter
     (FSDP2, "gemma3_text", "1.14.0", None, [("GD662", "warning", "fsdp_config.fsdp_version")]),
     (FSDP2, "gemma3_untied", "1.14.0", "2.13.0", []),
+    # TrainingArguments without fsdp_config.version: FSDP2 from transformers 5.10 (NEW pins 5.23.0)
+    ("fsdp: full_shard\n", "gemma3_text", "1.14.0", "2.13.0", [("GD662", "error", "fsdp")]),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 1\n", "gemma3_text", "1.14.0", "2.13.0", []),
     (ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", ""), "gemma3_text", "1.14.0", "2.13.0",
      []),  # FSDP1
 ])
 def test_fsdp2_tied_embedding_decisions(text, model, accelerate, torch, expected):
-    assert lint(text, model, accelerate=accelerate, torch=torch, transformers="5.23.0")[0] == expected
+    found = lint(text, model, accelerate=accelerate, torch=torch, transformers="5.23.0")[0]
+    assert [f for f in found if f[0] == "GD662"] == expected
+
+
+def test_trainer_fsdp_defaults_to_version_2_only_from_transformers_5_10():
+    assert [f[0] for f in lint("fsdp: full_shard\n", "gemma3_text", accelerate="1.14.0", transformers="5.9.0")[0]] == []
+    [f] = [f for f in lint("fsdp: full_shard\n", "gemma3_text", accelerate="1.14.0", transformers=None)[1]
+           if f.code == "GD662"]
+    assert f.severity.value == "warning" and "TrainingArguments' default from transformers 5.10" in f.message
 
 
 def test_an_accelerate_config_is_read_with_its_sharding_and_shape():

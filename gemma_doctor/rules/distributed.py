@@ -10,8 +10,9 @@ from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure
+from gemma_doctor.stack import Window
 from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
-                                     FSDP_WRAP_GEMMA4_TOWERS, ZERO3_GEMMA4_CLIP_BUFFERS)
+                                     FSDP_WRAP_GEMMA4_TOWERS, TRAINER_FSDP2_DEFAULTS, ZERO3_GEMMA4_CLIP_BUFFERS)
 
 TRANSFORMER_WRAP = "TRANSFORMER_BASED_WRAP"
 GEMMA3_TOWER_CLASSES = ("SiglipVisionEmbeddings", "SiglipEncoderLayer", "SiglipMultiheadAttentionPoolingHead")
@@ -44,24 +45,25 @@ def uses_fsdp(tc: TrainingConfig) -> bool:
     return _text(fsdp.value).strip().lower() not in ("false", "no", "none")
 
 
-def _wrap_without_classes(tc: TrainingConfig) -> str | None:
-    """The setting that turns transformer-based auto-wrap on with no class list, or None when it is not so."""
+def _wrap_without_classes(tc: TrainingConfig) -> tuple[str, bool] | None:
+    """The setting that turns transformer-based auto-wrap on with no class list, and whether it does so only on the
+    transformers releases whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None when it does not."""
     classes = tc.get("fsdp_wrap_classes")
     if classes is not None and classes.value not in (None, "", []):
         return None
     policy = tc.get("fsdp_auto_wrap_policy")
     if policy is not None:
-        return "fsdp_auto_wrap_policy" if str(policy.value).strip().upper() == TRANSFORMER_WRAP else None
+        return ("fsdp_auto_wrap_policy", False) if str(policy.value).strip().upper() == TRANSFORMER_WRAP else None
     if tc.kind == "accelerate":
         return None  # accelerate's plugin defaults to NO_WRAP when the launcher passes no policy
     # TrainingArguments (TRL, axolotl, LLaMA-Factory): `fsdp: "full_shard auto_wrap"` picks TRANSFORMER_BASED_WRAP
-    # unless min_num_params > 0 (transformers 4.x training_args.py; 5.x's default policy is the same).
+    # unless min_num_params > 0 (4.x-5.9 training_args.py); from 5.10 any `fsdp` does.
     fsdp = tc.get("fsdp")
     minimum = tc.get("fsdp_min_num_params")
     size_based = minimum is not None and isinstance(minimum.value, int) and minimum.value > 0
-    if fsdp is not None and "auto_wrap" in _text(fsdp.value).lower() and not size_based:
-        return "fsdp"
-    return None
+    if fsdp is None or size_based:
+        return None
+    return "fsdp", "auto_wrap" not in _text(fsdp.value).lower()
 
 
 def _config(model: ModelFacts) -> dict[str, Any]:
@@ -87,11 +89,14 @@ def _absent_and_cure(model: ModelFacts) -> tuple[tuple[str, ...], tuple[str, ...
 def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
     if not uses_fsdp(tc):
         return
-    key = _wrap_without_classes(tc)
+    trigger = _wrap_without_classes(tc)
     known = _absent_and_cure(model)
-    if key is None or known is None:
+    if trigger is None or known is None:
         return
+    key, by_default = trigger
     absent, cure, window = known
+    if by_default:  # both must hold: the Trainer wraps by default, and it lists the absent classes
+        window = Window(window.package, f"{window.spec},{TRAINER_FSDP2_DEFAULTS.spec}", window.first_fixed)
     exposure = env.libraries.exposure(window)
     if exposure is Exposure.SAFE:
         return
@@ -154,19 +159,26 @@ def _tied(model: ModelFacts) -> bool:
 
 def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
     version = tc.get("fsdp_version")
-    if not uses_fsdp(tc) or version is None or str(version.value).strip() != "2" or not _tied(model):
+    if not uses_fsdp(tc) or not _tied(model):
         return
-    exposures = [env.libraries.exposure(w) for w in (FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK)]
+    windows = [FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK]
+    if version is None and tc.kind != "accelerate":
+        windows.append(TRAINER_FSDP2_DEFAULTS)  # TrainingArguments' FSDP version is 2 by default from 5.10
+    elif version is None or str(version.value).strip() != "2":
+        return
+    exposures = [env.libraries.exposure(w) for w in windows]
     if Exposure.SAFE in exposures:
         return
     affected = all(e is Exposure.AFFECTED for e in exposures)
-    libs = f"{env.libraries.get('accelerate').describe()}, {env.libraries.get('torch').describe()}"
+    libs = ", ".join(env.libraries.get(w.package).describe() for w in windows)
     yield setting_finding(
         "GD662", Severity.ERROR if affected else Severity.WARNING,
-        f"FSDP2 on {model.family.display_name}, whose lm_head shares embed_tokens' weight, "
+        "FSDP2" + (" (TrainingArguments' default from transformers 5.10)" if version is None else "")
+        + f" on {model.family.display_name}, whose lm_head shares embed_tokens' weight, "
         + ("with" if affected else "if the run uses") + " accelerate 1.14.0 and torch >= 2.13"
         + ("" if affected else f" (it will use {libs})")
         + ": accelerate 1.14.0 puts the tied embedding in a group of its own and lm_head in the root group, which torch "
         "2.13 refuses at the first forward: \"Parameter 'model.embed_tokens.weight' is shared with a parameter already "
         "managed by another FSDP group\" (reproduced on CPU with 2 gloo processes; accelerate PR #4171, fixed in 1.15.0)",
-        f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")", tc, "fsdp_version")
+        f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")", tc,
+        "fsdp_version" if version is not None else "fsdp")
