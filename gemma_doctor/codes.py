@@ -133,6 +133,9 @@ _CODES = [
     Code("GD761", "adapter-key-layout-old", "the adapter's keys use the pre-4.52 multimodal layout and the PEFT that will load it (< 0.16) does not map them"),
     Code("GD770", "processor-config-missing", "a saved multimodal Gemma folder lacks preprocessor_config.json: AutoProcessor and vLLM cannot load it"),
     Code("GD771", "gguf-tokenizer-model-missing", "a saved Gemma 1/2 folder has tokenizer.json but no tokenizer.model, which llama.cpp's GGUF converter reads"),
+    Code("GD660", "fsdp-wrap-class-absent", "FSDP transformer-based auto-wrap without a class list names layer classes this checkpoint lacks: accelerate stops"),
+    Code("GD661", "zero3-gemma4-clip-buffers", "DeepSpeed ZeRO-3 on a Gemma 4 with towers on transformers 5.5.x: the clip buffers are not loaded"),
+    Code("GD662", "fsdp2-tied-embeddings", "FSDP2 on a tied-embedding Gemma with accelerate 1.14.0 and torch >= 2.13: the shared parameter is refused"),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
     Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),

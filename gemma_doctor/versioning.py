@@ -74,3 +74,31 @@ TRL_PACKING_NO_POSITION_IDS = Window("trl", ">=0.19.0,<0.20.0", "0.20.0")
 TRL_CHUNKED_LOGPROBS = Window("trl", ">=1.15.0")
 # TRL adds a second <bos> to a conversational dataset before 0.17.0 (TRL PR #3328).
 TRL_CONVERSATIONAL_DOUBLE_BOS = Window("trl", "<0.17.0", "0.17.0")
+
+
+# --- distributed runs (rules/distributed.py; docs/findings.md GD66x) -----------------------------------------------
+
+# FSDP transformer-based auto-wrap without a class list wraps `model._no_split_modules`, and accelerate raises "Could
+# not find the transformer layer class X in the model" for a class the model lacks. Read from every released wheel's
+# modeling_gemma3.py: Gemma3PreTrainedModel lists the three Siglip tower classes from 4.50.0 to 5.14.1 (a text-only
+# Gemma3ForCausalLM has none of them) and only Gemma3DecoderLayer from 5.15.0. Gemma4PreTrainedModel lists
+# Gemma4VisionEncoderLayer and Gemma4AudioLayer in every release from 5.5.0 (and Gemma4VisionPatchEmbedder from
+# 5.10), still in 5.24.0: no fixed release yet. Reproduced with accelerate 1.10.1 and 1.15.0 (tests/test_distributed.py).
+FSDP_WRAP_GEMMA3_TOWERS = Window("transformers", ">=4.50.0.dev0,<5.15.0", "5.15.0")
+FSDP_WRAP_GEMMA4_TOWERS = Window("transformers", ">=5.5.0.dev0")
+# Under DeepSpeed ZeRO-3, transformers loads parameters through _load_state_dict_into_zero3_model, which skipped
+# buffers until 5.6.0 ("Buffers are not partitioned by ZeRO-3, load them directly", absent from the 5.5.0-5.5.4 wheels'
+# integrations/deepspeed.py): Gemma 4's Gemma4ClippableLinear clip bounds (input_min/max, output_min/max buffers of the
+# towers) stay at +-inf (transformers #45397, PR #45402; LLaMA-Factory #10355; ms-swift #9078).
+ZERO3_GEMMA4_CLIP_BUFFERS = Window("transformers", ">=5.5.0.dev0,<5.6.0", "5.6.0")
+# accelerate 1.14.0's fsdp2_prepare_model puts a tied input embedding in a tail group fully_shard([final_norm,
+# input_embed]) and leaves lm_head (the same parameter) to the root group; torch >= 2.13 refuses a parameter seen by two
+# FSDP groups ("Parameter 'model.embed_tokens.weight' is shared with a parameter already managed by another FSDP
+# group"). 1.13.0 has no tail group; 1.15.0 adds output_embed to it (accelerate PR #4171). Read from the three wheels;
+# reproduced on CPU with 2 gloo processes (tests/scripts/fsdp2_tied.py): 1.14.0 raises, 1.15.0 trains.
+FSDP2_TIED_TAIL_GROUP = Window("accelerate", "==1.14.0", "1.15.0")
+FSDP2_SHARED_PARAM_CHECK = Window("torch", ">=2.13.0.dev0")
+# TrainingArguments' FSDP defaults (training_args.py of every 5.x wheel): up to 5.9.0 the `fsdp` option needs
+# "auto_wrap" for transformer-based wrapping and FSDP defaults to version 1; from 5.10.1 (the next release) any `fsdp`
+# wraps TRANSFORMER_BASED_WRAP unless fsdp_config names another auto_wrap_policy, and the version defaults to 2.
+TRAINER_FSDP2_DEFAULTS = Window("transformers", ">=5.10.0")

@@ -153,6 +153,13 @@ def _workspace(tmp: Path, cached: bool) -> tuple[Path, Path]:
     (work / "train" / "dpo.json").write_text('{"bf16": true, "beta": 0.1, "max_grad_norm": 1.0}\n')
     (work / "requirements.txt").write_text("transformers==4.50.3\n")
     _after_training(work)
+    # docs/distributed.md: an accelerate FSDP2 config without a class list, and with the one GD660 names.
+    accel = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+             "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_reshard_after_forward: true\n"
+             "  fsdp_state_dict_type: SHARDED_STATE_DICT\nmixed_precision: bf16\nnum_machines: 2\nnum_processes: 16\n")
+    (work / "accelerate.yaml").write_text(accel)
+    (work / "accelerate-fixed.yaml").write_text(accel.replace(
+        "TRANSFORMER_BASED_WRAP\n", "TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Gemma3DecoderLayer\n"))
     return cache, work
 
 

@@ -49,6 +49,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
+    # How the run is sharded (rules/distributed.py): accelerate's fsdp_config (fsdp_-prefixed keys), TrainingArguments'
+    # / TRL's / axolotl's fsdp_config (prefix optional: transformers strips it), DeepSpeed's offload, the node count.
+    "num_machines": ("num_machines",),
+    "fsdp_version": ("fsdp_config.fsdp_version", "fsdp_config.version", "fsdp_version"),
+    "fsdp_auto_wrap_policy": ("fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.auto_wrap_policy", "fsdp_auto_wrap_policy"),
+    "fsdp_wrap_classes": ("fsdp_config.fsdp_transformer_layer_cls_to_wrap", "fsdp_config.transformer_layer_cls_to_wrap",
+                          "fsdp_transformer_layer_cls_to_wrap"),
+    "fsdp_min_num_params": ("fsdp_config.fsdp_min_num_params", "fsdp_config.min_num_params"),
+    "fsdp_offload_params": ("fsdp_config.fsdp_offload_params", "fsdp_config.offload_params", "fsdp_config.cpu_offload"),
+    "offload_param": ("zero_optimization.offload_param.device", "deepspeed_config.offload_param_device"),
+    "deepspeed_config_file": ("deepspeed_config.deepspeed_config_file",),
     # The pitfall catalogue (docs/findings.md GD42x, GD64x): attention backend, packing, LoRA targets.
     # LLaMA-Factory spells the backend flash_attn (auto | disabled | sdpa | fa2).
     "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation",
@@ -304,8 +315,10 @@ def _looks_like_dpo(data: dict[str, Any]) -> bool:
     return bool(losses) and all(isinstance(x, str) and x.lower() in _DPO_LOSS_TYPES for x in losses)
 
 
-def read(path: str) -> TrainingConfig:
+def read(path: str, follow: bool = True) -> TrainingConfig:
     """Read the training config at ``path``; a file that cannot be used becomes a fact with ``error``.
+
+    With ``follow``, a DeepSpeed JSON the config names adds its ZeRO stage and offload (one level, never further).
 
     Opened without blocking and checked to be a regular file first: a FIFO or device is refused, never waited on.
     """
@@ -327,7 +340,37 @@ def read(path: str) -> TrainingConfig:
     if not text.strip():
         return TrainingConfig(path, error="empty file")
     yaml_first = Path(path).suffix.lower() in (".yaml", ".yml")
-    return parse(text, path, yaml_first)
+    tc = parse(text, path, yaml_first)
+    return _with_deepspeed_file(tc) if follow else tc
+
+
+# The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets.
+_DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param")
+
+
+def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
+    """Add the ZeRO stage and offload of the DeepSpeed JSON a config names (TrainingArguments / TRL / axolotl /
+    LLaMA-Factory `deepspeed: ds_z3.json`, accelerate's `deepspeed_config.deepspeed_config_file`) when the config
+    itself does not state them. The path is tried as written (relative to the working folder, as the launchers read
+    it), then next to the config. A file that cannot be read adds nothing: the config's own settings stand."""
+    if not tc.ok:
+        return tc
+    ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
+    if ref is None or not isinstance(ref.value, str) or not ref.value.strip().lower().endswith(".json") \
+            or all(tc.get(name) is not None for name in _DEEPSPEED_FILE_SETTINGS):
+        return tc
+    written = Path(ref.value.strip())
+    for candidate in (written, Path(tc.path).parent / written):
+        if candidate.is_file():
+            break
+    else:
+        return tc
+    ds = read(str(candidate), follow=False)
+    if not ds.ok or ds.kind != "deepspeed":
+        return tc
+    added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
+             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings}
+    return TrainingConfig(tc.path, tc.kind, {**tc.settings, **added}) if added else tc
 
 
 def load(path: str) -> TrainingConfig:

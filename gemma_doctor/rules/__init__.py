@@ -6,8 +6,8 @@ from typing import Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
-from gemma_doctor.rules import (after, attention, catalogue, crashes, dtypes, files, libraries, loading, members, memory,
-                                 precision, tokens, training, use_cache, weights)
+from gemma_doctor.rules import (after, attention, catalogue, crashes, distributed, dtypes, files, libraries, loading,
+                                 members, memory, precision, tokens, training, use_cache, weights)
 
 Rule = Callable[[ModelFacts, Environment, CheckOptions], Iterable[Finding]]
 
@@ -21,6 +21,7 @@ RULES: tuple[Rule, ...] = (
     weights.check,
     training.check,
     members.check,
+    distributed.check,
     precision.check,
     libraries.check,
     libraries.beyond_horizon,

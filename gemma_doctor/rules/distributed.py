@@ -1,0 +1,184 @@
+"""Distributed-run lint (GD66x): how the training config shards the run (FSDP / FSDP2 through accelerate or the
+Trainer, DeepSpeed ZeRO), judged against the model's classes and the libraries that will run."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.readers.training_config import TrainingConfig
+from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.training import setting_finding
+from gemma_doctor.stack import Exposure
+from gemma_doctor.stack import Window
+from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
+                                     FSDP_WRAP_GEMMA4_TOWERS, TRAINER_FSDP2_DEFAULTS, ZERO3_GEMMA4_CLIP_BUFFERS)
+
+TRANSFORMER_WRAP = "TRANSFORMER_BASED_WRAP"
+GEMMA3_TOWER_CLASSES = ("SiglipVisionEmbeddings", "SiglipEncoderLayer", "SiglipMultiheadAttentionPoolingHead")
+GEMMA4_VISION_CLASSES = ("Gemma4VisionEncoderLayer", "Gemma4VisionPatchEmbedder")
+GEMMA4_AUDIO_CLASSES = ("Gemma4AudioLayer",)
+
+
+def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """Lint the sharding settings of the --training-config file against this model and the libraries."""
+    tc = env.training_config
+    if tc is None or not tc.ok or not model.family.is_gemma:
+        return
+    yield from _fsdp_wrap(model, env, tc)
+    yield from _zero3_clip_buffers(model, env, tc)
+    yield from _fsdp2_tied(model, env, tc)
+
+
+def _text(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def uses_fsdp(tc: TrainingConfig) -> bool:
+    """The config shards with FSDP: accelerate's distributed_type FSDP, or the Trainer's / axolotl's fsdp option."""
+    dist = tc.get("distributed_type")
+    if dist is not None:
+        return str(dist.value).upper() == "FSDP"
+    fsdp = tc.get("fsdp")
+    if fsdp is None or fsdp.value in (None, False, "", [], 0):
+        return False
+    return _text(fsdp.value).strip().lower() not in ("false", "no", "none")
+
+
+def _wrap_without_classes(tc: TrainingConfig) -> tuple[str, bool] | None:
+    """The setting that turns transformer-based auto-wrap on with no class list, and whether it does so only on the
+    transformers releases whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None when it does not."""
+    classes = tc.get("fsdp_wrap_classes")
+    if classes is not None and classes.value not in (None, "", []):
+        return None
+    policy = tc.get("fsdp_auto_wrap_policy")
+    if policy is not None:
+        return ("fsdp_auto_wrap_policy", False) if str(policy.value).strip().upper() == TRANSFORMER_WRAP else None
+    if tc.kind == "accelerate":
+        return None  # accelerate's plugin defaults to NO_WRAP when the launcher passes no policy
+    # TrainingArguments (TRL, axolotl, LLaMA-Factory): `fsdp: "full_shard auto_wrap"` picks TRANSFORMER_BASED_WRAP
+    # unless min_num_params > 0 (4.x-5.9 training_args.py); from 5.10 any `fsdp` does.
+    fsdp = tc.get("fsdp")
+    minimum = tc.get("fsdp_min_num_params")
+    size_based = minimum is not None and isinstance(minimum.value, int) and minimum.value > 0
+    if fsdp is None or size_based:
+        return None
+    return "fsdp", "auto_wrap" not in _text(fsdp.value).lower()
+
+
+def _config(model: ModelFacts) -> dict[str, Any]:
+    return model.config.data if model.config.ok and isinstance(model.config.data, dict) else {}
+
+
+def _absent_and_cure(model: ModelFacts) -> tuple[tuple[str, ...], tuple[str, ...], Any] | None:
+    """(listed classes the model lacks, the classes to wrap instead, the window in which they are listed)."""
+    fam = model.family
+    data = _config(model)
+    if fam.model_type == "gemma3_text":
+        return GEMMA3_TOWER_CLASSES, ("Gemma3DecoderLayer",), FSDP_WRAP_GEMMA3_TOWERS
+    if fam.model_type in ("gemma4", "gemma4_text"):
+        vision = fam.model_type == "gemma4" and isinstance(data.get("vision_config"), dict)
+        audio = fam.model_type == "gemma4" and isinstance(data.get("audio_config"), dict)
+        absent = (() if vision else GEMMA4_VISION_CLASSES) + (() if audio else GEMMA4_AUDIO_CLASSES)
+        cure = ("Gemma4TextDecoderLayer",) + (("Gemma4VisionEncoderLayer",) if vision else ()) \
+            + (("Gemma4AudioLayer",) if audio else ())
+        return (absent, cure, FSDP_WRAP_GEMMA4_TOWERS) if absent else None
+    return None
+
+
+def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+    if not uses_fsdp(tc):
+        return
+    trigger = _wrap_without_classes(tc)
+    known = _absent_and_cure(model)
+    if trigger is None or known is None:
+        return
+    key, by_default = trigger
+    absent, cure, window = known
+    if by_default:  # both must hold: the Trainer wraps by default, and it lists the absent classes
+        window = Window(window.package, f"{window.spec},{TRAINER_FSDP2_DEFAULTS.spec}", window.first_fixed)
+    exposure = env.libraries.exposure(window)
+    if exposure is Exposure.SAFE:
+        return
+    who = env.libraries.get("transformers").describe()
+    since = f"transformers {window.spec.replace(',', ', ')}"
+    when = "" if exposure is Exposure.AFFECTED else f" if the run uses {since} (it will use {who})"
+    paste = ",".join(cure)
+    yield setting_finding(
+        "GD660", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
+        f"FSDP transformer-based auto-wrap without a class list wraps the model's _no_split_modules, which on "
+        f"{model.family.display_name} name {', '.join(absent)}: classes this checkpoint does not have, so accelerate "
+        f"stops before training with \"Could not find the transformer layer class ... in the model\" naming the "
+        f"first of them it meets{when} "
+        f"(reproduced on CPU with accelerate's FullyShardedDataParallelPlugin"
+        + ("; verl #4950)" if model.family.model_type.startswith("gemma4") else ")"),
+        f"name the layers to wrap: fsdp_transformer_layer_cls_to_wrap: {paste} (accelerate config; "
+        f"TrainingArguments: fsdp_config: {{transformer_layer_cls_to_wrap: [{', '.join(cure)}]}})"
+        + (f"; or pip install \"transformers>={window.first_fixed}\"" if window.first_fixed else ""),
+        tc, key, classes_to_wrap=list(cure), classes_absent=list(absent))
+
+
+def _zero_stage(tc: TrainingConfig) -> int | None:
+    z = tc.get("zero_stage")
+    if z is None or isinstance(z.value, bool):
+        return None
+    try:
+        return int(str(z.value).strip())
+    except ValueError:
+        return None
+
+
+def _zero3_clip_buffers(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+    data = _config(model)
+    towers = model.family.model_type == "gemma4" and any(isinstance(data.get(k), dict) for k in ("vision_config", "audio_config"))
+    if not towers or _zero_stage(tc) != 3:
+        return
+    exposure = env.libraries.exposure(ZERO3_GEMMA4_CLIP_BUFFERS)
+    if exposure is Exposure.SAFE:
+        return
+    when = "" if exposure is Exposure.AFFECTED else \
+        f" if the run uses transformers 5.5.0-5.5.4 (it will use {env.libraries.get('transformers').describe()})"
+    yield setting_finding(
+        "GD661", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
+        f"DeepSpeed ZeRO-3 on {model.family.display_name} with vision/audio towers{when}: transformers 5.5.0-5.5.4 "
+        "load ZeRO-3 models without their buffers, so the towers' Gemma4ClippableLinear clip bounds (input_min/max, "
+        "output_min/max) are reported missing and stay at +-inf: garbled outputs, a loss that never converges "
+        "(transformers #45397, fixed by PR #45402 in 5.6.0; LLaMA-Factory #10355)",
+        f"pip install \"transformers>={ZERO3_GEMMA4_CLIP_BUFFERS.first_fixed}\" (or train with ZeRO-2 / FSDP)",
+        tc, "zero_stage")
+
+
+def _tied(model: ModelFacts) -> bool:
+    """Gemma ties lm_head to embed_tokens unless a config says tie_word_embeddings: false."""
+    data = _config(model)
+    for node in (data, data.get("text_config")):
+        if isinstance(node, dict) and node.get("tie_word_embeddings") is False:
+            return False
+    return True
+
+
+def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+    version = tc.get("fsdp_version")
+    if not uses_fsdp(tc) or not _tied(model):
+        return
+    windows = [FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK]
+    if version is None and tc.kind != "accelerate":
+        windows.append(TRAINER_FSDP2_DEFAULTS)  # TrainingArguments' FSDP version is 2 by default from 5.10
+    elif version is None or str(version.value).strip() != "2":
+        return
+    exposures = [env.libraries.exposure(w) for w in windows]
+    if Exposure.SAFE in exposures:
+        return
+    affected = all(e is Exposure.AFFECTED for e in exposures)
+    libs = ", ".join(env.libraries.get(w.package).describe() for w in windows)
+    yield setting_finding(
+        "GD662", Severity.ERROR if affected else Severity.WARNING,
+        "FSDP2" + (" (TrainingArguments' default from transformers 5.10)" if version is None else "")
+        + f" on {model.family.display_name}, whose lm_head shares embed_tokens' weight, "
+        + ("with" if affected else "if the run uses") + " accelerate 1.14.0 and torch >= 2.13"
+        + ("" if affected else f" (it will use {libs})")
+        + ": accelerate 1.14.0 puts the tied embedding in a group of its own and lm_head in the root group, which torch "
+        "2.13 refuses at the first forward: \"Parameter 'model.embed_tokens.weight' is shared with a parameter already "
+        "managed by another FSDP group\" (reproduced on CPU with 2 gloo processes; accelerate PR #4171, fixed in 1.15.0)",
+        f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")", tc,
+        "fsdp_version" if version is not None else "fsdp")

@@ -1,0 +1,293 @@
+"""The distributed-run lint (rules/distributed.py, GD660-GD662) and the reading of launch configs behind it.
+
+The decision tables call the rule on real config readers and version facts. The reproduction (slow) runs accelerate's
+own auto-wrap code on tiny models in two venvs, once each (tests/scripts/fsdp_wrap_cases.py): transformers 4.57.6 +
+accelerate 1.10.1 (V4_LATE: Gemma 3's list still names the Siglip tower) and this venv's 5.23.0 + 1.15.0 (Gemma 4's
+list names towers a text-only or audio-less model lacks). `check`, run in each venv on the saved config with an
+accelerate YAML, raises GD660; the class list the finding names, pasted into the YAML, silences it, and passed to the
+same accelerate code, wraps the model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.family import detect
+from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers import training_config
+from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.readers.versions import Versions
+from gemma_doctor.rules import distributed
+from tests.builders import gemma3_1b_config, gemma3_12b_config
+from tests.test_crashes import gemma4_config
+from tests.venvs import ACCEL_FSDP2_TIED, V4_LATE, ensure_venv, subprocess_env
+
+SCRIPT = Path(__file__).parent / "scripts" / "fsdp_wrap_cases.py"
+TIED_SCRIPT = Path(__file__).parent / "scripts" / "fsdp2_tied.py"
+
+GEMMA4_NO_AUDIO = {**gemma4_config(), "audio_config": None}
+GEMMA4_TEXT = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 1536,
+               "num_hidden_layers": 35, "vocab_size": 262144}
+MODELS = {"gemma3_text": gemma3_1b_config(), "gemma3": gemma3_12b_config(), "gemma4": gemma4_config(),
+          "gemma4_no_audio": GEMMA4_NO_AUDIO, "gemma4_text": GEMMA4_TEXT,
+          "gemma3_untied": {**gemma3_1b_config(), "tie_word_embeddings": False}}
+NEW = {"transformers": "5.23.0", "accelerate": "1.15.0", "torch": "2.13.0"}
+
+
+def lint(text: str, model: str, path: str = "accelerate.yaml", **versions: str):
+    """[(code, severity, key)] of the distributed rule alone, and the findings."""
+    tc = training_config.parse(text, path, yaml_first=path.endswith(".yaml"))
+    assert tc.ok, tc.error
+    cfg = MODELS[model]
+    folder = Path("model")
+    facts = ModelFacts(Snapshot("x", folder), JsonFile(folder / "config.json", True, data=cfg),
+                       JsonFile(folder / "generation_config.json", False), detect(cfg))
+    packages = {k: v for k, v in {**NEW, **versions}.items() if v}
+    env = Environment(Versions(packages), training_config=tc)
+    found = list(distributed.check(facts, env, CheckOptions(gpu=None)))
+    return [(f.code, f.severity.value, f.key) for f in found], found
+
+
+ACCEL_FSDP = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 1
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_sharding_strategy: FULL_SHARD
+num_machines: 2
+num_processes: 16
+"""
+WITH_CLASSES = ACCEL_FSDP.replace("  fsdp_version: 1\n", "  fsdp_version: 1\n  fsdp_transformer_layer_cls_to_wrap: X\n")
+WRAP = ("GD660", "error", "fsdp_config.fsdp_auto_wrap_policy")
+
+
+@pytest.mark.parametrize("text, model, transformers, expected", [
+    (ACCEL_FSDP, "gemma3_text", "4.57.6", [WRAP]),
+    (ACCEL_FSDP, "gemma3_text", "5.14.1", [WRAP]),
+    (ACCEL_FSDP, "gemma3_text", "5.15.0", []),  # the first release listing Gemma3DecoderLayer alone
+    (ACCEL_FSDP, "gemma3_text", None, [("GD660", "warning", "fsdp_config.fsdp_auto_wrap_policy")]),
+    (ACCEL_FSDP, "gemma3", "4.57.6", []),  # the multimodal model has the Siglip classes
+    (ACCEL_FSDP, "gemma4_text", "5.23.0", [WRAP]),
+    (ACCEL_FSDP, "gemma4_no_audio", "5.23.0", [WRAP]),
+    (ACCEL_FSDP, "gemma4", "5.23.0", []),  # both towers: every listed class is there
+    (WITH_CLASSES, "gemma3_text", "4.57.6", []),  # the cure: a class list
+    (ACCEL_FSDP.replace("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP"), "gemma4_text", "5.23.0", []),
+    (ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", ""), "gemma4_text", "5.23.0", []),  # NO_WRAP
+    (ACCEL_FSDP.replace("distributed_type: FSDP", "distributed_type: MULTI_GPU"), "gemma4_text", "5.23.0", []),
+    # TrainingArguments / TRL / axolotl: `fsdp: ... auto_wrap` picks TRANSFORMER_BASED_WRAP unless min_num_params > 0
+    ("fsdp: full_shard auto_wrap\nbf16: true\n", "gemma3_text", "4.57.6", [("GD660", "error", "fsdp")]),
+    ("fsdp: [full_shard, auto_wrap]\nfsdp_config:\n  fsdp_transformer_layer_cls_to_wrap: Gemma3DecoderLayer\n",
+     "gemma3_text", "4.57.6", []),
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", "4.57.6", []),
+    ("fsdp: full_shard\n", "gemma3_text", "4.57.6", []),  # no auto_wrap: no wrapping before transformers 5.10
+    ("fsdp: full_shard\n", "gemma4_text", "5.9.0", []),
+    # from 5.10 TrainingArguments wraps TRANSFORMER_BASED_WRAP whenever fsdp is on (training_args.py of the wheels)
+    ("fsdp: full_shard\n", "gemma4_text", "5.10.1", [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard\n", "gemma3_text", "5.14.1", [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard\n", "gemma3_text", "5.15.0", []),
+    ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: NO_WRAP\n", "gemma4_text", "5.23.0", []),
+    ("fsdp: ''\n", "gemma3_text", "4.57.6", []),
+    ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", "gemma4_text", "5.23.0",
+     [("GD660", "error", "fsdp_config.auto_wrap_policy")]),
+])
+def test_fsdp_wrap_decisions(text, model, transformers, expected):
+    assert lint(text, model, transformers=transformers)[0] == expected
+
+
+def test_gd660_names_the_classes_to_paste():
+    _, [f] = lint(ACCEL_FSDP, "gemma4_no_audio", transformers="5.23.0")
+    assert f.details["classes_to_wrap"] == ["Gemma4TextDecoderLayer", "Gemma4VisionEncoderLayer"]
+    assert f.details["classes_absent"] == ["Gemma4AudioLayer"]
+    assert "fsdp_transformer_layer_cls_to_wrap: Gemma4TextDecoderLayer,Gemma4VisionEncoderLayer" in f.fix
+    assert "pip install" not in f.fix  # no release fixes Gemma 4's list yet
+    _, [f] = lint(ACCEL_FSDP, "gemma3_text", transformers="4.57.6")
+    assert f.details["line"] == 5 and 'pip install "transformers>=5.15.0"' in f.fix
+    assert "SiglipVisionEmbeddings, SiglipEncoderLayer, SiglipMultiheadAttentionPoolingHead" in f.message
+
+
+DS_Z3 = json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": True}})
+
+
+@pytest.mark.parametrize("text, path, model, transformers, expected", [
+    (DS_Z3, "ds.json", "gemma4", "5.5.4", [("GD661", "error", "zero_optimization.stage")]),
+    (DS_Z3, "ds.json", "gemma4", "5.5.0", [("GD661", "error", "zero_optimization.stage")]),
+    (DS_Z3, "ds.json", "gemma4", "5.6.0", []),
+    (DS_Z3, "ds.json", "gemma4", None, [("GD661", "warning", "zero_optimization.stage")]),
+    (DS_Z3, "ds.json", "gemma4_text", "5.5.4", []),  # no towers, no clip buffers
+    (DS_Z3.replace('"stage": 3', '"stage": 2'), "ds.json", "gemma4", "5.5.4", []),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n", "accelerate.yaml", "gemma4", "5.5.1",
+     [("GD661", "error", "deepspeed_config.zero_stage")]),
+])
+def test_zero3_clip_buffer_decisions(text, path, model, transformers, expected):
+    assert lint(text, model, path, transformers=transformers)[0] == expected
+
+
+FSDP2 = ACCEL_FSDP.replace("fsdp_version: 1", "fsdp_version: 2") \
+    .replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", "")
+TIED = ("GD662", "error", "fsdp_config.fsdp_version")
+
+
+@pytest.mark.parametrize("text, model, accelerate, torch, expected", [
+    (FSDP2, "gemma3_text", "1.14.0", "2.13.0", [TIED]),
+    (FSDP2, "gemma4_text", "1.14.0", "2.13.0", [TIED]),
+    (FSDP2, "gemma3_text", "1.15.0", "2.13.0", []),
+    (FSDP2, "gemma3_text", "1.13.0", "2.13.0", []),
+    (FSDP2, "gemma3_text", "1.14.0", "2.12.0", []),  # torch 2.12 lets two groups see one parameter
+    (FSDP2, "gemma3_text", "1.14.0", None, [("GD662", "warning", "fsdp_config.fsdp_version")]),
+    (FSDP2, "gemma3_untied", "1.14.0", "2.13.0", []),
+    # TrainingArguments without fsdp_config.version: FSDP2 from transformers 5.10 (NEW pins 5.23.0)
+    ("fsdp: full_shard\n", "gemma3_text", "1.14.0", "2.13.0", [("GD662", "error", "fsdp")]),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 1\n", "gemma3_text", "1.14.0", "2.13.0", []),
+    (ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", ""), "gemma3_text", "1.14.0", "2.13.0",
+     []),  # FSDP1
+])
+def test_fsdp2_tied_embedding_decisions(text, model, accelerate, torch, expected):
+    found = lint(text, model, accelerate=accelerate, torch=torch, transformers="5.23.0")[0]
+    assert [f for f in found if f[0] == "GD662"] == expected
+
+
+def test_trainer_fsdp_defaults_to_version_2_only_from_transformers_5_10():
+    assert [f[0] for f in lint("fsdp: full_shard\n", "gemma3_text", accelerate="1.14.0", transformers="5.9.0")[0]] == []
+    [f] = [f for f in lint("fsdp: full_shard\n", "gemma3_text", accelerate="1.14.0", transformers=None)[1]
+           if f.code == "GD662"]
+    assert f.severity.value == "warning" and "TrainingArguments' default from transformers 5.10" in f.message
+
+
+def test_an_accelerate_config_is_read_with_its_sharding_and_shape():
+    tc = training_config.parse(WITH_CLASSES, "accelerate.yaml", yaml_first=True)
+    got = {k: (s.key, s.value, s.line) for k, s in tc.settings.items()}
+    assert tc.kind == "accelerate"
+    assert got["distributed_type"] == ("distributed_type", "FSDP", 2)
+    assert got["fsdp_version"] == ("fsdp_config.fsdp_version", 1, 4)
+    assert got["fsdp_wrap_classes"] == ("fsdp_config.fsdp_transformer_layer_cls_to_wrap", "X", 5)
+    assert got["num_machines"] == ("num_machines", 2, 8) and got["num_processes"] == ("num_processes", 16, 9)
+    ds = training_config.parse(DS_Z3, "ds.json", yaml_first=False)
+    assert ds.kind == "deepspeed" and ds.get("zero_stage").value == 3 and ds.get("offload_param").value == "cpu"
+
+
+# --- the reproduction: accelerate's own code, two venvs -------------------------------------------------------------
+
+def _cases(python: str, out: Path, classes: dict) -> dict:
+    done = subprocess.run([python, str(SCRIPT), str(out), json.dumps(classes)], capture_output=True, text=True,
+                          timeout=600, env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check(python: str, folder: Path, launch: Path) -> dict[str, dict]:
+    done = subprocess.run([python, "-m", "gemma_doctor", "check", str(folder), "--training-config", str(launch),
+                           "--format", "json", "--fail-on", "never"], capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return {f["code"]: f for f in json.loads(done.stdout)["models"][0]["findings"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Per venv: the run with no class list, check's findings before and after pasting the cure, the cured run."""
+    out = {}
+    for label, python in (("4.57.6", str(ensure_venv(V4_LATE))), ("5.23.0", sys.executable)):
+        work = tmp_path_factory.mktemp(f"fsdp-{label}")
+        before = _cases(python, work, {})
+        assert before["transformers"] == label
+        launch = work / "accelerate.yaml"
+        launch.write_text(ACCEL_FSDP)
+        findings, cures = {}, {}
+        for name in before["models"]:
+            findings[name] = _check(python, work / name, launch)
+            cure = findings[name].get("GD660", {}).get("details", {}).get("classes_to_wrap")
+            if cure:
+                cures[name] = cure
+        cured_launch = work / "cured.yaml"
+        after_findings = {}
+        for name, cure in cures.items():
+            cured_launch.write_text(WITH_CLASSES.replace(": X\n", f": {','.join(cure)}\n"))
+            after_findings[name] = _check(python, work / name, cured_launch)
+        after = _cases(python, work, cures)
+        out[label] = {"before": before, "findings": findings, "cures": cures, "after_findings": after_findings,
+                      "after": after}
+    return out
+
+
+EXPECTED_CURES = {
+    "4.57.6": {"gemma3_text": ["Gemma3DecoderLayer"]},
+    "5.23.0": {"gemma4_text": ["Gemma4TextDecoderLayer"],
+               "gemma4_no_audio": ["Gemma4TextDecoderLayer", "Gemma4VisionEncoderLayer"]},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["4.57.6", "5.23.0"])
+def test_accelerate_fails_where_gd660_says_and_its_cure_wraps_the_model(runs, label):
+    run = runs[label]
+    assert run["cures"] == EXPECTED_CURES[label]
+    for name, model in run["before"]["models"].items():
+        failed = [v for v in (model["fsdp1"], model["fsdp2"]) if v != "ok"]
+        if name in run["cures"]:
+            # Before: accelerate stops, naming a class the finding lists as absent.
+            absent = run["findings"][name]["GD660"]["details"]["classes_absent"]
+            assert len(failed) == 2, model
+            for error in failed:
+                assert error.startswith("ValueError: Could not find the transformer layer class ")
+                assert error.split("class ")[1].split(" in the model")[0] in absent
+            # After: the class list from the finding silences it and accelerate's policy wraps the layers.
+            assert "GD660" not in run["after_findings"][name]
+            assert run["after"]["models"][name]["fsdp1"] == "ok" and run["after"]["models"][name]["fsdp2"] == "ok"
+        else:
+            assert failed == [] and "GD660" not in run["findings"][name]  # 5.23.0's Gemma 3: nothing to report
+
+
+def test_a_deepspeed_file_named_by_the_training_config_adds_its_stage(tmp_path):
+    """`deepspeed: ds_z3.json` (TRL, axolotl, LLaMA-Factory): GD661 reads the stage from the named file."""
+    (tmp_path / "ds_z3.json").write_text(json.dumps({"zero_optimization": {"stage": 3}, "deepspeed": "ds_z3.json"}))
+    (tmp_path / "sft.yaml").write_text("bf16: true\ndeepspeed: ds_z3.json\n")
+    tc = training_config.read(str(tmp_path / "sft.yaml"))
+    stage = tc.get("zero_stage")
+    assert (stage.key, stage.value) == ("deepspeed (ds_z3.json: zero_optimization.stage)", 3)
+    (tmp_path / "sft.yaml").write_text("bf16: true\ndeepspeed: missing.json\n")
+    assert training_config.read(str(tmp_path / "sft.yaml")).get("zero_stage") is None  # nothing to add, no error
+    # The named file refers to itself: read one level, never further.
+    assert training_config.read(str(tmp_path / "ds_z3.json")).get("zero_stage").key == "zero_optimization.stage"
+
+
+@pytest.fixture(scope="module")
+def tied_runs(tmp_path_factory) -> dict:
+    """FSDP2 through accelerate's fsdp2_prepare_model on 2 gloo processes, and check's GD662, per accelerate."""
+    work = tmp_path_factory.mktemp("fsdp2-tied")
+    folder = work / "gemma3-1b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(gemma3_1b_config()))
+    launch = work / "fsdp2.yaml"
+    launch.write_text(FSDP2.replace("  fsdp_sharding_strategy: FULL_SHARD\n", "  fsdp_reshard_after_forward: true\n"))
+    out = {}
+    for python in (str(ensure_venv(ACCEL_FSDP2_TIED)), sys.executable):
+        done = subprocess.run([python, str(TIED_SCRIPT)], capture_output=True, text=True, timeout=600,
+                              env=subprocess_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run["findings"] = _check(python, folder, launch)
+        out[run["accelerate"]] = run
+    return out
+
+
+@pytest.mark.slow
+def test_fsdp2_refuses_the_tied_embedding_where_gd662_says_and_the_next_accelerate_runs(tied_runs):
+    assert sorted(tied_runs) == ["1.14.0", "1.15.0"]
+    before, after = tied_runs["1.14.0"], tied_runs["1.15.0"]
+    assert before["torch"].startswith("2.13") and after["torch"].startswith("2.13")
+    for rank in before["ranks"]:
+        assert rank["tied"] and rank["result"].startswith(
+            "ValueError: Parameter 'model.embed_tokens.weight' is shared with a parameter already managed by another "
+            "FSDP group"), rank
+    gd662 = before["findings"]["GD662"]
+    assert gd662["severity"] == "error" and gd662["fix"].startswith('pip install "accelerate>=1.15.0"')
+    # The cure: the release the finding names prepares and trains the same model on the same two ranks.
+    assert [r["result"] for r in after["ranks"]] == ["ok", "ok"]
+    assert after["ranks"][0]["loss"] == after["ranks"][1]["loss"]
+    assert "GD662" not in after["findings"]
