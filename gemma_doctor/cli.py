@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
             if os.environ.get("GEMMA_DOCTOR_DEBUG"):
                 raise
             _hint(f"internal error: {type(e).__name__}: {e} (set GEMMA_DOCTOR_DEBUG=1 for a traceback, and please report it)")
-            code = 70
+            code = ExitCode.INTERNAL
     if argv is None:
         # A real process whose result is printed: a late Ctrl-C (while exiting) must not turn a finished
         # run into a silent exit 130. (Not when called in-process with argv, e.g. by tests.)
