@@ -226,6 +226,30 @@ def test_logits_memory_warns_with_the_number_unless_trl_chunks_it(cli, hub, tmp_
     assert "GD650" not in small
 
 
+@pytest.mark.parametrize("config, training, task", [
+    (gemma3_1b_config(), {"per_device_train_batch_size": 2, "max_length": 8192, "bf16": True}, "sft"),
+    (gemma3_1b_config(), {"per_device_train_batch_size": 1, "max_length": 4096, "bf16": True, "beta": 0.1}, "dpo"),
+    (gemma2_config(), {"per_device_train_batch_size": 1, "max_length": 8192, "bf16": True}, "sft"),
+], ids=["sft", "dpo", "gemma2-softcap"])
+def test_logits_figure_is_the_memory_plans_logits_component(cli, hub, tmp_path, config, training, task):
+    """GD650 said ~20 GiB of logits where the plan for the same run counted 32 GiB: two formulas for one tensor."""
+    hub.add("acme/model", {"config.json": config})
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(training))
+    r = cli("check", "acme/model", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never", "--gpu", "H100",
+            "--training-config", path, "--with", "trl==1.14.0", "--task", task)
+    [model] = r.json()["models"]
+    [gd650] = [f for f in model["findings"] if f["code"] == "GD650"]
+    plan = model["memory"]
+    assert plan["peak"] == "loss" and (plan["run"]["batch_size"], plan["run"]["seq_len"]) == (
+        training["per_device_train_batch_size"], training["max_length"])
+    logits = plan["components"]["logits"]
+    assert f"{logits / 1024**3:.1f} GiB" in gd650["message"], (plan["components"], gd650["message"])
+    assert f"{logits / 1024**3:.1f} GiB alive at the loss" in gd650["message"]
+    assert gd650["details"]["logits_bytes"] == logits
+    assert plan["run"]["task"] == task and ("x 2 (chosen and rejected)" in gd650["message"]) is (task == "dpo")
+
+
 # --- GD505 / GD503: embedding rows against the tokenizer ---------------------------------------------------
 
 def test_tokens_beyond_the_embedding_rows_are_an_error_naming_them(cli, hub, tmp_path):
