@@ -15,8 +15,8 @@ from typing import Any, Iterable, Iterator
 from gemma_doctor import family as family_mod
 from gemma_doctor import guards, pipeline
 from gemma_doctor.errors import DoctorError, InvalidArgument, UsageError
-from gemma_doctor.gpus import parse_gpu_spec
 from gemma_doctor.facts import CheckOptions
+from gemma_doctor.gpus import parse_gpu_spec
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import FailOn
