@@ -14,8 +14,9 @@ from typing import Any, Iterable, Iterator
 
 from gemma_doctor import family as family_mod
 from gemma_doctor import guards, pipeline
-from gemma_doctor.errors import DoctorError
+from gemma_doctor.errors import DoctorError, InvalidArgument, UsageError
 from gemma_doctor.facts import CheckOptions
+from gemma_doctor.gpus import parse_gpu_spec
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import FailOn
@@ -201,6 +202,19 @@ def _kv_sharing_breaks_without_cache(model: Any, version: str | None) -> bool:
     return version is None or GEMMA4_KV_SHARE_NO_CACHE.contains(version)
 
 
+def check_gpu(gpu: str | None) -> None:
+    """Refuse a ``gpu`` that `--gpu` refuses, with the CLI's message (InvalidArgument: a UsageError and a ValueError).
+
+    Without this an unknown name read as "unknown GPU", which silently skipped the bf16 guard.
+    """
+    if gpu is None:
+        return
+    try:
+        parse_gpu_spec(gpu)
+    except UsageError as e:
+        raise InvalidArgument(str(e)) from None
+
+
 def _gpu(gpu: str | None) -> GpuView:
     """The GPU this process trains on: the --gpu-style spec when given, else gemma-doctor's GPU reader, else torch."""
     if gpu:
@@ -223,6 +237,7 @@ def _gpu(gpu: str | None) -> GpuView:
 
 def precision_problems(model: Any, training_args: Any = None, gpu: str | None = None) -> list[str]:
     """What is wrong with training ``model`` under ``training_args`` (TrainingArguments or any object/dict alike)."""
+    check_gpu(gpu)
     fam = model_family(model)
     name = fam.label or "this model"
     fp16_unsafe = fam.fp16_unsafe
@@ -283,6 +298,7 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
     """
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
+    check_gpu(gpu)  # before the model is touched
     version = running_transformers()
     disabled: tuple[str, ...] = ()
     enabled: tuple[str, ...] = ()

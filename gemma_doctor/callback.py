@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from gemma_doctor.api import ON_MISMATCH, prepare
+from gemma_doctor.api import ON_MISMATCH, check_gpu, prepare
 
 
 class DoctorCallback(TrainerCallback):
@@ -20,6 +20,7 @@ class DoctorCallback(TrainerCallback):
     def __init__(self, on_mismatch: str = "raise", gpu: str | None = None, text_only: bool = False) -> None:
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, not {on_mismatch!r}")
+        check_gpu(gpu)
         self.on_mismatch = on_mismatch
         self.gpu = gpu
         self.text_only = text_only  # freeze a Gemma 4's towers (text-only training data), as prepare(text_only=True)

@@ -227,6 +227,12 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         raise UsageError(f"nothing to check: no Gemma-family model in {report.cache_dir}{others}; name one "
                          f"(gemma-doctor check google/gemma-3-1b-it reads it from the Hub if it is not cached), "
                          f"pass --cache-dir, or download one with: hf download google/gemma-3-1b-it")
+    not_gemma = [m for m in report.models if any(f.code == "GD003" for f in m.findings)]
+    if len(not_gemma) == len(report.models):
+        # Named explicitly, a non-Gemma model is reported (GD003) beside the Gemma ones; alone, nothing was checked.
+        said = "; ".join(f"{m.target}: {f.message.removesuffix('; left alone')}"
+                         for m in not_gemma for f in m.findings if f.code == "GD003")
+        raise UsageError(f"nothing to check: {said}; gemma-doctor checks Gemma-family models only")
     if fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import render_report as render_json
 
@@ -529,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
             if os.environ.get("GEMMA_DOCTOR_DEBUG"):
                 raise
             _hint(f"internal error: {type(e).__name__}: {e} (set GEMMA_DOCTOR_DEBUG=1 for a traceback, and please report it)")
-            code = 70
+            code = ExitCode.INTERNAL
     if argv is None:
         # A real process whose result is printed: a late Ctrl-C (while exiting) must not turn a finished
         # run into a silent exit 130. (Not when called in-process with argv, e.g. by tests.)

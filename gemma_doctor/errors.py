@@ -11,6 +11,10 @@ class UsageError(DoctorError):
     """The command line names something that does not exist or cannot be used (exit code 2)."""
 
 
+class InvalidArgument(UsageError, ValueError):
+    """A Python API argument the CLI would refuse as an option (``prepare(gpu="T5")``): the CLI's message."""
+
+
 class ReadError(DoctorError):
     """A file could not be read or parsed; carries a one-line reason."""
 

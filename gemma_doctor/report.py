@@ -48,6 +48,24 @@ class ExitCode(enum.IntEnum):
     NO_ACCESS = 4
     HUB_UNREACHABLE = 5
     INTERRUPTED = 130
+    INTERNAL = 70  # an unexpected exception: a bug (GEMMA_DOCTOR_DEBUG=1 shows the traceback)
+
+    @property
+    def meaning(self) -> str:
+        """The short meaning docs/reference.md lists (README's exit-code table has the long one)."""
+        return _EXIT_MEANINGS[self]
+
+
+_EXIT_MEANINGS = {
+    ExitCode.OK: "ok",
+    ExitCode.FINDINGS: "findings at or above `--fail-on` (or a fix/restore left a file undone)",
+    ExitCode.USAGE: "usage error (also `check` that found no Gemma-family model to check)",
+    ExitCode.WRITE_FAILED: "a write failed",
+    ExitCode.NO_ACCESS: "a gated Hub repo this token has no access to",
+    ExitCode.HUB_UNREACHABLE: "the Hub could not be asked",
+    ExitCode.INTERRUPTED: "interrupted",
+    ExitCode.INTERNAL: "internal error (a bug: please report it)",
+}
 
 
 @dataclass(frozen=True)

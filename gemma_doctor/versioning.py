@@ -58,6 +58,11 @@ def older_than(minimum: str) -> Window:
 # PEFT ignores a scaled embedding's embed_scale when embed_tokens is a LoRA target or has trainable tokens
 # (peft #2809, fixed by PR #2825 in 0.18.0; 0.17.1 measured unscaled, 0.18.0 scaled).
 PEFT_EMBED_SCALE = Window("peft", "<0.18.0", "0.18.0")
+# LoraConfig(ensure_weight_tying=...) exists from PEFT 0.18.0 (absent from 0.17.1's source). Without it
+# modules_to_save=["embed_tokens"] trains a copy apart from Gemma's tied lm_head, and the merged, saved model reloads
+# with another head (tests/scripts/tied_modules_to_save.py, transformers 4.57.6: max |logit diff| 0.43 on 0.17.1 and
+# 0.18.0; 0.0 with ensure_weight_tying=True on 0.18.0 and 0.21.2; ["embed_tokens", "lm_head"] with it: 1.22 on 0.18.0).
+PEFT_WEIGHT_TYING = Window("peft", "<0.18.0", "0.18.0")
 # transformers reads use_bidirectional_attention (EmbeddingGemma) from 4.57.0; older releases run it causal.
 BIDIRECTIONAL_IGNORED = Window("transformers", "<4.57.0", "4.57.0")
 # Each load + save of a bidirectional gemma3_text config halves sliding_window again (4.57.0-5.15.x; 5.16.0 fixed).

@@ -583,12 +583,29 @@ class HubServer:
         return list(self.state.hits)
 
 
+# The token `python -m tests.hubserver` prints: it may read the gated repos it serves.
+LOCAL_READER = "hf_local_reader"
+
+
 def main() -> None:
-    """Serve a hub cache folder until interrupted: python -m tests.hubserver CACHE."""
+    """Serve a hub cache folder until interrupted: python -m tests.hubserver CACHE [--open].
+
+    Google's repos are served gated (manual approval) as on the Hub, readable with the printed HF_TOKEN, so both
+    README examples reproduce: the check with the token, the gated exit 4 without it. ``--open`` gates nothing.
+    """
     import sys
 
-    with HubServer.from_cache(Path(sys.argv[1])) as server:
+    args = sys.argv[1:]
+    repos = repos_from_cache(Path(next(a for a in args if a != "--open")))
+    gated = [] if "--open" in args else sorted(r for r in repos if r.startswith("google/"))
+    for repo_id in gated:
+        repos[repo_id].gated, repos[repo_id].readers = "manual", frozenset({LOCAL_READER})
+    with HubServer(repos) as server:
         print(f"HF_ENDPOINT={server.endpoint}", flush=True)
+        print(f"HF_TOKEN={LOCAL_READER}", flush=True)
+        if gated:
+            print(f"# gated (manual) as on the Hub: {', '.join(gated)}; HF_TOKEN above has access, no token gets "
+                  "the Hub's 401 (--open: none gated)", file=sys.stderr, flush=True)
         try:
             while True:
                 time.sleep(3600)

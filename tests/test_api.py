@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import gemma_doctor
+from gemma_doctor.errors import UsageError
 from tests.builders import gemma3_12b_config, generation_config
 from tests.venvs import ensure_venv, subprocess_env
 
@@ -125,3 +126,23 @@ def test_guard_cures_the_hybridcache_crash_with_transformers_450(legacy_python, 
     if outcome == "ok":
         assert set(result["use_cache"].values()) == {False}
         assert isinstance(result["eval_loss"], float)
+
+
+@pytest.mark.parametrize("gpu", ["T5", "sm_20", "A100-7GB"])
+def test_prepare_refuses_a_gpu_the_cli_refuses_with_the_same_message(hub, cli, model, gpu):
+    """prepare(gpu=...) took an unknown GPU silently and skipped the bf16 guard, where `check --gpu` refuses it."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", gpu)
+    assert r.code == 2 and r.out == ""
+    said = r.err.strip().removeprefix("gemma-doctor: error: ")
+    args = SimpleNamespace(fp16=False, bf16=True, use_cpu=False)
+    model.generation_config.use_cache = True
+    before = guarded_trainer.use_cache_flags(model)
+    with pytest.raises(UsageError) as raised:
+        gemma_doctor.prepare(model, args, gpu=gpu)
+    assert str(raised.value) == said
+    assert isinstance(raised.value, ValueError)  # a bad argument value, as Python callers catch it
+    assert guarded_trainer.use_cache_flags(model) == before  # refused before the model was touched
+    gemma_doctor.prepare(model)
+    with pytest.raises(UsageError):
+        gemma_doctor.DoctorCallback(gpu=gpu)

@@ -54,7 +54,8 @@ def test_models_without_a_hybridcache_get_no_use_cache_error(hub, cli, make, fmt
     hub.add("org/model", {"config.json": make(), "generation_config.json": generation_config()})
     r = cli("check", "org/model", "--cache-dir", hub.root, "--format", fmt)
     # transformers 4.50.3 predates Gemma 3n (4.53.0): that, and its missing timm, are errors of their own (GD108, GD110).
-    assert r.code == (1 if make is gemma3n_config else 0), r
+    # A llama alone is no Gemma to check: a usage error (test_explicit_non_gemma_target_alone_checks_nothing...).
+    assert r.code == {gemma3n_config: 1, llama_config: 2}.get(make, 0), r
     assert "GD101" not in r.out and "GD102" not in r.out
 
 
@@ -106,14 +107,30 @@ def test_whole_cache_reports_gemma_models_and_skips_others(hub, cli):
 
 @pytest.mark.parametrize("config, said", [(llama_config(), "model_type 'llama'"),
                                          ({"architectures": ["Gemma7ForCausalLM"]}, "model_type 'unknown'")])
-def test_explicit_non_gemma_target_is_reported_as_info_and_passes(hub, cli, config, said):
-    """The message says which model_type was found (or that there was none), so a wrong target is obvious."""
+def test_explicit_non_gemma_target_alone_checks_nothing_and_is_a_usage_error(hub, cli, config, said, tmp_path):
+    """A CI gate that checked no Gemma model must not pass: it said "OK 1 model(s)", exit 0. The one-line error says
+    which model_type was found (or that there was none), so a wrong target is obvious; cached repo or folder alike."""
     hub.add("meta-llama/Llama-3.2-1B", {"config.json": config})
-    r = cli("check", "meta-llama/Llama-3.2-1B", "--cache-dir", hub.root, "--format", "json")
+    folder = tmp_path / "llama-folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for target in ("meta-llama/Llama-3.2-1B", str(folder)):
+        for fmt in ("text", "json", "github"):
+            r = cli("check", target, "--cache-dir", hub.root, "--format", fmt)
+            assert (r.code, r.out) == (2, ""), (target, fmt, r)
+            assert r.err.count("\n") == 1 and "nothing to check" in r.err
+            assert f"{target}: not a Gemma-family model ({said})" in r.err
+
+
+def test_explicit_non_gemma_target_beside_a_gemma_is_reported_as_info_and_passes(hub, cli):
+    hub.add("meta-llama/Llama-3.2-1B", {"config.json": llama_config()})
+    hub.add("google/gemma-2-2b-it", {"config.json": gemma2_config(), "generation_config.json": generation_config()})
+    r = cli("check", "meta-llama/Llama-3.2-1B", "google/gemma-2-2b-it", "--cache-dir", hub.root, "--format", "json",
+            "--fail-on", "never")
     assert r.code == 0
     [f] = r.json()["models"][0]["findings"]
     assert (f["code"], f["severity"], f["key"]) == ("GD003", "info", "model_type")
-    assert f"not a Gemma-family model ({said}); left alone" == f["message"]
+    assert "not a Gemma-family model (model_type 'llama'); left alone" == f["message"]
 
 
 BAD_CONFIGS = {

@@ -186,6 +186,24 @@ def test_rope_scaling_saved_as_rope_parameters_is_lost_on_4x(hub, cli, version):
     assert gd109["details"]["scaled"] == {"full_attention": {"factor": 8.0, "rope_theta": 1e6, "rope_type": "linear"}}
 
 
+def test_rope_without_a_factor_is_named_by_its_own_parameters(hub, cli):
+    """A proportional RoPE (Gemma 4's full-attention layers) has partial_rotary_factor, no factor: GD109 said
+    "proportional x?". transformers 4.50.0-4.57.6 has no proportional RoPE (ROPE_INIT_FUNCTIONS: default, linear,
+    dynamic, yarn, longrope, llama3), so no rope_scaling is its equivalent there: only the upgrade is offered."""
+    cfg = gemma3_text_saved_by_5()
+    cfg["rope_parameters"]["full_attention"] = {"partial_rotary_factor": 0.25, "rope_theta": 1e6,
+                                                "rope_type": "proportional"}
+    gd109 = _findings(cli, hub, cfg, *_with("4.57.6"))["GD109"]
+    assert "x?" not in gd109["message"] and "?" not in gd109["fix"]
+    assert "full_attention: proportional (partial_rotary_factor 0.25)" in gd109["message"]
+    assert gd109["fix"] == 'pip install "transformers>=5.0.0" (transformers 4.x has no proportional RoPE)'
+    linear = gemma3_text_saved_by_5()
+    linear["rope_parameters"]["full_attention"] = {"factor": 8.0, "rope_theta": 1e6, "rope_type": "yarn",
+                                                   "beta_fast": 32.0}
+    gd109 = _findings(cli, hub, linear, *_with("4.57.6"))["GD109"]
+    assert "full_attention: yarn x8.0 (beta_fast 32.0)" in gd109["message"] and '"rope_scaling"' in gd109["fix"]
+
+
 def test_rope_parameters_are_read_by_5x_and_unscaled_rope_loses_nothing(hub, cli):
     assert "GD109" not in _findings(cli, hub, gemma3_text_saved_by_5(), *_with("5.0.0"))
     assert "GD109" not in _findings(cli, hub, gemma3_text_saved_by_5("default"), *_with("4.57.6"))

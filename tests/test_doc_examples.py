@@ -230,3 +230,55 @@ def test_doc_example_runs_as_shown(block, tmp_path, request):
             actual = actual.replace(endpoint, "https://huggingface.co")
         missing = shown_but_missing(command.output, actual)
         assert not missing, f"{block.id}: `{shown}` no longer prints:\n" + "\n".join(missing) + "\n--- it prints:\n" + actual
+
+
+def test_readme_offline_recipe_reproduces_both_hub_examples(tmp_path):
+    """README's "Try it offline" recipe, run as a user would (its own command line, a shell, the printed variables):
+    its server must reproduce both Hub examples, the check with a token that has access and the gated exit 4
+    without one. It served the repos ungated and printed no token, so the gated example could not be reproduced."""
+    import queue
+    import signal
+    import threading
+    import time
+
+    readme = (ROOT / "README.md").read_text()
+    recipe = re.search(r"`(python examples/build_example_cache\.py (\S+) && python -m tests\.hubserver\s+(\S+))`",
+                       readme, re.S)
+    assert recipe is not None and recipe.group(2) == recipe.group(3), "README's offline recipe moved"
+    folder = tmp_path / "ex"
+    line = " ".join(recipe.group(1).split()).replace(recipe.group(2), shlex.quote(str(folder)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GEMMA_DOCTOR_", "PYTHON"))}
+    env.update(PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="100")
+    server = subprocess.Popen(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        printed: dict[str, str] = {}
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(out) for out in server.stdout or ()], daemon=True).start()
+        # the recipe's output until the server says what to export (it prints its variables together, once up)
+        deadline = time.monotonic() + 180
+        while len(printed) < 2 and time.monotonic() < deadline and server.poll() is None:
+            try:
+                key, _, value = lines.get(timeout=1).strip().partition("=")
+            except queue.Empty:
+                continue
+            if key in ("HF_ENDPOINT", "HF_TOKEN"):
+                printed[key] = value
+                deadline = min(deadline, time.monotonic() + 10)
+        assert set(printed) == {"HF_ENDPOINT", "HF_TOKEN"}, printed
+        hub = [b for b in BLOCKS if b.doc == "README.md" and b.mark in ("hub", "hub, no token")]
+        assert sorted(b.mark for b in hub) == ["hub", "hub, no token"]
+        for block in hub:
+            user = {**env, "HF_ENDPOINT": printed["HF_ENDPOINT"], "HF_HOME": str(tmp_path / f"home-{len(block.mark)}"),
+                    "HF_HUB_CACHE": str(tmp_path / f"cache-{len(block.mark)}")}
+            if block.mark == "hub":
+                user["HF_TOKEN"] = printed["HF_TOKEN"]
+            for command in block.commands:
+                r = subprocess.run([sys.executable, "-m", "gemma_doctor", *command.argv[1:]], cwd=tmp_path, env=user,
+                                   text=True, capture_output=True, timeout=120)
+                assert r.returncode == (command.code if command.code is not None else 1), (block.mark, r.stderr)
+                actual = (r.stdout + r.stderr).replace(printed["HF_ENDPOINT"], "https://huggingface.co")
+                assert not shown_but_missing(command.output, actual), (block.mark, actual)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

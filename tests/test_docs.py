@@ -32,6 +32,38 @@ def test_reference_md_is_generated_from_the_cli():
     assert (DOCS / "reference.md").read_text() == gen["render"](), "run: python docs/gen_reference.py"
 
 
+def test_every_exit_code_of_the_cli_is_in_readme_usage_and_reference():
+    """reference.md listed 0/1/2/3/130 only: 4 (gated), 5 (Hub unreachable) and 70 (internal) were missing."""
+    import re
+
+    from gemma_doctor.report import ExitCode
+
+    readme = (DOCS.parent / "README.md").read_text()
+    table = readme.split("### Exit codes", 1)[1].split("\n## ", 1)[0]
+    in_readme = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert in_readme == {int(c) for c in ExitCode}, "README's exit-code table and gemma_doctor.report.ExitCode differ"
+    reference = (DOCS / "reference.md").read_text().split("## gemma-doctor", 1)[0]
+    usage = (DOCS / "usage.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    for code in ExitCode:
+        assert re.search(rf"(^|[\s|(]){int(code)}\b", reference, re.M), f"reference.md lacks exit code {int(code)}"
+        assert re.search(rf"(^|\s){int(code)}\b", usage), f"usage.md's exit codes lack {int(code)}"
+
+
+def test_an_unexpected_error_exits_with_the_documented_internal_code(monkeypatch, capsys):
+    from gemma_doctor import cli
+    from gemma_doctor.report import ExitCode
+
+    def boom(argv):  # noqa: ANN001, ANN202 - a bug anywhere under a command
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "_invoke", boom)
+    monkeypatch.delenv("GEMMA_DOCTOR_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["check"])
+    assert done.value.code == ExitCode.INTERNAL == 70
+    assert "internal error: RuntimeError: a bug" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def schema() -> dict:
     doc = json.loads((DOCS / "schema" / "check.schema.json").read_text())

@@ -69,6 +69,8 @@ def test_flash_attention_with_512_wide_global_heads_is_an_error(hub, cli, tmp_pa
     gd131 = _lint(hub, cli, tmp_path, "bf16: true\n" + training)["GD131"]
     assert gd131["severity"] == "error" and gd131["details"]["max_head_dim"] == 512
     assert "FlashAttention forward only supports head dimension at most 256" in gd131["message"]
+    # sdpa alone walked Hopper users into Gemma 4's NaN gradients (GPU-only: sourced, docs/findings.md GD131)
+    assert gd131["fix"].startswith("use attn_implementation: sdpa (or eager)") and "enable_cudnn_sdp(False)" in gd131["fix"]
 
 
 def test_sdpa_on_gemma4_is_fine(hub, cli, tmp_path):

@@ -60,3 +60,25 @@ def test_training_config_findings_repeat_once_across_models(hub, cli, tmp_path):
     r = cli("check", "org/a", "org/b", "--cache-dir", hub.root, "--training-config", path, "--format", "github")
     assert sum("GD604" in line for line in r.out.splitlines()) == 1
     assert sum("GD101" in line for line in r.out.splitlines()) == 2
+
+
+def test_every_training_config_finding_is_annotated_at_the_path_as_written(hub, cli, tmp_path, monkeypatch):
+    """GD130/GD440/GD443 (rules outside GD6xx) and GD801 pointed at <snapshot>/train/sft.yaml for a relative
+    --training-config, as docs/ci.md and action.yml pass it: GitHub then matched no file of the repository."""
+    from tests.builders import EXAMPLES
+
+    hub.add("google/gemma-4-E2B-it", {"config.json": (EXAMPLES / "google--gemma-4-E2B-it" / "config.json").read_bytes()})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "sft.yaml").write_text(
+        "bf16: true\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: true\n"
+        "lora_target_modules: [q_proj, k_proj, v_proj, o_proj]\nper_device_train_batch_size: 64\nmax_length: 8192\n")
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "T4", "--training-config",
+            os.path.join("train", "sft.yaml"), "--format", "github", "--fail-on", "never")
+    titles = {c.split("title=")[1].split(" ")[0]: c for c in r.out.splitlines()[:-1] if "title=" in c}
+    doc = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "T4", "--training-config",
+              os.path.join("train", "sft.yaml"), "--format", "json", "--fail-on", "never").json()
+    from_config = {f["code"] for f in doc["models"][0]["findings"] if f["file"] == os.path.join("train", "sft.yaml")}
+    assert {"GD130", "GD440", "GD443", "GD801"} <= from_config and from_config <= set(titles)
+    for code in from_config:
+        assert f" file={escape_property(os.path.join('train', 'sft.yaml'))}," in titles[code], titles[code]

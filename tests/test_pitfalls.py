@@ -226,6 +226,30 @@ def test_logits_memory_warns_with_the_number_unless_trl_chunks_it(cli, hub, tmp_
     assert "GD650" not in small
 
 
+@pytest.mark.parametrize("config, training, task", [
+    (gemma3_1b_config(), {"per_device_train_batch_size": 2, "max_length": 8192, "bf16": True}, "sft"),
+    (gemma3_1b_config(), {"per_device_train_batch_size": 1, "max_length": 4096, "bf16": True, "beta": 0.1}, "dpo"),
+    (gemma2_config(), {"per_device_train_batch_size": 1, "max_length": 8192, "bf16": True}, "sft"),
+], ids=["sft", "dpo", "gemma2-softcap"])
+def test_logits_figure_is_the_memory_plans_logits_component(cli, hub, tmp_path, config, training, task):
+    """GD650 said ~20 GiB of logits where the plan for the same run counted 32 GiB: two formulas for one tensor."""
+    hub.add("acme/model", {"config.json": config})
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(training))
+    r = cli("check", "acme/model", "--cache-dir", hub.root, "--format", "json", "--fail-on", "never", "--gpu", "H100",
+            "--training-config", path, "--with", "trl==1.14.0", "--task", task)
+    [model] = r.json()["models"]
+    [gd650] = [f for f in model["findings"] if f["code"] == "GD650"]
+    plan = model["memory"]
+    assert plan["peak"] == "loss" and (plan["run"]["batch_size"], plan["run"]["seq_len"]) == (
+        training["per_device_train_batch_size"], training["max_length"])
+    logits = plan["components"]["logits"]
+    assert f"{logits / 1024**3:.1f} GiB" in gd650["message"], (plan["components"], gd650["message"])
+    assert f"{logits / 1024**3:.1f} GiB alive at the loss" in gd650["message"]
+    assert gd650["details"]["logits_bytes"] == logits
+    assert plan["run"]["task"] == task and ("x 2 (chosen and rejected)" in gd650["message"]) is (task == "dpo")
+
+
 # --- GD505 / GD503: embedding rows against the tokenizer ---------------------------------------------------
 
 def test_tokens_beyond_the_embedding_rows_are_an_error_naming_them(cli, hub, tmp_path):
@@ -332,3 +356,30 @@ def test_boundaries_head_dim_192_and_two_gib_of_logits(cli, hub, tmp_path):
 def test_a_transformers_range_that_straddles_4_57_warns_instead_of_failing(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": EMBEDDING_GEMMA}, None, "--with", "transformers>=4.50")
     assert [f["severity"] for f in got["GD423"]] == ["warning"] and "GD424" not in got
+
+
+# --- GD505 / GD422: training Gemma's tied embedding follows the PEFT that will run --------------------------
+
+def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path):
+    """modules_to_save=["embed_tokens", "lm_head"] was advised whatever PEFT: before 0.18 (no ensure_weight_tying) it
+    unties Gemma's tied head and the merged model reloads with another one; even on 0.18.0 listing lm_head unties it
+    (tests/scripts/tied_modules_to_save.py); vLLM refuses adapters with modules_to_save (vllm #9280)."""
+    tok = tokenizer_config()
+    tok["added_tokens_decoder"]["300"] = {"content": "<tool_call>", "special": True}
+    files = {"config.json": variant(gemma3_1b_config(), vocab_size=300), "tokenizer_config.json": tok,
+             "model.safetensors": st_file({"model.embed_tokens.weight": ("BF16", [300, 8])})}
+    lora = {"use_peft": True, "lora_target_modules": ["q_proj", "embed_tokens"]}
+    fixes = {}
+    for n, peft in enumerate(("peft==0.17.1", "peft==0.21.2", "peft>=0.15")):
+        got = check(cli, hub, tmp_path, files, lora, "--with", peft, "--with", "transformers==4.57.6", repo=f"acme/m{n}")
+        fixes[peft] = (got["GD505"][0]["fix"], got["GD422"][0]["fix"] if "GD422" in got else None)
+    cure = 'modules_to_save=["embed_tokens"] with ensure_weight_tying=True'
+    for gd505, gd422 in fixes.values():
+        assert cure in gd505 and "vllm #9280" in gd505
+        assert 'modules_to_save=["embed_tokens", "lm_head"]' not in gd505 + (gd422 or "")
+    old_505, old_422 = fixes["peft==0.17.1"]
+    assert old_505.count('pip install "peft>=0.18.0", then ' + cure) == 1 and "peft 0.17.1 (--with) has no" in old_505
+    assert old_422.startswith('pip install "peft>=0.18.0" (PR #2825); to train the whole embedding instead, ' + cure)
+    new_505, new_422 = fixes["peft==0.21.2"]
+    assert "pip install" not in new_505 and new_422 is None  # 0.18+: no GD422, and GD505's cure needs no upgrade
+    assert fixes["peft>=0.15"][0].count("with PEFT >= 0.18.0, " + cure) == 1

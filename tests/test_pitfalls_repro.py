@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "pitfalls_repro.py"
 MAIN_CASES = ("gemma2_sdpa", "packing", "lora_targets", "embed_scale", "bidirectional", "eos", "pad_eos", "double_bos",
-              "vocab_rows", "recommended_snippets", "lora_targets_paligemma")
+              "vocab_rows", "recommended_snippets", "lora_targets_paligemma", "tied_modules_to_save")
 
 
 def _run(python: Path | str, *cases: str) -> dict:
@@ -49,7 +49,7 @@ def legacy_python() -> Path:
 @pytest.fixture(scope="module")
 def v4(v4_python) -> dict:
     return _run(v4_python, "gemma2_sdpa", "embed_scale", "bidirectional", "packing", "lora_targets",
-                "recommended_snippets")
+                "recommended_snippets", "tied_modules_to_save")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,17 @@ def test_gd420_gd421_peft_has_no_default_targets_and_broad_ones_reach_the_vision
 def test_gd422_peft_0_17_ignores_embed_scale_and_0_18_plus_applies_it(main, v4):
     assert not v4["embed_scale"]["scaled"] and v4["embed_scale"]["max_abs_error"] > 1.0
     assert main["embed_scale"]["scaled"] and main["embed_scale"]["max_abs_error"] < 1e-4
+
+
+def test_gd505_gd422_modules_to_save_unties_gemmas_head_before_peft_0_18_and_ensure_weight_tying_keeps_it(main, v4):
+    """The trap GD505/GD422's advice avoids: on PEFT 0.17.1 the merged model reloads with another head, and
+    ensure_weight_tying does not exist; on the current PEFT with ensure_weight_tying the head stays tied."""
+    old, new = v4["tied_modules_to_save"], main["tied_modules_to_save"]
+    assert old["plain"]["peft"] == "0.17.1" and not old["plain"]["tied_after_merge"]
+    assert old["plain"]["reload_max_diff"] > 0.1  # 0.43 measured: the reloaded model is not the trained one
+    assert "ensure_weight_tying" in old["ensured"]["error"]
+    assert new["ensured"]["tied_after_merge"] and new["ensured"]["reload_max_diff"] == 0.0
+    assert new["ensured_with_lm_head"]["reload_max_diff"] == 0.0  # on 0.21.2; 0.18.0 unties it (versioning.py)
 
 
 def test_gd423_gd424_bidirectional_attention_and_the_halving_window(main, v4, legacy):

@@ -133,10 +133,12 @@ def test_missing_training_config_is_a_one_line_usage_error(hub, cli, tmp_path):
 
 def test_non_gemma_models_are_not_linted(hub, cli, tmp_path):
     hub.add("org/llama", {"config.json": llama_config()})
+    hub.add("org/gemma", {"config.json": gemma3_1b_config()})  # a llama alone is no Gemma to check (exit 2)
     path = tmp_path / "a.json"
     path.write_text('{"fp16": true}')
-    r = cli("check", "org/llama", "--cache-dir", hub.root, "--training-config", path, "--format", "json")
+    r = cli("check", "org/llama", "org/gemma", "--cache-dir", hub.root, "--training-config", path, "--format", "json")
     assert [f["code"] for f in r.json()["models"][0]["findings"]] == ["GD003"]
+    assert "GD602" in {f["code"] for f in r.json()["models"][1]["findings"]}
 
 
 def test_training_config_is_reported_once_in_the_environment(hub, cli, tmp_path):

@@ -31,12 +31,14 @@ def command(name: str, properties: dict[str, object], message: str) -> str:
     return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
 
 
-def _file(model: ModelReport, f: Finding) -> str | None:
+def _file(model: ModelReport, f: Finding, training_config: str | None = None) -> str | None:
     """The annotated file: training configs as given, model files under the model folder, relative when possible."""
     if not f.file:
         return None
     path = Path(f.file)
-    if f.code.startswith("GD6") or path.is_absolute():
+    # Any rule may name the training config (GD130, GD440, GD801...), not only GD6xx: it is relative to the working
+    # directory as the user wrote it, never to the snapshot.
+    if f.code.startswith("GD6") or path.is_absolute() or (training_config is not None and f.file == training_config):
         full = path
     else:
         full = Path(model.path) / f.file
@@ -48,8 +50,8 @@ def _file(model: ModelReport, f: Finding) -> str | None:
     return str(full) if rel.startswith("..") else rel
 
 
-def annotation(model: ModelReport, f: Finding) -> str:
-    """The workflow command for one finding."""
+def annotation(model: ModelReport, f: Finding, training_config: str | None = None) -> str:
+    """The workflow command for one finding (``training_config``: the --training-config path as given)."""
     code = CODES.get(f.code)
     title = f"{f.code} {code.name}" if code else f.code
     where = f"{f.key}: " if f.key else ""
@@ -57,17 +59,19 @@ def annotation(model: ModelReport, f: Finding) -> str:
     if f.fix:
         text += f"\nfix: {f.fix}"
     line = f.details.get("line") if isinstance(f.details, dict) else None
-    return command(LEVEL[f.severity], {"file": _file(model, f), "line": line, "title": title}, text)
+    return command(LEVEL[f.severity], {"file": _file(model, f, training_config), "line": line, "title": title}, text)
 
 
 def render_report(report: Report, fail_on: FailOn) -> str:
     """`check --format github`: one annotation per finding (each repeated one once), then a plain summary line."""
     lines: list[str] = []
     seen: set[str] = set()
+    tc = report.environment.get("training_config")
+    config_path = tc.get("path") if isinstance(tc, dict) else None
     for m in report.models:
         for f in m.findings:
             # A training-config finding is judged per model but names one file line: annotate it once.
-            cmd = annotation(m, f)
+            cmd = annotation(m, f, config_path)
             key = cmd.split("::", 2)[1] + f.message if f.code.startswith("GD6") else cmd
             if key in seen:
                 continue

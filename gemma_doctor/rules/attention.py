@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.plan.memory import gib
+from gemma_doctor.plan.memory import PAIRED_TASKS, RunSpec, gib, logits_bytes_per_token, shape_from_config
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
@@ -162,14 +162,17 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     rl = tc.get("rl")
     sft = tc.kind == "transformers" and rl is None
     chunked = sft and stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
-    numbers = (f"per_device_train_batch_size {batch} x {s.key} {seq} x vocabulary {vocab:,} x 4 bytes = {gib(upcast)} "
-               f"of fp32 logits (the loss upcasts them; about {gib(batch * seq * vocab * 10)} with the bf16 logits and "
-               "the log-softmax kept for backward)")
+    alive, per_logit, paired = _logits_at_loss(model, batch, seq)
+    pairs = " x 2 (chosen and rejected)" if paired else ""
+    numbers = (f"per_device_train_batch_size {batch}{pairs} x {s.key} {seq} x vocabulary {vocab:,} logits: "
+               f"{gib(upcast * (2 if paired else 1))} in fp32 (the loss upcasts them), {gib(alive)} alive at the loss "
+               f"({per_logit:g} bytes per logit: the fp32 log-probabilities, their gradient and the incoming gradient"
+               f"{', the soft-capped logits' if per_logit > 12 else ''}; the memory plan's logits component)")
     if chunked:
         yield setting_finding("GD650", Severity.INFO,
                               f"{numbers}; this does not apply here: {trl.describe()} computes SFT log-probs in chunks "
                               "(TRL >= 1.15), never holding the full logits", "nothing to do", tc, "seq_len",
-                              logits_fp32_bytes=upcast, chunked=True)
+                              logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True)
         return
     trl_v = parse(trl.version)
     plan = model.memory.plan if model.memory is not None else None
@@ -179,11 +182,24 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
             "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them and the run fits "
                                               f"({plan.summary()})",
             "nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
-            tc, "seq_len", logits_fp32_bytes=upcast, chunked=False)
+            tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
         return
     yield setting_finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
         + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0") else "")
         + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
-        logits_fp32_bytes=upcast, chunked=False)
+        logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+
+
+def _logits_at_loss(model: ModelFacts, batch: int, seq: int) -> tuple[int, float, bool]:
+    """(bytes, bytes per logit, paired) of the logits alive at the loss: the memory plan's own formula and run
+    (memory.logits_bytes_per_token; a paired task such as DPO doubles the batch), so GD650 and the plan agree."""
+    plan = model.memory.plan if model.memory is not None else None
+    if plan is not None:
+        shape, run = plan.shape, plan.run
+    else:  # no plan (no shape could be read): the same formula on config.json's shape and the default run
+        shape, run = shape_from_config(model.config.data if model.config.ok else {}), RunSpec()
+    paired = run.task in PAIRED_TASKS
+    per_token = logits_bytes_per_token(shape, run)
+    return int(batch * (2 if paired else 1) * seq * per_token), per_token / shape.vocab, paired

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping
 
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.versioning import PEFT_WEIGHT_TYING
 
 # What a training config calls each attention backend -> transformers' attn_implementation.
 _BACKENDS = {"eager": "eager", "disabled": "eager", "sdpa": "sdpa", "sdp": "sdpa",
@@ -15,6 +16,22 @@ _BACKENDS = {"eager": "eager", "disabled": "eager", "sdpa": "sdpa", "sdp": "sdpa
              "auto": None}
 # Backends that keep packed sequences apart by themselves (varlen kernels, or flex's document mask).
 PACKING_SAFE = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
+
+
+def train_tied_embedding(stack: Stack) -> str:
+    """How to train Gemma's tied embed_tokens/lm_head with PEFT, for the PEFT that will run (GD505, GD422)."""
+    cure = ('modules_to_save=["embed_tokens"] with ensure_weight_tying=True in LoraConfig (the tied lm_head follows; '
+            'listing "lm_head" too unties them on PEFT 0.18.0)')
+    vllm = "; serve the merged model with vLLM, which refuses adapters with modules_to_save (vllm #9280)"
+    exposure = stack.exposure(PEFT_WEIGHT_TYING)
+    if exposure is Exposure.SAFE:
+        return cure + vllm
+    why = ("modules_to_save unties Gemma's tied embed_tokens/lm_head, and the merged model reloads with another head "
+           "(logits differ after reload: PEFT 0.17.1, transformers 4.57.6)")
+    if exposure is Exposure.AFFECTED:
+        return (f'pip install "peft>={PEFT_WEIGHT_TYING.first_fixed}", then {cure}: {stack.get("peft").describe()} has '
+                f"no ensure_weight_tying, and without it {why}{vllm}")
+    return f"with PEFT >= {PEFT_WEIGHT_TYING.first_fixed}, {cure}: older PEFT has no ensure_weight_tying, and {why}{vllm}"
 
 
 def text_config(model: ModelFacts) -> Mapping[str, Any]:

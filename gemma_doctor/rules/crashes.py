@@ -235,6 +235,18 @@ def _scaled_rope(rope_parameters: Any) -> dict[str, Any]:
             if isinstance(v, Mapping) and v.get("rope_type") not in (None, "default")}
 
 
+# The RoPE types transformers 4.50.0-4.57.6 know (modeling_rope_utils.ROPE_INIT_FUNCTIONS of both wheels): a
+# rope_scaling of another type (5.x's "proportional", Gemma 4's) is no equivalent on 4.x.
+_ROPE_TYPES_4X = frozenset({"linear", "dynamic", "yarn", "longrope", "llama3"})
+
+
+def _rope_kind(entry: Mapping[str, Any]) -> str:
+    """"linear x8.0", "proportional (partial_rotary_factor 0.25)": the type, its factor when it has one, other knobs."""
+    factor = f" x{entry['factor']}" if entry.get("factor") is not None else ""
+    rest = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("rope_type", "rope_theta", "factor"))
+    return f"{entry.get('rope_type')}{factor}" + (f" ({rest})" if rest else "")
+
+
 def _rope_parameters(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
     text = _text_config(model)
     if "rope_parameters" not in text or text.get("rope_scaling") is not None:
@@ -247,7 +259,12 @@ def _rope_parameters(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         return
     tf = stack.get("transformers")
     key = ".".join((*model.family.text_path, "rope_parameters"))
-    kinds = ", ".join(f"{k or 'all layers'}: {v.get('rope_type')} x{v.get('factor', '?')}" for k, v in scaled.items())
+    kinds = ", ".join(f"{k or 'all layers'}: {_rope_kind(v)}" for k, v in scaled.items())
+    unknown_4x = sorted({str(v.get("rope_type")) for v in scaled.values()} - _ROPE_TYPES_4X)
+    upgrade = f'pip install "transformers>={ROPE_PARAMETERS_READER.first_fixed}"'
+    fix = (f"{upgrade} (transformers 4.x has no {', '.join(unknown_4x)} RoPE)" if unknown_4x else
+           f"{upgrade}, or add the equivalent \"rope_scaling\" ({next(iter(scaled.values()))!r}) to "
+           f"{'.'.join((*model.family.text_path, 'rope_scaling'))} for 4.x")
     where = (f"{tf.describe()} reads only rope_scaling/rope_theta" if exposure is Exposure.AFFECTED else
              f"transformers < 5.0 reads only rope_scaling/rope_theta; whether {tf.describe()} is one cannot be told")
     yield Finding(
@@ -255,9 +272,7 @@ def _rope_parameters(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         f"{key} ({kinds}) was written by transformers 5.x and {where}: the model silently loads with unscaled RoPE "
         "(no warning; logits differ from the saved model's)",
         file="config.json", key=key,
-        fix=f'pip install "transformers>={ROPE_PARAMETERS_READER.first_fixed}", or add the equivalent '
-            f"\"rope_scaling\" ({next(iter(scaled.values()))!r}) to {'.'.join((*model.family.text_path, 'rope_scaling'))} "
-            "for 4.x",
+        fix=fix,
         details={"exposure": exposure.value, "scaled": scaled, "transformers": tf.to_json()})
 
 

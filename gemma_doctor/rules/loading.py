@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import adapter_enabled, target_list, text_config, text_key
+from gemma_doctor.rules.common import adapter_enabled, target_list, text_config, text_key, train_tied_embedding
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import BIDIRECTIONAL_IGNORED, PEFT_EMBED_SCALE, SLIDING_WINDOW_HALVED
@@ -115,8 +115,9 @@ def _embed_scale(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Findi
         + f" the embed_scale (sqrt(hidden_size)) that {text_type}'s embedding applies: the adapter's rows train "
         "unscaled (trainable tokens: every token's embedding comes out 1/sqrt(hidden_size) too small), so the model "
         "trained and evaluated unmerged differs from the merged one you export (peft #2809)",
-        f'pip install "peft>={PEFT_EMBED_SCALE.first_fixed}" (PR #2825), or train embed_tokens with '
-        "modules_to_save=[\"embed_tokens\"] instead", tc, which, peft=peft.to_json())
+        f'pip install "peft>={PEFT_EMBED_SCALE.first_fixed}" (PR #2825); to train the whole embedding instead, '
+        + train_tied_embedding(stack).removeprefix(f'pip install "peft>={PEFT_EMBED_SCALE.first_fixed}", then '),
+        tc, which, peft=peft.to_json())
 
 
 def _bidirectional(model: ModelFacts, env: Environment) -> Iterator[Finding]:

@@ -106,7 +106,10 @@ def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
             f"{widest}-wide heads and FlashAttention's kernels stop at {FLASH_MAX_HEAD_DIM}: the first forward fails "
             "with \"FlashAttention forward only supports head dimension at most 256\" (flash-attn flash_api.cpp; "
             "flash-attention #2427). Packing / padding-free training, which needs FlashAttention, is out too",
-            "use attn_implementation: sdpa (or eager)", tc, "attn_implementation", max_head_dim=widest)
+            "use attn_implementation: sdpa (or eager); but on H100/H200 (sm_90) in bf16 with a per-device batch >= 2, "
+            "Gemma 4 under sdpa is reported to get NaN gradients within 10-20 steps (PyTorch's cuDNN attention backward "
+            "on the 256-wide sliding-window layers; NeMo-Automodel #1883, #2208, #3232): there use eager, or sdpa with "
+            "torch.backends.cuda.enable_cudnn_sdp(False)", tc, "attn_implementation", max_head_dim=widest)
     # Gemma 2's missing SDPA belongs to the Gemma 2/3 attention findings; here the members new to gemma-doctor.
     if m.family not in ("gemma2", "gemma3") and _backend(impl) in m.unsupported_attention:
         yield _finding(

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.tokenizer import FILE as TOKENIZER_CONFIG
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import text_config
+from gemma_doctor.rules.common import text_config, train_tied_embedding
 from gemma_doctor.stack import Exposure
 from gemma_doctor.versioning import TRL_CONVERSATIONAL_DOUBLE_BOS
 
@@ -33,13 +33,13 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     tok = model.tokenizer
     if not model.family.is_gemma or tok is None or not tok.ok:
         return
-    yield from _rows(model, tok)
+    yield from _rows(model, tok, env)
     yield from _eos(model, tok)
     yield from _pad(model, env, tok)
     yield from _bos(model, env, tok)
 
 
-def _rows(model: ModelFacts, tok: Any) -> Iterator[Finding]:
+def _rows(model: ModelFacts, tok: Any, env: Environment) -> Iterator[Finding]:
     top = tok.max_added_id
     found = embedding_rows(model)
     if top is None or found is None:
@@ -56,7 +56,7 @@ def _rows(model: ModelFacts, tok: Any) -> Iterator[Finding]:
         "self\" (on a GPU: a device-side assert). The tokenizer was saved after adding tokens, the model was not resized",
         file=file, key=tensor,
         fix="model.resize_token_embeddings(len(tokenizer)) before training, and save the model with the tokenizer; "
-            "train the new rows (modules_to_save=[\"embed_tokens\", \"lm_head\"]): resizing starts them all equal",
+            "train the new rows (resizing starts them all equal): " + train_tied_embedding(env.libraries),
         details={"rows": rows, "max_token_id": top, "tokens_without_rows": [t for _, t in beyond[:50]]})
 
 

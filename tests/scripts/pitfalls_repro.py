@@ -325,6 +325,19 @@ def case_recommended_snippets() -> dict:
     return out
 
 
+def case_tied_modules_to_save() -> dict:
+    """GD505/GD422's advice: modules_to_save on Gemma's tied embedding, merged, saved, reloaded (tied_modules_to_save.py)."""
+    from tied_modules_to_save import main
+
+    out = {"plain": main(False, embed_only=True)}
+    for name, ensure, embed_only in (("ensured", True, True), ("ensured_with_lm_head", True, False)):
+        try:
+            out[name] = main(ensure, embed_only=embed_only)
+        except TypeError as e:  # PEFT < 0.18: LoraConfig has no ensure_weight_tying
+            out[name] = {"error": err(e)}
+    return out
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":
