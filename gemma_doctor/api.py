@@ -52,6 +52,10 @@ class Prepared:
     enabled: tuple[str, ...] = ()
     # Training guards for the family's traps (gemma_doctor/guards.py): non-reentrant checkpointing on KV-shared Gemma 4.
     guarded: tuple[str, ...] = ()
+    # The run gemma-doctor prescribes for this model on this GPU and stack (the object `recommend` renders, found by
+    # gemma_doctor.plan.search.prescribe), or None with the way out; None/() when the model's config cannot be read.
+    prescription: dict[str, Any] | None = None
+    way_out: tuple[str, ...] = ()
 
 
 def _configs(model: Any) -> Iterator[tuple[str, Any, str]]:
@@ -327,5 +331,36 @@ def prepare(model: Any, training_args: Any = None, on_mismatch: str = "raise", g
     if problems and on_mismatch == "warn":
         for p in problems:
             warnings.warn(p, PrecisionWarning, stacklevel=2)
+    decision = prescription_for(model, gpu)
     return Prepared(disabled=disabled, problems=problems, family=model_family(model).label, supplied=supplied,
-                    enabled=enabled, guarded=guarded)
+                    enabled=enabled, guarded=guarded,
+                    prescription=decision.prescription() if decision is not None else None,
+                    way_out=decision.way_out if decision is not None else ())
+
+
+def prescription_for(model: Any, gpu: str | None = None, task: str | None = None) -> Any:
+    """The decision `recommend` makes for this in-memory model (its config), on ``gpu`` (a --gpu value; the probe when
+    None) and the installed libraries: gemma_doctor.plan.search.Decision, or None when the model has no readable config.
+    The same entry point as `check` and `recommend`: the prescribed run passes check's rules, or there is none."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    data = to_dict()
+    if not isinstance(data, dict):
+        return None
+    from gemma_doctor import pipeline
+    from gemma_doctor.plan import advice, runplan
+
+    options = CheckOptions(gpu=gpu, task=task)
+    env = pipeline.environment(options)
+    facts = advice.config_facts(data, "the model in memory", str(data.get("_name_or_path") or "the model"))
+    if not facts.family.is_gemma:
+        return None
+    gpu_facts = env.gpu if env.gpu is not None else None
+    if gpu_facts is None:
+        from gemma_doctor.readers import gpu as gpu_reader
+
+        gpu_facts = gpu_reader.for_options(options)
+    shape = runplan.shape_for(facts.config.data, None)
+    return pipeline.with_decision(facts, options, env, gpu_facts, shape).decision

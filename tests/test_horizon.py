@@ -82,5 +82,7 @@ def test_every_library_a_window_names_has_a_horizon():
 
 def test_non_gemma_models_get_no_horizon_finding(cli, hub):
     hub.add("org/bert", {"config.json": {"model_type": "bert", "architectures": ["BertModel"]}})
-    r = cli("check", "org/bert", "--cache-dir", hub.root, "--format", "json", "--with", "transformers==9.0.0")
-    assert all(f["code"] != "GD120" for m in r.json()["models"] for f in m["findings"])
+    hub.add(REPO, {"config.json": gemma3_12b_config()})
+    r = cli("check", "org/bert", REPO, "--cache-dir", hub.root, "--format", "json", "--with", "transformers==9.0.0")
+    codes = {m["repo_id"]: {f["code"] for f in m["findings"]} for m in r.json()["models"]}
+    assert "GD120" not in codes["org/bert"] and "GD120" in codes[REPO]

@@ -221,3 +221,27 @@ def test_a_planned_config_is_judged_by_the_rules_a_cached_one_is():
     assert facts.family.label == "gemma4" and facts.family.nested
     assert facts.config.data["text_config"]["num_kv_shared_layers"] == 20
 
+
+
+def test_prepare_renders_the_same_prescription_as_recommend(cli, hub):
+    """prepare() shares the entry point: the in-memory model's prescription is recommend's for the same config."""
+    import json as _json
+
+    import torch
+    from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+
+    import gemma_doctor
+
+    cfg = Gemma3TextConfig(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    with torch.device("meta"):
+        model = Gemma3ForCausalLM(cfg)
+    hub.add("org/tiny", {"config.json": _json.loads(cfg.to_json_string())})
+    for gpu in ("A100", "T4"):
+        prepared = gemma_doctor.prepare(model, gpu=gpu, on_mismatch="ignore")
+        code, m = _rec(cli, "org/tiny", "--cache-dir", hub.root, "--gpu", gpu)
+        assert prepared.prescription is not None and m["prescription"] is not None
+        for key in ("precision", "method", "batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                    "attention", "use_cache", "seq_len"):
+            assert prepared.prescription[key] == m["prescription"][key], (gpu, key)
+    assert gemma_doctor.prepare(model, gpu="T4", on_mismatch="ignore").prescription["precision"] == "fp32"

@@ -377,9 +377,12 @@ def test_check_json_and_text_carry_the_recommendation(cli, hub):
 
 def test_non_gemma_models_get_no_recommendation(cli, hub):
     hub.add("meta/llama", {"config.json": llama_config()})
-    r = cli("check", "meta/llama", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on", "never")
-    m = r.json()["models"][0]
-    assert "recommendation" not in m and not {"GD302", "GD303"} & set(_codes(m))
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    # beside a Gemma model (alone, a non-Gemma target is "nothing to check", exit 2)
+    r = cli("check", "meta/llama", "google/gemma-3-1b-it", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json",
+            "--fail-on", "never")
+    m = next(m for m in r.json()["models"] if m["repo_id"] == "meta/llama")
+    assert "recommendation" not in m and "prescription" not in m and not {"GD302", "GD303"} & set(_codes(m))
 
 
 @pytest.mark.parametrize("gpu,config,expected", [

@@ -49,21 +49,29 @@ _PLANNED_DIR = "<planned: not downloaded>"
 def planned_facts(family: str, size: str | None, model_id: str) -> ModelFacts:
     """A --family plan as a model whose config.json is the published one (or the bare model_type where gemma-doctor
     has no published config): the same decision and the same rules as for a downloaded snapshot."""
-    import json as _json
-    from pathlib import Path
-
-    from gemma_doctor import family as family_mod
-    from gemma_doctor.locate import Snapshot
     from gemma_doctor.plan import memory
-    from gemma_doctor.readers.jsonfile import JsonFile
 
     config = memory.published_config(family, size) or {"model_type": _PLAN_MODEL_TYPES.get(family, family)}
     if family == "paligemma2":
         config["text_config"] = {"model_type": "gemma2", **config.get("text_config", {})}
     config.setdefault("torch_dtype", ASSUMED_SAVED_DTYPE)
+    return config_facts(config, f"{family} (planned)", model_id)
+
+
+def config_facts(config: Mapping[str, Any], target: str, model_id: str) -> ModelFacts:
+    """A model known only by its config (a --family plan, or a model already in memory for prepare()): facts with
+    that config.json and nothing else, judged by the same rules."""
+    import json as _json
+    from pathlib import Path
+
+    from gemma_doctor import family as family_mod
+    from gemma_doctor.locate import Snapshot
+    from gemma_doctor.readers.jsonfile import JsonFile
+
+    config = dict(config)
     folder = Path(_PLANNED_DIR)
-    raw = _json.dumps(config).encode()
-    snapshot = Snapshot(f"{family} (planned)", folder, model_id, None, None)
+    raw = _json.dumps(config, default=str).encode()
+    snapshot = Snapshot(target, folder, model_id, None, None)
     return ModelFacts(snapshot=snapshot, config=JsonFile(folder / "config.json", True, raw=raw, data=config),
                       generation_config=JsonFile(folder / "generation_config.json", False),
                       family=family_mod.detect(config))
