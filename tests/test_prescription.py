@@ -109,6 +109,7 @@ def test_gemma4_e2b_on_5_5_1_keeps_the_cache_on_and_checkpointing_off(cli, examp
     code, m = _rec(cli, G4, "--cache-dir", examples, "--gpu", "L4", "--with", "transformers==5.5.1")
     p = m["prescription"]
     assert code == 0 and p["use_cache"] is True and p["gradient_checkpointing"] is False
+    assert p["versions"]["transformers"] == "5.5.1"  # the library versions it assumes are part of it
     tr = m["recommendation"]["frameworks"]["transformers"]
     assert tr["training_arguments"].get("use_cache") is True
     assert "use_cache = False" not in m["snippets"]["python"]["loading"]

@@ -42,6 +42,7 @@ class Decision:
     findings: tuple[Finding, ...] = ()  # check's findings on the prescription (infos, and what `fix` cures)
     way_out: tuple[str, ...] = ()
     judged: int = 0  # candidates judged by check's rules
+    versions: tuple[tuple[str, str], ...] = ()  # the libraries the prescription assumes (the stack it was judged on)
     # When there is no prescription: the nearest run tried and what check said of it.
     nearest: recommend.Recommendation | None = None
     nearest_memory: runplan.MemoryFacts | None = None
@@ -73,7 +74,7 @@ class Decision:
                       "target_modules": rec.frameworks["peft"]["target_modules"]} if rec.method != "full" else None),
             "num_gpus": run.num_gpus if run else 1, "zero_stage": run.zero_stage if run and run.num_gpus > 1 else 0,
             "memory": mem.plan.summary() if mem is not None else None,
-            "versions": dict(rec.inputs.get("versions") or {}),
+            "versions": dict(self.versions),
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
         }
         return out
@@ -209,8 +210,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     check, or none and the way out."""
     inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
     first = recommend.decide(inputs)
-    if shape is None:  # no shape to plan memory for: the precision decision alone, judged as it is
-        return Decision(first, None, recommend.training_config_yaml(first))
+    if shape is None:  # no shape to plan memory for: the precision decision alone
+        return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
     req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"))
@@ -226,7 +227,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
             j = judge(facts, env, options, gpu, shape, plan, req, inputs)
             judged += 1
             if not j.blocking:
-                return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged)
+                return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
             if nearest is None or len(j.blocking) < len(nearest.blocking):
                 nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
@@ -234,9 +235,19 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         nearest = judge(facts, env, options, gpu, shape, plan, req, inputs)
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
-            return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged)
+            return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
+                            versions=_versions(inputs))
     return Decision(None, None, None, (), tuple(way_out(shape, req, nearest, gpu)), judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+
+
+# The libraries whose versions a prescription depends on (its snippets' argument names, the windows it was judged by).
+_ASSUMED = ("transformers", "peft", "trl", "accelerate", "torch", "bitsandbytes", "unsloth", "deepspeed")
+
+
+def _versions(inputs: recommend.Inputs) -> tuple[tuple[str, str], ...]:
+    """The versions of the stack the prescription was judged on (installed, --with or --requirements)."""
+    return tuple((k, str(v)) for k, v in sorted(inputs.versions.items()) if v and k in _ASSUMED)
 
 
 def _with_quantization(req: runplan.RunRequest, rec: recommend.Recommendation) -> runplan.RunRequest:
