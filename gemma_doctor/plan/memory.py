@@ -771,7 +771,8 @@ class Choice:
                 "tried": [p.summary() for p in self.tried]}
 
 
-def _batches(target: int) -> list[int]:
+def batch_sizes(target: int) -> list[int]:
+    """Per-device batch sizes from ``target`` down, halving (the memory search's and the decision's order)."""
     out, b = [], max(1, target)
     while b >= 1:
         out.append(b)
@@ -819,7 +820,7 @@ def _search(shape: ModelShape, base: RunSpec, gpu_bytes: int, methods: tuple[str
                       load_dtype=load_dtype_for(base.precision, method) if base.source("precision") != "option" else base.load_dtype)
         options: list[tuple[bool, int]] = []
         ckpts = (base.gradient_checkpointing,) if ckpt_fixed else (False, True)
-        batches = [base.batch_size] if batch_fixed else _batches(target)
+        batches = [base.batch_size] if batch_fixed else batch_sizes(target)
         for ck in ckpts:
             for b in batches if ck or ckpt_fixed else batches[:1]:
                 options.append((ck, b))

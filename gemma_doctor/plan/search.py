@@ -97,14 +97,6 @@ def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
 
 # --- candidates ----------------------------------------------------------------------------------------------------
 
-def _batches(target: int) -> list[int]:
-    out, b = [], max(1, target)
-    while b >= 1:
-        out.append(b)
-        b //= 2
-    return out
-
-
 def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
                relax_batch: bool = False) -> Iterator[MemoryPlan]:
     """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown)."""
@@ -114,7 +106,7 @@ def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ..
     stages = (base.zero_stage,) if "zero_stage" in fixed or n <= 1 else tuple(dict.fromkeys((base.zero_stage, 2, 3)))
     target = base.batch_size * base.gradient_accumulation_steps
     batch_fixed = "batch_size" in fixed and not relax_batch
-    batches = [base.batch_size] if batch_fixed else _batches(target)
+    batches = [base.batch_size] if batch_fixed else memory.batch_sizes(target)
     if "gradient_checkpointing" in fixed:
         ckpts: tuple[bool, ...] = (base.gradient_checkpointing,)
     elif base.task in _RL_TASKS:
