@@ -188,3 +188,30 @@ def test_kv_sharing_is_read_from_configs_as_transformers_saves_them(member_cache
               "--format", "json").json()
     flagged = {m["repo_id"].split("/")[1] for m in doc["models"] if any(f["code"] == "GD130" for f in m["findings"])}
     assert flagged == {"gemma4", "gemma4_text", "gemma4_assistant", "gemma4_unified_assistant"}
+
+
+@pytest.mark.parametrize("version", ["4.57.6", "5.5.1", "5.23.0"])
+def test_every_members_prescription_passes_its_own_check_or_says_the_way_out(member_checkpoints, tmp_path, cli, version):
+    """Issue 20's property on a tiny real checkpoint of every member (saved by transformers 5.23): recommend's YAML
+    passes check --training-config with the same GPU and stack, or there is no prescription and a way out."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import prescription_grid as grid
+
+    sys.path.pop(0)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = cli(*args)
+        return r.code, r.out, r.err
+
+    bad, kinds = [], []
+    for model_type, folder in member_checkpoints.items():
+        for gpu in ("T4", "A100"):
+            for task in ("sft", "dpo"):
+                o = grid.judge_point(run, grid.Point((str(folder),), (str(folder),), gpu, version, task), tmp_path)
+                kinds.append(o.kind)
+                if o.kind == "violation":
+                    bad.append(f"{model_type} {gpu} {task}: {o.detail}")
+    assert not bad, "\n".join(bad)
+    assert "prescribed" in kinds  # not an empty promise: tiny members fit anywhere unless a window bites
