@@ -129,8 +129,11 @@ _CODES = [
     Code("GD731", "lora-targets-post-452-layout", "A LoRA target regex written for the module names of transformers 4.52 and later (model.language_model.layers...) matches nothing in a multimodal Gemma on an older transformers"),
     Code("GD732", "tgi-gemma3-needs-flash-attn-2", "TGI serves Gemma 3's sliding-window layers only with FlashAttention 2: on a GPU without it (pre-Ampere) generation fails"),
     Code("GD733", "liger-kernel-skips-gemma4-unified", "Liger Kernel has no patch for Gemma 4 unified (12B): the switch is a no-op and the full logits are materialised"),
-    Code("GD734", "llama-cpp-python-lacks-embeddinggemma", "llama-cpp-python 0.3.16 and older do not know EmbeddingGemma's GGUF architecture"),
+    Code("GD734", "llama-cpp-python-lacks-embeddinggemma", "llama-cpp-python before 0.3.17 does not know EmbeddingGemma's GGUF architecture"),
     Code("GD735", "unsloth-too-old-for-gemma3", "Unsloth before 2025.3.10 does not know Gemma 3"),
+    Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF"),
+    Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n"),
+    Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF"),
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/plan/memory.py against the GPU's memory)
