@@ -123,7 +123,7 @@ _CODES = [
     Code("GD725", "vllm-gemma2-needs-flashinfer", "vLLM 0.5.1-0.5.3 refuses Gemma 2 unless the FlashInfer backend is chosen: its other backends had no logit soft-capping"),
     Code("GD726", "tgi-too-old-for-gemma", "TGI before 1.4.2 cannot serve Gemma"),
     Code("GD727", "sglang-too-old-for-gemma3", "SGLang before 0.4.4.post2 has no Gemma 3 model: with the transformers Gemma 3 needs, it does not even start"),
-    Code("GD728", "ollama-too-old-for-gemma3n", "Ollama 0.9.0 and older cannot run Gemma 3n"),
+    Code("GD728", "ollama-too-old-for-gemma3n", "Ollama before 0.9.3 cannot run Gemma 3n"),
     Code("GD729", "lora-no-default-targets-gemma2", "LoRA through TRL (use_peft, no target_modules) on Gemma 2 with PEFT before 0.13.0: PEFT has no default targets for gemma2"),
     Code("GD730", "lora-targets-pre-452-layout", "A LoRA target regex written for the module names before transformers 4.52 (language_model.model.layers...) matches nothing in a multimodal Gemma on 4.52 or later"),
     Code("GD731", "lora-targets-post-452-layout", "A LoRA target regex written for the module names of transformers 4.52 and later (model.language_model.layers...) matches nothing in a multimodal Gemma on an older transformers"),
