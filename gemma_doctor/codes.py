@@ -119,6 +119,21 @@ _CODES = [
     Code("GD721", "ollama-too-old-for-gemma2", "Ollama before 0.1.47 cannot run Gemma 2"),
     Code("GD722", "ollama-too-old-for-gemma", "Ollama before 0.1.26 cannot run Gemma"),
     Code("GD723", "vllm-gemma3-transformers-skew", "vLLM up to 0.8.5.post1 with transformers 4.53 or later cannot read Gemma 3's config"),
+    Code("GD724", "vllm-too-old-for-gemma2", "vLLM before 0.5.1 does not know Gemma 2"),
+    Code("GD725", "vllm-gemma2-needs-flashinfer", "vLLM 0.5.1-0.5.3 refuses Gemma 2 unless the FlashInfer backend is chosen: its other backends had no logit soft-capping"),
+    Code("GD726", "tgi-too-old-for-gemma", "TGI before 1.4.2 cannot serve Gemma"),
+    Code("GD727", "sglang-too-old-for-gemma3", "SGLang before 0.4.4.post2 has no Gemma 3 model: with the transformers Gemma 3 needs, it does not even start"),
+    Code("GD728", "ollama-too-old-for-gemma3n", "Ollama before 0.9.3 cannot run Gemma 3n"),
+    Code("GD729", "lora-no-default-targets-gemma2", "LoRA through TRL (use_peft, no target_modules) on Gemma 2 with PEFT before 0.13.0: PEFT has no default targets for gemma2"),
+    Code("GD730", "lora-targets-pre-452-layout", "A LoRA target regex written for the module names before transformers 4.52 (language_model.model.layers...) matches nothing in a multimodal Gemma on 4.52 or later"),
+    Code("GD731", "lora-targets-post-452-layout", "A LoRA target regex written for the module names of transformers 4.52 and later (model.language_model.layers...) matches nothing in a multimodal Gemma on an older transformers"),
+    Code("GD732", "tgi-gemma3-needs-flash-attn-2", "TGI serves Gemma 3's sliding-window layers only with FlashAttention 2: on a GPU without it (pre-Ampere) generation fails"),
+    Code("GD733", "liger-kernel-skips-gemma4-unified", "Liger Kernel has no patch for Gemma 4 unified (12B): the switch is a no-op and the full logits are materialised"),
+    Code("GD734", "llama-cpp-python-lacks-embeddinggemma", "llama-cpp-python before 0.3.17 does not know EmbeddingGemma's GGUF architecture"),
+    Code("GD735", "unsloth-too-old-for-gemma3", "Unsloth before 2025.3.10 does not know Gemma 3"),
+    Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF"),
+    Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n"),
+    Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF"),
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/plan/memory.py against the GPU's memory)

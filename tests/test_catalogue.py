@@ -200,3 +200,31 @@ def test_trl_refuses_padding_free_without_packing(tmp_path):
     with pytest.raises(ValueError, match="without packing, `max_length` is not enforced"):
         SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=data, processing_class=tok)
     SFTTrainer(model=model, args=SFTConfig(**common, packing=True), train_dataset=data, processing_class=tok)
+
+
+def test_old_layout_lora_regex_matches_nothing_on_current_transformers():
+    """GD730 (axolotl #2834): from transformers 4.52 a multimodal Gemma 3's language model lives under
+    model.language_model.layers, so a target regex written for language_model.model.layers finds nothing and PEFT
+    refuses; the same regex in the new layout wraps every projection. (4.51.3 + PEFT 0.15.2 behave the other way
+    round, GD731: measured by hand with this code in the shared venv.)"""
+    import transformers
+    from packaging.version import Version
+    from peft import LoraConfig, get_peft_model
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    assert Version(transformers.__version__) >= Version("4.52.0")
+    config = Gemma3Config(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, vocab_size=300, sliding_window=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    projections = r"layers.[\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj"
+    with pytest.raises(ValueError, match="not found in the base model"):
+        get_peft_model(Gemma3ForConditionalGeneration(config),
+                       LoraConfig(r=4, target_modules="language_model.model." + projections))
+    model = get_peft_model(Gemma3ForConditionalGeneration(config),
+                           LoraConfig(r=4, target_modules="model.language_model." + projections))
+    assert sum(1 for name, _ in model.named_modules() if name.endswith("lora_A")) == 14  # 2 layers x 7 projections
+    gd730 = next(e for e in CODED if e["code"] == "GD730")
+    assert "language_model.model.layers" in gd730["examples"]["positive"]["training"]["lora_target_modules"]
