@@ -80,7 +80,8 @@ def _shard(model: Any, strategy: str) -> Any:
     return model
 
 
-def _train(model: Any, vocab: int, batch: int, seq: int, steps: int, baseline: int | None = None) -> dict[str, int]:
+def _train(model: Any, vocab: int, batch: int, seq: int, steps: int, baseline: int | None = None,
+           after_step: Any = None) -> dict[str, int]:
     """``steps`` AdamW steps; with ``baseline``, the last step's peak RSS above it per phase (forward, backward,
     optimizer step: the high-water mark is reset before each), so the report can say which moment peaks."""
     import torch
@@ -112,6 +113,8 @@ def _train(model: Any, vocab: int, batch: int, seq: int, steps: int, baseline: i
             phases["optimizer-step"] = _status("VmHWM") - baseline
             hwm = max(hwm, _status("VmHWM"))
         del loss
+        if after_step is not None:
+            after_step()
     if baseline is not None:
         phases["peak"] = hwm - baseline
     return phases
@@ -140,6 +143,29 @@ def _rank(rank: int, row: dict[str, Any], port: int, out: str) -> None:
     params = {n: list(p.shape) for n, p in model.named_parameters()}
     model = _shard(model, row["strategy"])
     gc.collect()
+    if row.get("live"):
+        # Live tensors instead of RSS: torch's own memory tracker (a dispatch mode that counts every tensor storage
+        # as it is allocated and freed), FSDP2's for the sharded runs: the figure a GPU's max_memory_allocated
+        # gives, without what malloc keeps after frees.
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker() if row["strategy"] == "none" else FSDPMemTracker(model)
+        if row["strategy"] == "none":
+            tracker.track_external(model)
+        with tracker:
+            _train(model, vocab, row["batch"], row["seq"], STEPS, after_step=tracker.reset_mod_stats)
+        peak = tracker.get_tracker_snapshot("peak")
+        live = {str(k): {kind: int(v) for kind, v in d.items()} for k, d in peak.items()}
+        total = sum(d.get("Total", 0) for d in live.values())
+        result = {"rank": rank, "rss_baseline": 0, "rss_peak": total, "live_peak": live, "phases": {},
+                  "after_shard": 0, "hwm_reset": False, "params": params, "torch": torch.__version__,
+                  "transformers": transformers.__version__}
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        if world > 1:
+            torch.distributed.destroy_process_group()
+        return
     reset = _reset_hwm()
     after_shard = _status("VmRSS") - baseline
     phases = _train(model, vocab, row["batch"], row["seq"], STEPS, baseline)
@@ -160,9 +186,18 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(row, port, out), nprocs=row["world"], join=True)
-        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(row["world"])]
+    saved = {k: os.environ.get(k) for k in row.get("env", {})}
+    os.environ.update(row.get("env", {}))  # read by glibc when each rank's process starts
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            mp.spawn(_rank, args=(row, port, out), nprocs=row["world"], join=True)
+            ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(row["world"])]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     params = ranks[0].pop("params")
     for r in ranks[1:]:
         r.pop("params")
@@ -206,6 +241,13 @@ def measure(args: argparse.Namespace) -> None:
     for i, row in enumerate(GRID):
         if args.rows and i not in args.rows:
             continue
+        if args.live:
+            row = {**row, "live": True}
+        if args.malloc_mmap_threshold:
+            # glibc's fixed mmap threshold: every allocation from this size up is its own mapping, returned to the
+            # system when freed, so RSS follows the live tensors (as max_memory_allocated does on a GPU) instead of
+            # keeping what malloc's arenas hold after frees (docs/benchmarks.md).
+            row = {**row, "env": {"MALLOC_MMAP_THRESHOLD_": str(args.malloc_mmap_threshold)}}
         print(f"running {row}", file=sys.stderr, flush=True)
         docs.append(run_row(row))
         Path(args.out).write_text(json.dumps(docs, indent=1) + "\n")
@@ -216,7 +258,7 @@ def report(args: argparse.Namespace) -> None:
     print("| model | ranks | sharding | b x s | measured per rank (max) | plan per GPU | plan / measured | "
           "proposed / measured | unsharded / measured | plan's peak moment |")
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    key = lambda row: (row["model"], row["batch"], row["seq"])  # noqa: E731
+    key = lambda row: (row["model"], row["batch"], row["seq"], bool(row.get("env")), bool(row.get("live")))  # noqa: E731
     single = {key(d["row"]): max(r["rss_peak"] - r["rss_baseline"] for r in d["ranks"])
               for d in docs if d["row"]["world"] == 1}
     for doc in docs:
@@ -224,7 +266,10 @@ def report(args: argparse.Namespace) -> None:
         measured = max(r["rss_peak"] - r["rss_baseline"] for r in doc["ranks"])
         p = plan_for(doc)
         alone = single.get(key(row))
-        print(f"| {row['model']} | {row['world']} | {row['strategy']} | {row['batch']} x {row['seq']} | "
+        mmap = row.get("env", {}).get("MALLOC_MMAP_THRESHOLD_")
+        strategy = row["strategy"] + (f" (mmap >= {int(mmap) // 1024} KiB)" if mmap else "") + (
+            " (live tensors)" if row.get("live") else "")
+        print(f"| {row['model']} | {row['world']} | {strategy} | {row['batch']} x {row['seq']} | "
               f"{measured / 2**30:.3f} GiB | {p.per_gpu_bytes / 2**30:.3f} GiB | {p.per_gpu_bytes / measured:.2f} | "
               f"{proposed(doc) / measured:.2f} | "
               + (f"{alone / measured:.2f}" if alone else "–") + f" | {p.peak} |")
@@ -241,6 +286,10 @@ def main() -> None:
     m.add_argument("--out", required=True)
     m.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")], default=None,
                    help="indexes into GRID, comma-separated (default: every row)")
+    m.add_argument("--live", action="store_true",
+                   help="measure the live tensors' peak with torch's memory tracker (FSDPMemTracker) instead of RSS")
+    m.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
+                   help="set glibc's MALLOC_MMAP_THRESHOLD_ in the ranks (e.g. 1048576)")
     r = sub.add_parser("report")
     r.add_argument("results", nargs="+")
     args = parser.parse_args()
