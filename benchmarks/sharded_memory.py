@@ -13,6 +13,12 @@ WORLD and zero_stage 3 or 2 (what runplan reads from FULL_SHARD / SHARD_GRAD_OP)
 
     python benchmarks/sharded_memory.py measure --out benchmarks/results/sharded-memory-cpu.json   # minutes
     python benchmarks/sharded_memory.py report benchmarks/results/sharded-memory-cpu.json
+
+RSS counts what glibc malloc kept after frees, too: on the rows with many mid-sized tensors (layers of 10-30 MB,
+batch 2 x 256) its arenas kept up to 1.2 GiB per rank. `--malloc-mmap-threshold 1048576` gives every allocation of
+1 MiB and more its own mapping, returned when freed, so the peak RSS follows the live tensors (what a GPU's
+max_memory_allocated reports); `--live` counts the live tensors themselves with torch's FSDPMemTracker. `--rows`
+picks rows of GRID by index (one at a time on a shared machine).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ GRID: list[dict[str, Any]] = [
     {"model": "gemma3-262k-h320", "world": 4, "strategy": "full_shard", "batch": 2, "seq": 256},
     {"model": "gemma2-256k-h320", "world": 2, "strategy": "full_shard", "batch": 2, "seq": 256},
     {"model": "gemma3-270m", "world": 1, "strategy": "none", "batch": 2, "seq": 256},
+    # Where the embedding's backward is the peak (1 x 128: small logits), at 2 and 4 ranks.
+    {"model": "gemma3-270m", "world": 2, "strategy": "full_shard", "batch": 1, "seq": 128},
+    {"model": "gemma3-262k-h320", "world": 4, "strategy": "shard_grad_op", "batch": 1, "seq": 128},
 ]
 # Gemma 3 270M's published text config (google/gemma-3-270m): 640 wide, 18 layers, the 262,144-token vocabulary
 # (the embedding is 63% of its 268M parameters, against 82-85% in the rows above).
@@ -222,8 +231,8 @@ def proposed(doc: dict[str, Any]) -> int:
     """What the measurements say the per-rank peak is (fp32 full fine-tuning with AdamW, at the embedding's backward):
     the plan's sharded parts, plus the unit holding the tied embedding / lm_head (the root, in accelerate's FSDP2
     wrapping) gathered whole, its gradient produced whole (from the lm_head, from the input embedding, their sum), and
-    FSDP2's reduce-scatter input, a flat copy of that unsharded gradient. Not gemma_doctor.plan.memory's formula: a
-    proposal for it, from these rows (docs/benchmarks.md)."""
+    FSDP2's reduce-scatter input, a flat copy of that unsharded gradient. The earlier proposal, fitted to the first
+    four sharded rows' RSS; plan() took FSDP2's mechanism instead, and this is kept to compare (docs/benchmarks.md)."""
     import math
 
     names = _base_names(doc["params"])
@@ -256,7 +265,7 @@ def measure(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace) -> None:
     docs = [d for results in args.results for d in json.loads(Path(results).read_text())]
     print("| model | ranks | sharding | b x s | measured per rank (max) | plan per GPU | plan / measured | "
-          "proposed / measured | unsharded / measured | plan's peak moment |")
+          "fitted proposal / measured | unsharded / measured | plan's peak moment |")
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     key = lambda row: (row["model"], row["batch"], row["seq"], bool(row.get("env")), bool(row.get("live")))  # noqa: E731
     single = {key(d["row"]): max(r["rss_peak"] - r["rss_baseline"] for r in d["ranks"])

@@ -12,7 +12,9 @@ The peak is the largest of three moments of a training step (after the first, wh
   second time (from the input embedding after the lm_head) and its sum;
 - **optimizer step**: weights + optimizer states + every gradient + the optimizer's temporaries.
 
-The components reported are those of the peak moment, so they add up to the total.
+The components reported are those of the peak moment, so they add up to the total. Sharded (ZeRO-2/3, FSDP), each rank
+also holds the root unit (the tied embedding / lm_head) gathered whole and its gradient whole until its reduce-scatter
+(docs/memory.md, "Sharded runs").
 """
 
 from __future__ import annotations
