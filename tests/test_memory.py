@@ -282,6 +282,67 @@ def test_axolotl_qlora_and_deepspeed_settings_are_read():
     assert values["zero_stage"] == 3 and "file name" in src["zero_stage"]
 
 
+FSDP2_YAML = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 2\nnum_processes: 16\n"
+              "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+              "  fsdp_transformer_layer_cls_to_wrap: Gemma3DecoderLayer\n{reshard}")
+
+
+@pytest.mark.parametrize("reshard, stage", [("  fsdp_reshard_after_forward: true\n", 3),
+                                            ("  fsdp_reshard_after_forward: false\n", 2),
+                                            ("", 3),  # accelerate's default: true
+                                            ("  fsdp_reshard_after_forward: SHARD_GRAD_OP\n", 2)])
+def test_an_accelerate_fsdp2_config_shards_by_reshard_after_forward(reshard, stage):
+    """FSDP2 has no sharding strategy key: reshard_after_forward true is FULL_SHARD (ZeRO-3), false SHARD_GRAD_OP.
+    It was read as ZeRO-0 (DDP: everything replicated on each of the 16 GPUs)."""
+    tc = parse_training_config(FSDP2_YAML.format(reshard=reshard), "accelerate.yaml", True)
+    values, src = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+    assert values["zero_stage"] == stage and values["fsdp"] is True and "fsdp" in src["zero_stage"]
+    assert values["num_gpus"] == 16 and values["num_nodes"] == 2
+    # What the plan says each rank holds.
+    run = memory.RunSpec(method="full", batch_size=1, seq_len=512, num_gpus=16, zero_stage=stage, fsdp=True, num_nodes=2)
+    line = [a for a in memory.plan(memory.published_shape("gemma3", "1b"), run).assumptions if "16 GPUs" in a]
+    assert len(line) == 1 and "on 2 nodes (8 per node)" in line[0] and "1/16 of the weights" in line[0]
+    assert ("FULL_SHARD" if stage == 3 else "SHARD_GRAD_OP") in line[0] and "tied embedding / lm_head unit" in line[0]
+
+
+def test_fsdp2_elsewhere_than_an_fsdp_run_is_not_read_as_sharding():
+    tc = parse_training_config("distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n",
+                               "accelerate.yaml", True)
+    values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+    assert "zero_stage" not in values and "fsdp" not in values
+
+
+def test_a_deepspeed_json_named_by_the_config_gives_the_stage_from_its_contents(tmp_path):
+    """The file name says nothing (ds.json): the stage is the file's zero_optimization.stage, not a guess."""
+    from gemma_doctor.readers import training_config
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n"
+                                              "  deepspeed_config_file: ds.json\n")
+    values, src = runplan.run_request(training_config.read(str(tmp_path / "accelerate.yaml")), runplan.MemoryRequest(), "sft")
+    assert values["zero_stage"] == 2 and "ds.json: zero_optimization.stage" in src["zero_stage"] and "fsdp" not in values
+
+
+def test_sharded_plan_holds_the_root_unit_whole_and_leaves_unsharded_runs_alone():
+    """At the embedding's backward a rank holds the gathered embedding unit and its whole gradient (3 copies for a tied
+    one) on top of its shards: benchmarks/sharded_memory.py measured this on FSDP2 (docs/benchmarks.md)."""
+    shape = memory.published_shape("gemma3", "1b")
+    e = shape.params.embed * 4
+    w = shape.params.text * 4
+    base = dict(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch", batch_size=1,
+                seq_len=128, device="cpu")
+    one = memory.plan(shape, memory.RunSpec(**base))
+    assert one.components["weights"] == w and one.components["embedding_gradient_copies"] == 2 * e
+    four = memory.plan(shape, memory.RunSpec(**base, num_gpus=4, zero_stage=3, fsdp=True))
+    assert four.peak == "embedding-backward"
+    c = four.components
+    assert c["gathered_root_unit"] == e and c["unsharded_root_gradient"] == e and c["embedding_gradient_copies"] == 2 * e
+    assert c["gradients"] == (w - e) // 4 and c["optimizer_states"] == 2 * w // 4
+    # ZeRO-2 (DeepSpeed): weights replicated, nothing gathered; the embedding's gradient still whole.
+    z2 = memory.plan(shape, memory.RunSpec(**base, num_gpus=4, zero_stage=2)).components
+    assert z2["weights"] == w and "gathered_root_unit" not in z2 and z2.get("unsharded_root_gradient") == e
+
+
 def test_memory_modules_are_pure():
     import ast
     import inspect

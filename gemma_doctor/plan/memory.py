@@ -12,7 +12,9 @@ The peak is the largest of three moments of a training step (after the first, wh
   second time (from the input embedding after the lm_head) and its sum;
 - **optimizer step**: weights + optimizer states + every gradient + the optimizer's temporaries.
 
-The components reported are those of the peak moment, so they add up to the total.
+The components reported are those of the peak moment, so they add up to the total. Sharded (ZeRO-2/3, FSDP), each rank
+also holds the root unit (the tied embedding / lm_head) gathered whole and its gradient whole until its reduce-scatter
+(docs/memory.md, "Sharded runs").
 """
 
 from __future__ import annotations
@@ -363,6 +365,8 @@ class RunSpec:
     quant_bits: int | None = None  # 4 | 8 for QLoRA
     num_gpus: int = 1
     zero_stage: int = 0  # 0 (DDP) | 1 | 2 | 3; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2
+    fsdp: bool = False  # the stage is FSDP's (parameters sharded at rest at stage 2 too), not DeepSpeed's
+    num_nodes: int = 1  # machines the GPUs are spread over (accelerate num_machines), for the assumptions
     offload_optimizer: bool = False
     offload_params: bool = False
     device: str = "cuda"  # cuda | cpu: what the overhead is
@@ -640,16 +644,30 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
                      "reference is the base model with adapters disabled (no copy)")
 
     # Sharding (ZeRO / FSDP): stage 1 shards optimizer states, 2 also gradients, 3 also parameters.
+    # The unit outside the decoder layers (accelerate's FSDP2 root: the tied embedding / lm_head, the per-layer
+    # embeddings) is gathered whole: FSDP2 does not reshard the root after forward (FSDPState._lazy_init sets its
+    # post_forward_mesh_info to None), so it stays gathered from the forward to its post-backward; its gradient is
+    # produced whole by autograd and reduce-scattered only in that post-backward (FSDPParamGroup.post_backward,
+    # foreach_reduce), after every layer's. Measured: benchmarks/sharded_memory.py, docs/benchmarks.md.
+    sharded_grads = stage >= 2 and n > 1
+    root = p.embed + p.per_layer_embed + p.lm_head
+    root_weights = root * (4 if run.method == "qlora" else wbytes)
+    all_gathered = 0  # FSDP SHARD_GRAD_OP keeps every unit gathered from its forward to its backward
     if stage >= 1:
         opt_states //= n
+    full_grads = grads
     if stage >= 2:
         grads //= n
     gathered = 0
-    if stage >= 3:
+    if stage >= 3 or (stage == 2 and run.fsdp and n > 1):
         layer_params = (p.linear + p.other) // max(1, shape.layers)
         gathered = layer_params * wbytes * 2  # the layer being computed and the next one prefetched
+        if stage == 2:  # at the loss every unit is gathered: the shards + all the weights
+            all_gathered = max(0, weights - gathered - root_weights)
         weights = weights // n + gathered
         reference //= n
+    else:
+        root_weights = 0  # replicated weights (ZeRO <= 2): nothing to gather
 
     # Activations saved for backward.
     per_layer = layer_activation_bytes(shape, run, run.seq_len)
@@ -671,6 +689,13 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     # Gradient of a tied (trainable) embedding: produced by the lm_head, then by the input embedding, then summed.
     embed_trainable = run.method == "full"
     emb_grad = (p.embed * train_bytes) // (n if stage >= 2 else 1) if embed_trainable else 0
+    root_grad = 0
+    if sharded_grads and embed_trainable:
+        # Sharded: the root's gradient exists whole (every rank, all of it) until its reduce-scatter, the copies of
+        # the tied embedding's as well; the other gradients are reduce-scattered already at the embedding's backward.
+        root_grad = root * train_bytes
+        emb_grad = p.embed * train_bytes
+        grads = (full_grads - root_grad) // n
     step_temp = 0
     if kind == "adamw" and run.device == "cuda":
         step_temp = trainable * train_bytes // (n if stage >= 1 else 1)  # foreach: one sqrt(v) per parameter at once
@@ -679,10 +704,13 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
 
     persistent = {"weights": weights + reference, "towers": tower_bytes // (n if stage >= 3 else 1),
                   "lora_adapters": adapters, "optimizer_states": opt_states}
+    gathered_root = {"gathered_root_unit": root_weights}
     phases: dict[str, dict[str, int]] = {
-        "loss": {**persistent, "activations": activations, "autocast_weight_copies": casts, "logits": logits},
-        "embedding-backward": {**persistent, "gradients": grads, "embedding_gradient_copies": 2 * emb_grad if p.lm_head == 0 else emb_grad},
-        "optimizer-step": {**persistent, "gradients": grads, "optimizer_step_temporaries": step_temp},
+        "loss": {**persistent, **gathered_root, "gathered_layers": all_gathered, "activations": activations,
+                 "autocast_weight_copies": casts, "logits": logits},
+        "embedding-backward": {**persistent, **gathered_root, "gradients": grads, "unsharded_root_gradient": root_grad,
+                               "embedding_gradient_copies": 2 * emb_grad if p.lm_head == 0 else emb_grad},
+        "optimizer-step": {**persistent, "gradients": grads + (root_grad // n), "optimizer_step_temporaries": step_temp},
     }
     peak = max(phases, key=lambda k: sum(phases[k].values()))
     comps = {k: int(v) for k, v in phases[peak].items() if v}
@@ -721,6 +749,32 @@ def _param_shapes(shape: ModelShape, include_towers: bool) -> tuple[tuple[int, .
     return tuple(out)
 
 
+def _sharding_line(shape: ModelShape, run: RunSpec, wbytes: int) -> str:
+    """Ranks, nodes and what each rank holds (docs/memory.md, measured in docs/benchmarks.md)."""
+    n, nodes = run.num_gpus, max(1, run.num_nodes)
+    where = f"{n} GPUs" + (f" on {nodes} nodes ({-(-n // nodes)} per node)" if nodes > 1 else "")
+    frac = f"1/{n}"
+    p = shape.params
+    root = p.embed + p.per_layer_embed + p.lm_head
+    unit = "the tied embedding / lm_head" if p.lm_head == 0 else "the embedding and the lm_head"
+    unit += f" unit ({gib(root * (4 if run.method == 'qlora' else wbytes))})"
+    grad_whole = "; its gradient exists whole on every rank until its reduce-scatter" if run.method == "full" else ""
+    if run.zero_stage >= 3:
+        name = "FSDP FULL_SHARD (ZeRO-3)" if run.fsdp else "ZeRO-3 / FSDP FULL_SHARD"
+        return (f"{where}, {name}: each rank holds {frac} of the weights, gradients and optimizer states, and gathers "
+                f"{unit} whole from its forward to its backward{grad_whole}")
+    if run.zero_stage == 2 and run.fsdp:
+        return (f"{where}, FSDP SHARD_GRAD_OP (ZeRO-2): each rank holds {frac} of the weights at rest, of the gradients "
+                f"and optimizer states; every unit stays gathered from its forward to its backward, {unit} "
+                f"until its own{grad_whole}")
+    if run.zero_stage == 2:
+        return (f"{where}, ZeRO-2: each rank holds all the weights, {frac} of the gradients and optimizer states"
+                + (f"; the gradient of {unit} exists whole until it is reduced" if run.method == "full" else ""))
+    if run.zero_stage == 1:
+        return f"{where}, ZeRO-1: each rank holds all the weights and gradients, {frac} of the optimizer states"
+    return f"{where}, DDP: each rank holds all the weights, gradients and optimizer states"
+
+
 def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> list[str]:
     out = [f"parameter counts from {shape.source}"]
     for name, what in (("method", f"method {run.method}"), ("batch_size", f"batch size {run.batch_size}"),
@@ -743,7 +797,7 @@ def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> l
         out.append(f"CUDA context and kernels {gib(CUDA_CONTEXT_BYTES)} + {CUDA_ALLOCATOR_SLACK:.0%} caching-allocator slack "
                    "(not measured by gemma-doctor yet: the GPU rows of docs/benchmarks.md are pending)")
     if run.num_gpus > 1:
-        out.append(f"{run.num_gpus} GPUs, " + (f"ZeRO stage {run.zero_stage} / FSDP" if run.zero_stage else "DDP (everything replicated)"))
+        out.append(_sharding_line(shape, run, wbytes))
     if run.optimizer.startswith("paged"):
         out.append("paged optimizer: states can be evicted to CPU memory under pressure; planned as resident")
     if run.task in ("grpo", "ppo"):

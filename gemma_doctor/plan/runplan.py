@@ -89,6 +89,9 @@ def _zero_stage(tc: Any) -> tuple[int, str | None]:
     z = s.get("zero_stage")
     if z is not None and _int(z.value) is not None or (z is not None and z.value == 0):
         return int(z.value), z.key
+    fsdp2 = _fsdp2_stage(s)
+    if fsdp2 is not None:
+        return fsdp2
     f = s.get("fsdp")
     if f is not None and f.value:
         text = " ".join(map(str, f.value)) if isinstance(f.value, list) else str(f.value)
@@ -103,6 +106,27 @@ def _zero_stage(tc: Any) -> tuple[int, str | None]:
         if m:
             return int(m.group(1)), d.key + " (stage read from the file name)"
     return 0, None
+
+
+def _fsdp2_stage(s: Mapping[str, Any]) -> tuple[int, str] | None:
+    """FSDP2 (accelerate's `fsdp_version: 2`) shards by `fsdp_reshard_after_forward`, not by a sharding strategy:
+    true (accelerate's default) is FULL_SHARD (ZeRO-3), false SHARD_GRAD_OP (ZeRO-2). accelerate also takes the
+    strategy's name there. None where the config is not FSDP2 or names a strategy instead (read as FSDP1's)."""
+    version = s.get("fsdp_version")
+    if version is None or str(version.value).strip() != "2":
+        return None
+    dist = s.get("distributed_type")
+    if dist is not None and str(dist.value).strip().upper() != "FSDP":
+        return None  # accelerate ignores fsdp_config unless distributed_type is FSDP
+    reshard = s.get("fsdp_reshard_after_forward")
+    if reshard is None:
+        if s.get("fsdp") is not None:
+            return None  # a sharding strategy named: the FSDP1 reading
+        return 3, f"{version.key} (FSDP2: fsdp_reshard_after_forward defaults to true)"
+    text = str(reshard.value).strip().lower()
+    if text in ("false", "no", "0", "shard_grad_op", "2"):
+        return 2, reshard.key
+    return 3, reshard.key
 
 
 def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -158,6 +182,10 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         stage, key = _zero_stage(tc)
         if key is not None:
             put("zero_stage", stage, f"training config {key}")
+            if "fsdp" in key:
+                put("fsdp", True, f"training config {key}")
+        if "num_machines" in s and _int(s["num_machines"].value):
+            put("num_nodes", _int(s["num_machines"].value), where("num_machines"))
         off = s.get("offload_optimizer")
         if off is not None and str(off.value).lower() in ("cpu", "nvme"):
             put("offload_optimizer", True, where("offload_optimizer"))
@@ -226,6 +254,7 @@ def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: Mem
                    lora_r=values.get("lora_r", memory.DEFAULT_LORA_R),
                    lora_targets=values.get("lora_targets", memory.DEFAULT_LORA_TARGETS),
                    quant_bits=values.get("quant_bits"), num_gpus=num, zero_stage=values.get("zero_stage", 0),
+                   fsdp=values.get("fsdp", False), num_nodes=values.get("num_nodes", 1),
                    offload_optimizer=values.get("offload_optimizer", False), device=device, task=task,
                    attention=values.get("attention", "sdpa"), sources=tuple(sorted(sources.items())))
     # A preference (the stable RL setting) is not the user's choice: the search may drop it.

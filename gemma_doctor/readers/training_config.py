@@ -53,6 +53,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     # / TRL's / axolotl's fsdp_config (prefix optional: transformers strips it), DeepSpeed's offload, the node count.
     "num_machines": ("num_machines",),
     "fsdp_version": ("fsdp_config.fsdp_version", "fsdp_config.version", "fsdp_version"),
+    "fsdp_reshard_after_forward": ("fsdp_config.fsdp_reshard_after_forward", "fsdp_config.reshard_after_forward",
+                                   "fsdp_reshard_after_forward"),
     "fsdp_auto_wrap_policy": ("fsdp_config.fsdp_auto_wrap_policy", "fsdp_config.auto_wrap_policy", "fsdp_auto_wrap_policy"),
     "fsdp_wrap_classes": ("fsdp_config.fsdp_transformer_layer_cls_to_wrap", "fsdp_config.transformer_layer_cls_to_wrap",
                           "fsdp_transformer_layer_cls_to_wrap"),
