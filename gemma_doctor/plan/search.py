@@ -14,6 +14,8 @@ it. The first that passes is the prescription; when none does, there is none, an
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -152,14 +154,28 @@ class Judged:
 
     plan: MemoryPlan
     recommendation: recommend.Recommendation
-    memory: runplan.MemoryFacts
+    checked: runplan.MemoryFacts  # the memory plan check made of the candidate's training config
     yaml: str
     findings: tuple[Finding, ...]
+    shape: ModelShape
+    request: runplan.RunRequest
 
     @property
     def blocking(self) -> tuple[Finding, ...]:
         """What check would flag."""
         return blocking(self.findings)
+
+    @functools.cached_property
+    def memory(self) -> runplan.MemoryFacts:
+        """The memory block of the prescription: check's plan, each setting's source as the user reads it. Made only
+        for the run that is prescribed (or the nearest), not for every candidate the rules reject."""
+        mem, req = self.checked, self.request
+        src = dict(mem.plan.run.sources)
+        for k, v in src.items():
+            if v.startswith("training config"):
+                src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
+        relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
+        return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
 
 
 def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
@@ -180,7 +196,7 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
     the memory plan check makes of that config, and every rule, with the same GPU and stack."""
     rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
     yaml_text = recommend.training_config_yaml(rec)
-    tc = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+    tc = _read_back(yaml_text)
     env2 = replace(env, training_config=tc)
     opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
                    training_config=PRESCRIPTION)
@@ -189,16 +205,33 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
                               task=str(rec.inputs.get("task") or "sft"))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     findings = tuple(rules.run(judged_facts, env2, opts))
-    # check read every setting from the prescription's training config; the user reads where each came from.
-    src = dict(mem.plan.run.sources)
-    for k, v in src.items():
-        if v.startswith("training config"):
-            src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
-    relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
-    mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
     if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
         findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
-    return Judged(plan, rec, mem, yaml_text, findings)
+    # check read every setting from the prescription's training config; Judged.memory says where each came from.
+    return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+
+
+_READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
+# axolotl's `base_model: "<repo id>"` line of a prescription. The reader keeps no setting from it (only that the key is
+# there, for the config's kind), so for a plain repo id (these characters, JSON-quoted: a YAML string, one line) the
+# value cannot change what is read, and texts that differ only there read alike.
+_BASE_MODEL = re.compile(r'^base_model: "[A-Za-z0-9._/-]*"$', re.MULTILINE)
+
+
+def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
+    """The training-config reader on a prescription's YAML, as `check --training-config` would read it.
+
+    The reader is a pure function of the text; a scan of many models renders the same few candidate configs for each,
+    but for the repo id, so each text (with a plain repo id set aside) is read once per process."""
+    key, n = _BASE_MODEL.subn('base_model: ""', yaml_text)
+    if n > 1:  # never rendered so; read as it is
+        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+    tc = _READ_BACK.get(key)
+    if tc is None:
+        if len(_READ_BACK) >= 512:
+            _READ_BACK.clear()
+        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+    return tc
 
 
 # --- the decision --------------------------------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Issue 23's speed-ups change how the work is done, never what is found: each cut here is checked against the plain
+computation it replaces (no test asserts on time; the figures are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gemma_doctor.plan import search
+from gemma_doctor.readers import training_config as tc_reader
+from gemma_doctor.readers.training_config import TrainingConfig
+
+
+def _reference_parse(text: str, path: str) -> TrainingConfig:
+    """The YAML path of the reader as it was: yaml.safe_load, then the key lines from a second yaml.compose."""
+    real = yaml.safe_load
+
+    def old_lines(t: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+
+        def walk(node, prefix, depth):
+            if depth > 3 or not isinstance(node, yaml.MappingNode):
+                return
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    dotted = prefix + str(k.value)
+                    out.setdefault(dotted, k.start_mark.line + 1)
+                    walk(v, dotted + ".", depth + 1)
+
+        try:
+            walk(yaml.compose(t, Loader=yaml.SafeLoader), "", 1)
+        except yaml.YAMLError:
+            pass
+        return out
+
+    tc = tc_reader.parse(text, path, yaml_first=True)
+    try:
+        data = real(text)
+    except yaml.YAMLError:
+        return tc  # the error path is unchanged: the reader's own message
+    if not isinstance(data, dict):
+        return tc
+    lines = old_lines(text)
+    # Every setting's line must be the line the two-pass reader gave it.
+    return TrainingConfig(tc.path, tc.kind, {n: tc_reader.Setting(s.key, s.value, lines.get(s.key))
+                                             for n, s in tc.settings.items()}, tc.error)
+
+
+YAML_TEXTS = [
+    "bf16: true\nper_device_train_batch_size: 4\nmax_length: 2048\n",
+    # A merge key that the file overrides: the line is the file's own key (line 5), not the merged one (line 2). Read
+    # from nodes already constructed (which flattens merges in place) it would be line 2.
+    "base: &b\n  bf16: false\n  per_device_train_batch_size: 4\n<<: *b\nbf16: true\n",
+    "<<: {fp16: true, gradient_checkpointing: true}\nbase_model: google/gemma-3-1b-it\nmicro_batch_size: 2\n",
+    "model_init_kwargs:\n  torch_dtype: bfloat16\n  quantization_config:\n    load_in_4bit: true\nbf16: true\n",
+    "zero_optimization:\n  stage: 3\n  offload_optimizer: {device: cpu}\nbf16: {enabled: true}\n",
+    "# comment only\n---\nfp16: yes\n",
+    "- a list\n- of things\n",
+    "",
+    "bf16: [unclosed\n",
+    "a: &x [*x]\n",
+    "rl: dpo\nbeta: 0.1\nloss_type: sigmoid\n",
+]
+
+
+@pytest.mark.parametrize("text", YAML_TEXTS)
+def test_yaml_read_once_gives_what_two_passes_gave(text):
+    got = tc_reader.parse(text, "train.yaml", yaml_first=True)
+    assert got == _reference_parse(text, "train.yaml")
+
+
+def test_merge_key_override_keeps_the_files_own_line():
+    tc = tc_reader.parse(YAML_TEXTS[1], "train.yaml", yaml_first=True)
+    assert tc.get("bf16").value is True and tc.get("bf16").line == 5
+
+
+PRESCRIBED = """# axolotl: precision set explicitly.
+base_model: "org0/model-00000"
+bf16: true
+fp16: false
+sequence_len: 1024
+micro_batch_size: 8
+gradient_accumulation_steps: 1
+# accelerate (accelerate config / accelerate launch): mixed_precision: "bf16"
+"""
+
+
+@pytest.mark.parametrize("repo_id", ["org0/model-00001", "google/gemma-3-12b-it", "a.b_c-d/E.F", "",
+                                     'we\\"ird', "caf\\u00e9/x", "x/y\\nmicro_batch_size: 1"])
+def test_read_back_of_a_prescription_is_the_reader(repo_id):
+    """The per-process memo of the prescription's read-back gives exactly what the reader gives, whatever the repo id
+    (a plain one shares the memo; anything else is read as it is)."""
+    search._READ_BACK.clear()
+    first = search._read_back(PRESCRIBED)
+    text = PRESCRIBED.replace('"org0/model-00000"', f'"{repo_id}"')
+    assert search._read_back(text) == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert first == tc_reader.parse(PRESCRIBED, search.PRESCRIPTION, yaml_first=True)
+
+
+def test_a_repo_id_that_changes_the_settings_is_not_shared():
+    search._READ_BACK.clear()
+    search._read_back(PRESCRIBED)
+    text = PRESCRIBED.replace('"org0/model-00000"', '"x"\nmicro_batch_size: 1')
+    assert search._read_back(text).get("batch_size") == tc_reader.parse(text, search.PRESCRIPTION, True).get("batch_size")
