@@ -102,3 +102,80 @@ def test_a_repo_id_that_changes_the_settings_is_not_shared():
     search._read_back(PRESCRIBED)
     text = PRESCRIBED.replace('"org0/model-00000"', '"x"\nmicro_batch_size: 1')
     assert search._read_back(text).get("batch_size") == tc_reader.parse(text, search.PRESCRIPTION, True).get("batch_size")
+
+
+# --- the quick judge: candidates rejected by the first (cheapest) rule that flags them ------------------------------
+
+def _reference_prescribe(facts, env, options, gpu, shape, quantization=None):
+    """plan.search.prescribe as it was before the quick judge: every rule run on every candidate."""
+    from gemma_doctor.plan import advice, recommend, runplan
+
+    inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
+    first = recommend.decide(inputs)
+    if shape is None:
+        return search.Decision(first, None, recommend.training_config_yaml(first))
+    req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
+                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
+                               task=str(first.inputs.get("task") or "sft"))
+    req = search._with_quantization(req, first)
+    judged, nearest = 0, None
+    for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
+        if relax and "batch_size" not in req.fixed:
+            continue
+        for plan in search.candidates(shape, req, accept, relax_batch=relax):
+            if judged >= search.MAX_JUDGED:
+                break
+            j = search.judge(facts, env, options, gpu, shape, plan, req, inputs)
+            judged += 1
+            if not j.blocking:
+                return search.Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged)
+            if nearest is None or len(j.blocking) < len(nearest.blocking):
+                nearest = j
+    if nearest is None:
+        nearest = search.judge(facts, env, options, gpu, shape, search._smallest(shape, req), req, inputs)
+        judged += 1
+        if not nearest.blocking:
+            return search.Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged)
+    return search.Decision(None, None, None, (), tuple(search.way_out(shape, req, nearest, gpu)), judged,
+                           nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cache = tmp_path_factory.mktemp("examples") / "hub"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(root / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
+SCENARIOS = [
+    ("check",),  # the whole cache, no GPU: candidates rejected by GD650 until the batch is small enough
+    ("check", "--gpu", "T4"),
+    ("check", "--gpu", "A100", "--task", "dpo"),
+    ("check", "--gpu", "H100", "--with", "transformers==5.5.1"),  # Gemma 3: no prescription (GD105 on every run)
+    # No prescription either, and the large batches also get GD650: the nearest is the first run with the fewest
+    # blocking findings counted by every rule (the quick judge saw one finding on each).
+    ("check", "--with", "transformers==5.5.1"),
+    ("check", "--gpu", "L4", "--with", "transformers==4.50.0", "--task", "qlora"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "A100", "--with", "transformers==5.5.1"),
+    ("recommend", "google/gemma-4-E2B-it", "--gpu", "T4"),
+    ("list",),
+]
+
+
+@pytest.mark.parametrize("args", SCENARIOS, ids=" ".join)
+def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, examples, monkeypatch, args):
+    fmt = ("--format", "json") if args[0] != "list" else ("--format", "json")
+    extra = ("--fail-on", "never") if args[0] == "check" else ()
+    got = cli(*args, "--cache-dir", examples, *fmt, *extra)
+    assert got.out.strip()
+    monkeypatch.setattr(search, "prescribe", _reference_prescribe)
+    want = cli(*args, "--cache-dir", examples, *fmt, *extra)
+    assert (got.code, got.out) == (want.code, want.out)
+    if args[0] != "list":
+        assert '"prescription"' in got.out

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gemma_doctor import rules
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
@@ -194,6 +194,28 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
           plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs) -> Judged:
     """Render ``plan`` as the prescription would, then run `check` on it: the training config it prints, read back,
     the memory plan check makes of that config, and every rule, with the same GPU and stack."""
+    return _judge(facts, env, options, gpu, shape, plan, req, inputs)()
+
+
+# The rules that cost the most per call (measured on a whole-cache scan: the catalogue's ~50 conditions, the
+# horizon's version comparisons, the crash windows) run last when a candidate is only being tried: most candidates
+# are rejected by a cheaper rule first (GD650 at a batch too large), and the rest are never run for them.
+_COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
+
+
+def _quick_order() -> tuple[int, ...]:
+    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
+    return (tuple(i for i, n in enumerate(names) if n not in _COSTLY_LAST)
+            + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
+
+
+def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
+           plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
+           quick: bool = False) -> Callable[[], Judged]:
+    """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
+    is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
+    are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
+    only when no candidate passes and the nearest must be told by all its findings."""
     rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
     yaml_text = recommend.training_config_yaml(rec)
     tc = _read_back(yaml_text)
@@ -204,11 +226,32 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
                               request=opts.memory or runplan.MemoryRequest(), training_config=tc,
                               task=str(rec.inputs.get("task") or "sft"))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
-    findings = tuple(rules.run(judged_facts, env2, opts))
-    if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
-        findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
-    # check read every setting from the prescription's training config; Judged.memory says where each came from.
-    return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+    done: dict[int, tuple[Finding, ...]] = {}
+
+    def finish() -> Judged:
+        findings = tuple(f for i, rule in enumerate(rules.RULES)
+                         for f in (done[i] if i in done else rule(judged_facts, env2, opts)))
+        if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
+            findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
+        # check read every setting from the prescription's training config; Judged.memory says where each came from.
+        return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+
+    if quick and tc.error is None:
+        for i in _quick_order():
+            done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+            if blocking(done[i]):
+                return _Rejected(plan, rec, mem, yaml_text, done[i], shape, req, finish)
+    return finish
+
+
+@dataclass(frozen=True)
+class _Rejected(Judged):
+    """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
+
+    finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
+
+    def __call__(self) -> Judged:
+        return self.finish()
 
 
 _READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
@@ -250,18 +293,24 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     req = _with_quantization(req, first)
     judged = 0
     nearest: Judged | None = None
+    rejected: list[_Rejected] = []
     for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
         if relax and "batch_size" not in req.fixed:
             continue
         for plan in candidates(shape, req, accept, relax_batch=relax):
             if judged >= MAX_JUDGED:
                 break
-            j = judge(facts, env, options, gpu, shape, plan, req, inputs)
+            tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
             judged += 1
-            if not j.blocking:
+            if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
+                j = tried()
                 return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged)
-            if nearest is None or len(j.blocking) < len(nearest.blocking):
-                nearest = j
+            rejected.append(tried)
+    # None passes: the nearest is the first with the fewest blocking findings, every rule run on each.
+    for tried in rejected:
+        j = tried()
+        if nearest is None or len(j.blocking) < len(nearest.blocking):
+            nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
         plan = _smallest(shape, req)
         nearest = judge(facts, env, options, gpu, shape, plan, req, inputs)
