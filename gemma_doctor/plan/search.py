@@ -203,10 +203,35 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
 _COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
 
 
+@functools.lru_cache(maxsize=1)
 def _quick_order() -> tuple[int, ...]:
     names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
     return (tuple(i for i, n in enumerate(names) if n not in _COSTLY_LAST)
             + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
+
+
+_PLANS: dict[tuple[Any, ...], tuple[Any, runplan.MemoryFacts]] = {}
+
+
+def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
+                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str) -> runplan.MemoryFacts:
+    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
+    models of one architecture in a cache get the same candidates. The config is the read-back's own object, kept
+    alive with the entry, so its identity stands for its content."""
+    try:
+        key = (shape, precision, gpu, gpu_spec, request, id(tc), task)
+        hit = _PLANS.get(key)
+    except TypeError:  # an unhashable part: planned as it is
+        key, hit = None, None
+    if hit is not None and hit[0] is tc:
+        return hit[1]
+    mem = runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+                              training_config=tc, task=task)
+    if key is not None:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        _PLANS[key] = (tc, mem)
+    return mem
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -222,9 +247,8 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     env2 = replace(env, training_config=tc)
     opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
                    training_config=PRESCRIPTION)
-    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=options.gpu,
-                              request=opts.memory or runplan.MemoryRequest(), training_config=tc,
-                              task=str(rec.inputs.get("task") or "sft"))
+    mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
+                        str(rec.inputs.get("task") or "sft"))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
 
