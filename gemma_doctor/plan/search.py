@@ -261,11 +261,24 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         return Judged(plan, rec, mem, yaml_text, findings, shape, req)
 
     if quick and tc.error is None:
-        for i in _quick_order():
+        order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
+        for i in order:
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
+                _remember_rejection(i)
                 return _Rejected(plan, rec, mem, yaml_text, done[i], shape, req, finish)
     return finish
+
+
+# The rule that rejected the last candidate is tried first on the next (the candidates of one model, and the models
+# of one cache, tend to be rejected by the same rule). Only the order of trying changes, never the findings.
+_LAST_REJECTED: tuple[int, ...] = ()
+
+
+def _remember_rejection(i: int) -> None:
+    global _LAST_REJECTED
+    if _LAST_REJECTED != (i,):
+        _LAST_REJECTED = (i,)
 
 
 @dataclass(frozen=True)
