@@ -179,3 +179,35 @@ def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, exam
     assert (got.code, got.out) == (want.code, want.out)
     if args[0] != "list":
         assert '"prescription"' in got.out
+
+
+# --- the catalogue's entries left out per stack, the horizon remembered per stack ----------------------------------
+
+def test_catalogue_findings_are_every_entrys_own(cli, tmp_path, monkeypatch):
+    """Each catalogue entry's positive and negative example (its own stack, GPU, training config) through the real
+    check: the findings are those of evaluating every entry, as before entries were left out per stack."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rules import catalogue as rule
+    from tests.test_catalogue import write_inputs
+
+    fired = 0
+    for n, entry in enumerate(catalogue.coded()):
+        for kind in ("positive", "negative"):
+            args = write_inputs(tmp_path / f"{n}-{kind}", entry["examples"][kind])
+            got = cli(*args, "--format", "json", "--fail-on", "never")
+            with monkeypatch.context() as m:
+                m.setattr(rule, "_live", lambda entries, stack: entries)
+                want = cli(*args, "--format", "json", "--fail-on", "never")
+            assert (got.code, got.out) == (want.code, want.out), (entry["code"], kind)
+            fired += entry["code"] in got.out
+    assert fired >= len(catalogue.coded())  # not an empty comparison: every entry fires on its positive example
+
+
+@pytest.mark.parametrize("with_", [(), ("transformers==9.0.0",), ("transformers>=5.0",)])
+def test_horizon_remembered_per_stack_is_the_horizon(with_):
+    from gemma_doctor import horizon, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    stack = pipeline.environment(CheckOptions(with_packages=with_)).libraries
+    assert horizon.beyond(stack) == horizon._beyond(stack) == horizon.beyond(stack)
+    assert horizon.beyond(stack) is not horizon.beyond(stack)  # a fresh list each time: callers may change theirs
