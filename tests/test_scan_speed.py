@@ -211,3 +211,28 @@ def test_horizon_remembered_per_stack_is_the_horizon(with_):
     stack = pipeline.environment(CheckOptions(with_packages=with_)).libraries
     assert horizon.beyond(stack) == horizon._beyond(stack) == horizon.beyond(stack)
     assert horizon.beyond(stack) is not horizon.beyond(stack)  # a fresh list each time: callers may change theirs
+
+
+# --- candidates made once per architecture -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,size,gpu_bytes", [("gemma3", "12b", None), ("gemma3", "1b", 16 * 2**30),
+                                                   ("gemma4", "e2b", 24 * 2**30), ("gemma2", "9b", 80 * 2**30)])
+def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
+    from dataclasses import replace
+
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape(family, size)
+    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+                               training_config=None, task="sft")
+    req = replace(req, gpu_bytes=gpu_bytes)
+    for accept in (("fits",), ("tight",)):
+        want = list(search._candidates(shape, req, accept))
+        assert want  # not an empty comparison
+        search._CANDIDATES.clear()
+        a, b = search.candidates(shape, req, accept), search.candidates(shape, req, accept)
+        got_a, got_b = [next(a)], []
+        got_b += [next(b), next(b)] if len(want) > 1 else [next(b)]  # b runs ahead of a, then a reads b's plans
+        got_a += list(a)
+        got_b += list(b)
+        assert got_a == want and got_b == want and list(search.candidates(shape, req, accept)) == want

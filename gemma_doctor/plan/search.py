@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
@@ -106,9 +107,42 @@ def _batches(target: int) -> list[int]:
     return out
 
 
+_CANDIDATES: dict[tuple[Any, ...], tuple[list[MemoryPlan], Iterator[MemoryPlan]]] = {}
+_CANDIDATES_LOCK = threading.Lock()
+
+
 def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
                relax_batch: bool = False) -> Iterator[MemoryPlan]:
-    """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown)."""
+    """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown).
+
+    The plans are pure functions of the arguments: the models of one architecture in a cache get the same ones, so
+    they are made once per process, as far as a search has asked for them."""
+    try:
+        key = (shape, req, accept, relax_batch)
+        made = _CANDIDATES.get(key)
+    except TypeError:  # an unhashable part: made as they are
+        yield from _candidates(shape, req, accept, relax_batch)
+        return
+    if made is None:
+        if len(_CANDIDATES) >= 256:
+            _CANDIDATES.clear()
+        made = _CANDIDATES[key] = ([], _candidates(shape, req, accept, relax_batch))
+    plans, more = made
+    i = 0
+    while True:
+        if i == len(plans):
+            with _CANDIDATES_LOCK:  # one maker per key, whichever search (or thread) asks first
+                if i == len(plans):
+                    nxt = next(more, None)
+                    if nxt is None:
+                        return
+                    plans.append(nxt)
+        yield plans[i]
+        i += 1
+
+
+def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
+                relax_batch: bool = False) -> Iterator[MemoryPlan]:
     base, fixed = req.base, set(req.fixed)
     methods = (base.method,) if "method" in fixed else METHODS
     n = base.num_gpus
