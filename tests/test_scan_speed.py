@@ -236,3 +236,26 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
         got_a += list(a)
         got_b += list(b)
         assert got_a == want and got_b == want and list(search.candidates(shape, req, accept)) == want
+
+
+def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
+    """The read-back of every training config the search renders (every scenario above) composes with libyaml's
+    parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""
+    from gemma_doctor.plan import recommend
+
+    assert yaml.__with_libyaml__  # else the C path is never taken and this compares nothing
+    texts: list[str] = []
+    real = recommend.training_config_yaml
+
+    def record(rec):
+        texts.append(real(rec))
+        return texts[-1]
+
+    monkeypatch.setattr(recommend, "training_config_yaml", record)
+    for args in SCENARIOS:
+        extra = ("--fail-on", "never") if args[0] == "check" else ()
+        cli(*args, "--cache-dir", examples, "--format", "json", *extra)
+    assert len(set(texts)) > 10
+    for text in set(texts):
+        fast = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True, c_yaml=True)
+        assert fast == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True) and fast.ok and fast.settings

@@ -339,12 +339,12 @@ def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
     but for the repo id, so each text (with a plain repo id set aside) is read once per process."""
     key, n = _BASE_MODEL.subn('base_model: ""', yaml_text)
     if n > 1:  # never rendered so; read as it is
-        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
     tc = _READ_BACK.get(key)
     if tc is None:
         if len(_READ_BACK) >= 512:
             _READ_BACK.clear()
-        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
     return tc
 
 

@@ -250,8 +250,9 @@ def _json_line(text: str, dotted: str) -> int | None:
     return text.count("\n", 0, pos) + 1
 
 
-def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
-    """Parse training-config text (JSON or YAML) into settings; never raises."""
+def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> TrainingConfig:
+    """Parse training-config text (JSON or YAML) into settings; never raises. ``c_yaml``: compose with libyaml's parser
+    where PyYAML has it (for the YAML gemma-doctor prints itself; a user's file is read by the pure-Python one)."""
     data: Any = None
     is_json = False
     lines: dict[str, int] = {}
@@ -275,7 +276,7 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
         try:
             # yaml.safe_load, with the document composed once: its key lines are read from the same nodes, before
             # they are constructed (the constructor flattens merge keys in place).
-            loader = yaml.SafeLoader(text)
+            loader = (yaml.CSafeLoader if c_yaml and getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader)(text)
             try:
                 root = loader.get_single_node()
                 lines = {} if root is None else _yaml_lines(text, root)
