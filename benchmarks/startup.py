@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -58,13 +59,16 @@ def build_cache(root: Path, repos: int) -> float:
 # run from a checkout's root, the baseline's PYTHONPATH would lose to the checkout's own gemma_doctor (it did: until
 # 25 Nov, --baseline run from the repo root timed this tree twice).
 NEUTRAL = tempfile.gettempdir()
+# Bytecode is cached as an installed package has it (pip compiles on install): with PYTHONDONTWRITEBYTECODE set in the
+# caller's environment, every gemma-doctor run compiled its modules from source while `hf` used its .pyc files.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 CPU: dict[tuple[str, ...], list[float]] = {}
 
 
 def timed(cmd: list[str]) -> float:
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=NEUTRAL)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=NEUTRAL, env=ENV)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU.setdefault(tuple(cmd), []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
