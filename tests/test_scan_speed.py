@@ -259,3 +259,20 @@ def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples,
     for text in set(texts):
         fast = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True, c_yaml=True)
         assert fast == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True) and fast.ok and fast.settings
+
+
+@pytest.mark.parametrize("text", ["5.23.0", "4.50.0.dev0", "2.13.0+cpu", "1.0rc1", "0.21.2.post1", "not-a-version"])
+def test_versions_parsed_once_are_versions(text):
+    from packaging.version import InvalidVersion, Version
+
+    from gemma_doctor import stack, versioning
+
+    try:
+        want = Version(text)
+    except InvalidVersion:
+        with pytest.raises(InvalidVersion):
+            stack.version_of(text)
+        assert versioning.parse(text) is None
+        return
+    assert stack.version_of(text) == want and stack.version_of(text) is stack.version_of(text)
+    assert versioning.parse(text) == want and str(versioning.parse(text)) == str(want)
