@@ -278,9 +278,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
     yaml_text = recommend.training_config_yaml(rec)
     tc = _read_back(yaml_text)
-    env2 = replace(env, training_config=tc)
-    opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
-                   training_config=PRESCRIPTION)
+    env2, opts = _judged_env(env, tc), _judged_options(options)
     mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
                         str(rec.inputs.get("task") or "sft"))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
@@ -323,6 +321,35 @@ class _Rejected(Judged):
 
     def __call__(self) -> Judged:
         return self.finish()
+
+
+# The environment and options a candidate is judged under, made once per (environment, read-back config) and per
+# options: both are frozen, and the search asks for the same ones for every candidate of every model.
+_ENVS: dict[tuple[int, int], tuple[Environment, tc_reader.TrainingConfig, Environment]] = {}
+_OPTIONS: dict[int, tuple[CheckOptions, CheckOptions]] = {}
+
+
+def _judged_env(env: Environment, tc: tc_reader.TrainingConfig) -> Environment:
+    hit = _ENVS.get((id(env), id(tc)))
+    if hit is not None and hit[0] is env and hit[1] is tc:
+        return hit[2]
+    if len(_ENVS) >= 512:
+        _ENVS.clear()
+    env2 = replace(env, training_config=tc)
+    _ENVS[(id(env), id(tc))] = (env, tc, env2)  # env and tc kept alive with the entry: their ids stay theirs
+    return env2
+
+
+def _judged_options(options: CheckOptions) -> CheckOptions:
+    hit = _OPTIONS.get(id(options))
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    if len(_OPTIONS) >= 64:
+        _OPTIONS.clear()
+    opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
+                   training_config=PRESCRIPTION)
+    _OPTIONS[id(options)] = (options, opts)
+    return opts
 
 
 _READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
