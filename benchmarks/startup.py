@@ -5,14 +5,16 @@
    (torch and transformers must not be among them).
 2. Synthetic caches of 1,000 and 2,000 repos x 2 revisions (half Gemma-family, built with
    tests/builders.HubCache): `gemma-doctor check` (no target) vs `hf cache ls`; 2,000 must stay within
-   2.2x of 1,000.
-Medians of --runs runs, alternating the commands. Run: .venv/bin/python benchmarks/startup.py [--runs 7]
+   2.2x of 1,000. `list` on the same caches, and with --baseline TREE the check of another checkout.
+Wall and CPU (user + system) medians of --runs runs, alternating the commands. Run: .venv/bin/python benchmarks/startup.py [--runs 7]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,27 +55,49 @@ def build_cache(root: Path, repos: int) -> float:
     return time.perf_counter() - t0
 
 
+# Every command runs from a neutral folder: `python -m gemma_doctor` puts the working directory first on sys.path, so
+# run from a checkout's root, the baseline's PYTHONPATH would lose to the checkout's own gemma_doctor (it did: until
+# 25 Nov, --baseline run from the repo root timed this tree twice).
+NEUTRAL = tempfile.gettempdir()
+# Bytecode is cached as an installed package has it (pip compiles on install): with PYTHONDONTWRITEBYTECODE set in the
+# caller's environment, every gemma-doctor run compiled its modules from source while `hf` used its .pyc files.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+CPU: dict[tuple[str, ...], list[float]] = {}
+
+
 def timed(cmd: list[str]) -> float:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return time.perf_counter() - t0
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=NEUTRAL, env=ENV)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(tuple(cmd), []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return wall
 
 
 def compare(cmds: dict[str, list[str]], runs: int) -> dict[str, float]:
-    """Median whole-process seconds per command, alternating them so load affects each alike."""
+    """Median whole-process seconds per command, alternating them so load affects each alike (and, in ``cpu``, the
+    median CPU seconds, user + system, of the same runs: steadier than wall time on a loaded machine)."""
     for cmd in cmds.values():
         timed(cmd)  # warm the page cache and .pyc files
+    CPU.clear()
     times: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(runs):
         for k, cmd in cmds.items():
             times[k].append(timed(cmd))
+    cpu.update({k: statistics.median(CPU[tuple(cmd)]) for k, cmd in cmds.items()})
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+cpu: dict[str, float] = {}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--repos", type=int, default=1000)
+    ap.add_argument("--sizes", type=int, nargs="+", metavar="N",
+                    help="cache sizes to scan (default: --repos and twice it; growth is from the first to the second)")
     ap.add_argument("--baseline", metavar="TREE", help="also time the whole-cache scans of another checkout (a git "
                     "worktree of an older commit), both trees run as `python -m gemma_doctor`, alternated in one run")
     args = ap.parse_args()
@@ -95,25 +119,35 @@ def main() -> None:
         m = compare({"gemma-doctor check <repo>": [doctor, "check", "google/gemma-3-12b-it", "--cache-dir", str(one)],
                      "hf cache ls": [hf, "cache", "ls", "--cache-dir", str(one)]}, args.runs)
         a, b = m.values()
-        print(f"\none repo, median of {args.runs}: check {a * 1000:.0f} ms, hf cache ls {b * 1000:.0f} ms, ratio {a / b:.2f}")
+        print(f"\none repo, median of {args.runs}: check {a * 1000:.0f} ms, hf cache ls {b * 1000:.0f} ms, ratio {a / b:.2f}"
+              f"  (CPU: {cpu['gemma-doctor check <repo>'] * 1000:.0f} ms vs {cpu['hf cache ls'] * 1000:.0f} ms)")
 
         scans: dict[int, dict[str, float]] = {}
-        for n in (args.repos, 2 * args.repos):
+        for n in args.sizes or (args.repos, 2 * args.repos):
             cache = Path(tmp) / f"c{n}"
             built = build_cache(cache, n)
             scan = ["check", "--cache-dir", str(cache), "--fail-on", "never"]
-            scans[n] = compare({"check": [doctor, *scan], "hf": [hf, "cache", "ls", "--cache-dir", str(cache)],
+            listing = ["list", "--cache-dir", str(cache)]
+            scans[n] = compare({"check": [doctor, *scan], "list": [doctor, *listing],
+                                "hf": [hf, "cache", "ls", "--cache-dir", str(cache)],
                                 **{k: [*v, *scan] for k, v in trees.items()}}, args.runs)
-            c, h = scans[n]["check"], scans[n]["hf"]
+            c, li, h = scans[n]["check"], scans[n]["list"], scans[n]["hf"]
             print(f"{n} repos x 2 revisions (built in {built:.1f} s), median of {args.runs}: check {c:.3f} s, "
-                  f"hf cache ls {h:.3f} s, ratio {c / h:.2f}")
+                  f"list {li:.3f} s, hf cache ls {h:.3f} s, ratio check {c / h:.2f}, list {li / h:.2f}")
+            print(f"  CPU seconds: check {cpu['check']:.3f}, list {cpu['list']:.3f}, hf cache ls {cpu['hf']:.3f}, "
+                  f"ratio check {cpu['check'] / cpu['hf']:.2f}, list {cpu['list'] / cpu['hf']:.2f}")
+            scans[n].update({f"cpu {k}": v for k, v in cpu.items()})
             if trees:
                 t, b = scans[n]["this tree"], scans[n]["baseline"]
-                print(f"  python -m gemma_doctor: this tree {t:.3f} s, baseline {b:.3f} s, this / baseline {t / b:.2f}")
+                print(f"  python -m gemma_doctor check: this tree {t:.3f} s, baseline {b:.3f} s, this / baseline "
+                      f"{t / b:.2f} (CPU {cpu['this tree']:.3f} vs {cpu['baseline']:.3f}: {cpu['this tree'] / cpu['baseline']:.2f})")
             shutil.rmtree(cache)
-        n1, n2 = args.repos, 2 * args.repos
-        print(f"growth {n1} -> {n2} repos: check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "
-              f"hf cache ls {scans[n2]['hf'] / scans[n1]['hf']:.2f}x (target <= 2.2x)")
+        sizes = list(scans)
+        if len(sizes) >= 2:
+            n1, n2 = sizes[:2]
+            print(f"growth {n1} -> {n2} repos: check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "
+                  f"list {scans[n2]['list'] / scans[n1]['list']:.2f}x, "
+                  f"hf cache ls {scans[n2]['hf'] / scans[n1]['hf']:.2f}x (target <= 2.2x)")
 
 
 if __name__ == "__main__":

@@ -54,9 +54,23 @@ def _public(version: str) -> str:
         return version
 
 
+# The last stack asked about and its answer: a scan asks about the run's one stack for every model (and candidate).
+_LAST: tuple[Stack, tuple[Beyond, ...]] | None = None
+
+
 def beyond(stack: Stack) -> list[Beyond]:
     """The libraries of ``stack`` whose version that will run is newer than ``VERIFIED`` (every allowed version is,
     for a range); a range that also admits verified releases is not reported."""
+    global _LAST
+    last = _LAST
+    if last is not None and last[0] is stack:  # a Stack is frozen; its packages are never changed after it is made
+        return list(last[1])
+    out = _beyond(stack)
+    _LAST = (stack, tuple(out))
+    return out
+
+
+def _beyond(stack: Stack) -> list[Beyond]:
     out: list[Beyond] = []
     for name, verified in VERIFIED.items():
         pkg = stack.get(name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gemma_doctor import locate, pipeline
+from gemma_doctor import locate, pipeline, rules
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
@@ -120,15 +120,16 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     rows: list[Row] = []
     for facts in models:
         facts = pipeline.gather(facts, options, env)
-        report = pipeline.model_report(facts, env, options)
+        # check's findings (pipeline.model_report's own), without the JSON blocks a row does not show
+        findings = rules.run(facts, env, options)
         counts = {"error": 0, "warning": 0, "info": 0}
-        for f in report.findings:
+        for f in findings:
             counts[f.severity.value] += 1
         would_change = plan_model(facts, env.libraries).status is Status.WOULD_CHANGE
-        status = status_of({f.code for f in report.findings}, bool(facts.undo.entries), would_change)
+        status = status_of({f.code for f in findings}, bool(facts.undo.entries), would_change)
         snap = facts.snapshot
         nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
-            locate.redownload_command(snap, [f.file for f in report.findings if f.code in _DOWNLOAD_AGAIN])
+            locate.redownload_command(snap, [f.file for f in findings if f.code in _DOWNLOAD_AGAIN])
             if status is RowStatus.BROKEN else
             f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
         rows.append(Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,

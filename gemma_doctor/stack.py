@@ -10,6 +10,7 @@ answer is UNKNOWN, and rules warn instead of failing.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 import stat
@@ -87,7 +88,7 @@ class Window:
     def contains(self, version: str | Version) -> bool:
         """True when ``version`` is in the window."""
         try:
-            v = version if isinstance(version, Version) else Version(version)
+            v = version if isinstance(version, Version) else version_of(version)
         except InvalidVersion:
             return False
         if self.preview_spec and self.preview_local and v.local and self.preview_local in v.local.lower() \
@@ -98,6 +99,13 @@ class Window:
     def describe(self) -> str:
         """``transformers >=4.50.0.dev0,<4.51.0``."""
         return f"{self.package} {self.spec}"
+
+
+@functools.lru_cache(maxsize=4096)
+def version_of(text: str) -> Version:
+    """``Version(text)``, parsed once per process (a scan asks the same few versions and bounds for every model and
+    candidate; a Version is immutable). Raises InvalidVersion as Version does."""
+    return Version(text)
 
 
 _PLAIN_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
@@ -118,7 +126,7 @@ def _plain_contains(spec: str, v: Version) -> bool | None:
         if m is None:
             return None
         try:
-            bound = Version(m.group(2))
+            bound = version_of(m.group(2))
         except InvalidVersion:
             return None
         if not _PLAIN_OPS[m.group(1)](v, bound):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from gemma_doctor.stack import Window
+from gemma_doctor.stack import Window, version_of
 
 
 def parse(version: str | None) -> Version | None:
@@ -12,7 +12,7 @@ def parse(version: str | None) -> Version | None:
     if not version:
         return None
     try:
-        return Version(version)
+        return version_of(version)
     except InvalidVersion:
         return None
 

@@ -14,8 +14,11 @@ it. The first that passes is the prescription; when none does, there is none, an
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
+import threading
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gemma_doctor import rules
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
@@ -97,9 +100,42 @@ def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
 
 # --- candidates ----------------------------------------------------------------------------------------------------
 
+_CANDIDATES: dict[tuple[Any, ...], tuple[list[MemoryPlan], Iterator[MemoryPlan]]] = {}
+_CANDIDATES_LOCK = threading.Lock()
+
+
 def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
                relax_batch: bool = False) -> Iterator[MemoryPlan]:
-    """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown)."""
+    """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown).
+
+    The plans are pure functions of the arguments: the models of one architecture in a cache get the same ones, so
+    they are made once per process, as far as a search has asked for them."""
+    try:
+        key = (shape, req, accept, relax_batch)
+        made = _CANDIDATES.get(key)
+    except TypeError:  # an unhashable part: made as they are
+        yield from _candidates(shape, req, accept, relax_batch)
+        return
+    if made is None:
+        if len(_CANDIDATES) >= 256:
+            _CANDIDATES.clear()
+        made = _CANDIDATES[key] = ([], _candidates(shape, req, accept, relax_batch))
+    plans, more = made
+    i = 0
+    while True:
+        if i == len(plans):
+            with _CANDIDATES_LOCK:  # one maker per key, whichever search (or thread) asks first
+                if i == len(plans):
+                    nxt = next(more, None)
+                    if nxt is None:
+                        return
+                    plans.append(nxt)
+        yield plans[i]
+        i += 1
+
+
+def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
+                relax_batch: bool = False) -> Iterator[MemoryPlan]:
     base, fixed = req.base, set(req.fixed)
     methods = (base.method,) if "method" in fixed else METHODS
     n = base.num_gpus
@@ -145,14 +181,28 @@ class Judged:
 
     plan: MemoryPlan
     recommendation: recommend.Recommendation
-    memory: runplan.MemoryFacts
+    checked: runplan.MemoryFacts  # the memory plan check made of the candidate's training config
     yaml: str
     findings: tuple[Finding, ...]
+    shape: ModelShape
+    request: runplan.RunRequest
 
     @property
     def blocking(self) -> tuple[Finding, ...]:
         """What check would flag."""
         return blocking(self.findings)
+
+    @functools.cached_property
+    def memory(self) -> runplan.MemoryFacts:
+        """The memory block of the prescription: check's plan, each setting's source as the user reads it. Made only
+        for the run that is prescribed (or the nearest), not for every candidate the rules reject."""
+        mem, req = self.checked, self.request
+        src = dict(mem.plan.run.sources)
+        for k, v in src.items():
+            if v.startswith("training config"):
+                src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
+        relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
+        return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
 
 
 def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
@@ -171,27 +221,151 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
           plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs) -> Judged:
     """Render ``plan`` as the prescription would, then run `check` on it: the training config it prints, read back,
     the memory plan check makes of that config, and every rule, with the same GPU and stack."""
+    return _judge(facts, env, options, gpu, shape, plan, req, inputs)()
+
+
+# The rules that cost the most per call (measured on a whole-cache scan: the catalogue's ~50 conditions, the
+# horizon's version comparisons, the crash windows) run last when a candidate is only being tried: most candidates
+# are rejected by a cheaper rule first (GD650 at a batch too large), and the rest are never run for them.
+_COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
+
+
+@functools.lru_cache(maxsize=1)
+def _quick_order() -> tuple[int, ...]:
+    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
+    return (tuple(i for i, n in enumerate(names) if n not in _COSTLY_LAST)
+            + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
+
+
+_PLANS: dict[tuple[Any, ...], tuple[Any, runplan.MemoryFacts]] = {}
+
+
+def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
+                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str) -> runplan.MemoryFacts:
+    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
+    models of one architecture in a cache get the same candidates. The config is the read-back's own object, kept
+    alive with the entry, so its identity stands for its content."""
+    try:
+        key = (shape, precision, gpu, gpu_spec, request, id(tc), task)
+        hit = _PLANS.get(key)
+    except TypeError:  # an unhashable part: planned as it is
+        key, hit = None, None
+    if hit is not None and hit[0] is tc:
+        return hit[1]
+    mem = runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+                              training_config=tc, task=task)
+    if key is not None:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        _PLANS[key] = (tc, mem)
+    return mem
+
+
+def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
+           plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
+           quick: bool = False) -> Callable[[], Judged]:
+    """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
+    is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
+    are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
+    only when no candidate passes and the nearest must be told by all its findings."""
     rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
     yaml_text = recommend.training_config_yaml(rec)
-    tc = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True)
+    tc = _read_back(yaml_text)
+    env2, opts = _judged_env(env, tc), _judged_options(options)
+    mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
+                        str(rec.inputs.get("task") or "sft"))
+    judged_facts = facts.with_(recommendation=rec, memory=mem)
+    done: dict[int, tuple[Finding, ...]] = {}
+
+    def finish() -> Judged:
+        findings = tuple(f for i, rule in enumerate(rules.RULES)
+                         for f in (done[i] if i in done else rule(judged_facts, env2, opts)))
+        if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
+            findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
+        # check read every setting from the prescription's training config; Judged.memory says where each came from.
+        return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+
+    if quick and tc.error is None:
+        order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
+        for i in order:
+            done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+            if blocking(done[i]):
+                _remember_rejection(i)
+                return _Rejected(plan, rec, mem, yaml_text, done[i], shape, req, finish)
+    return finish
+
+
+# The rule that rejected the last candidate is tried first on the next (the candidates of one model, and the models
+# of one cache, tend to be rejected by the same rule). Only the order of trying changes, never the findings.
+_LAST_REJECTED: tuple[int, ...] = ()
+
+
+def _remember_rejection(i: int) -> None:
+    global _LAST_REJECTED
+    if _LAST_REJECTED != (i,):
+        _LAST_REJECTED = (i,)
+
+
+@dataclass(frozen=True)
+class _Rejected(Judged):
+    """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
+
+    finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
+
+    def __call__(self) -> Judged:
+        return self.finish()
+
+
+# The environment and options a candidate is judged under, made once per (environment, read-back config) and per
+# options: both are frozen, and the search asks for the same ones for every candidate of every model.
+_ENVS: dict[tuple[int, int], tuple[Environment, tc_reader.TrainingConfig, Environment]] = {}
+_OPTIONS: dict[int, tuple[CheckOptions, CheckOptions]] = {}
+
+
+def _judged_env(env: Environment, tc: tc_reader.TrainingConfig) -> Environment:
+    hit = _ENVS.get((id(env), id(tc)))
+    if hit is not None and hit[0] is env and hit[1] is tc:
+        return hit[2]
+    if len(_ENVS) >= 512:
+        _ENVS.clear()
     env2 = replace(env, training_config=tc)
+    _ENVS[(id(env), id(tc))] = (env, tc, env2)  # env and tc kept alive with the entry: their ids stay theirs
+    return env2
+
+
+def _judged_options(options: CheckOptions) -> CheckOptions:
+    hit = _OPTIONS.get(id(options))
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    if len(_OPTIONS) >= 64:
+        _OPTIONS.clear()
     opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
                    training_config=PRESCRIPTION)
-    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=options.gpu,
-                              request=opts.memory or runplan.MemoryRequest(), training_config=tc,
-                              task=str(rec.inputs.get("task") or "sft"))
-    judged_facts = facts.with_(recommendation=rec, memory=mem)
-    findings = tuple(rules.run(judged_facts, env2, opts))
-    # check read every setting from the prescription's training config; the user reads where each came from.
-    src = dict(mem.plan.run.sources)
-    for k, v in src.items():
-        if v.startswith("training config"):
-            src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
-    relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
-    mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
-    if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
-        findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
-    return Judged(plan, rec, mem, yaml_text, findings)
+    _OPTIONS[id(options)] = (options, opts)
+    return opts
+
+
+_READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
+# axolotl's `base_model: "<repo id>"` line of a prescription. The reader keeps no setting from it (only that the key is
+# there, for the config's kind), so for a plain repo id (these characters, JSON-quoted: a YAML string, one line) the
+# value cannot change what is read, and texts that differ only there read alike.
+_BASE_MODEL = re.compile(r'^base_model: "[A-Za-z0-9._/-]*"$', re.MULTILINE)
+
+
+def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
+    """The training-config reader on a prescription's YAML, as `check --training-config` would read it.
+
+    The reader is a pure function of the text; a scan of many models renders the same few candidate configs for each,
+    but for the repo id, so each text (with a plain repo id set aside) is read once per process."""
+    key, n = _BASE_MODEL.subn('base_model: ""', yaml_text)
+    if n > 1:  # never rendered so; read as it is
+        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
+    tc = _READ_BACK.get(key)
+    if tc is None:
+        if len(_READ_BACK) >= 512:
+            _READ_BACK.clear()
+        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
+    return tc
 
 
 # --- the decision --------------------------------------------------------------------------------------------------
@@ -210,18 +384,24 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     req = _with_quantization(req, first)
     judged = 0
     nearest: Judged | None = None
+    rejected: list[_Rejected] = []
     for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
         if relax and "batch_size" not in req.fixed:
             continue
         for plan in candidates(shape, req, accept, relax_batch=relax):
             if judged >= MAX_JUDGED:
                 break
-            j = judge(facts, env, options, gpu, shape, plan, req, inputs)
+            tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
             judged += 1
-            if not j.blocking:
+            if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
+                j = tried()
                 return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
-            if nearest is None or len(j.blocking) < len(nearest.blocking):
-                nearest = j
+            rejected.append(tried)
+    # None passes: the nearest is the first with the fewest blocking findings, every rule run on each.
+    for tried in rejected:
+        j = tried()
+        if nearest is None or len(j.blocking) < len(nearest.blocking):
+            nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
         plan = _smallest(shape, req)
         nearest = judge(facts, env, options, gpu, shape, plan, req, inputs)

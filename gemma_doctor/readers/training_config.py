@@ -215,8 +215,12 @@ def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _yaml_lines(text: str) -> dict[str, int]:
-    """Dotted key -> 1-based line of every mapping key up to three levels deep (YAML node marks)."""
+_UNSET: Any = object()
+
+
+def _yaml_lines(text: str, root: Any = _UNSET) -> dict[str, int]:
+    """Dotted key -> 1-based line of every mapping key up to three levels deep (YAML node marks); ``root``: the
+    document's node when it is already composed (walked before it is constructed, which flattens merge keys)."""
     import yaml
 
     out: dict[str, int] = {}
@@ -231,7 +235,7 @@ def _yaml_lines(text: str) -> dict[str, int]:
                 walk(v, dotted + ".", depth + 1)
 
     try:
-        walk(yaml.compose(text, Loader=yaml.SafeLoader), "", 1)
+        walk(yaml.compose(text, Loader=yaml.SafeLoader) if root is _UNSET else root, "", 1)
     except yaml.YAMLError:
         pass
     return out
@@ -248,10 +252,12 @@ def _json_line(text: str, dotted: str) -> int | None:
     return text.count("\n", 0, pos) + 1
 
 
-def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
-    """Parse training-config text (JSON or YAML) into settings; never raises."""
+def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> TrainingConfig:
+    """Parse training-config text (JSON or YAML) into settings; never raises. ``c_yaml``: compose with libyaml's parser
+    where PyYAML has it (for the YAML gemma-doctor prints itself; a user's file is read by the pure-Python one)."""
     data: Any = None
     is_json = False
+    lines: dict[str, int] = {}
     if not yaml_first:
         try:
             data = json.loads(text)
@@ -270,7 +276,15 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
         except ImportError:
             return TrainingConfig(path, error="pyyaml is not installed, so YAML cannot be read (pip install pyyaml)")
         try:
-            data = yaml.safe_load(text)
+            # yaml.safe_load, with the document composed once: its key lines are read from the same nodes, before
+            # they are constructed (the constructor flattens merge keys in place).
+            loader = (yaml.CSafeLoader if c_yaml and getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader)(text)
+            try:
+                root = loader.get_single_node()
+                lines = {} if root is None else _yaml_lines(text, root)
+                data = loader.construct_document(root) if root is not None else None
+            finally:
+                loader.dispose()
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -282,7 +296,6 @@ def parse(text: str, path: str, yaml_first: bool) -> TrainingConfig:
     if not isinstance(data, dict):
         return TrainingConfig(path, error=f"top level is a {type(data).__name__}, not a mapping of settings")
     kind = _kind(data)
-    lines = {} if is_json else _yaml_lines(text)
     settings: dict[str, Setting] = {}
     for name, keys in KEYS.items():
         for key in keys:

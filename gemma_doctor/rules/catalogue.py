@@ -27,10 +27,34 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         return
     from gemma_doctor import catalogue  # the JSON is read on the first Gemma model, not at import
 
-    for entry in catalogue.coded():
+    for entry in _live(catalogue.coded(), env.libraries):
         finding = evaluate(entry, model, env)
         if finding is not None:
             yield finding
+
+
+# The last (entries, stack) asked about and the entries whose package windows leave them a chance on that stack.
+_LIVE: tuple[Any, Any, list[Mapping[str, Any]]] | None = None
+
+
+def _live(entries: list[Mapping[str, Any]], stack: Any) -> list[Mapping[str, Any]]:
+    """The entries evaluate() can report on ``stack``: it returns None for every model when one of an entry's packages
+    is not used by the run or its window is SAFE, whatever the other clauses say (they are pure), so those are left out
+    once per stack instead of per model."""
+    global _LIVE
+    last = _LIVE
+    ids = tuple(map(id, entries))  # catalogue.coded() makes a new list of the same entries each time
+    if last is not None and last[1] is stack and last[0][0] == ids:
+        return last[2]
+    live = []
+    for entry in entries:
+        packages = entry["when"].get("packages") or {}
+        if any((stack.get(name).absent and name not in CORE) or stack.exposure(Window(name, spec)) is Exposure.SAFE
+               for name, spec in packages.items()):
+            continue
+        live.append(entry)
+    _LIVE = ((ids, list(entries)), stack, live)  # the entries are kept, so their ids stay theirs
+    return live
 
 
 def evaluate(entry: Mapping[str, Any], model: ModelFacts, env: Environment) -> Finding | None:

@@ -1,0 +1,280 @@
+"""Issue 23's speed-ups change how the work is done, never what is found: each cut here is checked against the plain
+computation it replaces (no test asserts on time; the figures are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gemma_doctor.plan import search
+from gemma_doctor.readers import training_config as tc_reader
+from gemma_doctor.readers.training_config import TrainingConfig
+
+
+def _reference_parse(text: str, path: str) -> TrainingConfig:
+    """The YAML path of the reader as it was: yaml.safe_load, then the key lines from a second yaml.compose."""
+    real = yaml.safe_load
+
+    def old_lines(t: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+
+        def walk(node, prefix, depth):
+            if depth > 3 or not isinstance(node, yaml.MappingNode):
+                return
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    dotted = prefix + str(k.value)
+                    out.setdefault(dotted, k.start_mark.line + 1)
+                    walk(v, dotted + ".", depth + 1)
+
+        try:
+            walk(yaml.compose(t, Loader=yaml.SafeLoader), "", 1)
+        except yaml.YAMLError:
+            pass
+        return out
+
+    tc = tc_reader.parse(text, path, yaml_first=True)
+    try:
+        data = real(text)
+    except yaml.YAMLError:
+        return tc  # the error path is unchanged: the reader's own message
+    if not isinstance(data, dict):
+        return tc
+    lines = old_lines(text)
+    # Every setting's line must be the line the two-pass reader gave it.
+    return TrainingConfig(tc.path, tc.kind, {n: tc_reader.Setting(s.key, s.value, lines.get(s.key))
+                                             for n, s in tc.settings.items()}, tc.error)
+
+
+YAML_TEXTS = [
+    "bf16: true\nper_device_train_batch_size: 4\nmax_length: 2048\n",
+    # A merge key that the file overrides: the line is the file's own key (line 5), not the merged one (line 2). Read
+    # from nodes already constructed (which flattens merges in place) it would be line 2.
+    "base: &b\n  bf16: false\n  per_device_train_batch_size: 4\n<<: *b\nbf16: true\n",
+    "<<: {fp16: true, gradient_checkpointing: true}\nbase_model: google/gemma-3-1b-it\nmicro_batch_size: 2\n",
+    "model_init_kwargs:\n  torch_dtype: bfloat16\n  quantization_config:\n    load_in_4bit: true\nbf16: true\n",
+    "zero_optimization:\n  stage: 3\n  offload_optimizer: {device: cpu}\nbf16: {enabled: true}\n",
+    "# comment only\n---\nfp16: yes\n",
+    "- a list\n- of things\n",
+    "",
+    "bf16: [unclosed\n",
+    "a: &x [*x]\n",
+    "rl: dpo\nbeta: 0.1\nloss_type: sigmoid\n",
+]
+
+
+@pytest.mark.parametrize("text", YAML_TEXTS)
+def test_yaml_read_once_gives_what_two_passes_gave(text):
+    got = tc_reader.parse(text, "train.yaml", yaml_first=True)
+    assert got == _reference_parse(text, "train.yaml")
+
+
+def test_merge_key_override_keeps_the_files_own_line():
+    tc = tc_reader.parse(YAML_TEXTS[1], "train.yaml", yaml_first=True)
+    assert tc.get("bf16").value is True and tc.get("bf16").line == 5
+
+
+PRESCRIBED = """# axolotl: precision set explicitly.
+base_model: "org0/model-00000"
+bf16: true
+fp16: false
+sequence_len: 1024
+micro_batch_size: 8
+gradient_accumulation_steps: 1
+# accelerate (accelerate config / accelerate launch): mixed_precision: "bf16"
+"""
+
+
+@pytest.mark.parametrize("repo_id", ["org0/model-00001", "google/gemma-3-12b-it", "a.b_c-d/E.F", "",
+                                     'we\\"ird', "caf\\u00e9/x", "x/y\\nmicro_batch_size: 1"])
+def test_read_back_of_a_prescription_is_the_reader(repo_id):
+    """The per-process memo of the prescription's read-back gives exactly what the reader gives, whatever the repo id
+    (a plain one shares the memo; anything else is read as it is)."""
+    search._READ_BACK.clear()
+    first = search._read_back(PRESCRIBED)
+    text = PRESCRIBED.replace('"org0/model-00000"', f'"{repo_id}"')
+    assert search._read_back(text) == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert first == tc_reader.parse(PRESCRIBED, search.PRESCRIPTION, yaml_first=True)
+
+
+def test_a_repo_id_that_changes_the_settings_is_not_shared():
+    search._READ_BACK.clear()
+    search._read_back(PRESCRIBED)
+    text = PRESCRIBED.replace('"org0/model-00000"', '"x"\nmicro_batch_size: 1')
+    assert search._read_back(text).get("batch_size") == tc_reader.parse(text, search.PRESCRIPTION, True).get("batch_size")
+
+
+# --- the quick judge: candidates rejected by the first (cheapest) rule that flags them ------------------------------
+
+def _reference_prescribe(facts, env, options, gpu, shape, quantization=None):
+    """plan.search.prescribe as it was before the quick judge: every rule run on every candidate."""
+    from gemma_doctor.plan import advice, recommend, runplan
+
+    inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
+    first = recommend.decide(inputs)
+    if shape is None:
+        return search.Decision(first, None, recommend.training_config_yaml(first), versions=search._versions(inputs))
+    req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
+                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
+                               task=str(first.inputs.get("task") or "sft"))
+    req = search._with_quantization(req, first)
+    judged, nearest = 0, None
+    for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
+        if relax and "batch_size" not in req.fixed:
+            continue
+        for plan in search.candidates(shape, req, accept, relax_batch=relax):
+            if judged >= search.MAX_JUDGED:
+                break
+            j = search.judge(facts, env, options, gpu, shape, plan, req, inputs)
+            judged += 1
+            if not j.blocking:
+                return search.Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged,
+                                       versions=search._versions(inputs))
+            if nearest is None or len(j.blocking) < len(nearest.blocking):
+                nearest = j
+    if nearest is None:
+        nearest = search.judge(facts, env, options, gpu, shape, search._smallest(shape, req), req, inputs)
+        judged += 1
+        if not nearest.blocking:
+            return search.Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
+                                   versions=search._versions(inputs))
+    return search.Decision(None, None, None, (), tuple(search.way_out(shape, req, nearest, gpu)), judged,
+                           nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cache = tmp_path_factory.mktemp("examples") / "hub"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(root / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
+SCENARIOS = [
+    ("check",),  # the whole cache, no GPU: candidates rejected by GD650 until the batch is small enough
+    ("check", "--gpu", "T4"),
+    ("check", "--gpu", "A100", "--task", "dpo"),
+    ("check", "--gpu", "H100", "--with", "transformers==5.5.1"),  # Gemma 3: no prescription (GD105 on every run)
+    # No prescription either, and the large batches also get GD650: the nearest is the first run with the fewest
+    # blocking findings counted by every rule (the quick judge saw one finding on each).
+    ("check", "--with", "transformers==5.5.1"),
+    ("check", "--gpu", "L4", "--with", "transformers==4.50.0", "--task", "qlora"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "A100", "--with", "transformers==5.5.1"),
+    ("recommend", "google/gemma-4-E2B-it", "--gpu", "T4"),
+    ("list",),
+]
+
+
+@pytest.mark.parametrize("args", SCENARIOS, ids=" ".join)
+def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, examples, monkeypatch, args):
+    fmt = ("--format", "json") if args[0] != "list" else ("--format", "json")
+    extra = ("--fail-on", "never") if args[0] == "check" else ()
+    got = cli(*args, "--cache-dir", examples, *fmt, *extra)
+    assert got.out.strip()
+    monkeypatch.setattr(search, "prescribe", _reference_prescribe)
+    want = cli(*args, "--cache-dir", examples, *fmt, *extra)
+    assert (got.code, got.out) == (want.code, want.out)
+    if args[0] != "list":
+        assert '"prescription"' in got.out
+
+
+# --- the catalogue's entries left out per stack, the horizon remembered per stack ----------------------------------
+
+def test_catalogue_findings_are_every_entrys_own(cli, tmp_path, monkeypatch):
+    """Each catalogue entry's positive and negative example (its own stack, GPU, training config) through the real
+    check: the findings are those of evaluating every entry, as before entries were left out per stack."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rules import catalogue as rule
+    from tests.test_catalogue import write_inputs
+
+    fired = 0
+    for n, entry in enumerate(catalogue.coded()):
+        for kind in ("positive", "negative"):
+            args = write_inputs(tmp_path / f"{n}-{kind}", entry["examples"][kind])
+            got = cli(*args, "--format", "json", "--fail-on", "never")
+            with monkeypatch.context() as m:
+                m.setattr(rule, "_live", lambda entries, stack: entries)
+                want = cli(*args, "--format", "json", "--fail-on", "never")
+            assert (got.code, got.out) == (want.code, want.out), (entry["code"], kind)
+            fired += entry["code"] in got.out
+    assert fired >= len(catalogue.coded())  # not an empty comparison: every entry fires on its positive example
+
+
+@pytest.mark.parametrize("with_", [(), ("transformers==9.0.0",), ("transformers>=5.0",)])
+def test_horizon_remembered_per_stack_is_the_horizon(with_):
+    from gemma_doctor import horizon, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    stack = pipeline.environment(CheckOptions(with_packages=with_)).libraries
+    assert horizon.beyond(stack) == horizon._beyond(stack) == horizon.beyond(stack)
+    assert horizon.beyond(stack) is not horizon.beyond(stack)  # a fresh list each time: callers may change theirs
+
+
+# --- candidates made once per architecture -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,size,gpu_bytes", [("gemma3", "12b", None), ("gemma3", "1b", 16 * 2**30),
+                                                   ("gemma4", "e2b", 24 * 2**30), ("gemma2", "9b", 80 * 2**30)])
+def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
+    from dataclasses import replace
+
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape(family, size)
+    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+                               training_config=None, task="sft")
+    req = replace(req, gpu_bytes=gpu_bytes)
+    for accept in (("fits",), ("tight",)):
+        want = list(search._candidates(shape, req, accept))
+        assert want  # not an empty comparison
+        search._CANDIDATES.clear()
+        a, b = search.candidates(shape, req, accept), search.candidates(shape, req, accept)
+        got_a, got_b = [next(a)], []
+        got_b += [next(b), next(b)] if len(want) > 1 else [next(b)]  # b runs ahead of a, then a reads b's plans
+        got_a += list(a)
+        got_b += list(b)
+        assert got_a == want and got_b == want and list(search.candidates(shape, req, accept)) == want
+
+
+def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
+    """The read-back of every training config the search renders (every scenario above) composes with libyaml's
+    parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""
+    from gemma_doctor.plan import recommend
+
+    assert yaml.__with_libyaml__  # else the C path is never taken and this compares nothing
+    texts: list[str] = []
+    real = recommend.training_config_yaml
+
+    def record(rec):
+        texts.append(real(rec))
+        return texts[-1]
+
+    monkeypatch.setattr(recommend, "training_config_yaml", record)
+    for args in SCENARIOS:
+        extra = ("--fail-on", "never") if args[0] == "check" else ()
+        cli(*args, "--cache-dir", examples, "--format", "json", *extra)
+    assert len(set(texts)) > 10
+    for text in set(texts):
+        fast = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True, c_yaml=True)
+        assert fast == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True) and fast.ok and fast.settings
+
+
+@pytest.mark.parametrize("text", ["5.23.0", "4.50.0.dev0", "2.13.0+cpu", "1.0rc1", "0.21.2.post1", "not-a-version"])
+def test_versions_parsed_once_are_versions(text):
+    from packaging.version import InvalidVersion, Version
+
+    from gemma_doctor import stack, versioning
+
+    try:
+        want = Version(text)
+    except InvalidVersion:
+        with pytest.raises(InvalidVersion):
+            stack.version_of(text)
+        assert versioning.parse(text) is None
+        return
+    assert stack.version_of(text) == want and stack.version_of(text) is stack.version_of(text)
+    assert versioning.parse(text) == want and str(versioning.parse(text)) == str(want)
