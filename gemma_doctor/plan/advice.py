@@ -11,6 +11,7 @@ from gemma_doctor.plan import recommend
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.rules import crashes
+from gemma_doctor.plan.memory import MemoryPlan
 from gemma_doctor.plan.runplan import MemoryFacts
 from gemma_doctor.family import FAMILY_TEXT_TYPE, HYBRID_CACHE_TEXT_TYPES
 from gemma_doctor.stack import Exposure, Stack
@@ -168,16 +169,22 @@ def memory_advice(mem: MemoryFacts) -> recommend.MemoryAdvice | None:
     GPU's memory is unknown: nothing to choose against)."""
     if not mem.plan.gpu_bytes:
         return None
-    run = mem.plan.run
-    summary = mem.plan.summary() if mem.choice.fits else mem.choice.reason
-    return recommend.MemoryAdvice(method=run.method, batch_size=run.batch_size,
-                                  gradient_accumulation_steps=run.gradient_accumulation_steps,
-                                  gradient_checkpointing=run.gradient_checkpointing, fits=mem.choice.fits,
-                                  summary=summary, quant_bits=run.quant_bits, seq_len=run.seq_len,
-                                  lora_r=run.lora_r if run.method != "full" else None,
-                                  lora_targets=run.lora_targets if run.method != "full" else None,
-                                  num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
-                                  optimizer=run.optimizer, attention=run.attention)
+    return run_advice(mem.plan, mem.choice.fits, mem.plan.summary() if mem.choice.fits else mem.choice.reason)
+
+
+def run_advice(plan: MemoryPlan, fits: bool, summary: str) -> recommend.MemoryAdvice:
+    """The run of ``plan`` as the recommendation renders it: what the user or the search set, defaults left out
+    (the optimizer transformers picks anyway, SDPA, PEFT's own targets for a tuple the user did not give)."""
+    run = plan.run
+    lora = run.method != "full"
+    return recommend.MemoryAdvice(
+        method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
+        gradient_checkpointing=run.gradient_checkpointing, fits=fits, summary=summary, quant_bits=run.quant_bits,
+        seq_len=run.seq_len, lora_r=run.lora_r if lora else None,
+        lora_targets=run.lora_targets if lora and isinstance(run.lora_targets, tuple) else None,
+        num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
+        optimizer=run.optimizer if run.source("optimizer") != "default" else None,
+        attention=run.attention if run.attention != "sdpa" else None)
 
 
 # --- the `recommend` command ---------------------------------------------------------------------

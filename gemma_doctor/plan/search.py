@@ -206,15 +206,7 @@ class Judged:
 
 
 def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
-    run = plan.run
-    return recommend.MemoryAdvice(
-        method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
-        gradient_checkpointing=run.gradient_checkpointing, fits=plan.fits or not plan.gpu_bytes, summary=plan.summary(),
-        quant_bits=run.quant_bits, seq_len=run.seq_len, lora_r=run.lora_r if run.method != "full" else None,
-        lora_targets=run.lora_targets if run.method != "full" and isinstance(run.lora_targets, tuple) else None,
-        num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
-        optimizer=run.optimizer if run.source("optimizer") != "default" else None,
-        attention=run.attention if run.attention != "sdpa" else None)
+    return advice.run_advice(plan, plan.fits or not plan.gpu_bytes, plan.summary())
 
 
 def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
