@@ -159,3 +159,17 @@ def variant(config: dict[str, Any], **changes: Any) -> dict[str, Any]:
     out = copy.deepcopy(config)
     out.update(changes)
     return out
+
+
+# `python -c PEAK_SCRIPT ARGS...` runs gemma-doctor ARGS and writes its peak RSS (VmHWM, KiB) to $GD_PEAK_FILE at exit:
+# the memory bound of a run on hostile input, measured in its own process (tests/test_attacker.py, test_hub_hostile.py).
+PEAK_SCRIPT = """
+import atexit, os, sys
+def _peak():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            open(os.environ['GD_PEAK_FILE'], 'w').write(line.split()[1])
+atexit.register(_peak)
+from gemma_doctor.cli import main
+main(sys.argv[1:])
+"""

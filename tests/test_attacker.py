@@ -30,7 +30,7 @@ from gemma_doctor.fixes import apply_plan, plan_model
 from gemma_doctor.locate import resolve
 from gemma_doctor.model import read_model
 from tests import as_nobody
-from tests.builders import HubCache, example_file, gemma2_config, gemma3_12b_config, generation_config
+from tests.builders import HubCache, example_file, gemma2_config, gemma3_12b_config, generation_config, PEAK_SCRIPT
 
 # The on-disk fix is planned only where transformers 4.50.x will run (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("plan_450")
@@ -711,16 +711,7 @@ class _Done:
 
 # --- memory: peak RSS of a gemma-doctor process on hostile input, against the same run on a benign cache -------------
 
-_PEAK = """
-import atexit, os, sys
-def _peak():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM:'):
-            open(os.environ['GD_PEAK_FILE'], 'w').write(line.split()[1])
-atexit.register(_peak)
-from gemma_doctor.cli import main
-main(sys.argv[1:])
-"""
+_PEAK = PEAK_SCRIPT
 
 
 def _env(cache: Path) -> dict[str, str]:

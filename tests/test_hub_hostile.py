@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.builders import HubCache, gemma3_1b_config, generation_config
+from tests.builders import HubCache, gemma3_1b_config, generation_config, PEAK_SCRIPT
 from tests.hubserver import HOSTILE_MODES, HOSTILE_ROUTES, HubServer, repos_from_cache
 from tests.test_safetensors import st_file
 from tests.venvs import LEGACY, ensure_venv, subprocess_env
@@ -39,16 +39,7 @@ KILL_AFTER = 90
 # Address space of one run: a regression (the 14.8 GB of issue 24) hits this, not the machine.
 AS_LIMIT = 3 * 1024**3
 
-_PEAK = """
-import atexit, os, sys
-def _peak():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmHWM:'):
-            open(os.environ['GD_PEAK_FILE'], 'w').write(line.split()[1])
-atexit.register(_peak)
-from gemma_doctor.cli import main
-main(sys.argv[1:])
-"""
+_PEAK = PEAK_SCRIPT
 
 
 @dataclass
