@@ -1,7 +1,11 @@
 """Virtual environments with a pinned transformers, built once and cached, for tests that need one.
 
 The cache folder is $GEMMA_DOCTOR_TEST_VENVS, else .ci-cache/venvs in the repository (git-ignored).
-torch is installed first as 2.13.0 (the CPU build on disk), so nothing pulls CUDA packages.
+torch 2.13.0 (the CPU build on disk, so nothing pulls CUDA packages) is installed once, into a folder every venv
+shares through a .pth file (shared_torch): a venv then holds only its own stack (about 0.3 GB instead of 1.2 GB).
+Seven full copies of torch filled the CI machine's disk (ENOSPC, stop 28). pip sees the shared torch as installed,
+so nothing reinstalls it; a package a venv pins differently (filelock, typing-extensions, ...) is installed into the
+venv and shadows the shared one, since the venv's own site-packages comes first on sys.path.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +70,30 @@ def lock_file(packages: tuple[str, ...]) -> Path:
     return LOCKS / f"{name}.txt"
 
 
+def shared_torch() -> Path:
+    """The folder holding torch 2.13.0 and its dependencies (``pip install --target``), built once per cache; the
+    versions of torch's dependencies are the pinned test stack's (tests/constraints.txt)."""
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256("\n".join((TORCH, sys.version.split()[0], CONSTRAINTS.read_text())).encode()).hexdigest()[:12]
+    target = root / f"torch-{key}"
+    with open(root / f"torch-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            if target.exists():
+                shutil.rmtree(target)
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                            "--no-cache-dir", "-c", str(CONSTRAINTS), "--target", str(target), TORCH], check=True)
+            (target / ".complete").write_text("ok\n")
+    return target
+
+
+def _site_packages(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out)
+
+
 def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -> Path:
     """Build (or reuse) a venv holding torch 2.13.0 + ``packages`` (+ this project); return its python.
 
@@ -72,7 +101,9 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
     --lock`` writes the locks of the venvs already built."""
     lock_path = lock_file(packages)
     pinned_text = lock_path.read_text() if lock_path.exists() else ""
-    key = hashlib.sha256("\n".join((TORCH, *packages, *LIGHT, str(with_project), pinned_text)).encode()).hexdigest()[:12]
+    torch_dir = shared_torch()
+    key = hashlib.sha256("\n".join((TORCH, str(torch_dir), *packages, *LIGHT, str(with_project), pinned_text))
+                         .encode()).hexdigest()[:12]
     root = venv_root()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"venv-{key}"
@@ -83,10 +114,10 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
         if marker.exists():
             return python
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        (_site_packages(python) / "_gemma_doctor_shared_torch.pth").write_text(f"{torch_dir}\n")
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir"]
         if pinned_text:
             pip += ["-c", str(lock_path)]
-        subprocess.run([*pip, TORCH], check=True)
         subprocess.run([*pip, *packages], check=True)
         if with_project:
             subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
