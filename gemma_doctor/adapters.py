@@ -1,8 +1,10 @@
 """The base model of a PEFT adapter: found by the name adapter_config.json records, in a folder or the cache.
 
 An adapter enters `check` through the same source interface as a model (readers/adapter.py reads its files); this
-module looks its base up the way `check BASE` would (a folder first, then the cache), reads the base's config.json
-and family, and never reaches the Hub: a base that is not here is reported (GD742), not downloaded.
+module looks its base up the way `check BASE` would (a folder first, then the cache, then the Hub: its config.json
+alone, at the adapter's recorded revision, under the same deadline and limits as a remote check; nothing is
+downloaded), and reads the base's config.json and family. A base found nowhere, or on a Hub that cannot be asked
+(HF_HUB_OFFLINE, no network, gated), is reported (GD742) with the reason.
 """
 
 from __future__ import annotations
@@ -11,18 +13,23 @@ from pathlib import Path
 
 from gemma_doctor import family as family_mod
 from gemma_doctor import locate
-from gemma_doctor.errors import UsageError
+from gemma_doctor.errors import DoctorError, UsageError
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.adapter import BaseFacts
 from gemma_doctor.source import local
 
 
-def find_base(name: str | None, cache: Path, revision: str | None = None) -> BaseFacts:
-    """The base named ``name``: an existing folder, else a cached repo at ``revision`` (main when unrecorded)."""
+def find_base(name: str | None, cache: Path, revision: str | None = None, hub: bool = True) -> BaseFacts:
+    """The base named ``name``: an existing folder, else a cached repo at ``revision`` (main when unrecorded), else
+    (when ``hub``) the Hub's config.json for that repo."""
     if not name:
         return BaseFacts(None, "unnamed")
     try:
         snapshots = locate.resolve([name], cache, revision or "main")
+    except locate.NotCached as e:
+        if not hub:
+            return BaseFacts(name, "not found", note="not asked: a scan of the whole cache never reaches the Hub")
+        return _from_hub(name, e.repo_id, e.revision or revision or "main", cache)
     except UsageError:
         return BaseFacts(name, "not found")
     snap = next((s for s in snapshots if s.problem is None), None)
@@ -33,8 +40,28 @@ def find_base(name: str | None, cache: Path, revision: str | None = None) -> Bas
     return BaseFacts(name, "cache" if snap.in_cache else "folder", str(snap.path), config, fam)
 
 
-def with_base(facts: ModelFacts, cache: Path) -> ModelFacts:
-    """An adapter's facts with its base looked up; any other model's facts unchanged."""
+def _from_hub(name: str, repo_id: str, revision: str, cache: Path) -> BaseFacts:
+    """The base's config.json read from the Hub (huggingface_hub imported only here), or why it could not be."""
+    from gemma_doctor import hub
+
+    try:
+        source = hub.open_model(repo_id, revision, cached=locate.cached_repo_ids(cache), not_cached=True)
+        config = source.read_json("config.json")
+    except DoctorError as e:
+        return BaseFacts(name, "not found", note=_one_line(str(e)))
+    fam = family_mod.detect(config.data) if config.ok else family_mod.NOT_GEMMA
+    return BaseFacts(name, "hub", source.location, config, fam)
+
+
+def _one_line(text: str) -> str:
+    """A Hub error as one printable line (its text may quote what a server sent)."""
+    line = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def with_base(facts: ModelFacts, cache: Path, hub: bool = True) -> ModelFacts:
+    """An adapter's facts with its base looked up (the Hub asked only when ``hub``: an adapter named on the command
+    line); any other model's facts unchanged."""
     if facts.adapter is None or facts.base is not None:
         return facts
-    return facts.with_(base=find_base(facts.adapter.base_model, cache, facts.adapter.base_revision))
+    return facts.with_(base=find_base(facts.adapter.base_model, cache, facts.adapter.base_revision, hub))

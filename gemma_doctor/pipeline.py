@@ -174,7 +174,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
-    models = [adapters.with_base(m, cache) for m in models]
+    models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
     env = environment(options)
     reports = tuple(model_report(gather(m, options, env), env, options) for m in models)
     return Report(models=reports, environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),

@@ -94,7 +94,7 @@ def test_an_adapter_folder_is_an_adapter_not_a_model_without_config(cli, made, t
     assert ad["peft_version"] == "0.21.2" and ad["layout"] == "model" and ad["prefixes"] == ["model"]
     assert ad["lora_tensors"] == 8 and ad["full_tensors"] == {} and ad["error"] is None
     assert m["base"] == {"name": str(made["base"]), "found": "folder", "path": str(made["base"]),
-                         "model_type": "gemma3_text", "family": "gemma3"}
+                         "model_type": "gemma3_text", "family": "gemma3", "note": None}
     assert _codes(m) == {}
 
 
@@ -114,9 +114,11 @@ def test_the_base_is_found_in_the_cache_by_repo_id(cli, made, tmp_path):
     m = _check(cli, adapter, cache=hub.root)
     assert m["base"]["found"] == "cache" and m["base"]["model_type"] == "gemma3_text"
     assert m["base"]["path"].startswith(str(hub.repo_dir("acme/gemma-3-tiny") / "snapshots"))
-    # Not cached: reported, never fetched from the Hub.
+    # Not cached, and the suite runs with HF_HUB_OFFLINE=1: reported with the reason (tests/test_hub.py reads such a
+    # base from a local Hub).
     m = _check(cli, adapter, cache=tmp_path / "empty")
     assert m["base"]["found"] == "not found" and _codes(m)["GD742"]["severity"] == "info"
+    assert "HF_HUB_OFFLINE is set" in m["base"]["note"] and m["base"]["note"] in _codes(m)["GD742"]["message"]
 
 
 @pytest.mark.parametrize(("peft", "transformers", "severity"), [

@@ -495,3 +495,56 @@ def test_the_local_hub_speaks_the_real_clients_protocol(client, hub, tmp_path):
     assert (out["missing_revision"], out["missing_repo"]) == ("RevisionNotFoundError", "RepositoryNotFoundError")
     assert out["params"] == {"BF16": 12187325040}
     assert out["listed"] == ["google/gemma-3-4b-it", "google/gemma-3-4b-pt"]
+
+
+# --- an adapter whose base is not downloaded ----------------------------------------------------------------
+
+def _adapter(folder: Path, base: str) -> Path:
+    """A LoRA adapter of the tiny multimodal Gemma 3 (keys in transformers >= 4.52's layout), naming ``base``."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "base_model_name_or_path": base,
+        "target_modules": ["q_proj", "v_proj"], "modules_to_save": None}))
+    prefix = "base_model.model.model.language_model.layers.0.self_attn"
+    (folder / "adapter_model.safetensors").write_bytes(st_file(
+        {f"{prefix}.{m}.lora_{ab}.weight": ("F32", [4, 4]) for m in ("q_proj", "v_proj") for ab in "AB"}))
+    return folder
+
+
+def test_an_adapters_base_that_is_not_downloaded_is_read_from_the_hub(run, hub, tmp_path):
+    adapter = _adapter(tmp_path / "adapter", TINY)
+    # Offline, as before: reported, with the reason.
+    res = run("check", str(adapter), "--gpu", "none", "--format", "json", "--fail-on", "never", offline=True)
+    (m,) = res.json()["models"]
+    assert m["kind"] == "adapter" and m["base"]["found"] == "not found"
+    gd742 = next(f for f in m["findings"] if f["code"] == "GD742")
+    assert "HF_HUB_OFFLINE is set" in gd742["message"] and "HF_HUB_OFFLINE is set" in m["base"]["note"]
+    assert hub.server.hits == []
+    # Online: the base's config.json alone, from the Hub; nothing is downloaded into the cache.
+    res = run("check", str(adapter), "--gpu", "none", "--format", "json", "--fail-on", "never")
+    doc = res.json()
+    jsonschema.validate(doc, json.loads((ROOT / "docs" / "schema" / "check.schema.json").read_text()),
+                        cls=jsonschema.Draft202012Validator)
+    (m,) = doc["models"]
+    assert m["base"]["found"] == "hub" and m["base"]["model_type"] == "gemma3" and m["base"]["note"] is None
+    assert m["base"]["path"].startswith(f"{hub.endpoint}/{TINY}/tree/")
+    assert "GD742" not in {f["code"] for f in m["findings"]}
+    files = {h.path.split("?")[0].rsplit("/", 1)[-1] for h in hub.server.hits if "/resolve/" in h.path}
+    assert files == {"config.json"}, hub.server.hits
+    assert not run.cache.exists() or os.listdir(run.cache) == []
+    text = run("check", str(adapter), "--gpu", "none")
+    assert f"base: {TINY} (config.json from the Hub, {hub.endpoint}/{TINY}/tree/" in text.out
+
+
+@pytest.mark.parametrize("base, said", [
+    ("acme/no-such-gemma", "nor a model repo on the hub"),  # the Hub has no such repo
+    (BIG, "gated"),                              # gated, and no token
+])
+def test_an_adapters_base_the_hub_will_not_give_is_reported_with_the_reason(run, hub, tmp_path, base, said):
+    adapter = _adapter(tmp_path / "adapter", base)
+    res = run("check", str(adapter), "--gpu", "none", "--format", "json", "--fail-on", "never")
+    assert res.code == 0 and "Traceback" not in res.err, res
+    (m,) = res.json()["models"]
+    assert m["base"]["found"] == "not found" and said in m["base"]["note"].lower()
+    gd742 = next(f for f in m["findings"] if f["code"] == "GD742")
+    assert gd742["severity"] == "info" and m["base"]["note"] in gd742["message"]

@@ -89,17 +89,20 @@ class BaseFacts:
     """The base model an adapter names, and whether (and where) it was found on this machine."""
 
     name: str | None
-    # "cache" | "folder" when found; "not found" (neither a cached repo nor a folder here); "unnamed".
+    # "cache" | "folder" | "hub" when found (hub: its config.json read from the Hub, nothing downloaded); "not found"
+    # (neither a folder nor a cached repo here, and the Hub could not say); "unnamed".
     found: str
     path: str | None = None
     config: JsonFile | None = None
     family: FamilyInfo | None = None
+    # Why the Hub could not be asked or did not have it (offline, unreachable, no such repo, gated), when it was tried.
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `base` block of the JSON report."""
         return {"name": self.name, "found": self.found, "path": self.path,
                 "model_type": self.family.model_type if self.family is not None else None,
-                "family": self.family.label if self.family is not None else None}
+                "family": self.family.label if self.family is not None else None, "note": self.note}
 
 
 # Files whose presence (not content) the after-training rules read: processors for serving, the SentencePiece model

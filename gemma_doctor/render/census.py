@@ -83,7 +83,8 @@ def adapter_lines(extra: dict[str, Any]) -> list[str]:
                  f"{ad.get('layout') or '?'}")
     base = extra.get("base")
     if isinstance(base, dict):
-        where = {"cache": f"cached, {base.get('path')}", "folder": f"folder {base.get('path')}"}.get(
+        where = {"cache": f"cached, {base.get('path')}", "folder": f"folder {base.get('path')}",
+                 "hub": f"config.json from the Hub, {base.get('path')}"}.get(
             str(base.get("found")), str(base.get("found")))
         mt = f", model_type {base['model_type']}" if base.get("model_type") else ""
         lines.append(f"base: {base.get('name') or '(unnamed)'} ({where}{mt})")

@@ -129,9 +129,11 @@ def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[
     base = model.base
     name = _shown(base.name) if base is not None else ""
     if base is not None and base.found == "not found":
+        why = f" ({base.note})" if base.note else ""
         yield Finding("GD742", Severity.INFO,
                       f"the base model {base.name!r} (adapter_config.json base_model_name_or_path) is neither a folder "
-                      "here nor in the hub cache: the checks that need the base's config were skipped",
+                      f"here nor in the hub cache, and the Hub did not give its config.json{why}: the checks that need "
+                      "the base's config were skipped",
                       file="adapter_config.json", key="base_model_name_or_path",
                       fix=f"download it (hf download {name} --include '*.json') or check the base by name")
     elif base is not None and base.found == "unnamed":
