@@ -65,8 +65,8 @@ def test_validation_catches_a_broken_entry():
 def test_every_code_is_in_codes_py_and_docs_are_generated():
     for e in CODED:
         assert CODES[e["code"]].name == e["name"]
-    # GD701-GD739 are the catalogue's; GD74x-GD77x are after-training's own rules (rules/after.py)
-    assert {c for c in CODES if c.startswith("GD7") and int(c[2:]) < 740} == {e["code"] for e in CODED}
+    # GD701-GD739 and GD780-GD799 are the catalogue's; GD74x-GD77x are after-training's own rules (rules/after.py)
+    assert {c for c in CODES if c.startswith("GD7") and not 740 <= int(c[2:]) < 780} == {e["code"] for e in CODED}
     gen = runpy.run_path(str(ROOT / "docs" / "gen_catalogue.py"))
     findings_md, codes_py, recall_md = gen["render"]()
     assert (ROOT / "docs" / "findings.md").read_text() == findings_md, "run: python docs/gen_catalogue.py"
@@ -228,3 +228,32 @@ def test_old_layout_lora_regex_matches_nothing_on_current_transformers():
     assert sum(1 for name, _ in model.named_modules() if name.endswith("lora_A")) == 14  # 2 layers x 7 projections
     gd730 = next(e for e in CODED if e["code"] == "GD730")
     assert "language_model.model.layers" in gd730["examples"]["positive"]["training"]["lora_target_modules"]
+
+
+# axolotl 0.19.0 (the newest release) without its dependencies' stack: its chat_template module needs only these two
+# beside transformers.
+AXOLOTL = ("axolotl==0.19.0", "colorama==0.4.6", "addict==2.4.0")
+
+
+@pytest.mark.slow
+def test_axolotl_chat_template_leaves_gemma_s_turn_end_untrained(tmp_path, cli):
+    """GD780: axolotl's ChatTemplateStrategy defaults eot_tokens to [eos_token]; Gemma's template never emits <eos>,
+    so <end_of_turn> after the model's turn is labelled -100 (never trained: the model does not learn to stop);
+    with eot_tokens it is trained. The check says so on the config before, and not after."""
+    import subprocess
+    import sys
+
+    from tests.venvs import ensure_packages, subprocess_env
+
+    _tiny_tokenizer(tmp_path / "tok", GEMMA_TEMPLATE)
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_eot.py"), str(tmp_path / "tok")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["default"]["end_of_turn_labels"][-1] == -100 and "<end_of_turn>" not in got["default"]["trained"]
+    assert got["eot_tokens"]["end_of_turn_labels"][-1] != -100 and got["eot_tokens"]["trained"][-1] == "<end_of_turn>"
+
+    entry = next(e for e in catalogue.entries() if e["id"] == "axolotl-gemma-eot-untrained")
+    assert findings(cli, tmp_path / "before", entry["examples"]["positive"]).get("GD780") == "warning"
+    assert "GD780" not in findings(cli, tmp_path / "after", entry["examples"]["negative"])

@@ -88,6 +88,25 @@ def shared_torch() -> Path:
     return target
 
 
+def ensure_packages(packages: tuple[str, ...]) -> Path:
+    """A folder holding exactly ``packages`` (``pip install --no-deps --target``), built once and cached: for running
+    one module of a package whose full install would drag in a stack of its own (axolotl pins gradio, modal, wandb,
+    ...) beside the main venv's libraries, on PYTHONPATH."""
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256("\n".join((sys.version.split()[0], *packages)).encode()).hexdigest()[:12]
+    target = root / f"pkgs-{key}"
+    with open(root / f"pkgs-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            if target.exists():
+                shutil.rmtree(target)
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
+                            "--no-deps", "--target", str(target), *packages], check=True)
+            (target / ".complete").write_text("ok\n")
+    return target
+
+
 def _site_packages(python: Path) -> Path:
     out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()

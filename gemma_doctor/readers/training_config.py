@@ -88,6 +88,11 @@ KEYS: dict[str, tuple[str, ...]] = {
     "template": ("template",),  # LLaMA-Factory's chat template name
     "dataset_text_field": ("dataset_text_field",),
     "max_length": ("max_length",),
+    # axolotl: the tokens that end a turn in its chat_template strategy (eos_token when unset), and the first
+    # dataset's prompt strategy (`type: chat_template`) and template (`chat_template: gemma3`, tokenizer_default).
+    "eot_tokens": ("eot_tokens",),
+    "dataset_type": ("datasets.0.type",),
+    "chat_template": ("datasets.0.chat_template", "chat_template"),
 }
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
@@ -207,8 +212,12 @@ def _kind(data: dict[str, Any]) -> str:
 
 
 def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    """The value at ``dotted`` (a number is a list index: ``datasets.0.type``), and whether it is there."""
     node: Any = data
     for part in dotted.split("."):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            continue
         if not isinstance(node, dict) or part not in node:
             return False, None
         node = node[part]
