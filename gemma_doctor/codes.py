@@ -134,6 +134,7 @@ _CODES = [
     Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF"),
     Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n"),
     Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF"),
+    Code("GD739", "gemma3-grad-accum-loss-scaled", "Gemma 3's multimodal class under the Trainer with gradient accumulation: the logged loss, the gradients and the update are multiplied by the accumulation steps (transformers before 4.57)"),
     Code("GD780", "axolotl-gemma-turn-end-untrained", "axolotl's chat_template strategy on Gemma without eot_tokens: the turn terminator (<end_of_turn>, Gemma 4's <turn|>) is masked, so the model never learns to stop"),
     # END field catalogue
 

@@ -49,12 +49,12 @@ def legacy_python() -> Path:
 @pytest.fixture(scope="module")
 def v4(v4_python) -> dict:
     return _run(v4_python, "gemma2_sdpa", "embed_scale", "bidirectional", "packing", "lora_targets",
-                "recommended_snippets", "tied_modules_to_save")
+                "recommended_snippets", "tied_modules_to_save", "grad_accum")
 
 
 @pytest.fixture(scope="module")
 def legacy(legacy_python) -> dict:
-    return _run(legacy_python, "gemma2_sdpa", "bidirectional", "packing")
+    return _run(legacy_python, "gemma2_sdpa", "bidirectional", "packing", "grad_accum")
 
 
 def test_the_venvs_hold_the_versions_the_windows_are_about(main, v4, legacy):
@@ -112,6 +112,22 @@ def test_gd423_gd424_bidirectional_attention_and_the_halving_window(main, v4, le
         assert new["bidirectional"]["first_token_changes_with_last"] > 0.1
     assert v4["bidirectional"]["saved_sliding_window_after_each_round_trip"] == [257, 129]
     assert main["bidirectional"]["saved_sliding_window_after_each_round_trip"] == [512, 512]
+
+
+def test_gd739_gemma3_multimodal_gradient_accumulation_scales_loss_and_update_before_4_57(v4, legacy):
+    """transformers #37197: batch 1 x accumulation 4 against batch 4 x accumulation 1 on the same rows, one SGD step of
+    the real Trainer. 4.50.0 (bad through 4.56.2, bisected by hand) multiplies the multimodal class's logged loss,
+    grad norm and weight change by 4, LoRA or not; 4.57.6 (fixed in 4.57.0) and Gemma3ForCausalLM agree."""
+    bad, good = legacy["grad_accum"], v4["grad_accum"]
+    for r in (bad["multimodal"], bad["multimodal_lora"]):
+        assert r["batch1_acc4"]["accepts_loss_kwargs"]  # forward(**lm_kwargs): the Trainer skips loss / 4
+        for key in ("loss_ratio", "grad_norm_ratio", "weight_change_ratio"):
+            assert r[key] == pytest.approx(4.0, rel=1e-3), (key, r)
+    for r in (good["multimodal"], good["multimodal_lora"], good["multimodal_cured"], bad["multimodal_cured"],
+              bad["text"], good["text"]):
+        for key in ("loss_ratio", "grad_norm_ratio", "weight_change_ratio"):
+            assert r[key] == pytest.approx(1.0, rel=1e-3), (key, r)
+    assert not good["multimodal"]["batch1_acc4"]["accepts_loss_kwargs"]
 
 
 def test_gd901_gd902_gd903_gd505_eos_pad_bos_and_vocab(main):

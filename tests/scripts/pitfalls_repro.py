@@ -338,6 +338,66 @@ def case_tied_modules_to_save() -> dict:
     return out
 
 
+# --- GD739: Gemma 3's multimodal class under gradient accumulation (transformers #37197) ---------------------
+
+def _one_step(build, batch: int, accumulation: int, lora: bool = False) -> dict:
+    """One optimizer step of the real Trainer (plain SGD, no clipping) on the same 4 fixed-length rows, every token
+    a label: the logged loss, the logged grad norm and the norm of the weight change it made."""
+    from transformers import Trainer, TrainingArguments
+
+    model = build()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj", "v_proj"]))
+    ids = torch.randint(4, V - 8, (4, 12), generator=torch.Generator().manual_seed(3))
+    rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "token_type_ids": torch.zeros_like(r),
+             "labels": r.clone()} for r in ids]
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    with tempfile.TemporaryDirectory() as d:
+        args = TrainingArguments(output_dir=d, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                                 max_steps=1, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
+                                 max_grad_norm=1e9, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                                 seed=0, data_seed=0, dataloader_drop_last=False, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=rows)
+        trainer.train()
+    log = next(h for h in trainer.state.log_history if "loss" in h)
+    change = sum(((p.detach() - before[n]) ** 2).sum() for n, p in model.named_parameters() if n in before) ** 0.5
+    return {"loss": log["loss"], "grad_norm": float(log["grad_norm"]), "weight_change": float(change),
+            "accepts_loss_kwargs": trainer.model_accepts_loss_kwargs}
+
+
+def _accumulation_ratios(build, lora: bool = False) -> dict:
+    """Batch 4 x accumulation 1 against batch 1 x accumulation 4 on the same rows: the ratios are 1 when the
+    accumulated step equals the large batch, 4 when every micro-batch's mean loss is summed instead of averaged."""
+    whole, accumulated = _one_step(build, 4, 1, lora), _one_step(build, 1, 4, lora)
+    out = {"batch4_acc1": whole, "batch1_acc4": accumulated}
+    for key in ("loss", "grad_norm", "weight_change"):
+        out[f"{key}_ratio"] = accumulated[key] / whole[key]
+    return out
+
+
+def case_grad_accum() -> dict:
+    from transformers import Gemma3ForConditionalGeneration
+
+    out = {"multimodal": _accumulation_ratios(tiny_multimodal), "text": _accumulation_ratios(gemma3_text)}
+    try:
+        out["multimodal_lora"] = _accumulation_ratios(tiny_multimodal, lora=True)
+    except Exception as e:  # noqa: BLE001 - a venv without PEFT
+        out["multimodal_lora"] = {"error": err(e)}
+    # GD739's cure on an affected release: tell the Trainer the class does not normalise by num_items_in_batch.
+    had = "accepts_loss_kwargs" in vars(Gemma3ForConditionalGeneration)
+    saved = Gemma3ForConditionalGeneration.__dict__.get("accepts_loss_kwargs")
+    Gemma3ForConditionalGeneration.accepts_loss_kwargs = False
+    try:
+        out["multimodal_cured"] = _accumulation_ratios(tiny_multimodal)
+    finally:
+        if had:
+            Gemma3ForConditionalGeneration.accepts_loss_kwargs = saved
+        else:
+            del Gemma3ForConditionalGeneration.accepts_loss_kwargs
+    return out
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":
