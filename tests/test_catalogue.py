@@ -257,3 +257,35 @@ def test_axolotl_chat_template_leaves_gemma_s_turn_end_untrained(tmp_path, cli):
     entry = next(e for e in catalogue.entries() if e["id"] == "axolotl-gemma-eot-untrained")
     assert findings(cli, tmp_path / "before", entry["examples"]["positive"]).get("GD780") == "warning"
     assert "GD780" not in findings(cli, tmp_path / "after", entry["examples"]["negative"])
+
+
+def test_a_template_saved_apart_by_transformers_is_read(tmp_path, cli):
+    """transformers 5.x writes the chat template to chat_template.jinja, not tokenizer_config.json: the template
+    entries (here GD702, assistant_only_loss on Gemma 3's stock template) read it there. Before, a tokenizer saved by
+    the installed transformers had no template as far as check could tell, and GD702 stayed silent."""
+    entry = next(e for e in CODED if e["code"] == "GD702")
+    example = {k: v for k, v in entry["examples"]["positive"].items() if k != "tokenizer_config"}
+    args = write_inputs(tmp_path, example)
+    model = tmp_path / "model"
+    _tiny_tokenizer(model, entry["examples"]["positive"]["tokenizer_config"]["chat_template"])
+    assert (model / "chat_template.jinja").is_file()
+    assert "chat_template" not in json.loads((model / "tokenizer_config.json").read_text())
+    doc = cli(*args).json()
+    assert {f["code"] for f in doc["models"][0]["findings"]} >= {"GD702"}
+    # A template file that is a link out of the repo folder is refused unread, as every file of a cached repo is.
+    from tests.builders import HubCache
+
+    hub = HubCache(tmp_path / "hub")
+    files = {n: (model / n).read_bytes() for n in ("config.json", "tokenizer_config.json", "tokenizer.json")}
+    hub.add("acme/gemma-blob", {**files, "chat_template.jinja": (model / "chat_template.jinja").read_bytes()})
+    snap = hub.add("acme/gemma-linked", files)
+    (tmp_path / "outside.jinja").write_bytes((model / "chat_template.jinja").read_bytes())
+    (snap / "chat_template.jinja").symlink_to(tmp_path / "outside.jinja")
+
+    def codes(repo: str) -> set[str]:
+        r = cli("check", repo, "--cache-dir", str(hub.root), "--format", "json", "--gpu", "A100",
+                "--training-config", str(tmp_path / "train.json"), "--with", "trl==1.2.0")
+        return {f["code"] for f in r.json()["models"][0]["findings"]}
+
+    assert "GD702" in codes("acme/gemma-blob")
+    assert "GD702" not in codes("acme/gemma-linked")

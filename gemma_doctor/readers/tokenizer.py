@@ -1,7 +1,10 @@
 """What tokenizer_config.json says about special tokens and the chat template, as a frozen fact.
 
-Reads tokenizer_config.json only (bounded strict JSON through the ModelSource), never tokenizer.json, which is
-33 MB for Gemma 3: the added tokens and their ids are in ``added_tokens_decoder``, which is all the rules need.
+Reads tokenizer_config.json (bounded strict JSON through the ModelSource), never tokenizer.json, which is 33 MB for
+Gemma 3: the added tokens and their ids are in ``added_tokens_decoder``, which is all the rules need. The chat
+template is where transformers put it: in tokenizer_config.json, or, since transformers writes it apart (every
+``save_pretrained`` of 5.x, and Gemma 4's published repos), in ``chat_template.jinja`` (or a processor's
+``chat_template.json``) beside it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ if TYPE_CHECKING:
     from gemma_doctor.source import ModelSource
 
 FILE = "tokenizer_config.json"
+# Where a template saved apart from tokenizer_config.json lives: raw Jinja, or {"chat_template": ...}.
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 # The chat template writes the BOS token itself: "{{ bos_token }}" (Gemma 2/3/3n templates) or a literal "<bos>".
 _EMITS_BOS = re.compile(r"\{\{-?\s*bos_token\s*-?\}\}|<bos>")
 # transformers' return_assistant_tokens_mask marks only text inside {% generation %} ... {% endgeneration %}.
@@ -70,8 +75,9 @@ def _template_text(value: Any) -> str:
     return ""
 
 
-def parse(data: Mapping[str, Any]) -> TokenizerFacts:
-    """The facts of a parsed tokenizer_config.json."""
+def parse(data: Mapping[str, Any], template_apart: str = "") -> TokenizerFacts:
+    """The facts of a parsed tokenizer_config.json (``template_apart``: the template saved beside it, used when the
+    file itself has none)."""
     added: dict[str, int] = {}
     decoder = data.get("added_tokens_decoder")
     if isinstance(decoder, Mapping):
@@ -79,7 +85,7 @@ def parse(data: Mapping[str, Any]) -> TokenizerFacts:
             content = _token(entry)
             if content is not None and isinstance(key, str) and key.isdigit() and len(key) < 12:
                 added.setdefault(content, int(key))
-    template = _template_text(data.get("chat_template"))
+    template = _template_text(data.get("chat_template")) or template_apart
     add_bos = data.get("add_bos_token")
     return TokenizerFacts(exists=True, bos_token=_token(data.get("bos_token")), eos_token=_token(data.get("eos_token")),
                           pad_token=_token(data.get("pad_token")),
@@ -98,4 +104,22 @@ def read(source: ModelSource) -> TokenizerFacts:
         return TokenizerFacts(exists=True, error=jf.error or "unreadable")
     if not isinstance(jf.data, Mapping):
         return TokenizerFacts(exists=True, error="not a JSON object")
-    return parse(jf.data)
+    if _template_text(jf.data.get("chat_template")):
+        return parse(jf.data)
+    return parse(jf.data, _template_apart(source))
+
+
+def _template_apart(source: ModelSource) -> str:
+    """The chat template saved beside tokenizer_config.json, or "". Read through ``read_json`` for its confinement
+    (a link out of the repo folder is refused unread) and its size bound; a .jinja file is not JSON, and the bytes
+    read are kept either way."""
+    for name in TEMPLATE_FILES:
+        if not source.has(name):
+            continue
+        jf = source.read_json(name)
+        if name.endswith(".json"):
+            return _template_text(jf.data.get("chat_template")) if jf.ok and isinstance(jf.data, Mapping) else ""
+        if jf.raw is not None:
+            return jf.raw.decode("utf-8", "replace")
+        return ""
+    return ""
