@@ -5,6 +5,7 @@ The order in which a model's facts are filled in is this module's code (gather),
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Iterable
 
@@ -12,7 +13,7 @@ from gemma_doctor import adapters, fsafe, locate, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
-from gemma_doctor.errors import HubOffline, UsageError
+from gemma_doctor.errors import DoctorError, HubOffline, UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.model import read_model, source_of
@@ -293,18 +294,52 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
     models, _ = select_sources(located, explicit=bool(targets))
     items: list[advice.Item] = []
     skipped: list[str] = list(notes)
+    planned: list[tuple[ModelFacts, CheckOptions]] = []
+    unplanned: list[str] = []  # adapters whose base cannot be planned on, and why
     for facts in models:
+        if facts.adapter is None:
+            planned.append((facts, options))
+            continue
+        # An adapter is trained further on its base: the plan is the base's, as a LoRA run unless --method says.
+        base, target = facts.adapter.base_model, facts.snapshot.target
+        if not base:
+            unplanned.append(f"{target}: a PEFT adapter that names no base model (base_model_name_or_path); "
+                             "recommend the model it was trained on")
+            continue
+        try:
+            base_located, base_notes = locate_targets([base], cache, facts.adapter.base_revision or revision)
+        except DoctorError as e:
+            unplanned.append(f"{target}: a PEFT adapter of {base!r}, which could not be read ({_first_line(e)}); "
+                             "recommend the base once it is here")
+            continue
+        skipped.extend(base_notes)
+        want = request or runplan.MemoryRequest()
+        lora = want if want.method is not None else dataclasses.replace(want, method="lora")
+        ad = facts.adapter
+        targets_said = ad.target_modules if isinstance(ad.target_modules, str) else ", ".join(ad.target_modules or [])
+        skipped.append(f"{target}: a PEFT adapter; planned on its base {base}"
+                       + (" as a LoRA run (--method to plan another)" if want.method is None else "")
+                       + f"; the rank and targets below are a new adapter's: continuing this one keeps its own "
+                         f"(r={ad.rank}, targets {targets_said or 'none'})")
+        base_options = dataclasses.replace(options, memory=lora)
+        planned.extend((m, base_options) for m in select_sources(base_located, explicit=True)[0])
+    for facts, opts in planned:
         if not facts.family.is_gemma:
             skipped.append(f"{facts.snapshot.target}: not a Gemma-family model (or config.json unreadable); skipped")
             continue
-        facts = gather(facts, options, env)  # the census first: the saved dtype and quantization come from it
+        facts = gather(facts, opts, env)  # the census first: the saved dtype and quantization come from it
         if quantization is not None:  # --quantization is recommend's own: decide again with it
-            facts = with_decision(facts, options, env, gpu, None, quantization)
+            facts = with_decision(facts, opts, env, gpu, None, quantization)
         items.append(_item(facts, facts.snapshot.target, False, facts.snapshot.repo_id or str(facts.snapshot.path)))
     if not items:
         where = f"in {cache}" if not targets else "among the targets"
-        raise UsageError(f"no Gemma-family model {where}; name one (gemma-doctor recommend google/gemma-3-1b-it) {_PLAN_HINT}")
-    return gpu, items, skipped
+        raise UsageError("; ".join(unplanned) if unplanned else
+                         f"no Gemma-family model {where}; name one (gemma-doctor recommend google/gemma-3-1b-it) {_PLAN_HINT}")
+    return gpu, items, skipped + unplanned
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _item(facts: ModelFacts, target: str, planned: bool, model_id: str) -> advice.Item:

@@ -354,3 +354,31 @@ def test_the_json_of_each_kind_validates_against_the_schema(cli, made, tmp_path,
     schema = json.loads((Path(__file__).parent.parent / "docs" / "schema" / "check.schema.json").read_text())
     r = cli("check", str(made[name]), "--format", "json", "--gpu", "none", "--cache-dir", str(tmp_path / "hub"))
     jsonschema.validate(r.json(), schema, cls=jsonschema.Draft202012Validator)
+
+
+# --- recommend on an adapter: the plan is its base's ------------------------------------------------------------
+
+def test_recommend_on_an_adapter_plans_a_lora_run_on_its_base(cli, made, tmp_path):
+    r = cli("recommend", str(made["plain"]), "--gpu", "A100", "--format", "json", "--cache-dir", str(tmp_path / "hub"))
+    assert r.code == 0, r
+    (item,) = r.json()["models"]
+    assert item["path"] == str(made["base"]) and item["family"] == "gemma3"
+    assert item["prescription"]["method"] == "lora"
+    assert f"{made['plain']}: a PEFT adapter; planned on its base {made['base']} as a LoRA run" in r.err
+    assert "continuing this one keeps its own (r=4, targets " in r.err
+    # --method still decides.
+    r = cli("recommend", str(made["plain"]), "--gpu", "A100", "--format", "json", "--method", "qlora",
+            "--cache-dir", str(tmp_path / "hub"))
+    assert r.json()["models"][0]["prescription"]["method"] == "qlora" and "as a LoRA run" not in r.err
+
+
+@pytest.mark.parametrize("base, said", [("", "names no base model"),
+                                        ("acme/not-here", "which could not be read")])
+def test_recommend_on_an_adapter_whose_base_is_not_here_says_so(cli, made, tmp_path, base, said):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(made["plain"], adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    r = cli("recommend", str(adapter), "--gpu", "A100", "--cache-dir", str(tmp_path / "hub"))
+    assert r.code == 2 and "Traceback" not in r.err, r
+    assert said in r.err and r.err.count("\n") == 1 and r.err.startswith("gemma-doctor: error: ")
