@@ -146,6 +146,9 @@ def _workspace(tmp: Path, cached: bool) -> tuple[Path, Path]:
     if cached:
         _example(cache)
         HubCache(cache).add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config(), "generation_config.json": generation_config()})
+        # docs/after-training.md's Gemma 4 adapter names it as its base: its config is enough.
+        HubCache(cache).add("google/gemma-4-E2B-it",
+                            {"config.json": (ROOT / "examples" / "google--gemma-4-E2B-it" / "config.json").read_bytes()})
     work = tmp / "work"
     (work / "train").mkdir(parents=True)
     for name in ("train.yaml", "sft.yaml", "train/sft.yaml"):
@@ -178,6 +181,16 @@ def _after_training(work: Path) -> None:
     full = {"base_model.model.model.embed_tokens.weight": ("F32", [256, 8]),
             "base_model.model.lm_head.weight": ("F32", [256, 8])}
     (adapter / "adapter_model.safetensors").write_bytes(st_file({**lora, **full}))
+    # A Gemma 4 adapter of the cached gemma-4-E2B-it whose keys reach the vision tower (target_modules="all-linear").
+    g4 = work / "gemma4-adapter"
+    g4.mkdir()
+    (g4 / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": "google/gemma-4-E2B-it", "r": 8, "lora_alpha": 16,
+        "target_modules": "all-linear", "modules_to_save": None}))
+    modules = ["model.language_model.layers.0.self_attn.q_proj", "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear",
+               "model.vision_tower.encoder.layers.0.mlp.down_proj.linear"]
+    (g4 / "adapter_model.safetensors").write_bytes(st_file({
+        f"base_model.model.{m}.lora_{ab}.weight": ("F32", [8, 4] if ab == "A" else [4, 8]) for m in modules for ab in "AB"}))
     merged = work / "merged"
     merged.mkdir()
     (merged / "config.json").write_text(json.dumps({k: v for k, v in gemma3_1b_config().items() if k != "use_cache"}))

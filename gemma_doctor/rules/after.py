@@ -8,6 +8,7 @@ from typing import Any, Iterator, Mapping
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts, head_pair
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules import serving
 from gemma_doctor.rules.common import text_config, text_key
 from gemma_doctor.stack import Exposure, Window
 
@@ -36,6 +37,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     elif model.family.is_gemma and model.config.ok:
         yield from _untied_head(model, env)
         yield from _saved_folder(model)
+        yield from serving.model_folder(model, env)
 
 
 def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_prefix: str) -> tuple[bool, str | None]:
@@ -155,6 +157,7 @@ def _adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[
         return
     yield from _tied_copies(model, ad, env)
     yield from _layout(ad, env)
+    yield from serving.adapter(model, ad, env)
 
 
 def _shown(text: str | None) -> str:
