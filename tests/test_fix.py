@@ -225,3 +225,22 @@ def test_the_tie_flag_is_written_only_for_a_head_known_to_differ(hub, cli, weigh
     assert model["status"] == status and any(says in m for m in model["messages"]), model
     assert model["changes"] == [] and r.code == (1 if status == "refused" else 0)
     assert (snap / "config.json").is_symlink()
+
+
+def test_a_config_edited_between_plan_and_write_is_replanned_with_the_head_verdict_kept(hub):
+    """Under the lock, a config.json changed since planning is planned again from its new bytes; the head comparison
+    (the weights, which fix never writes) carries over, so the tie flag is still written, on the edited file."""
+    from gemma_doctor.fixes import apply_plan, plan_model, weigh_head
+    from gemma_doctor.locate import resolve
+    from gemma_doctor.model import read_model
+
+    snap = hub.add(REPO, {"config.json": {**gemma3_1b_config(), "use_cache": False},
+                          "model.safetensors": _merged_weights()})
+    plan = plan_model(weigh_head(read_model(resolve([REPO], hub.root)[0])))
+    assert [c.keys for c in plan.changes] == [("tie_word_embeddings",)]
+    edited = {**gemma3_1b_config(), "use_cache": False, "max_position_embeddings": 4096}
+    (snap / "config.json").unlink()
+    (snap / "config.json").write_text(json.dumps(edited))
+    (written,) = apply_plan(plan)
+    assert json.loads((snap / "config.json").read_text()) == {**edited, "tie_word_embeddings": False}
+    assert json.loads(written.before) == edited

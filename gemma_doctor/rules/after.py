@@ -110,8 +110,8 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
         f"{head_name} is saved apart from {embed_name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
         "adapter that trained both copies apart)", file="config.json", key=key or "tie_word_embeddings",
         fix=f"if the head was trained: gemma-doctor fix {command_args(model.snapshot)} --inplace (it compares the two "
-            "tensors, then sets \"tie_word_embeddings\": false in config.json, so the saved head is used; restore undoes "
-            "it); if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
+            "tensors, then sets \"tie_word_embeddings\": false in config.json, so the saved head is used; restore "
+            "undoes it); if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
         details=details)
 
 
