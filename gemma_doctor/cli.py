@@ -284,10 +284,11 @@ def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: b
 @_stack_options
 def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
         lock_timeout: float, with_packages: tuple[str, ...], requirements: Optional[str]) -> int:
-    """Set use_cache=false where the text model reads it and the transformers that will run crashes without it;
+    """Set use_cache=false where the text model reads it and the transformers that will run crashes without it, and
+    tie_word_embeddings=false where a merged model saves a trained lm_head that a tied config discards (GD750);
     prints the diff, writes only with --inplace."""
     from gemma_doctor import stack as stack_mod
-    from gemma_doctor.fixes import Outcome, Status, apply_plan, needs_tidy, plan_model
+    from gemma_doctor.fixes import Outcome, Status, apply_plan, needs_tidy, plan_model, weigh_head
     from gemma_doctor.locate import command_args
     from gemma_doctor.readers.versions import installed
 
@@ -295,8 +296,9 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
     outcomes: list[Outcome] = []
     failed = refused = False
     for facts in _models(list(targets), cache_dir, revision, all_revisions):
+        facts = weigh_head(facts)  # GD750's cure needs the head compared with the embedding first
         plan = plan_model(facts, stack)
-        outcome = Outcome(facts, plan.status, list(plan.changes), list(plan.refused) + ([plan.note] if plan.note else []))
+        outcome = Outcome(facts, plan.status, list(plan.changes), plan.messages)
         refused |= bool(plan.refused)
         # needs_tidy: temp files a killed run left behind are removed (under the lock) even with nothing to change.
         if inplace and (plan.changes or needs_tidy(facts.snapshot)):

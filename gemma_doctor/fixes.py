@@ -18,6 +18,7 @@ from gemma_doctor.jsonedit import EditError, set_member
 from gemma_doctor.model import read_model
 from gemma_doctor.locate import command_args
 from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, JsonFile
+from gemma_doctor.rules.after import config_ties, head_saved_apart
 from gemma_doctor.rules.crashes import kv_shared_layers, use_cache_off_breaks
 from gemma_doctor.rules.use_cache import text_use_cache
 from gemma_doctor.stack import Exposure, Stack
@@ -66,6 +67,12 @@ class ModelPlan:
     refused: tuple[str, ...] = ()
     note: str | None = None
     stack: Stack | None = field(default=None, compare=False)
+    also: tuple[str, ...] = ()  # further notes, one message each (the tie flag's beside use_cache's)
+
+    @property
+    def messages(self) -> list[str]:
+        """What to tell the user besides the diffs: refusals, then notes."""
+        return [*self.refused, *([self.note] if self.note else []), *self.also]
 
     @property
     def status(self) -> Status:
@@ -95,10 +102,13 @@ def _edit(jf: JsonFile, path: tuple[str, ...]) -> bytes:
 
 
 def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
-    """The edits that make the text model (and generate()) run without a cache. Pure.
+    """The edits `fix` makes to one snapshot's small files. Pure.
 
-    Only where the HybridCache crash can happen with the transformers that will run (``stack``; None = any):
-    on a release without the bug, use_cache on disk is left as published.
+    use_cache: false where the text model (and generate()) would otherwise crash for want of it, only where the
+    HybridCache crash can happen with the transformers that will run (``stack``; None = any): on a release without
+    the bug, use_cache on disk is left as published. tie_word_embeddings: false where the safetensors save a trained
+    lm_head apart from embed_tokens under a tied config (GD750), once ``facts.head_differs`` (weigh_head) says the two
+    differ; whatever the stack, since every loader of the folder reads the flag.
     """
     if facts.snapshot.problem is not None:
         return ModelPlan(facts, refused=(facts.snapshot.problem.message,), stack=stack)
@@ -112,40 +122,135 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     fam = facts.family
     if not fam.is_gemma:
         return ModelPlan(facts, note=f"not a Gemma-family model (model_type {fam.model_type!r}); left alone", stack=stack)
+    config_paths: list[tuple[str, ...]] = []
+    refused: list[str] = []
+    gen_change: FileChange | None = None
+    cache_note = _use_cache_note(facts, stack)
+    if cache_note is None:
+        if fam.nested and cfg.data.get("text_config") is not None and not isinstance(cfg.data.get("text_config"), dict):
+            refused.append("config.json: text_config is not an object; not rewritten")
+        elif text_use_cache(cfg.data, fam.nested) is not False:
+            config_paths.append(("text_config", "use_cache") if fam.nested else ("use_cache",))
+        gen = facts.generation_config
+        if gen.exists and not gen.ok:
+            refused.append(f"generation_config.json: {gen.error}; not rewritten")
+        elif gen.ok and gen.data.get("use_cache") is not False:
+            try:
+                gen_change = FileChange("generation_config.json", gen.path, ("use_cache",), gen.raw,  # type: ignore[arg-type]
+                                        _edit(gen, ("use_cache",)), gen.link_target)
+            except EditError as e:
+                refused.append(f"generation_config.json: cannot edit safely ({e}); not rewritten")
+    untie, tie_note = _untie(facts)
+    if untie is None:
+        if tie_note not in refused:  # a text_config that is no object is said once, not once per key
+            refused.append(str(tie_note))
+        tie_note = None
+    else:
+        config_paths.extend(untie)
+    changes: list[FileChange] = []
+    if config_paths:
+        text = cfg.raw.decode("utf-8")  # type: ignore[union-attr]
+        try:
+            for path in config_paths:  # one file, one change: every key set in turn on the same text
+                text = set_member(text, path, False)
+            changes.append(FileChange("config.json", cfg.path, tuple(".".join(p) for p in config_paths), cfg.raw,  # type: ignore[arg-type]
+                                      text.encode("utf-8"), cfg.link_target))
+        except EditError as e:
+            refused.insert(0, f"config.json: cannot edit safely ({e}); not rewritten")
+    if gen_change is not None:
+        changes.append(gen_change)
+    # A use_cache note says "nothing to fix": beside a tie change it would read as a contradiction.
+    notes = [n for n in (None if untie else cache_note, tie_note) if n]
+    return ModelPlan(facts, tuple(changes), tuple(refused), notes[0] if notes else None, stack=stack,
+                     also=tuple(notes[1:]))
+
+
+def _use_cache_note(facts: ModelFacts, stack: Stack | None) -> str | None:
+    """Why use_cache is left as it is on disk for this Gemma model (None: it is fixed where needed)."""
+    fam = facts.family
     kv_breaks = use_cache_off_breaks(fam, stack) if stack is not None else \
         (Exposure.UNKNOWN if kv_shared_layers(fam) else Exposure.SAFE)
     if kv_breaks is not Exposure.SAFE:
         # Writing use_cache: false here would switch off Gemma 4's KV sharing on 5.5.0-5.5.1 (GD107): refuse, whatever
         # other family knowledge may one day say about its cache.
         tf = stack.get("transformers").describe() if stack is not None else "transformers"
-        return ModelPlan(facts, note=f"{kv_shared_layers(fam)} layers share K/V, which {tf} skips without a cache "
-                                     f"({GEMMA4_KV_SHARE_NO_CACHE.describe()}, GD107): use_cache is never written false "
-                                     "for it; nothing to fix on disk", stack=stack)
+        return (f"{kv_shared_layers(fam)} layers share K/V, which {tf} skips without a cache "
+                f"({GEMMA4_KV_SHARE_NO_CACHE.describe()}, GD107): use_cache is never written false for it; nothing to "
+                "fix on disk")
     if not fam.builds_hybrid_cache:
-        return ModelPlan(facts, note=f"its {fam.text_model_type} text model builds no HybridCache; nothing to fix", stack=stack)
+        return f"its {fam.text_model_type} text model builds no HybridCache; nothing to fix"
     if stack is not None and stack.exposure(HYBRIDCACHE) is Exposure.SAFE:
         tf = stack.get("transformers").describe()
-        return ModelPlan(facts, note=f"{tf} has no HybridCache crash, so use_cache stays as published; nothing to fix "
-                                     f"(to prepare it for a machine with 4.50.x: --with transformers==4.50.3)", stack=stack)
-    changes: list[FileChange] = []
-    refused: list[str] = []
-    if fam.nested and cfg.data.get("text_config") is not None and not isinstance(cfg.data.get("text_config"), dict):
-        refused.append("config.json: text_config is not an object; not rewritten")
-    elif text_use_cache(cfg.data, fam.nested) is not False:
-        path = ("text_config", "use_cache") if fam.nested else ("use_cache",)
-        try:
-            changes.append(FileChange("config.json", cfg.path, (".".join(path),), cfg.raw, _edit(cfg, path), cfg.link_target))  # type: ignore[arg-type]
-        except EditError as e:
-            refused.append(f"config.json: cannot edit safely ({e}); not rewritten")
-    gen = facts.generation_config
-    if gen.exists and not gen.ok:
-        refused.append(f"generation_config.json: {gen.error}; not rewritten")
-    elif gen.ok and gen.data.get("use_cache") is not False:
-        try:
-            changes.append(FileChange("generation_config.json", gen.path, ("use_cache",), gen.raw, _edit(gen, ("use_cache",)), gen.link_target))  # type: ignore[arg-type]
-        except EditError as e:
-            refused.append(f"generation_config.json: cannot edit safely ({e}); not rewritten")
-    return ModelPlan(facts, tuple(changes), tuple(refused), stack=stack)
+        return (f"{tf} has no HybridCache crash, so use_cache stays as published; nothing to fix "
+                f"(to prepare it for a machine with 4.50.x: --with transformers==4.50.3)")
+    return None
+
+
+# Where transformers reads the tie flag. Flat configs (Gemma3ForCausalLM, Gemma 2...): the top level. A multimodal
+# config: its top level for Gemma3ForConditionalGeneration on 5.x (modeling_utils.get_expanded_tied_weights_keys reads
+# self.config.tie_word_embeddings, Gemma3Config declares its own), text_config for it on 4.x
+# (tie_embeddings_and_encoder_decoder reads config.get_text_config(decoder=True)) and for Gemma3ForCausalLM loaded
+# from the folder (its config is the text_config) on both: `fix` writes both levels (docs/after-training.md).
+TIE_KEY = "tie_word_embeddings"
+
+
+def _untie(facts: ModelFacts) -> tuple[list[tuple[str, ...]] | None, str | None]:
+    """(config.json paths to set false, a note) for GD750's cure; (None, why) when it must be refused.
+
+    Only a head known to differ from the embedding is untied: one equal to it value for value loses nothing when
+    tied again (and untying it would double its memory and let training pull the pair apart); one that could not be
+    compared (a dtype the comparison does not read, an unreadable shard) is refused, not guessed at.
+    """
+    apart = head_saved_apart(facts)
+    if apart is None:
+        return [], None
+    head, embed, _ = apart
+    cmp = facts.head_differs
+    if cmp is not None and cmp.identical:
+        return [], (f"{head} equals {embed} value for value, so tying them again at load loses nothing: config.json "
+                    "stays tied (the duplicate tensor stays too: fix never rewrites a safetensors file)")
+    if cmp is None:
+        return [], (f"{head} is saved apart from {embed} under a tied config.json (GD750): `gemma-doctor fix` unties "
+                    "it once it has compared the two tensors, which were not read here")
+    if cmp.identical is None:
+        # Writing the flag on a guess would change which weights the model computes with: refused, said how to do it.
+        return None, (f"{head} is saved apart from {embed} under a tied config.json (GD750), but the two could not "
+                      f"be compared ({cmp.error or 'unreadable'}): config.json is not rewritten; if the head was "
+                      f"trained, set \"{TIE_KEY}\": false in it by hand")
+    data = facts.config.data
+    paths: list[tuple[str, ...]] = []
+    if data.get(TIE_KEY) is not False:
+        paths.append((TIE_KEY,))
+    if facts.family.text_path:
+        node: Any = data
+        for k in facts.family.text_path:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict):  # absent too: transformers 4.x would build a tied text config by default
+            return None, f"config.json: {'.'.join(facts.family.text_path)} is not an object; not rewritten"
+        if node.get(TIE_KEY) is not False:
+            paths.append((*facts.family.text_path, TIE_KEY))
+    return paths, None
+
+
+def weigh_head(facts: ModelFacts) -> ModelFacts:
+    """The facts GD750's cure needs: the safetensors headers, and where they save lm_head.weight apart from
+    embed_tokens.weight under a tied config, the two compared value by value (bounded chunks). Other models: as is."""
+    if (facts.snapshot.problem is not None or facts.adapter is not None or not facts.config.ok
+            or not facts.family.is_gemma or not config_ties(facts)[0]):
+        return facts  # nothing tied to untie: no header is read
+    if facts.census is None:
+        from gemma_doctor.model import source_of
+        from gemma_doctor.readers import dtypes
+
+        source = facts.source if facts.source is not None else source_of(facts.snapshot)
+        if source.kind == "hub":
+            return facts
+        facts = facts.with_(census=dtypes.census(source, facts.config.data))
+    if facts.head_differs is None and head_saved_apart(facts) is not None:
+        from gemma_doctor.readers.adapter import compare_head
+
+        facts = facts.with_(head_differs=compare_head(facts.census.headers))  # type: ignore[union-attr]
+    return facts
 
 
 def _current(snap: Any, path: Path) -> fsafe.Current:
@@ -198,7 +303,9 @@ def _apply_locked(plan: ModelPlan, snap: Any) -> list[FileChange]:
         raise WriteError(f"{e}; refusing to write without a way to undo") from None
     undo.sweep(snap, entries)
     if plan.changes and not all(_unchanged(snap, c) for c in plan.changes):
-        plan = plan_model(read_model(snap), plan.stack)
+        # The weights are never written by fix: the head verdict made before the lock stands.
+        again = read_model(snap).with_(census=plan.facts.census, head_differs=plan.facts.head_differs)
+        plan = plan_model(again, plan.stack)
         if plan.refused:
             raise WriteError(f"a file changed while gemma-doctor was planning and cannot be fixed safely now: "
                              f"{'; '.join(plan.refused)}")

@@ -133,7 +133,7 @@ def remote_block(facts: ModelFacts, env: Environment) -> dict:
         "status": plan.status.value,
         "command": fix_command(facts, env.libraries) if plan.changes else None,
         "changes": [{"file": c.name, "keys": list(c.keys), "diff": c.diff()} for c in plan.changes],
-        "notes": list(plan.refused) + ([plan.note] if plan.note else []),
+        "notes": plan.messages,
     }
     return block
 

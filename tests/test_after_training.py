@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import HubCache
+from tests.builders import HubCache, tree_state
+
+
+
+def _probe():  # noqa: ANN202
+    """The tokens whose logits a reloaded model is compared on."""
+    import torch
+
+    return torch.arange(3, 19).unsqueeze(0)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +59,19 @@ def made(tmp_path_factory) -> dict[str, Path]:
           modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True)
     train("mm", out["mm_base"], T.Gemma3ForConditionalGeneration,
           target_modules=r".*language_model.*\.(q_proj|v_proj)")
-    mts.merge_and_unload().save_pretrained(root / "merged")  # PEFT 0.21.2 unties the merged config itself
+    merged = mts.merge_and_unload().eval()
+    with torch.no_grad():  # the trained model's logits, which a reload of the merged folder must give back
+        torch.save(merged(input_ids=_probe()).logits, root / "merged-logits.pt")
+    merged.save_pretrained(root / "merged")  # PEFT 0.21.2 unties the merged config itself
     out["merged"] = root / "merged"
+    # A multimodal model whose head was trained apart (no PEFT merges one here: the head is set by hand), saved untied.
+    mm = T.Gemma3ForConditionalGeneration.from_pretrained(out["mm_base"], dtype=torch.float32)
+    mm.config.tie_word_embeddings = mm.config.text_config.tie_word_embeddings = False
+    mm.lm_head.weight = torch.nn.Parameter(mm.get_input_embeddings().weight.detach() + 0.5)
+    with torch.no_grad():
+        torch.save(mm.eval()(input_ids=_probe()).logits, root / "mm-merged-logits.pt")
+    mm.save_pretrained(root / "mm-merged")
+    out["mm_merged"] = root / "mm-merged"
 
     # A Trainer run of 1 step with save_steps=1 leaves checkpoint-1 (trainer_state.json, optimizer.pt, the adapter).
     model = get_peft_model(T.Gemma3ForCausalLM.from_pretrained(out["base"], dtype=torch.float32),
@@ -177,6 +196,95 @@ def test_a_saved_head_equal_to_the_embedding_is_harmless(cli, made, tmp_path):
     plan = ("--with", "transformers==4.57.6")
     assert _codes(_check(cli, folder, *plan))["GD750"]["severity"] == "error"  # headers alone cannot tell
     assert _codes(_check(cli, folder, "--weights", *plan))["GD750"]["severity"] == "info"
+    # fix compares the two itself: nothing is lost, so nothing is untied, and the duplicate tensor is not dropped.
+    before = tree_state(folder)
+    r = cli("fix", str(folder), "--inplace")
+    assert r.code == 0 and "config.json stays tied" in r.out and "never rewrites a safetensors file" in r.out
+    assert tree_state(folder) == before
+
+
+def _reload_change(cls: type, folder: Path, want: Path, retie: bool = False) -> float:
+    """How far the model transformers (5.23.0 here) loads from ``folder`` is from the trained one's logits; with
+    ``retie``, after a later tie_weights() (resize_token_embeddings and others call it), which re-reads the config."""
+    import torch
+
+    model = cls.from_pretrained(folder, dtype=torch.float32).eval()
+    if retie:
+        model.tie_weights()
+    with torch.no_grad():
+        return (model(input_ids=_probe()).logits - torch.load(want)).abs().max().item()
+
+
+def _tied_as_peft_0_17_leaves_it(folder: Path) -> bytes:
+    """The config a PEFT < 0.19 merge leaves: the base's tie flags (true) beside the trained head."""
+    raw = (folder / "config.json").read_text()
+    assert raw.count('"tie_word_embeddings": false') >= 1
+    (folder / "config.json").write_text(raw.replace('"tie_word_embeddings": false', '"tie_word_embeddings": true'))
+    return (folder / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize("name,arch,keys", [
+    ("merged", "Gemma3ForCausalLM", ["tie_word_embeddings"]),
+    # transformers 5.x reads the top level for Gemma3ForConditionalGeneration, 4.x text_config: both are written.
+    ("mm_merged", "Gemma3ForConditionalGeneration", ["tie_word_embeddings", "text_config.tie_word_embeddings"]),
+])
+def test_fix_unties_a_trained_head_and_the_reload_keeps_it(cli, made, tmp_path, name, arch, keys):
+    import transformers as T
+
+    folder = tmp_path / name
+    shutil.copytree(made[name], folder)
+    original = _tied_as_peft_0_17_leaves_it(folder)
+    want, cls = made[name].parent / f"{made[name].name}-logits.pt", getattr(T, arch)
+    # Before: 5.23.0 loads the saved head (it warns that the config is wrong), but the first tie_weights() after the
+    # load re-reads the tied config and the trained head is gone (transformers 4.x loses it at load:
+    # tests/test_after_training_repro.py).
+    assert _reload_change(cls, folder, want) < 1e-5
+    assert _reload_change(cls, folder, want, retie=True) > 0.1
+    assert _codes(_check(cli, folder, "--with", "transformers==4.57.6"))["GD750"]["severity"] == "error"
+
+    state = tree_state(folder)
+    dry = cli("fix", str(folder), "--format", "json")
+    assert dry.code == 0 and tree_state(folder) == state  # the diff first, nothing written
+    model = dry.json()["models"][0]
+    assert model["status"] == "would-change" and model["changes"][0]["keys"] == keys
+    assert model["changes"][0]["diff"].count('+  "tie_word_embeddings": false') + \
+        model["changes"][0]["diff"].count('+    "tie_word_embeddings": false') == len(keys)
+    r = cli("fix", str(folder), "--inplace")
+    assert r.code == 0 and "undo with: gemma-doctor restore" in r.out
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False and cfg.get("text_config", {}).get("tie_word_embeddings", False) is False
+    # After: the trained head is loaded and stays, whatever ties later; check no longer raises GD750.
+    assert _reload_change(cls, folder, want, retie=True) < 1e-5
+    assert "GD750" not in _codes(_check(cli, folder, "--with", "transformers==4.57.6"))
+    assert cli("fix", str(folder), "--inplace", "--format", "json").json()["models"][0]["status"] != "changed"
+
+    assert cli("restore", str(folder)).code == 0
+    assert (folder / "config.json").read_bytes() == original and not (folder / ".gemma-doctor").exists()
+    assert tree_state(folder) == state
+
+
+def test_a_multimodal_config_untied_at_one_level_only_is_still_tied(cli, made, tmp_path):
+    """4.57.6 ties Gemma3ForConditionalGeneration by text_config's flag, 5.23.0 by the top level's (measured by hand
+    on both, docs/after-training.md): either left true loses the head on one of them."""
+    import transformers as T
+
+    want = made["mm_merged"].parent / "mm-merged-logits.pt"
+    for level in ("top", "text"):
+        folder = tmp_path / level
+        shutil.copytree(made["mm_merged"], folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        if level == "top":
+            cfg["text_config"]["tie_word_embeddings"] = True
+        else:
+            cfg["tie_word_embeddings"] = True
+        (folder / "config.json").write_text(json.dumps(cfg))
+        found = _codes(_check(cli, folder, "--with", "transformers==4.57.6"))["GD750"]
+        assert found["key"] == ("text_config.tie_word_embeddings" if level == "top" else "tie_word_embeddings")
+        if level == "text":  # 5.23.0 reads the top level: the head goes at the first tie_weights()
+            assert _reload_change(T.Gemma3ForConditionalGeneration, folder, want, retie=True) > 0.1
+        assert cli("fix", str(folder), "--inplace").code == 0
+        assert "GD750" not in _codes(_check(cli, folder, "--with", "transformers==4.57.6"))
+        assert _reload_change(T.Gemma3ForConditionalGeneration, folder, want, retie=True) < 1e-5
 
 
 def test_multimodal_adapter_keys_and_the_transformers_4_52_layout(cli, made, tmp_path):

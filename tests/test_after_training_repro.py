@@ -3,7 +3,8 @@
 - V4_LATE (transformers 4.57.6, PEFT 0.17.1): modules_to_save on Gemma's tied embed_tokens / lm_head trains the
   copies apart; merge_and_unload + save_pretrained keeps the trained lm_head.weight while config.json stays tied, and
   transformers 4.57.6 reloads a model that has lost it (5.23.0 loads the saved head). Setting tie_word_embeddings
-  false (the cure) brings the head back.
+  false (the cure, which `fix --inplace` writes) brings the head back; for Gemma3ForConditionalGeneration 4.57.6
+  reads the flag in text_config (fix writes both levels).
 - The main venv (transformers 5.23.0, PEFT 0.21.2) with ensure_weight_tying=True: the pair stays tied, nothing lost.
 - V4_PRE_LAYOUT (transformers 4.51.3, PEFT 0.15.2): a multimodal adapter saved by 4.57.6 in the
   model.language_model.* layout loads as nothing (PEFT: "missing adapter keys"); on 4.57.6 it works.
@@ -81,6 +82,28 @@ def test_peft_0_17_merge_loses_the_trained_head_and_check_says_so(cli, peft17, v
     (cured / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
     assert _case(v4, "reload", cured)["logit_change"] < 1e-4
     assert "GD750" not in _codes(cli, cured, *v4_stack)
+
+
+def test_fix_inplace_brings_the_trained_head_back_on_transformers_4_57(cli, peft17, v4, work, tmp_path):
+    """`fix --inplace` (GD750's cure) on the PEFT 0.17.1 merge, then on a multimodal folder tied at both levels:
+    transformers 4.57.6 reloads the trained model; `restore` gives the tied config back, and the loss with it."""
+    text = tmp_path / "text"
+    shutil.copytree(peft17["out"] / "merged", text / "merged")
+    shutil.copy(peft17["out"] / "logits.json", text / "logits.json")
+    assert _case(v4, "mm-merged", tmp_path / "mm")["transformers"] == "4.57.6"
+    for out, keys in ((text, ["tie_word_embeddings"]), (tmp_path / "mm", ["tie_word_embeddings",
+                                                                           "text_config.tie_word_embeddings"])):
+        merged = out / "merged"
+        original = (merged / "config.json").read_bytes()
+        assert _case(v4, "reload", merged)["logit_change"] > 0.1  # before: the head is lost at load
+        dry = cli("fix", str(merged), "--format", "json")
+        assert dry.code == 0 and dry.json()["models"][0]["changes"][0]["keys"] == keys
+        assert (merged / "config.json").read_bytes() == original
+        assert cli("fix", str(merged), "--inplace").code == 0
+        assert _case(v4, "reload", merged)["logit_change"] < 1e-4
+        assert "GD750" not in _codes(cli, merged, "--with", "transformers==4.57.6")
+        assert cli("restore", str(merged)).code == 0 and (merged / "config.json").read_bytes() == original
+    assert _case(v4, "reload", tmp_path / "mm" / "merged")["logit_change"] > 0.1  # restored: lost again
 
 
 def test_ensure_weight_tying_keeps_the_pair_tied(cli, work):

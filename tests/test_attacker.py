@@ -495,6 +495,57 @@ def test_a_config_hard_linked_to_a_victim_file_is_replaced_never_written_through
     w.untouched()
 
 
+def _merged_weights() -> bytes:
+    """A merged model's safetensors: lm_head.weight (ones) saved apart from model.embed_tokens.weight (zeros)."""
+    raw = bytearray(_safetensors({"model.embed_tokens.weight": ("BF16", [8, 4]), "lm_head.weight": ("BF16", [8, 4])}))
+    raw[-64:] = b"\x80\x3f" * 32  # BF16 1.0: the head comes second
+    return bytes(raw)
+
+
+def test_a_tied_config_linked_out_of_the_repo_is_never_untied_through_the_link(world, cli):
+    """GD750's cure writes config.json: one that is a link out of the repo folder (to a tied Gemma config of the
+    victim's) is refused and nothing is written anywhere, though the snapshot's head differs from its embedding."""
+    (world.snap / "model.safetensors").unlink()
+    (world.snap / "model.safetensors").write_bytes(_merged_weights())
+    (world.snap / "config.json").unlink()
+    os.symlink(world.victim / "config.json", world.snap / "config.json")
+    assert json.loads((world.victim / "config.json").read_text()).get("tie_word_embeddings", True) is True
+    world.freeze()
+    before = fingerprint(world.repo)
+    dry = cli("fix", REPO, "--cache-dir", world.hub.root, "--format", "json")
+    no_internal_error(dry)
+    assert dry.code == 1 and dry.json()["models"][0]["changes"] == []
+    r = cli("fix", REPO, "--inplace", "--cache-dir", world.hub.root)
+    no_internal_error(r)
+    assert r.code == 1 and "points outside the repo folder" in r.out, r
+    world.untouched()
+    assert fingerprint(world.repo) == before and not (world.repo / ".gemma-doctor").exists()
+    # The same snapshot with its own config.json is untied: the refusal above is the link's doing.
+    (world.snap / "config.json").unlink()
+    (world.snap / "config.json").write_bytes((world.victim / "config.json").read_bytes())
+    assert cli("fix", REPO, "--inplace", "--cache-dir", world.hub.root).code == 0
+    assert json.loads((world.snap / "config.json").read_text())["tie_word_embeddings"] is False
+    world.untouched()
+
+
+def test_a_plain_folder_config_linked_out_is_replaced_never_written_through(world, cli, tmp_path):
+    """In a folder the user names, a link is the user's choice (docs/reliability.md): fix reads the config it leads
+    to, replaces the link with the untied file in the folder and never writes its target; restore puts the link
+    back."""
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(_merged_weights())
+    os.symlink(world.victim / "config.json", folder / "config.json")
+    world.freeze()
+    assert cli("fix", str(folder), "--inplace").code == 0
+    assert not (folder / "config.json").is_symlink()
+    assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is False
+    world.untouched()
+    assert cli("restore", str(folder)).code == 0
+    assert os.readlink(folder / "config.json") == str(world.victim / "config.json")
+    world.untouched()
+
+
 # --- reading: links inside are followed, links out never -----------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["absolute inside", "relative inside via snapshots", "absolute outside", "chain out",

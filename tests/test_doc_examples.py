@@ -168,7 +168,7 @@ def _workspace(tmp: Path, cached: bool) -> tuple[Path, Path]:
 
 def _after_training(work: Path) -> None:
     """docs/after-training.md's folders: a LoRA adapter of the cached gemma-3-1b-it with modules_to_save on the tied
-    pair (as PEFT 0.17.1 writes it), and a merged model that saves lm_head beside a tied config (headers only)."""
+    pair (as PEFT 0.17.1 writes it), and a merged model that saves a head unlike its embedding beside a tied config."""
     from tests.test_safetensors import st_file
 
     adapter = work / "my-adapter"
@@ -193,10 +193,13 @@ def _after_training(work: Path) -> None:
         f"base_model.model.{m}.lora_{ab}.weight": ("F32", [8, 4] if ab == "A" else [4, 8]) for m in modules for ab in "AB"}))
     merged = work / "merged"
     merged.mkdir()
-    (merged / "config.json").write_text(json.dumps({k: v for k, v in gemma3_1b_config().items() if k != "use_cache"}))
-    (merged / "model.safetensors").write_bytes(st_file({"model.embed_tokens.weight": ("BF16", [256, 8]),
-                                                        "lm_head.weight": ("BF16", [256, 8]),
-                                                        "model.norm.weight": ("BF16", [8])}, {"format": "pt"}))
+    # indented as save_pretrained writes it, so that fix's diff is the one line it changes
+    (merged / "config.json").write_text(json.dumps({k: v for k, v in gemma3_1b_config().items() if k != "use_cache"},
+                                                   indent=2) + "\n")
+    weights = bytearray(st_file({"model.embed_tokens.weight": ("BF16", [256, 8]), "model.norm.weight": ("BF16", [8]),
+                                 "lm_head.weight": ("BF16", [256, 8])}, {"format": "pt"}))
+    weights[-256 * 8 * 2:] = b"\x80\x3f" * (256 * 8)  # the trained head: BF16 1.0 where the embedding holds zeros
+    (merged / "model.safetensors").write_bytes(bytes(weights))
 
 
 def _collapse(text: str) -> str:

@@ -171,3 +171,76 @@ def test_fix_leaves_alone_what_it_must_not_or_cannot_rewrite_and_says_why(hub, c
     (model,) = r.json()["models"]
     assert says in model["messages"], model
     assert tree_state(hub.root) == before
+
+
+def _merged_weights(head: bytes = b"\x80\x3f", dtype: str = "BF16") -> bytes:
+    """A merged model's safetensors: model.embed_tokens.weight (zeros) and lm_head.weight filled with ``head``."""
+    from tests.test_safetensors import st_file
+
+    raw = bytearray(st_file({"model.embed_tokens.weight": (dtype, [16, 8]), "lm_head.weight": (dtype, [16, 8])},
+                            {"format": "pt"}))
+    size = len(head) * 16 * 8
+    raw[len(raw) - size:] = head * 16 * 8
+    return bytes(raw)
+
+
+def test_a_cached_merged_model_is_untied_by_replacing_the_link_and_restored_byte_identical(hub, cli):
+    """GD750's cure on a hub-cache snapshot: config.json (a link to a blob that another revision shares) is replaced
+    by a file with tie_word_embeddings false beside use_cache false (one change, one diff); every blob keeps its bytes,
+    the weights are only read, and restore brings the link back."""
+    files = {"config.json": gemma3_1b_config(), "model.safetensors": _merged_weights()}
+    old = hub.add(REPO, {**files, "README.md": b"old\n"}, refs=("v1",))
+    main = hub.add(REPO, files, refs=("main",))
+    before, blobs, old_state = tree_state(hub.repo_dir(REPO)), hub.blob_digests(), tree_state(old)
+
+    dry = cli("fix", REPO, "--cache-dir", hub.root, "--format", "json")
+    assert dry.code == 0 and tree_state(hub.repo_dir(REPO)) == before
+    (change,) = dry.json()["models"][0]["changes"]
+    assert change["keys"] == ["use_cache", "tie_word_embeddings"]
+    assert '+  "tie_word_embeddings": false' in change["diff"] and '+  "use_cache": false' in change["diff"]
+
+    assert cli("fix", REPO, "--inplace", "--cache-dir", hub.root).code == 0
+    assert not (main / "config.json").is_symlink() and (main / "model.safetensors").is_symlink()
+    fixed = json.loads((main / "config.json").read_text())
+    assert (fixed["tie_word_embeddings"], fixed["use_cache"]) == (False, False)
+    assert hub.blob_digests() == blobs and tree_state(old) == old_state
+    check = cli("check", REPO, "--cache-dir", hub.root, "--format", "json", "--fail-on", "never", "--gpu", "none")
+    assert "GD750" not in {f["code"] for f in check.json()["models"][0]["findings"]}
+
+    assert cli("restore", REPO, "--cache-dir", hub.root).code == 0
+    assert {k: v for k, v in tree_state(hub.repo_dir(REPO)).items() if not k.startswith(".gemma-doctor")} == before
+    assert os.readlink(main / "config.json") == os.readlink(old / "config.json")
+
+
+@pytest.mark.parametrize("weights, status, says", [
+    # equal value for value: tying them again loses nothing; the duplicate is not dropped (a safetensors rewrite)
+    (_merged_weights(b"\x00\x00"), "not-applicable", "config.json stays tied"),
+    # a dtype the comparison does not read: the flag is not written on a guess
+    (_merged_weights(b"\x01", "U8"), "refused", "could not be compared"),
+])
+def test_the_tie_flag_is_written_only_for_a_head_known_to_differ(hub, cli, weights, status, says):
+    snap = hub.add(REPO, {"config.json": {**gemma3_1b_config(), "use_cache": False}, "model.safetensors": weights})
+    r = cli("fix", REPO, "--inplace", "--cache-dir", hub.root, "--format", "json")
+    (model,) = r.json()["models"]
+    assert model["status"] == status and any(says in m for m in model["messages"]), model
+    assert model["changes"] == [] and r.code == (1 if status == "refused" else 0)
+    assert (snap / "config.json").is_symlink()
+
+
+def test_a_config_edited_between_plan_and_write_is_replanned_with_the_head_verdict_kept(hub):
+    """Under the lock, a config.json changed since planning is planned again from its new bytes; the head comparison
+    (the weights, which fix never writes) carries over, so the tie flag is still written, on the edited file."""
+    from gemma_doctor.fixes import apply_plan, plan_model, weigh_head
+    from gemma_doctor.locate import resolve
+    from gemma_doctor.model import read_model
+
+    snap = hub.add(REPO, {"config.json": {**gemma3_1b_config(), "use_cache": False},
+                          "model.safetensors": _merged_weights()})
+    plan = plan_model(weigh_head(read_model(resolve([REPO], hub.root)[0])))
+    assert [c.keys for c in plan.changes] == [("tie_word_embeddings",)]
+    edited = {**gemma3_1b_config(), "use_cache": False, "max_position_embeddings": 4096}
+    (snap / "config.json").unlink()
+    (snap / "config.json").write_text(json.dumps(edited))
+    (written,) = apply_plan(plan)
+    assert json.loads((snap / "config.json").read_text()) == {**edited, "tie_word_embeddings": False}
+    assert json.loads(written.before) == edited

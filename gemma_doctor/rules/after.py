@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.locate import command_args
 from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts, head_pair
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules import serving
@@ -42,31 +43,54 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
 
 def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_prefix: str) -> tuple[bool, str | None]:
     """Whether transformers will tie lm_head to embed_tokens at load, and the key that says so (None: the default,
-    which is true for every Gemma config class)."""
+    which is true for every Gemma config class).
+
+    A multimodal config ties when either level does: for Gemma3ForConditionalGeneration transformers 4.x reads
+    text_config's flag (get_text_config(decoder=True), modeling_utils.py:2994 in 4.57.6) and 5.x the top level's
+    (get_expanded_tied_weights_keys, modeling_utils.py:2483 in 5.23.0); measured: each release ties the pair with the
+    other level alone set false (tests/test_after_training.py, docs/after-training.md).
+    """
+    unset = False
     for scope, prefix in ((text, text_prefix), (config, "")):
         value = scope.get("tie_word_embeddings") if isinstance(scope, Mapping) else None
-        if isinstance(value, bool):
-            return value, prefix + "tie_word_embeddings"
-    return True, None
+        if value is True:
+            return True, prefix + "tie_word_embeddings"
+        unset |= value is not False
+    if unset:
+        return True, None
+    return False, (text_prefix if text is not config else "") + "tie_word_embeddings"
+
+
+def config_ties(model: ModelFacts) -> tuple[bool, str | None]:
+    """ties_embeddings() of the model's own config.json."""
+    prefix = text_key(model, "") if model.family.text_path else ""
+    return ties_embeddings(model.config.data if model.config.ok else {}, text_config(model), prefix)
+
+
+def head_saved_apart(model: ModelFacts) -> tuple[str, str, str | None] | None:
+    """(head, embedding, the key that ties them or None for the default) when the safetensors save lm_head.weight
+    beside embed_tokens.weight while config.json ties them: GD750's condition, and what `fix` unties."""
+    census = model.census
+    if census is None:
+        return None
+    head, embed = head_pair(census.headers)
+    if head is None or embed is None:
+        return None
+    tied, key = config_ties(model)
+    return (head[1].name, embed[1].name, key) if tied else None
 
 
 def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
-    census = model.census
-    if census is None:
+    apart = head_saved_apart(model)
+    if apart is None:
         return
-    head, embed = head_pair(census.headers)
-    if head is None or embed is None:
-        return
-    prefix = text_key(model, "") if model.family.text_path else ""
-    tied, key = ties_embeddings(model.config.data, text_config(model), prefix)
-    if not tied:
-        return
+    head_name, embed_name, key = apart
     said = f"config.json says {key}: true" if key else "config.json leaves tie_word_embeddings unset (true by default)"
     cmp = model.head_differs
-    details: dict[str, Any] = {"head": head[1].name, "embed": embed[1].name}
+    details: dict[str, Any] = {"head": head_name, "embed": embed_name}
     if cmp is not None and cmp.identical:
         yield Finding("GD750", Severity.INFO,
-                      f"{head[1].name} is saved although {said}; it equals {embed[1].name} value for value (--weights), "
+                      f"{head_name} is saved although {said}; it equals {embed_name} value for value (--weights), "
                       "so tying it again at load loses nothing", file="config.json", key=key or "tie_word_embeddings",
                       details=details)
         return
@@ -85,10 +109,11 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
         what = "transformers 4.x ties lm_head to embed_tokens again at load and the trained head is discarded (5.x keeps it)"
     yield Finding(
         "GD750", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
-        f"{head[1].name} is saved apart from {embed[1].name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
+        f"{head_name} is saved apart from {embed_name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
         "adapter that trained both copies apart)", file="config.json", key=key or "tie_word_embeddings",
-        fix="if the head was trained, set \"tie_word_embeddings\": false in config.json (the saved head is then used); "
-            "if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
+        fix=f"if the head was trained: gemma-doctor fix {command_args(model.snapshot)} --inplace (it compares the two "
+            "tensors, then sets \"tie_word_embeddings\": false in config.json, so the saved head is used; restore "
+            "undoes it); if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
         details=details)
 
 

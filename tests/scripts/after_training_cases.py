@@ -2,7 +2,10 @@
 
   merge OUT [ensure-weight-tying]   tiny Gemma 3 text model, LoRA + modules_to_save=[embed_tokens, lm_head], 5 AdamW
                                     steps; saves OUT/adapter, merges, saves OUT/merged and the merged model's logits
-  reload MERGED                     reloads MERGED and compares its logits with the merged model's (logits.json)
+  reload MERGED                     reloads MERGED (as its config's architecture) and compares its logits with the
+                                    merged model's (logits.json beside it)
+  mm-merged OUT                     a tiny Gemma3ForConditionalGeneration with a head apart from its embedding, saved
+                                    to OUT/merged under a config tied at both levels, its logits beside
   mm-train OUT                      LoRA on a tiny Gemma3ForConditionalGeneration (lora_B random), saved to OUT
   mm-load ADAPTER                   loads ADAPTER on the same tiny base: how much it changes the logits, and PEFT's
                                     warnings about missing keys
@@ -60,7 +63,8 @@ def merge(out: Path, ensure_weight_tying: bool) -> dict:
 
 def reload(folder: Path) -> dict:
     want = torch.tensor(json.loads((folder.parent / "logits.json").read_text()))
-    model = T.Gemma3ForCausalLM.from_pretrained(folder).eval()
+    arch = json.loads((folder / "config.json").read_text())["architectures"][0]
+    model = getattr(T, arch).from_pretrained(folder).eval()
     with torch.no_grad():
         got = model(input_ids=IDS).logits
     return {**versions(), "logit_change": (got - want).abs().max().item()}
@@ -71,6 +75,23 @@ def mm_base() -> T.Gemma3ForConditionalGeneration:
     cfg = T.Gemma3Config(text_config=TXT, vision_config=SIGLIP, mm_tokens_per_image=4, image_token_index=255,
                          boi_token_index=253, eoi_token_index=254)
     return T.Gemma3ForConditionalGeneration(cfg).eval()
+
+
+def mm_merged(out: Path) -> dict:
+    """A multimodal model whose head was trained apart (set by hand: the point is the config, not the training),
+    saved with the trained head and its config tied at both levels, as a PEFT < 0.19 merge leaves it."""
+    model = mm_base()
+    model.config.tie_word_embeddings = model.config.text_config.tie_word_embeddings = False
+    torch.manual_seed(2)
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach() + torch.randn(256, 32) * 0.5)
+    with torch.no_grad():
+        logits = model(input_ids=IDS).logits
+    model.save_pretrained(out / "merged")
+    cfg = json.loads((out / "merged" / "config.json").read_text())
+    cfg["tie_word_embeddings"] = cfg["text_config"]["tie_word_embeddings"] = True
+    (out / "merged" / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "logits.json").write_text(json.dumps(logits.tolist()))
+    return versions()
 
 
 def mm_train(out: Path) -> dict:
@@ -105,6 +126,8 @@ def main() -> None:
         result = reload(path)
     elif mode == "mm-train":
         result = mm_train(path)
+    elif mode == "mm-merged":
+        result = mm_merged(path)
     else:
         result = mm_load(path)
     print(json.dumps(result))
