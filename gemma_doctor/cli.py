@@ -200,11 +200,15 @@ def app() -> None:
 @click.option("--task", default=None, help="Training task for the precision advice: sft, dpo, grpo, ppo, qlora...")
 @click.option("--training-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A TrainingArguments/TRL JSON or YAML, axolotl YAML or accelerate config to lint.")
+@click.option("--launch", default=None, metavar="COMMAND",
+              help="The command line that launches the run (accelerate launch / torchrun / deepspeed / python ...), "
+                   "quoted: its processes, machines, sharding, config files and script arguments are read, never run.")
 @_stack_options
 @_remote_option
 @_memory_options
 def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
           weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path],
+          launch: Optional[str],
           with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, hub_deadline: Optional[float],
           method: Optional[str], batch_size: Optional[int], seq_len: Optional[int],
           gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int]) -> int:
@@ -215,8 +219,8 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
 
     fmt_, fail_on_ = OutputFormat(fmt.lower()), FailOn(fail_on.lower())
     options = CheckOptions(fail_on=fail_on_, weights=weights, gpu=gpu, task=task,
-                           training_config=str(training_config) if training_config else None, jobs=jobs,
-                           with_packages=tuple(with_packages), requirements=requirements, remote=remote,
+                           training_config=str(training_config) if training_config else None, launch=launch,
+                           jobs=jobs, with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
     with _hub_deadline(hub_deadline):
         report = diagnose(list(targets), cache_dir, revision, all_revisions, options)

@@ -39,6 +39,8 @@ class CheckOptions:
     weights: bool = False
     gpu: str | None = None
     training_config: str | None = None
+    # How the run is launched: an `accelerate launch` / `torchrun` / `deepspeed` / `python` command line (--launch).
+    launch: str | None = None
     task: str | None = None
     jobs: int = 1
     # Packages of the training machine when it is not this one: pip requirement strings (--with).

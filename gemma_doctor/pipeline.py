@@ -35,6 +35,10 @@ def environment(options: CheckOptions) -> Environment:
     versions = installed()
     stack = stack_mod.resolve(versions, options.with_packages, options.requirements)
     tc = training_config.load(options.training_config) if options.training_config else None
+    if options.launch is not None:
+        from gemma_doctor.readers import launch
+
+        tc = launch.combine(tc, launch.parse(options.launch))
     return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options), training_config=tc)
 
 

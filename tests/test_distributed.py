@@ -291,3 +291,85 @@ def test_fsdp2_refuses_the_tied_embedding_where_gd662_says_and_the_next_accelera
     assert [r["result"] for r in after["ranks"]] == ["ok", "ok"]
     assert after["ranks"][0]["loss"] == after["ranks"][1]["loss"]
     assert "GD662" not in after["findings"]
+
+
+# --- the launch command line (check --launch) ------------------------------------------------------------------
+
+def lint_launch(line: str, model: str, cwd: Path, **versions: str):
+    """[(code, severity, key)] of the distributed rule for a run launched by ``line`` (run from ``cwd``)."""
+    from gemma_doctor.readers import launch
+
+    tc = launch.parse(line, str(cwd))
+    assert tc.ok, tc.error
+    cfg = MODELS[model]
+    folder = Path("model")
+    facts = ModelFacts(Snapshot("x", folder), JsonFile(folder / "config.json", True, data=cfg),
+                       JsonFile(folder / "generation_config.json", False), detect(cfg))
+    env = Environment(Versions({k: v for k, v in {**NEW, **versions}.items() if v}), training_config=tc)
+    return [(f.code, f.severity.value) for f in distributed.check(facts, env, CheckOptions(gpu=None))], tc
+
+
+@pytest.mark.parametrize("line, expected", [
+    # the config file named on the line, as accelerate reads it
+    ("accelerate launch --config_file fsdp.yaml train.py", [("GD660", "error")]),
+    # the same run spelled with accelerate's flags alone
+    ("accelerate launch --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --num_processes 8 train.py",
+     [("GD660", "error")]),
+    # the cure on the line: the class list the finding names
+    ("accelerate launch --config_file fsdp.yaml --fsdp_transformer_layer_cls_to_wrap Gemma4TextDecoderLayer train.py",
+     []),
+    ("accelerate launch --config_file fsdp.yaml --fsdp_auto_wrap_policy SIZE_BASED_WRAP train.py", []),
+    # TrainingArguments on the script's line (torchrun): from 5.10 `--fsdp full_shard` wraps by class
+    ("torchrun --nnodes 2 --nproc-per-node 8 train.py --fsdp full_shard --bf16", [("GD660", "error")]),
+    ("torchrun --nproc_per_node=8 train.py --fsdp 'full_shard auto_wrap' --fsdp_config.auto_wrap_policy NO_WRAP", []),
+])
+def test_a_launch_line_is_linted_like_its_config(line, expected, tmp_path):
+    (tmp_path / "fsdp.yaml").write_text(ACCEL_FSDP)
+    assert lint_launch(line, "gemma4_text", tmp_path, transformers="5.23.0")[0] == expected
+
+
+@pytest.mark.parametrize("line, processes, machines", [
+    ("torchrun --nnodes 2 --nproc-per-node 8 train.py", 16, 2),
+    ("torchrun --nnodes=1:4 --nproc_per_node 2 train.py", 8, 4),  # elastic: the most it may run
+    ("python -m torch.distributed.run --nproc-per-node 4 train.py", 4, 1),
+    ("deepspeed --num_gpus 4 --num_nodes 2 train.py --deepspeed ds.json", 8, 2),
+    ("NCCL_DEBUG=INFO accelerate launch --config_file fsdp.yaml --num_processes 32 --num_machines 4 train.py", 32, 4),
+    ("accelerate launch --config_file fsdp.yaml train.py", 16, 2),  # the file's own shape
+])
+def test_a_launch_line_gives_the_shape_of_the_run(line, processes, machines, tmp_path):
+    (tmp_path / "fsdp.yaml").write_text(ACCEL_FSDP)
+    _, tc = lint_launch(line, "gemma4_text", tmp_path)
+    assert (tc.get("num_processes").value, tc.get("num_machines").value) == (processes, machines)
+
+
+def test_a_launch_line_follows_the_deepspeed_json_it_names(tmp_path):
+    (tmp_path / "ds.json").write_text(DS_Z3)
+    found, tc = lint_launch("deepspeed --num_gpus 8 train.py --deepspeed ds.json --bf16", "gemma4", tmp_path,
+                            transformers="5.5.4")
+    assert found == [("GD661", "error")] and tc.get("zero_stage").value == 3
+
+
+def test_check_reads_the_launch_line_end_to_end(cli, tmp_path, monkeypatch):
+    """The memory plan shards over the processes the line starts; the script's arguments are its settings; a line
+    that cannot be read is a finding on the launch command, never a traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    monkeypatch.chdir(tmp_path)
+    line = ("torchrun --nnodes 2 --nproc-per-node 4 train.py --per_device_train_batch_size 2 --max_seq_length 512 "
+            "--gradient_checkpointing --bf16 --deepspeed ds.json")
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    r = cli("check", str(model), "--launch", line, "--gpu", "A100", "--format", "json", "--fail-on", "never")
+    doc = r.json()
+    settings = doc["environment"]["training_config"]["settings"]
+    assert settings["num_processes"]["value"] == 8 and settings["batch_size"]["value"] == 2
+    assert settings["zero_stage"]["value"] == 3
+    run = doc["models"][0]["memory"]["run"]
+    assert (run["num_gpus"], run["zero_stage"], run["batch_size"], run["seq_len"]) == (8, 3, 2, 512)
+    assert run["sources"]["num_gpus"] == "training config torchrun line: num_processes"
+    for bad, said in (("bash train.sh", "is not a launcher"), ("torchrun --nnodes", "has no value"),
+                      ("accelerate launch --config_file missing.yaml train.py", "does not exist"),
+                      ("torchrun 'unclosed", "not a command line")):
+        r = cli("check", str(model), "--launch", bad, "--gpu", "A100", "--format", "json", "--fail-on", "never")
+        assert r.code == 0 and "Traceback" not in r.err, r
+        assert said in json.dumps(r.json()["environment"]["training_config"]), bad

@@ -46,6 +46,7 @@ CASES: list[tuple[str, str, list[str], tuple[int, ...]]] = [
     ("check", "--gpu", ["--gpu", "T4"], ANY),
     ("check", "--task", ["--task", "dpo"], ANY),
     ("check", "--training-config", ["--training-config", "{train}"], ANY),
+    ("check", "--launch", ["--launch", "torchrun --nnodes 2 --nproc-per-node 4 train.py --bf16"], ANY),
     ("check", "--with", ["--with", "transformers==4.50.3"], (1,)),
     ("check", "--requirements", ["--requirements", "{requirements}"], (1,)),
     ("check", "--remote", ["--remote"], OFFLINE),

@@ -1,0 +1,256 @@
+"""How a run is launched, read from its command line: `accelerate launch`, `torchrun` (or `python -m
+torch.distributed.run`), `deepspeed`, or a plain `python train.py`, as a CI step or a job script passes it
+(`check --launch "..."`).
+
+The line is split like a shell would (``shlex``), never run. The launcher's own options give the shape of the run
+(processes, machines, FSDP or DeepSpeed and their settings); a config file it names (`--config_file`, TRL's
+`--config`) is read as `--training-config` reads one; the training script's `--key value` arguments are
+TrainingArguments / TRL names, read through the same key table. Later sources override earlier ones, as the
+launchers do: the config file, then the launcher's flags, then the script's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+from gemma_doctor.readers import training_config as tc_reader
+from gemma_doctor.readers.training_config import Setting, TrainingConfig
+
+WHERE = "launch command"
+
+# accelerate launch options that take no value (accelerate 1.x commands/launch.py); every other --option takes one.
+_ACCELERATE_SWITCHES = frozenset({
+    "--cpu", "--multi_gpu", "--tpu", "--use_xpu", "--use_deepspeed", "--use_fsdp", "--use_parallelism_config",
+    "--use_megatron_lm", "--quiet", "-q", "--no_python", "--module", "-m", "--debug", "--same_network",
+    "--enable_cpu_affinity", "--dynamo_use_fullgraph", "--dynamo_use_dynamic", "--dynamo_use_regional_compilation",
+    "--tpu_use_cluster", "--tpu_use_sudo", "--downcast_bf16", "--monitor_interval_switch",
+})
+_TORCHRUN_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "-m", "--module"})
+_DEEPSPEED_SWITCHES = frozenset({"--no_python", "--module", "--no_local_rank", "--force_multi", "--bind_cores_to_rank",
+                                 "--no_ssh", "--no_ssh_check", "--enable_each_rank_log", "--save_pid"})
+# accelerate launch flag -> the key an accelerate config file holds it under (readers/training_config.py's KEYS).
+_ACCELERATE_KEYS = {
+    "num_processes": "num_processes", "num_machines": "num_machines", "mixed_precision": "mixed_precision",
+    "fsdp_version": "fsdp_config.fsdp_version", "fsdp_sharding_strategy": "fsdp_config.fsdp_sharding_strategy",
+    "fsdp_auto_wrap_policy": "fsdp_config.fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap": "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_min_num_params": "fsdp_config.fsdp_min_num_params", "fsdp_offload_params": "fsdp_config.fsdp_offload_params",
+    "fsdp_reshard_after_forward": "fsdp_config.fsdp_reshard_after_forward",
+    "zero_stage": "deepspeed_config.zero_stage",
+    "offload_optimizer_device": "deepspeed_config.offload_optimizer_device",
+    "offload_param_device": "deepspeed_config.offload_param_device",
+    "deepspeed_config_file": "deepspeed_config.deepspeed_config_file",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+}
+
+
+class _Bad(ValueError):
+    """The line cannot be read as a launch command; the message says why."""
+
+
+def parse(line: str, cwd: str | None = None) -> TrainingConfig:
+    """The run a launch command line describes, as a training config (``error`` set when the line cannot be read)."""
+    try:
+        return _parse(line, cwd)
+    except _Bad as e:
+        return TrainingConfig(WHERE, error=str(e))
+
+
+def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConfig:
+    """``--training-config`` and ``--launch`` together: the launch line's settings override the file's, as a
+    launcher's flags override its config file."""
+    if not launch.ok or base is None:
+        return launch
+    if not base.ok:
+        return base
+    return TrainingConfig(base.path, base.kind, {**base.settings, **launch.settings})
+
+
+def _parse(line: str, cwd: str | None) -> TrainingConfig:
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError as e:
+        raise _Bad(f"not a command line: {e}") from None
+    while words and "=" in words[0] and not words[0].startswith(("-", "/", ".")):
+        words = words[1:]  # VAR=value before the command
+    if not words:
+        raise _Bad("an empty command line")
+    launcher, rest = _launcher(words)
+    layers: list[TrainingConfig] = []
+    flags: dict[str, Any] = {}
+    if launcher == "accelerate":
+        options, script = _split(rest, _ACCELERATE_SWITCHES)
+        config_file = options.pop("config_file", None) or options.pop("config-file", None)
+        if isinstance(config_file, str):
+            layers.append(_file(config_file, cwd, "--config_file"))
+        for name, value in options.items():
+            key = name.replace("-", "_")
+            if key == "use_fsdp" and value is True:
+                flags["distributed_type"] = "FSDP"
+            elif key == "use_deepspeed" and value is True:
+                flags["distributed_type"] = "DEEPSPEED"
+            elif key == "multi_gpu" and value is True:
+                flags.setdefault("distributed_type", "MULTI_GPU")
+            elif key in _ACCELERATE_KEYS:
+                _put(flags, _ACCELERATE_KEYS[key], value)
+    elif launcher == "torchrun":
+        options, script = _split(rest, _TORCHRUN_SWITCHES)
+        nodes = _count(options.get("nnodes", 1), "--nnodes")
+        per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
+        if per_node is not None and str(per_node).isdigit():
+            flags["num_processes"] = int(per_node) * nodes
+        flags["num_machines"] = nodes
+    elif launcher == "deepspeed":
+        options, script = _split(rest, _DEEPSPEED_SWITCHES)
+        nodes = _count(options.get("num_nodes", 1), "--num_nodes")
+        if options.get("num_gpus") is not None:
+            flags["num_processes"] = _count(options["num_gpus"], "--num_gpus") * nodes
+        flags["num_machines"] = nodes
+    else:
+        script = rest
+    args = _script_args(script)
+    config = args.pop("config", None)  # TRL's CLI (`trl sft --config sft.yaml`) and scripts built on TrlParser
+    if isinstance(config, str):
+        layers.append(_file(config, cwd, "--config"))
+    kind = next((layer.kind for layer in reversed(layers)), "accelerate" if launcher == "accelerate" else "transformers")
+    settings: dict[str, Setting] = {}
+    for layer in layers:  # a file's settings keep its name: the line numbers are that file's
+        name = os.path.basename(layer.path)
+        settings.update({k: Setting(f"{name}: {s.key}", s.value) for k, s in layer.settings.items()})
+    for label, data in ((f"{launcher} line: ", flags), ("script --", _nest(args))):
+        own = tc_reader.parse(json.dumps(data), WHERE, yaml_first=False) if data else None
+        if own is not None and not own.ok:
+            raise _Bad(own.error or "unreadable")
+        if own is not None:
+            settings.update({k: Setting(label + s.key, s.value) for k, s in own.settings.items()})
+    # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
+    followed = tc_reader._with_deepspeed_file(TrainingConfig(os.path.join(cwd or ".", WHERE), kind, settings))
+    return TrainingConfig(WHERE, kind, followed.settings)
+
+
+def _launcher(words: list[str]) -> tuple[str | None, list[str]]:
+    """(launcher, the words after it): accelerate, torchrun, deepspeed, or None for a plain python/script line."""
+    head = os.path.basename(words[0])
+    if head == "accelerate":
+        if len(words) < 2 or words[1] != "launch":
+            raise _Bad("an accelerate command other than `accelerate launch`")
+        return "accelerate", words[2:]
+    if head == "torchrun":
+        return "torchrun", words[1:]
+    if head == "deepspeed":
+        return "deepspeed", words[1:]
+    if head.startswith("python") and len(words) >= 3 and words[1] == "-m":
+        module = words[2]
+        if module == "torch.distributed.run":
+            return "torchrun", words[3:]
+        if module in ("accelerate.commands.launch",):
+            return "accelerate", words[3:]
+        return None, words[3:]
+    if head.startswith("python"):
+        return None, words[2:] if len(words) > 1 else []
+    if head in ("trl", "axolotl", "llamafactory-cli"):
+        return None, words[2:] if len(words) > 1 else []  # `trl sft --config ...`, `axolotl train cfg.yaml`
+    raise _Bad(f"{_shown(words[0])} is not a launcher gemma-doctor reads (accelerate launch, torchrun, deepspeed, "
+               "python)")
+
+
+def _split(words: list[str], switches: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
+    """The launcher's options (name without dashes -> value, True for a switch) and the words from the script on."""
+    options: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("-") or word == "--":
+            return options, words[i + (word == "--"):]
+        name, eq, value = word.partition("=")
+        if eq:
+            options[name.lstrip("-")] = value
+        elif name in switches or name.replace("-", "_") in switches:
+            options[name.lstrip("-")] = True
+            if name in ("-m", "--module"):  # the script is a module: its name is the next word
+                return options, words[i + 1:]
+        elif i + 1 < len(words):
+            options[name.lstrip("-")] = words[i + 1]
+            i += 1
+        else:
+            raise _Bad(f"{_shown(name)} has no value")
+        i += 1
+    return options, []
+
+
+def _script_args(words: list[str]) -> dict[str, Any]:
+    """The training script's `--key value` / `--key=value` / `--switch` arguments (the script path and any
+    positional words skipped)."""
+    args: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            name = name.replace("-", "_")
+            if eq:
+                args[name] = _value(value)
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                args[name] = _value(words[i + 1])
+                i += 1
+            else:
+                args[name] = True
+        i += 1
+    return args
+
+
+def _value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _nest(args: dict[str, Any]) -> dict[str, Any]:
+    """Dotted argument names (`--fsdp_config.version 2`) as the nested mappings the key table reads."""
+    out: dict[str, Any] = {}
+    for name, value in args.items():
+        _put(out, name, value)
+    return out
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[last] = _value(value) if isinstance(value, str) else value
+
+
+def _count(value: Any, flag: str) -> int:
+    """A process or node count: an integer, or torchrun's elastic `MIN:MAX` (the most it may run)."""
+    text = str(value).split(":")[-1]
+    if not text.isdigit() or int(text) < 1:
+        raise _Bad(f"{flag} {_shown(str(value))} is not a count")
+    return int(text)
+
+
+def _file(path: str, cwd: str | None, flag: str) -> TrainingConfig:
+    """A config file the line names, read as --training-config reads one (relative to the working folder)."""
+    full = path if os.path.isabs(path) or cwd is None else os.path.join(cwd, path)
+    if not os.path.lexists(full):
+        raise _Bad(f"{flag} {_shown(path)} does not exist")
+    read = tc_reader.read(full)
+    if not read.ok:
+        raise _Bad(f"{flag} {_shown(path)}: {read.error}")
+    return read
+
+
+def _shown(text: str) -> str:
+    return text if text.isprintable() and len(text) <= 200 else repr(text[:200])
