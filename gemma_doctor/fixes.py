@@ -147,12 +147,20 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
         tie_note = None
     else:
         config_paths.extend(untie)
+    values: dict[tuple[str, ...], Any] = {}
+    arch_note = None
+    if _architecture_disagrees(facts):  # GD775: the class the weights belong to
+        config_paths.append(ARCH_KEY)
+        values[ARCH_KEY] = [ARCH_FIX]
+        arch_note = (f"config.json names Gemma3ForCausalLM but the weights keep {ARCH_FIX}'s language_model.* keys "
+                     f"(GD775): `gemma-doctor fix` sets architectures to [\"{ARCH_FIX}\"], which vLLM and transformers "
+                     "load whole")
     changes: list[FileChange] = []
     if config_paths:
         text = cfg.raw.decode("utf-8")  # type: ignore[union-attr]
         try:
             for path in config_paths:  # one file, one change: every key set in turn on the same text
-                text = set_member(text, path, False)
+                text = set_member(text, path, values.get(path, False))
             changes.append(FileChange("config.json", cfg.path, tuple(".".join(p) for p in config_paths), cfg.raw,  # type: ignore[arg-type]
                                       text.encode("utf-8"), cfg.link_target))
         except EditError as e:
@@ -160,7 +168,7 @@ def plan_model(facts: ModelFacts, stack: Stack | None = None) -> ModelPlan:
     if gen_change is not None:
         changes.append(gen_change)
     # A use_cache note says "nothing to fix": beside a tie change it would read as a contradiction.
-    notes = [n for n in (None if untie else cache_note, tie_note) if n]
+    notes = [n for n in (None if (untie or arch_note) else cache_note, tie_note, arch_note) if n]
     return ModelPlan(facts, tuple(changes), tuple(refused), notes[0] if notes else None, stack=stack,
                      also=tuple(notes[1:]))
 
@@ -232,12 +240,33 @@ def _untie(facts: ModelFacts) -> tuple[list[tuple[str, ...]] | None, str | None]
     return paths, None
 
 
+ARCH_KEY = ("architectures",)
+ARCH_FIX = "Gemma3ForConditionalGeneration"
+
+
+def _architecture_disagrees(facts: ModelFacts) -> bool:
+    """GD775's case that a config edit cures: a Gemma 3 multimodal config (model_type gemma3 with a vision_config)
+    whose architectures name Gemma3ForCausalLM while the weights keep the multimodal class's language_model.* keys."""
+    from gemma_doctor.rules import serving
+
+    data = facts.config.data
+    return (isinstance(data, dict) and data.get("model_type") == "gemma3" and isinstance(data.get("vision_config"), dict)
+            and serving.architecture(data, None) == "Gemma3ForCausalLM" and bool(serving.language_model_keys(facts)))
+
+
+def _needs_headers(facts: ModelFacts) -> bool:
+    """The config ties the head (GD750's cure compares it) or names Gemma3ForCausalLM (GD775's reads the keys)."""
+    data = facts.config.data
+    archs = data.get("architectures") if isinstance(data, dict) else None
+    return config_ties(facts)[0] or (isinstance(archs, list) and archs[:1] == ["Gemma3ForCausalLM"])
+
+
 def weigh_head(facts: ModelFacts) -> ModelFacts:
     """The facts GD750's cure needs: the safetensors headers, and where they save lm_head.weight apart from
     embed_tokens.weight under a tied config, the two compared value by value (bounded chunks). Other models: as is."""
     if (facts.snapshot.problem is not None or facts.adapter is not None or not facts.config.ok
-            or not facts.family.is_gemma or not config_ties(facts)[0]):
-        return facts  # nothing tied to untie: no header is read
+            or not facts.family.is_gemma or not _needs_headers(facts)):
+        return facts  # nothing tied to untie, no class to correct: no header is read
     if facts.census is None:
         from gemma_doctor.model import source_of
         from gemma_doctor.readers import dtypes

@@ -198,3 +198,29 @@ def test_the_cure_and_the_consistent_folders_are_silent(cli, made, tmp_path):
     text = tiny_family.save("gemma3_text", tmp_path / "text")
     assert json.loads((text / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
     assert "GD775" not in _check(cli, text, "--with", "vllm==0.20.0")
+
+
+def test_fix_sets_the_class_the_keys_belong_to_and_restore_undoes_it(cli, made, tmp_path):
+    """GD775's cure as a file change: `fix` shows the diff and writes nothing, `--inplace` sets architectures (the
+    config.json edit alone: the weights are never touched), the folder then loads whole as the class it names, and
+    `restore` brings the original back byte for byte."""
+    import transformers as T
+
+    folder = _causal_over_mm(made, tmp_path / "causal")
+    before = (folder / "config.json").read_bytes()
+    weights = (folder / "model.safetensors").read_bytes()
+    dry = cli("fix", str(folder))
+    assert '"Gemma3ForConditionalGeneration"' in dry.out and "GD775" in dry.out, dry
+    assert (folder / "config.json").read_bytes() == before
+    done = cli("fix", str(folder), "--inplace")
+    assert done.code == 0, done
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Gemma3ForConditionalGeneration"]
+    assert (folder / "model.safetensors").read_bytes() == weights
+    assert "GD775" not in _check(cli, folder, "--with", "vllm==0.20.0")
+    cls = getattr(T, json.loads((folder / "config.json").read_text())["architectures"][0])
+    _, info = cls.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"]
+    assert cli("restore", str(folder)).code == 0
+    assert (folder / "config.json").read_bytes() == before
+    # A folder whose keys and class agree has nothing to fix.
+    assert '"Gemma3ForConditionalGeneration"' not in cli("fix", str(made["gemma3"])).out
