@@ -299,7 +299,8 @@ def test_recommend_json_shape(cli, hub):
     assert rec["inputs"] == {"family": "gemma3", "saved_dtype": "bfloat16", "gpu": "A100 (sm_80)", "gpu_backend": "cuda",
                              "native_bf16": True, "quantization": None, "quant_method": None, "task": "dpo"}
     fw = rec["frameworks"]
-    assert set(fw) == {"transformers", "trl", "peft", "axolotl", "accelerate", "unsloth"}
+    assert set(fw) == {"transformers", "trl", "peft", "axolotl", "accelerate", "unsloth", "serving"}
+    assert fw["serving"]["dtype"] == "bfloat16" and m["prescription"]["serving"] == fw["serving"]
     run = m["memory"]["run"]
     ckpt = run["gradient_checkpointing"]
     # transformers 5.23 (installed) names gradient checkpointing activation_checkpointing (the old name warns)
@@ -494,3 +495,30 @@ def test_gd402_is_silent_when_only_the_tensor_layout_says_bitsandbytes(cli, hub)
     m = r.json()["models"][0]
     assert m["dtypes"]["quantization"]["compute_dtype"] is None
     assert "GD402" not in _codes(m)
+
+
+# --- serving: the dtype per engine on the GPU named (issue 26, item 4) ------------------------------------------
+
+@pytest.mark.parametrize("family, native, dtype, vllm_says", [
+    ("gemma3", True, "bfloat16", "--dtype bfloat16"),
+    ("gemma3", False, "float32", "vLLM refuses float16 for Gemma 2/3"),  # activations beyond fp16: never float16
+    ("gemma2", False, "float32", "vLLM refuses float16 for Gemma 2/3"),
+    ("gemma", False, "float16", "--dtype float16"),  # Gemma 1's activations fit fp16
+    ("gemma3", None, "bfloat16", "--dtype bfloat16"),  # unknown GPU: bf16 if it has it, said in the reason
+])
+def test_serving_dtype_follows_the_gpu_and_the_member(family, native, dtype, vllm_says):
+    rec = decide(inputs(family, native))
+    serve = rec.frameworks["serving"]
+    assert serve["dtype"] == dtype and vllm_says in serve["vllm"] and serve["transformers"] == {"dtype": dtype}
+    if native is None:
+        assert "unknown" in serve["reason"] and ("float32" if family != "gemma" else "float16") in serve["reason"]
+
+
+def test_serving_says_to_name_the_dtype_when_the_checkpoint_is_saved_in_float16():
+    rec = decide(inputs("gemma3", True, saved_dtype="float16"))
+    assert "saved in float16, which --dtype auto would keep" in rec.frameworks["serving"]["vllm"]
+
+
+def test_serving_without_a_gpu_states_the_rule():
+    serve = decide(inputs("gemma3", None, backend="none")).frameworks["serving"]
+    assert serve["dtype"] is None and "never float16" in serve["reason"]

@@ -281,7 +281,46 @@ def decide(i: Inputs) -> Recommendation:
     inputs = {"family": i.family, "saved_dtype": saved, "gpu": i.gpu_label, "gpu_backend": i.gpu_backend,
               "native_bf16": i.gpu_native_bf16, "quantization": quant, "quant_method": i.quant_method, "task": i.task}
     method = mem.method if mem is not None else ("qlora" if quant else "lora" if lora else "full")
+    frameworks["serving"] = serving(i, unsafe, fam)
     return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method)
+
+
+# vLLM refuses float16 for these model types ("does not support float16. Reason: Numerical instability"), and its
+# `--dtype auto` then falls back to float32 on a GPU without bf16: vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS
+# and _resolve_auto_dtype (0.33.0); the list has gemma2 and gemma3 since 0.10.0 (vllm/config.py), gemma3_text only
+# later (0.10.0's list lacks it, so `auto` picks float16 for Gemma 3 1B on a T4 there). 0.8.0 has no list and
+# picks the saved dtype. By family label: Gemma 2 and Gemma 3 (gemma3 and gemma3_text).
+VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3"})
+
+
+def serving(i: Inputs, unsafe: bool, fam: str) -> dict[str, Any]:
+    """The dtype to serve the trained model in on the GPU named, per engine: bf16 where the GPU has it natively,
+    else float16 only for a member whose activations fit fp16, else float32 (the training rule, for the same reason)."""
+    if i.gpu_backend == "none":
+        return {"dtype": None, "gpu": i.gpu_label,
+                "reason": "no GPU named: serve in bfloat16 on a GPU with native bf16 (compute capability 8.0+); "
+                          + ("float16 on one without" if not unsafe else f"{fam} in float32 on one without (never float16)")}
+    if i.gpu_native_bf16 is True:
+        dtype, why = "bfloat16", f"{i.gpu_label} has native bf16"
+    elif not unsafe:
+        dtype, why = "float16", f"{i.gpu_label} has no native bf16, and {fam}'s activations fit float16"
+    else:
+        dtype, why = "float32", (f"{i.gpu_label} has no native bf16, and {fam}'s activations exceed float16's 65504 "
+                                 "(inf/NaN, empty or <pad> replies: vllm #18733, #20740)")
+    if i.gpu_native_bf16 is None:
+        why = f"{i.gpu_label}'s bf16 support is unknown: bfloat16 if it has it (compute capability 8.0+), else " + \
+              ("float16" if not unsafe else "float32")
+        dtype = "bfloat16"
+    vllm = f"--dtype {dtype}"
+    if dtype == "float32" and i.family in VLLM_NO_FLOAT16:
+        vllm += (" (vLLM refuses float16 for Gemma 2/3; its --dtype auto falls back to float32 only where its list "
+                 "holds the model type, gemma3_text not in 0.10.0's: say it)")
+    elif dtype == "float32":
+        vllm += " (vLLM's --dtype auto would pick float16 on this GPU: say it)"
+    elif i.saved_dtype == "float16" and dtype != "float16":
+        vllm += " (the checkpoint is saved in float16, which --dtype auto would keep)"
+    return {"dtype": dtype, "gpu": i.gpu_label, "reason": why,
+            "transformers": {"dtype": dtype}, "vllm": vllm}
 
 
 # LoRA on a multimodal checkpoint: the language model's linear layers only (PEFT has no default targets for gemma3,

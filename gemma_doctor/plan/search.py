@@ -77,6 +77,7 @@ class Decision:
                       "target_modules": rec.frameworks["peft"]["target_modules"]} if rec.method != "full" else None),
             "num_gpus": run.num_gpus if run else 1, "zero_stage": run.zero_stage if run and run.num_gpus > 1 else 0,
             "memory": mem.plan.summary() if mem is not None else None,
+            "serving": rec.frameworks.get("serving"),
             "versions": dict(self.versions),
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
         }

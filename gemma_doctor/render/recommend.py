@@ -110,6 +110,12 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             if not mem.choice.fits and mem.choice.reason:
                 lines.append(f"    {escape(mem.choice.reason)}")
             lines.append("    [dim]assumed: " + escape("; ".join(mem.plan.assumptions)) + "[/dim]")
+        serve = rec.frameworks.get("serving") or {}
+        if serve.get("dtype"):
+            lines.append(f"  [bold]serve[/] in {escape(serve['dtype'])} ({escape(serve['reason'])}): vLLM "
+                         f"{escape(serve['vllm'])}; transformers dtype=torch.{escape(serve['dtype'])}")
+        elif serve.get("reason"):
+            lines.append(f"  [bold]serve[/]: {escape(serve['reason'])}")
         lines.append("")
         for key, code in python_snippets(rec, item.model_id).items():
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
