@@ -369,7 +369,10 @@ def test_check_reads_the_launch_line_end_to_end(cli, tmp_path, monkeypatch):
     assert run["sources"]["num_gpus"] == "training config torchrun line: num_processes"
     for bad, said in (("bash train.sh", "is not a launcher"), ("torchrun --nnodes", "has no value"),
                       ("accelerate launch --config_file missing.yaml train.py", "does not exist"),
-                      ("torchrun 'unclosed", "not a command line")):
+                      ("torchrun 'unclosed", "not a command line"),
+                      ("python t.py --" + ".".join(["a"] * 3000) + " 1", "nested deeper"),
+                      ("deepspeed --num_gpus x t.py", "is not a count"),
+                      ("accelerate launch --config_file /dev/null/x t.py", "does not exist")):
         r = cli("check", str(model), "--launch", bad, "--gpu", "A100", "--format", "json", "--fail-on", "never")
         assert r.code == 0 and "Traceback" not in r.err, r
         assert said in json.dumps(r.json()["environment"]["training_config"]), bad

@@ -47,6 +47,10 @@ _ACCELERATE_KEYS = {
 }
 
 
+# The deepest dotted script argument a setting of the key table needs (`--fsdp_config.fsdp_version`), with room.
+_MAX_DOTS = 8
+
+
 class _Bad(ValueError):
     """The line cannot be read as a launch command; the message says why."""
 
@@ -57,6 +61,8 @@ def parse(line: str, cwd: str | None = None) -> TrainingConfig:
         return _parse(line, cwd)
     except _Bad as e:
         return TrainingConfig(WHERE, error=str(e))
+    except RecursionError:
+        return TrainingConfig(WHERE, error="nested too deeply to be a launch command")
 
 
 def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConfig:
@@ -191,6 +197,8 @@ def _script_args(words: list[str]) -> dict[str, Any]:
         if word.startswith("--") and len(word) > 2:
             name, eq, value = word[2:].partition("=")
             name = name.replace("-", "_")
+            if name.count(".") > _MAX_DOTS:
+                raise _Bad(f"--{_shown(name)} is nested deeper than any setting gemma-doctor reads")
             if eq:
                 args[name] = _value(value)
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):
