@@ -146,6 +146,24 @@ def test_gemma3_on_5_5_1_has_no_prescription_that_leaves_gd105_and_says_the_way_
     assert any(b.startswith("GD105") for b in m["blocking"])
 
 
+def test_where_accumulating_is_refused_the_prescription_drops_it_and_says_so(cli, examples, tmp_path):
+    """GD739 (transformers 4.50-4.56 scale Gemma 3's multimodal loss by the accumulation steps) refuses every run that
+    accumulates: the search then prescribes the same run without accumulation (a smaller effective batch) and says why,
+    instead of "none"; the YAML passes check on the same GPU and stack. From 4.57.1 the run accumulates again."""
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.51.0")
+    assert code == 0 and m["prescription"]["gradient_accumulation_steps"] == 1, m["way_out"]
+    assert any(n.startswith("no gradient accumulation") and "GD739" in n for n in m["recommendation"]["notes"])
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.51.0",
+            "--format", "yaml")
+    (tmp_path / "run.yaml").write_text(r.out)
+    c = cli("check", G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.51.0",
+            "--training-config", tmp_path / "run.yaml", "--format", "json", "--fail-on", "warning")
+    assert c.code == 0, [f["code"] for f in c.json()["models"][0]["findings"]]
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.57.1")
+    assert code == 0 and m["prescription"]["gradient_accumulation_steps"] > 1
+    assert not any(n.startswith("no gradient accumulation") for n in m["recommendation"]["notes"])
+
+
 def test_headline_snippets_yaml_and_json_say_the_same_checkpointing(cli, examples):
     """The headline said gradient checkpointing, the snippet dropped it (Gemma 4 on an H100)."""
     for gpu in ("H100", "L4", "T4"):

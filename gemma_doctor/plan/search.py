@@ -106,21 +106,21 @@ _CANDIDATES_LOCK = threading.Lock()
 
 
 def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
-               relax_batch: bool = False) -> Iterator[MemoryPlan]:
+               relax_batch: bool = False, accumulate: bool = True) -> Iterator[MemoryPlan]:
     """Runs in the order of preference whose memory verdict is in ``accept`` (every run when the GPU is unknown).
 
     The plans are pure functions of the arguments: the models of one architecture in a cache get the same ones, so
     they are made once per process, as far as a search has asked for them."""
     try:
-        key = (shape, req, accept, relax_batch)
+        key = (shape, req, accept, relax_batch, accumulate)
         made = _CANDIDATES.get(key)
     except TypeError:  # an unhashable part: made as they are
-        yield from _candidates(shape, req, accept, relax_batch)
+        yield from _candidates(shape, req, accept, relax_batch, accumulate)
         return
     if made is None:
         if len(_CANDIDATES) >= 256:
             _CANDIDATES.clear()
-        made = _CANDIDATES[key] = ([], _candidates(shape, req, accept, relax_batch))
+        made = _CANDIDATES[key] = ([], _candidates(shape, req, accept, relax_batch, accumulate))
     plans, more = made
     i = 0
     while True:
@@ -136,7 +136,7 @@ def candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ..
 
 
 def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, ...] = ("fits",),
-                relax_batch: bool = False) -> Iterator[MemoryPlan]:
+                relax_batch: bool = False, accumulate: bool = True) -> Iterator[MemoryPlan]:
     base, fixed = req.base, set(req.fixed)
     methods = (base.method,) if "method" in fixed else METHODS
     n = base.num_gpus
@@ -162,7 +162,8 @@ def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, .
                 # before a smaller batch (and a model that must not checkpoint still gets every batch).
                 for b in batches:
                     for ck in ckpts:
-                        acc = base.gradient_accumulation_steps if batch_fixed else max(1, -(-target // b))
+                        acc = (base.gradient_accumulation_steps if batch_fixed else max(1, -(-target // b))) \
+                            if accumulate else 1
                         key = (method, stage, attention, ck, b, acc)
                         if key in seen:
                             continue
@@ -378,18 +379,25 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     judged = 0
     nearest: Judged | None = None
     rejected: list[_Rejected] = []
-    for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
-        if relax and "batch_size" not in req.fixed:
-            continue
-        for plan in candidates(shape, req, accept, relax_batch=relax):
+    passes: list[tuple[tuple[str, ...], bool, bool]] = [
+        (("fits",), False, True), (("tight",), False, True), (("fits",), True, True), (("tight",), True, True)]
+    while passes:
+        accept, relax, accumulate = passes.pop(0)
+        skip = relax and "batch_size" not in req.fixed
+        for plan in () if skip else candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
             if judged >= MAX_JUDGED:
                 break
             tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
             judged += 1
             if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                 j = tried()
-                return Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
+                rec = j.recommendation if accumulate else _without_accumulation(j.recommendation, rejected)
+                return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
             rejected.append(tried)
+        if not passes and accumulate and _accumulation_blocked(rejected, req):
+            # Every run that accumulates was refused for accumulating (GD739: the Trainer scales Gemma 3's loss by
+            # the steps on transformers 4.50-4.56): the same runs without accumulation, a smaller effective batch.
+            passes = [(("fits",), False, False), (("tight",), False, False)]
     # None passes: the nearest is the first with the fewest blocking findings, every rule run on each.
     for tried in rejected:
         j = tried()
@@ -404,6 +412,22 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                             versions=_versions(inputs))
     return Decision(None, None, None, (), tuple(way_out(shape, req, nearest, gpu)), judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+
+
+_ACCUMULATION = "gradient_accumulation_steps"
+
+
+def _accumulation_blocked(rejected: list[_Rejected], req: runplan.RunRequest) -> bool:
+    """A rejected candidate was refused by a finding on its gradient accumulation, which the user did not fix."""
+    return _ACCUMULATION not in req.fixed and any(
+        (f.key or "").endswith(_ACCUMULATION) for t in rejected for f in t.findings)
+
+
+def _without_accumulation(rec: recommend.Recommendation, rejected: list[_Rejected]) -> recommend.Recommendation:
+    """The prescription found without accumulation, saying why the effective batch is smaller."""
+    why = next(f for t in rejected for f in t.findings if (f.key or "").endswith(_ACCUMULATION))
+    return replace(rec, notes=rec.notes + (f"no gradient accumulation, so a smaller effective batch: every run that "
+                                           f"accumulates was refused ({why.code}: {why.fix or why.message})",))
 
 
 # The libraries whose versions a prescription depends on (its snippets' argument names, the windows it was judged by).
