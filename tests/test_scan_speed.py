@@ -118,20 +118,26 @@ def _reference_prescribe(facts, env, options, gpu, shape, quantization=None):
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"))
     req = search._with_quantization(req, first)
-    judged, nearest = 0, None
-    for accept, relax in ((("fits",), False), (("tight",), False), (("fits",), True), (("tight",), True)):
-        if relax and "batch_size" not in req.fixed:
-            continue
-        for plan in search.candidates(shape, req, accept, relax_batch=relax):
-            if judged >= search.MAX_JUDGED:
-                break
-            j = search.judge(facts, env, options, gpu, shape, plan, req, inputs)
-            judged += 1
-            if not j.blocking:
-                return search.Decision(j.recommendation, j.memory, j.yaml, j.findings, (), judged,
-                                       versions=search._versions(inputs))
-            if nearest is None or len(j.blocking) < len(nearest.blocking):
-                nearest = j
+    judged, nearest, full = 0, None, []
+    passes = [(("fits",), False, True), (("tight",), False, True), (("fits",), True, True), (("tight",), True, True)]
+    while passes:
+        for accept, relax, accumulate in passes:
+            if relax and "batch_size" not in req.fixed:
+                continue
+            for plan in search.candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
+                if judged >= search.MAX_JUDGED:
+                    break
+                j = search.judge(facts, env, options, gpu, shape, plan, req, inputs)
+                judged += 1
+                if not j.blocking:
+                    rec = j.recommendation if accumulate else search._without_accumulation(j.recommendation, full)
+                    return search.Decision(rec, j.memory, j.yaml, j.findings, (), judged,
+                                           versions=search._versions(inputs))
+                full.append(j)
+                if nearest is None or len(j.blocking) < len(nearest.blocking):
+                    nearest = j
+        again = passes[0][2] and any(search._on_accumulation(j.blocking) for j in full)
+        passes = [(("fits",), False, False), (("tight",), False, False)] if again else []
     if nearest is None:
         nearest = search.judge(facts, env, options, gpu, shape, search._smallest(shape, req), req, inputs)
         judged += 1

@@ -379,28 +379,31 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     judged = 0
     nearest: Judged | None = None
     rejected: list[_Rejected] = []
+    full: list[Judged] = []  # the rejected, finished by every rule (for the nearest), in the order tried
     passes: list[tuple[tuple[str, ...], bool, bool]] = [
         (("fits",), False, True), (("tight",), False, True), (("fits",), True, True), (("tight",), True, True)]
     while passes:
-        accept, relax, accumulate = passes.pop(0)
-        skip = relax and "batch_size" not in req.fixed
-        for plan in () if skip else candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
-            if judged >= MAX_JUDGED:
-                break
-            tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
-            judged += 1
-            if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
-                j = tried()
-                rec = j.recommendation if accumulate else _without_accumulation(j.recommendation, rejected)
-                return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
-            rejected.append(tried)
-        if not passes and accumulate and _accumulation_blocked(rejected, req):
-            # Every run that accumulates was refused for accumulating (GD739: the Trainer scales Gemma 3's loss by
-            # the steps on transformers 4.50-4.56): the same runs without accumulation, a smaller effective batch.
-            passes = [(("fits",), False, False), (("tight",), False, False)]
-    # None passes: the nearest is the first with the fewest blocking findings, every rule run on each.
-    for tried in rejected:
-        j = tried()
+        for accept, relax, accumulate in passes:
+            if relax and "batch_size" not in req.fixed:
+                continue
+            for plan in candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
+                if judged >= MAX_JUDGED:
+                    break
+                tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
+                judged += 1
+                if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
+                    j = tried()
+                    rec = j.recommendation if accumulate else _without_accumulation(j.recommendation, full)
+                    return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
+                rejected.append(tried)
+        # None passes: each rejected run is told by all its findings (the nearest is chosen by them).
+        full.extend(t() for t in rejected[len(full):])
+        # Every run that accumulates refused for accumulating (GD739: the Trainer scales Gemma 3's loss by the steps
+        # on transformers 4.50-4.56): the same runs without accumulation, a smaller effective batch, once.
+        again = passes[0][2] and any(_on_accumulation(j.blocking) for j in full)
+        passes = [(("fits",), False, False), (("tight",), False, False)] if again else []
+    # The nearest is the first with the fewest blocking findings.
+    for j in full:
         if nearest is None or len(j.blocking) < len(nearest.blocking):
             nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
@@ -417,15 +420,14 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
 _ACCUMULATION = "gradient_accumulation_steps"
 
 
-def _accumulation_blocked(rejected: list[_Rejected], req: runplan.RunRequest) -> bool:
-    """A rejected candidate was refused by a finding on its gradient accumulation, which the user did not fix."""
-    return _ACCUMULATION not in req.fixed and any(
-        (f.key or "").endswith(_ACCUMULATION) for t in rejected for f in t.findings)
+def _on_accumulation(findings: tuple[Finding, ...]) -> bool:
+    """A finding on the run's gradient accumulation is among ``findings``."""
+    return any((f.key or "").endswith(_ACCUMULATION) for f in findings)
 
 
-def _without_accumulation(rec: recommend.Recommendation, rejected: list[_Rejected]) -> recommend.Recommendation:
+def _without_accumulation(rec: recommend.Recommendation, full: list[Judged]) -> recommend.Recommendation:
     """The prescription found without accumulation, saying why the effective batch is smaller."""
-    why = next(f for t in rejected for f in t.findings if (f.key or "").endswith(_ACCUMULATION))
+    why = next(f for j in full for f in j.blocking if (f.key or "").endswith(_ACCUMULATION))
     return replace(rec, notes=rec.notes + (f"no gradient accumulation, so a smaller effective batch: every run that "
                                            f"accumulates was refused ({why.code}: {why.fix or why.message})",))
 
