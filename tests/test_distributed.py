@@ -315,6 +315,9 @@ def lint_launch(line: str, model: str, cwd: Path, **versions: str):
     # the same run spelled with accelerate's flags alone
     ("accelerate launch --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --num_processes 8 train.py",
      [("GD660", "error")]),
+    # dash spellings, and a switch before the script (accelerate 1.15.0's parser: --debug takes no value)
+    ("accelerate launch --use-fsdp --debug --fsdp-auto-wrap-policy TRANSFORMER_BASED_WRAP train.py --bf16",
+     [("GD660", "error")]),
     # the cure on the line: the class list the finding names
     ("accelerate launch --config_file fsdp.yaml --fsdp_transformer_layer_cls_to_wrap Gemma4TextDecoderLayer train.py",
      []),

@@ -21,16 +21,18 @@ from gemma_doctor.readers.training_config import Setting, TrainingConfig
 
 WHERE = "launch command"
 
-# accelerate launch options that take no value (accelerate 1.x commands/launch.py); every other --option takes one.
+# The launchers' options that take no value (every other option takes one), spelled with underscores (a dash
+# spelling matches too): accelerate 1.15.0's launch_command_parser, torch 2.13.0's torch.distributed.run
+# get_args_parser (both read from the parsers' store_true actions), DeepSpeed 0.19.8's launcher/runner.py.
 _ACCELERATE_SWITCHES = frozenset({
-    "--cpu", "--multi_gpu", "--tpu", "--use_xpu", "--use_deepspeed", "--use_fsdp", "--use_parallelism_config",
-    "--use_megatron_lm", "--quiet", "-q", "--no_python", "--module", "-m", "--debug", "--same_network",
-    "--enable_cpu_affinity", "--dynamo_use_fullgraph", "--dynamo_use_dynamic", "--dynamo_use_regional_compilation",
-    "--tpu_use_cluster", "--tpu_use_sudo", "--downcast_bf16", "--monitor_interval_switch",
+    "--cpu", "--debug", "--downcast_bf16", "--dynamo_use_dynamic", "--dynamo_use_fullgraph",
+    "--dynamo_use_regional_compilation", "--enable_cpu_affinity", "--fp8_use_autocast_during_eval", "--module",
+    "--multi_gpu", "--no_python", "--no_tpu_cluster", "--quiet", "--same_network", "--tpu", "--tpu_cluster",
+    "--tpu_use_sudo", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "-m", "-q",
 })
-_TORCHRUN_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "-m", "--module"})
-_DEEPSPEED_SWITCHES = frozenset({"--no_python", "--module", "--no_local_rank", "--force_multi", "--bind_cores_to_rank",
-                                 "--no_ssh", "--no_ssh_check", "--enable_each_rank_log", "--save_pid"})
+_TORCHRUN_SWITCHES = frozenset({"--module", "--no_python", "--run_path", "--standalone", "--virtual_local_rank", "-m"})
+_DEEPSPEED_SWITCHES = frozenset({"--bind_cores_to_rank", "--force_multi", "--module", "--no_local_rank", "--no_python",
+                                 "--no_ssh", "--no_ssh_check", "--quiet", "--save_pid", "-q"})
 # accelerate launch flag -> the key an accelerate config file holds it under (readers/training_config.py's KEYS).
 _ACCELERATE_KEYS = {
     "num_processes": "num_processes", "num_machines": "num_machines", "mixed_precision": "mixed_precision",
@@ -174,7 +176,7 @@ def _split(words: list[str], switches: frozenset[str]) -> tuple[dict[str, Any], 
         name, eq, value = word.partition("=")
         if eq:
             options[name.lstrip("-")] = value
-        elif name in switches or name.replace("-", "_") in switches:
+        elif _spelled(name) in switches:
             options[name.lstrip("-")] = True
             if name in ("-m", "--module"):  # the script is a module: its name is the next word
                 return options, words[i + 1:]
@@ -185,6 +187,12 @@ def _split(words: list[str], switches: frozenset[str]) -> tuple[dict[str, Any], 
             raise _Bad(f"{_shown(name)} has no value")
         i += 1
     return options, []
+
+
+def _spelled(option: str) -> str:
+    """``--use-fsdp`` as ``--use_fsdp``: the launchers accept both."""
+    dashes = len(option) - len(option.lstrip("-"))
+    return option[:dashes] + option[dashes:].replace("-", "_")
 
 
 def _script_args(words: list[str]) -> dict[str, Any]:
