@@ -278,3 +278,119 @@ def test_versions_parsed_once_are_versions(text):
         return
     assert stack.version_of(text) == want and stack.version_of(text) is stack.version_of(text)
     assert versioning.parse(text) == want and str(versioning.parse(text)) == str(want)
+
+
+# --- a model's judgement remembered across models equal but for their names (gemma_doctor/memo.py) -----------------
+
+def _weights(dtype: str) -> bytes:
+    """A valid safetensors file of two small tensors (Gemma 3 names) in ``dtype``."""
+    import json
+
+    width = {"BF16": 2, "F32": 4}[dtype]
+    tensors, offset = {}, 0
+    for name, n in (("language_model.model.embed_tokens.weight", 64), ("language_model.model.norm.weight", 8)):
+        tensors[name] = {"dtype": dtype, "shape": [n], "data_offsets": [offset, offset + width * n]}
+        offset += width * n
+    header = json.dumps(tensors).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + b"\0" * offset
+
+
+@pytest.fixture
+def fine_tunes(tmp_path):
+    """Six fine-tunes of one base: tune-2, tune-5 and tune-6 equal to tune-1 but for their names, tune-3 differing in
+    one config value that no rule looks at, tune-4 in one tensor's dtype; and a Llama."""
+    from tests.builders import HubCache, gemma3_12b_config, generation_config, llama_config, variant
+
+    hub = HubCache(tmp_path / "hub")
+    cfg, gen = gemma3_12b_config(), generation_config()
+    for repo, config, weights in (("org-a/tune-1", cfg, _weights("BF16")), ("org-b/tune-2", cfg, _weights("BF16")),
+                                  ("org-a/tune-3", variant(cfg, boi_token_index=255998), _weights("BF16")),
+                                  ("org-c/tune-4", cfg, _weights("F32")), ("org-d/tune-5", cfg, _weights("BF16")),
+                                  ("org-d/tune-6", cfg, _weights("BF16"))):
+        hub.add(repo, {"config.json": variant(config, _name_or_path=f"/home/me/runs/{repo.split('/')[1]}"),
+                       "generation_config.json": gen, "model.safetensors": weights})
+    # An older revision of tune-1, its config naming the repo itself: checked with --all-revisions.
+    hub.add("org-a/tune-1", {"config.json": variant(cfg, _name_or_path="org-a/tune-1"), "generation_config.json": gen,
+                             "model.safetensors": _weights("BF16")}, refs=("v1",))
+    hub.add("meta/llama", {"config.json": llama_config()})
+    return hub.root
+
+
+def _decisions(monkeypatch) -> list[str]:
+    """The repos judged (pipeline.decide): the first model of some config text and the first of some facts as they
+    are, the next of those facts on the stand-ins (its judgement then kept), any further one not at all."""
+    from gemma_doctor import pipeline
+
+    judged: list[str] = []
+    real = pipeline.decide
+
+    def decide(facts, options, env):
+        judged.append(facts.snapshot.repo_id)
+        return real(facts, options, env)
+
+    monkeypatch.setattr(pipeline, "decide", decide)
+    return judged
+
+
+def test_models_equal_but_for_their_names_share_one_judgement_and_no_other(cli, fine_tunes, monkeypatch):
+    judged = _decisions(monkeypatch)
+    from gemma_doctor import memo
+
+    got = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
+    # tune-1 and tune-2 judged as they are, tune-5 on the stand-ins, tune-6 served that; tune-3 (one config value) and
+    # tune-4 (one dtype) judged on their own.
+    assert sorted(judged) == sorted(["org-a/tune-1", "org-b/tune-2", memo.REPO, "org-a/tune-3", "org-c/tune-4"])
+    monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+    judged.clear()
+    want = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
+    assert len(judged) == 6 and "gdmemo" not in want.out
+    assert (got.code, got.out) == (want.code, want.out)
+    import json
+
+    models = {m["repo_id"]: m for m in json.loads(got.out)["models"]}
+    # What names the repo is the repo's own: the snippets and the prescription's training config.
+    for own in ("org-b/tune-2", "org-d/tune-5", "org-d/tune-6"):
+        text = json.dumps(models[own])
+        assert own in json.dumps(models[own]["recommendation"]) and "org-a/tune-1" not in text
+    assert models["org-c/tune-4"]["dtypes"] != models["org-a/tune-1"]["dtypes"]
+
+
+def test_one_fact_apart_is_another_key(fine_tunes):
+    """The memo key of each fine-tune: equal for tune-1 and tune-2 only (names renamed), different for one config
+    value, one tensor dtype, and a config that names the repo itself against one that names a folder."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    snaps = locate.resolve([], fine_tunes, "main", True)
+    models, _ = pipeline.select(snaps, explicit=False)
+    keys = {}
+    for m in models:
+        f = pipeline.read_more(m, CheckOptions())
+        r = memo.renaming_for(f)
+        assert r is not None, m.snapshot.target
+        keys[(m.snapshot.repo_id, m.snapshot.revision)] = memo._canonical(f, r)[1]
+    one = keys[("org-a/tune-1", "main")]
+    assert keys[("org-b/tune-2", "main")] == one == keys[("org-d/tune-5", "main")] == keys[("org-d/tune-6", "main")]
+    assert keys[("org-a/tune-3", "main")] != one
+    assert keys[("org-c/tune-4", "main")] != one
+    assert keys[("org-a/tune-1", "v1")] != one  # "_name_or_path" names the repo itself, not another folder
+
+
+MEMO_SCENARIOS = [
+    ("check",), ("check", "--all-revisions"), ("check", "--gpu", "T4", "--task", "dpo"),
+    ("check", "--with", "transformers==5.5.1"), ("check", "--weights"), ("list",), ("list", "--all-revisions"),
+]
+
+
+@pytest.mark.parametrize("args", MEMO_SCENARIOS, ids=" ".join)
+@pytest.mark.parametrize("where", ["examples", "fine_tunes"])
+def test_memoised_scan_is_the_scan_without_the_memo(cli, request, monkeypatch, args, where):
+    cache = request.getfixturevalue(where)
+    extra = ("--fail-on", "never") if args[0] == "check" else ()
+    for fmt in ("json", "text"):
+        got = cli(*args, "--cache-dir", cache, "--format", fmt, *extra)
+        with monkeypatch.context() as m:
+            m.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+            want = cli(*args, "--cache-dir", cache, "--format", fmt, *extra)
+        assert (got.code, got.out, got.err) == (want.code, want.out, want.err)
