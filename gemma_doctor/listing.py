@@ -120,7 +120,7 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     rows: list[Row] = []
     for facts in models:
         # check's findings (pipeline.model_report's own), without the JSON blocks a row does not show
-        facts, findings = pipeline.judged(facts, options, env)
+        facts, findings = pipeline.judged(facts, options, env, memoise=len(models) > 1)
         counts = {"error": 0, "warning": 0, "info": 0}
         for f in findings:
             counts[f.severity.value] += 1

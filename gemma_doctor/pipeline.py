@@ -72,16 +72,22 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
     return with_decision(facts, options, env, gpu)
 
 
-def judged(facts: ModelFacts, options: CheckOptions, env: Environment) -> tuple[ModelFacts, tuple[Finding, ...]]:
-    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). The decision and the
-    findings are remembered across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
-    from gemma_doctor import memo
+def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
+           memoise: bool = True) -> tuple[ModelFacts, tuple[Finding, ...]]:
+    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). With ``memoise`` (a
+    scan of several models), the decision and the findings are remembered across models whose facts are equal but for
+    their names (gemma_doctor/memo.py)."""
 
     def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Finding, ...]]:
         f = decide(f, options, env)
         return f, rules.run(f, env, options)
 
-    return memo.judged(read_more(facts, options), env, options, judge)
+    facts = read_more(facts, options)
+    if not memoise or not facts.family.is_gemma:
+        return judge(facts)
+    from gemma_doctor import memo
+
+    return memo.judged(facts, env, options, judge)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -205,7 +211,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     env = environment(options)
     reports = []
     for m in models:
-        facts, findings = judged(m, options, env)
+        facts, findings = judged(m, options, env, memoise=len(models) > 1)
         reports.append(model_report(facts, env, options, findings))
     return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
