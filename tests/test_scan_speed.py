@@ -240,6 +240,35 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
         assert got_a == want and got_b == want and list(search.candidates(shape, req, accept)) == want
 
 
+@pytest.mark.parametrize("family,size,gpu_bytes", [("gemma3", "12b", None), ("gemma3", "1b", 16 * 2**30),
+                                                   ("gemma4", "e2b", 24 * 2**30), ("gemma2", "9b", 80 * 2**30)])
+def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
+    """memory.with_sources (runplan._finish's relabelling) makes only the source-dependent assumption lines again: the
+    result equals plan() of the relabelled run, for every candidate run (methods, QLoRA notes, ZeRO lines, RL tasks),
+    and for a plan not as plan() made it."""
+    from dataclasses import replace
+
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape(family, size)
+    checked = 0
+    for task in ("sft", "dpo"):
+        for n in (1, 4):
+            req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(
+                num_gpus=n), training_config=None, task=task)
+            req = replace(req, gpu_bytes=gpu_bytes)
+            for p in search._candidates(shape, req, ("fits", "tight", "does-not-fit")):
+                sources = tuple(sorted({**dict(p.run.sources), "method": "chosen by the search",
+                                        "lora": "chosen by the search", "seq_len": "--seq-len"}.items()))
+                run = replace(p.run, sources=sources)
+                want = replace(p, run=run, assumptions=memory.plan(shape, run, gpu_bytes, None).assumptions)
+                assert memory.with_sources(p, shape, sources, gpu_bytes, None) == want
+                relabelled = replace(p, run=replace(p.run, sources=(("method", "x"),)), assumptions=p.assumptions + ("y",))
+                assert memory.with_sources(relabelled, shape, sources, gpu_bytes, None) == want
+                checked += 1
+    assert checked > 20
+
+
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
     """The read-back of every training config the search renders (every scenario above) composes with libyaml's
     parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""

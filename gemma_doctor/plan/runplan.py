@@ -291,8 +291,8 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
     if "lora" not in chosen and plan.run.method != "full" and any(v == "chosen by the search" for v in chosen.values()):
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
-    plan = replace(plan, run=replace(plan.run, sources=tuple(sorted(chosen.items()))))
-    plan = replace(plan, assumptions=memory.plan(shape, plan.run, gpu_bytes, gpu_name).assumptions + extra)
+    plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)
+    plan = replace(plan, assumptions=plan.assumptions + extra)
     return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
 
 
