@@ -269,6 +269,30 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
     assert checked > 20
 
 
+def test_frozen_replace_is_dataclasses_replace():
+    """frozen.replace (the copies the search makes per candidate) gives what dataclasses.replace gives: equal fields in
+    the same order, nothing else of the old object carried over; __post_init__ classes and unknown names go the
+    dataclasses way (validation, TypeError)."""
+    import dataclasses
+
+    from gemma_doctor import frozen
+    from gemma_doctor.errors import UsageError
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape("gemma3", "1b")
+    p = memory.plan(shape, memory.RunSpec(method="lora"), 16 * 2**30, None)
+    for obj, changes in ((p.run, {"batch_size": 2, "attention": "eager"}), (p, {"assumptions": ("x",)}),
+                         (p, {})):
+        got, want = frozen.replace(obj, **changes), dataclasses.replace(obj, **changes)
+        assert got == want and type(got) is type(want) and list(vars(got)) == list(vars(want))
+        assert [getattr(got, f.name) for f in dataclasses.fields(got)] == [getattr(want, f.name) for f in dataclasses.fields(want)]
+    assert "_source_lines" in vars(p) and "_source_lines" not in vars(frozen.replace(p, gpu_name="x"))
+    with pytest.raises(UsageError):  # MemoryRequest validates in __post_init__: not skipped
+        frozen.replace(runplan.MemoryRequest(), method="nope")
+    with pytest.raises(TypeError):
+        frozen.replace(p.run, no_such_field=1)
+
+
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
     """The read-back of every training config the search renders (every scenario above) composes with libyaml's
     parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""

@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from gemma_doctor import frozen
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 METHODS = ("full", "lora", "qlora")
@@ -784,13 +786,13 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
     """``p`` with its run's ``sources`` and the assumptions of ``plan(shape, that run, gpu_bytes, gpu_name)``, the rest
     of ``p`` kept. plan() reads the sources only for its first assumption lines (_assumptions), so for a plan as plan()
     made it (it marks how many lines those are) only they are made again; any other plan is planned anew."""
-    run = replace(p.run, sources=sources)
+    run = frozen.replace(p.run, sources=sources)
     lines = p.__dict__.get("_source_lines")
     if lines is None or p.shape != shape:
         return replace(p, run=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
     wbytes = DTYPE_BYTES.get(run.load_dtype, 2)
     towers = shape.params.towers if run.text_only else 0
-    return replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
+    return frozen.replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
 
 
 def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> list[str]:

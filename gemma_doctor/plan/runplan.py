@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from gemma_doctor import gpus
+from gemma_doctor import frozen, gpus
 from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
@@ -292,7 +292,7 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
     plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)
-    plan = replace(plan, assumptions=plan.assumptions + extra)
+    plan = frozen.replace(plan, assumptions=plan.assumptions + extra)
     return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
 
 
