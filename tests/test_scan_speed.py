@@ -269,6 +269,24 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
     assert checked > 20
 
 
+@pytest.mark.parametrize("text", YAML_TEXTS[:5])
+def test_request_remembered_is_the_request(text):
+    """runplan._request_spec (plan_memory's request, remembered per process) is request_spec's own answer for each
+    training config and GPU, however many times it is asked and in whatever order."""
+    from gemma_doctor.plan import runplan
+    from gemma_doctor.readers import gpu as gpu_reader
+
+    tc = tc_reader.parse(text, "t.yaml", yaml_first=True)
+    asks = [("bf16", gpu_reader.resolve(g), g, runplan.MemoryRequest(**r), c, task)
+            for g in (None, "A100", "T4") for r in ({}, {"batch_size": 2}, {"gpu_memory": 8 * 2**30})
+            for c in (tc, None) for task in ("sft", "dpo")]
+    runplan._REQUESTS.clear()
+    for ask in asks + asks[::-1]:
+        want = runplan.request_spec(precision=ask[0], gpu=ask[1], gpu_spec=ask[2], request=ask[3],
+                                    training_config=ask[4], task=ask[5])
+        assert runplan._request_spec(*ask) == want
+
+
 def test_frozen_replace_is_dataclasses_replace():
     """frozen.replace (the copies the search makes per candidate) gives what dataclasses.replace gives: equal fields in
     the same order, nothing else of the old object carried over; __post_init__ classes and unknown names go the
