@@ -4,8 +4,8 @@
    `gemma-doctor check google/gemma-3-12b-it` vs `hf cache ls`, and which heavy modules `check` imports
    (torch and transformers must not be among them).
 2. Synthetic caches of 1,000 and 2,000 repos x 2 revisions (half Gemma-family, built with
-   tests/builders.HubCache): `gemma-doctor check` (no target) vs `hf cache ls`; 2,000 must stay within
-   2.2x of 1,000. `list` on the same caches, and with --baseline TREE the check of another checkout.
+   tests/builders.HubCache), in two shapes (--shapes): Gemma repos equal but for their names, and no two alike:
+   `gemma-doctor check` (no target) vs `hf cache ls`; 2,000 must stay within 2.2x of 1,000. `list` on the same caches, and with --baseline TREE the check of another checkout.
 Wall and CPU (user + system) medians of --runs runs, alternating the commands. Run: .venv/bin/python benchmarks/startup.py [--runs 7]
 """
 
@@ -42,13 +42,21 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(%r))), file
 """ % (HEAVY,)
 
 
-def build_cache(root: Path, repos: int) -> float:
-    """``repos`` repos x 2 revisions (main and an older detached one), half of them Gemma 3."""
+def build_cache(root: Path, repos: int, shape: str = "same") -> float:
+    """``repos`` repos x 2 revisions (main and an older detached one), half of them Gemma 3.
+
+    ``same``: every Gemma repo is gemma-3-12b-it's config but for its names (a team's fine-tunes of one base: gemma-doctor
+    judges one and serves the rest, gemma_doctor/memo.py). ``distinct``: no two Gemma repos share their facts (the
+    text model's layer count and MLP width differ per repo), so each is judged on its own."""
     t0 = time.perf_counter()
     hub = HubCache(root)
     gem, gen, other = gemma3_12b_config(), generation_config(), llama_config()
     for i in range(repos):
         cfg = gem if i % 2 == 0 else other
+        if shape == "distinct" and i % 2 == 0:
+            j = i // 2
+            text = dict(gem["text_config"], num_hidden_layers=8 + j % 40, intermediate_size=15360 + 256 * (j // 40))
+            cfg = variant(gem, text_config=text)
         repo = f"org{i % 37}/model-{i:05d}"
         hub.add(repo, {"config.json": variant(cfg, _name_or_path=f"old-{i}"), "generation_config.json": gen}, refs=())
         hub.add(repo, {"config.json": variant(cfg, _name_or_path=repo), "generation_config.json": gen})
@@ -98,6 +106,8 @@ def main() -> None:
     ap.add_argument("--repos", type=int, default=1000)
     ap.add_argument("--sizes", type=int, nargs="+", metavar="N",
                     help="cache sizes to scan (default: --repos and twice it; growth is from the first to the second)")
+    ap.add_argument("--shapes", nargs="+", choices=("same", "distinct"), default=["same", "distinct"],
+                    help="cache shapes: Gemma repos equal but for their names (same), or no two alike (distinct)")
     ap.add_argument("--baseline", metavar="TREE", help="also time the whole-cache scans of another checkout (a git "
                     "worktree of an older commit), both trees run as `python -m gemma_doctor`, alternated in one run")
     args = ap.parse_args()
@@ -122,32 +132,40 @@ def main() -> None:
         print(f"\none repo, median of {args.runs}: check {a * 1000:.0f} ms, hf cache ls {b * 1000:.0f} ms, ratio {a / b:.2f}"
               f"  (CPU: {cpu['gemma-doctor check <repo>'] * 1000:.0f} ms vs {cpu['hf cache ls'] * 1000:.0f} ms)")
 
-        scans: dict[int, dict[str, float]] = {}
-        for n in args.sizes or (args.repos, 2 * args.repos):
-            cache = Path(tmp) / f"c{n}"
-            built = build_cache(cache, n)
-            scan = ["check", "--cache-dir", str(cache), "--fail-on", "never"]
-            listing = ["list", "--cache-dir", str(cache)]
-            scans[n] = compare({"check": [doctor, *scan], "list": [doctor, *listing],
-                                "hf": [hf, "cache", "ls", "--cache-dir", str(cache)],
-                                **{k: [*v, *scan] for k, v in trees.items()}}, args.runs)
-            c, li, h = scans[n]["check"], scans[n]["list"], scans[n]["hf"]
-            print(f"{n} repos x 2 revisions (built in {built:.1f} s), median of {args.runs}: check {c:.3f} s, "
-                  f"list {li:.3f} s, hf cache ls {h:.3f} s, ratio check {c / h:.2f}, list {li / h:.2f}")
-            print(f"  CPU seconds: check {cpu['check']:.3f}, list {cpu['list']:.3f}, hf cache ls {cpu['hf']:.3f}, "
-                  f"ratio check {cpu['check'] / cpu['hf']:.2f}, list {cpu['list'] / cpu['hf']:.2f}")
-            scans[n].update({f"cpu {k}": v for k, v in cpu.items()})
-            if trees:
-                t, b = scans[n]["this tree"], scans[n]["baseline"]
-                print(f"  python -m gemma_doctor check: this tree {t:.3f} s, baseline {b:.3f} s, this / baseline "
-                      f"{t / b:.2f} (CPU {cpu['this tree']:.3f} vs {cpu['baseline']:.3f}: {cpu['this tree'] / cpu['baseline']:.2f})")
-            shutil.rmtree(cache)
-        sizes = list(scans)
-        if len(sizes) >= 2:
-            n1, n2 = sizes[:2]
-            print(f"growth {n1} -> {n2} repos: check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "
-                  f"list {scans[n2]['list'] / scans[n1]['list']:.2f}x, "
-                  f"hf cache ls {scans[n2]['hf'] / scans[n1]['hf']:.2f}x (target <= 2.2x)")
+        for shape in args.shapes:
+            scans: dict[int, dict[str, float]] = {}
+            print(f"\ncache shape: {shape}")
+            for n in args.sizes or (args.repos, 2 * args.repos):
+                cache = Path(tmp) / f"c{n}"
+                built = build_cache(cache, n, shape)
+                scans[n] = scan_cache(cache, n, built, doctor, hf, trees, args.runs)
+                shutil.rmtree(cache)
+            sizes = list(scans)
+            if len(sizes) >= 2:
+                n1, n2 = sizes[:2]
+                print(f"growth {n1} -> {n2} repos ({shape}): check {scans[n2]['check'] / scans[n1]['check']:.2f}x, "
+                      f"list {scans[n2]['list'] / scans[n1]['list']:.2f}x, "
+                      f"hf cache ls {scans[n2]['hf'] / scans[n1]['hf']:.2f}x (target <= 2.2x)")
+
+
+def scan_cache(cache: Path, n: int, built: float, doctor: str, hf: str, trees: dict[str, list[str]],
+               runs: int) -> dict[str, float]:
+    """check, list and `hf cache ls` (and the baseline's check) on one cache, alternated; the figures printed."""
+    scan = ["check", "--cache-dir", str(cache), "--fail-on", "never"]
+    listing = ["list", "--cache-dir", str(cache)]
+    out = compare({"check": [doctor, *scan], "list": [doctor, *listing], "hf": [hf, "cache", "ls", "--cache-dir", str(cache)],
+                   **{k: [*v, *scan] for k, v in trees.items()}}, runs)
+    c, li, h = out["check"], out["list"], out["hf"]
+    print(f"{n} repos x 2 revisions (built in {built:.1f} s), median of {runs}: check {c:.3f} s, "
+          f"list {li:.3f} s, hf cache ls {h:.3f} s, ratio check {c / h:.2f}, list {li / h:.2f}")
+    print(f"  CPU seconds: check {cpu['check']:.3f}, list {cpu['list']:.3f}, hf cache ls {cpu['hf']:.3f}, "
+          f"ratio check {cpu['check'] / cpu['hf']:.2f}, list {cpu['list'] / cpu['hf']:.2f}")
+    out.update({f"cpu {k}": v for k, v in cpu.items()})
+    if trees:
+        t, b = out["this tree"], out["baseline"]
+        print(f"  python -m gemma_doctor check: this tree {t:.3f} s, baseline {b:.3f} s, this / baseline "
+              f"{t / b:.2f} (CPU {cpu['this tree']:.3f} vs {cpu['baseline']:.3f}: {cpu['this tree'] / cpu['baseline']:.2f})")
+    return out
 
 
 if __name__ == "__main__":

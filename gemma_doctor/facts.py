@@ -6,7 +6,6 @@ which the fields are filled is code, in pipeline.gather.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from gemma_doctor.readers.adapter import Kind
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
-from gemma_doctor import horizon
+from gemma_doctor import frozen, horizon
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
@@ -89,7 +88,7 @@ class ModelFacts:
 
     def with_(self, **changes: Any) -> ModelFacts:
         """A copy with some fields filled in."""
-        return dataclasses.replace(self, **changes)
+        return frozen.replace(self, **changes)
 
 
 @dataclass(frozen=True)

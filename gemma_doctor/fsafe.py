@@ -23,7 +23,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import stat
 import time
 from dataclasses import dataclass
@@ -585,6 +584,8 @@ def leads_to_file(path: Path, target: str, area: Area) -> bool:
 
 def tmp_name(path: Path) -> Path:
     """A temp file name beside ``path`` that the next run's sweep recognises as ours."""
+    import secrets  # only a write needs it (hmac, hashlib, random): check's start-up does without
+
     return path.with_name(f".{path.name}.gemma-doctor-{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 

@@ -6,7 +6,6 @@ Sources: facts.md section 3 (NVIDIA compute capabilities, MPS, the emulation tra
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -195,6 +194,8 @@ def parse_gpu_spec(text: str) -> GpuPlan:
     gpu = lookup(_SIZE.sub(" ", raw) if size else raw)
     if gpu is None:
         hint = ""
+        import difflib  # only for a --gpu name not known
+
         close = difflib.get_close_matches(_norm(raw), list(_BY_NAME), n=1, cutoff=0.75) if _norm(raw) else []
         if close:
             hint = f" (did you mean {_BY_NAME[close[0]].name}?)"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gemma_doctor import locate, pipeline, rules
+from gemma_doctor import locate, pipeline
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
@@ -119,9 +119,8 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     env = pipeline.environment(options)
     rows: list[Row] = []
     for facts in models:
-        facts = pipeline.gather(facts, options, env)
         # check's findings (pipeline.model_report's own), without the JSON blocks a row does not show
-        findings = rules.run(facts, env, options)
+        facts, findings = pipeline.judged(facts, options, env, memoise=len(models) > 1)
         counts = {"error": 0, "warning": 0, "info": 0}
         for f in findings:
             counts[f.severity.value] += 1

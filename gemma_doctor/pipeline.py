@@ -23,7 +23,7 @@ from gemma_doctor.readers import tokenizer as tokenizer_reader
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.versions import installed
-from gemma_doctor.report import ModelReport, Report
+from gemma_doctor.report import Finding, ModelReport, Report
 from gemma_doctor.source import ModelSource
 
 # A snapshot and where its files are read from (the cache or a folder through LocalSource, or the Hub).
@@ -45,6 +45,12 @@ def environment(options: CheckOptions) -> Environment:
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
     """Fill in a Gemma model's facts, in order: dtype census (headers only) and tokenizer_config.json, weights scan
     (--weights), recommendation."""
+    return decide(read_more(facts, options), options, env)
+
+
+def read_more(facts: ModelFacts, options: CheckOptions) -> ModelFacts:
+    """The files a Gemma model is judged by beyond its configs: the dtype census (headers only), tokenizer_config.json,
+    and with --weights the weights scan."""
     if not facts.family.is_gemma:
         return facts
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
@@ -58,10 +64,35 @@ def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
         from gemma_doctor.readers.adapter import compare_head
 
         facts = facts.with_(head_differs=compare_head(census.headers))
+    return facts
+
+
+def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
+    """A read Gemma model's recommendation, memory plan and prescription (facts only: no file is read)."""
+    if not facts.family.is_gemma:
+        return facts
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
     facts = with_memory(facts, options, env, gpu)
     return with_decision(facts, options, env, gpu)
+
+
+def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
+           memoise: bool = True) -> tuple[ModelFacts, tuple[Finding, ...]]:
+    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). With ``memoise`` (a
+    scan of several models), the decision and the findings are remembered across models whose facts are equal but for
+    their names (gemma_doctor/memo.py)."""
+
+    def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Finding, ...]]:
+        f = decide(f, options, env)
+        return f, rules.run(f, env, options)
+
+    facts = read_more(facts, options)
+    if not memoise or not facts.family.is_gemma:
+        return judge(facts)
+    from gemma_doctor import memo
+
+    return memo.judged(facts, env, options, judge)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -93,9 +124,11 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     return facts.with_(memory=mem, recommendation=rec)
 
 
-def model_report(facts: ModelFacts, env: Environment, options: CheckOptions) -> ModelReport:
-    """Findings and JSON blocks of one model."""
-    findings = rules.run(facts, env, options)
+def model_report(facts: ModelFacts, env: Environment, options: CheckOptions,
+                 findings: tuple[Finding, ...] | None = None) -> ModelReport:
+    """Findings (``findings`` when already judged) and JSON blocks of one model."""
+    if findings is None:
+        findings = rules.run(facts, env, options)
     extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
     if facts.adapter is not None:
@@ -181,8 +214,11 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
     env = environment(options)
-    reports = tuple(model_report(gather(m, options, env), env, options) for m in models)
-    return Report(models=reports, environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
+    reports = []
+    for m in models:
+        facts, findings = judged(m, options, env, memoise=len(models) > 1)
+        reports.append(model_report(facts, env, options, findings))
+    return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
 
 

@@ -246,6 +246,77 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
         assert got_a == want and got_b == want and list(search.candidates(shape, req, accept)) == want
 
 
+@pytest.mark.parametrize("family,size,gpu_bytes", [("gemma3", "12b", None), ("gemma3", "1b", 16 * 2**30),
+                                                   ("gemma4", "e2b", 24 * 2**30), ("gemma2", "9b", 80 * 2**30)])
+def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
+    """memory.with_sources (runplan._finish's relabelling) makes only the source-dependent assumption lines again: the
+    result equals plan() of the relabelled run, for every candidate run (methods, QLoRA notes, ZeRO lines, RL tasks),
+    and for a plan not as plan() made it."""
+    from dataclasses import replace
+
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape(family, size)
+    checked = 0
+    for task in ("sft", "dpo"):
+        for n in (1, 4):
+            req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(
+                num_gpus=n), training_config=None, task=task)
+            req = replace(req, gpu_bytes=gpu_bytes)
+            for p in search._candidates(shape, req, ("fits", "tight", "does-not-fit")):
+                sources = tuple(sorted({**dict(p.run.sources), "method": "chosen by the search",
+                                        "lora": "chosen by the search", "seq_len": "--seq-len"}.items()))
+                run = replace(p.run, sources=sources)
+                want = replace(p, run=run, assumptions=memory.plan(shape, run, gpu_bytes, None).assumptions)
+                assert memory.with_sources(p, shape, sources, gpu_bytes, None) == want
+                relabelled = replace(p, run=replace(p.run, sources=(("method", "x"),)), assumptions=p.assumptions + ("y",))
+                assert memory.with_sources(relabelled, shape, sources, gpu_bytes, None) == want
+                checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("text", YAML_TEXTS[:5])
+def test_request_remembered_is_the_request(text):
+    """runplan._request_spec (plan_memory's request, remembered per process) is request_spec's own answer for each
+    training config and GPU, however many times it is asked and in whatever order."""
+    from gemma_doctor.plan import runplan
+    from gemma_doctor.readers import gpu as gpu_reader
+
+    tc = tc_reader.parse(text, "t.yaml", yaml_first=True)
+    asks = [("bf16", gpu_reader.resolve(g), g, runplan.MemoryRequest(**r), c, task)
+            for g in (None, "A100", "T4") for r in ({}, {"batch_size": 2}, {"gpu_memory": 8 * 2**30})
+            for c in (tc, None) for task in ("sft", "dpo")]
+    runplan._REQUESTS.clear()
+    for ask in asks + asks[::-1]:
+        want = runplan.request_spec(precision=ask[0], gpu=ask[1], gpu_spec=ask[2], request=ask[3],
+                                    training_config=ask[4], task=ask[5])
+        assert runplan._request_spec(*ask) == want
+
+
+def test_frozen_replace_is_dataclasses_replace():
+    """frozen.replace (the copies the search makes per candidate) gives what dataclasses.replace gives: equal fields in
+    the same order, nothing else of the old object carried over; __post_init__ classes and unknown names go the
+    dataclasses way (validation, TypeError)."""
+    import dataclasses
+
+    from gemma_doctor import frozen
+    from gemma_doctor.errors import UsageError
+    from gemma_doctor.plan import memory, runplan
+
+    shape = memory.published_shape("gemma3", "1b")
+    p = memory.plan(shape, memory.RunSpec(method="lora"), 16 * 2**30, None)
+    for obj, changes in ((p.run, {"batch_size": 2, "attention": "eager"}), (p, {"assumptions": ("x",)}),
+                         (p, {})):
+        got, want = frozen.replace(obj, **changes), dataclasses.replace(obj, **changes)
+        assert got == want and type(got) is type(want) and list(vars(got)) == list(vars(want))
+        assert [getattr(got, f.name) for f in dataclasses.fields(got)] == [getattr(want, f.name) for f in dataclasses.fields(want)]
+    assert "_source_lines" in vars(p) and "_source_lines" not in vars(frozen.replace(p, gpu_name="x"))
+    with pytest.raises(UsageError):  # MemoryRequest validates in __post_init__: not skipped
+        frozen.replace(runplan.MemoryRequest(), method="nope")
+    with pytest.raises(TypeError):
+        frozen.replace(p.run, no_such_field=1)
+
+
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
     """The read-back of every training config the search renders (every scenario above) composes with libyaml's
     parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""
@@ -284,3 +355,119 @@ def test_versions_parsed_once_are_versions(text):
         return
     assert stack.version_of(text) == want and stack.version_of(text) is stack.version_of(text)
     assert versioning.parse(text) == want and str(versioning.parse(text)) == str(want)
+
+
+# --- a model's judgement remembered across models equal but for their names (gemma_doctor/memo.py) -----------------
+
+def _weights(dtype: str) -> bytes:
+    """A valid safetensors file of two small tensors (Gemma 3 names) in ``dtype``."""
+    import json
+
+    width = {"BF16": 2, "F32": 4}[dtype]
+    tensors, offset = {}, 0
+    for name, n in (("language_model.model.embed_tokens.weight", 64), ("language_model.model.norm.weight", 8)):
+        tensors[name] = {"dtype": dtype, "shape": [n], "data_offsets": [offset, offset + width * n]}
+        offset += width * n
+    header = json.dumps(tensors).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + b"\0" * offset
+
+
+@pytest.fixture
+def fine_tunes(tmp_path):
+    """Six fine-tunes of one base: tune-2, tune-5 and tune-6 equal to tune-1 but for their names, tune-3 differing in
+    one config value that no rule looks at, tune-4 in one tensor's dtype; and a Llama."""
+    from tests.builders import HubCache, gemma3_12b_config, generation_config, llama_config, variant
+
+    hub = HubCache(tmp_path / "hub")
+    cfg, gen = gemma3_12b_config(), generation_config()
+    for repo, config, weights in (("org-a/tune-1", cfg, _weights("BF16")), ("org-b/tune-2", cfg, _weights("BF16")),
+                                  ("org-a/tune-3", variant(cfg, boi_token_index=255998), _weights("BF16")),
+                                  ("org-c/tune-4", cfg, _weights("F32")), ("org-d/tune-5", cfg, _weights("BF16")),
+                                  ("org-d/tune-6", cfg, _weights("BF16"))):
+        hub.add(repo, {"config.json": variant(config, _name_or_path=f"/home/me/runs/{repo.split('/')[1]}"),
+                       "generation_config.json": gen, "model.safetensors": weights})
+    # An older revision of tune-1, its config naming the repo itself: checked with --all-revisions.
+    hub.add("org-a/tune-1", {"config.json": variant(cfg, _name_or_path="org-a/tune-1"), "generation_config.json": gen,
+                             "model.safetensors": _weights("BF16")}, refs=("v1",))
+    hub.add("meta/llama", {"config.json": llama_config()})
+    return hub.root
+
+
+def _decisions(monkeypatch) -> list[str]:
+    """The repos judged (pipeline.decide): the first model of some config text and the first of some facts as they
+    are, the next of those facts on the stand-ins (its judgement then kept), any further one not at all."""
+    from gemma_doctor import pipeline
+
+    judged: list[str] = []
+    real = pipeline.decide
+
+    def decide(facts, options, env):
+        judged.append(facts.snapshot.repo_id)
+        return real(facts, options, env)
+
+    monkeypatch.setattr(pipeline, "decide", decide)
+    return judged
+
+
+def test_models_equal_but_for_their_names_share_one_judgement_and_no_other(cli, fine_tunes, monkeypatch):
+    judged = _decisions(monkeypatch)
+    from gemma_doctor import memo
+
+    got = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
+    # tune-1 and tune-2 judged as they are, tune-5 on the stand-ins, tune-6 served that; tune-3 (one config value) and
+    # tune-4 (one dtype) judged on their own.
+    assert sorted(judged) == sorted(["org-a/tune-1", "org-b/tune-2", memo.REPO, "org-a/tune-3", "org-c/tune-4"])
+    monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+    judged.clear()
+    want = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
+    assert len(judged) == 6 and "gdmemo" not in want.out
+    assert (got.code, got.out) == (want.code, want.out)
+    import json
+
+    models = {m["repo_id"]: m for m in json.loads(got.out)["models"]}
+    # What names the repo is the repo's own: the snippets and the prescription's training config.
+    for own in ("org-b/tune-2", "org-d/tune-5", "org-d/tune-6"):
+        text = json.dumps(models[own])
+        assert own in json.dumps(models[own]["recommendation"]) and "org-a/tune-1" not in text
+    assert models["org-c/tune-4"]["dtypes"] != models["org-a/tune-1"]["dtypes"]
+
+
+def test_one_fact_apart_is_another_key(fine_tunes):
+    """The memo key of each fine-tune: equal for tune-1 and tune-2 only (names renamed), different for one config
+    value, one tensor dtype, and a config that names the repo itself against one that names a folder."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    snaps = locate.resolve([], fine_tunes, "main", True)
+    models, _ = pipeline.select(snaps, explicit=False)
+    keys = {}
+    for m in models:
+        f = pipeline.read_more(m, CheckOptions())
+        r = memo.renaming_for(f)
+        assert r is not None, m.snapshot.target
+        keys[(m.snapshot.repo_id, m.snapshot.revision)] = memo._canonical(f, r)[1]
+    one = keys[("org-a/tune-1", "main")]
+    assert keys[("org-b/tune-2", "main")] == one == keys[("org-d/tune-5", "main")] == keys[("org-d/tune-6", "main")]
+    assert keys[("org-a/tune-3", "main")] != one
+    assert keys[("org-c/tune-4", "main")] != one
+    assert keys[("org-a/tune-1", "v1")] != one  # "_name_or_path" names the repo itself, not another folder
+
+
+MEMO_SCENARIOS = [
+    ("check",), ("check", "--all-revisions"), ("check", "--gpu", "T4", "--task", "dpo"),
+    ("check", "--with", "transformers==5.5.1"), ("check", "--weights"), ("list",), ("list", "--all-revisions"),
+]
+
+
+@pytest.mark.parametrize("args", MEMO_SCENARIOS, ids=" ".join)
+@pytest.mark.parametrize("where", ["examples", "fine_tunes"])
+def test_memoised_scan_is_the_scan_without_the_memo(cli, request, monkeypatch, args, where):
+    cache = request.getfixturevalue(where)
+    extra = ("--fail-on", "never") if args[0] == "check" else ()
+    for fmt in ("json", "text"):
+        got = cli(*args, "--cache-dir", cache, "--format", fmt, *extra)
+        with monkeypatch.context() as m:
+            m.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+            want = cli(*args, "--cache-dir", cache, "--format", fmt, *extra)
+        assert (got.code, got.out, got.err) == (want.code, want.out, want.err)

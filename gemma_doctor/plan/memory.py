@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from gemma_doctor import frozen
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 METHODS = ("full", "lora", "qlora")
@@ -721,10 +723,14 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
         comps["framework_overhead"] = overhead
     per_gpu = tensor + overhead
     total = per_gpu * n
-    notes[:0] = _assumptions(shape, run, towers, wbytes)
-    return MemoryPlan(method=run.method, components=comps, per_gpu_bytes=per_gpu, total_bytes=total, gpu_bytes=gpu_bytes,
+    lines = _assumptions(shape, run, towers, wbytes)
+    notes[:0] = lines
+    made = MemoryPlan(method=run.method, components=comps, per_gpu_bytes=per_gpu, total_bytes=total, gpu_bytes=gpu_bytes,
                       verdict=verdict_for(per_gpu, gpu_bytes), peak=peak, trainable_params=trainable,
                       assumptions=tuple(notes), run=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name)
+    # plan()'s own (a replace() copy has no mark): its first ``lines`` assumptions are the ones the sources change.
+    object.__setattr__(made, "_source_lines", len(lines))
+    return made
 
 
 @functools.lru_cache(maxsize=64)
@@ -773,6 +779,20 @@ def _sharding_line(shape: ModelShape, run: RunSpec, wbytes: int) -> str:
     if run.zero_stage == 1:
         return f"{where}, ZeRO-1: each rank holds all the weights and gradients, {frac} of the optimizer states"
     return f"{where}, DDP: each rank holds all the weights, gradients and optimizer states"
+
+
+def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str], ...], gpu_bytes: int | None,
+                 gpu_name: str | None) -> MemoryPlan:
+    """``p`` with its run's ``sources`` and the assumptions of ``plan(shape, that run, gpu_bytes, gpu_name)``, the rest
+    of ``p`` kept. plan() reads the sources only for its first assumption lines (_assumptions), so for a plan as plan()
+    made it (it marks how many lines those are) only they are made again; any other plan is planned anew."""
+    run = frozen.replace(p.run, sources=sources)
+    lines = p.__dict__.get("_source_lines")
+    if lines is None or p.shape != shape:
+        return replace(p, run=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
+    wbytes = DTYPE_BYTES.get(run.load_dtype, 2)
+    towers = shape.params.towers if run.text_only else 0
+    return frozen.replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
 
 
 def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> list[str]:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from gemma_doctor import gpus
+from gemma_doctor import frozen, gpus
 from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
@@ -263,11 +263,34 @@ def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: Mem
     return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
 
 
+_REQUESTS: dict[tuple[Any, ...], tuple[Any, RunRequest]] = {}
+
+
+def _request_spec(precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest, training_config: Any | None,
+                  task: str) -> RunRequest:
+    """request_spec (a pure function of its arguments; it reads no shape) remembered per process: the search plans
+    check's memory of each candidate's training config for every model, and models of other shapes ask for the same
+    requests. The config is the read-back's own object, kept alive with the entry, so its identity stands for it."""
+    try:
+        key = (precision, gpu, gpu_spec, request, id(training_config), task)
+        hit = _REQUESTS.get(key)
+    except TypeError:  # an unhashable part: made as it is
+        key, hit = None, None
+    if hit is not None and hit[0] is training_config:
+        return hit[1]
+    req = request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+                       training_config=training_config, task=task)
+    if key is not None:
+        if len(_REQUESTS) >= 1024:
+            _REQUESTS.clear()
+        _REQUESTS[key] = (training_config, req)
+    return req
+
+
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,
                 request: MemoryRequest, training_config: Any | None, task: str) -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible."""
-    req = request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
-                       training_config=training_config, task=task)
+    req = _request_spec(precision, gpu, gpu_spec, request, training_config, task)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)
@@ -291,8 +314,8 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
     if "lora" not in chosen and plan.run.method != "full" and any(v == "chosen by the search" for v in chosen.values()):
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
-    plan = replace(plan, run=replace(plan.run, sources=tuple(sorted(chosen.items()))))
-    plan = replace(plan, assumptions=memory.plan(shape, plan.run, gpu_bytes, gpu_name).assumptions + extra)
+    plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)
+    plan = frozen.replace(plan, assumptions=plan.assumptions + extra)
     return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
 
 

@@ -13,14 +13,13 @@ it. The first that passes is the prescription; when none does, there is none, an
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from gemma_doctor import rules
+from gemma_doctor import frozen, rules
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
@@ -168,8 +167,8 @@ def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, .
                         if key in seen:
                             continue
                         seen.add(key)
-                        run = replace(run0, zero_stage=stage, attention=attention, gradient_checkpointing=ck,
-                                      batch_size=b, gradient_accumulation_steps=acc)
+                        run = frozen.replace(run0, zero_stage=stage, attention=attention, gradient_checkpointing=ck,
+                                             batch_size=b, gradient_accumulation_steps=acc)
                         p = memory.plan(shape, run, req.gpu_bytes, req.gpu_name)
                         if not req.gpu_bytes or p.verdict in accept:
                             yield p
@@ -262,7 +261,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings."""
-    rec = recommend.decide(dataclasses.replace(inputs, memory=_run_advice(plan)))
+    rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
     yaml_text = recommend.training_config_yaml(rec)
     tc = _read_back(yaml_text)
     env2, opts = _judged_env(env, tc), _judged_options(options)

@@ -13,7 +13,6 @@ import importlib
 import os
 import platform as platform_mod
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -337,6 +336,8 @@ def probe_mps(mac_version: str, chip: str) -> GpuFacts:
 
 
 def _mac_chip() -> str:
+    import subprocess  # macOS only: check's start-up on other machines does without it
+
     try:
         return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
                               timeout=5).stdout.strip()

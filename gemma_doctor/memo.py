@@ -1,0 +1,408 @@
+"""A model's judgement (recommendation, memory plan, prescription and check's findings) remembered across the models of
+one run whose facts are equal but for their names: most of a shared cache is fine-tunes of a few bases.
+
+How it stays exact, by construction rather than by a list of the facts that matter:
+
+- The facts are *renamed*: every per-repo name in them (the repo id, its cache folder, the snapshot's commit, the
+  config's own ``_name_or_path``) is replaced by a fixed stand-in, wherever it occurs as a whole value or as a path
+  component. What is left is the canonical facts.
+- The judgement is always computed on the canonical facts (hit or miss), never on the real ones, so the memo key can be
+  the canonical facts themselves: every field of every object in them (including fields left out of their ``==``),
+  frozen with its type (``1``, ``1.0`` and ``True`` are different keys), dicts in their order. Whatever the judgement
+  reads is in the key because the key is all of its input; the environment and options are the same objects.
+- The result is renamed back: every stand-in in every string and path of it becomes the model's own name again, so the
+  messages, commands and snippets naming the repo are the model's own (``GEMMA_DOCTOR_NO_MEMO=1`` turns all of this off;
+  tests compare the two).
+- A model is memoised only when renaming is a bijection that the judgement cannot tell from the real names: a cache
+  snapshot whose names are plain (letters, digits, ``._-``, one ``/``), none of the stand-ins already in its facts, and
+  its source read by nothing in the judgement (the stand-in source refuses every read: the model is then judged
+  directly). Anything of a type the walk does not know makes the model judged directly too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import re
+from pathlib import PurePath
+from typing import Any, Callable, TypeVar
+
+from gemma_doctor.readers.safetensors_header import SafetensorsHeader, TensorInfo
+from gemma_doctor.source import LocalSource
+
+T = TypeVar("T")
+
+# The stand-ins: plain names of the same shape as the real ones (a repo id, its cache folder, a 40-hex commit).
+REPO = "gdmemo-org/gdmemo-model"
+FOLDER = "models--gdmemo-org--gdmemo-model"
+NAME = "gdmemo-name-or-path"
+COMMIT = "9d6e0b1c5a7f4e2d8c3b6a5f4e3d2c1b0a9f8e7d"
+# A blob's stand-in: this prefix, then its number, as long as the real hash (hub caches link snapshots to blobs/<hash>).
+BLOB = "9d6e0b1c5a7f4e2d"
+_BLOB_LINK = re.compile(r"^((?:\.\./)*blobs/)([0-9a-f]{40}|[0-9a-f]{64})$")
+_PLAIN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PLAIN = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+MAX_ENTRIES = 1024
+
+
+class Unmemoisable(Exception):
+    """The model is judged directly: its facts cannot be renamed safely, or the judgement read its source."""
+
+
+def enabled() -> bool:
+    """False when GEMMA_DOCTOR_NO_MEMO is set (the tests' switch: every model judged directly)."""
+    return not os.environ.get("GEMMA_DOCTOR_NO_MEMO")
+
+
+@dataclasses.dataclass(frozen=True)
+class StandInSource:
+    """The source of canonical facts: its kind and where it is (renamed); every read refuses (see module doc)."""
+
+    kind: str
+    folder: PurePath
+    root: PurePath | None
+
+    @property
+    def location(self) -> str:
+        """The renamed folder."""
+        return str(self.folder)
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unmemoisable(f"the judgement used the model's source ({name})")
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _rebuilt(obj: Any, values: dict[str, Any]) -> Any:
+    """A copy of a (frozen, maybe slotted) dataclass with some fields changed; derived caches are not copied."""
+    new = object.__new__(type(obj))
+    for name in _fields(type(obj)):
+        object.__setattr__(new, name, values[name] if name in values else getattr(obj, name))
+    return new
+
+
+class _Renaming:
+    """One model's names and their stand-ins; ``forward`` makes canonical facts and their key, ``back`` undoes it."""
+
+    def __init__(self, repo_id: str, folder: str, commit: str, name: str | None) -> None:
+        self.whole = {repo_id: REPO, commit: COMMIT}
+        self.parts = {folder: FOLDER, commit: COMMIT}
+        self.folder, self.commit = folder, commit
+        self.name = name
+        self.name_placed = False
+        self.renamed_raw: bytes | None = None  # the config's text with its name renamed (checked before)
+        self.idents: dict[Any, tuple[int, int]] = {}
+        self.idents_back: dict[tuple[int, int], Any] = {}
+        back = {REPO: repo_id, FOLDER: folder, COMMIT: commit}
+        if name is not None:
+            back[NAME] = name
+        self.back_map = back
+        self.blobs: dict[str, str] = {}
+        self._back_re: re.Pattern[str] | None = None
+        self.quoted = [(json.dumps(a).encode(), json.dumps(b).encode()) for a, b in self.whole.items()]
+
+    @property
+    def back_re(self) -> re.Pattern[str]:
+        if self._back_re is None:
+            self._back_re = re.compile("|".join(re.escape(k) for k in sorted(self.back_map, key=len, reverse=True)))
+        return self._back_re
+
+    # --- forward: real facts -> (canonical facts, key) ---
+
+    def _str(self, s: str) -> str:
+        hit = self.whole.get(s)
+        if hit is not None:
+            return hit
+        if s == NAME and self.name is not None and not self.name_placed:
+            self.name_placed = True  # the config's own name, renamed by _canonical (any other NAME is a collision)
+            return s
+        if "gdmemo" in s or BLOB in s:
+            m = _BLOB_LINK.match(s)
+            if m is None or BLOB in m.group(1):
+                raise Unmemoisable("a stand-in is already in the facts")
+        m = _BLOB_LINK.match(s)
+        if m is not None:  # a snapshot file's link into blobs/: the blob renamed, one stand-in per blob
+            return m.group(1) + self._blob(m.group(2))
+        return s
+
+    def _blob(self, digest: str) -> str:
+        hit = self.blobs.get(digest)
+        if hit is None:
+            n = str(len(self.blobs))
+            hit = self.blobs[digest] = BLOB + "0" * (len(digest) - len(BLOB) - len(n)) + n
+            self.back_map[hit] = digest
+            self._back_re = None
+        return hit
+
+    def _path(self, p: PurePath) -> tuple[PurePath, Any]:
+        text = str(p)
+        if self.folder in text or self.commit in text or "gdmemo" in text or BLOB in text:
+            parts = p.parts
+            new = tuple(self.parts.get(x, x) for x in parts)
+            for x in new:
+                if x not in (FOLDER, COMMIT) and ("gdmemo" in x or BLOB in x):
+                    raise Unmemoisable("a stand-in is already in a path")
+            if new != parts:
+                p = type(p)(*new)
+                text = str(p)
+        return p, (type(p), text)
+
+    def forward(self, v: Any) -> tuple[Any, Any]:
+        """(canonical value, its key)."""
+        t = type(v)
+        if t is str:
+            if v in self.whole or "gdmemo" in v or BLOB in v or "blobs/" in v:
+                s = self._str(v)
+                return s, s
+            return v, v
+        if v is None or t is bool or t is int:
+            return v, (t, v)
+        if t is float:
+            return v, (t, repr(v))
+        if t is dict:
+            fwd = self.forward
+            out: dict[Any, Any] = {}
+            keys = []
+            same = True
+            for k, x in v.items():
+                ck, kk = fwd(k)
+                tx = type(x)
+                if tx is int or tx is bool or x is None:
+                    cx, kx = x, (tx, x)
+                else:
+                    cx, kx = fwd(x)
+                    if cx is not x:
+                        same = False
+                if ck is not k:
+                    same = False
+                out[ck] = cx
+                keys.append((kk, kx))
+            return (v if same else out), (dict, tuple(keys))
+        if t is tuple or t is list:
+            fwd = self.forward
+            items = [fwd(x) for x in v]
+            canon = tuple(c for c, _ in items)
+            if all(c is x for c, x in zip(canon, v)):
+                out2: Any = v
+            else:
+                out2 = canon if t is tuple else list(canon)
+            return out2, (t, tuple(k for _, k in items))
+        if t is bytes:
+            if v is not self.renamed_raw and (b"gdmemo" in v or BLOB.encode() in v):
+                raise Unmemoisable("a stand-in is already in the bytes")
+            # A file's JSON text: each whole string renamed in its parsed data is renamed where it is written too
+            # (quoted as JSON writes it; written otherwise, the bytes keep the name, and the key with them).
+            for real, stand_in in self.quoted:
+                if real in v:
+                    v = v.replace(real, stand_in)
+            return v, (t, v)
+        if t is frozenset or t is set:
+            items = [self.forward(x) for x in v]  # in iteration order: what the judgement would iterate
+            canon = [c for c, _ in items]
+            out3 = v if all(c is x for c, x in zip(canon, v)) else t(canon)
+            return out3, (t, tuple(k for _, k in items))
+        if t is TensorInfo:  # slotted leaf of str and int fields, all compared: itself is its key
+            if "gdmemo" in v.name or BLOB in v.name:
+                raise Unmemoisable("a stand-in is a tensor name")
+            return v, v
+        if isinstance(v, PurePath):
+            return self._path(v)
+        if isinstance(v, enum.Enum):
+            return v, v
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return self._dataclass(v)
+        raise Unmemoisable(f"a fact of type {t.__name__}")
+
+    def _dataclass(self, v: Any) -> tuple[Any, Any]:
+        cls = type(v)
+        if cls is LocalSource:
+            folder, kf = self._path(v.folder)
+            root, kr = self._path(v.root) if v.root is not None else (None, None)
+            return StandInSource(v.kind, folder, root), (cls, v.kind, kf, kr)
+        changed: dict[str, Any] = {}
+        keys = []
+        for name in _fields(cls):
+            x = getattr(v, name)
+            if name == "ident" and cls is SafetensorsHeader and x is not None:
+                # (device, inode) of a shard file: renamed like a name, one stand-in per file in order of meeting
+                # (two repos never share a file), so that equal shards of two repos are equal facts.
+                c = self.idents.setdefault(x, (-1, len(self.idents)))
+                self.idents_back[c] = x
+                k = (tuple, c)
+            else:
+                c, k = self.forward(x)
+            if c is not x:
+                changed[name] = c
+            keys.append(k)
+        return (_rebuilt(v, changed) if changed else v), (cls, tuple(keys))
+
+    # --- back: canonical result -> the model's own ---
+
+    def back(self, v: Any, clean: set[int]) -> Any:
+        """``v`` with every stand-in replaced by the model's own name. What holds none is returned as it is (the
+        judgement's objects are shared the way its memory plans and read-back configs already are); ``clean`` holds
+        the ids of such objects, found once per memo entry, which keeps them alive."""
+        t = type(v)
+        if t is str:
+            return self.back_re.sub(self._name_of, v) if ("gdmemo" in v or BLOB in v) else v
+        if v is None or t is bool or t is int or t is float or t is TensorInfo or id(v) in clean:
+            return v
+        if t is bytes:
+            if b"gdmemo" in v or BLOB.encode() in v:
+                raise Unmemoisable("renamed bytes in the result")
+            return v
+        out: Any = v
+        if t is tuple or t is list:
+            new = [self.back(x, clean) for x in v]
+            if any(a is not b for a, b in zip(new, v)):
+                out = t(new)
+        elif t is dict:
+            pairs = [(self.back(k, clean), self.back(x, clean)) for k, x in v.items()]
+            if any(a is not k or b is not x for (a, b), (k, x) in zip(pairs, v.items())):
+                out = dict(pairs)
+        elif t is frozenset or t is set:
+            new = [self.back(x, clean) for x in v]
+            if any(a is not b for a, b in zip(new, v)):
+                out = t(new)
+        elif isinstance(v, PurePath):
+            s = str(v)
+            out = type(v)(self.back(s, clean)) if ("gdmemo" in s or BLOB in s) else v
+        elif isinstance(v, enum.Enum):
+            return v
+        elif t is StandInSource:
+            raise Unmemoisable("the source is part of the result")
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            changed = {}
+            for name in _fields(t):
+                x = getattr(v, name)
+                if t is SafetensorsHeader and name == "ident" and x is not None:
+                    y = self.idents_back[x]
+                else:
+                    y = self.back(x, clean)
+                if y is not x:
+                    changed[name] = y
+            if changed:
+                out = _rebuilt(v, changed)
+        else:
+            raise Unmemoisable(f"a result of type {t.__name__}")
+        if out is v:
+            clean.add(id(v))
+        return out
+
+    def _name_of(self, m: re.Match[str]) -> str:
+        return self.back_map[m.group(0)]
+
+
+def renaming_for(facts: Any) -> _Renaming | None:
+    """The renaming of a cache snapshot's facts, or None when the model is judged directly."""
+    snap = facts.snapshot
+    if (snap.problem is not None or snap.remote or snap.repo_dir is None or snap.repo_id is None
+            or snap.target != snap.repo_id or not _PLAIN_REPO.match(snap.repo_id) or snap.commit is None
+            or not _HEX40.match(snap.commit) or snap.path.name != snap.commit or snap.path.parent.parent != snap.repo_dir
+            or snap.repo_dir.name != "models--" + snap.repo_id.replace("/", "--")):
+        return None
+    if type(facts.source) is not LocalSource or facts.source.kind != "cache":
+        return None
+    if snap.revision in (snap.repo_id, snap.commit) or snap.commit == snap.repo_id:
+        return None  # two names in one: the renaming would not be one-to-one
+    name = facts.config.data.get("_name_or_path") if facts.config.ok else None
+    if not (isinstance(name, str) and name != snap.repo_id and _PLAIN.match(name) and name != snap.commit
+            and name != snap.revision):
+        name = None
+    return _Renaming(snap.repo_id, snap.repo_dir.name, snap.commit, name)
+
+
+def _renamed_text(raw: bytes, r: _Renaming) -> bytes:
+    """config.json's text with its own ``_name_or_path`` renamed (when written once, as JSON writes it)."""
+    if b"gdmemo" in raw or BLOB.encode() in raw:
+        raise Unmemoisable("a stand-in is already in the config")
+    if r.name is not None:
+        old = json.dumps(r.name).encode()
+        if raw.count(old) == 1:
+            raw = raw.replace(old, json.dumps(NAME).encode())
+    return raw
+
+
+def _canonical(facts: Any, r: _Renaming) -> tuple[Any, Any]:
+    """(canonical facts, key): the config's own ``_name_or_path`` renamed first, then the whole walk."""
+    if r.name is not None:
+        cfg = facts.config
+        data = dict(cfg.data)
+        data["_name_or_path"] = NAME
+        raw = cfg.raw
+        if raw is not None:
+            raw = r.renamed_raw = _renamed_text(raw, r)
+        facts = facts.with_(config=dataclasses.replace(cfg, data=data, raw=raw))
+    return r.forward(facts)
+
+
+def _gate(facts: Any, r: _Renaming) -> bytes | None:
+    """A cheap function of the canonical facts (config.json's text renamed as the walk renames it): models whose
+    gates differ cannot have equal canonical facts, so a model whose gate is new is judged without the walk."""
+    raw = facts.config.raw
+    if raw is None:
+        return None
+    raw = _renamed_text(raw, r)
+    for real, stand_in in r.quoted:
+        if real in raw:
+            raw = raw.replace(real, stand_in)
+    return raw
+
+
+_GATES: set[tuple[int, int, bytes | None]] = set()
+
+
+_MEMO: dict[Any, tuple[Any, Any, Any, Any, set[int]]] = {}
+
+
+def judged(facts: T, env: Any, options: Any, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
+    """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
+    r = renaming_for(facts) if enabled() else None
+    if r is None:
+        return judge(facts)
+    first = False
+    try:
+        gate = (id(env), id(options), _gate(facts, r))
+        if gate not in _GATES:  # ids only gate the walk (never serve a result): a reused id costs one walk
+            if len(_GATES) >= 65536:
+                _GATES.clear()
+            _GATES.add(gate)
+            return judge(facts)
+        canon, key = _canonical(facts, r)
+        full = (id(env), id(options), key)
+        hit = _MEMO.get(full)
+        if hit is not None and (hit[0] is not env or hit[1] is not options):
+            hit = None
+        if hit is None or hit[3] is None:
+            if len(_MEMO) >= MAX_ENTRIES:
+                _MEMO.clear()
+            if hit is None:
+                # The first model of these facts is judged as it is, and only its key is kept: a cache of models all
+                # unalike pays for the key, not for judging on the stand-ins and renaming back.
+                _MEMO[full] = (env, options, None, None, set())  # env and options kept alive: their ids stay theirs
+                first = True
+            else:
+                hit = _MEMO[full] = (env, options, canon, judge(canon), set())
+        if not first:
+            _, _, judged_canon, (out_canon, findings), clean = hit
+            # The fields the judgement filled in are renamed back; the others are the model's own objects.
+            changed = {}
+            for name in _fields(type(out_canon)):
+                x = getattr(out_canon, name)
+                if x is not getattr(judged_canon, name):
+                    changed[name] = r.back(x, clean)
+            return facts.with_(**changed), r.back(findings, clean)
+    except Unmemoisable:
+        pass
+    return judge(facts)
