@@ -365,11 +365,30 @@ _GATES: set[tuple[int, int, bytes | None]] = set()
 
 _MEMO: dict[Any, tuple[Any, Any, Any, Any, set[int]]] = {}
 
+# Whether an environment and options hold no stand-in (a training config's value, say): the result is renamed back
+# everywhere, so a stand-in they hold would come back as the model's name. Kept with them, so their ids stay theirs.
+_OUTSIDE: dict[tuple[int, int], tuple[Any, Any, bool]] = {}
+
+
+def _outside_clean(env: Any, options: Any) -> bool:
+    seen = _OUTSIDE.get((id(env), id(options)))
+    if seen is not None and seen[0] is env and seen[1] is options:
+        return seen[2]
+    try:
+        _Renaming("-/-", "-", "-", None).forward((env, options))  # raises on a stand-in, or a type it does not know
+        clean = True
+    except Unmemoisable:
+        clean = False
+    if len(_OUTSIDE) >= 64:
+        _OUTSIDE.clear()
+    _OUTSIDE[(id(env), id(options))] = (env, options, clean)
+    return clean
+
 
 def judged(facts: T, env: Any, options: Any, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
     """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
     r = renaming_for(facts) if enabled() else None
-    if r is None:
+    if r is None or not _outside_clean(env, options):
         return judge(facts)
     first = False
     try:

@@ -471,3 +471,18 @@ def test_memoised_scan_is_the_scan_without_the_memo(cli, request, monkeypatch, a
             m.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
             want = cli(*args, "--cache-dir", cache, "--format", fmt, *extra)
         assert (got.code, got.out, got.err) == (want.code, want.out, want.err)
+
+
+def test_stand_in_written_in_the_training_config_is_not_renamed_back(cli, fine_tunes, monkeypatch, tmp_path):
+    """A stand-in that the environment holds (a training config value, quoted in the plan and the prescription) is the
+    user's own text: renaming the judgement back must not turn it into the model's repo id."""
+    from gemma_doctor import memo
+
+    tc = tmp_path / "train.yaml"
+    tc.write_text(f"optim: {memo.REPO}\nlr_scheduler_type: {memo.COMMIT}\n")
+    args = ("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never", "--training-config", tc)
+    got = cli(*args)
+    monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+    want = cli(*args)
+    assert memo.REPO in want.out
+    assert (got.code, got.out) == (want.code, want.out)
