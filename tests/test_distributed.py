@@ -379,3 +379,18 @@ def test_check_reads_the_launch_line_end_to_end(cli, tmp_path, monkeypatch):
         r = cli("check", str(model), "--launch", bad, "--gpu", "A100", "--format", "json", "--fail-on", "never")
         assert r.code == 0 and "Traceback" not in r.err, r
         assert said in json.dumps(r.json()["environment"]["training_config"]), bad
+
+
+@pytest.mark.parametrize("line", ["torchrun --nnodes ² train.py", "torchrun --nproc_per_node ² train.py",
+                                  "deepspeed --num_gpus ² train.py", "accelerate launch --num_processes ² train.py",
+                                  "python train.py --per_device_train_batch_size ²"])
+def test_a_count_of_non_ascii_digits_is_not_a_count(cli, tmp_path, line):
+    """'²' is a digit to str.isdigit() but not to int(): a count written so is read as no count (or GD601's
+    'is not a count'), never exit 70."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    r = cli("check", str(model), "--launch", line, "--gpu", "A100", "--format", "json", "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    processes = r.json()["models"][0]["memory"]["run"]["num_gpus"]
+    assert processes == 1 or "is not a count" in json.dumps(r.json()["environment"]["training_config"])

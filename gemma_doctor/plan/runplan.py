@@ -78,7 +78,7 @@ def _int(value: Any) -> int | None:
         return None
     if isinstance(value, int) and value > 0:
         return value
-    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and int(value) > 0:
         return int(value)
     return None
 
