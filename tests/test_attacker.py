@@ -1311,3 +1311,18 @@ def test_a_folder_swapped_for_a_link_in_a_loop_while_fix_restore_and_check_run(w
         for n in original:
             assert json.loads((world.snap / n).read_bytes()) in (fixed[n], {**fixed[n], "use_cache": False}), n
     world.untouched()
+
+
+def test_an_added_token_id_of_non_ascii_digits_is_no_id(cli, tmp_path):
+    """tokenizer_config.json's added_tokens_decoder keyed by '²' (str.isdigit() but not int()): that entry is no id,
+    the check goes on (never exit 70)."""
+    from tests.builders import gemma3_1b_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_1b_config()))
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"²": {"content": "<pad>"}, "0": {"content": "<pad>"}}, "pad_token": "<pad>"}))
+    r = cli("check", str(model), "--format", "json", "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    assert r.json()["models"][0]["target"] == str(model)

@@ -83,7 +83,7 @@ def parse(data: Mapping[str, Any], template_apart: str = "") -> TokenizerFacts:
     if isinstance(decoder, Mapping):
         for key, entry in decoder.items():
             content = _token(entry)
-            if content is not None and isinstance(key, str) and key.isdigit() and len(key) < 12:
+            if content is not None and isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 12:
                 added.setdefault(content, int(key))
     template = _template_text(data.get("chat_template")) or template_apart
     add_bos = data.get("add_bos_token")
