@@ -349,7 +349,8 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         try:
             base_located, base_notes = locate_targets([base], cache, facts.adapter.base_revision or revision)
         except DoctorError as e:
-            unplanned.append(f"{target}: a PEFT adapter of {base!r}, which could not be read ({_first_line(e)}); "
+            unplanned.append(f"{target}: a PEFT adapter of {_cut(base)!r}, which could not be read "
+                             f"({_cut(_first_line(e), 300)}); "
                              "recommend the base once it is here")
             continue
         skipped.extend(base_notes)
@@ -380,6 +381,11 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
 
 def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _cut(text: str, most: int = 200) -> str:
+    """A name from a file (an adapter's base) shown at most ``most`` characters long: a hostile one is not echoed whole."""
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _item(facts: ModelFacts, target: str, planned: bool, model_id: str) -> advice.Item:

@@ -490,3 +490,18 @@ def test_recommend_on_an_adapter_whose_base_is_not_here_says_so(cli, made, tmp_p
     r = cli("recommend", str(adapter), "--gpu", "A100", "--cache-dir", str(tmp_path / "hub"))
     assert r.code == 2 and "Traceback" not in r.err, r
     assert said in r.err and r.err.count("\n") == 1 and r.err.startswith("gemma-doctor: error: ")
+
+
+@pytest.mark.parametrize("base", ["a" * 5000, "acme/" + "b" * 5000, "acme/x\x1b[31m\nGD000 forged", "a\x00b",
+                                  "https://example.invalid/acme/x", "../../x"])
+def test_recommend_on_an_adapter_of_a_hostile_base_name_says_so_in_one_short_line(cli, made, tmp_path, base):
+    """A base_model_name_or_path that is very long, holds control characters or NUL, or is a URL or a path up: one
+    short printable line on stderr (the name shown cut, as check's GD742 shows it), never a 10 kB echo of it."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(made["plain"], adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    r = cli("recommend", str(adapter), "--gpu", "A100", "--cache-dir", str(tmp_path / "hub"))
+    assert r.code == 2 and "Traceback" not in r.err, r
+    assert r.err.count("\n") == 1 and r.err.startswith("gemma-doctor: error: ")
+    assert r.err[:-1].isprintable() and len(r.err) < 1200, r.err[:300]
