@@ -335,6 +335,9 @@ def test_a_launch_line_is_linted_like_its_config(line, expected, tmp_path):
     ("torchrun --nnodes 2 --nproc-per-node 8 train.py", 16, 2),
     ("torchrun --nnodes=1:4 --nproc_per_node 2 train.py", 8, 4),  # elastic: the most it may run
     ("python -m torch.distributed.run --nproc-per-node 4 train.py", 4, 1),
+    # python's own options before -m (-u, -B, -X opt, -W arg) are not the module's
+    ("python -u -m torch.distributed.run --nproc-per-node 4 train.py", 4, 1),
+    ("python3 -X dev -W ignore -B -m torch.distributed.run --nnodes 2 --nproc_per_node 2 train.py", 4, 2),
     ("deepspeed --num_gpus 4 --num_nodes 2 train.py --deepspeed ds.json", 8, 2),
     ("NCCL_DEBUG=INFO accelerate launch --config_file fsdp.yaml --num_processes 32 --num_machines 4 train.py", 32, 4),
     ("accelerate launch --config_file fsdp.yaml train.py", 16, 2),  # the file's own shape

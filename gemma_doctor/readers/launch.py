@@ -33,6 +33,8 @@ _ACCELERATE_SWITCHES = frozenset({
 _TORCHRUN_SWITCHES = frozenset({"--module", "--no_python", "--run_path", "--standalone", "--virtual_local_rank", "-m"})
 _DEEPSPEED_SWITCHES = frozenset({"--bind_cores_to_rank", "--force_multi", "--module", "--no_local_rank", "--no_python",
                                  "--no_ssh", "--no_ssh_check", "--quiet", "--save_pid", "-q"})
+# The interpreter's options that take the next word (CPython 3.11's `python --help`).
+_PYTHON_VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})
 # accelerate launch flag -> the key an accelerate config file holds it under (readers/training_config.py's KEYS).
 _ACCELERATE_KEYS = {
     "num_processes": "num_processes", "num_machines": "num_machines", "mixed_precision": "mixed_precision",
@@ -150,6 +152,11 @@ def _launcher(words: list[str]) -> tuple[str | None, list[str]]:
         return "torchrun", words[1:]
     if head == "deepspeed":
         return "deepspeed", words[1:]
+    if head.startswith("python"):
+        i = 1  # the interpreter's own options (-u, -B, -X opt, -W arg) come before -m or the script
+        while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-", "--"):
+            i += 2 if words[i] in _PYTHON_VALUED else 1
+        words = [words[0], *words[i:]]
     if head.startswith("python") and len(words) >= 3 and words[1] == "-m":
         module = words[2]
         if module == "torch.distributed.run":
