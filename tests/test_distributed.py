@@ -322,6 +322,8 @@ def lint_launch(line: str, model: str, cwd: Path, **versions: str):
     ("accelerate launch --config_file fsdp.yaml --fsdp_transformer_layer_cls_to_wrap Gemma4TextDecoderLayer train.py",
      []),
     ("accelerate launch --config_file fsdp.yaml --fsdp_auto_wrap_policy SIZE_BASED_WRAP train.py", []),
+    ("accelerate launch \\\n  --use_fsdp \\\n  --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \\\n  train.py",
+     [("GD660", "error")]),
     # TrainingArguments on the script's line (torchrun): from 5.10 `--fsdp full_shard` wraps by class
     ("torchrun --nnodes 2 --nproc-per-node 8 train.py --fsdp full_shard --bf16", [("GD660", "error")]),
     ("torchrun --nproc_per_node=8 train.py --fsdp 'full_shard auto_wrap' --fsdp_config.auto_wrap_policy NO_WRAP", []),
@@ -338,6 +340,8 @@ def test_a_launch_line_is_linted_like_its_config(line, expected, tmp_path):
     # python's own options before -m (-u, -B, -X opt, -W arg) are not the module's
     ("python -u -m torch.distributed.run --nproc-per-node 4 train.py", 4, 1),
     ("python3 -X dev -W ignore -B -m torch.distributed.run --nnodes 2 --nproc_per_node 2 train.py", 4, 2),
+    # a CI step or job script continues the line with backslash-newline (bash drops both)
+    ("torchrun \\\n  --nnodes 2 \\\n  --nproc-per-node 8 \\\r\n  train.py", 16, 2),
     ("deepspeed --num_gpus 4 --num_nodes 2 train.py --deepspeed ds.json", 8, 2),
     ("NCCL_DEBUG=INFO accelerate launch --config_file fsdp.yaml --num_processes 32 --num_machines 4 train.py", 32, 4),
     ("accelerate launch --config_file fsdp.yaml train.py", 16, 2),  # the file's own shape

@@ -80,6 +80,9 @@ def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConf
 
 
 def _parse(line: str, cwd: str | None) -> TrainingConfig:
+    # A line continued with backslash-newline (a CI step, a job script): the shell drops both; shlex would keep the
+    # newline as a word of its own, which ends the launcher's options there.
+    line = line.replace("\\\r\n", " ").replace("\\\n", " ")
     try:
         words = shlex.split(line, comments=True)
     except ValueError as e:
