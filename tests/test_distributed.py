@@ -340,6 +340,8 @@ def test_a_launch_line_is_linted_like_its_config(line, expected, tmp_path):
     # python's own options before -m (-u, -B, -X opt, -W arg) are not the module's
     ("python -u -m torch.distributed.run --nproc-per-node 4 train.py", 4, 1),
     ("python3 -X dev -W ignore -B -m torch.distributed.run --nnodes 2 --nproc_per_node 2 train.py", 4, 2),
+    # torch.distributed.launch (deprecated, still in torch 2.13.0): torchrun's parser and its --use-env switch
+    ("python -m torch.distributed.launch --use-env --nnodes 2 --nproc_per_node 4 train.py", 8, 2),
     # a CI step or job script continues the line with backslash-newline (bash drops both)
     ("torchrun \\\n  --nnodes 2 \\\n  --nproc-per-node 8 \\\r\n  train.py", 16, 2),
     ("deepspeed --num_gpus 4 --num_nodes 2 train.py --deepspeed ds.json", 8, 2),

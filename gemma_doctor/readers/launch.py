@@ -31,6 +31,8 @@ _ACCELERATE_SWITCHES = frozenset({
     "--tpu_use_sudo", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "-m", "-q",
 })
 _TORCHRUN_SWITCHES = frozenset({"--module", "--no_python", "--run_path", "--standalone", "--virtual_local_rank", "-m"})
+# python -m torch.distributed.launch (deprecated, still in torch 2.13.0): torchrun's parser plus --use-env.
+_TORCH_LAUNCH_SWITCHES = _TORCHRUN_SWITCHES | {"--use_env"}
 _DEEPSPEED_SWITCHES = frozenset({"--bind_cores_to_rank", "--force_multi", "--module", "--no_local_rank", "--no_python",
                                  "--no_ssh", "--no_ssh_check", "--quiet", "--save_pid", "-q"})
 # The interpreter's options that take the next word (CPython 3.11's `python --help`).
@@ -109,8 +111,8 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
                 flags.setdefault("distributed_type", "MULTI_GPU")
             elif key in _ACCELERATE_KEYS:
                 _put(flags, _ACCELERATE_KEYS[key], value)
-    elif launcher == "torchrun":
-        options, script = _split(rest, _TORCHRUN_SWITCHES)
+    elif launcher in ("torchrun", "torch.distributed.launch"):
+        options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _count(options.get("nnodes", 1), "--nnodes")
         per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
         if per_node is not None and str(per_node).isascii() and str(per_node).isdigit():
@@ -164,6 +166,8 @@ def _launcher(words: list[str]) -> tuple[str | None, list[str]]:
         module = words[2]
         if module == "torch.distributed.run":
             return "torchrun", words[3:]
+        if module == "torch.distributed.launch":
+            return module, words[3:]
         if module in ("accelerate.commands.launch",):
             return "accelerate", words[3:]
         return None, words[3:]
