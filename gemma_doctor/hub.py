@@ -283,9 +283,9 @@ def _total_size(status: int, headers: Any) -> int | None:
     cr = headers.get("Content-Range") or headers.get("content-range")
     if status == 206 and cr and "/" in cr:
         total = cr.rsplit("/", 1)[1].strip()
-        return int(total) if total.isdigit() else None
+        return int(total) if total.isascii() and total.isdigit() else None
     cl = headers.get("Content-Length") or headers.get("content-length")
-    return int(cl) if status == 200 and cl and cl.isdigit() else None
+    return int(cl) if status == 200 and cl and cl.isascii() and cl.isdigit() else None
 
 
 class _Unreadable(Exception):

@@ -1326,3 +1326,13 @@ def test_an_added_token_id_of_non_ascii_digits_is_no_id(cli, tmp_path):
     r = cli("check", str(model), "--format", "json", "--fail-on", "never")
     assert r.code == 0 and "Traceback" not in r.err, r
     assert r.json()["models"][0]["target"] == str(model)
+
+
+def test_a_hub_size_of_non_ascii_digits_is_no_size():
+    """A hostile Hub server's Content-Range / Content-Length total of '²' (latin-1 0xB2: str.isdigit() but not int())
+    is no size, as any other unreadable total is; it used to raise ValueError out of the remote read."""
+    from gemma_doctor import hub
+
+    assert hub._total_size(206, {"Content-Range": "bytes 0-1/²"}) is None
+    assert hub._total_size(200, {"Content-Length": "²"}) is None
+    assert hub._total_size(206, {"Content-Range": "bytes 0-1/12"}) == 12
