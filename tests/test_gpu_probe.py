@@ -112,6 +112,7 @@ def test_weakest_gpu_decides():
     ("1", ["NVIDIA A100-SXM4-80GB"]), ("0", ["Tesla T4"]), ("0,1", ["Tesla T4", "NVIDIA A100-SXM4-80GB"]),
     ("1,7,0", ["NVIDIA A100-SXM4-80GB"]),  # CUDA stops at the first invalid entry
     ("GPU-00000001", ["NVIDIA A100-SXM4-80GB"]),
+    ("1,\u00b2", ["NVIDIA A100-SXM4-80GB"]),  # a non-ASCII digit is an invalid entry (int() refuses it): CUDA stops
 ])
 def test_cuda_visible_devices_is_honoured(visible, expected):
     nvml = FakeNvml([("Tesla T4", (7, 5), 16), ("NVIDIA A100-SXM4-80GB", (8, 0), 80)])
@@ -120,7 +121,7 @@ def test_cuda_visible_devices_is_honoured(visible, expected):
     assert [d.name for d in facts.devices] == expected
 
 
-@pytest.mark.parametrize("visible", ["", "-1", "none"])
+@pytest.mark.parametrize("visible", ["", "-1", "none", "\u00b2"])
 def test_cuda_visible_devices_hiding_everything(visible):
     nvml = FakeNvml([("NVIDIA A100-SXM4-80GB", (8, 0), 80)])
     facts = probe({"CUDA_VISIBLE_DEVICES": visible}, system="linux", driver_present=driver(True), load=loader(pynvml=nvml))

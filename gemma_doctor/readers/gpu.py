@@ -194,7 +194,8 @@ def select_visible(all_devices: list[_Raw], visible: str | None, pci_order: bool
     for token in (t.strip() for t in visible.split(",")):
         if not token:
             break
-        if token.lstrip("-").isdigit():
+        digits = token.lstrip("-")
+        if digits.isascii() and digits.isdigit():  # not "²", which isdigit() accepts and int() refuses
             i = int(token)
             if i < 0 or i >= len(all_devices):
                 break
