@@ -48,15 +48,16 @@ def _from_hub(name: str, repo_id: str, revision: str, cache: Path) -> BaseFacts:
         source = hub.open_model(repo_id, revision, cached=locate.cached_repo_ids(cache), not_cached=True)
         config = source.read_json("config.json")
     except DoctorError as e:
-        return BaseFacts(name, "not found", note=_one_line(str(e)))
+        return BaseFacts(name, "not found", note=one_line(str(e)))
     fam = family_mod.detect(config.data) if config.ok else family_mod.NOT_GEMMA
     return BaseFacts(name, "hub", source.location, config, fam)
 
 
-def _one_line(text: str) -> str:
-    """A Hub error as one printable line (its text may quote what a server sent)."""
+def one_line(text: str, most: int = 300) -> str:
+    """A Hub error or a name read from a file as one printable line of at most ``most`` characters (the text may
+    quote what a server sent, or be planted): never echoed whole."""
     line = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
-    return line if len(line) <= 300 else line[:297] + "..."
+    return line if len(line) <= most else line[:most - 3] + "..."
 
 
 def with_base(facts: ModelFacts, cache: Path, hub: bool = True) -> ModelFacts:

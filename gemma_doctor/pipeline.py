@@ -349,16 +349,15 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         try:
             base_located, base_notes = locate_targets([base], cache, facts.adapter.base_revision or revision)
         except DoctorError as e:
-            unplanned.append(f"{target}: a PEFT adapter of {_cut(base)!r}, which could not be read "
-                             f"({_cut(_first_line(e), 300)}); "
-                             "recommend the base once it is here")
+            unplanned.append(f"{target}: a PEFT adapter of {adapters.one_line(base, 200)!r}, which could not be read "
+                             f"({adapters.one_line(str(e))}); recommend the base once it is here")
             continue
         skipped.extend(base_notes)
         want = request or runplan.MemoryRequest()
         lora = want if want.method is not None else dataclasses.replace(want, method="lora")
         ad = facts.adapter
         targets_said = ad.target_modules if isinstance(ad.target_modules, str) else ", ".join(ad.target_modules or [])
-        skipped.append(f"{target}: a PEFT adapter; planned on its base {base}"
+        skipped.append(f"{target}: a PEFT adapter; planned on its base {adapters.one_line(base, 200)}"
                        + (" as a LoRA run (--method to plan another)" if want.method is None else "")
                        + f"; the rank and targets below are a new adapter's: continuing this one keeps its own "
                          f"(r={ad.rank}, targets {targets_said or 'none'})")
@@ -377,15 +376,6 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         raise UsageError("; ".join(unplanned) if unplanned else
                          f"no Gemma-family model {where}; name one (gemma-doctor recommend google/gemma-3-1b-it) {_PLAN_HINT}")
     return gpu, items, skipped + unplanned
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def _cut(text: str, most: int = 200) -> str:
-    """A name from a file (an adapter's base) shown at most ``most`` characters long: a hostile one is not echoed whole."""
-    return text if len(text) <= most else text[:most] + "..."
 
 
 def _item(facts: ModelFacts, target: str, planned: bool, model_id: str) -> advice.Item:
