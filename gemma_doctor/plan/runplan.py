@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gemma_doctor import frozen, gpus
 from gemma_doctor.plan import memory
@@ -263,28 +263,36 @@ def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: Mem
     return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
 
 
-_REQUESTS: dict[tuple[Any, ...], tuple[Any, RunRequest]] = {}
+def remembered(cache: dict[tuple[Any, ...], tuple[Any, Any]], key: tuple[Any, ...], anchor: Any,
+               make: Callable[[], Any], most: int = 1024) -> Any:
+    """``make()`` (a pure function of ``key`` and ``anchor``) remembered in ``cache``, per process. ``anchor`` (a
+    training config, compared by identity) is kept alive with the entry, so its id stands for its content; a key that
+    cannot be hashed is made as it is, every time."""
+    try:
+        full = (*key, id(anchor))
+        hit = cache.get(full)
+    except TypeError:
+        return make()
+    if hit is not None and hit[0] is anchor:
+        return hit[1]
+    value = make()
+    if len(cache) >= most:
+        cache.clear()
+    cache[full] = (anchor, value)
+    return value
+
+
+_REQUESTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _request_spec(precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest, training_config: Any | None,
                   task: str) -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape) remembered per process: the search plans
     check's memory of each candidate's training config for every model, and models of other shapes ask for the same
-    requests. The config is the read-back's own object, kept alive with the entry, so its identity stands for it."""
-    try:
-        key = (precision, gpu, gpu_spec, request, id(training_config), task)
-        hit = _REQUESTS.get(key)
-    except TypeError:  # an unhashable part: made as it is
-        key, hit = None, None
-    if hit is not None and hit[0] is training_config:
-        return hit[1]
-    req = request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
-                       training_config=training_config, task=task)
-    if key is not None:
-        if len(_REQUESTS) >= 1024:
-            _REQUESTS.clear()
-        _REQUESTS[key] = (training_config, req)
-    return req
+    requests."""
+    return remembered(_REQUESTS, (precision, gpu, gpu_spec, request, task), training_config,
+                      lambda: request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+                                           training_config=training_config, task=task))
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,

@@ -230,28 +230,16 @@ def _quick_order() -> tuple[int, ...]:
             + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
 
 
-_PLANS: dict[tuple[Any, ...], tuple[Any, runplan.MemoryFacts]] = {}
+_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
                   request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
-    models of one architecture in a cache get the same candidates. The config is the read-back's own object, kept
-    alive with the entry, so its identity stands for its content."""
-    try:
-        key = (shape, precision, gpu, gpu_spec, request, id(tc), task)
-        hit = _PLANS.get(key)
-    except TypeError:  # an unhashable part: planned as it is
-        key, hit = None, None
-    if hit is not None and hit[0] is tc:
-        return hit[1]
-    mem = runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
-                              training_config=tc, task=task)
-    if key is not None:
-        if len(_PLANS) >= 1024:
-            _PLANS.clear()
-        _PLANS[key] = (tc, mem)
-    return mem
+    models of one architecture in a cache get the same candidates."""
+    return runplan.remembered(_PLANS, (shape, precision, gpu, gpu_spec, request, task), tc,
+                              lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec,
+                                                          request=request, training_config=tc, task=task))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
