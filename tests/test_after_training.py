@@ -123,13 +123,19 @@ def test_text_view_names_the_adapter_and_its_base(cli, made, tmp_path):
     assert f"base: {made['base']} (folder {made['base']}, model_type gemma3_text)" in r.out
 
 
+def _naming(made: dict[str, Path], tmp_path: Path, base: str, which: str = "plain") -> Path:
+    """A copy of the ``which`` adapter whose adapter_config.json names ``base`` as its base model."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(made[which], adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    return adapter
+
+
 def test_the_base_is_found_in_the_cache_by_repo_id(cli, made, tmp_path):
     hub = HubCache(tmp_path / "hub")
     hub.add("acme/gemma-3-tiny", {n: (made["base"] / n).read_bytes() for n in ("config.json", "model.safetensors")})
-    adapter = tmp_path / "adapter"
-    shutil.copytree(made["plain"], adapter)
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "acme/gemma-3-tiny"}))
+    adapter = _naming(made, tmp_path, "acme/gemma-3-tiny")
     m = _check(cli, adapter, cache=hub.root)
     assert m["base"]["found"] == "cache" and m["base"]["model_type"] == "gemma3_text"
     assert m["base"]["path"].startswith(str(hub.repo_dir("acme/gemma-3-tiny") / "snapshots"))
@@ -341,10 +347,7 @@ def test_a_base_that_is_not_a_gemma_model_here_is_said_plainly(cli, made, tmp_pa
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text(json.dumps(llama_config()))
     monkeypatch.chdir(tmp_path)  # a relative base name is a folder of the working directory, as for transformers
-    adapter = tmp_path / "adapter"
-    shutil.copytree(made["mts"], adapter)
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    adapter = _naming(made, tmp_path, base, "mts")
     found = _codes(_check(cli, adapter, "--with", "peft==0.17.1", "--with", "transformers==4.57.6",
                           cache=tmp_path / "hub"))
     assert says in found[code]["message"]
@@ -483,10 +486,7 @@ def test_recommend_on_an_adapter_plans_a_lora_run_on_its_base(cli, made, tmp_pat
 @pytest.mark.parametrize("base, said", [("", "names no base model"),
                                         ("acme/not-here", "which could not be read")])
 def test_recommend_on_an_adapter_whose_base_is_not_here_says_so(cli, made, tmp_path, base, said):
-    adapter = tmp_path / "adapter"
-    shutil.copytree(made["plain"], adapter)
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    adapter = _naming(made, tmp_path, base)
     r = cli("recommend", str(adapter), "--gpu", "A100", "--cache-dir", str(tmp_path / "hub"))
     assert r.code == 2 and "Traceback" not in r.err, r
     assert said in r.err and r.err.count("\n") == 1 and r.err.startswith("gemma-doctor: error: ")
@@ -497,10 +497,7 @@ def test_recommend_on_an_adapter_whose_base_is_not_here_says_so(cli, made, tmp_p
 def test_recommend_on_an_adapter_of_a_hostile_base_name_says_so_in_one_short_line(cli, made, tmp_path, base):
     """A base_model_name_or_path that is very long, holds control characters or NUL, or is a URL or a path up: one
     short printable line on stderr (the name shown cut, as check's GD742 shows it), never a 10 kB echo of it."""
-    adapter = tmp_path / "adapter"
-    shutil.copytree(made["plain"], adapter)
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    adapter = _naming(made, tmp_path, base)
     r = cli("recommend", str(adapter), "--gpu", "A100", "--cache-dir", str(tmp_path / "hub"))
     assert r.code == 2 and "Traceback" not in r.err, r
     assert r.err.count("\n") == 1 and r.err.startswith("gemma-doctor: error: ")
