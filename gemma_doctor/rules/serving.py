@@ -55,7 +55,9 @@ def architecture(config: Mapping[str, Any] | None, model_type: str | None) -> st
 
 
 def _vllm(env: Environment, window: Window) -> tuple[Package, Exposure | None, Severity]:
-    """The vLLM that will serve, where it falls in ``window`` (None: not named), and the severity that follows."""
+    """The vLLM that will serve, where it falls in ``window`` (None: not named), and the severity that follows: error
+    inside it, warning otherwise (for the windows that end at the newest release read, a later release is not known to
+    be safe), information when vLLM is not named."""
     pkg = env.libraries.get("vllm")
     if pkg.absent:
         return pkg, None, Severity.INFO
@@ -86,8 +88,6 @@ def adapter(model: ModelFacts, ad: AdapterFacts, env: Environment) -> Iterator[F
         yield from _gemma4(ad, env)
     elif arch in GEMMA3N:
         pkg, exposure, sev = _vllm(env, GEMMA3N_LORA)
-        if exposure is Exposure.SAFE:
-            sev = Severity.WARNING
         yield Finding(
             "GD773", sev,
             f"the base is {arch}, and vLLM cannot serve a LoRA adapter on Gemma 3n: no release from 0.9.2 to "
@@ -113,8 +113,6 @@ def _gemma4(ad: AdapterFacts, env: Environment) -> Iterator[Finding]:
     if not tower:
         return
     pkg, exposure, sev = _vllm(env, TOWER_KEYS)
-    if exposure is Exposure.SAFE:
-        sev = Severity.WARNING
     shown = ", ".join(tower[:2]) + (f" and {len(tower) - 2} more" if len(tower) > 2 else "")
     yield Finding(
         "GD774", sev,
@@ -160,8 +158,6 @@ def model_folder(model: ModelFacts, env: Environment) -> Iterator[Finding]:
     if not keys:
         return
     pkg, exposure, sev = _vllm(env, CAUSAL_PREFIX)
-    if exposure is Exposure.SAFE:
-        sev = Severity.WARNING
     prefix = keys[0].split(".language_model.")[0] + ".language_model" if keys[0].startswith("model.") \
         else "language_model"
     cfg = model.config.data
