@@ -70,41 +70,35 @@ def lock_file(packages: tuple[str, ...]) -> Path:
     return LOCKS / f"{name}.txt"
 
 
-def shared_torch() -> Path:
-    """The folder holding torch 2.13.0 and its dependencies (``pip install --target``), built once per cache; the
-    versions of torch's dependencies are the pinned test stack's (tests/constraints.txt)."""
+def _pip_target(prefix: str, keyed: tuple[str, ...], pip_args: tuple[str, ...]) -> Path:
+    """A folder filled once by ``pip install --target`` with ``pip_args`` (the main interpreter's pip), cached under
+    venv_root() by ``keyed`` and this Python's version; a half-built one (no .complete) is built again."""
     root = venv_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256("\n".join((TORCH, sys.version.split()[0], CONSTRAINTS.read_text())).encode()).hexdigest()[:12]
-    target = root / f"torch-{key}"
-    with open(root / f"torch-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    key = hashlib.sha256("\n".join((sys.version.split()[0], *keyed)).encode()).hexdigest()[:12]
+    target = root / f"{prefix}-{key}"
+    with open(root / f"{prefix}-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
         if not (target / ".complete").exists():
             if target.exists():
                 shutil.rmtree(target)
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            "--no-cache-dir", "-c", str(CONSTRAINTS), "--target", str(target), TORCH], check=True)
+                            "--no-cache-dir", "--target", str(target), *pip_args], check=True)
             (target / ".complete").write_text("ok\n")
     return target
+
+
+def shared_torch() -> Path:
+    """The folder holding torch 2.13.0 and its dependencies, built once per cache; the versions of torch's
+    dependencies are the pinned test stack's (tests/constraints.txt)."""
+    return _pip_target("torch", (TORCH, CONSTRAINTS.read_text()), ("-c", str(CONSTRAINTS), TORCH))
 
 
 def ensure_packages(packages: tuple[str, ...]) -> Path:
-    """A folder holding exactly ``packages`` (``pip install --no-deps --target``), built once and cached: for running
-    one module of a package whose full install would drag in a stack of its own (axolotl pins gradio, modal, wandb,
-    ...) beside the main venv's libraries, on PYTHONPATH."""
-    root = venv_root()
-    root.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256("\n".join((sys.version.split()[0], *packages)).encode()).hexdigest()[:12]
-    target = root / f"pkgs-{key}"
-    with open(root / f"pkgs-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / ".complete").exists():
-            if target.exists():
-                shutil.rmtree(target)
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
-                            "--no-deps", "--target", str(target), *packages], check=True)
-            (target / ".complete").write_text("ok\n")
-    return target
+    """A folder holding exactly ``packages`` (``--no-deps``), built once and cached: for running one module of a
+    package whose full install would drag in a stack of its own (axolotl pins gradio, modal, wandb, ...) beside the
+    main venv's libraries, on PYTHONPATH."""
+    return _pip_target("pkgs", packages, ("--no-deps", *packages))
 
 
 def _site_packages(python: Path) -> Path:
