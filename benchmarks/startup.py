@@ -42,15 +42,49 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(%r))), file
 """ % (HEAVY,)
 
 
+def tiny_checkpoints(dest: Path) -> list[dict[str, bytes]]:
+    """Two revisions of a tiny Gemma 3 text model (2 layers, 64 wide, bf16) saved by transformers' save_pretrained
+    (seeds 0 and 1: a base and a later training step): issue 23's cache holds checkpoints like these, whose
+    model.safetensors headers check parses. Built in a child so this process never imports torch."""
+    subprocess.run([sys.executable, "-c", _TINY, str(dest)], check=True, capture_output=True)
+    return [{p.name: p.read_bytes() for p in sorted((dest / str(seed)).iterdir())} for seed in (1, 0)]
+
+
+_TINY = """
+import sys
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+cfg = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=64)
+for seed in (0, 1):
+    torch.manual_seed(seed)
+    Gemma3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(f"{sys.argv[1]}/{seed}")
+"""
+
+
 def build_cache(root: Path, repos: int, shape: str = "same") -> float:
     """``repos`` repos x 2 revisions (main and an older detached one), half of them Gemma 3.
 
     ``same``: every Gemma repo is gemma-3-12b-it's config but for its names (a team's fine-tunes of one base: gemma-doctor
     judges one and serves the rest, gemma_doctor/memo.py). ``distinct``: no two Gemma repos share their facts (the
-    text model's layer count and MLP width differ per repo), so each is judged on its own."""
+    text model's layer count and MLP width differ per repo), so each is judged on its own. ``checkpoints``: issue 23's
+    own shape, every Gemma repo a tiny Gemma 3 checkpoint saved by transformers (config, generation config and
+    model.safetensors), an older training step as its second revision."""
     t0 = time.perf_counter()
     hub = HubCache(root)
     gem, gen, other = gemma3_12b_config(), generation_config(), llama_config()
+    if shape == "checkpoints":
+        older, newer = tiny_checkpoints(root.parent / f"tiny-{root.name}")
+        for i in range(repos):
+            repo = f"org{i % 37}/model-{i:05d}"
+            if i % 2:
+                hub.add(repo, {"config.json": variant(other, _name_or_path=f"old-{i}"), "generation_config.json": gen},
+                        refs=())
+                hub.add(repo, {"config.json": variant(other, _name_or_path=repo), "generation_config.json": gen})
+            else:
+                hub.add(repo, older, refs=())
+                hub.add(repo, newer)
+        return time.perf_counter() - t0
     for i in range(repos):
         cfg = gem if i % 2 == 0 else other
         if shape == "distinct" and i % 2 == 0:
@@ -106,8 +140,10 @@ def main() -> None:
     ap.add_argument("--repos", type=int, default=1000)
     ap.add_argument("--sizes", type=int, nargs="+", metavar="N",
                     help="cache sizes to scan (default: --repos and twice it; growth is from the first to the second)")
-    ap.add_argument("--shapes", nargs="+", choices=("same", "distinct"), default=["same", "distinct"],
-                    help="cache shapes: Gemma repos equal but for their names (same), or no two alike (distinct)")
+    ap.add_argument("--shapes", nargs="+", choices=("same", "distinct", "checkpoints"),
+                    default=["checkpoints", "same", "distinct"],
+                    help="cache shapes: Gemma repos tiny checkpoints saved by transformers (checkpoints: issue 23's), "
+                    "equal but for their names (same), or no two alike (distinct)")
     ap.add_argument("--baseline", metavar="TREE", help="also time the whole-cache scans of another checkout (a git "
                     "worktree of an older commit), both trees run as `python -m gemma_doctor`, alternated in one run")
     args = ap.parse_args()

@@ -12,9 +12,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from gemma_doctor import locate, pipeline
+from gemma_doctor import locate, parallel, pipeline
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
@@ -112,30 +112,37 @@ def status_of(codes: set[str], fixed_before: bool, would_change: bool) -> RowSta
 
 def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
             options: CheckOptions | None = None) -> tuple[list[Row], int]:
-    """Rows for every Gemma-family snapshot in ``cache`` and the number of other repos skipped."""
+    """Rows for every Gemma-family snapshot in ``cache`` and the number of other repos skipped (the repos spread over
+    processes as check's whole-cache scan spreads them: pipeline.scan_start, gemma_doctor/parallel.py)."""
     options = options or CheckOptions()
-    snapshots = locate.resolve([], cache, revision, all_revisions)
-    models, skipped = pipeline.select(snapshots, explicit=False)
-    env = pipeline.environment(options)
-    rows: list[Row] = []
-    for facts in models:
-        # check's findings (pipeline.model_report's own), without the JSON blocks a row does not show
-        facts, findings = pipeline.judged(facts, options, env, memoise=len(models) > 1)
-        counts = {"error": 0, "warning": 0, "info": 0}
-        for f in findings:
-            counts[f.severity.value] += 1
-        would_change = plan_model(facts, env.libraries).status is Status.WOULD_CHANGE
-        status = status_of({f.code for f in findings}, bool(facts.undo.entries), would_change)
-        snap = facts.snapshot
-        nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
-            locate.redownload_command(snap, [f.file for f in findings if f.code in _DOWNLOAD_AGAIN])
-            if status is RowStatus.BROKEN else
-            f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
-        rows.append(Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
-                        declared_dtype(facts.config.data if facts.config.ok else None),
-                        snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
-                        status, counts, nxt))
-    return rows, len(skipped)
+    env, names = pipeline.scan_start(cache, revision, options)
+
+    def run(part: Sequence[str]) -> tuple[list[Row], int]:
+        models, skipped = pipeline.select(locate.snapshots_in(cache, part, revision, all_revisions), explicit=False)
+        return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
+
+    runs = parallel.map_runs(run, names)
+    return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)
+
+
+def _row(facts: Any, options: CheckOptions, env: Any, memoise: bool) -> Row:
+    """One snapshot's row: check's findings (pipeline.model_report's own, without the JSON blocks a row does not
+    show) and fix's plan."""
+    facts, findings = pipeline.judged(facts, options, env, memoise=memoise)
+    counts = {"error": 0, "warning": 0, "info": 0}
+    for f in findings:
+        counts[f.severity.value] += 1
+    would_change = plan_model(facts, env.libraries).status is Status.WOULD_CHANGE
+    status = status_of({f.code for f in findings}, bool(facts.undo.entries), would_change)
+    snap = facts.snapshot
+    nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
+        locate.redownload_command(snap, [f.file for f in findings if f.code in _DOWNLOAD_AGAIN])
+        if status is RowStatus.BROKEN else
+        f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
+    return Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
+               declared_dtype(facts.config.data if facts.config.ok else None),
+               snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
+               status, counts, nxt)
 
 
 # --- filters and sorting, as `hf cache ls` spells them -------------------------------------------

@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from gemma_doctor import fsafe, targets
 from gemma_doctor.errors import UsageError
@@ -134,7 +134,7 @@ def validate_repo_id(repo_id: str) -> None:
         raise UsageError(f"{repo_id!r} is neither an existing folder nor a valid repo id (like google/gemma-3-12b-it)")
 
 
-def _validate_revision(revision: str) -> None:
+def validate_revision(revision: str) -> None:
     parts = revision.split("/")
     if not revision or revision.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in revision:
         raise UsageError(f"--revision {revision!r} is not a valid branch, tag or commit")
@@ -214,7 +214,7 @@ def _snapshot_of_path(target: str, path: Path) -> Snapshot:
 def resolve(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
             all_revisions: bool = False) -> list[Snapshot]:
     """Turn the command line's targets into snapshot folders; no target means every repo in the cache."""
-    _validate_revision(revision)
+    validate_revision(revision)
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     if not targets:
         return list(iter_cache(cache, revision, all_revisions))
@@ -264,12 +264,22 @@ def _cached_repo(repo_id: str, cache: Path, revision: str, all_revisions: bool) 
 
 def iter_cache(cache: Path, revision: str = "main", all_revisions: bool = False) -> Iterator[Snapshot]:
     """Every model repo in the cache (datasets and spaces are not models), sorted by name."""
+    return snapshots_in(cache, cache_folders(cache), revision, all_revisions)
+
+
+def cache_folders(cache: Path) -> list[str]:
+    """The names in the cache folder, sorted: iter_cache's order (a scan spread over processes cuts this list)."""
     if not _is_dir(cache):
         raise UsageError(f"no Hugging Face cache at {cache}; pass --cache-dir or set HF_HUB_CACHE")
     try:
-        names = sorted(os.listdir(cache))
+        return sorted(os.listdir(cache))
     except OSError as e:
         raise UsageError(f"cannot list the cache at {cache}: {e.strerror}") from None
+
+
+def snapshots_in(cache: Path, names: Iterable[str], revision: str = "main",
+                 all_revisions: bool = False) -> Iterator[Snapshot]:
+    """The snapshots of the model repos among ``names`` (cache_folders' entries), in their order."""
     for name in names:
         repo_id = repo_id_from_folder(name)
         if repo_id is None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from gemma_doctor import adapters, fsafe, locate, rules
+from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
@@ -210,6 +210,8 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found."""
     options = options or CheckOptions()
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
+    if not targets:
+        return _scan(cache, revision, all_revisions, options)
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
@@ -220,6 +222,36 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
         reports.append(model_report(facts, env, options, findings))
     return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
+
+
+def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions) -> Report:
+    """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
+    the report is the same for any number of them)."""
+    env, names = scan_start(cache, revision, options)
+
+    def run(part: Sequence[str]) -> tuple[list[ModelReport], list[dict[str, str]]]:
+        located = [(s, source_of(s)) for s in locate.snapshots_in(cache, part, revision, all_revisions)]
+        models, skipped = select_sources(located, explicit=False)
+        reports = []
+        for m in models:
+            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env, memoise=len(models) > 1)
+            reports.append(model_report(facts, env, options, findings))
+        return reports, skipped
+
+    runs = parallel.map_runs(run, names, 1 if options.weights else None)
+    return Report(models=tuple(r for reports, _ in runs for r in reports), environment=env.to_json(),
+                  skipped=tuple(s for _, skipped in runs for s in skipped), cache_dir=str(cache), notes=())
+
+
+def scan_start(cache: Path, revision: str, options: CheckOptions) -> tuple[Environment, list[str]]:
+    """What every repo of a whole-cache scan is judged with, made once before the repos are spread over processes:
+    the environment, and the cache's folder names (UsageError for a missing cache, a bad revision, --remote)."""
+    if options.remote:
+        raise UsageError("--remote reads named repos from the Hub; name one, e.g. "
+                         "gemma-doctor check google/gemma-3-12b-it --remote")
+    locate.validate_revision(revision)
+    names = locate.cache_folders(cache)
+    return environment(options), names
 
 
 # --- where each target is read from: the cache, a folder, or the Hub ------------------------------------

@@ -86,7 +86,7 @@ def _isolated_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "default-hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)
-    for name in ("GEMMA_DOCTOR_WITH", "GEMMA_DOCTOR_REQUIREMENTS"):
+    for name in ("GEMMA_DOCTOR_WITH", "GEMMA_DOCTOR_REQUIREMENTS", "GEMMA_DOCTOR_WORKERS"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -1,0 +1,168 @@
+"""Whole-cache scans spread over processes: the repos cut into contiguous runs, one per worker, the results put back
+in order, so the output is the same for any number of workers (tests/test_parallel.py compares them byte for byte).
+
+Workers are forked from the scan itself after everything every repo needs is made (imports, the environment, the
+options), so a worker starts with no cost but the fork. Each one writes its results, pickled, into an anonymous
+in-memory file (``memfd``; a private temporary file where there is none) that only this process and its child hold:
+nothing outside the run can plant a result. The first run is the parent's own; a worker that fails in any way (killed,
+out of memory, a result it cannot pickle) has its run done again in the parent, so a worker can cost time, never a
+result. An error a worker meets (a ``DoctorError`` the sequential scan would raise) is raised in order, as the
+sequential scan would.
+
+``GEMMA_DOCTOR_WORKERS``: a number of workers (1 = no fork); otherwise the usable CPUs, at most ``MAX_WORKERS``, and
+one per ``PER_WORKER`` items (a small cache is not worth a fork).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import tempfile
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_WORKERS = 8
+# Items per worker below which a fork does not pay for itself (a repo costs ~0.2-0.5 ms; a fork and the transfer of
+# its results ~5 ms): measured in benchmarks/startup.py.
+PER_WORKER = 64
+
+
+def workers(items: int) -> int:
+    """How many processes a scan of ``items`` repos uses."""
+    env = os.environ.get("GEMMA_DOCTOR_WORKERS", "").strip()
+    if env:
+        try:
+            wanted = int(env)
+        except ValueError:
+            wanted = 1
+        return max(1, min(wanted, items))
+    if not hasattr(os, "fork"):
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, items // PER_WORKER))
+
+
+def chunks(items: Sequence[T], n: int) -> list[Sequence[T]]:
+    """``items`` cut into ``n`` contiguous runs of nearly equal length (the first ones one longer)."""
+    size, extra = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _scratch() -> int:
+    """A descriptor of an anonymous file only this process (and its children) can reach."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.memfd_create("gemma-doctor-scan", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError:
+            pass
+    f = tempfile.TemporaryFile()  # unlinked at once where the system allows it; mode 0600
+    fd = os.dup(f.fileno())
+    f.close()
+    return fd
+
+
+def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None = None) -> list[R]:
+    """``[fn(run) for run in chunks(items, n)]``, the runs after the first computed in forked workers."""
+    n = workers(len(items)) if n is None else max(1, min(n, len(items)))
+    threading = sys.modules.get("threading")
+    if n <= 1 or not hasattr(os, "fork") or (threading is not None and threading.active_count() > 1):
+        return [fn(items)]  # a process with other threads is never forked (a lock one of them holds stays held)
+    runs = chunks(items, n)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    started: list[tuple[int, int] | None] = []
+    for run in runs[1:]:
+        fd = _scratch()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(fd)
+            started.append(None)
+            continue
+        if pid == 0:  # the worker: never returns
+            _work(fn, run, fd)
+        started.append((pid, fd))
+    try:
+        results: list[R] = [fn(runs[0])]
+    except BaseException:
+        for child in started:  # their runs come after the error: stopped, and waited for (no process left behind)
+            if child is not None:
+                _stop(*child)
+        raise
+    error: BaseException | None = None
+    for run, child in zip(runs[1:], started):
+        if error is not None:
+            if child is not None:
+                _stop(*child)
+            continue
+        try:
+            results.append(_collect(fn, run, child))
+        except BaseException as e:  # noqa: BLE001 - raised once every worker is waited for
+            error = e
+    if error is not None:
+        raise error
+    return results
+
+
+def _stop(pid: int, fd: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _work(fn: Callable[[Sequence[T]], R], run: Sequence[T], fd: int) -> None:
+    code = 1
+    try:
+        try:
+            result: tuple[str, object] = ("ok", fn(run))
+        except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it in order
+            result = ("raised", e)
+        # A result (or error) pickle refuses ends the worker with 1: the parent does the run itself.
+        view = memoryview(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        while view:
+            view = view[os.write(fd, view):]
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent does this run itself
+        code = 1
+    finally:
+        os._exit(code)  # no atexit handlers, no flush of the parent's buffers
+
+
+def _collect(fn: Callable[[Sequence[T]], R], run: Sequence[T], child: tuple[int, int] | None) -> R:
+    """A worker's result, or the run done here when the worker did not deliver one."""
+    if child is None:
+        return fn(run)
+    pid, fd = child
+    got: tuple[str, object] | None = None
+    try:
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) == 0:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
+            if len(data) == size and size:
+                got = pickle.loads(data)
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError):
+        got = None
+    finally:
+        os.close(fd)
+    if got is not None and got[0] == "ok":
+        return got[1]  # type: ignore[return-value]
+    if got is not None and got[0] == "raised" and isinstance(got[1], BaseException):
+        raise got[1]
+    return fn(run)
