@@ -29,6 +29,7 @@ import re
 from pathlib import PurePath
 from typing import Any, Callable, TypeVar
 
+from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.safetensors_header import SafetensorsHeader, TensorInfo
 from gemma_doctor.source import LocalSource
 
@@ -46,6 +47,8 @@ _PLAIN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]
 _PLAIN = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9._/-]*$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 MAX_ENTRIES = 1024
+# The key of a JSON file's data when its text stands for it (_Renaming._keyed_by_text).
+_FROM_RAW = ("data parsed from raw",)
 
 
 class Unmemoisable(Exception):
@@ -189,6 +192,11 @@ class _Renaming:
                 out[ck] = cx
                 keys.append((kk, kx))
             return (v if same else out), (dict, tuple(keys))
+        if t is tuple and v and type(v[0]) is TensorInfo and all(type(x) is TensorInfo for x in v):
+            # A header's tensors (the bulk of a census): what the loop below makes of them, in one pass.
+            if any("gdmemo" in x.name or BLOB in x.name for x in v):
+                raise Unmemoisable("a stand-in is a tensor name")
+            return v, (t, v)
         if t is tuple or t is list:
             fwd = self.forward
             items = [fwd(x) for x in v]
@@ -232,8 +240,12 @@ class _Renaming:
             return StandInSource(v.kind, folder, root), (cls, v.kind, kf, kr)
         changed: dict[str, Any] = {}
         keys = []
+        from_raw = cls is JsonFile and self._keyed_by_text(v)
         for name in _fields(cls):
             x = getattr(v, name)
+            if from_raw and name == "data":
+                keys.append(_FROM_RAW)  # a function of ``raw``, which is in the key (see _keyed_by_text)
+                continue
             if name == "ident" and cls is SafetensorsHeader and x is not None:
                 # (device, inode) of a shard file: renamed like a name, one stand-in per file in order of meeting
                 # (two repos never share a file), so that equal shards of two repos are equal facts.
@@ -246,6 +258,27 @@ class _Renaming:
                 changed[name] = c
             keys.append(k)
         return (_rebuilt(v, changed) if changed else v), (cls, tuple(keys))
+
+    def _keyed_by_text(self, v: JsonFile) -> bool:
+        """True when a JSON file's parsed data needs neither renaming nor a walk: it was parsed from ``raw`` as read
+        (``parsed``), and ``raw`` has no escape (so every string in the data is written in it as it is), no link into
+        blobs/, no stand-in (but the config's own name, which _canonical put there), and none of this model's names
+        quoted as a whole string: then no string of the data is a name the walk would rename, the data is the
+        canonical data as it is, and it is a function of ``raw``, whose (renamed) bytes are in the key."""
+        raw = v.raw
+        if not v.parsed or raw is None or b"\\" in raw or b"blobs/" in raw:
+            return False
+        if raw is not self.renamed_raw and (b"gdmemo" in raw or BLOB.encode() in raw):
+            return False
+        if any(real in raw for real, _ in self.quoted):
+            return False
+        if self.name is not None and json.dumps(self.name).encode() in raw:
+            return False
+        if raw is self.renamed_raw:  # the config's own name, placed once as _str places it when walked
+            if self.name_placed:
+                raise Unmemoisable("a stand-in is already in the facts")
+            self.name_placed = True
+        return True
 
     # --- back: canonical result -> the model's own ---
 

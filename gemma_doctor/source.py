@@ -52,10 +52,31 @@ class LocalSource:
 
     def has(self, name: str) -> bool:
         """True when the folder has ``name`` (as a file, a folder or a link, dangling or not)."""
+        names = self._names() if "/" not in name else None
+        if names is not None:
+            return name in names
         return os.path.lexists(self.folder / name)
 
+    def _names(self) -> frozenset[str] | None:
+        """The folder's entries, listed once at the first question (a model's files are asked about a dozen times:
+        one listing instead of a dozen lookups); None where the folder cannot be listed (each name is then looked
+        up). A name is only ever a hint: every file is still opened at the moment of use, as fsafe opens it."""
+        try:
+            return self.__dict__["_listed"]
+        except KeyError:
+            pass
+        try:
+            names: frozenset[str] | None = frozenset(os.listdir(self.folder))
+        except (OSError, ValueError):
+            names = None
+        self.__dict__["_listed"] = names
+        return names
+
     def read_json(self, name: str) -> JsonFile:
-        """read_json_file confined to the repo folder."""
+        """read_json_file confined to the repo folder (a name the folder's listing lacks is missing, unread)."""
+        names = self._names() if "/" not in name else None
+        if names is not None and name not in names:
+            return JsonFile(self.folder / name, exists=False)
         return read_json_file(self.folder / name, self.root)
 
     def read_header(self, name: str) -> SafetensorsHeader:

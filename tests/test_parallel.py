@@ -3,8 +3,8 @@ whatever the number of workers, whatever a worker meets: an error, a death, a re
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gemma_doctor import parallel
-from gemma_doctor.errors import UsageError
 from tests.builders import HubCache, gemma2_config, gemma3_12b_config, generation_config, llama_config, variant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,49 +46,144 @@ SCANS = [("check", "--format", "json"), ("check", "--format", "text"), ("check",
          ("check", "--all-revisions", "--format", "json"), ("check", "--gpu", "T4", "--format", "text"),
          ("list", "--format", "json"), ("list", "--format", "text"), ("list", "--all-revisions", "--format", "json")]
 
+# Run in a fresh interpreter: a process with other threads is never forked (parallel.map_runs), and a test process
+# may have some left by earlier tests. Each run: (workers, exit code, stdout, stderr, forks made).
+_DRIVER = """
+import io, json, os, sys, contextlib
+from gemma_doctor.cli import main
+forks = []
+real_fork = os.fork
+def fork():
+    forks.append(1)
+    return real_fork()
+os.fork = fork
+out = []
+for workers in json.loads(sys.argv[1]):
+    os.environ["GEMMA_DOCTOR_WORKERS"] = workers
+    before = len(forks)
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            main(json.loads(sys.argv[2]))
+            code = 0
+        except SystemExit as x:
+            code = int(x.code or 0)
+    out.append([workers, code, o.getvalue(), e.getvalue(), len(forks) - before])
+print(json.dumps(out))
+"""
+
+
+def _fresh(args: list[str], workers: list[str]) -> list[list]:
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_WORKERS"}
+    got = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(workers), json.dumps(args)], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    return json.loads(got.stdout)
+
 
 @pytest.mark.parametrize("args", SCANS, ids=" ".join)
-def test_any_number_of_workers_says_what_one_process_says(cli, mixed_cache, monkeypatch, args):
-    forks = []
-    real_fork = os.fork
-
-    def fork():
-        forks.append(1)
-        return real_fork()
-
-    monkeypatch.setattr(os, "fork", fork)
-    runs = {}
-    for workers in ("1", "2", "3", "7"):
-        monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", workers)
-        extra = ("--fail-on", "never") if args[0] == "check" else ()
-        got = cli(*args, "--cache-dir", mixed_cache, *extra)
-        runs[workers] = (got.code, got.out, got.err)
-    assert runs["1"][1], "the scan printed nothing"
-    assert len(forks) == 1 + 2 + 6  # the scans compared were really spread over processes
-    assert runs["2"] == runs["1"] == runs["3"] == runs["7"]
+def test_any_number_of_workers_says_what_one_process_says(mixed_cache, args):
+    extra = ["--fail-on", "never"] if args[0] == "check" else []
+    runs = _fresh([*args, "--cache-dir", str(mixed_cache), *extra], ["1", "2", "3", "7"])
+    assert [r[4] for r in runs] == [0, 1, 2, 6]  # the scans compared were really spread over processes
+    one = runs[0][1:4]
+    assert one[1], "the scan printed nothing"
+    assert one[0] != 70
+    for r in runs[1:]:
+        assert r[1:4] == one, r[0]
 
 
-def test_a_scan_forks_the_workers_it_says(mixed_cache, monkeypatch):
-    """The workers really run the repos after the first run (their process ids are not the scan's): the comparison
-    above compares two ways of working, not one way twice."""
-    from gemma_doctor import pipeline
+_MAP = """
+import json, os, sys, signal
+from gemma_doctor import parallel
+from gemma_doctor.errors import UsageError
+parent = os.getpid()
+case = sys.argv[1]
+def dies(part):
+    if os.getpid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [x * 2 for x in part]
+def unpicklable(part):
+    if os.getpid() != parent:
+        return [lambda: x for x in part]
+    return [x * 2 for x in part]
+def raises(part):
+    if 7 in part:
+        raise UsageError("seven")
+    if 2 in part:
+        raise UsageError("two")
+    return list(part)
+def pids(part):
+    return [os.getpid(), list(part)]
+out = {}
+try:
+    if case == "dies":
+        out["got"] = parallel.map_runs(dies, list(range(10)), 3)
+    elif case == "unpicklable":
+        out["got"] = parallel.map_runs(unpicklable, list(range(10)), 3)
+    elif case == "raises":
+        for items in (list(range(9)), [0, 1, 3, 4, 5, 6, 7, 8]):
+            try:
+                parallel.map_runs(raises, items, 3 if len(items) == 9 else 2)
+            except UsageError as e:
+                out.setdefault("raised", []).append(str(e))
+    elif case == "pids":
+        got = parallel.map_runs(pids, list(range(9)), 3)
+        out["parent"] = parent
+        out["got"] = got
+finally:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        out["children_left"] = True
+    except ChildProcessError:
+        out["children_left"] = False
+print(json.dumps(out))
+"""
 
-    pids: set[int] = set()
-    real = pipeline.select_sources
 
-    def select_sources(located, explicit):
-        located = list(located)
-        pids.add(os.getpid())
-        return real(located, explicit)
+def _map(case: str) -> dict:
+    got = subprocess.run([sys.executable, "-c", _MAP, case], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert got.returncode == 0, got.stderr[-3000:]
+    return json.loads(got.stdout)
 
-    monkeypatch.setattr(pipeline, "select_sources", select_sources)
-    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "3")
-    # a worker's own pid cannot come back through the monkeypatched function; it comes back in what it read
-    seen = parallel.map_runs(lambda part: (os.getpid(), list(part)), list(range(9)))
-    assert [p for p, _ in seen][0] == os.getpid() and len({p for p, _ in seen}) == 3
-    assert [x for _, part in seen for x in part] == list(range(9))
-    pipeline.diagnose([], mixed_cache)
-    assert pids == {os.getpid()}  # the parent's run; the workers' calls happened in their own processes
+
+def test_the_runs_after_the_first_are_worked_in_other_processes():
+    got = _map("pids")
+    assert got["got"][0][0] == got["parent"] and len({p for p, _ in got["got"]}) == 3
+    assert [x for _, part in got["got"] for x in part] == list(range(9))
+    assert got["children_left"] is False
+
+
+@pytest.mark.parametrize("case", ["dies", "unpicklable"])
+def test_a_worker_that_delivers_nothing_costs_time_not_a_result(case):
+    """A worker killed, or one whose result pickle refuses, has its run done again in the parent."""
+    got = _map(case)
+    assert [x for part in got["got"] for x in part] == [x * 2 for x in range(10)]
+    assert got["children_left"] is False
+
+
+def test_an_error_is_raised_in_order_and_every_worker_is_waited_for():
+    """The first run's error wins, as in the sequential scan, whichever worker met its error first; no worker is left
+    behind (no zombie) after an error."""
+    got = _map("raises")
+    assert got["raised"] == ["two", "seven"]
+    assert got["children_left"] is False
+
+
+def test_a_process_with_other_threads_is_not_forked(monkeypatch):
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        forks = []
+        monkeypatch.setattr(os, "fork", lambda: forks.append(1) or 0)
+        assert parallel.map_runs(lambda part: [os.getpid()] * len(part), list(range(6)), 3) == [[os.getpid()] * 6]
+        assert forks == []
+    finally:
+        stop.set()
+        t.join()
 
 
 def test_runs_are_contiguous_and_cover_everything():
@@ -108,55 +202,3 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("GEMMA_DOCTOR_WORKERS")
     assert parallel.workers(parallel.PER_WORKER - 1) == 1  # a small cache is scanned in one process
     assert 1 <= parallel.workers(100_000) <= parallel.MAX_WORKERS
-
-
-def _dies_in_a_worker(part):
-    if os.getpid() != _PARENT:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return [x * 2 for x in part]
-
-
-def _unpicklable_in_a_worker(part):
-    if os.getpid() != _PARENT:
-        return [lambda: x for x in part]  # a result pickle refuses
-    return [x * 2 for x in part]
-
-
-_PARENT = os.getpid()
-
-
-@pytest.mark.parametrize("fn", [_dies_in_a_worker, _unpicklable_in_a_worker])
-def test_a_worker_that_delivers_nothing_costs_time_not_a_result(fn):
-    assert _PARENT == os.getpid()
-    got = parallel.map_runs(fn, list(range(10)), 3)
-    assert [x for part in got for x in part] == [x * 2 for x in range(10)]
-
-
-def test_an_error_is_raised_in_order():
-    """The first run's error wins, as in the sequential scan, whichever worker met its error first."""
-
-    def fn(part):
-        if 7 in part:
-            raise UsageError("seven")
-        if 2 in part:
-            raise UsageError("two")
-        return list(part)
-
-    with pytest.raises(UsageError, match="^two$"):
-        parallel.map_runs(fn, list(range(9)), 3)
-    with pytest.raises(UsageError, match="^seven$"):
-        parallel.map_runs(fn, [0, 1, 3, 4, 5, 6, 7, 8], 2)
-
-
-def test_no_worker_is_left_behind(monkeypatch):
-    """Every worker is waited for (no zombie): the parent has no child left after a scan, errors included."""
-    def fn(part):
-        if 5 in part:
-            raise UsageError("five")
-        return list(part)
-
-    with pytest.raises(UsageError):
-        parallel.map_runs(fn, list(range(10)), 4)
-    parallel.map_runs(lambda part: list(part), list(range(10)), 4)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)

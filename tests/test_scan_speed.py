@@ -486,3 +486,72 @@ def test_stand_in_written_in_the_training_config_is_not_renamed_back(cli, fine_t
     want = cli(*args)
     assert memo.REPO in want.out
     assert (got.code, got.out) == (want.code, want.out)
+
+
+@pytest.fixture
+def text_keyed(tmp_path):
+    """Fine-tunes whose config texts test the memo's key-by-text shortcut (_Renaming._keyed_by_text): equal texts,
+    one value apart, the repo's own id written as a value (plain and escaped), a link-like value, an escape."""
+    from tests.builders import HubCache, gemma3_1b_config, variant
+
+    hub = HubCache(tmp_path / "hub")
+    cfg = gemma3_1b_config()
+    configs = {
+        "a/plain-1": variant(cfg), "b/plain-2": variant(cfg), "c/plain-3": variant(cfg, rope_theta=20000.0),
+        "d/names-itself": variant(cfg, finetuned_from="d/names-itself"),
+        "e/names-itself": variant(cfg, finetuned_from="e/names-itself"),
+        "f/blobs": variant(cfg, note="../../blobs/" + "a" * 40),
+        "g/escaped": variant(cfg, note="caf\u00e9"),
+        "h/escaped": variant(cfg, note="caf\u00e9"),
+    }
+    for repo, config in configs.items():
+        hub.add(repo, {"config.json": config})
+    # The repo's id written with JSON's escaped slash: the same data as names-itself, another text.
+    raw = json_text(variant(cfg, finetuned_from="i/escaped-slash")).replace(b"i/escaped-slash", b"i\\/escaped-slash")
+    hub.add("i/escaped-slash", {"config.json": raw})
+    return hub.root
+
+
+def json_text(config) -> bytes:
+    from tests.builders import dumps
+
+    return dumps(config)
+
+
+def test_keys_by_text_are_keys_by_walk(text_keyed, monkeypatch):
+    """Two models get equal memo keys with the config keyed by its text exactly when they get equal keys with the
+    config walked (and the shortcut is really taken for the plain configs, not for the others)."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    models, _ = pipeline.select(locate.resolve([], text_keyed, "main", False), explicit=False)
+    facts = [pipeline.read_more(m, CheckOptions()) for m in models]
+    taken: list[str] = []
+    real = memo._Renaming._keyed_by_text
+
+    def spy(self, v):
+        got = real(self, v)
+        if got and v.path.name == "config.json":
+            taken.append(str(v.path).split("models--")[1].split("/")[0])
+        return got
+
+    def keys() -> dict[str, object]:
+        out = {}
+        for f in facts:
+            r = memo.renaming_for(f)
+            assert r is not None
+            out[f.snapshot.repo_id] = memo._canonical(f, r)[1]
+        return out
+
+    monkeypatch.setattr(memo._Renaming, "_keyed_by_text", spy)
+    fast = keys()
+    monkeypatch.setattr(memo._Renaming, "_keyed_by_text", lambda self, v: False)
+    walked = keys()
+    names = sorted(fast)
+    for a in names:
+        for b in names:
+            assert (fast[a] == fast[b]) == (walked[a] == walked[b]), (a, b)
+    assert fast["a/plain-1"] == fast["b/plain-2"] != fast["c/plain-3"]
+    assert walked["d/names-itself"] == walked["e/names-itself"]  # each config names its own repo: equal facts
+    assert {"a--plain-1", "b--plain-2", "c--plain-3"} <= set(taken)
+    assert not {"d--names-itself", "f--blobs", "g--escaped", "i--escaped-slash"} & set(taken)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,9 @@ class JsonFile:
     # True when the file parsed as JSON but its shape is wrong (not an object, duplicate keys, NaN...).
     shape_error: bool = False
     escapes: bool = False
+    # True when ``data`` is parse_json_object(``raw``) as read (set by the readers only): whatever ``data`` holds is
+    # then a function of ``raw``, which gemma_doctor/memo.py uses to key the file by its text without walking it.
+    parsed: bool = field(default=False, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -146,4 +149,4 @@ def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
                         error=f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB, not a config (not read whole)")
     data, error, shape_error = parse_json_object(raw)
     return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, raw=raw, data=data,
-                    error=error, shape_error=shape_error)
+                    error=error, shape_error=shape_error, parsed=True)
