@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import json
 import os
 import re
@@ -49,6 +50,34 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 MAX_ENTRIES = 1024
 # The key of a JSON file's data when its text stands for it (_Renaming._keyed_by_text).
 _FROM_RAW = ("data parsed from raw",)
+
+
+# A header's tensors (the bulk of a census) keyed by a token per distinct content: the same tuple object (a header
+# parsed once and met again in every fine-tune of a base: safetensors_header._parsed) is looked up by identity, a new
+# object by value, so equal tensors always get the same token and unequal ones never do (tokens are never reused).
+_TOKENS = itertools.count()
+_BY_VALUE: dict[tuple, tuple[str, int]] = {}
+_BY_ID: dict[int, tuple[tuple, tuple[str, int]]] = {}
+
+
+def _tensors_key(v: tuple) -> tuple[str, int] | None:
+    """The key of a tuple of TensorInfo (None: not all of them are), Unmemoisable when a name holds a stand-in."""
+    hit = _BY_ID.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    if not all(type(x) is TensorInfo for x in v):
+        return None
+    if any("gdmemo" in x.name or BLOB in x.name for x in v):
+        raise Unmemoisable("a stand-in is a tensor name")
+    if len(_BY_ID) >= 4096:
+        _BY_ID.clear()  # objects forgotten: met again, they are looked up by value
+    if len(_BY_VALUE) >= 4096:
+        _BY_VALUE.clear()  # contents forgotten: met again, they get a new token (a miss, never a wrong hit)
+    key = _BY_VALUE.get(v)
+    if key is None:
+        key = _BY_VALUE[v] = ("tensors", next(_TOKENS))
+    _BY_ID[id(v)] = (v, key)
+    return key
 
 
 class Unmemoisable(Exception):
@@ -192,11 +221,10 @@ class _Renaming:
                 out[ck] = cx
                 keys.append((kk, kx))
             return (v if same else out), (dict, tuple(keys))
-        if t is tuple and v and type(v[0]) is TensorInfo and all(type(x) is TensorInfo for x in v):
-            # A header's tensors (the bulk of a census): what the loop below makes of them, in one pass.
-            if any("gdmemo" in x.name or BLOB in x.name for x in v):
-                raise Unmemoisable("a stand-in is a tensor name")
-            return v, (t, v)
+        if t is tuple and v and type(v[0]) is TensorInfo:
+            key = _tensors_key(v)
+            if key is not None:
+                return v, key
         if t is tuple or t is list:
             fwd = self.forward
             items = [fwd(x) for x in v]

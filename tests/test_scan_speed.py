@@ -555,3 +555,36 @@ def test_keys_by_text_are_keys_by_walk(text_keyed, monkeypatch):
     assert walked["d/names-itself"] == walked["e/names-itself"]  # each config names its own repo: equal facts
     assert {"a--plain-1", "b--plain-2", "c--plain-3"} <= set(taken)
     assert not {"d--names-itself", "f--blobs", "g--escaped", "i--escaped-slash"} & set(taken)
+
+
+def test_a_header_parsed_once_is_the_header_parsed_again(tmp_path):
+    """safetensors_header._parsed (the same header bytes parsed once per process) gives what parse_header gives, for
+    the same bytes under another path, other bytes, and a bad header; the metadata is each caller's own dict."""
+    from pathlib import Path
+
+    from gemma_doctor.readers import safetensors_header as sh
+
+    good, other = _weights("BF16"), _weights("F32")
+    for data in (good, other, good, good[:8] + b"{" + good[9:], good[:-2]):
+        n = int.from_bytes(data[:8], "little")
+        for path in (Path("/a/model.safetensors"), Path("/b/model.safetensors")):
+            got, want = sh._parsed(data[8:8 + n], len(data), path), sh.parse_header(data[8:8 + n], len(data), path)
+            assert got == want and got.path == path
+    n = int.from_bytes(good[:8], "little")
+    one = sh._parsed(good[8:8 + n], len(good), Path("/c"))
+    two = sh._parsed(good[8:8 + n], len(good), Path("/d"))
+    assert one.tensors is two.tensors and one.metadata == two.metadata and one.metadata is not two.metadata
+
+
+def test_tensors_keyed_by_token_are_keyed_by_content():
+    from gemma_doctor import memo
+    from gemma_doctor.readers.safetensors_header import TensorInfo
+
+    a = (TensorInfo("w", "BF16", (2, 2), 0, 8), TensorInfo("b", "BF16", (2,), 8, 12))
+    same = tuple(TensorInfo(t.name, t.dtype, t.shape, t.begin, t.end) for t in a)
+    other = (TensorInfo("w", "F32", (2, 2), 0, 16), a[1])
+    assert memo._tensors_key(a) == memo._tensors_key(same) == memo._tensors_key(a)
+    assert memo._tensors_key(other) != memo._tensors_key(a)
+    assert memo._tensors_key((a[0], "not a tensor")) is None
+    with pytest.raises(memo.Unmemoisable):
+        memo._tensors_key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))

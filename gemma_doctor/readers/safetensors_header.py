@@ -290,9 +290,32 @@ def read_header(path: Path, root: Path | None = None) -> SafetensorsHeader:
         os.close(fd)
     if len(raw) != n:
         return _bad(path, size, "file shrank while being read")
-    h = parse_header(raw, size, path)
+    h = _parsed(raw, size, path)
     return SafetensorsHeader(h.path, h.exists, h.file_size, h.header_len, h.tensors, h.metadata, h.error,
                              ident=opened.ident, root=root)
+
+
+# parse_header is a function of the header's bytes and the file's size (the path only names the file): a cache of
+# fine-tunes of one base holds the same header in every repo, parsed once per process (memo.py then meets the same
+# tensors tuple again, and keys it without a walk). Bounded: entries and bytes kept.
+_PARSED: dict[tuple[bytes, int], SafetensorsHeader] = {}
+_PARSED_BYTES = [0]
+MAX_PARSED_BYTES = 64 * 1024 * 1024
+
+
+def _parsed(raw: bytes, size: int, path: Path) -> SafetensorsHeader:
+    hit = _PARSED.get((raw, size))
+    if hit is None:
+        hit = parse_header(raw, size, path)
+        if _PARSED_BYTES[0] + len(raw) > MAX_PARSED_BYTES or len(_PARSED) >= 4096:
+            _PARSED.clear()
+            _PARSED_BYTES[0] = 0
+        _PARSED[(raw, size)] = hit
+        _PARSED_BYTES[0] += len(raw)
+        return hit
+    # the tensors (an immutable tuple) are shared; the metadata dict is the caller's own copy
+    return SafetensorsHeader(path, hit.exists, hit.file_size, hit.header_len, hit.tensors, dict(hit.metadata),
+                             hit.error)
 
 
 def _lexists(path: Path) -> bool:
