@@ -80,6 +80,10 @@ def _tensors_key(v: tuple) -> tuple[str, int] | None:
     return key
 
 
+# Canonical paths by their type and text: the same few for every model of a cache (snapshots/<COMMIT>/config.json...).
+_PATHS: dict[tuple[type, str], PurePath] = {}
+
+
 class Unmemoisable(Exception):
     """The model is judged directly: its facts cannot be renamed safely, or the judgement read its source."""
 
@@ -179,6 +183,18 @@ class _Renaming:
 
     def _path(self, p: PurePath) -> tuple[PurePath, Any]:
         text = str(p)
+        if "gdmemo" not in text and BLOB not in text and (self.folder in text or self.commit in text) and "/" in text:
+            # The common case, as strings: the components (a normalised path's text split at "/") renamed whole, and
+            # the canonical path object made once per process for all the models it stands for (below: the same
+            # components, rebuilt through pathlib).
+            new_text = "/".join([self.parts.get(x, x) for x in text.split("/")])
+            t = type(p)
+            made = _PATHS.get((t, new_text))
+            if made is None:
+                if len(_PATHS) >= 4096:
+                    _PATHS.clear()
+                made = _PATHS[(t, new_text)] = t(new_text)
+            return made, (t, new_text)
         if self.folder in text or self.commit in text or "gdmemo" in text or BLOB in text:
             parts = p.parts
             new = tuple(self.parts.get(x, x) for x in parts)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -76,7 +78,10 @@ def locked(snapshot: Snapshot, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterato
 
 def load(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
     """All entries of the record that covers ``snapshot`` (empty when there is none); ReadError when unusable."""
-    path = snapshot.state_dir / UNDO_FILE
+    state = snapshot.state_dir
+    if _no_state_folder(state, area(snapshot)):
+        return {}
+    path = state / UNDO_FILE
     got = fsafe.read_file(path, MAX_JSON_BYTES, area(snapshot), follow=False)
     if not got.exists:
         return {}
@@ -96,6 +101,26 @@ def load(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
         raise ReadError(f"{path}: not an undo record this version of gemma-doctor understands "
                         f"(or it names files gemma-doctor never writes)")
     return entries
+
+
+def _no_state_folder(state: Path, where: fsafe.Area) -> bool:
+    """True when the state folder is certainly absent (most repos: `fix` never touched them), known by two lookups
+    instead of the read's walk to a missing file and its look for a dangling link after it: nothing by that name in a
+    root that is a real folder (a cache repo folder that is a link is refused by the read, as before). Anything else
+    (something there, a root that is a link, an error) leaves the answer to the read."""
+    try:
+        os.lstat(state)
+        return False
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        return False
+    if where.user_named:
+        return True
+    try:
+        return stat.S_ISDIR(os.lstat(where.root).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _valid_entry(entry: Any) -> bool:
