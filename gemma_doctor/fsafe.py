@@ -207,11 +207,13 @@ def _inner_of_absolute(root: Path, target: str) -> list[str] | None:
     return None
 
 
-def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
+def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tuple[int, str, str | None]:
     """Follow ``parts`` below the root, links included as long as every step stays inside it.
 
     Returns (new descriptor of the final folder, final name, the link target of ``parts``' own last component when
     it is a link). Raises Refused (escapes=True) when a link leads out, OSError when a component is missing.
+    ``open_last`` (flags with O_NOFOLLOW): the final name is opened with them, and the descriptor returned is the
+    opened file's (a link met there is read and followed as anywhere else): one open instead of a look and an open.
     """
     root_fd = area.open_root(readable=False)
     stack = [root_fd]
@@ -236,9 +238,14 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or _kind_at(stack[-1], name) != "link":
                         raise
-            else:
-                if _kind_at(stack[-1], name) != "link":
-                    return os.dup(stack[-1]), name, own_target
+            elif open_last is not None:
+                try:
+                    return os.open(name, open_last, dir_fd=stack[-1]), name, own_target
+                except OSError as e:
+                    if e.errno != errno.ELOOP:
+                        raise
+            elif _kind_at(stack[-1], name) != "link":
+                return stack.pop(), name, own_target
             try:
                 target = os.readlink(name, dir_fd=stack[-1])
             except OSError as e:
@@ -266,7 +273,7 @@ def _resolve(area: Area, parts: list[str]) -> tuple[int, str, str | None]:
                 todo.extend(reversed(_split(target)))
             first = False
         # the path was the root itself (or collapsed to it)
-        return os.dup(stack[-1]), ".", own_target
+        return stack.pop(), ".", own_target
     finally:
         for fd in stack:
             os.close(fd)
@@ -339,25 +346,21 @@ def open_file(path: Path, area: Area | None = None, *, follow: bool = True, conf
     parts = area.parts(path)
     if follow:
         try:
-            dir_fd, name, link_target = _resolve(area, parts)
+            # the file itself opened at the end of the walk (O_NOFOLLOW: a link there is followed by the walk)
+            fd, _name, link_target = _resolve(area, parts, open_last=_OPEN_READ)
         except Refused as e:
             raise Refused(str(e), escapes=e.escapes, link_target=_own_link_target(area, parts)) from None
     else:
-        link_target = None
         dir_fd = _walk(area, parts[:-1], readable=False)
-        name = parts[-1]
-    try:
         try:
-            fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
+            fd = os.open(parts[-1], _OPEN_READ, dir_fd=dir_fd)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                if not follow:
-                    raise Refused(f"{path} is a link; refusing to read through it") from None
-                # Swapped for a link between the walk and the open: never followed here.
-                raise Refused(f"{path} changed while being read", link_target=link_target) from None
+                raise Refused(f"{path} is a link; refusing to read through it") from None
             raise
-    finally:
-        os.close(dir_fd)
+        finally:
+            os.close(dir_fd)
+        link_target = None
     try:
         return Opened(fd, _check_regular(fd, path), link_target)
     except BaseException:
