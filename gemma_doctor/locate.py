@@ -148,15 +148,18 @@ def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, 
         return Snapshot(target, path, repo_id, revision if not all_revisions else None, None, repo_dir, cache_dir,
                         problem=RepoProblem(code, message))
 
-    try:
-        # The repo folder itself first: a link, or a folder this user cannot enter, is the repo's problem.
-        fsafe.kind(repo_dir / "refs", fsafe.Area(repo_dir))
-    except fsafe.Refused as e:
-        return [broken("GD020", f"{e}; not read")]
-    except OSError as e:
-        return [broken("GD020", f"cannot read {repo_dir}: {e.strerror or e}; not checked")]
+    # A ref read (a commit hash through a real repo folder and a real refs/ folder) says the repo folder is fine; else
+    # the repo folder is looked at first, as it always was: a link, or a folder this user cannot enter, is the repo's
+    # problem, whatever the ref says.
+    ref = _read_ref(repo_dir, revision) if not all_revisions else None
+    if not isinstance(ref, str):
+        try:
+            fsafe.kind(repo_dir / "refs", fsafe.Area(repo_dir))
+        except fsafe.Refused as e:
+            return [broken("GD020", f"{e}; not read")]
+        except OSError as e:
+            return [broken("GD020", f"cannot read {repo_dir}: {e.strerror or e}; not checked")]
     if not all_revisions:
-        ref = _read_ref(repo_dir, revision)
         if isinstance(ref, RepoProblem):
             return [broken(ref.code, ref.message)]
         if ref is not None:
