@@ -71,3 +71,18 @@ def test_check_of_one_repo_leaves_the_writers_and_the_heavy_parsers_unimported(c
     assert "gemma_doctor.pipeline" in mods  # the probe saw the check run
     assert not mods & {"gemma_doctor.fixes", "gemma_doctor.jsonedit", "gemma_doctor.readers.weights",
                        "packaging.specifiers", "packaging.requirements"}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github"])
+def test_check_of_one_repo_leaves_stdlib_modules_for_one_small_use_unimported(cached, fmt):
+    """The GPU probe's PATH look-up does without shutil (and bz2, lzma with it: 2 ms), the AMD probe imports glob only
+    on an AMD machine, and --format json does without fixes (difflib, the JSON editor: 3 ms)."""
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", LATE_PROBE, "check", "google/gemma-3-12b-it", "--cache-dir",
+                          str(cached.root), "--format", fmt], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=120)
+    mods = set(json.loads(res.stderr.strip().splitlines()[-1])["modules"])
+    assert "gemma_doctor.pipeline" in mods and "gemma_doctor.readers.gpu" in mods  # the probe saw the check run
+    assert not mods & {"gemma_doctor.fixes", "gemma_doctor.jsonedit", "difflib", "glob", "bz2", "lzma"}
+    if sys.platform != "win32":  # Windows' look-up (PATHEXT) is shutil.which's own
+        assert "shutil" not in mods
