@@ -567,6 +567,10 @@ def main(argv: list[str] | None = None) -> None:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The interpreter's exit runs full collector passes over every object still alive (every module, class and
+        # function: 9 ms of a one-repo check's 105); frozen, they are skipped. Exit handlers, finalizers and the
+        # flushing of open files run as before; only cyclic garbage made before this line is left to the OS.
+        gc.freeze()
     sys.exit(int(code))
 
 

@@ -89,9 +89,9 @@ def test_check_of_one_repo_leaves_stdlib_modules_for_one_small_use_unimported(ca
 
 
 def test_the_cli_leaves_the_garbage_collector_as_it_was_unless_it_is_the_process(cached):
-    """cli.py turns the cyclic collector off while it loads and main() keeps it off as the console script (argv None,
-    a process that ends with the command); importing the CLI or calling main(argv) in-process (tests, a host program)
-    leaves it as it was."""
+    """cli.py turns the cyclic collector off while it loads, and main() keeps it off as the console script (argv None,
+    a process that ends with the command) and freezes what is alive when it exits; importing the CLI or calling
+    main(argv) in-process (tests, a host program) leaves the collector as it was."""
     code = ("import gc, sys\n"
             "was = gc.isenabled()\n"
             "from gemma_doctor.cli import main\n"
@@ -100,13 +100,14 @@ def test_the_cli_leaves_the_garbage_collector_as_it_was_unless_it_is_the_process
             "    main(sys.argv[1:])\n"
             "except SystemExit:\n"
             "    pass\n"
-            "print(was, after_import, gc.isenabled(), file=sys.stderr)\n")
+            "print(was, after_import, gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)\n")
     args = ["check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root)]
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert res.stderr.strip().splitlines()[-1] == "True True True"
+    assert res.stderr.strip().splitlines()[-1] == "True True True False"
     res = subprocess.run([sys.executable, "-c", "import gc; gc.disable(); import gemma_doctor.cli; print(gc.isenabled())"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.stdout.strip() == "False"  # off before: not turned on
     as_script = code.replace("main(sys.argv[1:])", "sys.argv[0] = 'gemma-doctor'; main()")
     res = subprocess.run([sys.executable, "-c", as_script, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert res.stderr.strip().splitlines()[-1] == "True True False"  # the console script's process: off for its run
+    # the console script's process: off for its run, and what is alive at the end frozen (the exit's passes skip it)
+    assert res.stderr.strip().splitlines()[-1] == "True True False True"
