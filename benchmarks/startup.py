@@ -144,8 +144,10 @@ def main() -> None:
                     default=["checkpoints", "same", "distinct"],
                     help="cache shapes: Gemma repos tiny checkpoints saved by transformers (checkpoints: issue 23's), "
                     "equal but for their names (same), or no two alike (distinct)")
-    ap.add_argument("--baseline", metavar="TREE", help="also time the whole-cache scans of another checkout (a git "
-                    "worktree of an older commit), both trees run as `python -m gemma_doctor`, alternated in one run")
+    ap.add_argument("--baseline", metavar="TREE", help="also time the one-repo check and the whole-cache scans of another "
+                    "checkout (a git worktree of an older commit), both trees run as `python -m gemma_doctor`, "
+                    "alternated in one run")
+    ap.add_argument("--one-repo-only", action="store_true", help="time the one-repo case alone (no whole-cache scans)")
     args = ap.parse_args()
     doctor, hf = str(BIN / "gemma-doctor"), str(BIN / "hf")
     trees = {}
@@ -162,11 +164,19 @@ def main() -> None:
         imported = json.loads(res.stderr.strip().splitlines()[-1])
         print(f"heavy modules imported by `check <repo>`: {imported or 'none'}")
         assert "torch" not in imported and "transformers" not in imported
-        m = compare({"gemma-doctor check <repo>": [doctor, "check", "google/gemma-3-12b-it", "--cache-dir", str(one)],
-                     "hf cache ls": [hf, "cache", "ls", "--cache-dir", str(one)]}, args.runs)
-        a, b = m.values()
+        one_check = ["check", "google/gemma-3-12b-it", "--cache-dir", str(one)]
+        m = compare({"gemma-doctor check <repo>": [doctor, *one_check], "hf cache ls": [hf, "cache", "ls", "--cache-dir", str(one)],
+                     **{k: [*v, *one_check] for k, v in trees.items()}}, args.runs)
+        a, b = m["gemma-doctor check <repo>"], m["hf cache ls"]
         print(f"\none repo, median of {args.runs}: check {a * 1000:.0f} ms, hf cache ls {b * 1000:.0f} ms, ratio {a / b:.2f}"
               f"  (CPU: {cpu['gemma-doctor check <repo>'] * 1000:.0f} ms vs {cpu['hf cache ls'] * 1000:.0f} ms)")
+        if trees:
+            t, bl = m["this tree"], m["baseline"]
+            print(f"  python -m gemma_doctor check <repo>: this tree {t * 1000:.1f} ms, baseline {bl * 1000:.1f} ms, this / "
+                  f"baseline {t / bl:.2f} (CPU {cpu['this tree'] * 1000:.1f} vs {cpu['baseline'] * 1000:.1f} ms: "
+                  f"{cpu['this tree'] / cpu['baseline']:.2f}; / hf cache ls {t / b:.2f} vs {bl / b:.2f})")
+        if args.one_repo_only:
+            return
 
         for shape in args.shapes:
             scans: dict[int, dict[str, float]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -77,6 +78,29 @@ def loader(**modules):
 
 def driver(present: bool):
     return lambda: present
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX search path (Windows asks shutil.which itself)")
+def test_nvidia_smi_on_the_search_path_is_found_as_shutil_which_finds_it(tmp_path, monkeypatch):
+    """The driver probe's PATH look-up (without importing shutil) agrees with shutil.which on each kind of entry."""
+    import shutil
+
+    exe, plain, folder, empty = (tmp_path / n for n in ("exe", "plain", "folder", "empty"))
+    for d in (exe, plain, folder, empty):
+        d.mkdir()
+    (exe / "nvidia-smi").write_text("#!/bin/sh\n")
+    (exe / "nvidia-smi").chmod(0o755)
+    (plain / "nvidia-smi").write_text("not executable")  # no x bit: not a command
+    (folder / "nvidia-smi").mkdir(mode=0o755)  # a folder is never a command, searchable or not
+    cases = {str(exe): True, f"{plain}{os.pathsep}{folder}{os.pathsep}{empty}": False, f"{folder}{os.pathsep}{exe}": True,
+             "": False}
+    for path, found in cases.items():
+        monkeypatch.setenv("PATH", path)
+        assert gpu_reader.nvidia_driver_present(()) is found, path
+        assert (shutil.which("nvidia-smi") is not None) is found, path  # the oracle agrees
+    monkeypatch.chdir(exe)
+    monkeypatch.setenv("PATH", f"{os.pathsep}{empty}")  # an empty entry is the working folder, for both
+    assert gpu_reader.nvidia_driver_present(()) and shutil.which("nvidia-smi") is not None
 
 
 def test_no_driver_is_a_normal_answer_and_imports_nothing():

@@ -71,3 +71,43 @@ def test_check_of_one_repo_leaves_the_writers_and_the_heavy_parsers_unimported(c
     assert "gemma_doctor.pipeline" in mods  # the probe saw the check run
     assert not mods & {"gemma_doctor.fixes", "gemma_doctor.jsonedit", "gemma_doctor.readers.weights",
                        "packaging.specifiers", "packaging.requirements"}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github"])
+def test_check_of_one_repo_leaves_stdlib_modules_for_one_small_use_unimported(cached, fmt):
+    """The GPU probe's PATH look-up does without shutil (and bz2, lzma with it: 2 ms), the AMD probe imports glob only
+    on an AMD machine, and --format json does without fixes (difflib, the JSON editor: 3 ms)."""
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", LATE_PROBE, "check", "google/gemma-3-12b-it", "--cache-dir",
+                          str(cached.root), "--format", fmt], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=120)
+    mods = set(json.loads(res.stderr.strip().splitlines()[-1])["modules"])
+    assert "gemma_doctor.pipeline" in mods and "gemma_doctor.readers.gpu" in mods  # the probe saw the check run
+    assert not mods & {"gemma_doctor.fixes", "gemma_doctor.jsonedit", "difflib", "glob", "bz2", "lzma"}
+    if sys.platform != "win32":  # Windows' look-up (PATHEXT) is shutil.which's own
+        assert "shutil" not in mods
+
+
+def test_the_cli_leaves_the_garbage_collector_as_it_was_unless_it_is_the_process(cached):
+    """cli.py turns the cyclic collector off while it loads, and main() keeps it off as the console script (argv None,
+    a process that ends with the command) and freezes what is alive when it exits; importing the CLI or calling
+    main(argv) in-process (tests, a host program) leaves the collector as it was."""
+    code = ("import gc, sys\n"
+            "was = gc.isenabled()\n"
+            "from gemma_doctor.cli import main\n"
+            "after_import = gc.isenabled()\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(was, after_import, gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)\n")
+    args = ["check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root)]
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.stderr.strip().splitlines()[-1] == "True True True False"
+    res = subprocess.run([sys.executable, "-c", "import gc; gc.disable(); import gemma_doctor.cli; print(gc.isenabled())"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.stdout.strip() == "False"  # off before: not turned on
+    as_script = code.replace("main(sys.argv[1:])", "sys.argv[0] = 'gemma-doctor'; main()")
+    res = subprocess.run([sys.executable, "-c", as_script, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    # the console script's process: off for its run, and what is alive at the end frozen (the exit's passes skip it)
+    assert res.stderr.strip().splitlines()[-1] == "True True False True"

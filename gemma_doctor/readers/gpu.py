@@ -8,11 +8,9 @@ with its default `including_emulation=True` it says True on a T4 or V100 (facts.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import os
 import platform as platform_mod
-import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -153,7 +151,24 @@ def nvidia_driver_present(paths: tuple[str, ...] = _DRIVER_PATHS) -> bool:
     """True when this machine shows an NVIDIA driver; costs a few stat() calls, imports nothing."""
     if any(os.path.exists(p) for p in paths):
         return True
-    return shutil.which("nvidia-smi") is not None
+    return _on_path("nvidia-smi")
+
+
+def _on_path(name: str) -> bool:
+    """``shutil.which(name) is not None``, without importing shutil (and bz2, lzma, fnmatch with it: 2 ms of
+    check's start-up on a machine without a driver) for this one look-up; Windows (PATHEXT) asks shutil itself."""
+    if os.name == "nt":
+        import shutil
+
+        return shutil.which(name) is not None
+    path = os.environ.get("PATH")
+    if path is None:  # as shutil.which: the system's default search path
+        try:
+            path = os.confstr("CS_PATH")
+        except (AttributeError, ValueError):
+            path = os.defpath
+    return bool(path) and any(os.access(f, os.F_OK | os.X_OK) and not os.path.isdir(f)
+                              for f in (os.path.join(d, name) for d in path.split(os.pathsep)))
 
 
 def rocm_present() -> bool:
@@ -295,6 +310,8 @@ def rocm_native_bf16(arch: str | None) -> bool | None:
 
 def probe_kfd(environ: Mapping[str, str], nodes_dir: str = _KFD_NODES) -> GpuFacts:
     """AMD GPUs from the KFD topology in sysfs (no torch): gfx_target_version names the architecture."""
+    import glob  # an AMD machine only: check's start-up elsewhere does without it
+
     gpus_found: list[str] = []
     for node in sorted(glob.glob(os.path.join(nodes_dir, "*")), key=lambda p: int(os.path.basename(p)) if os.path.basename(p).isdigit() else 0):
         try:

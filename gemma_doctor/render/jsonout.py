@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from gemma_doctor.fixes import Outcome
 from gemma_doctor.report import FailOn, Report
+
+if TYPE_CHECKING:  # fixes (with difflib and the JSON editor) is imported by fix and restore only: check --format json
+    from gemma_doctor.fixes import Outcome  # starts without it (3 ms)
 
 
 # Characters json.dumps(ensure_ascii=False) leaves raw that a terminal acts on (DEL, C1 controls, bidi overrides,
