@@ -91,16 +91,25 @@ class Area:
     def parts(self, path: Path | str) -> list[str]:
         """The components of ``path`` below the root (lexically); Refused when it is not below it."""
         # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
-        full = os.path.abspath(path)
+        full = _absolute(path)
         root = self.__dict__.get("_abs_root")
         if root is None:  # an Area is frozen; its root's absolute path is worked out once
-            root = self.__dict__["_abs_root"] = os.path.abspath(self.root)
+            root = self.__dict__["_abs_root"] = _absolute(self.root)
         if full == root:
             return []
         prefix = root if root.endswith(os.sep) else root + os.sep
         if not full.startswith(prefix):
             raise Refused(f"{path} is not inside {self.root}")
         return full[len(prefix):].split(os.sep)
+
+
+def _absolute(path: Path | str) -> str:
+    """os.path.abspath(path); a text that is already absolute and normal (no empty, "." or ".." component, no
+    trailing slash: what a cache path built by joining names is) is its own answer, without normpath's work."""
+    text = os.fspath(path)
+    if (text[:1] == "/" and text[1:2] != "/" and "//" not in text and "/." not in text and not text.endswith("/")):
+        return text
+    return os.path.abspath(text)
 
 
 def area_of(path: Path) -> Area:

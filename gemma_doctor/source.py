@@ -73,8 +73,9 @@ class LocalSource:
         return names
 
     def read_json(self, name: str) -> JsonFile:
-        """read_json_file confined to the repo folder (a name the folder's listing lacks is missing, unread)."""
-        names = self._names() if "/" not in name else None
+        """read_json_file confined to the repo folder (a name missing from the folder's listing, when has() made one,
+        is missing, unread: config.json alone, all a whole-cache scan reads of most repos, lists nothing)."""
+        names = self.__dict__.get("_listed") if "/" not in name else None  # only a listing some question made
         if names is not None and name not in names:
             return JsonFile(self.folder / name, exists=False)
         return read_json_file(self.folder / name, self.root)

@@ -315,3 +315,18 @@ def test_the_fallback_treats_an_unresolvable_path_as_outside(repo):
     assert fsafe._inside_by_realpath(repo / "snapshots", repo) is True
     assert fsafe._inside_by_realpath(repo.parent / "victim", repo) is False
     assert fsafe._readlink(repo / "snapshots") is None
+
+
+def test_absolute_is_abspath():
+    """fsafe._absolute (abspath without normpath's work for a text already absolute and normal) is os.path.abspath,
+    on every path of a small alphabet that can spell every case (empty, '.', '..' and '...' components, '//', a
+    leading '//', a trailing slash, dot files)."""
+    import itertools
+    import os
+
+    from gemma_doctor.fsafe import _absolute
+
+    for n in range(1, 8):
+        for chars in itertools.product("a./", repeat=n):
+            for text in ("/" + "".join(chars), "".join(chars)):
+                assert _absolute(text) == os.path.abspath(text), text
