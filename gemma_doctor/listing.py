@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from gemma_doctor import locate, parallel, pipeline
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
+from gemma_doctor.readers import parsed
 from gemma_doctor.fixes import Status, plan_model
 from gemma_doctor.rules.use_cache import fix_command
 
@@ -121,7 +122,8 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         models, skipped = pipeline.select(locate.snapshots_in(cache, part, revision, all_revisions), explicit=False)
         return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
 
-    runs = parallel.map_runs(run, names)
+    with parsed.sharing():
+        runs = parallel.map_runs(run, names)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)
 
 

@@ -18,6 +18,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.model import read_model, source_of
 from gemma_doctor.readers import dtypes as dtypes_census
+from gemma_doctor.readers import parsed
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers import tokenizer as tokenizer_reader
 from gemma_doctor.readers import training_config
@@ -238,7 +239,8 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
             reports.append(model_report(facts, env, options, findings))
         return reports, skipped
 
-    runs = parallel.map_runs(run, names, 1 if options.weights else None)
+    with parsed.sharing():
+        runs = parallel.map_runs(run, names, 1 if options.weights else None)
     return Report(models=tuple(r for reports, _ in runs for r in reports), environment=env.to_json(),
                   skipped=tuple(s for _, skipped in runs for s in skipped), cache_dir=str(cache), notes=())
 

@@ -562,18 +562,38 @@ def test_a_header_parsed_once_is_the_header_parsed_again(tmp_path):
     the same bytes under another path, other bytes, and a bad header; the metadata is each caller's own dict."""
     from pathlib import Path
 
+    from gemma_doctor.readers import parsed
     from gemma_doctor.readers import safetensors_header as sh
 
     good, other = _weights("BF16"), _weights("F32")
-    for data in (good, other, good, good[:8] + b"{" + good[9:], good[:-2]):
-        n = int.from_bytes(data[:8], "little")
-        for path in (Path("/a/model.safetensors"), Path("/b/model.safetensors")):
-            got, want = sh._parsed(data[8:8 + n], len(data), path), sh.parse_header(data[8:8 + n], len(data), path)
-            assert got == want and got.path == path
     n = int.from_bytes(good[:8], "little")
-    one = sh._parsed(good[8:8 + n], len(good), Path("/c"))
-    two = sh._parsed(good[8:8 + n], len(good), Path("/d"))
-    assert one.tensors is two.tensors and one.metadata == two.metadata and one.metadata is not two.metadata
+    with parsed.sharing():
+        for data in (good, other, good, good[:8] + b"{" + good[9:], good[:-2]):
+            m = int.from_bytes(data[:8], "little")
+            for path in (Path("/a/model.safetensors"), Path("/b/model.safetensors")):
+                got, want = sh._parsed(data[8:8 + m], len(data), path), sh.parse_header(data[8:8 + m], len(data), path)
+                assert got == want and got.path == path
+        one = sh._parsed(good[8:8 + n], len(good), Path("/c"))
+        two = sh._parsed(good[8:8 + n], len(good), Path("/d"))
+        assert one.tensors is two.tensors and one.metadata == two.metadata and one.metadata is not two.metadata
+    # outside a scan nothing is shared
+    assert sh._parsed(good[8:8 + n], len(good), Path("/c")).tensors is not one.tensors
+
+
+def test_a_config_text_is_parsed_once_in_a_scan_and_never_shared_outside_one(tmp_path):
+    from gemma_doctor.readers import jsonfile, parsed
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text('{"model_type": "gemma3", "x": [1, 2.5]}')
+    (tmp_path / "c.json").write_text('{"model_type": "gemma3", "x": [1, 2.5], "x": 3}')
+    read = lambda name: jsonfile.read_json_file(tmp_path / name)  # noqa: E731
+    with parsed.sharing():
+        a, b, c = read("a.json"), read("b.json"), read("c.json")
+        assert a.data is b.data and a.data == {"model_type": "gemma3", "x": [1, 2.5]}
+        assert c.error and c.data is None  # a duplicate key, refused the same way
+    a2, b2 = read("a.json"), read("b.json")
+    assert a2.data == b2.data == a.data and a2.data is not b2.data and a2.data is not a.data
+    assert (a.path, a.raw, a.error) == (a2.path, a2.raw, a2.error)
 
 
 def test_tensors_keyed_by_token_are_keyed_by_content():

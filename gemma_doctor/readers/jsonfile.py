@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_doctor import fsafe
+from gemma_doctor.readers import parsed
 
 # Real configs are a few KiB; anything past this is not a config and is not read whole.
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -147,6 +148,15 @@ def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
     if len(raw) > MAX_JSON_BYTES:
         return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target,
                         error=f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB, not a config (not read whole)")
-    data, error, shape_error = parse_json_object(raw)
+    data, error, shape_error = _parsed(raw)
     return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, raw=raw, data=data,
                     error=error, shape_error=shape_error, parsed=True)
+
+
+# parse_json_object is a function of the bytes: within a whole-cache scan, a text met again (the generation config of
+# every fine-tune of a base) is parsed once (gemma_doctor/readers/parsed.py says why sharing its data is safe there).
+_PARSED = parsed.Cache(16 * 1024 * 1024)
+
+
+def _parsed(raw: bytes) -> tuple[Any, str | None, bool]:
+    return _PARSED.get(raw, len(raw), lambda: parse_json_object(raw))[0]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemma_doctor import fsafe
+from gemma_doctor.readers import parsed
 
 # The reference reader (safetensors' Rust crate) refuses headers larger than this.
 MAX_HEADER_BYTES = 100_000_000
@@ -295,23 +296,15 @@ def read_header(path: Path, root: Path | None = None) -> SafetensorsHeader:
                              ident=opened.ident, root=root)
 
 
-# parse_header is a function of the header's bytes and the file's size (the path only names the file): a cache of
-# fine-tunes of one base holds the same header in every repo, parsed once per process (memo.py then meets the same
-# tensors tuple again, and keys it without a walk). Bounded: entries and bytes kept.
-_PARSED: dict[tuple[bytes, int], SafetensorsHeader] = {}
-_PARSED_BYTES = [0]
-MAX_PARSED_BYTES = 64 * 1024 * 1024
+# parse_header is a function of the header's bytes and the file's size (the path only names the file): within a
+# whole-cache scan, fine-tunes of one base hold the same header in every repo, parsed once (memo.py then meets the same
+# tensors tuple again and keys it without a walk); gemma_doctor/readers/parsed.py.
+_PARSED = parsed.Cache(64 * 1024 * 1024)
 
 
 def _parsed(raw: bytes, size: int, path: Path) -> SafetensorsHeader:
-    hit = _PARSED.get((raw, size))
-    if hit is None:
-        hit = parse_header(raw, size, path)
-        if _PARSED_BYTES[0] + len(raw) > MAX_PARSED_BYTES or len(_PARSED) >= 4096:
-            _PARSED.clear()
-            _PARSED_BYTES[0] = 0
-        _PARSED[(raw, size)] = hit
-        _PARSED_BYTES[0] += len(raw)
+    hit, kept = _PARSED.get((raw, size), len(raw), lambda: parse_header(raw, size, path))
+    if not kept:
         return hit
     # the tensors (an immutable tuple) are shared; the metadata dict is the caller's own copy
     return SafetensorsHeader(path, hit.exists, hit.file_size, hit.header_len, hit.tensors, dict(hit.metadata),
