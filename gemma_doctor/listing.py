@@ -123,7 +123,7 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
 
     with parsed.sharing():
-        runs = parallel.map_runs(run, names)
+        runs = parallel.map_runs(run, names, lead=parallel.LEAD)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)
 
 

@@ -29,6 +29,9 @@ MAX_WORKERS = 8
 # Items per worker below which a fork does not pay for itself (a repo costs ~0.2-0.5 ms; a fork and the transfer of
 # its results ~5 ms): measured in benchmarks/startup.py.
 PER_WORKER = 64
+# Repos a scan does before it forks (map_runs' ``lead``): enough to meet a few Gemma models, whose judgement imports
+# the rules, the prescription search and PyYAML, and warms the memo, once for all workers.
+LEAD = 24
 
 
 def workers(items: int) -> int:
@@ -73,12 +76,18 @@ def _scratch() -> int:
     return fd
 
 
-def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None = None) -> list[R]:
-    """``[fn(run) for run in chunks(items, n)]``, the runs after the first computed in forked workers."""
+def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None = None, lead: int = 0) -> list[R]:
+    """``[fn(run) for run in runs]``, the runs after the first computed in forked workers. With ``lead``, the first
+    ``lead`` items are a run of their own done here before any fork: what they make the process import and remember
+    (the modules a judgement needs, the judgements of a base's first fine-tunes: gemma_doctor/memo.py) every worker
+    then starts with, instead of making it again."""
     n = workers(len(items)) if n is None else max(1, min(n, len(items)))
     threading = sys.modules.get("threading")
     if n <= 1 or not hasattr(os, "fork") or (threading is not None and threading.active_count() > 1):
         return [fn(items)]  # a process with other threads is never forked (a lock one of them holds stays held)
+    if 0 < lead < len(items) - n:
+        first = fn(items[:lead])
+        return [first, *map_runs(fn, items[lead:], n)]
     runs = chunks(items, n)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -240,7 +240,7 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
         return reports, skipped
 
     with parsed.sharing():
-        runs = parallel.map_runs(run, names, 1 if options.weights else None)
+        runs = parallel.map_runs(run, names, 1 if options.weights else None, lead=parallel.LEAD)
     return Report(models=tuple(r for reports, _ in runs for r in reports), environment=env.to_json(),
                   skipped=tuple(s for _, skipped in runs for s in skipped), cache_dir=str(cache), notes=())
 
