@@ -195,7 +195,8 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
 #   names and the metadata's keys and values (field names are fixed, dtypes are names from DTYPE_BITS). So the parse
 #   equals the strict _Object pairs with dict() applied, in the same order, and no repeated-key refusal can arise.
 # - No "-0": json reads it as int 0 where serde (and _json_int) read a float. A '-' in valid JSON is in a string, in a
-#   number or in -Infinity; the same count, raw '-' count = '-' in the strings held, leaves none outside strings.
+#   number or in -Infinity; the same count, raw '-' count = '-' in the strings held, leaves none outside strings
+#   (so no negative number either).
 # - Every other number the hooks read differently is refused by the type checks: a float (fractions, exponents, NaN,
 #   Infinity, ints past 64 bits that _json_int turns into floats or refuses) is not an int, an int past 2**64-1 is out
 #   of range, an int longer than Python's digit limit raises ValueError here as there.
@@ -220,7 +221,8 @@ def _strings_count(char: str, names: list[str], metadata: dict[str, str]) -> int
 
 def _tensor_infos(*columns: Sequence[object]) -> tuple[TensorInfo, ...]:
     """TensorInfo(name, dtype, shape, begin, end) for each row of the columns, its slots filled in C loops: the same
-    objects as the constructor makes (its dataclass __init__ only assigns the fields; tests check it), in half the time."""
+    objects as the constructor makes (its dataclass __init__ only assigns the fields; tests check it), in half the
+    time."""
     infos = list(map(object.__new__, repeat(TensorInfo, len(columns[0]))))
     for set_field, column in zip(_SETTERS, columns, strict=True):
         any(map(set_field, infos, column))  # each call returns None: any() runs them all
@@ -259,10 +261,10 @@ def _parse_fast(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader | N
         # A dtype that is not a string is not a key (a list or an object raises TypeError: unhashable).
         if not all(map(DTYPE_BITS.__contains__, dtypes)):
             return None
-        if not (_only(list, shapes) and _only(list, offsets) and set(map(len, offsets)) <= {2}):
+        if not (_only(list, chain(shapes, offsets)) and set(map(len, offsets)) <= {2}):
             return None
         numbers = list(chain(chain.from_iterable(shapes), chain.from_iterable(offsets)))
-        if not _only(int, numbers) or (numbers and (min(numbers) < 0 or max(numbers) > _USIZE_MAX)):
+        if not _only(int, numbers) or (numbers and max(numbers) > _USIZE_MAX):  # no '-', so none is negative
             return None
     except (ValueError, RecursionError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError are ValueErrors
         return None
@@ -357,7 +359,8 @@ def _tiles_quickly(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], begin
             and max(bits) <= _USIZE_MAX and bits == list(map(mul, map(sub, ends, begins), repeat(8))))
 
 
-def _tiled(path: Path, file_size: int, n: int, tensors: list[TensorInfo], metadata: dict[str, str]) -> SafetensorsHeader:
+def _tiled(path: Path, file_size: int, n: int, tensors: list[TensorInfo],
+           metadata: dict[str, str]) -> SafetensorsHeader:
     """The header, or why its tensors do not tile the data section as the reference reader requires."""
     # The reference reader sorts by offsets and requires them to tile the data section from 0.
     tensors.sort(key=_OFFSETS)  # stable: tensors at equal offsets keep the header's order
