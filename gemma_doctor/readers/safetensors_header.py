@@ -268,7 +268,7 @@ def _parse_fast(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader | N
             return None
     except (ValueError, RecursionError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError are ValueErrors
         return None
-    begins, ends = (list(map(itemgetter(0), offsets)), list(map(itemgetter(1), offsets)))
+    begins, ends = zip(*offsets) if offsets else ((), ())
     if _tiles_quickly(shapes, dtypes, begins, ends, file_size - 8 - n):
         return SafetensorsHeader(path, exists=True, file_size=file_size, header_len=n, metadata=metadata,
                                  tensors=_tensor_infos(names, dtypes, list(map(tuple, shapes)), begins, ends))
