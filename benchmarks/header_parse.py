@@ -9,7 +9,10 @@ caches) and the shard headers of the bundled google/gemma-3-12b-it and google/ge
     loads     a plain json.loads of the header text (the floor of any parse that uses the json module)
 are interleaved, each the best of --repeat timings of --number calls, in microseconds per header. Every header's
 three results are checked equal first (and the fast path taken).
-Run: .venv/bin/python benchmarks/header_parse.py [--baseline 197d734] [--rounds 5]
+With --cache N --baseline-tree TREE (a git worktree of the baseline revision), also a whole-cache `check` (no target)
+of this tree against TREE, alternated (benchmarks/startup.py's timing): N repos x 2 revisions, half of them the tiny
+Gemma 3 checkpoint saved by transformers (config, generation config, model.safetensors), half a Llama config.
+Run: .venv/bin/python benchmarks/header_parse.py [--baseline 197d734] [--rounds 5] [--cache 1000 --baseline-tree T]
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def headers(tmp: Path) -> dict[str, tuple[bytes, int]]:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
-    Gemma3ForCausalLM(Gemma3TextConfig(**TINY_GEMMA3)).to(torch.bfloat16).save_pretrained(tmp / "tiny")
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**TINY_GEMMA3)).to(torch.bfloat16)
+    model.generation_config.do_sample = False  # a plain generation_config.json
+    model.save_pretrained(tmp / "tiny")
     out = {"tiny Gemma 3 (transformers)": header_of(tmp / "tiny" / "model.safetensors")}
     subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(tmp / "cache")], check=True,
                    capture_output=True)
@@ -72,11 +77,16 @@ def main() -> None:
                                                           "fast path)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cache", type=int, metavar="N", help="also time a whole-cache check of N repos x 2 revisions")
+    ap.add_argument("--baseline-tree", metavar="TREE", help="checkout of the baseline revision, for --cache")
+    ap.add_argument("--runs", type=int, default=5, help="whole-cache checks per tree, for --cache")
     args = ap.parse_args()
     base = baseline_module(args.baseline)
     here = Path("x.safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         cases = headers(Path(tmp))
+        if args.cache:
+            whole_cache(Path(tmp), args.cache, Path(args.baseline_tree), args.runs)
     print(f"| header | bytes | tensors | {args.baseline} | parse | strict | json.loads | parse / {args.baseline} |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (raw, size) in cases.items():
@@ -98,6 +108,34 @@ def main() -> None:
                 best[key] = min(best[key], min(timeit.repeat(fn, number=number, repeat=args.repeat)) / number * 1e6)
         print(f"| {name} | {len(raw):,} | {len(old.tensors):,} | {best['baseline']:.0f} us | {best['parse']:.0f} us | "
               f"{best['strict']:.0f} us | {best['loads']:.0f} us | **{best['parse'] / best['baseline']:.2f}** |")
+
+
+def whole_cache(tmp: Path, repos: int, baseline_tree: Path, runs: int) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import startup
+    from tests.builders import HubCache, llama_config, variant
+
+    tiny = {p.name: p.read_bytes() for p in (tmp / "tiny").iterdir() if p.is_file()}
+    config = json.loads(tiny["config.json"])
+    hub, other = HubCache(tmp / "hub"), llama_config()
+    for i in range(repos):
+        repo = f"org{i % 37}/model-{i:05d}"
+        for name, refs in ((f"old-{i}", ()), (repo, None)):
+            files = ({**tiny, "config.json": variant(config, _name_or_path=name)} if i % 2 == 0
+                     else {"config.json": variant(other, _name_or_path=name)})
+            hub.add(repo, files, **({"refs": refs} if refs is not None else {}))
+    cmds = {tree: ["env", f"PYTHONPATH={path}", sys.executable, "-m", "gemma_doctor", "check", "--cache-dir",
+                   str(tmp / "hub"), "--format", "json", "--fail-on", "never"]
+            for tree, path in (("this tree", ROOT), ("baseline", baseline_tree.resolve()))}
+    outputs = {tree: subprocess.run(cmd, capture_output=True, cwd=startup.NEUTRAL, env=startup.ENV).stdout
+               for tree, cmd in cmds.items()}
+    assert outputs["this tree"] == outputs["baseline"], "the two trees disagree"
+    assert outputs["this tree"].count(b"\"BF16\"") >= repos // 2, "the headers were not read"
+    wall = startup.compare(cmds, runs)
+    print(f"\nwhole-cache check, {repos} repos x 2 revisions ({repos // 2} tiny Gemma 3 checkpoints), median of {runs}:"
+          f" this tree {wall['this tree']:.3f} s, baseline {wall['baseline']:.3f} s "
+          f"(CPU {startup.cpu['this tree']:.3f} vs {startup.cpu['baseline']:.3f} s: "
+          f"{startup.cpu['this tree'] / startup.cpu['baseline']:.2f})\n")
 
 
 def vars_of(t: object) -> tuple:
