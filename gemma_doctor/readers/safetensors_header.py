@@ -263,8 +263,9 @@ def _parse_fast(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader | N
             return None
         if not (_only(list, chain(shapes, offsets)) and set(map(len, offsets)) <= {2}):
             return None
-        numbers = list(chain(chain.from_iterable(shapes), chain.from_iterable(offsets)))
-        if not _only(int, numbers) or (numbers and max(numbers) > _USIZE_MAX):  # no '-', so none is negative
+        # Walked twice rather than copied: a hostile header's numbers can take hundreds of MB.
+        if (not _only(int, chain.from_iterable(chain(shapes, offsets)))
+                or max(chain.from_iterable(chain(shapes, offsets)), default=0) > _USIZE_MAX):  # no '-': none < 0
             return None
     except (ValueError, RecursionError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError are ValueErrors
         return None
