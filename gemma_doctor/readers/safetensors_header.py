@@ -10,9 +10,9 @@ import math
 import os
 import re
 import struct
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import attrgetter, itemgetter, mul, sub
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -175,7 +175,7 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
 
 
 # The fast path: a header as real writers make it, read by the C json parser with no hooks and checked in C loops
-# (map, set, array), accepted only where the result provably equals _parse_strict's. Anything else (every malformed or
+# (map, set, zip), accepted only where the result provably equals _parse_strict's. Anything else (every malformed or
 # unusual header, and any doubt) returns None and goes to _parse_strict, whose results are the reference's.
 #
 # What it accepts: UTF-8 text with no backslash; a JSON object whose "__metadata__" (if any) is null or an object of
@@ -232,7 +232,7 @@ def _tensor_infos(*columns: Sequence[object]) -> tuple[TensorInfo, ...]:
 def _parse_fast(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader | None:
     """parse_header's result for a header as real writers make it, or None where _parse_strict must decide."""
     n = len(raw)
-    # The '{' bound as _parse_strict applies it (a header shorter than the bound cannot pass it).
+    # _parse_strict's '{' bound (only a header longer than it can hold that many '{'), refused there.
     if b"\\" in raw or (n > MAX_TENSORS + 2 and raw.count(b"{") > MAX_TENSORS + 2):
         return None
     try:
