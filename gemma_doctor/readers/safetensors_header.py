@@ -11,7 +11,10 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter, mul, sub
 from pathlib import Path
+from typing import Iterable, Sequence
 
 from gemma_doctor import fsafe
 from gemma_doctor.readers import parsed
@@ -168,6 +171,115 @@ def _dtype(v: object) -> str | None:
 
 def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
     """Validate header bytes (without the 8-byte length) against a file of ``file_size`` bytes. Never raises."""
+    h = _parse_fast(raw, file_size, path)
+    return h if h is not None else _parse_strict(raw, file_size, path)
+
+
+# The fast path: a header as real writers make it, read by the C json parser with no hooks and checked in C loops
+# (map, set, zip), accepted only where the result provably equals _parse_strict's. Anything else (every malformed or
+# unusual header, and any doubt) returns None and goes to _parse_strict, whose results are the reference's.
+#
+# What it accepts: UTF-8 text with no backslash; a JSON object whose "__metadata__" (if any) is null or an object of
+# strings, and every other value an object with exactly the fields dtype (a string naming a dtype), shape (a list)
+# and data_offsets (a list of two), every number in those lists an int (never a bool, never a float) in 0 .. 2**64-1;
+# no ':' and no '-' in the text but in the structure and strings counted below. Why that equals the strict parse:
+# - No backslash, so no escape: every string is its UTF-8 text as written (decoded strictly, it holds no lone
+#   surrogate), two keys are equal exactly when written alike, and a string's ':' and '-' are in the raw bytes.
+# - Nothing is lost to a repeated key. In JSON text a ':' byte is either the separator of one (key, value) pair of
+#   some object, at any depth, or inside a string (whitespace, numbers and literals hold none). Every pair the
+#   parsed objects hold is a distinct pair of the text, and every string they hold a distinct string of the text, so
+#       raw ':' count = pairs in the text + ':' in all strings of the text
+#                     >= pairs the parsed objects hold + ':' in the strings they hold,
+#   with equality only if no pair was dropped (a repeated key at any level: a tensor name, a struct field,
+#   "__metadata__", a metadata key, whatever its first value held). The objects held are all counted: the checks
+#   leave no object anywhere but the top level, the entries and the metadata, and no string with a ':' but the tensor
+#   names and the metadata's keys and values (field names are fixed, dtypes are names from DTYPE_BITS). So the parse
+#   equals the strict _Object pairs with dict() applied, in the same order, and no repeated-key refusal can arise.
+# - No "-0": json reads it as int 0 where serde (and _json_int) read a float. A '-' in valid JSON is in a string, in a
+#   number or in -Infinity; the same count, raw '-' count = '-' in the strings held, leaves none outside strings
+#   (so no negative number either).
+# - Every other number the hooks read differently is refused by the type checks: a float (fractions, exponents, NaN,
+#   Infinity, ints past 64 bits that _json_int turns into floats or refuses) is not an int, an int past 2**64-1 is out
+#   of range, an int longer than Python's digit limit raises ValueError here as there.
+# - Nesting is at most 3 deep (object, entry, list), far below serde's 127; no escape, so no lone surrogate:
+#   _serde_problem has nothing to find.
+# - The strict walk then finds nothing to refuse (each check it makes is made here), and builds the same tensors in
+#   the same order (the object's, metadata left out) and the same metadata dict; the tiling is _tiled's for both
+#   (done here directly on the lists when they tile in the header's order, which is then also the sorted order).
+_FIELDS_OF = itemgetter(*_TENSOR_FIELDS)
+_SETTERS = tuple(getattr(TensorInfo, name).__set__ for name in TensorInfo.__match_args__)  # field order
+
+
+def _only(kind: type, values: Iterable[object]) -> bool:
+    """Every value is exactly of ``kind`` (a bool is not an int), checked in C."""
+    return set(map(type, values)) <= {kind}
+
+
+def _strings_count(char: str, names: list[str], metadata: dict[str, str]) -> int:
+    """How often ``char`` occurs in the tensor names and the metadata's keys and values."""
+    return sum(map(str.count, chain(names, metadata, metadata.values()), repeat(char)))
+
+
+def _tensor_infos(*columns: Sequence[object]) -> tuple[TensorInfo, ...]:
+    """TensorInfo(name, dtype, shape, begin, end) for each row of the columns, its slots filled in C loops: the same
+    objects as the constructor makes (its dataclass __init__ only assigns the fields; tests check it), in half the
+    time."""
+    infos = list(map(object.__new__, repeat(TensorInfo, len(columns[0]))))
+    for set_field, column in zip(_SETTERS, columns, strict=True):
+        any(map(set_field, infos, column))  # each call returns None: any() runs them all
+    return tuple(infos)
+
+
+def _parse_fast(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader | None:
+    """parse_header's result for a header as real writers make it, or None where _parse_strict must decide."""
+    n = len(raw)
+    # _parse_strict's '{' bound (only a header longer than it can hold that many '{'), refused there.
+    if b"\\" in raw or (n > MAX_TENSORS + 2 and raw.count(b"{") > MAX_TENSORS + 2):
+        return None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        if type(doc) is not dict:
+            return None
+        pairs = len(doc)
+        metadata = doc.pop("__metadata__", None)
+        if metadata is None:  # absent, or null: an absent map for the reference
+            metadata = {}
+        elif type(metadata) is not dict or not _only(str, metadata.values()):
+            return None
+        entries = list(doc.values())
+        rows = list(map(_FIELDS_OF, entries))  # KeyError, or TypeError where an entry is not an object
+        fields_held = sum(map(len, entries))
+        if fields_held != 3 * len(entries):  # each has the three fields, so one with more has others
+            return None
+        names = list(doc)
+        pairs += len(metadata) + fields_held
+        colons = raw.count(b":")
+        if colons != pairs and colons != pairs + _strings_count(":", names, metadata):
+            return None
+        if b"-" in raw and raw.count(b"-") != _strings_count("-", names, metadata):
+            return None
+        dtypes, shapes, offsets = zip(*rows) if rows else ((), (), ())
+        # A dtype that is not a string is not a key (a list or an object raises TypeError: unhashable).
+        if not all(map(DTYPE_BITS.__contains__, dtypes)):
+            return None
+        if not (_only(list, chain(shapes, offsets)) and set(map(len, offsets)) <= {2}):
+            return None
+        # Walked twice rather than copied: a hostile header's numbers can take hundreds of MB.
+        if (not _only(int, chain.from_iterable(chain(shapes, offsets)))
+                or max(chain.from_iterable(chain(shapes, offsets)), default=0) > _USIZE_MAX):  # no '-': none < 0
+            return None
+    except (ValueError, RecursionError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError are ValueErrors
+        return None
+    begins, ends = zip(*offsets) if offsets else ((), ())
+    if _tiles_quickly(shapes, dtypes, begins, ends, file_size - 8 - n):
+        return SafetensorsHeader(path, exists=True, file_size=file_size, header_len=n, metadata=metadata,
+                                 tensors=_tensor_infos(names, dtypes, list(map(tuple, shapes)), begins, ends))
+    return _tiled(path, file_size, n, list(_tensor_infos(names, dtypes, list(map(tuple, shapes)), begins, ends)),
+                  metadata)
+
+
+def _parse_strict(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
+    """parse_header for any bytes: every pair walked as serde_json reads it (repeated keys, numbers, nesting)."""
     n = len(raw)
     try:
         text = raw.decode("utf-8")
@@ -220,9 +332,43 @@ def parse_header(raw: bytes, file_size: int, path: Path) -> SafetensorsHeader:
                 or not all(_is_uint(o) for o in offsets)):
             return _bad(path, file_size, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]", n)
         by_name[name] = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])  # a repeated name: the last counts
-    tensors = list(by_name.values())
+    return _tiled(path, file_size, n, list(by_name.values()), metadata)
+
+
+_OFFSETS = attrgetter("begin", "end")
+_COLUMNS = attrgetter("shape", "dtype", "begin", "end")
+# Shapes up to this many dimensions have their product taken whole by _tiles_quickly: each dimension is below 2**64,
+# so the product stays below 2**1024 (a hostile shape of thousands of huge dimensions would make it slow).
+_QUICK_DIMS = 16
+
+
+def _tiles_quickly(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], begins: Sequence[int],
+                   ends: Sequence[int], data_len: int) -> bool:
+    """True only when _tiled's loop would pass every tensor of these columns, in this order, and the data length.
+
+    Every numel > 0 means every dimension >= 1, so no partial product exceeds the whole, which is at most the bits
+    (a dtype has 4 bits or more); bits == 8 * (end - begin) is the loop's whole-bytes and size checks, and gives
+    end > begin; begins equal to the previous ends, the first 0 and the last end the data length, is its tiling, and
+    makes the offsets strictly increasing: this order is the sorted one. False (zero-size tensors, long shapes, any
+    fault) leaves it to the loop, which finds the same or says what is wrong."""
+    if not begins:
+        return data_len == 0
+    if max(map(len, shapes)) > _QUICK_DIMS:
+        return False
+    numels = list(map(math.prod, shapes))
+    bits = list(map(mul, numels, map(DTYPE_BITS.__getitem__, dtypes)))
+    return (begins[0] == 0 and ends[-1] == data_len and begins[1:] == ends[:-1] and min(numels) > 0
+            and max(bits) <= _USIZE_MAX and bits == list(map(mul, map(sub, ends, begins), repeat(8))))
+
+
+def _tiled(path: Path, file_size: int, n: int, tensors: list[TensorInfo],
+           metadata: dict[str, str]) -> SafetensorsHeader:
+    """The header, or why its tensors do not tile the data section as the reference reader requires."""
     # The reference reader sorts by offsets and requires them to tile the data section from 0.
-    tensors.sort(key=lambda t: (t.begin, t.end))
+    tensors.sort(key=_OFFSETS)  # stable: tensors at equal offsets keep the header's order
+    if _tiles_quickly(*(zip(*map(_COLUMNS, tensors)) if tensors else ((), (), (), ())), file_size - 8 - n):
+        return SafetensorsHeader(path, exists=True, file_size=file_size, header_len=n, tensors=tuple(tensors),
+                                 metadata=metadata)
     start = 0
     for t in tensors:
         if t.begin != start or t.end < t.begin:
