@@ -41,6 +41,8 @@ def escape(text: str) -> str:
 
 def plain(markup: str) -> str:
     """The text rich would print for ``markup`` without colour (mirrors rich.markup._parse and render)."""
+    if "\\" not in markup:  # no escape anywhere: every tag is a tag, and goes (the loop below, in one C call)
+        return _TAG.sub("", markup)
     out: list[str] = []
     pos = 0
     for m in _TAG.finditer(markup):
