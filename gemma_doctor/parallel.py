@@ -19,7 +19,6 @@ import os
 import pickle
 import signal
 import sys
-import tempfile
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -70,6 +69,8 @@ def _scratch() -> int:
             return os.memfd_create("gemma-doctor-scan", getattr(os, "MFD_CLOEXEC", 0))
         except OSError:
             pass
+    import tempfile  # only where there is no memfd (3 ms of start-up otherwise)
+
     f = tempfile.TemporaryFile()  # unlinked at once where the system allows it; mode 0600
     fd = os.dup(f.fileno())
     f.close()
