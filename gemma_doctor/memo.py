@@ -285,8 +285,17 @@ class _Renaming:
         changed: dict[str, Any] = {}
         keys = []
         from_raw = cls is JsonFile and self._keyed_by_text(v)
+        whole = self.whole
         for name in _fields(cls):
             x = getattr(v, name)
+            tx = type(x)
+            # forward()'s answers for plain scalars, without the call (most fields of most facts are these)
+            if x is None or tx is bool or tx is int:
+                keys.append((tx, x))
+                continue
+            if tx is str and x not in whole and "gdmemo" not in x and BLOB not in x and "blobs/" not in x:
+                keys.append(x)
+                continue
             if from_raw and name == "data":
                 keys.append(_FROM_RAW)  # a function of ``raw``, which is in the key (see _keyed_by_text)
                 continue

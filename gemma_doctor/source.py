@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from gemma_doctor import fsafe
 from gemma_doctor.readers.jsonfile import JsonFile, read_json_file
 from gemma_doctor.readers.safetensors_header import SafetensorsHeader, read_header
 
@@ -24,6 +25,14 @@ class ModelSource(Protocol):
 
     def has(self, name: str) -> bool:
         """True when the model has a file called ``name`` (a dangling or escaping link counts: it is reported)."""
+
+    def _area(self) -> fsafe.Area | None:
+        """The repo folder as an fsafe.Area, made once for all of this model's reads."""
+        try:
+            return self.__dict__["_area_made"]
+        except KeyError:
+            area = self.__dict__["_area_made"] = fsafe.Area(self.root) if self.root is not None else None
+            return area
 
     def read_json(self, name: str) -> JsonFile:
         """A small JSON file (config.json, generation_config.json, tokenizer_config.json...), bounded and strict."""
@@ -72,17 +81,25 @@ class LocalSource:
         self.__dict__["_listed"] = names
         return names
 
+    def _area(self) -> fsafe.Area | None:
+        """The repo folder as an fsafe.Area, made once for all of this model's reads."""
+        try:
+            return self.__dict__["_area_made"]
+        except KeyError:
+            area = self.__dict__["_area_made"] = fsafe.Area(self.root) if self.root is not None else None
+            return area
+
     def read_json(self, name: str) -> JsonFile:
         """read_json_file confined to the repo folder (a name missing from the folder's listing, when has() made one,
         is missing, unread: config.json alone, all a whole-cache scan reads of most repos, lists nothing)."""
         names = self.__dict__.get("_listed") if "/" not in name else None  # only a listing some question made
         if names is not None and name not in names:
             return JsonFile(self.folder / name, exists=False)
-        return read_json_file(self.folder / name, self.root)
+        return read_json_file(self.folder / name, self.root, self._area())
 
     def read_header(self, name: str) -> SafetensorsHeader:
         """The header of ``name``; a link leading outside the repo folder is refused unread (at the moment of use)."""
-        return read_header(self.folder / name, self.root)
+        return read_header(self.folder / name, self.root, self._area())
 
     def read_headers(self, names: Sequence[str]) -> list[SafetensorsHeader]:
         """One after the other: local reads are fast, and the weights scan parallelises the heavy part."""

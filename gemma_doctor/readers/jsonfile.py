@@ -135,10 +135,13 @@ def _json_type(value: Any) -> str:
     return "number"
 
 
-def read_json_file(path: Path, root: Path | None = None) -> JsonFile:
+def read_json_file(path: Path, root: Path | None = None, area: fsafe.Area | None = None) -> JsonFile:
     """Read and parse ``path`` at the moment of use (fsafe.read_file); with ``root`` (a cache repo folder), links are
-    followed only while they stay inside it, and one leading out is refused unread."""
-    got = fsafe.read_file(path, MAX_JSON_BYTES, fsafe.Area(root) if root is not None else None)
+    followed only while they stay inside it, and one leading out is refused unread (``area``: that folder's Area,
+    when the caller has one)."""
+    if area is None and root is not None:
+        area = fsafe.Area(root)
+    got = fsafe.read_file(path, MAX_JSON_BYTES, area)
     if not got.exists:
         return JsonFile(path, exists=False)
     if got.error or got.data is None:

@@ -408,19 +408,22 @@ def header_length(head: bytes, file_size: int) -> tuple[int, str | None]:
     return n, None
 
 
-def read_header(path: Path, root: Path | None = None) -> SafetensorsHeader:
+def read_header(path: Path, root: Path | None = None, area: fsafe.Area | None = None) -> SafetensorsHeader:
     """Read and validate the header of ``path``; a missing or invalid file gives a header with ``error``.
 
     With ``root`` (a cache repo folder) links are followed only inside it; a FIFO or device is refused unopened.
+    ``area``: that folder's Area, when the caller has one.
     """
+    if area is None and root is not None:
+        area = fsafe.Area(root)
     try:
-        opened = fsafe.open_file(path, fsafe.Area(root) if root is not None else None)
+        opened = fsafe.open_file(path, area)
     except fsafe.Refused as e:
         if e.escapes:
             return SafetensorsHeader(path, exists=True, error="link points outside the repo folder; not read")
         return SafetensorsHeader(path, exists=True, error=str(e))
     except FileNotFoundError:
-        dangling = os.path.islink(path) if root is None else fsafe.read_file(path, 0, fsafe.Area(root)).is_link
+        dangling = os.path.islink(path) if area is None else fsafe.read_file(path, 0, area).is_link
         return SafetensorsHeader(path, exists=False, error="missing" + (" (dangling link)" if dangling else ""))
     except (OSError, ValueError) as e:
         return SafetensorsHeader(path, exists=_lexists(path), error=f"cannot open: {getattr(e, 'strerror', None) or e}")
