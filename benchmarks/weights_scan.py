@@ -182,6 +182,9 @@ spent["import gemma_doctor.cli (click)"] = time.perf_counter() - t
 t = time.perf_counter()
 import gemma_doctor.pipeline as pipeline
 spent["import gemma_doctor.pipeline (rules, plans)"] = time.perf_counter() - t
+import os
+if "OPENBLAS_NUM_THREADS" in open(sys.modules["gemma_doctor.cli"].__file__).read():
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as this tree's check --weights does before numpy is imported
 t = time.perf_counter()
 import numpy
 spent["import numpy"] = time.perf_counter() - t
@@ -201,10 +204,10 @@ print(json.dumps(spent), file=sys.stderr)
 """
 
 
-def whole_process(path: Path, cache: Path, runs: int, baseline: str | None) -> None:
+def whole_process(path: Path, cache: Path, runs: int, baseline: list[str] | None) -> None:
     """check --weights as a whole process against the read floor (in this process and as a process), alternated."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from startup import ENV, NEUTRAL, timed
+    from startup import CPU, ENV, NEUTRAL, timed
 
     py = sys.executable
     check = ["check", REPO, "--weights", "--cache-dir", str(cache)]
@@ -213,8 +216,9 @@ def whole_process(path: Path, cache: Path, runs: int, baseline: str | None) -> N
     if baseline:
         # Both trees run the same way (env(1) sets PYTHONPATH for each alike), from a neutral folder.
         cmds["check --weights (this tree)"] = ["env", f"PYTHONPATH={ROOT}", py, "-m", "gemma_doctor", *check]
-        cmds["check --weights (baseline)"] = ["env", f"PYTHONPATH={Path(baseline).resolve()}", py, "-m", "gemma_doctor",
-                                              *check]
+        for tree in baseline:
+            cmds[f"check --weights ({Path(tree).name})"] = ["env", f"PYTHONPATH={Path(tree).resolve()}", py, "-m",
+                                                            "gemma_doctor", *check]
     else:
         cmds["check --weights (this tree)"] = [str(Path(py).parent / "gemma-doctor"), *check]
     # The findings first: the planted values, found by the whole command.
@@ -230,22 +234,25 @@ def whole_process(path: Path, cache: Path, runs: int, baseline: str | None) -> N
     assert out.returncode == 1
     for cmd in cmds.values():
         timed(cmd)  # warm the page cache and .pyc files
+    CPU.clear()
     times: dict[str, list[float]] = {k: [] for k in ["read floor, in this process", *cmds]}
     for _ in range(runs):
         times["read floor, in this process"].append(read_floor(path))
         for k, cmd in cmds.items():
             times[k].append(timed(cmd))
     med = {k: statistics.median(v) for k, v in times.items()}
+    cpu = {k: statistics.median(CPU[tuple(cmd)]) for k, cmd in cmds.items()}
     size = os.path.getsize(path)
     f_in, f_proc = med["read floor, in this process"], med["read floor, whole `python -c` process"]
     print(f"\nwhole process, {size / 2**30:.2f} GiB page-cached, commands alternated, median of {runs} runs")
-    print(f"{'':44}{'seconds':>9}{'GB/s':>7}{'x floor (process)':>19}{'x floor (in-process)':>22}")
+    print(f"{'':44}{'seconds':>9}{'GB/s':>7}{'x floor (process)':>19}{'x floor (in-process)':>22}{'CPU s':>8}")
     for k, v in med.items():
         rate = "" if k.startswith("python -c pass") else f"{size / v / 1e9:.2f}"
-        print(f"{k:44}{v:9.3f}{rate:>7}{v / f_proc:19.2f}{v / f_in:22.2f}")
-    if baseline:
-        t, b = med["check --weights (this tree)"], med["check --weights (baseline)"]
-        print(f"this tree / baseline: {t / b:.2f}")
+        print(f"{k:44}{v:9.3f}{rate:>7}{v / f_proc:19.2f}{v / f_in:22.2f}{f'{cpu[k]:.3f}' if k in cpu else '-':>8}")
+    for tree in baseline or []:
+        t, b = med["check --weights (this tree)"], med[f"check --weights ({Path(tree).name})"]
+        print(f"this tree / {Path(tree).name}: {t / b:.2f}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
     stages = []
     for _ in range(runs):
@@ -271,8 +278,9 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to build the file (default: a temporary folder)")
     ap.add_argument("--parts", nargs="+", choices=("scan", "naive", "jobs", "whole"), default=["scan", "naive", "jobs", "whole"],
                     help="what to time: the in-process scan, the naive torch loop, --jobs on two shards, the whole process")
-    ap.add_argument("--baseline", metavar="TREE", help="with whole: also time another checkout's check --weights (a git "
-                    "worktree of an older commit), both run as `python -m gemma_doctor`, alternated in one run")
+    ap.add_argument("--baseline", metavar="TREE", action="append", help="with whole: also time another checkout's check "
+                    "--weights (an export of an older commit; repeat for several), all run as `python -m gemma_doctor`, "
+                    "alternated in one run")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         t0 = time.perf_counter()

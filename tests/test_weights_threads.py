@@ -3,6 +3,8 @@ whatever the thread count, unit and chunk sizes, including the partial result of
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from safetensors.torch import save_file
 from gemma_doctor.readers import weights
 from gemma_doctor.readers.safetensors_header import read_header
 from gemma_doctor.readers.weights import MAX_ZERO_RANGES, scan
-from tests.test_weights_scan import TORCH_DTYPES, as_reference, planted, reference
+from tests.test_weights_scan import TORCH_DTYPES, as_reference, planted, reference, sharded_repo
 
 
 def _units_of(path, chunk_bytes: int, unit_bytes: int) -> int:
@@ -132,3 +134,41 @@ def test_a_read_failing_mid_scan_gives_the_same_partial_result(tmp_path, monkeyp
     assert [t.name for t in got.tensors] == [t.name for t in floats[:k]]
     assert got.unreadable == (("m", "Input/output error"),)
     assert got.bytes_scanned == sum(t.nbytes for t in floats[:k])
+
+
+# --- the CLI process: numpy's BLAS threads do not compete with the scan's ---------------------------------------
+
+THREADS_PROBE = """
+import json, os, sys
+from gemma_doctor.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "env": os.environ.get("OPENBLAS_NUM_THREADS"),
+                  "numpy": "numpy" in sys.modules}), file=sys.stderr)
+"""
+
+
+def _threads_after_check(hub, repo: str, *extra_env: tuple[str, str]) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GEMMA_DOCTOR_PROGRESS", "OPENBLAS_NUM_THREADS")}
+    env.update(extra_env)
+    res = subprocess.run([sys.executable, "-c", THREADS_PROBE, "check", repo, "--cache-dir", str(hub.root), "--weights"],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env, timeout=120)
+    return json.loads(res.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or weights.usable_cores() < 2,
+                    reason="needs /proc and two cores (one core starts no extra BLAS thread)")
+def test_check_weights_loads_numpy_with_one_blas_thread_and_leaves_the_environment(hub):
+    repo = sharded_repo(hub, "BF16")
+    after = _threads_after_check(hub, repo)
+    # Only the main thread is left: the scan's threads are joined and OpenBLAS started none of its own.
+    assert after == {"threads": 1, "env": None, "numpy": True}
+    # A value the user set is theirs: OpenBLAS then runs its own threads.
+    assert _threads_after_check(hub, repo, ("OPENBLAS_NUM_THREADS", "2")) == {"threads": 2, "env": "2", "numpy": True}
