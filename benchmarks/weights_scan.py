@@ -116,10 +116,12 @@ def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
 
+import os
 from pathlib import Path
 from gemma_doctor.readers.safetensors_header import read_header
 from gemma_doctor.readers.weights import scan
 p = Path(sys.argv[1]); copies = int(sys.argv[2]); jobs = int(sys.argv[3])
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as check --weights loads numpy (no spinning BLAS threads)
 import numpy  # imported before timing, as the naive loop imports torch before its clock starts
 h = read_header(p)
 t0 = time.perf_counter()
@@ -250,8 +252,16 @@ def whole_process(path: Path, cache: Path, runs: int, baseline: list[str] | None
         rate = "" if k.startswith("python -c pass") else f"{size / v / 1e9:.2f}"
         print(f"{k:44}{v:9.3f}{rate:>7}{v / f_proc:19.2f}{v / f_in:22.2f}{f'{cpu[k]:.3f}' if k in cpu else '-':>8}")
     for tree in baseline or []:
-        t, b = med["check --weights (this tree)"], med[f"check --weights ({Path(tree).name})"]
-        print(f"this tree / {Path(tree).name}: {t / b:.2f}")
+        name = f"check --weights ({Path(tree).name})"
+        t, b = med["check --weights (this tree)"], med[name]
+        # Run by run (the two ran back to back): steadier than the ratio of medians while the load changes.
+        paired = statistics.median(x / y for x, y in zip(times["check --weights (this tree)"], times[name]))
+        print(f"this tree / {Path(tree).name}: {t / b:.2f} (median of the run-by-run ratios {paired:.2f}; "
+              f"CPU {cpu['check --weights (this tree)'] / cpu[name]:.2f})")
+    paired = statistics.median(x / y for x, y in zip(times["check --weights (this tree)"],
+                                                     times["read floor, whole `python -c` process"]))
+    print(f"check --weights / read floor (whole processes): {med['check --weights (this tree)'] / f_proc:.2f} "
+          f"(median of the run-by-run ratios {paired:.2f})")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
     stages = []
