@@ -20,7 +20,8 @@ from tests.test_weights_scan import TORCH_DTYPES, as_reference, planted, referen
 
 def _units_of(path, chunk_bytes: int, unit_bytes: int) -> int:
     h = read_header(path)
-    return len(weights._units(h, [t for t in h.tensors if t.dtype in weights.SPECS], chunk_bytes, unit_bytes))
+    floats = [t for t in h.tensors if t.dtype in weights.SPECS]
+    return len(weights._units(h, floats, [weights._walk(t, chunk_bytes) for t in floats], unit_bytes))
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])

@@ -204,30 +204,36 @@ class _Source:
         self.f.close()
 
 
-def _walk(t: TensorInfo, chunk_bytes: int) -> tuple[bool, int, int, int]:
-    """How a tensor is walked: (row by row?, elements per chunk, items, bytes per item). Items are rows for an embedding
-    whose rows are larger than a chunk (each row then in chunks), else elements (an embedding's chunks hold whole rows)."""
+# How a tensor is walked (_walk): row by row?, elements per chunk, items, bytes per item, row length (0 if not an
+# embedding), embedding?
+_Walk = tuple[bool, int, int, int, int, bool]
+
+
+def _walk(t: TensorInfo, chunk_bytes: int) -> _Walk:
+    """How a tensor is walked. Items are rows for an embedding whose rows are larger than a chunk (each row then in
+    chunks), else elements (an embedding's chunks hold whole rows)."""
     spec = SPECS[t.dtype]
-    row = t.shape[1] if is_embedding(t.name, t.shape) else 0
+    emb = is_embedding(t.name, t.shape)
+    row = t.shape[1] if emb else 0
     per_chunk = max(1, chunk_bytes // spec.itemsize)
     if row and row > per_chunk:
-        return True, per_chunk, t.shape[0], row * spec.itemsize
+        return True, per_chunk, t.shape[0], row * spec.itemsize, row, emb
     if row:
         per_chunk = max(row, per_chunk // row * row)  # whole rows per chunk
-    return False, per_chunk, t.numel, spec.itemsize
+    return False, per_chunk, t.numel, spec.itemsize, row, emb
 
 
 # A piece: (tensor index, first item, items); a unit: (first byte, end byte, its pieces in file order).
 _Unit = tuple[int, int, list[tuple[int, int, int]]]
 
 
-def _units(h: SafetensorsHeader, tensors: list[TensorInfo], chunk_bytes: int, unit_bytes: int) -> list[_Unit]:
+def _units(h: SafetensorsHeader, tensors: list[TensorInfo], walks: list[_Walk], unit_bytes: int) -> list[_Unit]:
     """Cut the tensors into units of about ``unit_bytes`` (consecutive pieces, each whole chunks), in file order."""
     units: list[_Unit] = []
     pieces: list[tuple[int, int, int]] = []
     lo = size = 0
     for i, t in enumerate(tensors):
-        by_row, per_chunk, items, item_bytes = _walk(t, chunk_bytes)
+        by_row, per_chunk, items, item_bytes, _row, _emb = walks[i]
         step = max(1, unit_bytes // item_bytes) if by_row else max(per_chunk, unit_bytes // item_bytes // per_chunk * per_chunk)
         first = 0
         while first < items:
@@ -242,7 +248,7 @@ def _units(h: SafetensorsHeader, tensors: list[TensorInfo], chunk_bytes: int, un
                 pieces, size = [], 0
     if pieces:
         i, first, n = pieces[-1]
-        units.append((lo, h.data_start + tensors[i].begin + (first + n) * _walk(tensors[i], chunk_bytes)[3], pieces))
+        units.append((lo, h.data_start + tensors[i].begin + (first + n) * walks[i][3], pieces))
     return units
 
 
@@ -258,23 +264,22 @@ class _Worker:
         self.raw: Any = None
         self.dropped = 0
 
-    def unit(self, src: _Source, h: SafetensorsHeader, tensors: list[TensorInfo], unit: _Unit,
+    def unit(self, src: _Source, h: SafetensorsHeader, tensors: list[TensorInfo], walks: list[_Walk], unit: _Unit,
              advance: Callable[[int], None]) -> list[_Acc]:
         """Test one unit: what each of its pieces holds, in order; then release its pages."""
         lo, hi, pieces = unit
         self.dropped = lo
-        accs = [self.piece(src, h, tensors[i], first, n, advance) for i, first, n in pieces]
+        accs = [self.piece(src, h, tensors[i], walks[i], first, n, advance) for i, first, n in pieces]
         src.release(self.dropped, hi)
         return accs
 
-    def piece(self, src: _Source, h: SafetensorsHeader, t: TensorInfo, first: int, count: int,
+    def piece(self, src: _Source, h: SafetensorsHeader, t: TensorInfo, walk: _Walk, first: int, count: int,
               advance: Callable[[int], None]) -> _Acc:
-        """Items ``first`` .. ``first + count`` of tensor ``t`` (rows or elements, as _walk says)."""
+        """Items ``first`` .. ``first + count`` of tensor ``t`` (rows or elements, as its walk says)."""
         spec = SPECS[t.dtype]
         acc = _Acc(spec)
         base = h.data_start + t.begin
-        by_row, per_chunk, _items, item_bytes = _walk(t, self.chunk_bytes)
-        row = t.shape[1] if is_embedding(t.name, t.shape) else 0
+        by_row, per_chunk, _items, item_bytes, row, _emb = walk
         if by_row:
             # A row larger than a chunk (a crafted [1, 1e9] "embedding"): each row in chunks, memory stays one chunk.
             for r in range(first, first + count):
@@ -346,6 +351,8 @@ class _Worker:
 class _Acc:
     """What one tensor's chunks add up to; zero-row ranges merged as they come and kept up to MAX_ZERO_RANGES."""
 
+    __slots__ = ("spec", "nan", "inf", "beyond", "zero_rows", "best", "ranges")
+
     def __init__(self, spec: _Spec) -> None:
         self.spec = spec
         self.nan = self.inf = self.beyond = self.zero_rows = 0
@@ -395,12 +402,13 @@ def scan_shard(h: SafetensorsHeader, file: str, advance: Callable[[int], None] =
     for t in h.tensors:
         if t.dtype not in SPECS:
             advance(t.nbytes)
-    units = _units(h, todo, chunk_bytes, unit_bytes)
+    walks = [_walk(t, chunk_bytes) for t in todo]
+    units = _units(h, todo, walks, unit_bytes)
     try:
-        results = _run_units(units, lambda w, u: w.unit(src, h, todo, u, advance), chunk_bytes, threads)
+        results = _run_units(units, lambda w, u: w.unit(src, h, todo, walks, u, advance), chunk_bytes, threads)
     finally:
         src.close()
-    accs = [_Acc(SPECS[t.dtype]) for t in todo]
+    accs: list[_Acc | None] = [None] * len(todo)  # a tensor's first piece, the later ones added to it
     complete = len(todo)  # tensors before the first failed piece are whole; the rest are not reported
     error: str | None = None
     for (_lo, _hi, pieces), res in zip(units, results):
@@ -409,12 +417,18 @@ def scan_shard(h: SafetensorsHeader, file: str, advance: Callable[[int], None] =
             error = str(res.strerror or res) if isinstance(res, OSError) else "not scanned"
             break
         for (i, _first, _n), part in zip(pieces, res):
-            accs[i].merge(part)
-    for t, acc in zip(todo[:complete], accs):
+            whole = accs[i]
+            if whole is None:
+                accs[i] = part
+            else:
+                whole.merge(part)
+    for t, walk, acc in zip(todo[:complete], walks, accs):
+        if acc is None:  # no elements
+            acc = _Acc(SPECS[t.dtype])
         best = acc.best
         out.append(TensorScan(t.name, file, t.dtype, t.shape, acc.nan, acc.inf,
                               _decode(t.dtype, best) if best >= 0 else None, acc.beyond,
-                              is_embedding(t.name, t.shape), acc.zero_rows, tuple(acc.ranges)))
+                              walk[5], acc.zero_rows, tuple(acc.ranges)))
         scanned += t.nbytes
     return out, skipped, scanned, error
 
