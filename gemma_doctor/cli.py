@@ -254,8 +254,12 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
                            training_config=str(training_config) if training_config else None, launch=launch,
                            jobs=jobs, with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
+    finish = None
+    if fmt_ is OutputFormat.TEXT and not _color():
+        from gemma_doctor.render.text import with_block as finish  # a scan's workers make their models' lines
+
     with _hub_deadline(hub_deadline):
-        report = diagnose(list(targets), cache_dir, revision, all_revisions, options)
+        report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish)
     if not report.models:
         # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
         # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).

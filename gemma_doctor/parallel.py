@@ -28,9 +28,9 @@ MAX_WORKERS = 8
 # Items per worker below which a fork does not pay for itself (a repo costs ~0.2-0.5 ms; a fork and the transfer of
 # its results ~5 ms): measured in benchmarks/startup.py.
 PER_WORKER = 64
-# Repos a scan does before it forks (map_runs' ``lead``): enough to meet a few Gemma models, whose judgement imports
-# the rules, the prescription search and PyYAML, and warms the memo, once for all workers.
-LEAD = 24
+# Repos a scan does before it forks (map_runs' ``lead``): enough to meet a few Gemma models in a cache of them, whose
+# judgement imports the rules, the prescription search and PyYAML, and fills the memo, once for all workers.
+LEAD = 8
 
 
 def workers(items: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -207,12 +207,14 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
 
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
-             all_revisions: bool = False, options: CheckOptions | None = None) -> Report:
-    """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found."""
+             all_revisions: bool = False, options: CheckOptions | None = None,
+             finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
+    """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found. ``finish``: applied
+    to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines."""
     options = options or CheckOptions()
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     if not targets:
-        return _scan(cache, revision, all_revisions, options)
+        return _scan(cache, revision, all_revisions, options, finish)
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
@@ -225,7 +227,8 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
                   notes=tuple(notes))
 
 
-def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions) -> Report:
+def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions,
+          finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
@@ -236,7 +239,8 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
         reports = []
         for m in models:
             facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env, memoise=len(models) > 1)
-            reports.append(model_report(facts, env, options, findings))
+            report = model_report(facts, env, options, findings)
+            reports.append(finish(report) if finish is not None else report)
         return reports, skipped
 
     with parsed.sharing():

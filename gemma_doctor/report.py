@@ -107,6 +107,9 @@ class ModelReport:
     family: str | None
     findings: tuple[Finding, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The model's lines as the colourless text view prints them, made where the model was judged (a whole-cache
+    # scan's worker: render/text.with_block) so the scan does not make them one by one at the end; None elsewhere.
+    block: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of a model entry."""

@@ -202,3 +202,20 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("GEMMA_DOCTOR_WORKERS")
     assert parallel.workers(parallel.PER_WORKER - 1) == 1  # a small cache is scanned in one process
     assert 1 <= parallel.workers(100_000) <= parallel.MAX_WORKERS
+
+
+def test_lines_made_in_the_workers_are_the_lines_the_view_makes(mixed_cache, monkeypatch):
+    """render/text.with_block (each model's colourless lines, made where it was judged) prints exactly what the text
+    view prints from the bare reports, and the colour view ignores the blocks."""
+    from gemma_doctor import pipeline
+    from gemma_doctor.render import text
+    from gemma_doctor.report import FailOn
+
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    bare = pipeline.diagnose([], mixed_cache)
+    made = pipeline.diagnose([], mixed_cache, finish=text.with_block)
+    assert all(m.block for m in made.models) and all(m.block is None for m in bare.models)
+    for fail_on in FailOn:
+        assert text.render_report(made, fail_on, False) == text.render_report(bare, fail_on, False)
+        assert text.render_report(made, fail_on, True) == text.render_report(bare, fail_on, True)
+    assert made == bare  # the block is no part of a report's value

@@ -51,12 +51,27 @@ def _model_lines(m: ModelReport) -> list[str]:
     return lines
 
 
+def with_block(m: ModelReport) -> ModelReport:
+    """``m`` with its lines as the colourless view prints them (what render_report's plain path makes of it): a
+    whole-cache scan has each worker make its models' lines (pipeline.diagnose's ``finish``)."""
+    from dataclasses import replace
+
+    from gemma_doctor.render.style import plain
+
+    return replace(m, block="".join(plain(line) + "\n" for line in _model_lines(m)) + "\n")
+
+
 def render_report(report: Report, fail_on: FailOn, color: bool) -> str:
     """`check` as text: each model with its findings and fixes, then a summary line."""
     lines: list[str] = []
-    for m in report.models:
-        lines.extend(_model_lines(m))
-        lines.append("")
+    blocks = None if color else [m.block for m in report.models]
+    if blocks is not None and None not in blocks:
+        # every model's lines already made plain (with_block): the same text, joined
+        lines.append("".join(blocks))  # type: ignore[arg-type]
+    else:
+        for m in report.models:
+            lines.extend(_model_lines(m))
+            lines.append("")
     counts = {s: 0 for s in Severity}
     for f in report.all_findings():
         counts[f.severity] += 1
@@ -64,6 +79,10 @@ def render_report(report: Report, fail_on: FailOn, color: bool) -> str:
     skipped = f", {len(report.skipped)} non-Gemma skipped" if report.skipped else ""
     lines.append(f"{verdict} {len(report.models)} model(s){skipped}: {counts[Severity.ERROR]} error(s), "
                  f"{counts[Severity.WARNING]} warning(s), {counts[Severity.INFO]} info (--fail-on {fail_on.value})")
+    if blocks is not None and None not in blocks:
+        from gemma_doctor.render.style import plain
+
+        return lines[0] + "".join(plain(line) + "\n" for line in lines[1:])
     return to_string(lines, color)
 
 
