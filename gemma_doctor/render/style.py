@@ -33,6 +33,8 @@ def escape(text: str) -> str:
     """Escape text for rich markup, exactly as rich.markup.escape does (without importing rich), after making it
     printable: every piece of text from the cache or a config file passes through here on its way to the view."""
     text = printable(text)
+    if "[" not in text and "\\" not in text:  # no tag to escape, no backslash to double: itself
+        return text
     out = _TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
     if out.endswith("\\") and not out.endswith("\\\\"):
         out += "\\"
