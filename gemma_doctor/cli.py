@@ -254,9 +254,11 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
                            training_config=str(training_config) if training_config else None, launch=launch,
                            jobs=jobs, with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
-    finish = None
+    finish = None  # a whole-cache scan's workers write their models as the view prints them
     if fmt_ is OutputFormat.TEXT and not _color():
-        from gemma_doctor.render.text import with_block as finish  # a scan's workers make their models' lines
+        from gemma_doctor.render.text import with_block as finish
+    elif fmt_ is OutputFormat.JSON:
+        from gemma_doctor.render.jsonout import with_json as finish
 
     with _hub_deadline(hub_deadline):
         report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish)

@@ -107,9 +107,10 @@ class ModelReport:
     family: str | None
     findings: tuple[Finding, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-    # The model's lines as the colourless text view prints them, made where the model was judged (a whole-cache
-    # scan's worker: render/text.with_block) so the scan does not make them one by one at the end; None elsewhere.
-    block: str | None = field(default=None, compare=False, repr=False)
+    # (view, text): the model as a view prints it ("text": the colourless text view's lines, render/text.with_block;
+    # "json": its entry in the JSON document, render/jsonout.with_json), made where the model was judged (a
+    # whole-cache scan's worker) so the scan does not make them one by one at the end; None elsewhere.
+    block: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of a model entry."""
@@ -146,8 +147,9 @@ class Report:
         """True when some finding is at or above the --fail-on threshold."""
         return any(fail_on.fails(f.severity) for f in self.all_findings())
 
-    def to_json(self, fail_on: FailOn) -> dict[str, Any]:
-        """The stable JSON document of `check --format json` (schema: docs/json-schema.md)."""
+    def to_json(self, fail_on: FailOn, models: bool = True) -> dict[str, Any]:
+        """The stable JSON document of `check --format json` (schema: docs/json-schema.md); ``models`` False: its
+        "models" list left empty (render/jsonout puts the entries the scan's workers wrote there)."""
         counts = {s.value: 0 for s in Severity}
         for f in self.all_findings():
             counts[f.severity.value] += 1
@@ -157,7 +159,7 @@ class Report:
             "fail_on": fail_on.value,
             "summary": {"models": len(self.models), "skipped": len(self.skipped), "findings": counts},
             "cache_dir": self.cache_dir,
-            "models": [m.to_json() for m in self.models],
+            "models": [m.to_json() for m in self.models] if models else [],
             "skipped": list(self.skipped),
             "environment": self.environment,
         }

@@ -211,11 +211,41 @@ def test_lines_made_in_the_workers_are_the_lines_the_view_makes(mixed_cache, mon
     from gemma_doctor.render import text
     from gemma_doctor.report import FailOn
 
+    from gemma_doctor.render import jsonout
+
     monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
     bare = pipeline.diagnose([], mixed_cache)
     made = pipeline.diagnose([], mixed_cache, finish=text.with_block)
+    dumped = pipeline.diagnose([], mixed_cache, finish=jsonout.with_json)
     assert all(m.block for m in made.models) and all(m.block is None for m in bare.models)
     for fail_on in FailOn:
         assert text.render_report(made, fail_on, False) == text.render_report(bare, fail_on, False)
         assert text.render_report(made, fail_on, True) == text.render_report(bare, fail_on, True)
-    assert made == bare  # the block is no part of a report's value
+        assert jsonout.render_report(dumped, fail_on) == jsonout.render_report(bare, fail_on)
+        # a block of another view is never taken for this one's
+        assert jsonout.render_report(made, fail_on) == jsonout.render_report(bare, fail_on)
+        assert text.render_report(dumped, fail_on, False) == text.render_report(bare, fail_on, False)
+    assert made == bare == dumped  # the block is no part of a report's value
+
+
+def test_json_entries_written_apart_are_the_document_dumped_whole():
+    """jsonout.with_json + render_report's splice against one dumps() of the whole document, where JSON cannot hold
+    a number (NaN, infinity, a 5,000-digit integer: converted wherever they are), with characters a terminal acts
+    on, with no model, and with a value that spells the "models" key itself."""
+    from dataclasses import replace
+
+    from gemma_doctor.render import jsonout
+    from gemma_doctor.report import FailOn, Finding, ModelReport, Report, Severity
+
+    finding = Finding("GD101", Severity.ERROR, "use_cache is on\u2028 [x]", file="config.json")
+    models = [ModelReport("a/b", "/p/a", "a/b", "main", "0" * 40, "gemma3", (finding,),
+                          extra={"x": float("nan"), "y": [1.5, float("inf")], "big": 10 ** 5000, "s": "\x1b[31m"}),
+              ModelReport("c/d", "/p/c", "c/d", "main", "1" * 40, "gemma3", (),
+                          extra={"note": '\n  "models": []', "nested": {"models": []}})]
+    for env in ({"python": "3.11"}, {"bad": float("nan")}):
+        for chosen in (models, models[:1], []):
+            report = Report(models=tuple(chosen), environment=env, skipped=({"target": "x/y", "path": "/p",
+                                                                             "reason": "r"},), cache_dir="/c")
+            written = replace(report, models=tuple(jsonout.with_json(m) for m in chosen))
+            for fail_on in FailOn:
+                assert jsonout.render_report(written, fail_on) == jsonout.dumps(report.to_json(fail_on))

@@ -6,7 +6,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
-from gemma_doctor.report import FailOn, Report
+from gemma_doctor.report import FailOn, ModelReport, Report
 
 if TYPE_CHECKING:  # fixes (with difflib and the JSON editor) is imported by fix and restore only: check --format json
     from gemma_doctor.fixes import Outcome  # starts without it (3 ms)
@@ -20,11 +20,32 @@ _RAW = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-
 
 def dumps(doc: Any) -> str:
     """JSON text as every command prints it (strict: no NaN; nothing a terminal would act on left raw)."""
+    return _raw_safe(_dumps(doc)) + "\n"
+
+
+def _dumps(doc: Any) -> str:
     try:
-        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+        return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
     except ValueError:  # a NaN / infinity, or an integer too long to print, from some hostile input
-        text = json.dumps(_printable_numbers(doc), indent=2, ensure_ascii=False, allow_nan=False)
-    return _RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+        return json.dumps(_printable_numbers(doc), indent=2, ensure_ascii=False, allow_nan=False)
+
+
+def _raw_safe(text: str) -> str:
+    return _RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# How json.dumps(indent=2) writes the top-level "models" list when it is empty, and where its entries go: each entry
+# is written at depth 2, four spaces in (the same text as dumped alone with each line indented by four: JSON strings
+# hold no raw newline), the entries joined by ",\n".
+_MODELS_EMPTY = '\n  "models": []'
+
+
+def with_json(m: ModelReport) -> ModelReport:
+    """``m`` with its entry of the JSON document as dumps() writes it there (made in a whole-cache scan's worker,
+    pipeline.diagnose's ``finish``): render_report then joins the entries instead of dumping them one by one."""
+    from dataclasses import replace
+
+    return replace(m, block=("json", "\n".join("    " + line for line in _dumps(m.to_json()).split("\n"))))
 
 
 def _printable_numbers(v: Any) -> Any:
@@ -41,7 +62,15 @@ def _printable_numbers(v: Any) -> Any:
 
 
 def render_report(report: Report, fail_on: FailOn) -> str:
-    """`check --format json`."""
+    """`check --format json`. Where every model's entry was written by the scan's workers (with_json), the document
+    is dumped without them and their text put in its "models" list: the same text as dumping it whole (_dumps
+    converts only the numbers JSON cannot hold, wherever they are; _raw_safe works character by character)."""
+    entries = [m.block[1] if m.block is not None and m.block[0] == "json" else None for m in report.models]
+    if entries and None not in entries:
+        head = _dumps(report.to_json(fail_on, models=False))
+        if head.count(_MODELS_EMPTY) == 1:
+            joined = ",\n".join(entries)  # type: ignore[arg-type]
+            return _raw_safe(head.replace(_MODELS_EMPTY, f'\n  "models": [\n{joined}\n  ]')) + "\n"
     return dumps(report.to_json(fail_on))
 
 

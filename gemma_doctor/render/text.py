@@ -58,13 +58,14 @@ def with_block(m: ModelReport) -> ModelReport:
 
     from gemma_doctor.render.style import plain
 
-    return replace(m, block="".join(plain(line) + "\n" for line in _model_lines(m)) + "\n")
+    return replace(m, block=("text", "".join(plain(line) + "\n" for line in _model_lines(m)) + "\n"))
 
 
 def render_report(report: Report, fail_on: FailOn, color: bool) -> str:
     """`check` as text: each model with its findings and fixes, then a summary line."""
     lines: list[str] = []
-    blocks = None if color else [m.block for m in report.models]
+    blocks = None if color else [m.block[1] if m.block is not None and m.block[0] == "text" else None
+                                 for m in report.models]
     if blocks is not None and None not in blocks:
         # every model's lines already made plain (with_block): the same text, joined
         lines.append("".join(blocks))  # type: ignore[arg-type]
