@@ -51,6 +51,12 @@ class ModelSource(Protocol):
         """The file on this machine, for readers that need its bytes (the weights scan); None when remote."""
 
 
+def _entry_name(name: str) -> bool:
+    """A name a folder's listing can hold: not "", "." or ".." (a listing never has them, a lookup finds the folder
+    itself or its parent: an index may name a shard "."), no "/" (below the folder)."""
+    return "/" not in name and name not in ("", ".", "..")
+
+
 @dataclass(frozen=True)
 class LocalSource:
     """A folder on this machine; with ``root``, a link resolving outside it is never read."""
@@ -61,7 +67,7 @@ class LocalSource:
 
     def has(self, name: str) -> bool:
         """True when the folder has ``name`` (as a file, a folder or a link, dangling or not)."""
-        names = self._names() if "/" not in name else None
+        names = self._names() if _entry_name(name) else None
         if names is not None:
             return name in names
         return os.path.lexists(self.folder / name)
@@ -92,7 +98,7 @@ class LocalSource:
     def read_json(self, name: str) -> JsonFile:
         """read_json_file confined to the repo folder (a name missing from the folder's listing, when has() made one,
         is missing, unread: config.json alone, all a whole-cache scan reads of most repos, lists nothing)."""
-        names = self.__dict__.get("_listed") if "/" not in name else None  # only a listing some question made
+        names = self.__dict__.get("_listed") if _entry_name(name) else None  # only a listing some question made
         if names is not None and name not in names:
             return JsonFile(self.folder / name, exists=False)
         return read_json_file(self.folder / name, self.root, self._area())

@@ -497,3 +497,24 @@ def test_read_header_never_raises_on_any_length_prefix(tmp_path_factory, length,
     if length > len(body):
         assert h.error
 
+
+
+def test_has_and_read_json_say_what_a_lookup_of_the_name_says(tmp_path):
+    """LocalSource answers has() from one listing of the folder (a whole-cache scan's shortcut): for every name an
+    index can hand it (a shard name passes dtypes._safe_name when it is "." or a name of a folder, a dangling link,
+    a FIFO), the answer is os.path.lexists', and read_json of a name the listing lacks is what reading it says."""
+    from gemma_doctor.source import LocalSource
+
+    folder = tmp_path / "snap"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "dangling").symlink_to("nowhere")
+    os.mkfifo(folder / "fifo")
+    names = [".", "..", "", "config.json", "sub", "dangling", "fifo", "missing", "a\x00b", "sub/.", "sub/x"]
+    source = LocalSource(folder, tmp_path)
+    assert source.has("config.json")  # the listing is made
+    for name in names:
+        assert source.has(name) == os.path.lexists(os.path.join(folder, name)), name
+    for name in [".", "sub", "dangling", "fifo", "missing"]:
+        listed, fresh = source.read_json(name), read_json_file(folder / name, tmp_path)
+        assert (listed.exists, listed.ok, listed.error) == (fresh.exists, fresh.ok, fresh.error), name
