@@ -82,6 +82,8 @@ class LocalSource:
             pass
         try:
             names: frozenset[str] | None = frozenset(os.listdir(self.folder))
+            if not os.access(self.folder, os.X_OK):  # listed but not entered (r without x): every lookup fails
+                names = None
         except (OSError, ValueError):
             names = None
         self.__dict__["_listed"] = names

@@ -518,3 +518,25 @@ def test_has_and_read_json_say_what_a_lookup_of_the_name_says(tmp_path):
     for name in [".", "sub", "dangling", "fifo", "missing"]:
         listed, fresh = source.read_json(name), read_json_file(folder / name, tmp_path)
         assert (listed.exists, listed.ok, listed.error) == (fresh.exists, fresh.ok, fresh.error), name
+
+
+def test_has_in_a_folder_listed_but_not_entered_says_what_a_lookup_says(world):
+    """A folder its user may list but not enter (r without x): the listing names its files, a lookup of each fails;
+    has() says what the lookup (os.path.lexists) says, as it did before it answered from the listing."""
+    folder = world / "snap"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (folder / name).write_text("{}")
+    os.chmod(folder, 0o744)
+    got = as_nobody.runtime()
+    assert isinstance(got, tuple), got
+    python, path = got
+    code = ("import os, sys; from pathlib import Path; from gemma_doctor.source import LocalSource; "
+            "f = Path(sys.argv[1]); s = LocalSource(f, f.parent); "
+            "print([(n, s.has(n), os.path.lexists(f / n)) for n in ('config.json', 'tokenizer_config.json', 'x')])")
+    r = subprocess.run(as_nobody.setpriv(python, "-c", code, str(folder)), capture_output=True, text=True, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "PYTHONNOUSERSITE": "1",
+                            "PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name, has, lexists in eval(r.stdout):  # noqa: S307 - our own repr of tuples of str and bool
+        assert has == lexists, (name, has, lexists)
