@@ -93,20 +93,20 @@ def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None =
     sys.stdout.flush()
     sys.stderr.flush()
     started: list[tuple[int, int] | None] = []
-    for run in runs[1:]:
-        fd = _scratch()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(fd)
-            started.append(None)
-            continue
-        if pid == 0:  # the worker: never returns
-            _work(fn, run, fd)
-        started.append((pid, fd))
     try:
+        for run in runs[1:]:
+            fd = _scratch()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(fd)
+                started.append(None)
+                continue
+            if pid == 0:  # the worker: never returns
+                _work(fn, run, fd)
+            started.append((pid, fd))
         results: list[R] = [fn(runs[0])]
-    except BaseException:
+    except BaseException:  # also Ctrl-C between two forks
         for child in started:  # their runs come after the error: stopped, and waited for (no process left behind)
             if child is not None:
                 _stop(*child)
@@ -128,12 +128,17 @@ def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None =
 
 def _stop(pid: int, fd: int) -> None:
     try:
+        _kill(pid)
+    finally:
+        os.close(fd)
+
+
+def _kill(pid: int) -> None:
+    try:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def _work(fn: Callable[[Sequence[T]], R], run: Sequence[T], fd: int) -> None:
@@ -161,13 +166,20 @@ def _collect(fn: Callable[[Sequence[T]], R], run: Sequence[T], child: tuple[int,
     pid, fd = child
     got: tuple[str, object] | None = None
     try:
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except OSError:
+            raise
+        except BaseException:  # Ctrl-C while waiting: this worker too is stopped and waited for, not left running
+            _kill(pid)
+            raise
         if os.waitstatus_to_exitcode(status) == 0:
             size = os.fstat(fd).st_size
             data = os.pread(fd, size, 0) if size else b""
             if len(data) == size and size:
                 got = pickle.loads(data)
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError):
+    except Exception:  # noqa: BLE001 - whatever keeps a result from coming back whole: the run is done here
+        # (pickle.loads runs an exception type's __init__ again, with its message: TypeError, KeyError, anything)
         got = None
     finally:
         os.close(fd)

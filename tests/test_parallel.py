@@ -95,6 +95,7 @@ def test_any_number_of_workers_says_what_one_process_says(mixed_cache, args):
 
 _MAP = """
 import json, os, sys, signal
+import time
 from gemma_doctor import parallel
 from gemma_doctor.errors import UsageError
 parent = os.getpid()
@@ -115,6 +116,20 @@ def raises(part):
     return list(part)
 def pids(part):
     return [os.getpid(), list(part)]
+MESSAGES = {"late": "the run came late"}
+class Looked(Exception):  # pickled as its message: unpickling looks the message up as a key (KeyError)
+    def __init__(self, key):
+        super().__init__(MESSAGES[key])
+def looked(part):
+    if 5 in part:
+        raise Looked("late")
+    return list(part)
+def slow(part):
+    if os.getpid() != parent:
+        time.sleep(20)
+    return list(part)
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
 out = {}
 try:
     if case == "dies":
@@ -127,6 +142,18 @@ try:
                 parallel.map_runs(raises, items, 3 if len(items) == 9 else 2)
             except UsageError as e:
                 out.setdefault("raised", []).append(str(e))
+    elif case == "looked":
+        try:
+            parallel.map_runs(looked, list(range(10)), 3)
+        except Exception as e:
+            out["raised"] = [type(e).__name__, str(e)]
+    elif case == "interrupted":
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        try:
+            parallel.map_runs(slow, list(range(10)), 2)
+        except KeyboardInterrupt:
+            out["raised"] = ["KeyboardInterrupt"]
     elif case == "pids":
         got = parallel.map_runs(pids, list(range(9)), 3)
         out["parent"] = parent
@@ -167,6 +194,22 @@ def test_an_error_is_raised_in_order_and_every_worker_is_waited_for():
     behind (no zombie) after an error."""
     got = _map("raises")
     assert got["raised"] == ["two", "seven"]
+    assert got["children_left"] is False
+
+
+def test_an_error_that_does_not_unpickle_is_the_error_the_run_raises_here():
+    """A worker's error whose type cannot be rebuilt from its pickle (an __init__ that looks its argument up: KeyError,
+    not only the TypeError of a changed signature) is not raised as that failure: its run is done again here."""
+    got = _map("looked")
+    assert got["raised"] == ["Looked", "the run came late"]
+    assert got["children_left"] is False
+
+
+def test_an_interrupt_while_waiting_for_a_worker_leaves_no_worker_behind():
+    """Ctrl-C (here an alarm raising KeyboardInterrupt) while the parent waits for a worker: the interrupt is raised,
+    and that worker too is stopped and waited for (not left running on, nor a zombie)."""
+    got = _map("interrupted")
+    assert got["raised"] == ["KeyboardInterrupt"]
     assert got["children_left"] is False
 
 
