@@ -26,6 +26,7 @@ import re
 import stat
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -88,13 +89,15 @@ class Area:
                 raise Refused(f"{self.root} is not a folder") from None
             raise
 
+    @cached_property
+    def _absolute_root(self) -> str:
+        """The root's absolute path, worked out once per Area."""
+        return _absolute(self.root)
+
     def parts(self, path: Path | str) -> list[str]:
         """The components of ``path`` below the root (lexically); Refused when it is not below it."""
         # Strings, not pathlib: a whole-cache scan asks this a few times per repo.
-        full = _absolute(path)
-        root = self.__dict__.get("_abs_root")
-        if root is None:  # an Area is frozen; its root's absolute path is worked out once
-            root = self.__dict__["_abs_root"] = _absolute(self.root)
+        full, root = _absolute(path), self._absolute_root
         if full == root:
             return []
         prefix = root if root.endswith(os.sep) else root + os.sep
@@ -175,14 +178,19 @@ def _walk(area: Area, parts: list[str], create: bool = False, readable: bool = T
 @contextlib.contextmanager
 def _parent(path: Path | str, area: Area, create: bool = False, readable: bool = True) -> Iterator[tuple[int, str]]:
     """(descriptor of the real folder holding ``path``, its name): the place where ``path`` is written."""
+    fd, name = _open_parent(path, area, create, readable)
+    try:
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def _open_parent(path: Path | str, area: Area, create: bool = False, readable: bool = True) -> tuple[int, str]:
+    """_parent's (descriptor, name) without the context manager: the caller closes the descriptor."""
     parts = area.parts(path)
     if not parts:
         raise Refused(f"{path} is the area's root, not a file in it")
-    fd = _walk(area, parts[:-1], create, readable)
-    try:
-        yield fd, parts[-1]
-    finally:
-        os.close(fd)
+    return _walk(area, parts[:-1], create, readable), parts[-1]
 
 
 def _split(target: str) -> list[str]:
@@ -747,16 +755,12 @@ def list_dir(path: Path, area: Area) -> list[Entry]:
 def kind(path: Path, area: Area) -> str:
     """What ``path`` is, without following a link anywhere on the way or at the end: "file", "folder", "link",
     "special" or "missing"; Refused when a folder on the way is a link. Needs search permission only."""
-    # _parent's steps without its context manager (a whole-cache scan asks this twice per repo)
-    parts = area.parts(path)
-    if not parts:
-        raise Refused(f"{path} is the area's root, not a file in it")
-    try:
-        dir_fd = _walk(area, parts[:-1], readable=False)
+    try:  # without _parent's context manager: a whole-cache scan asks this twice per repo
+        dir_fd, name = _open_parent(path, area, readable=False)
     except FileNotFoundError:
         return "missing"
     try:
-        return _kind_at(dir_fd, parts[-1])
+        return _kind_at(dir_fd, name)
     finally:
         os.close(dir_fd)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -25,14 +26,6 @@ class ModelSource(Protocol):
 
     def has(self, name: str) -> bool:
         """True when the model has a file called ``name`` (a dangling or escaping link counts: it is reported)."""
-
-    def _area(self) -> fsafe.Area | None:
-        """The repo folder as an fsafe.Area, made once for all of this model's reads."""
-        try:
-            return self.__dict__["_area_made"]
-        except KeyError:
-            area = self.__dict__["_area_made"] = fsafe.Area(self.root) if self.root is not None else None
-            return area
 
     def read_json(self, name: str) -> JsonFile:
         """A small JSON file (config.json, generation_config.json, tokenizer_config.json...), bounded and strict."""
@@ -67,47 +60,39 @@ class LocalSource:
 
     def has(self, name: str) -> bool:
         """True when the folder has ``name`` (as a file, a folder or a link, dangling or not)."""
-        names = self._names() if _entry_name(name) else None
+        names = self._names if _entry_name(name) else None
         if names is not None:
             return name in names
         return os.path.lexists(self.folder / name)
 
+    @cached_property
     def _names(self) -> frozenset[str] | None:
         """The folder's entries, listed once at the first question (a model's files are asked about a dozen times:
         one listing instead of a dozen lookups); None where the folder cannot be listed (each name is then looked
         up). A name is only ever a hint: every file is still opened at the moment of use, as fsafe opens it."""
         try:
-            return self.__dict__["_listed"]
-        except KeyError:
-            pass
-        try:
-            names: frozenset[str] | None = frozenset(os.listdir(self.folder))
             if not os.access(self.folder, os.X_OK):  # listed but not entered (r without x): every lookup fails
-                names = None
+                return None
+            return frozenset(os.listdir(self.folder))
         except (OSError, ValueError):
-            names = None
-        self.__dict__["_listed"] = names
-        return names
+            return None
 
+    @cached_property
     def _area(self) -> fsafe.Area | None:
         """The repo folder as an fsafe.Area, made once for all of this model's reads."""
-        try:
-            return self.__dict__["_area_made"]
-        except KeyError:
-            area = self.__dict__["_area_made"] = fsafe.Area(self.root) if self.root is not None else None
-            return area
+        return fsafe.Area(self.root) if self.root is not None else None
 
     def read_json(self, name: str) -> JsonFile:
         """read_json_file confined to the repo folder (a name missing from the folder's listing, when has() made one,
         is missing, unread: config.json alone, all a whole-cache scan reads of most repos, lists nothing)."""
-        names = self.__dict__.get("_listed") if _entry_name(name) else None  # only a listing some question made
+        names = self.__dict__.get("_names") if _entry_name(name) else None  # only a listing has() made
         if names is not None and name not in names:
             return JsonFile(self.folder / name, exists=False)
-        return read_json_file(self.folder / name, self.root, self._area())
+        return read_json_file(self.folder / name, self.root, self._area)
 
     def read_header(self, name: str) -> SafetensorsHeader:
         """The header of ``name``; a link leading outside the repo folder is refused unread (at the moment of use)."""
-        return read_header(self.folder / name, self.root, self._area())
+        return read_header(self.folder / name, self.root, self._area)
 
     def read_headers(self, names: Sequence[str]) -> list[SafetensorsHeader]:
         """One after the other: local reads are fast, and the weights scan parallelises the heavy part."""
