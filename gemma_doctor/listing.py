@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gemma_doctor import locate, parallel, pipeline
+from gemma_doctor import locate, pipeline
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
-from gemma_doctor.readers import parsed
 from gemma_doctor.fixes import Status, plan_model
 from gemma_doctor.rules.use_cache import fix_command
 
@@ -114,7 +113,7 @@ def status_of(codes: set[str], fixed_before: bool, would_change: bool) -> RowSta
 def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
             options: CheckOptions | None = None) -> tuple[list[Row], int]:
     """Rows for every Gemma-family snapshot in ``cache`` and the number of other repos skipped (the repos spread over
-    processes as check's whole-cache scan spreads them: pipeline.scan_start, gemma_doctor/parallel.py)."""
+    processes as check's whole-cache scan spreads them: pipeline.scan_start and scan_runs)."""
     options = options or CheckOptions()
     env, names = pipeline.scan_start(cache, revision, options)
 
@@ -122,8 +121,7 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
         models, skipped = pipeline.select(locate.snapshots_in(cache, part, revision, all_revisions), explicit=False)
         return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
 
-    with parsed.sharing():
-        runs = parallel.map_runs(run, names, lead=parallel.LEAD)
+    runs = pipeline.scan_runs(run, names)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)
 
 

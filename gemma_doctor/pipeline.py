@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -29,6 +29,7 @@ from gemma_doctor.source import ModelSource
 
 # A snapshot and where its files are read from (the cache or a folder through LocalSource, or the Hub).
 Located = tuple[Snapshot, ModelSource]
+R = TypeVar("R")
 
 
 def environment(options: CheckOptions) -> Environment:
@@ -243,10 +244,17 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
             reports.append(finish(report) if finish is not None else report)
         return reports, skipped
 
-    with parsed.sharing():
-        runs = parallel.map_runs(run, names, 1 if options.weights else None, lead=parallel.LEAD)
+    runs = scan_runs(run, names, one_process=options.weights)
     return Report(models=tuple(r for reports, _ in runs for r in reports), environment=env.to_json(),
                   skipped=tuple(s for _, skipped in runs for s in skipped), cache_dir=str(cache), notes=())
+
+
+def scan_runs(run: Callable[[Sequence[str]], R], names: list[str], one_process: bool = False) -> list[R]:
+    """``run`` over the cache's folder names as a whole-cache scan does it: parses shared for the scan's length
+    (readers/parsed.py), the repos spread over processes (gemma_doctor/parallel.py; ``one_process`` for --weights,
+    whose threads do the parallel part), the results in order."""
+    with parsed.sharing():
+        return parallel.map_runs(run, names, 1 if one_process else None, lead=parallel.LEAD)
 
 
 def scan_start(cache: Path, revision: str, options: CheckOptions) -> tuple[Environment, list[str]]:
