@@ -13,7 +13,11 @@ Usage:
   python benchmarks/newest_releases.py --with transformers==5.24.0 --with peft==0.21.2
   python benchmarks/newest_releases.py --python .venv/bin/python      the libraries of an existing interpreter
   ... [--only GD105,GD107] [--json OUT.json]
-Exit status: 0 when every window still holds, 1 otherwise (a scheduled CI job fails and someone looks).
+It also lets the newest huggingface_hub lay out a cache (a download from a local Hub, then its cache-wide blob store,
+its no-symlink fallback and a local_dir download: tests/scripts/hf_layout.py) and runs check, fix and restore on each
+layout (``cache_layouts``): a layout change upstream shows here as a failure before users meet it.
+Exit status: 0 when every window still holds and every layout is read alike, 1 otherwise (a scheduled CI job fails
+and someone looks).
 When a window moved: change it in gemma_doctor/versioning.py with its test; when all hold, raise the library's entry
 in gemma_doctor/horizon.py (VERIFIED) and record the table in docs/horizon.md.
 """
@@ -39,7 +43,9 @@ from gemma_doctor.stack import Window  # noqa: E402
 CRASHES = ROOT / "tests" / "scripts" / "crash_cases.py"
 PITFALLS = ROOT / "tests" / "scripts" / "pitfalls_repro.py"
 # The libraries a finding's reproduction runs on, newest first asked of PyPI.
-LIBRARIES = ("transformers", "peft", "accelerate", "trl")
+LIBRARIES = ("transformers", "peft", "accelerate", "trl", "huggingface_hub")
+LAYOUT_SCRIPT = ROOT / "tests" / "scripts" / "hf_layout.py"
+LAYOUTS = ("classic", "shared", "nosymlinks", "localdir")
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,92 @@ def table(versions: dict[str, str | None], rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _store_state(cache: Path) -> dict[str, tuple]:
+    """Every entry of the cache-wide store as lstat and its bytes show it (what fix and restore must not change)."""
+    import hashlib
+    import os
+    import stat as st_
+
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(cache / "blobs"):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            s = p.lstat()
+            data = hashlib.sha256(p.read_bytes()).hexdigest() if st_.S_ISREG(s.st_mode) else None
+            out[str(p.relative_to(cache))] = (st_.S_IFMT(s.st_mode), st_.S_IMODE(s.st_mode), s.st_mtime_ns, data)
+    return out
+
+
+def cache_layouts(python: str) -> list[dict[str, Any]]:
+    """Let ``python``'s huggingface_hub lay out each cache layout from a local Hub, then check / fix / restore it with
+    this tree's gemma-doctor: one row per layout ("still right", "new failure" or "could not run", with why)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.builders import HubCache, gemma3_12b_config, generation_config
+    from tests.hubserver import HubServer, repos_from_cache
+    from tests.test_safetensors import st_file
+
+    repo = "google/gemma-3-12b-it"
+    files = {"config.json": gemma3_12b_config(), "generation_config.json": generation_config(),
+             "model.safetensors": st_file({"language_model.model.embed_tokens.weight": ("BF16", [64, 8]),
+                                           "language_model.model.norm.weight": ("BF16", [8])})}
+    planned = ["--with", "transformers==4.50.3"]  # GD101: a fix to apply and restore
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="gd-layouts-") as tmp:
+        work = Path(tmp)
+        storage = HubCache(work / "hub")
+        storage.add(repo, files)
+        with HubServer(repos_from_cache(storage.root)) as server:
+            env = {**_env(), "HF_ENDPOINT": server.endpoint, "HF_HOME": str(work / "home")}
+            env.pop("HF_HUB_OFFLINE", None)
+            reference = None
+            for layout in LAYOUTS:
+                where = work / layout
+                extra = {"HF_HUB_DISABLE_SYMLINKS": "1"} if layout == "nosymlinks" else {}
+                made = subprocess.run([python, str(LAYOUT_SCRIPT), layout, str(where), repo], capture_output=True,
+                                      text=True, timeout=600, env={**env, **extra})
+                row: dict[str, Any] = {"layout": layout}
+                rows.append(row)
+                if made.returncode != 0:
+                    tail = (made.stderr.strip().splitlines() or made.stdout.strip().splitlines() or ["no output"])[-1]
+                    row.update(verdict="could not run", reason=f"exit {made.returncode}: {tail[:200]}")
+                    continue
+                row["version"] = json.loads(made.stdout.strip().splitlines()[-1])["huggingface_hub"]
+                target = [str(where)] if layout == "localdir" else [repo, "--cache-dir", str(where)]
+
+                def gd(*args: str) -> subprocess.CompletedProcess:
+                    return subprocess.run([sys.executable, "-m", "gemma_doctor", *args], capture_output=True,
+                                          text=True, timeout=600, env=_env())
+
+                checked = gd("check", *target, *planned, "--format", "json")
+                try:
+                    model = json.loads(checked.stdout)["models"][0]
+                except (ValueError, KeyError, IndexError):
+                    row.update(verdict="new failure", reason=f"check exit {checked.returncode}: {checked.stderr[-200:]}")
+                    continue
+                seen = (sorted(f["code"] for f in model["findings"]), model["dtypes"].get("total_params"))
+                reference = reference or seen
+                before = _store_state(where) if layout == "shared" else None
+                fixed, restored = gd("fix", *target, *planned, "--inplace"), gd("restore", *target)
+                problems = []
+                if seen != reference:
+                    problems.append(f"check differs from the classic layout: {seen} != {reference}")
+                if fixed.returncode != 0 or restored.returncode != 0:
+                    problems.append(f"fix exit {fixed.returncode}, restore exit {restored.returncode}")
+                if before is not None and _store_state(where) != before:
+                    problems.append("fix or restore changed the blob store")
+                row.update(verdict="new failure" if problems else "still right", reason="; ".join(problems))
+    return rows
+
+
+def layout_table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of cache layouts docs/horizon.md shows."""
+    out = ["| cache layout | huggingface_hub | verdict |", "| --- | --- | --- |"]
+    for r in rows:
+        v = r["verdict"] + (f" ({r['reason']})" if r.get("reason") else "")
+        out.append(f"| {r['layout']} | {r.get('version', '?')} | {v} |")
+    return "\n".join(out)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (docs/ci.md's weekly job uses it; a test parses that job's line with it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -190,6 +282,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a release to test instead of the newest (repeatable)")
     ap.add_argument("--only", help="comma-separated finding codes")
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--no-layouts", action="store_true", help="skip the cache-layout check (cache_layouts)")
     return ap
 
 
@@ -207,9 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only.split(",")) if args.only else None
     versions, rows = run_probes(python, only)
     print(table(versions, rows))
+    layouts = [] if args.no_layouts or only else cache_layouts(python)
+    if layouts:
+        print()
+        print(layout_table(layouts))
     if args.json:
-        Path(args.json).write_text(json.dumps({"versions": versions, "rows": rows}, indent=2) + "\n")
-    return 0 if all(r["verdict"] == "still right" for r in rows) else 1
+        Path(args.json).write_text(json.dumps({"versions": versions, "rows": rows, "layouts": layouts}, indent=2) + "\n")
+    return 0 if all(r["verdict"] == "still right" for r in rows + layouts) else 1
 
 
 if __name__ == "__main__":

@@ -56,10 +56,12 @@ class Refused(Exception):
     """A path gemma-doctor will not use: it leads out of the repo folder, runs through a link where none may be,
     or is not what it has to be (a regular file, a folder). ``str()`` is the one-line reason."""
 
-    def __init__(self, reason: str, *, escapes: bool = False, link_target: str | None = None) -> None:
+    def __init__(self, reason: str, *, escapes: bool = False, link_target: str | None = None,
+                 why: str | None = None) -> None:
         super().__init__(reason)
         self.escapes = escapes
         self.link_target = link_target
+        self.why = why  # for a link that leads out: what was wrong with where it leads (the blob store's refusals)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
     """
     root_fd = area.open_root(readable=False)
     stack = [root_fd]
+    names: list[str] = []  # the real folders of stack[1:], by name below the root
     todo = list(reversed(parts))
     own_target: str | None = None
     links = 0
@@ -247,10 +250,12 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
                 if len(stack) == 1:
                     raise Refused("a link leads out of the repo folder", escapes=True)
                 os.close(stack.pop())
+                names.pop()
                 continue
             if todo:
                 try:
                     stack.append(os.open(name, _PASS_DIR, dir_fd=stack[-1]))
+                    names.append(name)
                     continue
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or _kind_at(stack[-1], name) != "link":
@@ -278,6 +283,12 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
             links += 1
             if links > MAX_LINKS:
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            if not todo and names == ["blobs"] and not area.user_named:
+                digest = shared_store_digest(target)
+                if digest is not None:
+                    # The repo's own blob is huggingface_hub's link into the cache-wide store (>= 1.32).
+                    fd, last = _open_store_entry(area, digest, open_last)
+                    return fd, last, own_target
             if target.startswith("/"):  # os.path.isabs on POSIX, the only system _resolve runs on (SUPPORTED)
                 inner = _inner_of_absolute(area.root, target)
                 if inner is None:
@@ -285,6 +296,7 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
                 for fd in stack[1:]:
                     os.close(fd)
                 del stack[1:]
+                names.clear()
                 todo.extend(reversed(inner))
             else:
                 todo.extend(reversed(_split(target)))
@@ -294,6 +306,90 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
     finally:
         for fd in stack:
             os.close(fd)
+
+
+# --- huggingface_hub's cache-wide blob store (huggingface_hub >= 1.32, utils/_shared_blobs.py) ---------------------
+# A file downloaded through hf_xet is moved to <cache>/blobs/<2 hex>/<64 hex xet hash> (a regular file; the store is
+# marked by <cache>/blobs/.huggingface-shared-blobs holding "1\n") and the repo's blobs/<etag> becomes a relative link
+# to it, always written as os.path.relpath from the repo's blobs folder: "../../blobs/<2 hex>/<64 hex>". That one
+# link, from that one folder, is the only way out of a repo folder that a read follows.
+
+SHARED_STORE = "blobs"
+SHARED_STORE_MARKER = ".huggingface-shared-blobs"
+SHARED_STORE_LAYOUT = b"1\n"
+_STORE_LINK = re.compile(r"\.\./\.\./blobs/([0-9a-f]{2})/([0-9a-f]{64})")
+_REPO_FOLDER = re.compile(r"(?:models|datasets|spaces)--.+")
+
+
+def shared_store_digest(target: str) -> str | None:
+    """The store entry's hash when ``target`` is exactly the link huggingface_hub writes from a repo's blobs folder
+    into the cache-wide store; None for any other text."""
+    m = _STORE_LINK.fullmatch(target)
+    if m is None or m.group(2)[:2] != m.group(1):
+        return None
+    return m.group(2)
+
+
+def _open_store_entry(area: Area, digest: str, open_last: int | None) -> tuple[int, str]:
+    """(descriptor, name) of the store entry ``digest`` of the cache holding the area's repo folder: with
+    ``open_last``, the entry opened with those flags (O_NOFOLLOW); else the entry's folder and its name.
+
+    Each step is opened relative to the one before, never following a link: the store folder, its marker (a regular
+    file holding the layout version), the prefix folder. The cache folder itself is the user's (named by an option or
+    the environment), so a link in its path is their choice, as for the repo folder's own path."""
+    root = area._absolute_root
+    cache, repo = os.path.split(root.rstrip(os.sep))
+    if not _REPO_FOLDER.fullmatch(repo):
+        raise Refused("a link leads out of the repo folder", escapes=True)
+    cache_fd = os.open(cache or os.sep, _PASS_DIR & ~_NOFOLLOW)
+    try:
+        try:
+            store_fd = os.open(SHARED_STORE, _PASS_DIR, dir_fd=cache_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _store_refusal("the blob store folder is a link or not a folder") from None
+            raise
+    finally:
+        os.close(cache_fd)
+    try:
+        if not _store_marked(store_fd):
+            raise _store_refusal("the blob store has no huggingface_hub marker")
+        try:
+            prefix_fd = os.open(digest[:2], _PASS_DIR, dir_fd=store_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _store_refusal("a blob store folder is a link or not a folder") from None
+            raise
+    finally:
+        os.close(store_fd)
+    if open_last is None:
+        return prefix_fd, digest
+    try:
+        return os.open(digest, open_last, dir_fd=prefix_fd), digest
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _store_refusal("the blob store entry is a link, not the file huggingface_hub stores") from None
+        raise
+    finally:
+        os.close(prefix_fd)
+
+
+def _store_refusal(why: str) -> Refused:
+    return Refused(f"a link leads out of the repo folder into the cache's blob store, but {why}", escapes=True, why=why)
+
+
+def _store_marked(store_fd: int) -> bool:
+    """True when the store folder holds huggingface_hub's marker: a regular file reading exactly "1\n"."""
+    try:
+        fd = os.open(SHARED_STORE_MARKER, _OPEN_READ, dir_fd=store_fd)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 8) == SHARED_STORE_LAYOUT
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _own_link_target(area: Area, parts: list[str]) -> str | None:
@@ -366,7 +462,7 @@ def open_file(path: Path, area: Area | None = None, *, follow: bool = True, conf
             # the file itself opened at the end of the walk (O_NOFOLLOW: a link there is followed by the walk)
             fd, _name, link_target = _resolve(area, parts, open_last=_OPEN_READ)
         except Refused as e:
-            raise Refused(str(e), escapes=e.escapes, link_target=_own_link_target(area, parts)) from None
+            raise Refused(str(e), escapes=e.escapes, link_target=_own_link_target(area, parts), why=e.why) from None
     else:
         dir_fd = _walk(area, parts[:-1], readable=False)
         try:
@@ -441,8 +537,9 @@ def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool 
     except Refused as e:
         target = e.link_target
         if e.escapes:
+            why = f"; {e.why}" if e.why else ""
             return FileRead(True, link_target=target, escapes=True,
-                            error=f"link points outside the repo folder ({target})" if target else f"{e}; not read")
+                            error=f"link points outside the repo folder ({target}){why}" if target else f"{e}; not read")
         return FileRead(True, link_target=target, error=str(e))
     except FileNotFoundError:
         target = _dangling_target(path, area, confine)

@@ -77,3 +77,12 @@ def test_the_weekly_job_in_docs_ci_runs_this_script_with_options_it_accepts():
     assert (Path(__file__).resolve().parent.parent / argv[1]).is_file()
     args = nr.parser().parse_args(argv[2:])  # exits 2 on an option the script does not take
     assert args.json == "newest-releases.json" and args.python is None  # builds the newest venv itself
+
+
+def test_the_installed_huggingface_hub_lays_out_every_cache_layout_that_check_fix_and_restore_read_alike():
+    """The cache-layout half of the newest-release check, on the pinned huggingface_hub: each layout it writes (the
+    shared blob store included) checks like the classic one, and fix + restore leave the store as it was."""
+    rows = nr.cache_layouts(sys.executable)
+    assert [(r["layout"], r["version"], r["verdict"]) for r in rows] == [
+        (layout, pinned("huggingface_hub"), "still right") for layout in nr.LAYOUTS], rows
+    assert "| shared | 2.4.0 | still right |" in nr.layout_table(rows)

@@ -420,7 +420,8 @@ def read_header(path: Path, root: Path | None = None, area: fsafe.Area | None = 
         opened = fsafe.open_file(path, area)
     except fsafe.Refused as e:
         if e.escapes:
-            return SafetensorsHeader(path, exists=True, error="link points outside the repo folder; not read")
+            why = f" ({e.why})" if e.why else ""
+            return SafetensorsHeader(path, exists=True, error=f"link points outside the repo folder{why}; not read")
         return SafetensorsHeader(path, exists=True, error=str(e))
     except FileNotFoundError:
         dangling = os.path.islink(path) if area is None else fsafe.read_file(path, 0, area).is_link
