@@ -177,6 +177,16 @@ def test_eager_on_gemma2_is_fine_and_old_flash_attn_drops_the_softcap(cli, hub, 
     assert [f["severity"] for f in got["GD640"]] == ["warning"] and "2.6.0" in got["GD640"][0]["message"]
 
 
+@pytest.mark.parametrize("fa, expected", [("2.6.0.post1", "warning"), ("2.6.1", "warning"), ("2.6.2", None)])
+def test_flash_attn_before_2_6_2_has_no_softcap_backward_and_the_cure_names_2_6_2(cli, hub, tmp_path, fa, expected):
+    """The cure said flash-attn>=2.6.0; the sdists of 2.6.0.post1 and 2.6.1 have no softcapping in the backward."""
+    got = check(cli, hub, tmp_path, G2, {"attn_implementation": "flash_attention_2"}, "--with", f"flash-attn=={fa}",
+                "--gpu", "A100", repo="acme/fa")
+    assert [f["severity"] for f in got.get("GD640", [])] == ([expected] if expected else [])
+    if expected:
+        assert "backward" in got["GD640"][0]["message"] and '"flash-attn>=2.6.2"' in got["GD640"][0]["fix"]
+
+
 @pytest.mark.parametrize("fa, gpu, expected", [("2.5.4", "A10G", "error"), ("2.5.4", "A100", None),
                                                ("2.5.5", "A10G", None), ("2.5.4", None, "warning")])
 def test_fa2_backward_with_head_dim_256_depends_on_flash_attn_and_the_gpu(cli, hub, tmp_path, fa, gpu, expected):

@@ -16,8 +16,12 @@ from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
 
-# flash-attn applies softcapping from 2.6.0 (transformers gates it with is_flash_attn_greater_or_equal("2.6.0")).
+# flash-attn applies softcapping in the forward pass from 2.6.0 (transformers gates it with
+# is_flash_attn_greater_or_equal("2.6.0")), but the backward kernel learnt it only in 2.6.2: read in the PyPI sdists,
+# 2.6.0.post1's and 2.6.1's csrc/flash_attn/src/flash_bwd_kernel.h have no Is_softcap and no dtanh term, 2.6.2's
+# has both (`if constexpr (Is_softcap) { scaled_ds *= dtanh(mi, ni); }`). Training needs the backward.
 FLASH_ATTN_SOFTCAP = Window("flash-attn", "<2.6.0", "2.6.0")
+FLASH_ATTN_SOFTCAP_BACKWARD = Window("flash-attn", "<2.6.2", "2.6.2")
 # flash-attn 2.0.0-2.5.4 refuse the backward of head_dim > 192 outside sm80/sm90 (A100/H100) (flash_api.cpp).
 FLASH_ATTN_HDIM_BACKWARD = Window("flash-attn", "<2.5.5", "2.5.5")
 HDIM_LIMIT = 192
@@ -51,7 +55,8 @@ def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
     stack = env.libraries
     tf = stack.get("transformers")
     capkey = text_key(model, "attn_logit_softcapping")
-    fix = 'train Gemma 2 with attn_implementation="eager" (or flash_attention_2 with flash-attn >= 2.6.0)'
+    fix = ('train Gemma 2 with attn_implementation="eager" (or flash_attention_2 with flash-attn >= '
+           f'{FLASH_ATTN_SOFTCAP_BACKWARD.first_fixed})')
     if backend == "sdpa":
         raises = stack.exposure(SDPA_SOFTCAP_RAISES)
         what = ("refuses it: from_pretrained raises \"ValueError: ... does not support an attention implementation "
@@ -68,12 +73,15 @@ def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
         return
     if backend == "flash_attention_2":
         fa = stack.get("flash-attn")
-        if stack.exposure(FLASH_ATTN_SOFTCAP) is Exposure.AFFECTED:
-            yield setting_finding("GD640", Severity.WARNING,
-                                  f"flash_attention_2 on Gemma 2 with {fa.describe()}: flash-attn applies "
-                                  f"{capkey} ({cap}) only from 2.6.0, so attention runs without it",
-                                  'pip install "flash-attn>=2.6.0", or attn_implementation="eager"', tc,
-                                  "attn_implementation", flash_attn=fa.to_json())
+        if stack.exposure(FLASH_ATTN_SOFTCAP_BACKWARD) is Exposure.AFFECTED:
+            what = (f"flash-attn applies {capkey} ({cap}) only from 2.6.0, so attention runs without it"
+                    if stack.exposure(FLASH_ATTN_SOFTCAP) is Exposure.AFFECTED else
+                    f"flash-attn 2.6.0-2.6.1 apply {capkey} ({cap}) in the forward pass only: their backward kernel "
+                    "has no softcapping term (flash_bwd_kernel.h gained it in 2.6.2), so the gradients are those of "
+                    "uncapped attention")
+            yield setting_finding("GD640", Severity.WARNING, f"flash_attention_2 on Gemma 2 with {fa.describe()}: {what}",
+                                  f'pip install "flash-attn>={FLASH_ATTN_SOFTCAP_BACKWARD.first_fixed}", or '
+                                  'attn_implementation="eager"', tc, "attn_implementation", flash_attn=fa.to_json())
         return
     if backend is not None:
         return
