@@ -122,6 +122,23 @@ EMBEDDING_GEMMA = variant(gemma3_1b_config(), use_bidirectional_attention=True, 
                           architectures=["Gemma3TextModel"], hidden_size=768)
 
 
+def test_a_paligemma_saved_by_transformers_5_is_not_taken_for_embeddinggemma(cli, hub, tmp_path):
+    """transformers 5.x's PaliGemmaConfig saves text_config.use_bidirectional_attention: true (its prefix-LM
+    attention): GD423 called it "EmbeddingGemma ... embeddings wrong" on any transformers before 4.57."""
+    from transformers import PaliGemmaConfig
+
+    text = {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    PaliGemmaConfig(text_config=text, vision_config=vision).save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["text_config"]["use_bidirectional_attention"] is True  # the real library writes it
+    for tf in ("4.56.2", "4.57.6"):
+        got = check(cli, hub, tmp_path, {"config.json": saved}, None, "--with", f"transformers=={tf}", repo=f"acme/pg-{tf}")
+        assert not {"GD423", "GD424"} & set(got), (tf, sorted(got))
+
+
 @pytest.mark.parametrize("tf, code, severity", [("4.56.2", "GD423", "error"), ("4.57.6", "GD424", "warning"),
                                                 ("5.15.1", "GD424", "warning"), ("5.16.0", None, None)])
 def test_embeddinggemma_attention_follows_the_transformers_that_will_run(cli, hub, tmp_path, tf, code, severity):
