@@ -106,6 +106,7 @@ _CODES = [
     Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers", site=Site.RUN),
     Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)", site=Site.RUN),
     Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there", site=Site.RUN),
+    Code("GD480", "package-name-unknown", "a package named in --with or the requirements file is not one gemma-doctor knows (a misspelling is an error, with the name it most likely means)", site=Site.NONE),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),
