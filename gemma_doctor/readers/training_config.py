@@ -3,10 +3,11 @@ into the precision settings the run will use, as a frozen fact. Never raises for
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,24 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class KeyProblem:
+    """A top-level key of a TRL / TrainingArguments config that its trainer refuses: a key no dataclass field has
+    (``unknown-key``, with the field it most likely misspells) or a boolean field's value no parser reads as one
+    (``not-boolean``, with true or false when it is a misspelling of one)."""
+
+    kind: str  # "unknown-key" | "not-boolean"
+    key: str
+    value: Any
+    line: int | None
+    suggestion: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"kind": self.kind, "key": self.key, "value": _json_value(self.value), "line": self.line,
+                "suggestion": self.suggestion}
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """The precision-relevant settings of one training config file, or why it could not be read."""
 
@@ -124,6 +143,8 @@ class TrainingConfig:
     kind: str = "unknown"
     settings: dict[str, Setting] = field(default_factory=dict)
     error: str | None = None
+    # Keys and values the trainer refuses (TRL / TrainingArguments configs only; trainer_keys.json): GD680, GD681.
+    problems: tuple[KeyProblem, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -136,8 +157,11 @@ class TrainingConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The `environment.training_config` block of the JSON report."""
-        return {"path": self.path, "kind": self.kind, "error": self.error,
-                "settings": {k: v.to_json() for k, v in self.settings.items()}}
+        out = {"path": self.path, "kind": self.kind, "error": self.error,
+               "settings": {k: v.to_json() for k, v in self.settings.items()}}
+        if self.problems:
+            out["problems"] = [p.to_json() for p in self.problems]
+        return out
 
 
 class _Unusable(ValueError):
@@ -325,7 +349,50 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
                 break
     if "rl" not in settings and _looks_like_dpo(data):
         settings["rl"] = Setting("beta", "dpo", _json_line(text, "beta") if is_json else lines.get("beta"))
-    return TrainingConfig(path, kind=kind, settings=settings)
+    problems = _key_problems(data, lambda key: _json_line(text, key) if is_json else lines.get(key)) \
+        if kind == "transformers" else ()
+    return TrainingConfig(path, kind=kind, settings=settings, problems=problems)
+
+
+@functools.lru_cache(maxsize=1)
+def trainer_keys() -> dict[str, Any]:
+    """trainer_keys.json (docs/gen_trainer_keys.py): the fields TRL's trainers accept in a config file, its booleans,
+    and the TRL / transformers versions they were read from. Read once per process: it is package data."""
+    return json.loads((Path(__file__).parent / "trainer_keys.json").read_text(encoding="utf-8"))
+
+
+# How close an unknown key must be to a field to be taken for its misspelling (difflib's ratio):
+# per_device_train_batch_sze is 0.98 from per_device_train_batch_size; a script's own keys (model_path, lr) are far.
+MISSPELT_KEY_RATIO = 0.85
+# transformers' string_to_bool (hf_argparser.py): what TRL's parser and HfArgumentParser read as a boolean.
+_BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
+
+
+def _key_problems(data: dict[str, Any], line_of: Any) -> tuple[KeyProblem, ...]:
+    """The unknown keys and non-boolean values of a TRL / TrainingArguments config, against trainer_keys.json.
+
+    A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
+    keys, and keys of older TRL releases that the table (read from one release) no longer lists. Keys gemma-doctor
+    reads itself (KEYS) are never unknown."""
+    import difflib
+
+    table = trainer_keys()
+    fields = frozenset(table["keys"])
+    booleans = frozenset(table["booleans"])
+    own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys}
+    out: list[KeyProblem] = []
+    for key, value in data.items():
+        if not isinstance(key, str):
+            continue
+        if key in booleans and isinstance(value, str) and value.strip().lower() not in _BOOLEAN_WORDS \
+                and value.strip().lower() != "auto":  # bf16: auto is axolotl's; GD605 judges it
+            close = difflib.get_close_matches(value.strip().lower(), ["true", "false"], n=1, cutoff=0.5)
+            out.append(KeyProblem("not-boolean", key, value, line_of(key), close[0] if close else None))
+        elif key not in fields and key not in own:
+            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=MISSPELT_KEY_RATIO)
+            if close:
+                out.append(KeyProblem("unknown-key", key, None, line_of(key), close[0]))
+    return tuple(out)
 
 
 def _looks_like_dpo(data: dict[str, Any]) -> bool:
@@ -394,7 +461,7 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
         return tc
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
              for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings}
-    return TrainingConfig(tc.path, tc.kind, {**tc.settings, **added}) if added else tc
+    return replace(tc, settings={**tc.settings, **added}) if added else tc
 
 
 def load(path: str) -> TrainingConfig:
