@@ -283,3 +283,25 @@ def _traits(text: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     if isinstance(text.get("attn_logit_softcapping"), (int, float)) and not isinstance(text.get("attn_logit_softcapping"), bool):
         out["attn_logit_softcapping"] = text["attn_logit_softcapping"]
     return tuple(sorted(out.items()))
+
+
+# The checkpoints Google publishes on the Hub for each (family, --size) gemma-doctor plans without a download
+# (plan/memory.py's published shapes), as the Hub spells them: Gemma 1 is named without -it, Gemma 4 with capitals
+# (google/gemma-4-E4B-it, google/gemma-4-26B-A4B-it). Never built from the family's name: a plan's snippets load it.
+PUBLISHED_IDS: Mapping[tuple[str, str], str] = {
+    ("gemma", "2b"): "google/gemma-2b", ("gemma", "7b"): "google/gemma-7b",
+    ("gemma2", "2b"): "google/gemma-2-2b-it", ("gemma2", "9b"): "google/gemma-2-9b-it",
+    ("gemma2", "27b"): "google/gemma-2-27b-it",
+    ("gemma3", "270m"): "google/gemma-3-270m-it", ("gemma3", "1b"): "google/gemma-3-1b-it",
+    ("gemma3", "4b"): "google/gemma-3-4b-it", ("gemma3", "12b"): "google/gemma-3-12b-it",
+    ("gemma3", "27b"): "google/gemma-3-27b-it",
+    ("gemma3n", "e2b"): "google/gemma-3n-E2B-it", ("gemma3n", "e4b"): "google/gemma-3n-E4B-it",
+    ("gemma4", "e2b"): "google/gemma-4-E2B-it", ("gemma4", "e4b"): "google/gemma-4-E4B-it",
+    ("gemma4", "31b"): "google/gemma-4-31B-it", ("gemma4", "26b-a4b"): "google/gemma-4-26B-A4B-it",
+}
+
+
+def published_id(family: str, size: str) -> str | None:
+    """The Hub repo id of ``family`` at ``size`` (as --size spells it, any case), or None when not in the table."""
+    return PUBLISHED_IDS.get((family, size.lower()))
+

@@ -215,3 +215,19 @@ def test_every_members_prescription_passes_its_own_check_or_says_the_way_out(mem
                     bad.append(f"{model_type} {gpu} {task}: {o.detail}")
     assert not bad, "\n".join(bad)
     assert "prescribed" in kinds  # not an empty promise: tiny members fit anywhere unless a window bites
+
+
+def test_every_size_recommend_plans_names_the_checkpoint_the_hub_publishes():
+    """`recommend --family gemma4 --size e4b` named google/gemma4-e4b-it, a repo that does not exist."""
+    from gemma_doctor.family import published_id
+    from gemma_doctor.plan.memory import PUBLISHED
+
+    ids = {(f, s): published_id(f, s) for f, sizes in PUBLISHED.items() for s in sizes}
+    assert None not in ids.values(), ids
+    assert ids[("gemma4", "e4b")] == "google/gemma-4-E4B-it" and ids[("gemma4", "26b-a4b")] == "google/gemma-4-26B-A4B-it"
+    assert ids[("gemma3", "12b")] == "google/gemma-3-12b-it" and ids[("gemma", "7b")] == "google/gemma-7b"
+
+
+def test_recommend_for_a_family_and_size_names_the_real_repo(cli):
+    r = cli("recommend", "--family", "gemma4", "--size", "E4B", "--gpu", "H100", "--format", "python")
+    assert "google/gemma-4-E4B-it" in r.out and "gemma4-e4b" not in r.out.lower().replace("gemma-4-e4b", "")
