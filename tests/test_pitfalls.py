@@ -410,3 +410,20 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     new_505, new_422 = fixes["peft==0.21.2"]
     assert "pip install" not in new_505 and new_422 is None  # 0.18+: no GD422, and GD505's cure needs no upgrade
     assert fixes["peft>=0.15"][0].count("with PEFT >= 0.18.0, " + cure) == 1
+
+
+@pytest.mark.parametrize("training, gpu, expected", [
+    ({"attn_implementation": "flash_attention_2", "bf16": True}, "T4", ["GD683"]),
+    ({"attn_implementation": "flash_attention_2", "fp16": True}, "V100", ["GD683"]),
+    ("base_model: x\nflash_attention: true\nmicro_batch_size: 1\n", "T4", ["GD683"]),  # axolotl's switch
+    ({"attn_implementation": "flash_attention_2", "bf16": True}, "A10G", []),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),
+    ({"attn_implementation": "sdpa", "torch_dtype": "float32"}, "T4", []),
+])
+def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli, hub, tmp_path, training, gpu, expected):
+    """Both passed: flash-attn 2's flash_api.cpp refuses GPUs before sm80 and fp32 inputs (2.6.x sdists)."""
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--gpu", gpu,
+                "--with", "flash-attn==2.6.3")
+    assert sorted(c for c in got if c in ("GD683", "GD684")) == expected
+    assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs

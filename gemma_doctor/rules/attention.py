@@ -42,6 +42,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if tc is None:
         return
     yield from _fa2_head_dim(model, env, tc, backend, key)
+    yield from _fa2_device_and_dtype(model, env, tc, backend, key)
     yield from _packing(model, env, tc, backend, key)
     yield from _logits(model, env, tc)
 
@@ -110,8 +111,8 @@ def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | N
     gpu = env.gpu
     device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
     cc = device.compute_capability if device is not None else None
-    if cc is not None and tuple(cc) in ((8, 0), (9, 0)):
-        return
+    if cc is not None and (tuple(cc) in ((8, 0), (9, 0)) or tuple(cc) < FLASH_MIN_CAPABILITY):
+        return  # before Ampere flash-attn 2 runs no backward at all: GD683
     sev = Severity.ERROR if exposure is Exposure.AFFECTED and cc is not None else Severity.WARNING
     where = f"{gpu.label} (compute capability {cc[0]}.{cc[1]})" if cc is not None else "a GPU other than A100/H100"
     yield setting_finding(
@@ -121,6 +122,49 @@ def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | N
         + " \"FlashAttention backward for head dim > 192 requires A100/A800 or H100/H800\" at the first backward",
         'pip install "flash-attn>=2.5.5" (no dropout), or attn_implementation="sdpa" (Gemma 3) / "eager" (Gemma 2)',
         tc, "attn_implementation", head_dim=head_dim, flash_attn=fa.to_json())
+
+
+# flash-attn 2.x's flash_api.cpp (mha_fwd / mha_varlen_fwd, read in the 2.6.0.post1-2.6.3 sdists):
+# TORCH_CHECK(is_sm90 || is_sm8x, "FlashAttention only supports Ampere GPUs or newer.") and
+# TORCH_CHECK(q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16, "FlashAttention only support fp16 and bf16
+# data type"). transformers' integrations/flash_attention.py (5.23.0) casts fp32 queries to the autocast dtype, else
+# to the dtype of the model's Linear weights: float32 when the model loads in fp32 without mixed precision.
+FLASH_MIN_CAPABILITY = (8, 0)
+_FP32_NAMES = ("float32", "fp32", "float", "torch.float32")
+
+
+def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend: str | None,
+                          key: str | None) -> Iterator[Finding]:
+    """GD683: FlashAttention-2 on a GPU before Ampere (T4, V100); GD684: FlashAttention-2 on fp32 weights without
+    mixed precision. flash-attn refuses both at the first forward."""
+    if backend != "flash_attention_2":
+        return
+    setting = "attn_implementation" if tc.get("attn_implementation") is not None else "flash_attention"
+    gpu = env.gpu
+    device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
+    cc = device.compute_capability if device is not None else None
+    if cc is not None and tuple(cc) < FLASH_MIN_CAPABILITY:
+        yield setting_finding(
+            "GD683", Severity.ERROR,
+            f"FlashAttention-2 on {gpu.label}: flash-attn 2 runs only on Ampere "
+            "or newer (8.0+) and stops at the first forward with \"FlashAttention only supports Ampere GPUs or "
+            "newer.\" (flash_api.cpp)",
+            'attn_implementation="sdpa" (Gemma 3 and later) or "eager" (Gemma 2), or a GPU of compute capability 8.0+',
+            tc, setting, compute_capability=list(cc))
+    mixed = [s for s in ("fp16", "bf16") if tc.get(s) is not None and truthy(tc.get(s).value)]
+    mp = tc.get("mixed_precision")
+    if mixed or (mp is not None and str(mp.value).strip().lower() in ("fp16", "bf16")):
+        return
+    dtype = tc.get("torch_dtype")
+    if dtype is None or str(dtype.value).strip().lower() not in _FP32_NAMES:
+        return  # transformers 5 loads the checkpoint's bf16 by default; only an explicit fp32 load is certain
+    yield setting_finding(
+        "GD684", Severity.ERROR,
+        f"FlashAttention-2 with {dtype.key}: {dtype.value} and no mixed precision: transformers hands flash-attn the "
+        "fp32 queries (no autocast dtype to cast them to), and flash-attn stops with \"FlashAttention only support "
+        "fp16 and bf16 data type\"",
+        "bf16: true (on a GPU with native bf16), or attn_implementation=\"sdpa\" / \"eager\" for an fp32 run",
+        tc, setting, torch_dtype=str(dtype.value))
 
 
 def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
