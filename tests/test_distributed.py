@@ -441,3 +441,23 @@ def test_accelerate_stops_on_a_wrap_class_the_model_lacks_and_the_class_table_is
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.render() == gen.OUT.read_text()
+
+
+@pytest.mark.parametrize("line, ds_bf16, expected", [
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", True, "GD603"),
+    ("deepspeed --num_gpus 2 train.py --deepspeed_config ds.json", True, "GD603"),  # deepspeed's own argument
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", "auto", "GD609"),  # auto copies TrainingArguments
+])
+def test_the_precision_of_a_deepspeed_json_reached_through_launch_is_read(cli, tmp_path, monkeypatch, line, ds_bf16,
+                                                                          expected):
+    """The JSON's bf16 was ignored: the run read as 'trains in fp32' (GD609), and bf16 on a T4 passed."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": ds_bf16}, "zero_optimization": {"stage": 2}}))
+    r = cli("check", str(model), "--launch", line, "--gpu", "T4", "--format", "json", "--fail-on", "never")
+    codes = {f["code"]: f for f in r.json()["models"][0]["findings"]}
+    assert expected in codes and not {"GD603", "GD609"} - {expected} & set(codes)
+    if expected == "GD603":
+        assert "ds.json: bf16.enabled" in codes["GD603"]["key"]

@@ -47,7 +47,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "load_in_8bit": ("load_in_8bit", "quantization_config.load_in_8bit", "model_init_kwargs.quantization_config.load_in_8bit"),
     "zero_stage": ("zero_optimization.stage", "deepspeed_config.zero_stage", "zero_stage"),
     "offload_optimizer": ("zero_optimization.offload_optimizer.device", "deepspeed_config.offload_optimizer_device"),
-    "deepspeed": ("deepspeed",),
+    # TrainingArguments' --deepspeed ds.json; a DeepSpeed script's --deepspeed_config ds.json (deepspeed's own
+    # add_config_arguments). accelerate's deepspeed_config is a mapping, which is not a setting (skipped).
+    "deepspeed": ("deepspeed", "deepspeed_config"),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
     # How the run is sharded (rules/distributed.py): accelerate's fsdp_config (fsdp_-prefixed keys), TrainingArguments'
@@ -435,8 +437,9 @@ def read(path: str, follow: bool = True) -> TrainingConfig:
     return _with_deepspeed_file(tc) if follow else tc
 
 
-# The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets.
-_DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param")
+# The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets, and its precision
+# ("bf16": {"enabled": true}); "auto" copies TrainingArguments' own value, so it adds nothing.
+_DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param", "bf16", "fp16")
 
 
 def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
@@ -460,7 +463,8 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     if not ds.ok or ds.kind != "deepspeed":
         return tc
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
-             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings}
+             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings
+             and not (isinstance(ds.settings[name].value, str) and ds.settings[name].value.strip().lower() == "auto")}
     return replace(tc, settings={**tc.settings, **added}) if added else tc
 
 
