@@ -76,3 +76,28 @@ def test_trl_itself_refuses_both_and_the_table_is_the_installed_trl_s(tmp_path):
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.render() == gen.OUT.read_text()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("model: google/gemma-3-12b-it\ntensor-parallel-size: 2\nmax-model-len: 8192\ndtype: bfloat16\n", "vLLM serving"),
+    ("model-path: google/gemma-3-12b-it\ntp-size: 2\nmem-fraction-static: 0.8\n", "SGLang server"),
+    ("trainer:\n  devices: 8\n  precision: bf16-mixed\nmodel:\n  micro_batch_size: 1\nexp_manager: {}\n", "NeMo"),
+])
+def test_serving_and_nemo_configs_are_refused_in_one_line_not_read_as_fp32_training(hub, cli, tmp_path, text, words):
+    """Read as transformers training configs they said "trains in fp32" (GD609)."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    (tmp_path / "c.yaml").write_text(text)
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--training-config", tmp_path / "c.yaml")
+    assert r.code == 2 and r.out == "" and words in r.err and r.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("line", ["vllm serve google/gemma-3-12b-it --tensor-parallel-size 2",
+                                  "python -m vllm.entrypoints.openai.api_server --model google/gemma-3-12b-it",
+                                  "python3 -m sglang.launch_server --model-path google/gemma-3-12b-it --tp 2"])
+def test_a_serving_launch_line_is_no_unreadable_training_run(hub, cli, line):
+    """`--launch "vllm serve ..."` failed GD601 ("not a launcher gemma-doctor reads")."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--launch", line, "--format", "json",
+            "--fail-on", "never")
+    codes = {f["code"] for f in r.json()["models"][0]["findings"]}
+    assert not {c for c in codes if c.startswith("GD6")}, codes

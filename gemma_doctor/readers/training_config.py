@@ -225,7 +225,48 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+# Files that are configs, but not of a training run gemma-doctor reads: vLLM's `vllm serve --config` (EngineArgs names,
+# dashes or underscores), SGLang's server args, NeMo's trainer/model/exp_manager (and NeMo-Automodel's recipes).
+# Read as training configs they said "trains in fp32" (GD609): they are recognised and refused in one line instead.
+_VLLM_KEYS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
+                        "served_model_name", "kv_cache_dtype", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
+                        "enable_prefix_caching", "swap_space", "enable_lora", "max_lora_rank", "limit_mm_per_prompt"})
+_SGLANG_KEYS = frozenset({"tp_size", "dp_size", "mem_fraction_static",
+                          "chunked_prefill_size", "max_running_requests", "schedule_policy"})
+# Keys only a training config has: a file with one of them is read as one, whatever else it holds.
+_TRAINING_ONLY = frozenset({"output_dir", "learning_rate", "per_device_train_batch_size", "num_train_epochs",
+                            "base_model", "micro_batch_size", "stage", "finetuning_type", "gradient_accumulation_steps"})
+NOT_TRAINING = {
+    "vllm": "a vLLM serving config (vllm serve --config), not a training config; to judge a served model, name the "
+            "engine: gemma-doctor check MODEL --with vllm==VERSION",
+    "sglang": "an SGLang server config (python -m sglang.launch_server --config), not a training config; to judge a "
+              "served model, name the engine: gemma-doctor check MODEL --with sglang==VERSION",
+    "nemo": "a NeMo config (trainer / model / exp_manager), which gemma-doctor does not read as a training config; "
+            "state the run with --batch-size, --seq-len, --gpu and --num-gpus, or pass a TRL / accelerate config",
+}
+
+
+def _other_kind(data: dict[str, Any]) -> str | None:
+    """"vllm", "sglang" or "nemo" for a config of another kind than a training run's; None otherwise."""
+    keys = {k.replace("-", "_") for k in data if isinstance(k, str)}
+    if keys & _TRAINING_ONLY:
+        return None
+    trainer = data.get("trainer")
+    if (isinstance(trainer, dict) and ({"precision", "devices", "num_nodes", "max_steps"} & set(trainer))
+            and (isinstance(data.get("model"), dict) or "exp_manager" in data)) or \
+            ("step_scheduler" in data and isinstance(data.get("model"), dict)):
+        return "nemo"
+    if keys & _SGLANG_KEYS:
+        return "sglang"
+    if keys & _VLLM_KEYS:
+        return "vllm"
+    return None
+
+
 def _kind(data: dict[str, Any]) -> str:
+    other = _other_kind(data)
+    if other is not None:
+        return other
     if "compute_environment" in data or "distributed_type" in data:
         return "accelerate"
     if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
@@ -331,6 +372,8 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
     if not isinstance(data, dict):
         return TrainingConfig(path, error=f"top level is a {type(data).__name__}, not a mapping of settings")
     kind = _kind(data)
+    if kind in NOT_TRAINING:
+        return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
     settings: dict[str, Setting] = {}
     for name, keys in KEYS.items():
         for key in keys:
@@ -472,7 +515,10 @@ def load(path: str) -> TrainingConfig:
     """Read --training-config once per run; a path that does not exist is a usage error, anything else a fact."""
     if not os.path.lexists(path):
         raise UsageError(f"training config {path} does not exist")
-    return read(path)
+    tc = read(path)
+    if tc.kind in NOT_TRAINING:
+        raise UsageError(f"--training-config {path}: {NOT_TRAINING[tc.kind]}")
+    return tc
 
 
 def truthy(value: Any) -> bool:
