@@ -31,6 +31,9 @@ class Member:
     role: str = "causal-lm"
     # attn_implementation values the model's PreTrainedModel refuses (transformers 5.23.0 source, _supports_* flags)
     unsupported_attention: tuple[str, ...] = ()
+    # The root config builds its text config's class itself (T5GemmaConfig: T5GemmaModuleConfig(**decoder)), never
+    # through the model_type registry: the text model_type's own first registered release does not limit loading.
+    builds_text_config: bool = False
 
 
 _M = Member
@@ -59,13 +62,13 @@ MEMBERS: tuple[Member, ...] = (
     # T5Gemma: encoder-decoder adapted from Gemma 2; get_text_config() is the decoder, which holds use_cache.
     _M("t5gemma", "t5gemma", "T5Gemma", ("decoder",), "t5_gemma_module", min_transformers="4.53.0",
        architectures=("T5GemmaForConditionalGeneration", "T5GemmaEncoderModel", "T5GemmaModel"),
-       role="encoder-decoder", unsupported_attention=_NO_SDPA),
+       role="encoder-decoder", unsupported_attention=_NO_SDPA, builds_text_config=True),
     _M("t5_gemma_module", "t5gemma", "T5Gemma encoder/decoder", min_transformers="5.6.0", role="component",
        unsupported_attention=_NO_SDPA),
     # T5Gemma 2: encoder-decoder adapted from Gemma 3, with a vision tower inside the encoder.
     _M("t5gemma2", "t5gemma2", "T5Gemma 2", ("decoder",), "t5gemma2_decoder", ("vision",), min_transformers="5.0.0",
        architectures=("T5Gemma2ForConditionalGeneration", "T5Gemma2Model"), role="encoder-decoder",
-       unsupported_attention=_NO_FLASH),
+       unsupported_attention=_NO_FLASH, builds_text_config=True),
     _M("t5gemma2_encoder", "t5gemma2", "T5Gemma 2 encoder", ("text_config",), "t5gemma2_text", ("vision",),
        min_transformers="5.1.0", role="component", unsupported_attention=_NO_FLASH),
     _M("t5gemma2_decoder", "t5gemma2", "T5Gemma 2 decoder", min_transformers="5.6.0", role="component",
