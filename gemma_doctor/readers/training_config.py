@@ -84,6 +84,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "distributed_type": ("distributed_type",),
     "ddp_find_unused_parameters": ("ddp_find_unused_parameters",),
     "freeze_vision_tower": ("freeze_vision_tower",),
+    # The run trains on images (GD804 does not apply): axolotl's processor_type / image_size, LLaMA-Factory's
+    # image_max_pixels / image_min_pixels / video_max_pixels, TRL's VLM recipe (dataset_kwargs.skip_prepare_dataset).
+    "vision_data": ("processor_type", "image_size", "image_resize_algorithm", "image_max_pixels", "image_min_pixels",
+                    "video_max_pixels", "dataset_kwargs.skip_prepare_dataset"),
     "lora_target_parameters": ("lora_target_parameters", "target_parameters", "peft_config.target_parameters"),
     # The field catalogue (gemma_doctor/catalogue/field.json): loss masking, kernels, trainer templates, data format.
     "assistant_only_loss": ("assistant_only_loss",),
