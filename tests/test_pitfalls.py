@@ -427,3 +427,33 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
                 "--with", "flash-attn==2.6.3")
     assert sorted(c for c in got if c in ("GD683", "GD684")) == expected
     assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs
+
+
+def test_gemma3n_tokens_beyond_the_rows_are_not_cured_by_resizing_the_multimodal_model(cli, hub, tmp_path):
+    """GD505 advised resize_token_embeddings(len(tokenizer)) on a multimodal Gemma 3n, whose forward embeds every id
+    >= audio_config.vocab_offset with embed_audio. Reproduced on tiny real modules: the audio embedder raises
+    IndexError for a resized id, a resized Gemma3nForCausalLM embeds it."""
+    import torch
+    import transformers as T
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
+
+    text = T.Gemma3nTextConfig(vocab_size=400, vocab_size_per_layer_input=256, hidden_size=32,
+                               hidden_size_per_layer_input=8, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, laurel_rank=4,
+                               altup_num_inputs=2, num_kv_shared_layers=0, sliding_window=8,
+                               layer_types=["sliding_attention", "full_attention"], activation_sparsity_pattern=[0.0, 0.0])
+    audio = T.Gemma3nAudioConfig(vocab_offset=320, vocab_size=80, hidden_size=32)
+    with pytest.raises(IndexError):
+        Gemma3nMultimodalEmbedder(audio, text)(input_ids=torch.tensor([[405]]))
+    causal = T.Gemma3nForCausalLM(text).eval()
+    causal.resize_token_embeddings(410)
+    assert causal(input_ids=torch.tensor([[1, 405]])).logits.shape[-1] == 410
+
+    tok = tokenizer_config()
+    tok["added_tokens_decoder"]["405"] = {"content": "<tool_call>", "special": True}
+    config = {**gemma3n_config(), "audio_config": {"model_type": "gemma3n_audio", "vocab_offset": 320, "vocab_size": 80}}
+    files = {"config.json": config, "tokenizer_config.json": tok,
+             "model.safetensors": st_file({"model.language_model.embed_tokens.weight": ("BF16", [400, 8])})}
+    [f] = check(cli, hub, tmp_path, files)["GD505"]
+    assert "audio_config.vocab_offset (320)" in f["message"] and f["details"]["audio_vocab_offset"] == 320
+    assert "Gemma3nForCausalLM" in f["fix"] and not f["fix"].startswith("model.resize_token_embeddings")
