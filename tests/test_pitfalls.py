@@ -457,3 +457,21 @@ def test_gemma3n_tokens_beyond_the_rows_are_not_cured_by_resizing_the_multimodal
     [f] = check(cli, hub, tmp_path, files)["GD505"]
     assert "audio_config.vocab_offset (320)" in f["message"] and f["details"]["audio_vocab_offset"] == 320
     assert "Gemma3nForCausalLM" in f["fix"] and not f["fix"].startswith("model.resize_token_embeddings")
+
+
+def test_on_a_t4_gd302_offers_no_fp32_for_awq_and_warns_of_unsloth_s_fp16_narrowed_fp32(cli, hub, tmp_path):
+    """GD302 prescribed fp32 for an AWQ checkpoint, whose kernels compute in float16 (transformers' AwqQuantizer), and
+    fp32 through unsloth-zoo releases whose forced-float32 path narrows every Linear to float16 (GD714's wheels)."""
+    awq = variant(gemma3_12b_config(), quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    [f] = check(cli, hub, tmp_path, {"config.json": awq}, None, "--gpu", "T4", repo="acme/awq")["GD302"]
+    assert "AWQ" in f["message"] and "no fp32 path" in f["message"] and "unquantized checkpoint" in f["fix"]
+    assert "fp32 settings" not in f["fix"]
+    files = {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()}
+    old = check(cli, hub, tmp_path, files, None, "--gpu", "T4", "--with", "unsloth==2026.7.1",
+                "--with", "unsloth-zoo==2026.7.1", repo="acme/old")["GD302"][0]
+    assert "narrowed to float16" in old["message"] and 'unsloth-zoo>=2026.8.7' in old["fix"]
+    new = check(cli, hub, tmp_path, files, None, "--gpu", "T4", "--with", "unsloth==2026.8.7",
+                "--with", "unsloth-zoo==2026.8.7", repo="acme/new")["GD302"][0]
+    assert "Unsloth" not in new["message"]
+    plain = check(cli, hub, tmp_path, files, None, "--gpu", "T4", repo="acme/plain")["GD302"][0]
+    assert "Unsloth" not in plain["message"] and "fp32 settings" in plain["fix"]
