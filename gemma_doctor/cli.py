@@ -486,7 +486,7 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
         _hint(f"no Gemma-family model in {cache}; download one with: hf download google/gemma-3-1b-it")
     pending = [r for r in shown if r.status is listing.RowStatus.NEEDS_FIX]
     if pending and fmt_ is ListFormat.TEXT and not quiet:
-        _hint(f"{len(pending)} model(s) need a fix; see why with: gemma-doctor check {pending[0].repo_id or pending[0].path}, "
+        _hint(f"{len(pending)} model(s) need a fix; see why with: {pending[0].check_command}, "
               f"then: {pending[0].next_command}")
     broken = [r for r in shown if r.status is listing.RowStatus.BROKEN]
     if broken and fmt_ is ListFormat.TEXT and not quiet:

@@ -1,77 +1,112 @@
 """The catalogue of finding codes: one stable code per kind of finding, documented in docs/findings.md.
 
 Every code a rule emits must be listed here (a test checks it, and that docs/findings.md documents
-each one). Codes are never renumbered; a retired code stays reserved.
+each one). Codes are never renumbered; a retired code stays reserved. What a finding *is* (where it points, what
+cures it, whether the model could be read, whether it is a verdict of the memory plan) is data on its entry, read by
+every view (list's status, `--format github`'s annotation, the prescription's search), as ruff's codes table maps
+each code to its rule and group in one place.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class Site(str, enum.Enum):
+    """Where a finding of a code points."""
+
+    MODEL = "model"  # a file of the model's snapshot (or adapter folder), named relative to it
+    RUN = "run"  # a setting of the training config, as the user named the file (key and line); without one, the
+    #              model's config.json or nothing
+    NONE = "none"  # the stack or the GPU: no file
+
+
+class Cure(str, enum.Enum):
+    """What cures a finding of a code."""
+
+    FIX = "fix"  # `gemma-doctor fix` rewrites the model's config files, reading nothing else
+    REDOWNLOAD = "redownload"  # files no fix repairs (missing, truncated, from another revision): download them again
+    OTHER = "other"  # the run's settings, the stack, or the user's hands: what the finding's own text says
 
 
 @dataclass(frozen=True)
 class Code:
-    """A finding code with its short name and one-line title."""
+    """A finding code with its short name, one-line title, and what a finding of it is."""
 
     code: str
     name: str
     title: str
+    site: Site = Site.MODEL
+    cure: Cure = Cure.OTHER
+    unreadable: bool = False  # the model (or its repo) could not be read: nothing else about it was judged
+    memory: bool = False  # a verdict of the memory plan: memory changes answer it (a larger GPU, a shorter sequence)
+
+    @property
+    def blocks_prescription(self) -> bool:
+        """At warning or error it rejects a prescribed run: what `fix` cures on disk is done first, not prescribed."""
+        return self.cure is not Cure.FIX
+
+    def at_training_config(self, file: str | None, training_config: str | None) -> bool:
+        """Whether a finding of this code naming ``file`` points at the training config ``training_config``."""
+        return self.site is Site.RUN and file is not None and training_config is not None and file == training_config
 
 
 _CODES = [
     # GD0xx: reading the model folder
-    Code("GD001", "config-unreadable", "config.json is missing, unreadable or not valid JSON"),
-    Code("GD002", "config-invalid", "config.json parses but has the wrong shape (not an object, wrong type for a key)"),
+    Code("GD001", "config-unreadable", "config.json is missing, unreadable or not valid JSON", unreadable=True),
+    Code("GD002", "config-invalid", "config.json parses but has the wrong shape (not an object, wrong type for a key)", unreadable=True),
     Code("GD003", "not-gemma", "the model is not a Gemma-family model; gemma-doctor leaves it alone"),
-    Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape"),
-    Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written"),
+    Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape", unreadable=True),
+    Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written", unreadable=True),
     Code("GD006", "fixed-by-doctor", "files of this snapshot were rewritten by gemma-doctor fix; restore brings back the originals"),
     Code("GD007", "unknown-gemma-type", "model_type names a Gemma that gemma-doctor does not know; nothing is guessed from the name"),
-    Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked"),
-    Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read"),
-    Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read"),
+    Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked", unreadable=True),
+    Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read", unreadable=True),
+    Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read", unreadable=True),
     # GD1xx: the HybridCache crash and use_cache
-    Code("GD101", "use-cache-enabled", "use_cache is not disabled where the text model reads it"),
-    Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false"),
-    Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model"),
-    Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read"),
+    Code("GD101", "use-cache-enabled", "use_cache is not disabled where the text model reads it", cure=Cure.FIX),
+    Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false", cure=Cure.FIX),
+    Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model", site=Site.NONE),
+    Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read", cure=Cure.FIX),
     Code("GD105", "token-type-ids-required", "multimodal Gemma 3 / PaliGemma: text-only training raises 'token_type_ids is required' on transformers 5.0-5.5 (PaliGemma: 5.0-5.8)"),
     Code("GD106", "mm-token-type-ids-required", "Gemma 4 with vision-bidirectional attention: text-only training raises 'mm_token_type_ids is required' on transformers 5.5.x"),
-    Code("GD107", "kv-sharing-without-cache", "Gemma 4 KV sharing is skipped without a cache on transformers 5.5.0-5.5.1: wrong loss with use_cache=False"),
+    Code("GD107", "kv-sharing-without-cache", "Gemma 4 KV sharing is skipped without a cache on transformers 5.5.0-5.5.1: wrong loss with use_cache=False", site=Site.RUN),
     Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type"),
     Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x"),
     Code("GD110", "gemma3n-needs-timm", "Gemma 3n's vision tower needs timm and Pillow, which are not installed"),
     # GD12x: the knowledge horizon
-    Code("GD120", "newer-than-verified", "a library that will run is newer than the newest release the findings were verified on"),
+    Code("GD120", "newer-than-verified", "a library that will run is newer than the newest release the findings were verified on", site=Site.NONE),
     # GD13x: member-specific training traps (Gemma 4 and the other new members)
-    Code("GD130", "reentrant-checkpointing-kv-shared", "reentrant gradient checkpointing on a KV-shared Gemma 4 silently corrupts its gradients"),
-    Code("GD131", "flash-attention-head-dim", "FlashAttention asked for a model whose global attention heads are wider than 256"),
-    Code("GD132", "attention-backend-unsupported", "the training config asks for an attention implementation the model does not support"),
-    Code("GD133", "ddp-unused-towers", "multi-GPU DDP on Gemma 4 with towers that text-only batches leave without gradients"),
+    Code("GD130", "reentrant-checkpointing-kv-shared", "reentrant gradient checkpointing on a KV-shared Gemma 4 silently corrupts its gradients", site=Site.RUN),
+    Code("GD131", "flash-attention-head-dim", "FlashAttention asked for a model whose global attention heads are wider than 256", site=Site.RUN),
+    Code("GD132", "attention-backend-unsupported", "the training config asks for an attention implementation the model does not support", site=Site.RUN),
+    Code("GD133", "ddp-unused-towers", "multi-GPU DDP on Gemma 4 with towers that text-only batches leave without gradients", site=Site.RUN),
     # GD2xx: saved dtypes, safetensors shards, quantization
     Code("GD201", "dtype-mismatch", "the dtype config.json declares differs from the dtype the weights are saved in"),
     Code("GD202", "fp16-gemma", "Gemma 2/3 weights, declared dtype or quantized compute dtype is float16, whose range they overflow"),
-    Code("GD203", "shard-missing", "a safetensors file the model needs is missing (or a dangling link)"),
-    Code("GD204", "shard-corrupt", "a safetensors file has an invalid header or a truncated/oversized data section"),
+    Code("GD203", "shard-missing", "a safetensors file the model needs is missing (or a dangling link)", cure=Cure.REDOWNLOAD),
+    Code("GD204", "shard-corrupt", "a safetensors file has an invalid header or a truncated/oversized data section", cure=Cure.REDOWNLOAD),
     Code("GD205", "quantized", "the checkpoint is quantized (bitsandbytes, GPTQ, AWQ...); its compute dtype is reported"),
-    Code("GD206", "index-invalid", "model.safetensors.index.json is unreadable or disagrees with the shards"),
+    Code("GD206", "index-invalid", "model.safetensors.index.json is unreadable or disagrees with the shards", cure=Cure.REDOWNLOAD),
     # GD3xx: the GPU and precision
-    Code("GD301", "no-cuda-device", "no GPU is visible (or --gpu none): the recommendation is for CPU training"),
-    Code("GD302", "no-native-bf16", "the GPU has no native bf16 and the model (Gemma 2/3/3n, PaliGemma 2) overflows fp16: train in fp32"),
-    Code("GD303", "emulated-bf16-trap", "torch.cuda.is_bf16_supported() says True on this GPU through emulation, so bf16: auto picks slow bf16"),
-    Code("GD304", "bf16-capability-unknown", "the GPU's bf16 support is unknown; the recommendation assumes no native bf16"),
+    Code("GD301", "no-cuda-device", "no GPU is visible (or --gpu none): the recommendation is for CPU training", site=Site.NONE),
+    Code("GD302", "no-native-bf16", "the GPU has no native bf16 and the model (Gemma 2/3/3n, PaliGemma 2) overflows fp16: train in fp32", site=Site.NONE),
+    Code("GD303", "emulated-bf16-trap", "torch.cuda.is_bf16_supported() says True on this GPU through emulation, so bf16: auto picks slow bf16", site=Site.NONE),
+    Code("GD304", "bf16-capability-unknown", "the GPU's bf16 support is unknown; the recommendation assumes no native bf16", site=Site.NONE),
     # GD4xx: library combinations
-    Code("GD401", "peft-adapters-half-precision", "PEFT < 0.12 keeps LoRA adapters in the base model's half precision (NaN risk)"),
-    Code("GD402", "bnb-compute-bf16-not-native", "the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 on a GPU without native bf16"),
-    Code("GD420", "lora-no-default-targets", "LoRA on a multimodal Gemma 3/3n/PaliGemma checkpoint without target_modules: PEFT has no default for it"),
-    Code("GD421", "lora-targets-hit-towers", "LoRA targets (all-linear, bare names) on a multimodal checkpoint also wrap its vision/audio towers"),
-    Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens"),
+    Code("GD401", "peft-adapters-half-precision", "PEFT < 0.12 keeps LoRA adapters in the base model's half precision (NaN risk)", site=Site.NONE),
+    Code("GD402", "bnb-compute-bf16-not-native", "the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 on a GPU without native bf16", site=Site.NONE),
+    Code("GD420", "lora-no-default-targets", "LoRA on a multimodal Gemma 3/3n/PaliGemma checkpoint without target_modules: PEFT has no default for it", site=Site.RUN),
+    Code("GD421", "lora-targets-hit-towers", "LoRA targets (all-linear, bare names) on a multimodal checkpoint also wrap its vision/audio towers", site=Site.RUN),
+    Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens", site=Site.RUN),
     Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal"),
     Code("GD424", "sliding-window-halved", "transformers 4.57-5.15 halve a bidirectional config's sliding_window at every load + save"),
-    Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses"),
-    Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers"),
-    Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)"),
-    Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there"),
+    Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses", site=Site.RUN),
+    Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers", site=Site.RUN),
+    Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)", site=Site.RUN),
+    Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there", site=Site.RUN),
+    Code("GD480", "package-name-unknown", "a package named in --with or the requirements file is not one gemma-doctor knows (a misspelling is an error, with the name it most likely means)", site=Site.NONE),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),
@@ -79,63 +114,67 @@ _CODES = [
     Code("GD504", "weights-not-scanned", "tensors of other dtypes than F32/F16/BF16, or unreadable shards, were not scanned"),
     Code("GD505", "embedding-shorter-than-tokenizer", "the tokenizer has token ids beyond the embedding's rows (tokens added, model not resized)"),
     # GD6xx: training-config lint (--training-config)
-    Code("GD601", "training-config-unreadable", "the training config is unreadable, not JSON/YAML, or not a mapping of settings"),
-    Code("GD602", "fp16-on-gemma", "fp16 mixed precision on a Gemma 2/3 model, whose activations exceed fp16's range"),
-    Code("GD603", "bf16-not-native", "bf16 is enabled on a GPU without native bf16 (compute capability < 8.0)"),
-    Code("GD604", "fp16-and-bf16", "fp16 and bf16 are both enabled"),
-    Code("GD605", "bf16-auto-emulated", "bf16: auto would resolve to emulated bf16 on this GPU"),
-    Code("GD606", "training-use-cache", "the training config turns use_cache on (gradient checkpointing conflict, HybridCache crash)"),
-    Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)"),
-    Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model"),
-    Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32"),
-    Code("GD610", "fp16-load-dtype", "the training config loads a Gemma 2/3 model in float16 (torch_dtype/dtype), whose range its activations overflow"),
-    Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong"),
-    Code("GD640", "gemma2-softcap-dropped", "Gemma 2 on a backend that drops attn_logit_softcapping (SDPA, or flash-attn < 2.6)"),
-    Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100"),
-    Code("GD645", "packing-contamination", "packing / padding-free without a backend or versions that keep packed sequences apart"),
-    Code("GD650", "logits-fp32-memory", "the fp32 logits of Gemma's large vocabulary take gigabytes at this batch x sequence"),
+    Code("GD601", "training-config-unreadable", "the training config is unreadable, not JSON/YAML, or not a mapping of settings", site=Site.RUN),
+    Code("GD602", "fp16-on-gemma", "fp16 mixed precision on a Gemma 2/3 model, whose activations exceed fp16's range", site=Site.RUN),
+    Code("GD603", "bf16-not-native", "bf16 is enabled on a GPU without native bf16 (compute capability < 8.0)", site=Site.RUN),
+    Code("GD604", "fp16-and-bf16", "fp16 and bf16 are both enabled", site=Site.RUN),
+    Code("GD605", "bf16-auto-emulated", "bf16: auto would resolve to emulated bf16 on this GPU", site=Site.RUN),
+    Code("GD606", "training-use-cache", "the training config turns use_cache on (gradient checkpointing conflict, HybridCache crash)", site=Site.RUN),
+    Code("GD607", "dpo-no-grad-clipping", "DPO on Gemma without max_grad_norm (gradient clipping)", site=Site.RUN),
+    Code("GD608", "qlora-compute-dtype", "the 4-bit QLoRA compute dtype does not suit the GPU or the model", site=Site.RUN),
+    Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32", site=Site.RUN),
+    Code("GD610", "fp16-load-dtype", "the training config loads a Gemma 2/3 model in float16 (torch_dtype/dtype), whose range its activations overflow", site=Site.RUN),
+    Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong", site=Site.RUN),
+    Code("GD683", "flash-attention-needs-ampere", "FlashAttention-2 on a GPU before Ampere (T4, V100): flash-attn 2 refuses it at the first forward", site=Site.RUN),
+    Code("GD684", "flash-attention-fp32", "FlashAttention-2 on fp32 weights without mixed precision: flash-attn refuses fp32 inputs", site=Site.RUN),
+    Code("GD680", "training-config-key-unknown", "a key of a TRL / TrainingArguments config is no setting of its trainer but close to one (a misspelling): the trainer refuses it", site=Site.RUN),
+    Code("GD681", "training-config-value-not-boolean", "a boolean setting of a TRL / TrainingArguments config holds a value its parser does not read as one (bf16: ture)", site=Site.RUN),
+    Code("GD640", "gemma2-softcap-dropped", "Gemma 2 on a backend that drops attn_logit_softcapping (SDPA, or flash-attn < 2.6)", site=Site.RUN),
+    Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100", site=Site.RUN),
+    Code("GD645", "packing-contamination", "packing / padding-free without a backend or versions that keep packed sequences apart", site=Site.RUN),
+    Code("GD650", "logits-fp32-memory", "the fp32 logits of Gemma's large vocabulary take gigabytes at this batch x sequence", site=Site.RUN),
     # BEGIN field catalogue: generated by `python docs/gen_catalogue.py`, do not edit
     # GD7xx: the field catalogue (gemma_doctor/catalogue/field.json)
     Code("GD701", "assistant-mask-empty-gemma", "assistant_only_loss on a Gemma 1/2 chat template without {% generation %} markers: an all-zero assistant mask"),
     Code("GD702", "assistant-mask-empty-gemma3", "assistant_only_loss on Gemma 3's chat template, which has no {% generation %} markers: an all-zero assistant mask"),
     Code("GD703", "assistant-mask-unsupported-gemma4", "assistant_only_loss on Gemma 4: its template has no {% generation %} markers and no TRL release has a training template for it"),
     Code("GD704", "raw-text-without-bos", "Gemma 4's tokenizer has add_bos_token false: raw-text (completion / continued pre-training) data is tokenized without <bos>"),
-    Code("GD705", "bnb-load-defaults-fp16", "8-/4-bit bitsandbytes loading with no dtype: transformers 4.x overrides it to float16, which Gemma 2/3 overflow"),
-    Code("GD706", "tgi-vlm-prefix-caching", "TGI 3.x refuses multimodal Gemma 3 with its default prefix caching"),
-    Code("GD707", "vllm-too-old-for-gemma3", "vLLM before 0.8.0 does not know Gemma 3"),
-    Code("GD708", "vllm-too-old-for-gemma4", "vLLM before 0.19.0 does not know Gemma 4"),
-    Code("GD709", "vllm-gemma4-new-transformers", "vLLM up to 0.27.1 with transformers 5.15 or later fails to load Gemma 4"),
-    Code("GD710", "liger-kernel-lacks-gemma3", "Liger Kernel before 0.5.7 has no Gemma 3 patch"),
-    Code("GD711", "llamafactory-liger-skips-gemma3", "LLaMA-Factory before 0.9.3 does not apply Liger Kernel to Gemma 3: the switch is silently a no-op"),
-    Code("GD712", "multimodal-template-on-text-gemma3", "LLaMA-Factory's gemma3 template is multimodal: on a text-only Gemma 3 (270M, 1B) it asks for a processor the checkpoint does not have"),
-    Code("GD713", "padding-free-without-packing", "TRL 1.x refuses padding_free without packing while max_length is set (its default is 1024)"),
-    Code("GD714", "unsloth-forced-fp32-full-finetune", "Unsloth's forced-float32 Gemma 3 path (GPUs without bf16) crashes full fine-tuning: float16 activations meet float32 weights"),
+    Code("GD705", "bnb-load-defaults-fp16", "8-/4-bit bitsandbytes loading with no dtype: transformers 4.x overrides it to float16, which Gemma 2/3 overflow", site=Site.RUN),
+    Code("GD706", "tgi-vlm-prefix-caching", "TGI 3.x refuses multimodal Gemma 3 with its default prefix caching", site=Site.NONE),
+    Code("GD707", "vllm-too-old-for-gemma3", "vLLM before 0.8.0 does not know Gemma 3", site=Site.NONE),
+    Code("GD708", "vllm-too-old-for-gemma4", "vLLM before 0.19.0 does not know Gemma 4", site=Site.NONE),
+    Code("GD709", "vllm-gemma4-new-transformers", "vLLM up to 0.27.1 with transformers 5.15 or later fails to load Gemma 4", site=Site.NONE),
+    Code("GD710", "liger-kernel-lacks-gemma3", "Liger Kernel before 0.5.7 has no Gemma 3 patch", site=Site.RUN),
+    Code("GD711", "llamafactory-liger-skips-gemma3", "LLaMA-Factory before 0.9.3 does not apply Liger Kernel to Gemma 3: the switch is silently a no-op", site=Site.RUN),
+    Code("GD712", "multimodal-template-on-text-gemma3", "LLaMA-Factory's gemma3 template is multimodal: on a text-only Gemma 3 (270M, 1B) it asks for a processor the checkpoint does not have", site=Site.RUN),
+    Code("GD713", "padding-free-without-packing", "TRL 1.x refuses padding_free without packing while max_length is set (its default is 1024)", site=Site.RUN),
+    Code("GD714", "unsloth-forced-fp32-full-finetune", "Unsloth's forced-float32 Gemma 3 path (GPUs without bf16) crashes full fine-tuning: float16 activations meet float32 weights", site=Site.RUN),
     Code("GD715", "fp8-quantized-vision-tower", "An FP8 (compressed-tensors) Gemma 3 whose recipe also quantized the SigLIP tower does not load in vLLM"),
     Code("GD716", "fp8-quantized-moe-router", "An FP8 Gemma 4 MoE whose recipe quantized the router projections does not load in vLLM"),
-    Code("GD717", "ollama-too-old-for-gemma3", "Ollama before 0.6.0 cannot run Gemma 3"),
-    Code("GD718", "gemma4-sdpa-batched-nan", "Gemma 4 with SDPA attention, bf16 and a batch of 2 or more: NaN loss after a few steps (reported on H100)"),
-    Code("GD719", "gemma4-fp16-rl-overflow", "Gemma 4 GRPO in float16 overflows in the first MLP down_proj: inf residuals, NaN logits, a device-side assert"),
-    Code("GD720", "rl-logit-softcap-formula", "Unsloth's RL log-probabilities apply Gemma's final logit softcap with the wrong formula: the cap does nothing"),
-    Code("GD721", "ollama-too-old-for-gemma2", "Ollama before 0.1.47 cannot run Gemma 2"),
-    Code("GD722", "ollama-too-old-for-gemma", "Ollama before 0.1.26 cannot run Gemma"),
-    Code("GD723", "vllm-gemma3-transformers-skew", "vLLM up to 0.8.5.post1 with transformers 4.53 or later cannot read Gemma 3's config"),
-    Code("GD724", "vllm-too-old-for-gemma2", "vLLM before 0.5.1 does not know Gemma 2"),
-    Code("GD725", "vllm-gemma2-needs-flashinfer", "vLLM 0.5.1-0.5.3 refuses Gemma 2 unless the FlashInfer backend is chosen: its other backends had no logit soft-capping"),
-    Code("GD726", "tgi-too-old-for-gemma", "TGI before 1.4.2 cannot serve Gemma"),
-    Code("GD727", "sglang-too-old-for-gemma3", "SGLang before 0.4.4.post2 has no Gemma 3 model: with the transformers Gemma 3 needs, it does not even start"),
-    Code("GD728", "ollama-too-old-for-gemma3n", "Ollama before 0.9.3 cannot run Gemma 3n"),
-    Code("GD729", "lora-no-default-targets-gemma2", "LoRA through TRL (use_peft, no target_modules) on Gemma 2 with PEFT before 0.13.0: PEFT has no default targets for gemma2"),
-    Code("GD730", "lora-targets-pre-452-layout", "A LoRA target regex written for the module names before transformers 4.52 (language_model.model.layers...) matches nothing in a multimodal Gemma on 4.52 or later"),
-    Code("GD731", "lora-targets-post-452-layout", "A LoRA target regex written for the module names of transformers 4.52 and later (model.language_model.layers...) matches nothing in a multimodal Gemma on an older transformers"),
-    Code("GD732", "tgi-gemma3-needs-flash-attn-2", "TGI serves Gemma 3's sliding-window layers only with FlashAttention 2: on a GPU without it (pre-Ampere) generation fails"),
-    Code("GD733", "liger-kernel-skips-gemma4-unified", "Liger Kernel has no patch for Gemma 4 unified (12B): the switch is a no-op and the full logits are materialised"),
+    Code("GD717", "ollama-too-old-for-gemma3", "Ollama before 0.6.0 cannot run Gemma 3", site=Site.NONE),
+    Code("GD718", "gemma4-sdpa-batched-nan", "Gemma 4 with SDPA attention, bf16 and a batch of 2 or more: NaN loss after a few steps (reported on H100)", site=Site.RUN),
+    Code("GD719", "gemma4-fp16-rl-overflow", "Gemma 4 GRPO in float16 overflows in the first MLP down_proj: inf residuals, NaN logits, a device-side assert", site=Site.RUN),
+    Code("GD720", "rl-logit-softcap-formula", "Unsloth's RL log-probabilities apply Gemma's final logit softcap with the wrong formula: the cap does nothing", site=Site.RUN),
+    Code("GD721", "ollama-too-old-for-gemma2", "Ollama before 0.1.47 cannot run Gemma 2", site=Site.NONE),
+    Code("GD722", "ollama-too-old-for-gemma", "Ollama before 0.1.26 cannot run Gemma", site=Site.NONE),
+    Code("GD723", "vllm-gemma3-transformers-skew", "vLLM up to 0.8.5.post1 with transformers 4.53 or later cannot read Gemma 3's config", site=Site.NONE),
+    Code("GD724", "vllm-too-old-for-gemma2", "vLLM before 0.5.1 does not know Gemma 2", site=Site.NONE),
+    Code("GD725", "vllm-gemma2-needs-flashinfer", "vLLM 0.5.1-0.5.3 refuses Gemma 2 unless the FlashInfer backend is chosen: its other backends had no logit soft-capping", site=Site.NONE),
+    Code("GD726", "tgi-too-old-for-gemma", "TGI before 1.4.2 cannot serve Gemma", site=Site.NONE),
+    Code("GD727", "sglang-too-old-for-gemma3", "SGLang before 0.4.4.post2 has no Gemma 3 model: with the transformers Gemma 3 needs, it does not even start", site=Site.NONE),
+    Code("GD728", "ollama-too-old-for-gemma3n", "Ollama before 0.9.3 cannot run Gemma 3n", site=Site.NONE),
+    Code("GD729", "lora-no-default-targets-gemma2", "LoRA through TRL (use_peft, no target_modules) on Gemma 2 with PEFT before 0.13.0: PEFT has no default targets for gemma2", site=Site.RUN),
+    Code("GD730", "lora-targets-pre-452-layout", "A LoRA target regex written for the module names before transformers 4.52 (language_model.model.layers...) matches nothing in a multimodal Gemma on 4.52 or later", site=Site.RUN),
+    Code("GD731", "lora-targets-post-452-layout", "A LoRA target regex written for the module names of transformers 4.52 and later (model.language_model.layers...) matches nothing in a multimodal Gemma on an older transformers", site=Site.RUN),
+    Code("GD732", "tgi-gemma3-needs-flash-attn-2", "TGI serves Gemma 3's sliding-window layers only with FlashAttention 2: on a GPU without it (pre-Ampere) generation fails", site=Site.NONE),
+    Code("GD733", "liger-kernel-skips-gemma4-unified", "Liger Kernel has no patch for Gemma 4 unified (12B): the switch is a no-op and the full logits are materialised", site=Site.RUN),
     Code("GD734", "llama-cpp-python-lacks-embeddinggemma", "llama-cpp-python before 0.3.17 does not know EmbeddingGemma's GGUF architecture"),
-    Code("GD735", "unsloth-too-old-for-gemma3", "Unsloth before 2025.3.10 does not know Gemma 3"),
-    Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF"),
-    Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n"),
-    Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF"),
-    Code("GD739", "gemma3-grad-accum-loss-scaled", "Gemma 3's multimodal class under the Trainer with gradient accumulation: the logged loss, the gradients and the update are multiplied by the accumulation steps (transformers before 4.57)"),
-    Code("GD780", "axolotl-gemma-turn-end-untrained", "axolotl's chat_template strategy on Gemma without eot_tokens: the turn terminator (<end_of_turn>, Gemma 4's <turn|>) is masked, so the model never learns to stop"),
+    Code("GD735", "unsloth-too-old-for-gemma3", "Unsloth before 2025.3.10 does not know Gemma 3", site=Site.NONE),
+    Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF", site=Site.NONE),
+    Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n", site=Site.NONE),
+    Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF", site=Site.NONE),
+    Code("GD739", "gemma3-grad-accum-loss-scaled", "Gemma 3's multimodal class under the Trainer with gradient accumulation: the logged loss, the gradients and the update are multiplied by the accumulation steps (transformers before 4.57)", site=Site.RUN),
+    Code("GD780", "axolotl-gemma-turn-end-untrained", "axolotl's chat_template strategy on Gemma without eot_tokens: the turn terminator (<end_of_turn>, Gemma 4's <turn|>) is masked, so the model never learns to stop", site=Site.RUN),
     # END field catalogue
 
     # GD8xx: memory (the plan of gemma_doctor/plan/memory.py against the GPU's memory)
@@ -154,14 +193,15 @@ _CODES = [
     Code("GD773", "vllm-gemma3n-lora-unsupported", "a LoRA adapter on Gemma 3n: no vLLM release (0.9.2-0.33.0) declares LoRA support for Gemma 3n"),
     Code("GD774", "vllm-gemma4-lora-tower-keys", "a Gemma 4 adapter trains modules in the vision/audio towers, which vLLM's LoRA loader rejects"),
     Code("GD775", "vllm-gemma3-causal-language-model-keys", "config.json names Gemma3ForCausalLM but the weights keep language_model.* keys: vLLM cannot load them"),
-    Code("GD660", "fsdp-wrap-class-absent", "FSDP transformer-based auto-wrap without a class list names layer classes this checkpoint lacks: accelerate stops"),
-    Code("GD661", "zero3-gemma4-clip-buffers", "DeepSpeed ZeRO-3 on a Gemma 4 with towers on transformers 5.5.x: the clip buffers are not loaded"),
-    Code("GD662", "fsdp2-tied-embeddings", "FSDP2 on a tied-embedding Gemma with accelerate 1.14.0 and torch >= 2.13: the shared parameter is refused"),
+    Code("GD660", "fsdp-wrap-class-absent", "FSDP transformer-based auto-wrap without a class list names layer classes this checkpoint lacks: accelerate stops", site=Site.RUN),
+    Code("GD661", "zero3-gemma4-clip-buffers", "DeepSpeed ZeRO-3 on a Gemma 4 with towers on transformers 5.5.x: the clip buffers are not loaded", site=Site.RUN),
+    Code("GD662", "fsdp2-tied-embeddings", "FSDP2 on a tied-embedding Gemma with accelerate 1.14.0 and torch >= 2.13: the shared parameter is refused", site=Site.RUN),
+    Code("GD682", "fsdp-wrap-class-unknown", "the FSDP wrap class list names a class this model does not have (another Gemma's layer, a typo): accelerate stops", site=Site.RUN),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
-    Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has"),
-    Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare"),
-    Code("GD803", "nothing-fits", "no fine-tuning method (full, LoRA, QLoRA) fits this GPU; a larger one is named"),
-    Code("GD804", "towers-loaded-for-nothing", "text-only training of a multimodal checkpoint loads its vision/audio towers"),
+    Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has", site=Site.RUN, memory=True),
+    Code("GD802", "run-tight", "the planned run fits in the GPU's memory with less than 10% to spare", site=Site.RUN, memory=True),
+    Code("GD803", "nothing-fits", "no fine-tuning method (full, LoRA, QLoRA) fits this GPU; a larger one is named", site=Site.RUN, memory=True),
+    Code("GD804", "towers-loaded-for-nothing", "text-only training of a multimodal checkpoint loads its vision/audio towers", site=Site.RUN),
     # GD9xx: BOS/EOS and generation
     Code("GD901", "eos-lacks-end-of-turn", "a chat checkpoint's eos_token_id lacks <end_of_turn>: generate() never stops"),
     Code("GD902", "pad-is-eos", "the pad token is the EOS token: the language-modelling collator masks EOS out of the loss"),

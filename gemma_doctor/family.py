@@ -31,6 +31,9 @@ class Member:
     role: str = "causal-lm"
     # attn_implementation values the model's PreTrainedModel refuses (transformers 5.23.0 source, _supports_* flags)
     unsupported_attention: tuple[str, ...] = ()
+    # The root config builds its text config's class itself (T5GemmaConfig: T5GemmaModuleConfig(**decoder)), never
+    # through the model_type registry: the text model_type's own first registered release does not limit loading.
+    builds_text_config: bool = False
 
 
 _M = Member
@@ -59,13 +62,13 @@ MEMBERS: tuple[Member, ...] = (
     # T5Gemma: encoder-decoder adapted from Gemma 2; get_text_config() is the decoder, which holds use_cache.
     _M("t5gemma", "t5gemma", "T5Gemma", ("decoder",), "t5_gemma_module", min_transformers="4.53.0",
        architectures=("T5GemmaForConditionalGeneration", "T5GemmaEncoderModel", "T5GemmaModel"),
-       role="encoder-decoder", unsupported_attention=_NO_SDPA),
+       role="encoder-decoder", unsupported_attention=_NO_SDPA, builds_text_config=True),
     _M("t5_gemma_module", "t5gemma", "T5Gemma encoder/decoder", min_transformers="5.6.0", role="component",
        unsupported_attention=_NO_SDPA),
     # T5Gemma 2: encoder-decoder adapted from Gemma 3, with a vision tower inside the encoder.
     _M("t5gemma2", "t5gemma2", "T5Gemma 2", ("decoder",), "t5gemma2_decoder", ("vision",), min_transformers="5.0.0",
        architectures=("T5Gemma2ForConditionalGeneration", "T5Gemma2Model"), role="encoder-decoder",
-       unsupported_attention=_NO_FLASH),
+       unsupported_attention=_NO_FLASH, builds_text_config=True),
     _M("t5gemma2_encoder", "t5gemma2", "T5Gemma 2 encoder", ("text_config",), "t5gemma2_text", ("vision",),
        min_transformers="5.1.0", role="component", unsupported_attention=_NO_FLASH),
     _M("t5gemma2_decoder", "t5gemma2", "T5Gemma 2 decoder", min_transformers="5.6.0", role="component",
@@ -283,3 +286,25 @@ def _traits(text: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     if isinstance(text.get("attn_logit_softcapping"), (int, float)) and not isinstance(text.get("attn_logit_softcapping"), bool):
         out["attn_logit_softcapping"] = text["attn_logit_softcapping"]
     return tuple(sorted(out.items()))
+
+
+# The checkpoints Google publishes on the Hub for each (family, --size) gemma-doctor plans without a download
+# (plan/memory.py's published shapes), as the Hub spells them: Gemma 1 is named without -it, Gemma 4 with capitals
+# (google/gemma-4-E4B-it, google/gemma-4-26B-A4B-it). Never built from the family's name: a plan's snippets load it.
+PUBLISHED_IDS: Mapping[tuple[str, str], str] = {
+    ("gemma", "2b"): "google/gemma-2b", ("gemma", "7b"): "google/gemma-7b",
+    ("gemma2", "2b"): "google/gemma-2-2b-it", ("gemma2", "9b"): "google/gemma-2-9b-it",
+    ("gemma2", "27b"): "google/gemma-2-27b-it",
+    ("gemma3", "270m"): "google/gemma-3-270m-it", ("gemma3", "1b"): "google/gemma-3-1b-it",
+    ("gemma3", "4b"): "google/gemma-3-4b-it", ("gemma3", "12b"): "google/gemma-3-12b-it",
+    ("gemma3", "27b"): "google/gemma-3-27b-it",
+    ("gemma3n", "e2b"): "google/gemma-3n-E2B-it", ("gemma3n", "e4b"): "google/gemma-3n-E4B-it",
+    ("gemma4", "e2b"): "google/gemma-4-E2B-it", ("gemma4", "e4b"): "google/gemma-4-E4B-it",
+    ("gemma4", "31b"): "google/gemma-4-31B-it", ("gemma4", "26b-a4b"): "google/gemma-4-26B-A4B-it",
+}
+
+
+def published_id(family: str, size: str) -> str | None:
+    """The Hub repo id of ``family`` at ``size`` (as --size spells it, any case), or None when not in the table."""
+    return PUBLISHED_IDS.get((family, size.lower()))
+

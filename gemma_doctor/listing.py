@@ -10,11 +10,13 @@ import enum
 import fnmatch
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gemma_doctor import locate, pipeline
+from gemma_doctor.codes import CODES, Code, Cure
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
@@ -53,6 +55,8 @@ class Row:
     status: RowStatus
     findings: dict[str, int]
     next_command: str | None
+    # `gemma-doctor check` of this snapshot as this listing read it (--cache-dir, --revision, --with kept): "see why".
+    check_command: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view of a row (list --format json)."""
@@ -90,20 +94,18 @@ def declared_dtype(config: Any) -> str | None:
     return None
 
 
-_READ_ERRORS = {"GD001", "GD002", "GD004", "GD005", "GD020", "GD021", "GD022"}
-_FIXABLE = {"GD101", "GD102"}
-# Files no `fix` can repair: a missing or truncated shard, an index from another revision. Only a new download helps.
-_DOWNLOAD_AGAIN = {"GD203", "GD204", "GD206"}
+def _has(codes: set[str], trait: Callable[[Code], bool]) -> bool:
+    return any(trait(CODES[c]) for c in codes if c in CODES)
 
 
 def status_of(codes: set[str], fixed_before: bool, would_change: bool) -> RowStatus:
-    """Pure verdict: unreadable config -> error; a download to redo -> broken; a pending `fix` -> needs-fix;
-    fixed earlier -> fixed; else ok."""
-    if codes & _READ_ERRORS:
+    """Pure verdict, from what each code is (codes.py): unreadable -> error; a download to redo -> broken; a pending
+    `fix` -> needs-fix; fixed earlier -> fixed; else ok."""
+    if _has(codes, lambda c: c.unreadable):
         return RowStatus.ERROR
-    if codes & _DOWNLOAD_AGAIN:
+    if _has(codes, lambda c: c.cure is Cure.REDOWNLOAD):
         return RowStatus.BROKEN
-    if would_change or codes & _FIXABLE:
+    if would_change or _has(codes, lambda c: c.cure is Cure.FIX):
         return RowStatus.NEEDS_FIX
     if fixed_before:
         return RowStatus.FIXED
@@ -135,14 +137,15 @@ def _row(facts: Any, options: CheckOptions, env: Any, memoise: bool) -> Row:
     would_change = plan_model(facts, env.libraries).status is Status.WOULD_CHANGE
     status = status_of({f.code for f in findings}, bool(facts.undo.entries), would_change)
     snap = facts.snapshot
+    check = f"gemma-doctor check {locate.command_args(snap)}" + "".join(f" {shlex.quote(a)}" for a in env.libraries.cli_args)
     nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
-        locate.redownload_command(snap, [f.file for f in findings if f.code in _DOWNLOAD_AGAIN])
-        if status is RowStatus.BROKEN else
-        f"gemma-doctor check {snap.target}" if status is RowStatus.ERROR else None)
+        locate.redownload_command(snap, [f.file for f in findings
+                                         if f.code in CODES and CODES[f.code].cure is Cure.REDOWNLOAD])
+        if status is RowStatus.BROKEN else check if status is RowStatus.ERROR else None)
     return Row(snap.repo_id, snap.revision, snap.commit, str(snap.path), facts.family.label,
                declared_dtype(facts.config.data if facts.config.ok else None),
                snapshot_size(snap.path) if snap.problem is None else 0,  # a problem repo is not walked
-               status, counts, nxt)
+               status, counts, nxt, check)
 
 
 # --- filters and sorting, as `hf cache ls` spells them -------------------------------------------

@@ -336,9 +336,12 @@ _PLAN_HINT = "or plan without a download: gemma-doctor recommend --family gemma3
 
 
 def _published_id(family: str, size: str) -> str:
-    """google/gemma-3-12b-it for (gemma3, 12b): the checkpoint a --family --size plan names in its snippets."""
-    prefix = {"gemma": "gemma", "gemma2": "gemma-2", "gemma3": "gemma-3"}.get(family, family)
-    return f"google/{prefix}-{size.lower()}" + ("-it" if family != "gemma" else "")
+    """google/gemma-4-E4B-it for (gemma4, e4b): the checkpoint a --family --size plan names in its snippets, from the
+    table of published ids (family.PUBLISHED_IDS; a test holds that it has every size plan/memory.py knows)."""
+    known = family_mod.published_id(family, size)
+    if known is None:  # never for a size memory.published_shape knows (tests/test_family.py)
+        raise UsageError(f"--size {size!r}: no published {family} checkpoint of that size is known")
+    return known
 
 
 def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, family: str | None,

@@ -190,6 +190,47 @@ def exposure_of(package: Package, window: Window) -> Exposure:
     return Exposure.UNKNOWN
 
 
+# Packages read from the serving side only, by the field catalogue (not Python distributions installed here).
+SERVING_NAMES = ("ollama", "text-generation-inference")
+# How close a name must be to a known one to be taken for its misspelling (difflib's ratio): "transfomers" is 0.96
+# from transformers, "flash_atn" 0.95 from flash-attn; xformers (0.80) and unsloth-zoo (0.78) stay themselves.
+MISSPELT_RATIO = 0.85
+
+
+@functools.lru_cache(maxsize=1)
+def known_names() -> frozenset[str]:
+    """The normalised names of every package a rule or the catalogue reads a version of."""
+    from gemma_doctor.readers.versions import PACKAGES, STACK_PACKAGES
+
+    return frozenset(normalise(n) for n in (*PACKAGES, *STACK_PACKAGES, *SERVING_NAMES))
+
+
+@dataclass(frozen=True)
+class UnknownName:
+    """A package named in --with or a requirements file that no rule reads: a misspelling when ``suggestion`` is set."""
+
+    name: str
+    source: str  # "--with" or "requirements.txt:3"
+    text: str  # as written
+    suggestion: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"name": self.name, "source": self.source, "text": self.text, "suggestion": self.suggestion}
+
+
+def unknown_name(name: str, source: str, text: str) -> UnknownName | None:
+    """``name`` as an UnknownName when no rule reads it (with the known name it misspells, if any); None if known."""
+    import difflib
+
+    key = normalise(name)
+    known = known_names()
+    if key in known:
+        return None
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=MISSPELT_RATIO)
+    return UnknownName(name, source, text, close[0] if close else None)
+
+
 @dataclass(frozen=True)
 class Stack:
     """The packages of the machine the training run will use."""
@@ -199,6 +240,9 @@ class Stack:
     origin: str = "installed"
     # The options that name this stack, so a printed hint (fix ... --inplace) plans for the same machine.
     cli_args: tuple[str, ...] = ()
+    # Names in --with (every unknown one) and the requirements file (misspellings only: a requirements file lists
+    # many packages no rule reads) that name no package gemma-doctor knows: GD480.
+    unknown: tuple[UnknownName, ...] = ()
 
     @classmethod
     def installed(cls, versions: Any) -> Stack:
@@ -220,8 +264,11 @@ class Stack:
 
     def to_json(self) -> dict[str, Any]:
         """The `environment.stack` block: where the versions come from and each package's version or range."""
-        return {"planned": self.planned, "origin": self.origin,
-                "packages": {p.name: p.to_json() for p in sorted(self.packages.values(), key=lambda p: p.name)}}
+        out = {"planned": self.planned, "origin": self.origin,
+               "packages": {p.name: p.to_json() for p in sorted(self.packages.values(), key=lambda p: p.name)}}
+        if self.unknown:
+            out["unknown"] = [u.to_json() for u in self.unknown]
+        return out
 
 
 def _package(req: Requirement, source: str) -> Package:
@@ -332,8 +379,14 @@ def resolve(versions: Any, with_packages: Iterable[str] = (), requirements: str 
     else:
         packages = dict(Stack.installed(versions).packages)
         origin = "installed"
+    unknown: list[UnknownName] = []
+    if requirements is not None:
+        unknown += [u for p in packages.values() if (u := unknown_name(p.name, p.source, p.name)) and u.suggestion]
     for w in withs:
         pkg = parse_requirement(w, "--with")
         packages[normalise(pkg.name)] = pkg
         args += ["--with", w]
-    return Stack(packages, planned=True, origin=origin + (" + --with" if withs else ""), cli_args=tuple(args))
+        if (u := unknown_name(pkg.name, "--with", w)) is not None:
+            unknown.append(u)
+    return Stack(packages, planned=True, origin=origin + (" + --with" if withs else ""), cli_args=tuple(args),
+                 unknown=tuple(unknown))

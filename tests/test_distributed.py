@@ -76,7 +76,14 @@ WRAP = ("GD660", "error", "fsdp_config.fsdp_auto_wrap_policy")
     (ACCEL_FSDP, "gemma4_text", "5.23.0", [WRAP]),
     (ACCEL_FSDP, "gemma4_no_audio", "5.23.0", [WRAP]),
     (ACCEL_FSDP, "gemma4", "5.23.0", []),  # both towers: every listed class is there
-    (WITH_CLASSES, "gemma3_text", "4.57.6", []),  # the cure: a class list
+    (WITH_CLASSES.replace(": X\n", ": Gemma3DecoderLayer\n"), "gemma3_text", "4.57.6", []),  # the cure: a class list
+    # a class list that names a class the model lacks: accelerate stops all the same (GD682)
+    (WITH_CLASSES.replace(": X\n", ": GemmaDecoderLayer\n"), "gemma3_text", "5.23.0",
+     [("GD682", "error", "fsdp_config.fsdp_transformer_layer_cls_to_wrap")]),
+    (WITH_CLASSES.replace(": X\n", ": Gemma3DecoderLayr\n"), "gemma3", "5.23.0",
+     [("GD682", "error", "fsdp_config.fsdp_transformer_layer_cls_to_wrap")]),
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  transformer_layer_cls_to_wrap: [Gemma3DecoderLayer, SiglipEncoderLayer]\n",
+     "gemma3", "5.23.0", []),
     (ACCEL_FSDP.replace("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP"), "gemma4_text", "5.23.0", []),
     (ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", ""), "gemma4_text", "5.23.0", []),  # NO_WRAP
     (ACCEL_FSDP.replace("distributed_type: FSDP", "distributed_type: MULTI_GPU"), "gemma4_text", "5.23.0", []),
@@ -403,3 +410,54 @@ def test_a_count_of_non_ascii_digits_is_not_a_count(cli, tmp_path, line):
     assert r.code == 0 and "Traceback" not in r.err, r
     processes = r.json()["models"][0]["memory"]["run"]["num_gpus"]
     assert processes == 1 or "is not a count" in json.dumps(r.json()["environment"]["training_config"])
+
+
+@pytest.mark.slow
+def test_accelerate_stops_on_a_wrap_class_the_model_lacks_and_the_class_table_is_the_installed_transformers(tmp_path):
+    """GD682's evidence: accelerate's own auto-wrap on a tiny Gemma 3 built here stops on GemmaDecoderLayer (Gemma 1's)
+    and on a misspelling, and wraps with the class the finding names; model_classes.json equals what
+    docs/gen_model_classes.py reads from this transformers."""
+    classes = {"gemma3_text": ["GemmaDecoderLayer"]}
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), json.dumps(classes)], capture_output=True,
+                          text=True, timeout=600, env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)["models"]["gemma3_text"]
+    assert "Could not find the transformer layer class GemmaDecoderLayer" in got["fsdp1"], got
+    _, [finding] = lint(WITH_CLASSES.replace(": X\n", ": GemmaDecoderLayer\n"), "gemma3_text")
+    assert finding.code == "GD682" and finding.details["classes_to_wrap"] == ["Gemma3DecoderLayer"]
+    cured = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), json.dumps(
+        {"gemma3_text": finding.details["classes_to_wrap"]})], capture_output=True, text=True, timeout=600,
+        env=subprocess_env())
+    assert json.loads(cured.stdout)["models"]["gemma3_text"]["fsdp1"] == "ok"
+    import importlib.util
+
+    import transformers
+
+    from gemma_doctor.readers.model_classes import model_classes
+
+    if transformers.__version__ != model_classes().read_from:
+        pytest.skip(f"the table was read from transformers {model_classes().read_from}")
+    spec = importlib.util.spec_from_file_location("gen_model_classes", Path(__file__).parent.parent / "docs" / "gen_model_classes.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.render() == gen.OUT.read_text()
+
+
+@pytest.mark.parametrize("line, ds_bf16, expected", [
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", True, "GD603"),
+    ("deepspeed --num_gpus 2 train.py --deepspeed_config ds.json", True, "GD603"),  # deepspeed's own argument
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", "auto", "GD609"),  # auto copies TrainingArguments
+])
+def test_the_precision_of_a_deepspeed_json_reached_through_launch_is_read(cli, tmp_path, monkeypatch, line, ds_bf16,
+                                                                          expected):
+    """The JSON's bf16 was ignored: the run read as 'trains in fp32' (GD609), and bf16 on a T4 passed."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": ds_bf16}, "zero_optimization": {"stage": 2}}))
+    r = cli("check", str(model), "--launch", line, "--gpu", "T4", "--format", "json", "--fail-on", "never")
+    codes = {f["code"]: f for f in r.json()["models"][0]["findings"]}
+    assert expected in codes and not {"GD603", "GD609"} - {expected} & set(codes)
+    if expected == "GD603":
+        assert "ds.json: bf16.enabled" in codes["GD603"]["key"]

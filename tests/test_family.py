@@ -215,3 +215,37 @@ def test_every_members_prescription_passes_its_own_check_or_says_the_way_out(mem
                     bad.append(f"{model_type} {gpu} {task}: {o.detail}")
     assert not bad, "\n".join(bad)
     assert "prescribed" in kinds  # not an empty promise: tiny members fit anywhere unless a window bites
+
+
+def test_every_size_recommend_plans_names_the_checkpoint_the_hub_publishes():
+    """`recommend --family gemma4 --size e4b` named google/gemma4-e4b-it, a repo that does not exist."""
+    from gemma_doctor.family import published_id
+    from gemma_doctor.plan.memory import PUBLISHED
+
+    ids = {(f, s): published_id(f, s) for f, sizes in PUBLISHED.items() for s in sizes}
+    assert None not in ids.values(), ids
+    assert ids[("gemma4", "e4b")] == "google/gemma-4-E4B-it" and ids[("gemma4", "26b-a4b")] == "google/gemma-4-26B-A4B-it"
+    assert ids[("gemma3", "12b")] == "google/gemma-3-12b-it" and ids[("gemma", "7b")] == "google/gemma-7b"
+
+
+def test_recommend_for_a_family_and_size_names_the_real_repo(cli):
+    r = cli("recommend", "--family", "gemma4", "--size", "E4B", "--gpu", "H100", "--format", "python")
+    assert "google/gemma-4-E4B-it" in r.out and "gemma4-e4b" not in r.out.lower().replace("gemma-4-e4b", "")
+
+
+@pytest.mark.parametrize("tf, expected", [("4.52.4", "error"), ("4.53.0", None), ("4.53.3", None), ("4.56.1", None),
+                                          ("5.5.0", None)])
+def test_t5gemma_loads_from_4_53_whatever_its_decoder_s_model_type(hub, cli, tf, expected):
+    """GD108 was an error on every 4.53-5.5: the decoder's t5_gemma_module is registered only from 5.6.0, but
+    T5GemmaConfig builds it itself (4.53.3 wheel: `decoder = T5GemmaModuleConfig(**decoder)`)."""
+    from transformers import T5GemmaConfig
+
+    module = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000}
+    config = T5GemmaConfig(encoder=dict(module), decoder=dict(module)).to_dict()
+    assert config["decoder"]["model_type"] == "t5_gemma_module"  # as the real library saves it
+    hub.add("google/t5gemma-tiny", {"config.json": config})
+    r = cli("check", "google/t5gemma-tiny", "--cache-dir", hub.root, "--with", f"transformers=={tf}", "--format", "json",
+            "--fail-on", "never")
+    got = [f["severity"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD108"]
+    assert got == ([expected] if expected else [])

@@ -82,3 +82,41 @@ def test_every_training_config_finding_is_annotated_at_the_path_as_written(hub, 
     assert {"GD130", "GD440", "GD443", "GD801"} <= from_config and from_config <= set(titles)
     for code in from_config:
         assert f" file={escape_property(os.path.join('train', 'sft.yaml'))}," in titles[code], titles[code]
+
+
+def test_a_model_file_finding_of_gd6xx_is_annotated_in_its_own_snapshot_for_each_model(hub, cli, tmp_path, monkeypatch):
+    """GD640 without a training config points at the model's config.json: every GD6xx was taken for a training-config
+    finding, annotated at a bare config.json of the workspace and merged across models."""
+    from tests.builders import gemma2_config
+
+    hub.add("org/a", {"config.json": gemma2_config()})
+    hub.add("org/b", {"config.json": gemma2_config()})
+    monkeypatch.chdir(tmp_path)
+    r = cli("check", "org/a", "org/b", "--cache-dir", hub.root, "--format", "github", "--fail-on", "never")
+    gd640 = [line for line in r.out.splitlines() if "title=GD640" in line]
+    files = sorted(line.split("file=")[1].split(",")[0] for line in gd640)
+    snapshots = sorted(escape_property(os.path.relpath(next(hub.root.glob(f"models--org--{n}/snapshots/*")) / "config.json"))
+                       for n in ("a", "b"))
+    assert files == snapshots, gd640
+    assert not any(",line=" in line for line in gd640)
+
+
+def test_every_finding_at_the_training_config_has_a_code_whose_site_is_the_run(hub, cli, tmp_path, monkeypatch):
+    """codes.py's Site is what `--format github` follows: a rule that names the training config under a code marked
+    otherwise would be annotated inside the snapshot."""
+    from gemma_doctor.codes import CODES, Site
+    from tests.builders import EXAMPLES, gemma2_config
+
+    hub.add("org/g2", {"config.json": gemma2_config()})
+    hub.add("org/g3", {"config.json": gemma3_12b_config()})
+    hub.add("google/gemma-4-E2B-it", {"config.json": (EXAMPLES / "google--gemma-4-E2B-it" / "config.json").read_bytes()})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft.yaml").write_text(
+        "fp16: true\nbf16: true\nuse_cache: true\ngradient_checkpointing: true\nattn_implementation: sdpa\n"
+        "gradient_checkpointing_kwargs:\n  use_reentrant: true\nlora_target_modules: all-linear\npacking: true\n"
+        "per_device_train_batch_size: 64\nmax_length: 8192\nfsdp: full_shard auto_wrap\nassistant_only_loss: true\n")
+    doc = cli("check", "org/g2", "org/g3", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "T4",
+              "--training-config", "sft.yaml", "--format", "json", "--fail-on", "never").json()
+    at_config = {f["code"] for m in doc["models"] for f in m["findings"] if f["file"] == "sft.yaml"}
+    assert len(at_config) > 10
+    assert {c for c in at_config if CODES[c].site is not Site.RUN} == set()

@@ -118,3 +118,20 @@ def test_empty_cache_suggests_a_download(hub, cli):
 
 def test_parse_size_units():
     assert (parse_size("1GB"), parse_size("1.5M"), parse_size("2GiB"), parse_size("10")) == (10**9, 1_500_000, 2 * 2**30, 10)
+
+
+def test_see_why_names_the_cache_and_the_stack_the_listing_read(cache, cli):
+    """The hint's `check` dropped --cache-dir and --with: copied, it checked another cache with another stack."""
+    r = cli("list", "--cache-dir", cache.root, "--with", "transformers==4.50.3", "--with", "peft==0.11.0")
+    why = r.err.split("see why with: ", 1)[1].split(", then:")[0]
+    assert why.startswith("gemma-doctor check google/gemma-")
+    assert f"--cache-dir {cache.root}" in why and "--with transformers==4.50.3 --with peft==0.11.0" in why
+
+
+def test_status_follows_what_each_code_is():
+    from gemma_doctor.listing import RowStatus, status_of
+
+    assert status_of({"GD001", "GD203"}, False, False) is RowStatus.ERROR
+    assert status_of({"GD204", "GD101"}, False, False) is RowStatus.BROKEN
+    assert status_of({"GD104"}, False, False) is RowStatus.NEEDS_FIX
+    assert status_of({"GD640", "GD999"}, True, False) is RowStatus.FIXED

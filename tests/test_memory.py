@@ -369,3 +369,25 @@ def test_nothing_fits_is_gd803_naming_a_larger_gpu_and_no_gpu_gives_no_verdict(c
     (m,) = cpu.json()["models"]
     assert m["memory"]["verdict"] == "unknown" and m["memory"]["gpu_bytes"] is None
     assert not [f for f in m["findings"] if f["code"].startswith("GD8")]
+
+
+@pytest.mark.parametrize("model, extra, fix_words", [
+    ("google--gemma-3-12b-it", "", "Gemma3ForCausalLM"),
+    ("google--gemma-4-E2B-it", "", "freeze the towers"),  # no text-only class loads a Gemma 4 checkpoint
+    ("google--gemma-3-12b-it", "dataset_kwargs:\n  skip_prepare_dataset: true\n", None),  # TRL's VLM recipe
+    ("google--gemma-3-12b-it", "processor_type: AutoProcessor\n", None),  # axolotl's multimodal config
+])
+def test_gd804_names_a_class_that_loads_the_member_and_spares_a_run_on_images(cli, tmp_path, model, extra, fix_words):
+    """GD804 advised Gemma3ForCausalLM for Gemma 4 and called an image-dataset run text-only."""
+    from tests.builders import EXAMPLES
+
+    (tmp_path / "t.yaml").write_text("bf16: true\nper_device_train_batch_size: 1\nmax_length: 512\n"
+                                     "gradient_checkpointing: true\n" + extra)
+    r = cli("check", EXAMPLES / model, "--training-config", tmp_path / "t.yaml", "--gpu", "H200", "--method", "full",
+            "--format", "json", "--fail-on", "never")
+    found = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD804"]
+    if fix_words is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and fix_words in found[0]["fix"]
+        assert "Gemma3ForCausalLM" not in found[0]["fix"] or "gemma-3" in model

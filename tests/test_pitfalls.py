@@ -122,6 +122,23 @@ EMBEDDING_GEMMA = variant(gemma3_1b_config(), use_bidirectional_attention=True, 
                           architectures=["Gemma3TextModel"], hidden_size=768)
 
 
+def test_a_paligemma_saved_by_transformers_5_is_not_taken_for_embeddinggemma(cli, hub, tmp_path):
+    """transformers 5.x's PaliGemmaConfig saves text_config.use_bidirectional_attention: true (its prefix-LM
+    attention): GD423 called it "EmbeddingGemma ... embeddings wrong" on any transformers before 4.57."""
+    from transformers import PaliGemmaConfig
+
+    text = {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    PaliGemmaConfig(text_config=text, vision_config=vision).save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["text_config"]["use_bidirectional_attention"] is True  # the real library writes it
+    for tf in ("4.56.2", "4.57.6"):
+        got = check(cli, hub, tmp_path, {"config.json": saved}, None, "--with", f"transformers=={tf}", repo=f"acme/pg-{tf}")
+        assert not {"GD423", "GD424"} & set(got), (tf, sorted(got))
+
+
 @pytest.mark.parametrize("tf, code, severity", [("4.56.2", "GD423", "error"), ("4.57.6", "GD424", "warning"),
                                                 ("5.15.1", "GD424", "warning"), ("5.16.0", None, None)])
 def test_embeddinggemma_attention_follows_the_transformers_that_will_run(cli, hub, tmp_path, tf, code, severity):
@@ -175,6 +192,16 @@ def test_eager_on_gemma2_is_fine_and_old_flash_attn_drops_the_softcap(cli, hub, 
     got = check(cli, hub, tmp_path, G2, {"attn_implementation": "flash_attention_2"}, "--with", "flash-attn==2.5.9",
                 "--gpu", "A100", repo="acme/fa")
     assert [f["severity"] for f in got["GD640"]] == ["warning"] and "2.6.0" in got["GD640"][0]["message"]
+
+
+@pytest.mark.parametrize("fa, expected", [("2.6.0.post1", "warning"), ("2.6.1", "warning"), ("2.6.2", None)])
+def test_flash_attn_before_2_6_2_has_no_softcap_backward_and_the_cure_names_2_6_2(cli, hub, tmp_path, fa, expected):
+    """The cure said flash-attn>=2.6.0; the sdists of 2.6.0.post1 and 2.6.1 have no softcapping in the backward."""
+    got = check(cli, hub, tmp_path, G2, {"attn_implementation": "flash_attention_2"}, "--with", f"flash-attn=={fa}",
+                "--gpu", "A100", repo="acme/fa")
+    assert [f["severity"] for f in got.get("GD640", [])] == ([expected] if expected else [])
+    if expected:
+        assert "backward" in got["GD640"][0]["message"] and '"flash-attn>=2.6.2"' in got["GD640"][0]["fix"]
 
 
 @pytest.mark.parametrize("fa, gpu, expected", [("2.5.4", "A10G", "error"), ("2.5.4", "A100", None),
@@ -383,3 +410,68 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     new_505, new_422 = fixes["peft==0.21.2"]
     assert "pip install" not in new_505 and new_422 is None  # 0.18+: no GD422, and GD505's cure needs no upgrade
     assert fixes["peft>=0.15"][0].count("with PEFT >= 0.18.0, " + cure) == 1
+
+
+@pytest.mark.parametrize("training, gpu, expected", [
+    ({"attn_implementation": "flash_attention_2", "bf16": True}, "T4", ["GD683"]),
+    ({"attn_implementation": "flash_attention_2", "fp16": True}, "V100", ["GD683"]),
+    ("base_model: x\nflash_attention: true\nmicro_batch_size: 1\n", "T4", ["GD683"]),  # axolotl's switch
+    ({"attn_implementation": "flash_attention_2", "bf16": True}, "A10G", []),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),
+    ({"attn_implementation": "sdpa", "torch_dtype": "float32"}, "T4", []),
+])
+def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli, hub, tmp_path, training, gpu, expected):
+    """Both passed: flash-attn 2's flash_api.cpp refuses GPUs before sm80 and fp32 inputs (2.6.x sdists)."""
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--gpu", gpu,
+                "--with", "flash-attn==2.6.3")
+    assert sorted(c for c in got if c in ("GD683", "GD684")) == expected
+    assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs
+
+
+def test_gemma3n_tokens_beyond_the_rows_are_not_cured_by_resizing_the_multimodal_model(cli, hub, tmp_path):
+    """GD505 advised resize_token_embeddings(len(tokenizer)) on a multimodal Gemma 3n, whose forward embeds every id
+    >= audio_config.vocab_offset with embed_audio. Reproduced on tiny real modules: the audio embedder raises
+    IndexError for a resized id, a resized Gemma3nForCausalLM embeds it."""
+    import torch
+    import transformers as T
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
+
+    text = T.Gemma3nTextConfig(vocab_size=400, vocab_size_per_layer_input=256, hidden_size=32,
+                               hidden_size_per_layer_input=8, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, laurel_rank=4,
+                               altup_num_inputs=2, num_kv_shared_layers=0, sliding_window=8,
+                               layer_types=["sliding_attention", "full_attention"], activation_sparsity_pattern=[0.0, 0.0])
+    audio = T.Gemma3nAudioConfig(vocab_offset=320, vocab_size=80, hidden_size=32)
+    with pytest.raises(IndexError):
+        Gemma3nMultimodalEmbedder(audio, text)(input_ids=torch.tensor([[405]]))
+    causal = T.Gemma3nForCausalLM(text).eval()
+    causal.resize_token_embeddings(410)
+    assert causal(input_ids=torch.tensor([[1, 405]])).logits.shape[-1] == 410
+
+    tok = tokenizer_config()
+    tok["added_tokens_decoder"]["405"] = {"content": "<tool_call>", "special": True}
+    config = {**gemma3n_config(), "audio_config": {"model_type": "gemma3n_audio", "vocab_offset": 320, "vocab_size": 80}}
+    files = {"config.json": config, "tokenizer_config.json": tok,
+             "model.safetensors": st_file({"model.language_model.embed_tokens.weight": ("BF16", [400, 8])})}
+    [f] = check(cli, hub, tmp_path, files)["GD505"]
+    assert "audio_config.vocab_offset (320)" in f["message"] and f["details"]["audio_vocab_offset"] == 320
+    assert "Gemma3nForCausalLM" in f["fix"] and not f["fix"].startswith("model.resize_token_embeddings")
+
+
+def test_on_a_t4_gd302_offers_no_fp32_for_awq_and_warns_of_unsloth_s_fp16_narrowed_fp32(cli, hub, tmp_path):
+    """GD302 prescribed fp32 for an AWQ checkpoint, whose kernels compute in float16 (transformers' AwqQuantizer), and
+    fp32 through unsloth-zoo releases whose forced-float32 path narrows every Linear to float16 (GD714's wheels)."""
+    awq = variant(gemma3_12b_config(), quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    [f] = check(cli, hub, tmp_path, {"config.json": awq}, None, "--gpu", "T4", repo="acme/awq")["GD302"]
+    assert "AWQ" in f["message"] and "no fp32 path" in f["message"] and "unquantized checkpoint" in f["fix"]
+    assert "fp32 settings" not in f["fix"]
+    files = {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()}
+    old = check(cli, hub, tmp_path, files, None, "--gpu", "T4", "--with", "unsloth==2026.7.1",
+                "--with", "unsloth-zoo==2026.7.1", repo="acme/old")["GD302"][0]
+    assert "narrowed to float16" in old["message"] and 'unsloth-zoo>=2026.8.7' in old["fix"]
+    new = check(cli, hub, tmp_path, files, None, "--gpu", "T4", "--with", "unsloth==2026.8.7",
+                "--with", "unsloth-zoo==2026.8.7", repo="acme/new")["GD302"][0]
+    assert "Unsloth" not in new["message"]
+    plain = check(cli, hub, tmp_path, files, None, "--gpu", "T4", repo="acme/plain")["GD302"][0]
+    assert "Unsloth" not in plain["message"] and "fp32 settings" in plain["fix"]

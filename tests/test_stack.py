@@ -163,3 +163,42 @@ def test_window_membership_is_pep440s_for_every_version_and_plain_specifier(vers
     window = Window("transformers", spec)
     # as a version string (the installed version) and as a Version (a planned one): both are PEP 440's answer
     assert window.contains(version) == window.contains(Version(version)) == expected
+
+
+def test_a_misspelt_with_is_an_error_with_a_did_you_mean_and_the_ci_gate_fails(stock, cli):
+    """`--with transfomers==4.50.3` was accepted silently: the installed transformers judged the run, and it passed."""
+    r = cli("check", REPO, "--cache-dir", stock.root, "--with", "transfomers==4.50.3", "--format", "json")
+    assert r.code == 1
+    [gd480] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD480"]
+    assert gd480["severity"] == "error" and "did you mean transformers?" in gd480["message"]
+    assert gd480["details"]["suggestion"] == "transformers" and gd480["details"]["source"] == "--with"
+
+
+def test_an_unknown_with_warns_that_it_changes_nothing(stock, cli):
+    r = cli("check", REPO, "--cache-dir", stock.root, "--with", "numpy==2.0", "--format", "json", "--fail-on", "never")
+    [gd480] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD480"]
+    assert gd480["severity"] == "warning" and gd480["details"]["suggestion"] is None
+
+
+def test_a_misspelling_in_requirements_is_named_by_its_line_and_other_packages_are_left_alone(stock, cli, tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("numpy==2.0\ndatasets>=3\nflash_atn==2.6.3\ntransformers==5.23.0\nxformers==0.0.30\n")
+    r = cli("check", REPO, "--cache-dir", stock.root, "--requirements", req, "--format", "json", "--fail-on", "never")
+    found = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD480"]
+    assert [(f["severity"], f["details"]["source"], f["details"]["suggestion"]) for f in found] == \
+        [("error", "requirements.txt:3", "flash-attn")]
+
+
+def test_every_package_a_window_or_the_catalogue_reads_is_a_known_name():
+    """The did-you-mean's vocabulary cannot drift from the packages the findings read."""
+    import importlib
+    import pkgutil
+
+    import gemma_doctor.rules as rules
+    from gemma_doctor import catalogue
+    from gemma_doctor.stack import known_names, normalise
+
+    modules = ["gemma_doctor.versioning"] + [f"gemma_doctor.rules.{m.name}" for m in pkgutil.iter_modules(rules.__path__)]
+    read = {normalise(v.package) for n in modules for v in vars(importlib.import_module(n)).values() if isinstance(v, Window)}
+    read |= {normalise(p) for e in catalogue.coded() for p in (e["when"].get("packages") or {})}
+    assert read - known_names() == set()

@@ -71,9 +71,12 @@ def parse(line: str, cwd: str | None = None) -> TrainingConfig:
         return TrainingConfig(WHERE, error="nested too deeply to be a launch command")
 
 
-def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConfig:
+def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConfig | None:
     """``--training-config`` and ``--launch`` together: the launch line's settings override the file's, as a
-    launcher's flags override its config file."""
+    launcher's flags override its config file. A serving line (`vllm serve`) starts no training run: the file
+    alone (or nothing) is the run."""
+    if launch.ok and launch.kind in tc_reader.NOT_TRAINING:
+        return base
     if not launch.ok or base is None:
         return launch
     if not base.ok:
@@ -93,6 +96,9 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
         words = words[1:]  # VAR=value before the command
     if not words:
         raise _Bad("an empty command line")
+    serving = _serving(words)
+    if serving is not None:
+        return TrainingConfig(WHERE, kind=serving)
     launcher, rest = _launcher(words)
     layers: list[TrainingConfig] = []
     flags: dict[str, Any] = {}
@@ -144,6 +150,23 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
     # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
     followed = tc_reader._with_deepspeed_file(TrainingConfig(os.path.join(cwd or ".", WHERE), kind, settings))
     return TrainingConfig(WHERE, kind, followed.settings)
+
+
+# The serving engines' command lines: they serve a model, they train nothing (vllm 0.x's CLI and its OpenAI server
+# module; SGLang's server module).
+_SERVING_MODULES = {"vllm.entrypoints.openai.api_server": "vllm", "vllm.entrypoints.api_server": "vllm",
+                    "sglang.launch_server": "sglang"}
+
+
+def _serving(words: list[str]) -> str | None:
+    """"vllm" / "sglang" for a serving engine's command line (`vllm serve MODEL`, `python -m sglang.launch_server`)."""
+    head = os.path.basename(words[0])
+    if head == "vllm" and len(words) > 1 and words[1] == "serve":
+        return "vllm"
+    if head.startswith("python") and "-m" in words[1:]:
+        i = words.index("-m", 1)
+        return _SERVING_MODULES.get(words[i + 1]) if i + 1 < len(words) else None
+    return None
 
 
 def _launcher(words: list[str]) -> tuple[str | None, list[str]]:

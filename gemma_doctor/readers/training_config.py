@@ -3,10 +3,11 @@ into the precision settings the run will use, as a frozen fact. Never raises for
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "load_in_8bit": ("load_in_8bit", "quantization_config.load_in_8bit", "model_init_kwargs.quantization_config.load_in_8bit"),
     "zero_stage": ("zero_optimization.stage", "deepspeed_config.zero_stage", "zero_stage"),
     "offload_optimizer": ("zero_optimization.offload_optimizer.device", "deepspeed_config.offload_optimizer_device"),
-    "deepspeed": ("deepspeed",),
+    # TrainingArguments' --deepspeed ds.json; a DeepSpeed script's --deepspeed_config ds.json (deepspeed's own
+    # add_config_arguments). accelerate's deepspeed_config is a mapping, which is not a setting (skipped).
+    "deepspeed": ("deepspeed", "deepspeed_config"),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
     "num_processes": ("num_processes",),
     # How the run is sharded (rules/distributed.py): accelerate's fsdp_config (fsdp_-prefixed keys), TrainingArguments'
@@ -81,6 +84,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "distributed_type": ("distributed_type",),
     "ddp_find_unused_parameters": ("ddp_find_unused_parameters",),
     "freeze_vision_tower": ("freeze_vision_tower",),
+    # The run trains on images (GD804 does not apply): axolotl's processor_type / image_size, LLaMA-Factory's
+    # image_max_pixels / image_min_pixels / video_max_pixels, TRL's VLM recipe (dataset_kwargs.skip_prepare_dataset).
+    "vision_data": ("processor_type", "image_size", "image_resize_algorithm", "image_max_pixels", "image_min_pixels",
+                    "video_max_pixels", "dataset_kwargs.skip_prepare_dataset"),
     "lora_target_parameters": ("lora_target_parameters", "target_parameters", "peft_config.target_parameters"),
     # The field catalogue (gemma_doctor/catalogue/field.json): loss masking, kernels, trainer templates, data format.
     "assistant_only_loss": ("assistant_only_loss",),
@@ -117,6 +124,24 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class KeyProblem:
+    """A top-level key of a TRL / TrainingArguments config that its trainer refuses: a key no dataclass field has
+    (``unknown-key``, with the field it most likely misspells) or a boolean field's value no parser reads as one
+    (``not-boolean``, with true or false when it is a misspelling of one)."""
+
+    kind: str  # "unknown-key" | "not-boolean"
+    key: str
+    value: Any
+    line: int | None
+    suggestion: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"kind": self.kind, "key": self.key, "value": _json_value(self.value), "line": self.line,
+                "suggestion": self.suggestion}
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """The precision-relevant settings of one training config file, or why it could not be read."""
 
@@ -124,6 +149,8 @@ class TrainingConfig:
     kind: str = "unknown"
     settings: dict[str, Setting] = field(default_factory=dict)
     error: str | None = None
+    # Keys and values the trainer refuses (TRL / TrainingArguments configs only; trainer_keys.json): GD680, GD681.
+    problems: tuple[KeyProblem, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -136,8 +163,11 @@ class TrainingConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The `environment.training_config` block of the JSON report."""
-        return {"path": self.path, "kind": self.kind, "error": self.error,
-                "settings": {k: v.to_json() for k, v in self.settings.items()}}
+        out = {"path": self.path, "kind": self.kind, "error": self.error,
+               "settings": {k: v.to_json() for k, v in self.settings.items()}}
+        if self.problems:
+            out["problems"] = [p.to_json() for p in self.problems]
+        return out
 
 
 class _Unusable(ValueError):
@@ -199,7 +229,48 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+# Files that are configs, but not of a training run gemma-doctor reads: vLLM's `vllm serve --config` (EngineArgs names,
+# dashes or underscores), SGLang's server args, NeMo's trainer/model/exp_manager (and NeMo-Automodel's recipes).
+# Read as training configs they said "trains in fp32" (GD609): they are recognised and refused in one line instead.
+_VLLM_KEYS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
+                        "served_model_name", "kv_cache_dtype", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
+                        "enable_prefix_caching", "swap_space", "enable_lora", "max_lora_rank", "limit_mm_per_prompt"})
+_SGLANG_KEYS = frozenset({"tp_size", "dp_size", "mem_fraction_static",
+                          "chunked_prefill_size", "max_running_requests", "schedule_policy"})
+# Keys only a training config has: a file with one of them is read as one, whatever else it holds.
+_TRAINING_ONLY = frozenset({"output_dir", "learning_rate", "per_device_train_batch_size", "num_train_epochs",
+                            "base_model", "micro_batch_size", "stage", "finetuning_type", "gradient_accumulation_steps"})
+NOT_TRAINING = {
+    "vllm": "a vLLM serving config (vllm serve --config), not a training config; to judge a served model, name the "
+            "engine: gemma-doctor check MODEL --with vllm==VERSION",
+    "sglang": "an SGLang server config (python -m sglang.launch_server --config), not a training config; to judge a "
+              "served model, name the engine: gemma-doctor check MODEL --with sglang==VERSION",
+    "nemo": "a NeMo config (trainer / model / exp_manager), which gemma-doctor does not read as a training config; "
+            "state the run with --batch-size, --seq-len, --gpu and --num-gpus, or pass a TRL / accelerate config",
+}
+
+
+def _other_kind(data: dict[str, Any]) -> str | None:
+    """"vllm", "sglang" or "nemo" for a config of another kind than a training run's; None otherwise."""
+    keys = {k.replace("-", "_") for k in data if isinstance(k, str)}
+    if keys & _TRAINING_ONLY:
+        return None
+    trainer = data.get("trainer")
+    if (isinstance(trainer, dict) and ({"precision", "devices", "num_nodes", "max_steps"} & set(trainer))
+            and (isinstance(data.get("model"), dict) or "exp_manager" in data)) or \
+            ("step_scheduler" in data and isinstance(data.get("model"), dict)):
+        return "nemo"
+    if keys & _SGLANG_KEYS:
+        return "sglang"
+    if keys & _VLLM_KEYS:
+        return "vllm"
+    return None
+
+
 def _kind(data: dict[str, Any]) -> str:
+    other = _other_kind(data)
+    if other is not None:
+        return other
     if "compute_environment" in data or "distributed_type" in data:
         return "accelerate"
     if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
@@ -305,6 +376,8 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
     if not isinstance(data, dict):
         return TrainingConfig(path, error=f"top level is a {type(data).__name__}, not a mapping of settings")
     kind = _kind(data)
+    if kind in NOT_TRAINING:
+        return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
     settings: dict[str, Setting] = {}
     for name, keys in KEYS.items():
         for key in keys:
@@ -325,7 +398,50 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
                 break
     if "rl" not in settings and _looks_like_dpo(data):
         settings["rl"] = Setting("beta", "dpo", _json_line(text, "beta") if is_json else lines.get("beta"))
-    return TrainingConfig(path, kind=kind, settings=settings)
+    problems = _key_problems(data, lambda key: _json_line(text, key) if is_json else lines.get(key)) \
+        if kind == "transformers" else ()
+    return TrainingConfig(path, kind=kind, settings=settings, problems=problems)
+
+
+@functools.lru_cache(maxsize=1)
+def trainer_keys() -> dict[str, Any]:
+    """trainer_keys.json (docs/gen_trainer_keys.py): the fields TRL's trainers accept in a config file, its booleans,
+    and the TRL / transformers versions they were read from. Read once per process: it is package data."""
+    return json.loads((Path(__file__).parent / "trainer_keys.json").read_text(encoding="utf-8"))
+
+
+# How close an unknown key must be to a field to be taken for its misspelling (difflib's ratio):
+# per_device_train_batch_sze is 0.98 from per_device_train_batch_size; a script's own keys (model_path, lr) are far.
+MISSPELT_KEY_RATIO = 0.85
+# transformers' string_to_bool (hf_argparser.py): what TRL's parser and HfArgumentParser read as a boolean.
+_BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
+
+
+def _key_problems(data: dict[str, Any], line_of: Any) -> tuple[KeyProblem, ...]:
+    """The unknown keys and non-boolean values of a TRL / TrainingArguments config, against trainer_keys.json.
+
+    A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
+    keys, and keys of older TRL releases that the table (read from one release) no longer lists. Keys gemma-doctor
+    reads itself (KEYS) are never unknown."""
+    import difflib
+
+    table = trainer_keys()
+    fields = frozenset(table["keys"])
+    booleans = frozenset(table["booleans"])
+    own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys}
+    out: list[KeyProblem] = []
+    for key, value in data.items():
+        if not isinstance(key, str):
+            continue
+        if key in booleans and isinstance(value, str) and value.strip().lower() not in _BOOLEAN_WORDS \
+                and value.strip().lower() != "auto":  # bf16: auto is axolotl's; GD605 judges it
+            close = difflib.get_close_matches(value.strip().lower(), ["true", "false"], n=1, cutoff=0.5)
+            out.append(KeyProblem("not-boolean", key, value, line_of(key), close[0] if close else None))
+        elif key not in fields and key not in own:
+            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=MISSPELT_KEY_RATIO)
+            if close:
+                out.append(KeyProblem("unknown-key", key, None, line_of(key), close[0]))
+    return tuple(out)
 
 
 def _looks_like_dpo(data: dict[str, Any]) -> bool:
@@ -368,8 +484,9 @@ def read(path: str, follow: bool = True) -> TrainingConfig:
     return _with_deepspeed_file(tc) if follow else tc
 
 
-# The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets.
-_DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param")
+# The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets, and its precision
+# ("bf16": {"enabled": true}); "auto" copies TrainingArguments' own value, so it adds nothing.
+_DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param", "bf16", "fp16")
 
 
 def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
@@ -393,15 +510,19 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     if not ds.ok or ds.kind != "deepspeed":
         return tc
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
-             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings}
-    return TrainingConfig(tc.path, tc.kind, {**tc.settings, **added}) if added else tc
+             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings
+             and not (isinstance(ds.settings[name].value, str) and ds.settings[name].value.strip().lower() == "auto")}
+    return replace(tc, settings={**tc.settings, **added}) if added else tc
 
 
 def load(path: str) -> TrainingConfig:
     """Read --training-config once per run; a path that does not exist is a usage error, anything else a fact."""
     if not os.path.lexists(path):
         raise UsageError(f"training config {path} does not exist")
-    return read(path)
+    tc = read(path)
+    if tc.kind in NOT_TRAINING:
+        raise UsageError(f"--training-config {path}: {NOT_TRAINING[tc.kind]}")
+    return tc
 
 
 def truthy(value: Any) -> bool:

@@ -31,14 +31,20 @@ def command(name: str, properties: dict[str, object], message: str) -> str:
     return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
 
 
+def _at_training_config(f: Finding, training_config: str | None) -> bool:
+    """The finding points at a setting of the training config (its code's site says it may, and its file is that
+    config): GD640 without a training config names the model's config.json, which lies in the snapshot."""
+    code = CODES.get(f.code)
+    return code is not None and code.at_training_config(f.file, training_config)
+
+
 def _file(model: ModelReport, f: Finding, training_config: str | None = None) -> str | None:
     """The annotated file: training configs as given, model files under the model folder, relative when possible."""
     if not f.file:
         return None
     path = Path(f.file)
-    # Any rule may name the training config (GD130, GD440, GD801...), not only GD6xx: it is relative to the working
-    # directory as the user wrote it, never to the snapshot.
-    if f.code.startswith("GD6") or path.is_absolute() or (training_config is not None and f.file == training_config):
+    # The training config is relative to the working directory as the user wrote it, never to the snapshot.
+    if path.is_absolute() or _at_training_config(f, training_config):
         full = path
     else:
         full = Path(model.path) / f.file
@@ -58,7 +64,8 @@ def annotation(model: ModelReport, f: Finding, training_config: str | None = Non
     text = f"{model.repo_id or model.path}: {where}{f.message}"
     if f.fix:
         text += f"\nfix: {f.fix}"
-    line = f.details.get("line") if isinstance(f.details, dict) else None
+    # A line number belongs to the training config's setting; a model file's finding has none.
+    line = f.details.get("line") if isinstance(f.details, dict) and _at_training_config(f, training_config) else None
     return command(LEVEL[f.severity], {"file": _file(model, f, training_config), "line": line, "title": title}, text)
 
 
@@ -70,9 +77,10 @@ def render_report(report: Report, fail_on: FailOn) -> str:
     config_path = tc.get("path") if isinstance(tc, dict) else None
     for m in report.models:
         for f in m.findings:
-            # A training-config finding is judged per model but names one file line: annotate it once.
+            # A training-config finding is judged per model but names one file line: annotate it once. A finding
+            # in a model's own files is that model's, whatever another model's says.
             cmd = annotation(m, f, config_path)
-            key = cmd.split("::", 2)[1] + f.message if f.code.startswith("GD6") else cmd
+            key = cmd.split("::", 2)[1] + f.message if _at_training_config(f, config_path) else cmd
             if key in seen:
                 continue
             seen.add(key)

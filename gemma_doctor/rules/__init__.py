@@ -25,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     precision.check,
     libraries.check,
     libraries.beyond_horizon,
+    libraries.unknown_names,
     loading.check,
     attention.check,
     tokens.check,

@@ -16,8 +16,12 @@ from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
 
-# flash-attn applies softcapping from 2.6.0 (transformers gates it with is_flash_attn_greater_or_equal("2.6.0")).
+# flash-attn applies softcapping in the forward pass from 2.6.0 (transformers gates it with
+# is_flash_attn_greater_or_equal("2.6.0")), but the backward kernel learnt it only in 2.6.2: read in the PyPI sdists,
+# 2.6.0.post1's and 2.6.1's csrc/flash_attn/src/flash_bwd_kernel.h have no Is_softcap and no dtanh term, 2.6.2's
+# has both (`if constexpr (Is_softcap) { scaled_ds *= dtanh(mi, ni); }`). Training needs the backward.
 FLASH_ATTN_SOFTCAP = Window("flash-attn", "<2.6.0", "2.6.0")
+FLASH_ATTN_SOFTCAP_BACKWARD = Window("flash-attn", "<2.6.2", "2.6.2")
 # flash-attn 2.0.0-2.5.4 refuse the backward of head_dim > 192 outside sm80/sm90 (A100/H100) (flash_api.cpp).
 FLASH_ATTN_HDIM_BACKWARD = Window("flash-attn", "<2.5.5", "2.5.5")
 HDIM_LIMIT = 192
@@ -38,6 +42,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if tc is None:
         return
     yield from _fa2_head_dim(model, env, tc, backend, key)
+    yield from _fa2_device_and_dtype(model, env, tc, backend, key)
     yield from _packing(model, env, tc, backend, key)
     yield from _logits(model, env, tc)
 
@@ -51,7 +56,8 @@ def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
     stack = env.libraries
     tf = stack.get("transformers")
     capkey = text_key(model, "attn_logit_softcapping")
-    fix = 'train Gemma 2 with attn_implementation="eager" (or flash_attention_2 with flash-attn >= 2.6.0)'
+    fix = ('train Gemma 2 with attn_implementation="eager" (or flash_attention_2 with flash-attn >= '
+           f'{FLASH_ATTN_SOFTCAP_BACKWARD.first_fixed})')
     if backend == "sdpa":
         raises = stack.exposure(SDPA_SOFTCAP_RAISES)
         what = ("refuses it: from_pretrained raises \"ValueError: ... does not support an attention implementation "
@@ -68,12 +74,15 @@ def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
         return
     if backend == "flash_attention_2":
         fa = stack.get("flash-attn")
-        if stack.exposure(FLASH_ATTN_SOFTCAP) is Exposure.AFFECTED:
-            yield setting_finding("GD640", Severity.WARNING,
-                                  f"flash_attention_2 on Gemma 2 with {fa.describe()}: flash-attn applies "
-                                  f"{capkey} ({cap}) only from 2.6.0, so attention runs without it",
-                                  'pip install "flash-attn>=2.6.0", or attn_implementation="eager"', tc,
-                                  "attn_implementation", flash_attn=fa.to_json())
+        if stack.exposure(FLASH_ATTN_SOFTCAP_BACKWARD) is Exposure.AFFECTED:
+            what = (f"flash-attn applies {capkey} ({cap}) only from 2.6.0, so attention runs without it"
+                    if stack.exposure(FLASH_ATTN_SOFTCAP) is Exposure.AFFECTED else
+                    f"flash-attn 2.6.0-2.6.1 apply {capkey} ({cap}) in the forward pass only: their backward kernel "
+                    "has no softcapping term (flash_bwd_kernel.h gained it in 2.6.2), so the gradients are those of "
+                    "uncapped attention")
+            yield setting_finding("GD640", Severity.WARNING, f"flash_attention_2 on Gemma 2 with {fa.describe()}: {what}",
+                                  f'pip install "flash-attn>={FLASH_ATTN_SOFTCAP_BACKWARD.first_fixed}", or '
+                                  'attn_implementation="eager"', tc, "attn_implementation", flash_attn=fa.to_json())
         return
     if backend is not None:
         return
@@ -102,8 +111,8 @@ def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | N
     gpu = env.gpu
     device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
     cc = device.compute_capability if device is not None else None
-    if cc is not None and tuple(cc) in ((8, 0), (9, 0)):
-        return
+    if cc is not None and (tuple(cc) in ((8, 0), (9, 0)) or tuple(cc) < FLASH_MIN_CAPABILITY):
+        return  # before Ampere flash-attn 2 runs no backward at all: GD683
     sev = Severity.ERROR if exposure is Exposure.AFFECTED and cc is not None else Severity.WARNING
     where = f"{gpu.label} (compute capability {cc[0]}.{cc[1]})" if cc is not None else "a GPU other than A100/H100"
     yield setting_finding(
@@ -113,6 +122,49 @@ def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | N
         + " \"FlashAttention backward for head dim > 192 requires A100/A800 or H100/H800\" at the first backward",
         'pip install "flash-attn>=2.5.5" (no dropout), or attn_implementation="sdpa" (Gemma 3) / "eager" (Gemma 2)',
         tc, "attn_implementation", head_dim=head_dim, flash_attn=fa.to_json())
+
+
+# flash-attn 2.x's flash_api.cpp (mha_fwd / mha_varlen_fwd, read in the 2.6.0.post1-2.6.3 sdists):
+# TORCH_CHECK(is_sm90 || is_sm8x, "FlashAttention only supports Ampere GPUs or newer.") and
+# TORCH_CHECK(q_dtype == torch::kFloat16 || q_dtype == torch::kBFloat16, "FlashAttention only support fp16 and bf16
+# data type"). transformers' integrations/flash_attention.py (5.23.0) casts fp32 queries to the autocast dtype, else
+# to the dtype of the model's Linear weights: float32 when the model loads in fp32 without mixed precision.
+FLASH_MIN_CAPABILITY = (8, 0)
+_FP32_NAMES = ("float32", "fp32", "float", "torch.float32")
+
+
+def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend: str | None,
+                          key: str | None) -> Iterator[Finding]:
+    """GD683: FlashAttention-2 on a GPU before Ampere (T4, V100); GD684: FlashAttention-2 on fp32 weights without
+    mixed precision. flash-attn refuses both at the first forward."""
+    if backend != "flash_attention_2":
+        return
+    setting = "attn_implementation" if tc.get("attn_implementation") is not None else "flash_attention"
+    gpu = env.gpu
+    device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
+    cc = device.compute_capability if device is not None else None
+    if cc is not None and tuple(cc) < FLASH_MIN_CAPABILITY:
+        yield setting_finding(
+            "GD683", Severity.ERROR,
+            f"FlashAttention-2 on {gpu.label}: flash-attn 2 runs only on Ampere "
+            "or newer (8.0+) and stops at the first forward with \"FlashAttention only supports Ampere GPUs or "
+            "newer.\" (flash_api.cpp)",
+            'attn_implementation="sdpa" (Gemma 3 and later) or "eager" (Gemma 2), or a GPU of compute capability 8.0+',
+            tc, setting, compute_capability=list(cc))
+    mixed = [s for s in ("fp16", "bf16") if tc.get(s) is not None and truthy(tc.get(s).value)]
+    mp = tc.get("mixed_precision")
+    if mixed or (mp is not None and str(mp.value).strip().lower() in ("fp16", "bf16")):
+        return
+    dtype = tc.get("torch_dtype")
+    if dtype is None or str(dtype.value).strip().lower() not in _FP32_NAMES:
+        return  # transformers 5 loads the checkpoint's bf16 by default; only an explicit fp32 load is certain
+    yield setting_finding(
+        "GD684", Severity.ERROR,
+        f"FlashAttention-2 with {dtype.key}: {dtype.value} and no mixed precision: transformers hands flash-attn the "
+        "fp32 queries (no autocast dtype to cast them to), and flash-attn stops with \"FlashAttention only support "
+        "fp16 and bf16 data type\"",
+        "bf16: true (on a GPU with native bf16), or attn_implementation=\"sdpa\" / \"eager\" for an fp32 run",
+        tc, setting, torch_dtype=str(dtype.value))
 
 
 def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:

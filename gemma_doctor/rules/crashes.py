@@ -192,7 +192,13 @@ def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack)
 def _minimum(model: ModelFacts) -> tuple[str, str] | None:
     """(model_type, minimum) of the newest-introduced model_type this config needs (its own or its text model's)."""
     needs: list[tuple[str, str]] = []
-    for mt in (model.family.model_type, model.family.text_model_type):
+    root = family_mod.member(model.family.model_type)
+    # T5Gemma's decoder (t5_gemma_module, registered from 5.6.0) is built by T5GemmaConfig itself from 4.53.0
+    # (configuration_t5gemma.py in the 4.53.3 wheel: `decoder = T5GemmaModuleConfig(**decoder)`; T5Gemma 2 likewise
+    # in 5.0.0): only the root's first release counts.
+    types = (model.family.model_type,) if root is not None and root.builds_text_config else \
+        (model.family.model_type, model.family.text_model_type)
+    for mt in types:
         m = family_mod.member(mt)
         if m is not None and m.min_transformers:
             needs.append((m.model_type, m.min_transformers))

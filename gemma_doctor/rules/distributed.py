@@ -26,6 +26,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if tc is None or not tc.ok or not model.family.is_gemma:
         return
     yield from _fsdp_wrap(model, env, tc)
+    yield from _fsdp_wrap_named(model, env, tc)
     yield from _zero3_clip_buffers(model, env, tc)
     yield from _fsdp2_tied(model, env, tc)
 
@@ -116,6 +117,49 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Itera
         f"TrainingArguments: fsdp_config: {{transformer_layer_cls_to_wrap: [{', '.join(cure)}]}})"
         + (f"; or pip install \"transformers>={window.first_fixed}\"" if window.first_fixed else ""),
         tc, key, classes_to_wrap=list(cure), classes_absent=list(absent))
+
+
+def wrap_class_names(value: Any) -> list[str]:
+    """The class names of a wrap list as written: a list, or accelerate's comma-separated string."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(c).strip() for c in items if str(c).strip()]
+
+
+def _fsdp_wrap_named(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+    """GD682: a wrap class the model does not have (another Gemma's layer, a typo): accelerate stops, as for GD660."""
+    from gemma_doctor.readers.model_classes import model_classes
+
+    setting = tc.get("fsdp_wrap_classes")
+    if setting is None or setting.value in (None, "", []) or not uses_fsdp(tc):
+        return
+    table = model_classes()
+    ours = table.classes.get(model.family.model_type or "")
+    if not ours:
+        return  # a model_type the table does not hold: nothing to compare with
+    absent = [c for c in wrap_class_names(setting.value) if c not in ours]
+    if not absent:
+        return
+    import difflib
+
+    text_layers = [c for c in ours if c.endswith("DecoderLayer") and not c.startswith(("Siglip", "T5"))] or \
+        [c for c in ours if c.endswith("DecoderLayer")]
+    others = {c for t, cs in table.classes.items() if t != model.family.model_type for c in cs}
+    lines = []
+    for c in absent:
+        close = difflib.get_close_matches(c, ours, n=1, cutoff=0.8)
+        lines.append(f"{c} (did you mean {close[0]}?)" if close else
+                     f"{c} (a class of another model)" if c in others else c)
+    # Another Gemma's class or a misspelling is certainly absent; a name the table has nowhere may be a class of a
+    # transformers release other than the one the table was read from.
+    sure = all(c in others or difflib.get_close_matches(c, ours, n=1, cutoff=0.8) for c in absent)
+    yield setting_finding(
+        "GD682", Severity.ERROR if sure else Severity.WARNING,
+        f"FSDP wraps {', '.join(lines)}: {model.family.display_name}'s modeling code has no such class "
+        f"(read from transformers {table.read_from}), so accelerate stops before training with \"Could not find the "
+        "transformer layer class ... in the model\"",
+        f"fsdp_transformer_layer_cls_to_wrap: {','.join(sorted(text_layers))} (the text model's decoder layer"
+        + (", plus the towers' layers if they are trained" if model.family.nested else "") + ")",
+        tc, "fsdp_wrap_classes", classes_absent=absent, classes_to_wrap=sorted(text_layers))
 
 
 def _zero_stage(tc: TrainingConfig) -> int | None:

@@ -75,3 +75,26 @@ def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -
                 f"may include {b.name} {b.package.version or b.package.specifier or ''}".rstrip(),
             details={"package": b.name, "version": b.package.version, "specifier": b.package.specifier,
                      "verified": b.verified, "verified_on": horizon.VERIFIED_ON})
+
+
+def unknown_names(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
+    """GD480: a package in --with or the requirements file that gemma-doctor does not know, most likely misspelt: the
+    version meant for the known package is not used, and the run is judged with another one."""
+    if not model.family.is_gemma:
+        return
+    for u in env.libraries.unknown:
+        where = "--with" if u.source == "--with" else u.source
+        if u.suggestion is not None:
+            meant = env.libraries.get(u.suggestion)
+            yield Finding(
+                "GD480", Severity.ERROR,
+                f"{where} {u.text!r}: no package {u.name!r} is known; did you mean {u.suggestion}? The run is judged "
+                f"with {meant.describe()} instead",
+                key=u.name, fix=f"write {u.suggestion} for {u.name} in {where}",
+                details={**u.to_json(), "judged_with": meant.to_json()})
+        else:
+            yield Finding(
+                "GD480", Severity.WARNING,
+                f"--with {u.text!r}: no rule reads a version of {u.name!r}, so naming it changes nothing",
+                key=u.name, fix="name only the packages the run's findings depend on (docs/usage.md lists them), or "
+                                "drop it", details=u.to_json())

@@ -122,7 +122,11 @@ def _embed_scale(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Findi
 
 def _bidirectional(model: ModelFacts, env: Environment) -> Iterator[Finding]:
     text = text_config(model)
-    if text.get("use_bidirectional_attention") is not True:
+    # EmbeddingGemma's flag sits on its gemma3_text config. PaliGemma's config in transformers 5.x sets
+    # text_config.use_bidirectional_attention true on its Gemma / Gemma 2 text model (configuration_paligemma.py,
+    # "Both PaliGemmas want to default to True") and saves it: the prefix-LM attention every transformers builds for
+    # PaliGemma itself, neither an embedding model nor a sliding window the Gemma 3 text config halves.
+    if text.get("use_bidirectional_attention") is not True or model.family.text_model_type != "gemma3_text":
         return
     stack = env.libraries
     tf = stack.get("transformers")

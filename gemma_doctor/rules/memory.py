@@ -51,10 +51,28 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     towers = plan.shape.params.towers
     # Only for a run the user describes (a training config, a method or batch): a bare check is not a training plan.
     described = env.training_config is not None or bool(mem.fixed)
-    if towers and described and plan.run.text_only and plan.method == "full":
+    tc = env.training_config
+    images = tc is not None and tc.ok and tc.get("vision_data") is not None
+    if towers and described and plan.run.text_only and plan.method == "full" and not images:
         wb = {"float32": 4}.get(plan.run.load_dtype, 2)
         yield Finding("GD804", Severity.INFO,
                       f"text-only training of a multimodal checkpoint loads its vision/audio towers for nothing: "
                       f"{towers:,} parameters, {gib(towers * wb)} in {plan.run.load_dtype}",
-                      fix="load the language model alone (e.g. Gemma3ForCausalLM from the checkpoint) when no images "
-                          "are trained on", details={"tower_params": towers})
+                      fix=_text_only_cure(model.family.family), details={"tower_params": towers})
+
+
+# The class that loads a multimodal checkpoint's language model alone, per family: Gemma3ForCausalLM reads a gemma3
+# checkpoint (with key_mapping on transformers 5.x), Gemma3nForCausalLM a gemma3n one (it maps the keys itself); the
+# loading snippet of `recommend` (plan/recommend.py TEXT_ONLY_CLASSES) names the same. No text-only class is known to
+# load a Gemma 4 or PaliGemma checkpoint: its towers can only be frozen.
+TEXT_ONLY_CLASSES = {"gemma3": "Gemma3ForCausalLM", "gemma3n": "Gemma3nForCausalLM"}
+
+
+def _text_only_cure(family: str | None) -> str:
+    """GD804's cure for this family: the text-only class where one loads the checkpoint, else frozen towers."""
+    cls = TEXT_ONLY_CLASSES.get(family or "")
+    if cls is not None:
+        return (f"load the language model alone ({cls}.from_pretrained on the checkpoint; `recommend` prints the "
+                "snippet) when no images are trained on")
+    return ("freeze the towers when no images are trained on (gemma_doctor.prepare(model, args, text_only=True), or "
+            "requires_grad_(False) on the vision/audio towers): no text-only class loads this checkpoint")

@@ -49,15 +49,40 @@ def _rows(model: ModelFacts, tok: Any, env: Environment) -> Iterator[Finding]:
         return
     beyond = sorted((i, t) for t, i in tok.added.items() if i >= rows)
     shown = ", ".join(f"{t} ({i})" for i, t in beyond[:5]) + (f" and {len(beyond) - 5} more" if len(beyond) > 5 else "")
+    audio = _audio_offset(model)
+    message = (f"{TOKENIZER_CONFIG} has tokens up to id {top}, but {tensor} has {rows} rows: {len(beyond)} added "
+               f"token(s) have no embedding ({shown}); the first batch holding one fails with \"IndexError: index out "
+               "of range in self\" (on a GPU: a device-side assert). The tokenizer was saved after adding tokens, the "
+               "model was not resized")
+    fix = ("model.resize_token_embeddings(len(tokenizer)) before training, and save the model with the tokenizer; "
+           "train the new rows (resizing starts them all equal): " + train_tied_embedding(env.libraries))
+    if audio is not None:
+        # Gemma3nModel embeds every id >= audio_config.vocab_offset with embed_audio (modeling_gemma3n.py 5.23.0:
+        # `audio_mask = input_ids >= self.embed_audio.vocab_offset`), whatever the text embedding's rows: resizing
+        # cannot give an added token a row there. Reproduced: Gemma3nMultimodalEmbedder raises IndexError for such an
+        # id, and a resized Gemma3nForCausalLM embeds it.
+        message += (f"; and on this Gemma 3n, resizing does not help: {model.family.display_name} routes every id >= "
+                    f"audio_config.vocab_offset ({audio}) to its audio embedder (embed_audio), which has no row for it")
+        fix = ("do not add tokens to the multimodal Gemma 3n: map the new strings onto ids the tokenizer already has "
+               "(below the vision offset), or, for text-only training, load Gemma3nForCausalLM (no audio routing) "
+               "and model.resize_token_embeddings(len(tokenizer)) there")
     yield Finding(
-        "GD505", Severity.ERROR,
-        f"{TOKENIZER_CONFIG} has tokens up to id {top}, but {tensor} has {rows} rows: {len(beyond)} added token(s) "
-        f"have no embedding ({shown}); the first batch holding one fails with \"IndexError: index out of range in "
-        "self\" (on a GPU: a device-side assert). The tokenizer was saved after adding tokens, the model was not resized",
-        file=file, key=tensor,
-        fix="model.resize_token_embeddings(len(tokenizer)) before training, and save the model with the tokenizer; "
-            "train the new rows (resizing starts them all equal): " + train_tied_embedding(env.libraries),
-        details={"rows": rows, "max_token_id": top, "tokens_without_rows": [t for _, t in beyond[:50]]})
+        "GD505", Severity.ERROR, message, file=file, key=tensor, fix=fix,
+        details={"rows": rows, "max_token_id": top, "tokens_without_rows": [t for _, t in beyond[:50]],
+                 **({"audio_vocab_offset": audio} if audio is not None else {})})
+
+
+# transformers' Gemma3nAudioConfig.vocab_offset default: the text vocabulary (262,144) + the vision one (128).
+GEMMA3N_AUDIO_OFFSET = 262_272
+
+
+def _audio_offset(model: ModelFacts) -> int | None:
+    """The first id a multimodal Gemma 3n embeds with its audio embedder; None for any other model."""
+    if model.family.model_type != "gemma3n" or not model.config.ok or not isinstance(model.config.data, dict):
+        return None
+    audio = model.config.data.get("audio_config")
+    offset = audio.get("vocab_offset") if isinstance(audio, dict) else None
+    return offset if isinstance(offset, int) and not isinstance(offset, bool) else GEMMA3N_AUDIO_OFFSET
 
 
 def _eos_ids(model: ModelFacts) -> tuple[set[int] | None, str, str]:

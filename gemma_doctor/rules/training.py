@@ -74,6 +74,33 @@ def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name:
     return Finding(code, sev, msg, file=a["file"], key=a["key"], fix=fix, details=a["details"])
 
 
+def _key_problems(tc: Any) -> Iterator[Finding]:
+    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses."""
+    from gemma_doctor.readers.training_config import trainer_keys
+
+    read = trainer_keys()["read_from"]
+    source = f"TRL {read['trl']} / transformers {read['transformers']}"
+    for p in tc.problems:
+        details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
+                                                                                            "read_from": dict(read)}
+        if p.kind == "unknown-key":
+            yield Finding(
+                "GD680", Severity.ERROR,
+                f"{p.key} is not a setting of TRL's trainers or TrainingArguments ({source}); did you mean "
+                f"{p.suggestion}? `trl sft --config` stops with \"Unknown arguments from config file\", "
+                "TrainingArguments(**config) with a TypeError, and a script that drops unknown keys trains with the "
+                f"default {p.suggestion}", file=tc.path, key=p.key, fix=f"rename {p.key} to {p.suggestion}",
+                details=details)
+        else:
+            meant = f" (did you mean {p.suggestion}?)" if p.suggestion else ""
+            yield Finding(
+                "GD681", Severity.ERROR,
+                f"{p.key}: {p.value!r} is not a boolean{meant}: TRL's parser stops with \"Truthy value expected: got "
+                f"{p.value}\" (transformers' string_to_bool reads yes/no, true/false, t/f, y/n, 1/0), and a "
+                "reader that takes any non-empty string for true turns it on",
+                file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
+
+
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config
@@ -83,6 +110,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         yield Finding("GD601", Severity.ERROR, f"training config cannot be read: {tc.error}", file=tc.path,
                       fix="fix the file (JSON or YAML mapping of settings) and run the check again")
         return
+    yield from _key_problems(tc)
     s = tc.settings
     fam = model.family
     name = fam.label  # never None here: every Gemma model has a family label
@@ -96,7 +124,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     on_cpu = "use_cpu" in s and truthy(s["use_cpu"].value)
     gpu = GpuView(None, False, "CPU") if on_cpu else gpu_view(env, options)
 
-    if fp16_key is None and bf16_key is None and not bf16_auto:
+    # A switch whose value the trainer refuses (GD681) does not make the run train in fp32: it does not start.
+    refused = {p.key for p in tc.problems if p.kind == "not-boolean"}
+    if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"}:
         yield _finding("GD609", Severity.INFO,
                        f"{tc.path} ({tc.kind}) sets no mixed precision (fp16/bf16/mixed_precision): the run trains in fp32 "
                        "unless the launcher adds it", "nothing to do if fp32 is intended", tc, None)

@@ -1,0 +1,55 @@
+"""Write gemma_doctor/readers/trainer_keys.json: the settings TRL's command-line trainers accept in a config file (every
+field of the dataclasses each `trl <command>` parses: ScriptArguments, ModelConfig, DatasetMixtureConfig and the
+trainer's config, itself a transformers TrainingArguments), which of them are booleans, and the versions they were read
+from. tests/test_training_keys.py compares it with the installed TRL. Usage: python docs/gen_trainer_keys.py [--check]"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+import typing
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "gemma_doctor" / "readers" / "trainer_keys.json"
+# The `trl` commands whose parsers read a --config file (trl/scripts/*.py make_parser).
+COMMANDS = ("sft", "dpo", "grpo", "kto", "reward", "rloo")
+
+
+def _is_bool(tp: typing.Any) -> bool:
+    """bool, or Optional[bool] (TrainingArguments' tri-state switches)."""
+    if tp is bool:
+        return True
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)) \
+        and args == [bool]
+
+
+def render() -> str:
+    """The table as the installed TRL and transformers define it."""
+    import transformers
+    import trl
+
+    keys: set[str] = set()
+    booleans: set[str] = set()
+    for command in COMMANDS:
+        parser = importlib.import_module(f"trl.scripts.{command}").make_parser()
+        for cls in parser.dataclass_types:
+            hints = typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                if not f.init:
+                    continue
+                keys.add(f.name)
+                if _is_bool(hints.get(f.name)):
+                    booleans.add(f.name)
+    table = {"read_from": {"trl": trl.__version__, "transformers": transformers.__version__},
+             "commands": list(COMMANDS), "keys": sorted(keys), "booleans": sorted(booleans)}
+    return json.dumps(table, indent=1) + "\n"
+
+
+if __name__ == "__main__":
+    text = render()
+    if "--check" in sys.argv:
+        sys.exit(0 if OUT.read_text() == text else f"out of date: {OUT.name} (run python docs/gen_trainer_keys.py)")
+    OUT.write_text(text)

@@ -1,0 +1,103 @@
+"""GD680 / GD681: keys and values of a TRL / TrainingArguments config that its trainer refuses, found before the run
+with the setting meant; the key table (trainer_keys.json) is read from the installed TRL's own dataclasses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor.readers.training_config import parse, trainer_keys
+from tests.builders import gemma3_12b_config, generation_config
+
+TYPOS = "model_name_or_path: m\ndataset_name: d\noutput_dir: out\nper_device_train_batch_sze: 4\nbf16: ture\n"
+
+
+def _findings(hub, cli, tmp_path, text: str, name: str = "sft.yaml") -> tuple[int, list[dict]]:
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    (tmp_path / name).write_text(text)
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config",
+            tmp_path / name, "--format", "json")
+    return r.code, r.json()["models"][0]["findings"]
+
+
+def test_a_misspelt_key_and_a_misspelt_boolean_are_errors_that_name_the_setting_meant(hub, cli, tmp_path):
+    """Both passed silently: the batch was the default one, and `bf16: ture` read as 'trains in fp32' (GD609)."""
+    code, found = _findings(hub, cli, tmp_path, TYPOS)
+    assert code == 1
+    by_code = {f["code"]: f for f in found}
+    assert by_code["GD680"]["key"] == "per_device_train_batch_sze" and by_code["GD680"]["details"]["line"] == 4
+    assert "did you mean per_device_train_batch_size?" in by_code["GD680"]["message"]
+    assert by_code["GD681"]["key"] == "bf16" and by_code["GD681"]["fix"] == "bf16: true"
+    assert "GD609" not in by_code  # the run does not train in fp32: it does not start
+
+
+def test_a_script_s_own_keys_older_trl_keys_and_other_trainers_are_not_flagged(hub, cli, tmp_path):
+    own = "lr: 3e-5\nmodel_path: x\nmax_seq_length: 2048\nevaluation_strategy: steps\nbf16: auto\nfp16: no\n"
+    assert not [f for f in _findings(hub, cli, tmp_path, own)[1] if f["code"] in ("GD680", "GD681")]
+    axolotl = "base_model: google/gemma-3-12b-it\nmicro_batch_size: 2\nper_device_train_batch_sze: 4\n"
+    assert parse(axolotl, "a.yaml", True).problems == ()
+
+
+def test_json_configs_name_the_line_too():
+    tc = parse(json.dumps({"bf16": True, "gradient_acumulation_steps": 4}, indent=1), "args.json", False)
+    [p] = tc.problems
+    assert (p.kind, p.key, p.suggestion, p.line) == ("unknown-key", "gradient_acumulation_steps",
+                                                     "gradient_accumulation_steps", 3)
+
+
+@pytest.mark.slow
+def test_trl_itself_refuses_both_and_the_table_is_the_installed_trl_s(tmp_path):
+    """The evidence: the installed TRL's parser (what `trl sft --config` runs) stops on each mistake, and the key
+    table equals what docs/gen_trainer_keys.py reads from that TRL's dataclasses."""
+    trl = pytest.importorskip("trl")
+    from trl import ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    from trl.scripts.utils import DatasetMixtureConfig
+
+    table = trainer_keys()
+    if trl.__version__ != table["read_from"]["trl"]:
+        pytest.skip(f"the table was read from TRL {table['read_from']['trl']}, not {trl.__version__}")
+    # bf16 false and use_cpu: SFTConfig refuses bf16 on a machine without a GPU before it looks at unknown keys.
+    base = "model_name_or_path: m\ndataset_name: d\noutput_dir: out\nuse_cpu: true\n"
+    for extra, words in (("bf16: false\nper_device_train_batch_sze: 4\n", "Unknown arguments from config file"),
+                         ("bf16: ture\n", None)):
+        (tmp_path / "c.yaml").write_text(base + extra)
+        parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig))
+        with pytest.raises((ValueError, SystemExit)) as e:
+            parser.parse_args_and_config(args=["--config", str(tmp_path / "c.yaml")])
+        if words:
+            assert words in str(e.value)
+        else:
+            assert e.type is SystemExit  # argparse: "Truthy value expected: got ture"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_trainer_keys", Path(__file__).parent.parent / "docs" / "gen_trainer_keys.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.render() == gen.OUT.read_text()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("model: google/gemma-3-12b-it\ntensor-parallel-size: 2\nmax-model-len: 8192\ndtype: bfloat16\n", "vLLM serving"),
+    ("model-path: google/gemma-3-12b-it\ntp-size: 2\nmem-fraction-static: 0.8\n", "SGLang server"),
+    ("trainer:\n  devices: 8\n  precision: bf16-mixed\nmodel:\n  micro_batch_size: 1\nexp_manager: {}\n", "NeMo"),
+])
+def test_serving_and_nemo_configs_are_refused_in_one_line_not_read_as_fp32_training(hub, cli, tmp_path, text, words):
+    """Read as transformers training configs they said "trains in fp32" (GD609)."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    (tmp_path / "c.yaml").write_text(text)
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--training-config", tmp_path / "c.yaml")
+    assert r.code == 2 and r.out == "" and words in r.err and r.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("line", ["vllm serve google/gemma-3-12b-it --tensor-parallel-size 2",
+                                  "python -m vllm.entrypoints.openai.api_server --model google/gemma-3-12b-it",
+                                  "python3 -m sglang.launch_server --model-path google/gemma-3-12b-it --tp 2"])
+def test_a_serving_launch_line_is_no_unreadable_training_run(hub, cli, line):
+    """`--launch "vllm serve ..."` failed GD601 ("not a launcher gemma-doctor reads")."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--launch", line, "--format", "json",
+            "--fail-on", "never")
+    codes = {f["code"] for f in r.json()["models"][0]["findings"]}
+    assert not {c for c in codes if c.startswith("GD6")}, codes
