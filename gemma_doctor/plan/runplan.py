@@ -20,6 +20,8 @@ from gemma_doctor.readers.training_config import truthy
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
 TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}
 # Training-config "adapter" values (axolotl adapter, LLaMA-Factory finetuning_type, TRL use_peft).
+# A lora_target_modules string with one of these is a regex (PEFT's reading), not a comma list (LLaMA-Factory's lora_target).
+_REGEX_CHARS = re.compile(r"[*+?()\[\]|^$\\]")
 _ADAPTERS = {"lora": "lora", "qlora": "qlora", "full": "full", "freeze": "full", "true": "lora", "false": "full"}
 
 
@@ -173,6 +175,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             v = targets.value
             if isinstance(v, str) and v.strip().lower() in ("all", "all-linear", "all_linear"):
                 put("lora_targets", "all-linear", where("lora_target_modules"))
+            elif isinstance(v, str) and _REGEX_CHARS.search(v):
+                # PEFT reads a string target_modules as a regex over whole module names (memory.Linear.matched).
+                put("lora_targets", v.strip(), where("lora_target_modules"))
             elif isinstance(v, str):
                 put("lora_targets", tuple(t.strip() for t in v.split(",") if t.strip()), where("lora_target_modules"))
             elif isinstance(v, list) and all(isinstance(t, str) for t in v):
