@@ -49,6 +49,9 @@ class Decision:
     nearest: recommend.Recommendation | None = None
     nearest_memory: runplan.MemoryFacts | None = None
     blocking: tuple[Finding, ...] = ()
+    # Version ranges the prescription needs and the stack did not say (transformers unknown or not installed here):
+    # each resolves a finding's window, e.g. ("transformers>=5.6.0", "GD105"). Part of the prescribed run.
+    pins: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -78,6 +81,7 @@ class Decision:
             "memory": mem.plan.summary() if mem is not None else None,
             "serving": rec.frameworks.get("serving"),
             "versions": dict(self.versions),
+            "pins": [{"requirement": req, "resolves": code} for req, code in self.pins],
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
         }
         return out
@@ -362,8 +366,9 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"))
-    req = _with_quantization(req, first)
+    req = _with_targets(_with_quantization(req, first), first)
     judged = 0
+    pins: list[tuple[str, str]] = []
     nearest: Judged | None = None
     rejected: list[_Rejected] = []
     full: list[Judged] = []  # the rejected, finished by every rule (for the nearest), in the order tried
@@ -378,10 +383,19 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     break
                 tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
                 judged += 1
+                while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < MAX_JUDGED:
+                    pinned = _pin(env, tried.findings)
+                    if pinned is None:
+                        break
+                    env, pin = pinned
+                    pins.append(pin)
+                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
+                    judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()
                     rec = j.recommendation if accumulate else _without_accumulation(j.recommendation, full)
-                    return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
+                    return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs),
+                                    pins=tuple(pins))
                 rejected.append(tried)
         # None passes: each rejected run is told by all its findings (the nearest is chosen by them).
         full.extend(t() for t in rejected[len(full):])
@@ -399,9 +413,53 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
-                            versions=_versions(inputs))
+                            versions=_versions(inputs), pins=tuple(pins))
     return Decision(None, None, None, (), tuple(way_out(shape, req, nearest, gpu)), judged,
-                    nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+                    nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
+                    pins=tuple(pins))
+
+
+# The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
+MAX_PINS = 4
+_PINNED = "prescription"  # the source of a pinned package
+
+
+def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, tuple[str, str]] | None:
+    """The stack with transformers pinned out of the window of a blocking finding whose exposure is unknown because
+    the stack does not say which transformers will run (none installed here, none named): ``transformers>=5.6.0``
+    for GD105's ``>=5.0.0,<5.6.0``. None when no such finding, or its window has no end to pin past."""
+    from gemma_doctor.stack import Package, Stack, Window, exposure_of, normalise
+
+    stack = env.libraries
+    current = stack.get("transformers")
+    if not (current.absent or current.source == _PINNED):
+        return None  # the user's own version or range: theirs to change (the way out says how)
+    for f in blocking(findings):
+        d = f.details or {}
+        if d.get("exposure") != "unknown":
+            continue
+        floor = _upper_bound(d.get("window")) if d.get("window") else d.get("min_transformers")
+        if not isinstance(floor, str):
+            continue
+        spec = ",".join(x for x in (current.specifier, f">={floor}") if x)
+        pkg = Package("transformers", None, spec, _PINNED)
+        if d.get("window") and exposure_of(pkg, Window("transformers", d["window"])).value != "safe":
+            continue
+        packages = {**stack.packages, normalise("transformers"): pkg}
+        pinned = Stack(packages, planned=stack.planned, origin=stack.origin, cli_args=stack.cli_args)
+        return replace(env, stack=pinned), (f"transformers{spec}", f.code)
+    return None
+
+
+def _upper_bound(spec: str) -> str | None:
+    """X of a window's ``<X`` (the first release out of it), else None (a window with no end, or ``<=X``)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        bounds = [s.version for s in SpecifierSet(spec) if s.operator == "<"]
+    except InvalidSpecifier:
+        return None
+    return bounds[0] if len(bounds) == 1 else None
 
 
 _ACCUMULATION = "gradient_accumulation_steps"
@@ -435,6 +493,19 @@ def _with_quantization(req: runplan.RunRequest, rec: recommend.Recommendation) -
         base = replace(req.base, method="qlora", quant_bits=4 if quant == "4bit" else 8)
         return replace(req, base=base, fixed=req.fixed + ("method",))
     return req
+
+
+def _with_targets(req: runplan.RunRequest, rec: recommend.Recommendation) -> runplan.RunRequest:
+    """The LoRA targets the prescription will write (unless the user named theirs): each candidate's memory plan then
+    counts the adapters of the very modules check will count (a multimodal checkpoint's language model only)."""
+    if "lora" in dict(req.base.sources):
+        return req
+    targets = rec.frameworks.get("peft", {}).get("target_modules")
+    if isinstance(targets, list):
+        targets = tuple(targets)
+    if not isinstance(targets, (str, tuple)) or targets == req.base.lora_targets:
+        return req
+    return replace(req, base=replace(req.base, lora_targets=targets))
 
 
 def _smallest(shape: ModelShape, req: runplan.RunRequest) -> MemoryPlan:
