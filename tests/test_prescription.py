@@ -264,3 +264,28 @@ def test_prepare_renders_the_same_prescription_as_recommend(cli, hub):
                     "attention", "use_cache", "seq_len"):
             assert prepared.prescription[key] == m["prescription"][key], (gpu, key)
     assert gemma_doctor.prepare(model, gpu="T4", on_mismatch="ignore").prescription["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("target", [("--family", "gemma3", "--size", "12b"), (G3,)])
+def test_without_transformers_the_prescription_pins_what_it_needs_and_passes_check_with_it(cli, examples, tmp_path,
+                                                                                              target):
+    """A stack that names no transformers (the README's install; here a requirements file without it): GD105 cannot be
+    ruled out, and every candidate was rejected for it: "no prescription" for every multimodal Gemma 3 while check
+    passed. The prescription now pins transformers out of GD105's window, says so in every view, and the run passes
+    check --fail-on warning with that pin."""
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\naccelerate==1.15.0\n")
+    stack = ("--requirements", str(reqs), "--cache-dir", str(examples), "--gpu", "A100")
+    code, m = _rec(cli, *target, *stack)
+    assert code == 0 and m["status"] == "prescribed", m["way_out"]
+    assert m["prescription"]["pins"] == [{"requirement": "transformers>=5.6.0", "resolves": "GD105"}]
+    r = cli("recommend", *target, *stack, "--format", "yaml")
+    assert r.code == 0 and '# needs transformers>=5.6.0: pip install "transformers>=5.6.0"' in r.out
+    assert "needs transformers>=5.6.0" in cli("recommend", *target, *stack).out
+    if target == (G3,):
+        (tmp_path / "run.yaml").write_text(r.out)
+        c = cli("check", G3, *stack, "--with", "transformers>=5.6.0", "--training-config", tmp_path / "run.yaml",
+                "--format", "json", "--fail-on", "warning")
+        assert c.code == 0, [f["code"] for f in c.json()["models"][0]["findings"]]
+        assert c.json()["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
