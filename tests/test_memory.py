@@ -300,6 +300,54 @@ def test_a_training_config_that_does_not_fit_is_gd801_and_options_override_it(cl
     assert "GD801" not in {f["code"] for f in m["findings"]}
 
 
+@pytest.mark.parametrize("trl,chunked", [(None, True), ("trl==1.14.0", False)])
+def test_the_logits_term_follows_the_trainer_the_stack_runs(cli, tmp_path, trl, chunked):
+    """GD650 says TRL >= 1.15's SFTTrainer never holds the full logits; the plan counted 24 GiB of them all the same
+    and failed GD801 (56.9 GiB of an A100's 40). The plan now counts one tile of TRL's fused LM head where GD650 says
+    so, and the full logits where the TRL that runs holds them: the two never disagree."""
+    from tests.builders import HubCache, gemma3_12b_config
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    tc = tmp_path / "sft.yaml"
+    tc.write_text("per_device_train_batch_size: 8\nmax_length: 1024\nbf16: true\ngradient_checkpointing: true\n"
+                  "use_peft: true\n")
+    args = ["check", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc, "--format", "json"]
+    m = cli(*args, *(("--with", trl) if trl else ())).json()["models"][0]
+    gd650 = next(f for f in m["findings"] if f["code"] == "GD650")
+    logits = m["memory"]["components"].get("logits", 0)
+    assert gd650["details"]["chunked"] is chunked
+    assert ("chunked_loss" in m["memory"]["run"]["sources"]) is chunked
+    if chunked:
+        assert logits == memory.chunked_logits_bytes(8 * 1024) < gd650["details"]["logits_bytes"] // 40
+        assert m["memory"]["verdict"] == "fits" and "GD801" not in {f["code"] for f in m["findings"]}
+    else:
+        assert logits == gd650["details"]["logits_bytes"]
+
+
+def test_every_search_is_bounded_whatever_the_numbers_in_the_config(cli, tmp_path, monkeypatch):
+    """A training config's batch and max_length of 10**60 took 85 s (issue 33): the searches halved the batch two
+    hundred times per method, checkpointing and stage (56,517 memory plans on one model). Counted, not timed: the
+    plans made for 10**60 are no more than for a batch of 4096."""
+    from tests.builders import HubCache, gemma3_12b_config
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    made = []
+    real = memory.plan
+    monkeypatch.setattr(memory, "plan", lambda *a, **k: made.append(1) or real(*a, **k))
+    counts = {}
+    for n in (4096, 10**60):
+        tc = tmp_path / f"sft-{len(counts)}.yaml"
+        tc.write_text(f"per_device_train_batch_size: {n}\nmax_length: {n}\nbf16: true\n")
+        made.clear()
+        for command in ("check", "recommend"):
+            r = cli(command, "--cache-dir", hub.root, "--gpu", "T4", "--training-config", tc, "--format", "json")
+            assert r.code == 1, r
+        counts[n] = len(made)
+    assert counts[10**60] <= counts[4096] < 10_000, counts
+
+
 def test_axolotl_qlora_and_deepspeed_settings_are_read():
     tc = parse_training_config("base_model: google/gemma-3-1b-it\nadapter: qlora\nload_in_4bit: true\nmicro_batch_size: 2\n"
                                "sequence_len: 2048\nlora_r: 32\nlora_target_linear: true\ndeepspeed: deepspeed_configs/zero3.json\n",

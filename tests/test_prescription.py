@@ -191,6 +191,22 @@ def test_a_fixed_batch_that_does_not_fit_keeps_the_effective_batch(cli, examples
     p = m["prescription"]
     assert code == 0 and p["method"] == "lora" and p["seq_len"] == 2048
     assert p["batch_size"] * p["gradient_accumulation_steps"] == 4 and p["batch_size"] < 4
+    # The relaxation is named (it read "batch size 2 (option)", with no word why).
+    assert m["memory"]["run"]["sources"]["batch_size"] == "relaxed from --batch-size 4"
+    assert any(n.startswith("--batch-size 4 (your choice) cannot pass check here") and "does not fit" in n
+               for n in m["recommendation"]["notes"])
+
+
+@pytest.mark.parametrize("gpu", ["none", "H100"])
+def test_a_batch_the_user_chose_is_kept_where_nothing_limits_it(cli, examples, gpu):
+    """--batch-size 4 became 2 x 2 (or 1 x 4) also with --gpu none, where no GPU's memory limits anything: the choice
+    is kept, or there is no prescription and the answer says why; never silently another batch."""
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", gpu, "--method", "lora", "--batch-size", "4")
+    if m["prescription"] is not None:
+        assert m["prescription"]["batch_size"] == 4
+        assert m["memory"]["run"]["sources"]["batch_size"] == "option"
+    else:
+        assert code == 1 and m["way_out"] and m["blocking"]
 
 
 def test_nothing_fits_a_named_gpu_is_an_error(cli, examples):
@@ -289,3 +305,70 @@ def test_without_transformers_the_prescription_pins_what_it_needs_and_passes_che
         assert c.code == 0, [f["code"] for f in c.json()["models"][0]["findings"]]
         assert c.json()["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
 
+
+
+@pytest.mark.parametrize("gpu", ["none", "A100", "T4"])
+@pytest.mark.parametrize("config", [None, "per_device_train_batch_size: 4\ngradient_accumulation_steps: 4\nbf16: true\n"])
+def test_check_states_one_run_in_its_precision_line_memory_line_and_prescription(cli, examples, tmp_path, gpu, config):
+    """check without a GPU printed "batch 1 x8 accumulation" in the precision line and "batch 8 x 1024" in the memory
+    line; with a 4 x 4 training config the precision line said 1 x 16; on an A100 prescription.memory (32.5 GiB) and
+    memory.summary (33.3 GiB) differed in one JSON."""
+    args = ["check", G3, "--cache-dir", examples, "--gpu", gpu, "--format", "json"]
+    if config is not None:
+        (tmp_path / "run.yaml").write_text(config)
+        args += ["--training-config", tmp_path / "run.yaml"]
+    m = cli(*args).json()["models"][0]
+    run = m["memory"]["run"]
+    args_ = m["recommendation"]["frameworks"]["transformers"]["training_arguments"]
+    assert (args_.get("per_device_train_batch_size"), args_.get("gradient_accumulation_steps", 1)) == \
+        (run["batch_size"], run["gradient_accumulation_steps"])
+    summary = m["recommendation"]["summary"]
+    acc = run["gradient_accumulation_steps"]
+    assert f"batch {run['batch_size']}" + (f" x{acc} accumulation" if acc > 1 else "") in summary, summary
+    if config is not None:
+        assert (run["batch_size"], acc) == (4, 4)
+    elif m["prescription"] is not None:
+        assert m["prescription"]["memory"] == m["memory"]["summary"]
+
+
+def _followed(line: str) -> tuple[str, ...] | None:
+    """The options a way-out line tells the user to add, or None (a finding's cure)."""
+    import re
+
+    for pattern, opt in ((r"\(--num-gpus (\d+)\)", "--num-gpus"), (r"--seq-len (\d+):", "--seq-len"),
+                         (r'\(--gpu "([^"]+)"\)', "--gpu"), (r"^--method (\w+):", "--method")):
+        found = re.search(pattern, line)
+        if found:
+            return opt, found.group(1)
+    return None
+
+
+@pytest.mark.parametrize("target", [("--family", "gemma3", "--size", "12b"), ("--family", "gemma3", "--size", "27b")])
+def test_every_way_out_passes_check_when_followed_at_the_figure_it_states(cli, tmp_path, target):
+    """The way out named runs that did not hold: "4 GPUs with ZeRO-3 ... 13.7 GiB tight" while --num-gpus 4 gave
+    13.3 GiB (or nothing), "V100: bf16" (GD603), "tight" ones (GD802 is the blocker). Each line is now the
+    prescription of the change it names: followed, recommend prescribes exactly that run."""
+    base = (*target, "--cache-dir", str(tmp_path), "--gpu", "T4")
+    code, m = _rec(cli, *base)
+    assert code == 1 and m["way_out"]
+    followed = [(line, _followed(line)) for line in m["way_out"] if _followed(line)]
+    assert followed
+    for line, change in followed:
+        assert not line.endswith(": tight") and not ("V100" in line and "bf16" in line), line
+        extra = change if change[0] != "--gpu" else ()
+        args = [*base[:-2], "--gpu", change[1]] if change[0] == "--gpu" else [*base, *extra]
+        c, p = _rec(cli, *args)
+        assert c == 0 and p["prescription"] is not None, (line, p["way_out"])
+        assert line.endswith(p["prescription"]["memory"]), (line, p["prescription"]["memory"])
+
+
+def test_the_yaml_carries_the_fix_first_step_the_text_shows(cli, examples):
+    """The text said "first: GD101 gemma-doctor fix ... --inplace"; the YAML dropped it, and the YAML alone then
+    failed check on the unfixed model."""
+    args = (G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.50.3")
+    text = [line.strip().removeprefix("first: ") for line in cli("recommend", *args).out.splitlines()
+            if line.strip().startswith("first: ")]
+    yaml_first = [line.removeprefix("# first: ") for line in cli("recommend", *args, "--format", "yaml").out.splitlines()
+                  if line.startswith("# first: ")]
+    assert text and [t.split(" ", 1) for t in text] == [y.split(": ", 1) for y in yaml_first]
+    assert all("gemma-doctor fix" in y and y.endswith("--inplace") for y in yaml_first)

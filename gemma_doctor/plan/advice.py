@@ -166,8 +166,8 @@ def recommendation_for(facts: ModelFacts, gpu: GpuFacts, task: str | None, stack
 
 def memory_advice(mem: MemoryFacts) -> recommend.MemoryAdvice | None:
     """What the recommendation takes from a memory plan: the chosen method, batch and checkpointing (None when the
-    GPU's memory is unknown: nothing to choose against)."""
-    if not mem.plan.gpu_bytes:
+    GPU's memory is unknown and the user fixed none of them: nothing to choose against, nothing to state)."""
+    if not mem.plan.gpu_bytes and not mem.fixed:
         return None
     return run_advice(mem.plan, mem.choice.fits, mem.plan.summary() if mem.choice.fits else mem.choice.reason)
 

@@ -412,6 +412,7 @@ class RunSpec:
     offload_params: bool = False
     device: str = "cuda"  # cuda | cpu: what the overhead is
     attention: str = "sdpa"  # sdpa | eager | flash_attention_2
+    chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
     task: str = "sft"
     text_only: bool = True
     # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
@@ -432,7 +433,7 @@ class RunSpec:
                 if self.method != "full" else None,
                 "quant_bits": self.quant_bits, "num_gpus": self.num_gpus, "zero_stage": self.zero_stage,
                 "offload_optimizer": self.offload_optimizer, "attention": self.attention, "task": self.task,
-                "sources": dict(self.sources)}
+                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
 
 
 # Optimizer name (transformers' `optim` values and common spellings) -> (kind, state bytes per trainable element or None
@@ -556,6 +557,20 @@ def logits_bytes_per_token(shape: ModelShape, run: RunSpec) -> float:
     if shape.final_logit_softcapping:
         per += 4 if run.precision == "fp32" else 2
     return per * shape.vocab
+
+
+# TRL >= 1.15's SFTTrainer computes the log-probabilities through a fused LM head (trl/kernels/chunked_logprob.py,
+# TRL 1.16): one [min(tokens, TOKEN_CHUNK_SIZE), chunk] tile of logits in fp32 at a time, chunk the vocabulary width
+# trl/trainer/utils.py passes (_CHUNKED_LOGPROB_CHUNK_SIZE), and a handful of fp32 per-token accumulators (running
+# max, sums, target logit, ...), never the b*s*V logits.
+TRL_TOKEN_CHUNK = 4096
+TRL_VOCAB_CHUNK = 32768
+TRL_PER_TOKEN_ACCUMULATORS = 8
+
+
+def chunked_logits_bytes(tokens: int) -> int:
+    """Bytes of logits alive at the loss when TRL's fused LM head computes them in tiles (run.chunked_loss)."""
+    return min(tokens, TRL_TOKEN_CHUNK) * TRL_VOCAB_CHUNK * 4 + tokens * TRL_PER_TOKEN_ACCUMULATORS * 4
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -721,7 +736,7 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     casts = 0
     if mixed and run.load_dtype == "float32" and run.method in ("full", "lora"):
         casts = (p.linear + p.embed + p.lm_head) * 2
-    logits = int(tokens * logits_bytes_per_token(shape, run))
+    logits = int(chunked_logits_bytes(tokens) if run.chunked_loss else tokens * logits_bytes_per_token(shape, run))
 
     # Gradient of a tied (trainable) embedding: produced by the lm_head, then by the input embedding, then summed.
     embed_trainable = run.method == "full"
@@ -846,6 +861,9 @@ def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> l
     if towers and run.text_only:
         out.append(f"text-only training: the vision/audio towers ({towers:,} parameters, {gib(towers * wbytes)}) are loaded "
                    "for nothing and get no gradient; load the text model alone to save them")
+    if run.chunked_loss:
+        out.append(f"log-probs in chunks ({run.source('chunked_loss')}): one {TRL_TOKEN_CHUNK} x {TRL_VOCAB_CHUNK} fp32 "
+                   "tile of logits at a time, never the b*s*V logits")
     out.append(f"attention {run.attention}" + (" (the s x s scores are materialised)" if run.attention == "eager" else
                                                  " (no s x s scores kept)"))
     if run.device == "cuda":
@@ -880,9 +898,18 @@ class Choice:
                 "tried": [p.summary() for p in self.tried]}
 
 
+# The largest per-device batch tried below the effective batch itself: halvings above it are skipped, so a config's
+# batch of 10**60 gives a dozen candidates, not two hundred (every search is bounded whatever the numbers).
+MAX_TRIED_BATCH = 1024
+
+
 def batch_sizes(target: int) -> list[int]:
-    """Per-device batch sizes from ``target`` down, halving (the memory search's and the decision's order)."""
-    out, b = [], max(1, target)
+    """Per-device batch sizes from ``target`` down, halving (the memory search's and the decision's order); at most
+    12: ``target``, then its halvings from MAX_TRIED_BATCH down."""
+    target = max(1, target)
+    out, b = [target], target // 2
+    while b > MAX_TRIED_BATCH:
+        b //= 2
     while b >= 1:
         out.append(b)
         b //= 2

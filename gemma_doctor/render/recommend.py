@@ -35,10 +35,15 @@ def _name(item: Any) -> str:
 
 
 def _pins(item: Any) -> list[str]:
-    """The version ranges the prescription needs (it was judged with them), one line each without markup."""
+    """What the prescribed run needs before it starts, one line each without markup: the version ranges it was judged
+    with, then what `gemma-doctor fix` must cure in the model files first (the text view's "first:" lines)."""
     d = item.decision
-    return [f'needs {req}: pip install "{req}" (resolves {code}; the prescription was judged with it)'
-            for req, code in (d.pins if d is not None else ())]
+    if d is None:
+        return []
+    out = [f'needs {req}: pip install "{req}" (resolves {code}; the prescription was judged with it)'
+           for req, code in d.pins]
+    out += [f"first: {f.code}: {f.fix or f.message}" for f in d.findings if f.severity.value != "info"]
+    return out
 
 
 def render_python(items: Sequence[Any], gpu: Any) -> str:
@@ -113,7 +118,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
         lines.extend(f"    - {escape(r)}" for r in rec.reasons)
         for n in rec.notes:
             lines.append(f"  [yellow]note:[/] {escape(n)}")
-        lines.extend(f"  [bold yellow]{escape(p)}[/]" for p in _pins(item))
+        lines.extend(f"  [bold yellow]{escape(p)}[/]" for p in _pins(item) if not p.startswith("first: "))
         mem = getattr(item, "memory", None)
         if mem is not None:
             from gemma_doctor.plan.memory import components_line
