@@ -372,3 +372,39 @@ def test_the_yaml_carries_the_fix_first_step_the_text_shows(cli, examples):
                   if line.startswith("# first: ")]
     assert text and [t.split(" ", 1) for t in text] == [y.split(": ", 1) for y in yaml_first]
     assert all("gemma-doctor fix" in y and y.endswith("--inplace") for y in yaml_first)
+
+
+@pytest.mark.parametrize("extra", [(), ("--method", "lora", "--batch-size", "4", "--seq-len", "2048"),
+                                   ("--requirements", "REQS")])
+def test_the_prescription_is_a_typed_run_whose_every_field_says_where_it_came_from(cli, examples, tmp_path, extra):
+    """prescription.run (gemma_doctor/run.py) states the run the flat fields, the memory line and the snippets state,
+    each field with its source; a relaxed batch, a pinned transformers and the search's choices are named so."""
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\n")
+    extra = tuple(str(reqs) if a == "REQS" else a for a in extra)
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", *extra)
+    p, run = m["prescription"], m["prescription"]["run"]
+    assert code == 0 and run["model"] == "gemma3"
+    assert (run["batch"]["value"], run["gradient_accumulation_steps"]["value"], run["seq_len"]["value"]) == \
+        (p["batch_size"], p["gradient_accumulation_steps"], p["seq_len"])
+    assert run["method"]["value"] == p["method"] and run["precision"]["value"] == p["precision"]
+    assert run["memory"] == p["memory"] == m["memory"]["summary"]
+    assert run["hardware"]["gpu"] == "A100 (sm_80)" and run["trainer"]["value"] == "axolotl"
+    fields = [v for v in run.values() if isinstance(v, dict) and "source" in v]
+    assert len(fields) >= 10 and all(isinstance(f["source"], str) and f["source"] for f in fields)
+    if p["method"] != "full":
+        assert run["lora"]["value"]["trainable_params"] == m["memory"]["trainable_params"] > 0
+    if "--batch-size" in extra:
+        assert run["batch"]["source"] == "relaxed from --batch-size 4" and run["seq_len"]["source"] == "option"
+    if "--requirements" in extra:
+        assert {"value": "transformers>=5.6.0", "source": "prescription"} in run["stack"]
+
+
+def test_the_run_module_sits_below_the_rules_and_views():
+    """Layers one way: run.py imports none of the rules, the plan's search, the views or the CLI."""
+    import ast
+
+    tree = ast.parse((ROOT / "gemma_doctor" / "run.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith("gemma_doctor")}, imported

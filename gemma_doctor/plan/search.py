@@ -26,6 +26,8 @@ from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.run import Run, Sourced
+from gemma_doctor.run import resolve as resolve_run
 
 # The path a prescription's training config is judged under (it exists only in memory).
 PRESCRIPTION = "<prescription>"
@@ -52,6 +54,7 @@ class Decision:
     # Version ranges the prescription needs and the stack did not say (transformers unknown or not installed here):
     # each resolves a finding's window, e.g. ("transformers>=5.6.0", "GD105"). Part of the prescribed run.
     pins: tuple[tuple[str, str], ...] = ()
+    run: Run | None = None  # the prescribed run, typed, each field with its source (gemma_doctor/run.py)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +86,7 @@ class Decision:
             "versions": dict(self.versions),
             "pins": [{"requirement": req, "resolves": code} for req, code in self.pins],
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
+            "run": self.run.to_json() if self.run is not None else None,
         }
         return out
 
@@ -403,7 +407,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     if relax:
                         rec, mem = _relaxed(j, rec, req, strict, shape)
                     return Decision(rec, mem, j.yaml, j.findings, (), judged, versions=_versions(inputs),
-                                    pins=tuple(pins))
+                                    pins=tuple(pins), run=_run_of(mem, facts, env))
                 rejected.append(tried)
                 if not relax:
                     strict.append(tried)
@@ -423,11 +427,19 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
-                            versions=_versions(inputs), pins=tuple(pins))
+                            versions=_versions(inputs), pins=tuple(pins), run=_run_of(nearest.memory, facts, env))
     ways = tuple(way_out(shape, req, nearest, _Ask(facts, env, options, quantization))) if explain else ()
     return Decision(None, None, None, (), ways, judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
                     pins=tuple(pins))
+
+
+def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Run:
+    """The prescribed run as a typed Run: the plan check made of the prescription's YAML (read by the axolotl reader),
+    on the stack it was judged with (pins included)."""
+    # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
+    return resolve_run(mem.plan, model=facts.family.model_type, stack=env.libraries,
+                       trainer=Sourced("axolotl", "prescription (the YAML recommend --format yaml prints)"))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
