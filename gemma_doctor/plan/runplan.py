@@ -158,6 +158,10 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
             put("method", _ADAPTERS.get(str(adapter.value).strip().lower()), where("adapter"))
+        elif getattr(tc, "kind", None) == "axolotl":
+            # axolotl trains every weight unless `adapter` names lora/qlora: a config without one (as recommend writes
+            # a full fine-tuning run) fixes the method as much as `adapter: lora` does.
+            put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and _int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, _int(s[name].value), where(name))
