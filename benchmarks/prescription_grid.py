@@ -7,7 +7,9 @@ and a non-empty `way_out`.
     python benchmarks/prescription_grid.py [--cache DIR]     (builds the bundled example cache when not given)
 
 prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
-violation. tests/test_prescription.py runs the same points (GRID below) through the same function.
+violation. tests/test_prescription.py runs the same points (GRID below) through the same function. The grid also
+holds a stack that names no transformers (the prescription's pins are handed to check) and 1-8 GPUs on every GPU,
+and a point also fails when check's memory line differs from the prescription's.
 """
 
 from __future__ import annotations
@@ -57,9 +59,22 @@ class Outcome:
 Runner = Callable[..., tuple[int, str, str]]
 
 
+# A point's transformers "none": the stack names no transformers (the README's install, where none is installed),
+# given as a requirements file without it; the prescription then pins what it needs, and check gets the pins.
+NO_TRANSFORMERS = "none"
+
+
+def _stack(point: Point, workdir: Path) -> tuple[str, ...]:
+    if point.transformers != NO_TRANSFORMERS:
+        return ("--gpu", point.gpu, "--with", f"transformers=={point.transformers}")
+    reqs = workdir / "requirements-without-transformers.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\naccelerate==1.15.0\n")
+    return ("--gpu", point.gpu, "--requirements", str(reqs))
+
+
 def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
-    """recommend, then check of what it printed; the outcome at ``point``."""
-    stack = ("--gpu", point.gpu, "--with", f"transformers=={point.transformers}")
+    """recommend, then check of what it printed (with the versions the prescription pins); the outcome at ``point``."""
+    stack = _stack(point, workdir)
     code, out, err = run("recommend", *point.target, *stack, "--task", point.task, "--format", "json", *point.extra)
     if code not in (0, 1):
         return Outcome(point, "violation", f"recommend exit {code}: {err.strip()[-300:]}")
@@ -73,16 +88,21 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     yaml_text = model["snippets"]["yaml"]
     path = workdir / "prescription.yaml"
     path.write_text(yaml_text)
-    code, out, err = run("check", *point.check_target, *stack, "--training-config", str(path), "--format", "json",
-                         "--fail-on", "never")
+    pins = tuple(a for pin in model["prescription"].get("pins", ()) for a in ("--with", pin["requirement"]))
+    # The same inputs as recommend's, the task included (a DPO run pairs its sequences: the plan counts both).
+    code, out, err = run("check", *point.check_target, *stack, *pins, "--task", point.task, "--training-config",
+                         str(path), "--format", "json", "--fail-on", "never")
     if code != 0:
         return Outcome(point, "violation", f"check exit {code}: {err.strip()[-300:]}")
-    findings = json.loads(out)["models"][0]["findings"]
+    checked = json.loads(out)["models"][0]
+    findings = checked["findings"]
     flagged = [f"{f['code']} {f['severity']}: {f['message'][:160]}" for f in findings
                if f["severity"] in ("error", "warning") and not (f.get("fix") or "").startswith("gemma-doctor fix")]
     if flagged:
         return Outcome(point, "violation", " | ".join(flagged))
     p = model["prescription"]
+    if checked["memory"]["summary"] != p["memory"]:  # check plans the very run recommend prescribed
+        return Outcome(point, "violation", f"check plans {checked['memory']['summary']}, recommend {p['memory']}")
     # The YAML says the same run as the JSON prescription.
     for key, value in (("micro_batch_size", p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]),
                        ("gradient_checkpointing", p["gradient_checkpointing"])):
@@ -96,6 +116,15 @@ def example_points(cache: Path, models: tuple[str, ...] = EXAMPLES, gpus: tuple[
     """The bundled example checkpoints (exact parameter counts from their safetensors headers)."""
     where = ("--cache-dir", str(cache))
     return [Point((m, *where), (m, *where), g, v, t) for m in models for g in gpus for v in versions for t in tasks]
+
+
+def extended_points(cache: Path) -> list[Point]:
+    """Beyond the example grid (issue 32): no transformers named, and 1-8 GPUs, on every GPU of the grid."""
+    where = ("--cache-dir", str(cache))
+    points = [Point((m, *where), (m, *where), g, NO_TRANSFORMERS, t) for m in EXAMPLES for g in GPUS for t in TASKS]
+    points += [Point((m, *where), (m, *where), g, "5.23.0", "sft", ("--num-gpus", str(n)))
+               for m in EXAMPLES for g in GPUS for n in (1, 2, 4, 8)]
+    return points
 
 
 def in_process(argv_prefix: tuple[str, ...] = ()) -> Runner:
@@ -129,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                            capture_output=True)
         run = in_process()
-        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache)]
+        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache) + extended_points(cache)]
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
     print(f"{len(outcomes)} points: {kinds['prescribed']} prescriptions pass check, {kinds['none']} honest 'none' "
           f"with a way out, {kinds['violation']} violations")

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from gemma_doctor import lazymethods as _lazymethods
-
 __version__ = "0.1.0"
-
-# Before any module of the package makes its dataclasses: their rarely used methods are made on first use.
-_lazymethods.install()
 
 __all__ = ["__version__", "diagnose", "prepare", "DoctorCallback", "Report", "FailOn", "Severity", "ExitCode",
            "PrecisionMismatch", "PrecisionWarning"]

@@ -8,14 +8,6 @@ commands that need them.
 
 from __future__ import annotations
 
-import gc
-
-# Loading the CLI (click, the report's types, every command's options) allocates only what lives as long as the process,
-# so the cyclic collector's passes meanwhile (17 of them, 1.5 ms) free nothing: it is off until the end of this module,
-# then as it was (main() keeps it off in a process of its own).
-_COLLECTING = gc.isenabled()
-gc.disable()
-
 import contextlib
 import os
 import sys
@@ -549,12 +541,6 @@ def _invoke(argv: list[str] | None) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
-    if argv is None:
-        # A process of its own, which ends with the command: the cyclic garbage collector is not run. What start-up
-        # allocates (modules, classes, functions) lives as long as the process, so its passes freed nothing and cost a
-        # one-repo check 3 ms (docs/benchmarks.md); reference counting frees all else as before, and a 1,000-repo
-        # check leaves under a thousand objects in cycles.
-        gc.disable()
     try:
         rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
@@ -592,12 +578,4 @@ def main(argv: list[str] | None = None) -> None:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # The interpreter's exit runs full collector passes over every object still alive (every module, class and
-        # function: 9 ms of a one-repo check's 105); frozen, they are skipped. Exit handlers, finalizers and the
-        # flushing of open files run as before; only cyclic garbage made before this line is left to the OS.
-        gc.freeze()
     sys.exit(int(code))
-
-
-if _COLLECTING:
-    gc.enable()

@@ -106,6 +106,15 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     decision = search.prescribe(facts, env, options, gpu, shape, quantization)
+    mem = facts.memory
+    if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
+        # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
+        # is the prescribed one, so the precision line, the memory line and the prescription state one run.
+        return facts.with_(decision=decision, recommendation=decision.recommendation, memory=decision.memory)
+    if mem is not None and (mem.fixed or env.training_config is not None):
+        # The user's own run: the precision line states the run the memory line plans (the prescription is its own
+        # block), never the prescription's batch beside the user's memory figure.
+        return facts.with_(decision=decision)
     rec = decision.recommendation if decision.ok else facts.recommendation
     return facts.with_(decision=decision, recommendation=rec)
 
@@ -117,9 +126,12 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     if shape is None or rec is None:
         return facts
+    targets = rec.frameworks.get("peft", {}).get("target_modules")
     mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=options.gpu,
                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                              task=str(rec.inputs.get("task") or "sft"))
+                              task=str(rec.inputs.get("task") or "sft"),
+                              lora_targets=tuple(targets) if isinstance(targets, list) else targets,
+                              trl_chunks=runplan.trl_chunks(env.libraries))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)

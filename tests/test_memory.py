@@ -97,15 +97,41 @@ def test_gemma3_12b_counts_from_its_real_headers_match_the_published_config(tmp_
 # --- LoRA ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("targets,r", [("all-linear", 8), (("q_proj", "v_proj"), 4), (("gate_proj", "up_proj", "down_proj"), 16),
-                                       (("q_proj", "k_proj", "v_proj", "o_proj"), 2)])
+                                       (("q_proj", "k_proj", "v_proj", "o_proj"), 2), (("self_attn.q_proj",), 4),
+                                       (r".*\.(q_proj|v_proj)", 8), (r".*layers\.0\..*(q_proj|down_proj)", 4)])
 def test_lora_trainable_counts_equal_peft(saved_tiny, targets, r):
+    """A list, a regex (PEFT matches it against whole module names) or all-linear: the plan counts what PEFT wraps,
+    from the checkpoint's tensor names and from config.json alone (a --family plan)."""
     import peft
 
     kind, path, _ = saved_tiny
     model = _tiny(kind)
     config = peft.LoraConfig(r=r, target_modules=targets if isinstance(targets, str) else list(targets))
     trainable, _ = peft.get_peft_model(model, config).get_nb_trainable_parameters()
+    assert trainable > 0
     assert memory.lora_trainable(_shape(path), r, targets) == trainable
+    derived = memory.shape_from_config(json.loads((path / "config.json").read_text()))
+    assert memory.lora_trainable(derived, r, targets) == trainable
+
+
+def test_the_prescribed_language_model_regex_counts_what_peft_wraps(saved_tiny):
+    """recommend's target_modules for a multimodal Gemma 3 (a regex) counted 0 trainable parameters in the plan."""
+    import peft
+
+    from gemma_doctor.plan.recommend import LM_ONLY_TARGETS
+
+    kind, path, _ = saved_tiny
+    if kind != "gemma3":
+        pytest.skip("the language-model regex is prescribed for multimodal checkpoints")
+    lora = peft.LoraConfig(r=8, target_modules=LM_ONLY_TARGETS)
+    trainable, _ = peft.get_peft_model(_tiny(kind), lora).get_nb_trainable_parameters()
+    assert memory.lora_trainable(_shape(path), 8, LM_ONLY_TARGETS) == trainable > 0
+    tc = parse_training_config(f"adapter: lora\nlora_r: 8\nlora_target_modules: '{LM_ONLY_TARGETS}'\n", "t.yaml",
+                               yaml_first=True)
+    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+                               training_config=tc, task="sft")
+    assert req.base.lora_targets == LM_ONLY_TARGETS
+    assert memory.plan(_shape(path), req.base).trainable_params == trainable
 
 
 # --- optimizer states --------------------------------------------------------------------------------
@@ -210,8 +236,9 @@ def test_a_size_the_gpu_does_not_ship_with_is_a_usage_error():
 # --- choosing and the verdicts -----------------------------------------------------------------------
 
 def test_gemma3_12b_on_a_t4_is_not_full_fp32_and_names_a_gpu_where_it_fits(cli, tmp_path):
-    """Only a tight QLoRA run fits a T4's 15,360 MiB: no prescription (check warns GD802 on it); the way out names a
-    shorter sequence, two T4s, and the smallest common GPU where a run fits with margin."""
+    """No run fits a T4's 15,360 MiB at 1024 tokens: the smallest, QLoRA on the language model (the regex
+    recommend prescribes, whose adapters the plan counts), needs more (GD801; it was "tight", GD802, while the regex
+    counted no adapter); the way out names a shorter sequence and the smallest common GPU where a run fits."""
     r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "T4", "--cache-dir", tmp_path, "--format", "json")
     assert r.code == 1, r
     (m,) = r.json()["models"]
@@ -221,7 +248,8 @@ def test_gemma3_12b_on_a_t4_is_not_full_fp32_and_names_a_gpu_where_it_fits(cli, 
                        memory.RunSpec(method="full", precision="fp32", load_dtype="float32", batch_size=1, seq_len=1024,
                                       gradient_checkpointing=True), 15_360 * 2**20)
     assert full.verdict == "does-not-fit" and full.per_gpu_bytes > 150 * gpus.GIB
-    assert mem["verdict"] == "tight" and any(b.startswith("GD802") for b in m["blocking"])
+    assert mem["verdict"] == "does-not-fit" and any(b.startswith("GD801") for b in m["blocking"])
+    assert mem["trainable_params"] > 0
     names = {g.name for g in gpus.common_training_gpus()}
     assert any(w.startswith("a GPU with") and any(f'--gpu "{n}"' in w for n in names) for w in m["way_out"])
     assert any(w.startswith("a shorter sequence, --seq-len 512") for w in m["way_out"])
@@ -270,6 +298,54 @@ def test_a_training_config_that_does_not_fit_is_gd801_and_options_override_it(cl
     m = ok.json()["models"][0]
     assert m["memory"]["run"]["batch_size"] == 1 and m["memory"]["run"]["sources"]["batch_size"] == "option"
     assert "GD801" not in {f["code"] for f in m["findings"]}
+
+
+@pytest.mark.parametrize("trl,chunked", [(None, True), ("trl==1.14.0", False)])
+def test_the_logits_term_follows_the_trainer_the_stack_runs(cli, tmp_path, trl, chunked):
+    """GD650 says TRL >= 1.15's SFTTrainer never holds the full logits; the plan counted 24 GiB of them all the same
+    and failed GD801 (56.9 GiB of an A100's 40). The plan now counts one tile of TRL's fused LM head where GD650 says
+    so, and the full logits where the TRL that runs holds them: the two never disagree."""
+    from tests.builders import HubCache, gemma3_12b_config
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    tc = tmp_path / "sft.yaml"
+    tc.write_text("per_device_train_batch_size: 8\nmax_length: 1024\nbf16: true\ngradient_checkpointing: true\n"
+                  "use_peft: true\n")
+    args = ["check", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc, "--format", "json"]
+    m = cli(*args, *(("--with", trl) if trl else ())).json()["models"][0]
+    gd650 = next(f for f in m["findings"] if f["code"] == "GD650")
+    logits = m["memory"]["components"].get("logits", 0)
+    assert gd650["details"]["chunked"] is chunked
+    assert ("chunked_loss" in m["memory"]["run"]["sources"]) is chunked
+    if chunked:
+        assert logits == memory.chunked_logits_bytes(8 * 1024) < gd650["details"]["logits_bytes"] // 40
+        assert m["memory"]["verdict"] == "fits" and "GD801" not in {f["code"] for f in m["findings"]}
+    else:
+        assert logits == gd650["details"]["logits_bytes"]
+
+
+def test_every_search_is_bounded_whatever_the_numbers_in_the_config(cli, tmp_path, monkeypatch):
+    """A training config's batch and max_length of 10**60 took 85 s (issue 33): the searches halved the batch two
+    hundred times per method, checkpointing and stage (56,517 memory plans on one model). Counted, not timed: the
+    plans made for 10**60 are no more than for a batch of 4096."""
+    from tests.builders import HubCache, gemma3_12b_config
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    made = []
+    real = memory.plan
+    monkeypatch.setattr(memory, "plan", lambda *a, **k: made.append(1) or real(*a, **k))
+    counts = {}
+    for n in (4096, 10**60):
+        tc = tmp_path / f"sft-{len(counts)}.yaml"
+        tc.write_text(f"per_device_train_batch_size: {n}\nmax_length: {n}\nbf16: true\n")
+        made.clear()
+        for command in ("check", "recommend"):
+            r = cli(command, "--cache-dir", hub.root, "--gpu", "T4", "--training-config", tc, "--format", "json")
+            assert r.code == 1, r
+        counts[n] = len(made)
+    assert counts[10**60] <= counts[4096] < 10_000, counts
 
 
 def test_axolotl_qlora_and_deepspeed_settings_are_read():

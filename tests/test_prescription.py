@@ -191,6 +191,22 @@ def test_a_fixed_batch_that_does_not_fit_keeps_the_effective_batch(cli, examples
     p = m["prescription"]
     assert code == 0 and p["method"] == "lora" and p["seq_len"] == 2048
     assert p["batch_size"] * p["gradient_accumulation_steps"] == 4 and p["batch_size"] < 4
+    # The relaxation is named (it read "batch size 2 (option)", with no word why).
+    assert m["memory"]["run"]["sources"]["batch_size"] == "relaxed from --batch-size 4"
+    assert any(n.startswith("--batch-size 4 (your choice) cannot pass check here") and "does not fit" in n
+               for n in m["recommendation"]["notes"])
+
+
+@pytest.mark.parametrize("gpu", ["none", "H100"])
+def test_a_batch_the_user_chose_is_kept_where_nothing_limits_it(cli, examples, gpu):
+    """--batch-size 4 became 2 x 2 (or 1 x 4) also with --gpu none, where no GPU's memory limits anything: the choice
+    is kept, or there is no prescription and the answer says why; never silently another batch."""
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", gpu, "--method", "lora", "--batch-size", "4")
+    if m["prescription"] is not None:
+        assert m["prescription"]["batch_size"] == 4
+        assert m["memory"]["run"]["sources"]["batch_size"] == "option"
+    else:
+        assert code == 1 and m["way_out"] and m["blocking"]
 
 
 def test_nothing_fits_a_named_gpu_is_an_error(cli, examples):
@@ -264,3 +280,131 @@ def test_prepare_renders_the_same_prescription_as_recommend(cli, hub):
                     "attention", "use_cache", "seq_len"):
             assert prepared.prescription[key] == m["prescription"][key], (gpu, key)
     assert gemma_doctor.prepare(model, gpu="T4", on_mismatch="ignore").prescription["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("target", [("--family", "gemma3", "--size", "12b"), (G3,)])
+def test_without_transformers_the_prescription_pins_what_it_needs_and_passes_check_with_it(cli, examples, tmp_path,
+                                                                                              target):
+    """A stack that names no transformers (the README's install; here a requirements file without it): GD105 cannot be
+    ruled out, and every candidate was rejected for it: "no prescription" for every multimodal Gemma 3 while check
+    passed. The prescription now pins transformers out of GD105's window, says so in every view, and the run passes
+    check --fail-on warning with that pin."""
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\naccelerate==1.15.0\n")
+    stack = ("--requirements", str(reqs), "--cache-dir", str(examples), "--gpu", "A100")
+    code, m = _rec(cli, *target, *stack)
+    assert code == 0 and m["status"] == "prescribed", m["way_out"]
+    assert m["prescription"]["pins"] == [{"requirement": "transformers>=5.6.0", "resolves": "GD105"}]
+    r = cli("recommend", *target, *stack, "--format", "yaml")
+    assert r.code == 0 and '# needs transformers>=5.6.0: pip install "transformers>=5.6.0"' in r.out
+    assert "needs transformers>=5.6.0" in cli("recommend", *target, *stack).out
+    if target == (G3,):
+        (tmp_path / "run.yaml").write_text(r.out)
+        c = cli("check", G3, *stack, "--with", "transformers>=5.6.0", "--training-config", tmp_path / "run.yaml",
+                "--format", "json", "--fail-on", "warning")
+        assert c.code == 0, [f["code"] for f in c.json()["models"][0]["findings"]]
+        assert c.json()["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
+
+
+@pytest.mark.parametrize("gpu", ["none", "A100", "T4"])
+@pytest.mark.parametrize("config", [None, "per_device_train_batch_size: 4\ngradient_accumulation_steps: 4\nbf16: true\n"])
+def test_check_states_one_run_in_its_precision_line_memory_line_and_prescription(cli, examples, tmp_path, gpu, config):
+    """check without a GPU printed "batch 1 x8 accumulation" in the precision line and "batch 8 x 1024" in the memory
+    line; with a 4 x 4 training config the precision line said 1 x 16; on an A100 prescription.memory (32.5 GiB) and
+    memory.summary (33.3 GiB) differed in one JSON."""
+    args = ["check", G3, "--cache-dir", examples, "--gpu", gpu, "--format", "json"]
+    if config is not None:
+        (tmp_path / "run.yaml").write_text(config)
+        args += ["--training-config", tmp_path / "run.yaml"]
+    m = cli(*args).json()["models"][0]
+    run = m["memory"]["run"]
+    args_ = m["recommendation"]["frameworks"]["transformers"]["training_arguments"]
+    assert (args_.get("per_device_train_batch_size"), args_.get("gradient_accumulation_steps", 1)) == \
+        (run["batch_size"], run["gradient_accumulation_steps"])
+    summary = m["recommendation"]["summary"]
+    acc = run["gradient_accumulation_steps"]
+    assert f"batch {run['batch_size']}" + (f" x{acc} accumulation" if acc > 1 else "") in summary, summary
+    if config is not None:
+        assert (run["batch_size"], acc) == (4, 4)
+    elif m["prescription"] is not None:
+        assert m["prescription"]["memory"] == m["memory"]["summary"]
+
+
+def _followed(line: str) -> tuple[str, ...] | None:
+    """The options a way-out line tells the user to add, or None (a finding's cure)."""
+    import re
+
+    for pattern, opt in ((r"\(--num-gpus (\d+)\)", "--num-gpus"), (r"--seq-len (\d+):", "--seq-len"),
+                         (r'\(--gpu "([^"]+)"\)', "--gpu"), (r"^--method (\w+):", "--method")):
+        found = re.search(pattern, line)
+        if found:
+            return opt, found.group(1)
+    return None
+
+
+@pytest.mark.parametrize("target", [("--family", "gemma3", "--size", "12b"), ("--family", "gemma3", "--size", "27b")])
+def test_every_way_out_passes_check_when_followed_at_the_figure_it_states(cli, tmp_path, target):
+    """The way out named runs that did not hold: "4 GPUs with ZeRO-3 ... 13.7 GiB tight" while --num-gpus 4 gave
+    13.3 GiB (or nothing), "V100: bf16" (GD603), "tight" ones (GD802 is the blocker). Each line is now the
+    prescription of the change it names: followed, recommend prescribes exactly that run."""
+    base = (*target, "--cache-dir", str(tmp_path), "--gpu", "T4")
+    code, m = _rec(cli, *base)
+    assert code == 1 and m["way_out"]
+    followed = [(line, _followed(line)) for line in m["way_out"] if _followed(line)]
+    assert followed
+    for line, change in followed:
+        assert not line.endswith(": tight") and not ("V100" in line and "bf16" in line), line
+        extra = change if change[0] != "--gpu" else ()
+        args = [*base[:-2], "--gpu", change[1]] if change[0] == "--gpu" else [*base, *extra]
+        c, p = _rec(cli, *args)
+        assert c == 0 and p["prescription"] is not None, (line, p["way_out"])
+        assert line.endswith(p["prescription"]["memory"]), (line, p["prescription"]["memory"])
+
+
+def test_the_yaml_carries_the_fix_first_step_the_text_shows(cli, examples):
+    """The text said "first: GD101 gemma-doctor fix ... --inplace"; the YAML dropped it, and the YAML alone then
+    failed check on the unfixed model."""
+    args = (G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.50.3")
+    text = [line.strip().removeprefix("first: ") for line in cli("recommend", *args).out.splitlines()
+            if line.strip().startswith("first: ")]
+    yaml_first = [line.removeprefix("# first: ") for line in cli("recommend", *args, "--format", "yaml").out.splitlines()
+                  if line.startswith("# first: ")]
+    assert text and [t.split(" ", 1) for t in text] == [y.split(": ", 1) for y in yaml_first]
+    assert all("gemma-doctor fix" in y and y.endswith("--inplace") for y in yaml_first)
+
+
+@pytest.mark.parametrize("extra", [(), ("--method", "lora", "--batch-size", "4", "--seq-len", "2048"),
+                                   ("--requirements", "REQS")])
+def test_the_prescription_is_a_typed_run_whose_every_field_says_where_it_came_from(cli, examples, tmp_path, extra):
+    """prescription.run (gemma_doctor/run.py) states the run the flat fields, the memory line and the snippets state,
+    each field with its source; a relaxed batch, a pinned transformers and the search's choices are named so."""
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\n")
+    extra = tuple(str(reqs) if a == "REQS" else a for a in extra)
+    code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", *extra)
+    p, run = m["prescription"], m["prescription"]["run"]
+    assert code == 0 and run["model"] == "gemma3"
+    assert (run["batch"]["value"], run["gradient_accumulation_steps"]["value"], run["seq_len"]["value"]) == \
+        (p["batch_size"], p["gradient_accumulation_steps"], p["seq_len"])
+    assert run["method"]["value"] == p["method"] and run["precision"]["value"] == p["precision"]
+    assert run["memory"] == p["memory"] == m["memory"]["summary"]
+    assert run["hardware"]["gpu"] == "A100 (sm_80)" and run["trainer"]["value"] == "axolotl"
+    fields = [v for v in run.values() if isinstance(v, dict) and "source" in v]
+    assert len(fields) >= 10 and all(isinstance(f["source"], str) and f["source"] for f in fields)
+    if p["method"] != "full":
+        assert run["lora"]["value"]["trainable_params"] == m["memory"]["trainable_params"] > 0
+    if "--batch-size" in extra:
+        assert run["batch"]["source"] == "relaxed from --batch-size 4" and run["seq_len"]["source"] == "option"
+    if "--requirements" in extra:
+        assert {"value": "transformers>=5.6.0", "source": "prescription"} in run["stack"]
+
+
+def test_the_run_module_sits_below_the_rules_and_views():
+    """Layers one way: run.py imports none of the rules, the plan's search, the views or the CLI."""
+    import ast
+
+    tree = ast.parse((ROOT / "gemma_doctor" / "run.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith("gemma_doctor")}, imported

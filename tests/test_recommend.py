@@ -284,12 +284,13 @@ def test_recommend_json_shape(cli, hub):
     r = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--task", "dpo", "--format", "json")
     assert r.code == 0, r
     doc = r.json()
-    assert set(doc) == {"schema_version", "command", "task", "gpu", "models"}
-    assert (doc["schema_version"], doc["command"], doc["task"]) == (1, "recommend", "dpo")
+    assert set(doc) == {"schema_version", "command", "status", "task", "gpu", "models"}
+    assert (doc["schema_version"], doc["command"], doc["status"], doc["task"]) == (1, "recommend", "ok", "dpo")
     assert doc["gpu"]["label"] == "A100 (sm_80)" and doc["gpu"]["source"] == "--gpu"
     (m,) = doc["models"]
     assert set(m) == {"target", "repo_id", "revision", "commit", "path", "family", "planned", "recommendation", "snippets",
-                      "memory", "prescription", "way_out", "blocking"}
+                      "memory", "prescription", "way_out", "blocking", "status"}
+    assert m["status"] == "prescribed"
     assert m["prescription"]["method"] == rec_method(m) and m["way_out"] == [] and m["blocking"] == []
     assert (m["repo_id"], m["family"], m["planned"]) == ("google/gemma-3-12b-it", "gemma3", False)
     rec = m["recommendation"]
@@ -522,3 +523,13 @@ def test_serving_says_to_name_the_dtype_when_the_checkpoint_is_saved_in_float16(
 def test_serving_without_a_gpu_states_the_rule():
     serve = decide(inputs("gemma3", None, backend="none")).frameworks["serving"]
     assert serve["dtype"] is None and "never float16" in serve["reason"]
+
+
+def test_recommend_json_says_its_status_as_the_exit_code_does(cli, tmp_path):
+    """`recommend --format json` had no `status`: a script had to read the exit code or look for a null prescription."""
+    r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "T4", "--cache-dir", tmp_path, "--format", "json")
+    assert r.code == 1
+    doc = r.json()
+    assert doc["status"] == "no-prescription" and [m["status"] for m in doc["models"]] == ["no-prescription"]
+    r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--cache-dir", tmp_path, "--format", "json")
+    assert r.code == 0 and r.json()["status"] == "ok" and r.json()["models"][0]["status"] == "prescribed"

@@ -140,6 +140,27 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
     return python
 
 
+def ensure_light_venv() -> Path:
+    """A venv as the README's own install leaves it (``pip install -e .``): the project's dependencies only, no torch,
+    no transformers; the versions the test stack pins (tests/constraints.txt). Built once and cached; return its python.
+    The project itself runs from this working tree (subprocess_env's PYTHONPATH)."""
+    deps = ("click>=8.1", "rich>=13.0", "huggingface_hub>=0.24", "safetensors>=0.4.3", "packaging>=21.0", "numpy>=1.24",
+            "pyyaml>=6")
+    key = hashlib.sha256("\n".join((sys.version.split()[0], *deps, CONSTRAINTS.read_text())).encode()).hexdigest()[:12]
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"light-{key}"
+    python = path / "bin" / "python"
+    with open(root / f"light-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
+        if not (path / ".complete").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
+                            "-c", str(CONSTRAINTS), *deps], check=True)
+            (path / ".complete").write_text("ok\n")
+    return python
+
+
 def write_locks() -> list[Path]:
     """Freeze every complete venv under venv_root() into its lock file (run after a deliberate change of a venv)."""
     written = []

@@ -166,8 +166,8 @@ def recommendation_for(facts: ModelFacts, gpu: GpuFacts, task: str | None, stack
 
 def memory_advice(mem: MemoryFacts) -> recommend.MemoryAdvice | None:
     """What the recommendation takes from a memory plan: the chosen method, batch and checkpointing (None when the
-    GPU's memory is unknown: nothing to choose against)."""
-    if not mem.plan.gpu_bytes:
+    GPU's memory is unknown and the user fixed none of them: nothing to choose against, nothing to state)."""
+    if not mem.plan.gpu_bytes and not mem.fixed:
         return None
     return run_advice(mem.plan, mem.choice.fits, mem.plan.summary() if mem.choice.fits else mem.choice.reason)
 
@@ -181,7 +181,8 @@ def run_advice(plan: MemoryPlan, fits: bool, summary: str) -> recommend.MemoryAd
         method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
         gradient_checkpointing=run.gradient_checkpointing, fits=fits, summary=summary, quant_bits=run.quant_bits,
         seq_len=run.seq_len, lora_r=run.lora_r if lora else None,
-        lora_targets=run.lora_targets if lora and isinstance(run.lora_targets, tuple) else None,
+        lora_targets=run.lora_targets if lora and run.source("lora") != "default" and run.lora_targets != "all-linear"
+        else None,
         num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
         optimizer=run.optimizer if run.source("optimizer") != "default" else None,
         attention=run.attention if run.attention != "sdpa" else None)

@@ -64,11 +64,30 @@ class Linear:
     in_features: int
     out_features: int
     count: int
+    # The full module name of each such layer (the checkpoint's tensor names, else the loaded model's layout derived
+    # from config.json): what PEFT matches a regex or a suffix against. Empty: matched by ``name`` alone.
+    names: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:
         """Weights of every such layer."""
         return self.in_features * self.out_features * self.count
+
+    def matched(self, targets: str | tuple[str, ...]) -> int:
+        """How many of these layers PEFT wraps for ``targets``: "all-linear" every one; a string, a regex that must
+        match the whole module name (peft.tuners.tuners_utils.check_target_module_exists); a list, a name or a
+        dotted suffix of the module name."""
+        if targets == "all-linear":
+            return self.count
+        names = self.names or (self.name,) * self.count
+        if isinstance(targets, str):
+            try:
+                pattern = _regex(targets)
+            except re.error:
+                return 0  # PEFT raises on it; the rules say so, the plan counts nothing
+            return sum(1 for n in names if pattern.fullmatch(n))
+        wanted = tuple(t.strip() for t in targets)
+        return sum(1 for n in names if any(n == t or n.endswith("." + t) for t in wanted))
 
 
 @dataclass(frozen=True)
@@ -141,11 +160,16 @@ _EMBED_RE = re.compile(r"(^|\.)embed_tokens\.weight$")
 _PER_LAYER_RE = re.compile(r"embed_tokens_per_layer\.weight$")
 
 
+@functools.lru_cache(maxsize=64)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
 def counts_from_names(shapes: Mapping[str, Iterable[int] | int]) -> tuple[ParamCounts, tuple[Linear, ...], tuple[Linear, ...], bool]:
     """(counts, text Linear kinds, tower Linear kinds, tied) from tensor names -> shapes (or numels) of a checkpoint."""
     embed = per_layer = head = linear = experts = towers = tower_linear = other = 0
-    kinds: dict[tuple[str, int, int], int] = {}
-    tower_kinds: dict[tuple[str, int, int], int] = {}
+    kinds: dict[tuple[str, int, int], list[str]] = {}
+    tower_kinds: dict[tuple[str, int, int], list[str]] = {}
     for name, shape in shapes.items():
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         n = math.prod(dims) if not isinstance(shape, int) else shape
@@ -156,8 +180,7 @@ def counts_from_names(shapes: Mapping[str, Iterable[int] | int]) -> tuple[ParamC
             towers += n
             if is_linear_weight:
                 tower_linear += n
-                key = (module, dims[1], dims[0])
-                tower_kinds[key] = tower_kinds.get(key, 0) + 1
+                tower_kinds.setdefault((module, dims[1], dims[0]), []).append(name[:-len(".weight")])
         elif _PER_LAYER_RE.search(name):
             per_layer += n
         elif _EMBED_RE.search(name):
@@ -168,12 +191,11 @@ def counts_from_names(shapes: Mapping[str, Iterable[int] | int]) -> tuple[ParamC
             experts += n
         elif is_linear_weight and ".layers." in name:
             linear += n
-            key = (module, dims[1], dims[0])
-            kinds[key] = kinds.get(key, 0) + 1
+            kinds.setdefault((module, dims[1], dims[0]), []).append(name[:-len(".weight")])
         else:
             other += n
     counts = ParamCounts(embed, per_layer, head, linear, experts, towers, tower_linear, other)
-    mk = lambda d: tuple(Linear(k[0], k[1], k[2], c) for k, c in sorted(d.items()))  # noqa: E731
+    mk = lambda d: tuple(Linear(k[0], k[1], k[2], len(v), tuple(sorted(v))) for k, v in sorted(d.items()))  # noqa: E731
     return counts, mk(kinds), mk(tower_kinds), head == 0
 
 
@@ -195,17 +217,28 @@ def _siglip_params(vision: Mapping[str, Any]) -> tuple[int, tuple[Linear, ...]]:
     ch = _int(vision.get("num_channels")) or 3
     per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
     emb = ch * patch * patch * h + h + (image // patch) ** 2 * h
-    linears = [Linear("q_proj", h, h, n), Linear("k_proj", h, h, n), Linear("v_proj", h, h, n),
-               Linear("out_proj", h, h, n), Linear("fc1", h, i, n), Linear("fc2", i, h, n)]
+    enc = "model.vision_tower.encoder.layers"  # transformers 5.x; 4.x nests it under vision_model
+    linears = [_named(name, a, b, n, enc, part) for name, a, b, part in (
+        ("q_proj", h, h, "self_attn"), ("k_proj", h, h, "self_attn"), ("v_proj", h, h, "self_attn"),
+        ("out_proj", h, h, "self_attn"), ("fc1", h, i, "mlp"), ("fc2", i, h, "mlp"))]
     total = n * per_layer + emb + 2 * h
     if vision.get("vision_use_head", True) is not False:
         # The attention-pooling head (probe, multi-head attention, layer norm, MLP), unused by Gemma 3 but loaded.
         total += h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h)
-        linears += [Linear("out_proj", h, h, 1), Linear("fc1", h, i, 1), Linear("fc2", i, h, 1)]
-    merged: dict[tuple[str, int, int], int] = {}
+        head = "model.vision_tower.head"
+        linears += [Linear("out_proj", h, h, 1, (f"{head}.attention.out_proj",)),
+                    Linear("fc1", h, i, 1, (f"{head}.mlp.fc1",)), Linear("fc2", i, h, 1, (f"{head}.mlp.fc2",))]
+    merged: dict[tuple[str, int, int], tuple[str, ...]] = {}
     for k in linears:
-        merged[(k.name, k.in_features, k.out_features)] = merged.get((k.name, k.in_features, k.out_features), 0) + k.count
-    return total, tuple(Linear(a, b, c, m) for (a, b, c), m in sorted(merged.items()))
+        key = (k.name, k.in_features, k.out_features)
+        merged[key] = merged.get(key, ()) + k.names
+    return total, tuple(Linear(a, b, c, len(m), m) for (a, b, c), m in sorted(merged.items()))
+
+
+def _named(name: str, fan_in: int, fan_out: int, count: int, prefix: str, part: str, first: int = 0) -> Linear:
+    """A Linear kind of ``count`` decoder layers from ``first`` on, named as the loaded model names them."""
+    return Linear(name, fan_in, fan_out, count,
+                  tuple(f"{prefix}.{j}.{part}.{name}" for j in range(first, first + count)))
 
 
 def shape_from_config(config: Mapping[str, Any], counted: tuple[ParamCounts, tuple[Linear, ...], tuple[Linear, ...], bool]
@@ -226,13 +259,19 @@ def shape_from_config(config: Mapping[str, Any], counted: tuple[ParamCounts, tup
         counts, linears, tower_linears, tied = counted
         source = "safetensors headers"
     else:
-        linears = (Linear("q_proj", h, heads * d, layers), Linear("k_proj", h, kv * d, layers),
-                   Linear("v_proj", h, kv * d, layers), Linear("o_proj", heads * d, h, layers),
-                   Linear("gate_proj", h, i, layers), Linear("up_proj", h, i, layers), Linear("down_proj", i, h, layers))
+        # The module names of the model transformers builds (>= 4.52: model.language_model.* in a multimodal one).
+        nested = isinstance(config.get("vision_config"), Mapping) and text is not config
+        prefix = "model.language_model.layers" if nested else "model.layers"
+        linears = tuple(_named(name, a, b, layers, prefix, part) for name, a, b, part in (
+            ("q_proj", h, heads * d, "self_attn"), ("k_proj", h, kv * d, "self_attn"), ("v_proj", h, kv * d, "self_attn"),
+            ("o_proj", heads * d, h, "self_attn"), ("gate_proj", h, i, "mlp"), ("up_proj", h, i, "mlp"),
+            ("down_proj", i, h, "mlp")))
         shared = _int(text.get("num_kv_shared_layers")) or 0
         if text.get("use_double_wide_mlp") is True and shared:
-            # Gemma 4 E2B: the KV-shared layers' MLPs are twice as wide (Gemma4TextMLP, use_double_wide_mlp).
-            linears += (Linear("gate_proj", h, i, shared), Linear("up_proj", h, i, shared), Linear("down_proj", i, h, shared))
+            # Gemma 4 E2B: the KV-shared layers' MLPs are twice as wide (Gemma4TextMLP, use_double_wide_mlp): the
+            # same modules of the last layers, counted again for their second half.
+            linears += tuple(_named(name, a, b, shared, prefix, "mlp", layers - shared) for name, a, b in (
+                ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h)))
         per_layer = 0
         pl_h, pl_v = _int(text.get("hidden_size_per_layer_input")), _int(text.get("vocab_size_per_layer_input"))
         if pl_h and pl_v:
@@ -373,6 +412,7 @@ class RunSpec:
     offload_params: bool = False
     device: str = "cuda"  # cuda | cpu: what the overhead is
     attention: str = "sdpa"  # sdpa | eager | flash_attention_2
+    chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
     task: str = "sft"
     text_only: bool = True
     # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
@@ -393,7 +433,7 @@ class RunSpec:
                 if self.method != "full" else None,
                 "quant_bits": self.quant_bits, "num_gpus": self.num_gpus, "zero_stage": self.zero_stage,
                 "offload_optimizer": self.offload_optimizer, "attention": self.attention, "task": self.task,
-                "sources": dict(self.sources)}
+                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
 
 
 # Optimizer name (transformers' `optim` values and common spellings) -> (kind, state bytes per trainable element or None
@@ -468,15 +508,11 @@ def _state_bytes_of(kind: str, shape: tuple[int, ...], param_bytes: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def lora_shapes(shape: ModelShape, r: int, targets: str | tuple[str, ...]) -> tuple[tuple[int, int], ...]:
-    """Shapes of every LoRA A and B matrix PEFT adds for ``targets`` (a list of module names or "all-linear")."""
+    """Shapes of every LoRA A and B matrix PEFT adds for ``targets`` ("all-linear", a regex, or a list of names)."""
     out: list[tuple[int, int]] = []
-    if targets == "all-linear":
-        kinds = shape.linears + shape.tower_linears  # PEFT's all-linear: every nn.Linear but the output layer
-    else:
-        wanted = {t.strip() for t in (targets if isinstance(targets, tuple) else (targets,))}
-        kinds = tuple(k for k in shape.linears + shape.tower_linears if k.name in wanted)
-    for k in kinds:
-        out.extend([(r, k.in_features), (k.out_features, r)] * k.count)
+    # PEFT's all-linear: every nn.Linear but the output layer; a regex or a list: the module names it matches.
+    for k in shape.linears + shape.tower_linears:
+        out.extend([(r, k.in_features), (k.out_features, r)] * k.matched(targets))
     return tuple(out)
 
 
@@ -521,6 +557,20 @@ def logits_bytes_per_token(shape: ModelShape, run: RunSpec) -> float:
     if shape.final_logit_softcapping:
         per += 4 if run.precision == "fp32" else 2
     return per * shape.vocab
+
+
+# TRL >= 1.15's SFTTrainer computes the log-probabilities through a fused LM head (trl/kernels/chunked_logprob.py,
+# TRL 1.16): one [min(tokens, TOKEN_CHUNK_SIZE), chunk] tile of logits in fp32 at a time, chunk the vocabulary width
+# trl/trainer/utils.py passes (_CHUNKED_LOGPROB_CHUNK_SIZE), and a handful of fp32 per-token accumulators (running
+# max, sums, target logit, ...), never the b*s*V logits.
+TRL_TOKEN_CHUNK = 4096
+TRL_VOCAB_CHUNK = 32768
+TRL_PER_TOKEN_ACCUMULATORS = 8
+
+
+def chunked_logits_bytes(tokens: int) -> int:
+    """Bytes of logits alive at the loss when TRL's fused LM head computes them in tiles (run.chunked_loss)."""
+    return min(tokens, TRL_TOKEN_CHUNK) * TRL_VOCAB_CHUNK * 4 + tokens * TRL_PER_TOKEN_ACCUMULATORS * 4
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -686,7 +736,7 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     casts = 0
     if mixed and run.load_dtype == "float32" and run.method in ("full", "lora"):
         casts = (p.linear + p.embed + p.lm_head) * 2
-    logits = int(tokens * logits_bytes_per_token(shape, run))
+    logits = int(chunked_logits_bytes(tokens) if run.chunked_loss else tokens * logits_bytes_per_token(shape, run))
 
     # Gradient of a tied (trainable) embedding: produced by the lm_head, then by the input embedding, then summed.
     embed_trainable = run.method == "full"
@@ -811,6 +861,9 @@ def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> l
     if towers and run.text_only:
         out.append(f"text-only training: the vision/audio towers ({towers:,} parameters, {gib(towers * wbytes)}) are loaded "
                    "for nothing and get no gradient; load the text model alone to save them")
+    if run.chunked_loss:
+        out.append(f"log-probs in chunks ({run.source('chunked_loss')}): one {TRL_TOKEN_CHUNK} x {TRL_VOCAB_CHUNK} fp32 "
+                   "tile of logits at a time, never the b*s*V logits")
     out.append(f"attention {run.attention}" + (" (the s x s scores are materialised)" if run.attention == "eager" else
                                                  " (no s x s scores kept)"))
     if run.device == "cuda":
@@ -845,9 +898,18 @@ class Choice:
                 "tried": [p.summary() for p in self.tried]}
 
 
+# The largest per-device batch tried below the effective batch itself: halvings above it are skipped, so a config's
+# batch of 10**60 gives a dozen candidates, not two hundred (every search is bounded whatever the numbers).
+MAX_TRIED_BATCH = 1024
+
+
 def batch_sizes(target: int) -> list[int]:
-    """Per-device batch sizes from ``target`` down, halving (the memory search's and the decision's order)."""
-    out, b = [], max(1, target)
+    """Per-device batch sizes from ``target`` down, halving (the memory search's and the decision's order); at most
+    12: ``target``, then its halvings from MAX_TRIED_BATCH down."""
+    target = max(1, target)
+    out, b = [target], target // 2
+    while b > MAX_TRIED_BATCH:
+        b //= 2
     while b >= 1:
         out.append(b)
         b //= 2

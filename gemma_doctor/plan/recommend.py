@@ -415,8 +415,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         trl_config["max_length"] = mem.seq_len
     targets = lora_targets(i.family, i.nested)
     lora_r = (mem.lora_r if mem is not None and mem.lora_r else 16)
-    if mem is not None and isinstance(mem.lora_targets, tuple):
-        targets = list(mem.lora_targets)  # the user's own (a training config's lora_target_modules)
+    if mem is not None and mem.lora_targets is not None:
+        # the user's own (a training config's lora_target_modules: a list, or a regex PEFT matches whole names with)
+        targets = list(mem.lora_targets) if isinstance(mem.lora_targets, tuple) else mem.lora_targets
     adapter = "qlora" if quant == "4bit" else "lora" if (quant == "8bit" or i.task in ("lora", "qlora") or (
         mem is not None and mem.method in ("lora", "qlora"))) else None
     axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}

@@ -20,6 +20,8 @@ from gemma_doctor.readers.training_config import truthy
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
 TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}
 # Training-config "adapter" values (axolotl adapter, LLaMA-Factory finetuning_type, TRL use_peft).
+# A lora_target_modules string with one of these is a regex (PEFT's reading), not a comma list (LLaMA-Factory's lora_target).
+_REGEX_CHARS = re.compile(r"[*+?()\[\]|^$\\]")
 _ADAPTERS = {"lora": "lora", "qlora": "qlora", "full": "full", "freeze": "full", "true": "lora", "false": "full"}
 
 
@@ -156,6 +158,10 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
             put("method", _ADAPTERS.get(str(adapter.value).strip().lower()), where("adapter"))
+        elif getattr(tc, "kind", None) == "axolotl":
+            # axolotl trains every weight unless `adapter` names lora/qlora: a config without one (as recommend writes
+            # a full fine-tuning run) fixes the method as much as `adapter: lora` does.
+            put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and _int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, _int(s[name].value), where(name))
@@ -173,6 +179,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             v = targets.value
             if isinstance(v, str) and v.strip().lower() in ("all", "all-linear", "all_linear"):
                 put("lora_targets", "all-linear", where("lora_target_modules"))
+            elif isinstance(v, str) and _REGEX_CHARS.search(v):
+                # PEFT reads a string target_modules as a regex over whole module names (memory.Linear.matched).
+                put("lora_targets", v.strip(), where("lora_target_modules"))
             elif isinstance(v, str):
                 put("lora_targets", tuple(t.strip() for t in v.split(",") if t.strip()), where("lora_target_modules"))
             elif isinstance(v, list) and all(isinstance(t, str) for t in v):
@@ -194,6 +203,20 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
         put("gradient_checkpointing", True, f"--task {task} (the stable setting)")
     return values, src
+
+
+def trl_chunks(stack: Any) -> bool:
+    """The TRL that will run computes SFT log-probs in chunks (every version it may be is in TRL_CHUNKED_LOGPROBS)."""
+    from gemma_doctor.stack import Exposure
+    from gemma_doctor.versioning import TRL_CHUNKED_LOGPROBS
+
+    return stack is not None and stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
+
+
+def sft_trainer_config(tc: Any) -> bool:
+    """The training config is one of TRL's SFTTrainer (transformers/TRL keys, no RL trainer named): the trainer whose
+    fused LM head computes log-probs in chunks from TRL 1.15 on (rules/attention.py's GD650 asks the same)."""
+    return getattr(tc, "kind", None) == "transformers" and tc.get("rl") is None
 
 
 def gpu_memory(gpu: Any, spec: str | None, override: int | None) -> tuple[int | None, str | None, int, str | None]:
@@ -232,9 +255,19 @@ class RunRequest:
 
 
 def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest,
-                 training_config: Any | None, task: str) -> RunRequest:
-    """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's memory."""
+                 training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
+                 trl_chunks: bool = False) -> RunRequest:
+    """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
+    memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
+    ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS)."""
     values, src = run_request(training_config, request, task)
+    tc = training_config
+    if trl_chunks and tc is not None and getattr(tc, "ok", False) and sft_trainer_config(tc):
+        # The same condition as GD650's "does not apply here": the plan then holds no b*s*V logits either.
+        values["chunked_loss"] = True
+        src["chunked_loss"] = "TRL >= 1.15 SFTTrainer (the training config's trainer and the stack's TRL)"
+    if lora_targets is not None:
+        values.setdefault("lora_targets", lora_targets)
     gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, gpu_spec, request.gpu_memory)
     device = "cuda" if getattr(gpu, "backend", "none") in ("cuda", "rocm") else "cpu"
     method = values.get("method", "full")
@@ -256,7 +289,8 @@ def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: Mem
                    quant_bits=values.get("quant_bits"), num_gpus=num, zero_stage=values.get("zero_stage", 0),
                    fsdp=values.get("fsdp", False), num_nodes=values.get("num_nodes", 1),
                    offload_optimizer=values.get("offload_optimizer", False), device=device, task=task,
-                   attention=values.get("attention", "sdpa"), sources=tuple(sorted(sources.items())))
+                   attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
+                   sources=tuple(sorted(sources.items())))
     # A preference (the stable RL setting) is not the user's choice: the search may drop it.
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
                   if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
@@ -286,19 +320,23 @@ _REQUESTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _request_spec(precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest, training_config: Any | None,
-                  task: str) -> RunRequest:
+                  task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False) -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape) remembered per process: the search plans
     check's memory of each candidate's training config for every model, and models of other shapes ask for the same
     requests."""
-    return remembered(_REQUESTS, (precision, gpu, gpu_spec, request, task), training_config,
+    return remembered(_REQUESTS, (precision, gpu, gpu_spec, request, task, lora_targets, trl_chunks), training_config,
                       lambda: request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
-                                           training_config=training_config, task=task))
+                                           training_config=training_config, task=task, lora_targets=lora_targets,
+                                           trl_chunks=trl_chunks))
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,
-                request: MemoryRequest, training_config: Any | None, task: str) -> MemoryFacts:
-    """The memory plan of the run the user described, its open settings chosen so that it fits where possible."""
-    req = _request_spec(precision, gpu, gpu_spec, request, training_config, task)
+                request: MemoryRequest, training_config: Any | None, task: str,
+                lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False) -> MemoryFacts:
+    """The memory plan of the run the user described, its open settings chosen so that it fits where possible
+    (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
+    stack's TRL computes SFT log-probs in chunks)."""
+    req = _request_spec(precision, gpu, gpu_spec, request, training_config, task, lora_targets, trl_chunks)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)

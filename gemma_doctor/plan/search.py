@@ -26,6 +26,8 @@ from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.run import Run, Sourced
+from gemma_doctor.run import resolve as resolve_run
 
 # The path a prescription's training config is judged under (it exists only in memory).
 PRESCRIPTION = "<prescription>"
@@ -49,6 +51,10 @@ class Decision:
     nearest: recommend.Recommendation | None = None
     nearest_memory: runplan.MemoryFacts | None = None
     blocking: tuple[Finding, ...] = ()
+    # Version ranges the prescription needs and the stack did not say (transformers unknown or not installed here):
+    # each resolves a finding's window, e.g. ("transformers>=5.6.0", "GD105"). Part of the prescribed run.
+    pins: tuple[tuple[str, str], ...] = ()
+    run: Run | None = None  # the prescribed run, typed, each field with its source (gemma_doctor/run.py)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +84,9 @@ class Decision:
             "memory": mem.plan.summary() if mem is not None else None,
             "serving": rec.frameworks.get("serving"),
             "versions": dict(self.versions),
+            "pins": [{"requirement": req, "resolves": code} for req, code in self.pins],
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
+            "run": self.run.to_json() if self.run is not None else None,
         }
         return out
 
@@ -234,12 +242,14 @@ _PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
-                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str) -> runplan.MemoryFacts:
+                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str,
+                  trl_chunks: bool = False) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
     models of one architecture in a cache get the same candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, gpu_spec, request, task), tc,
+    return runplan.remembered(_PLANS, (shape, precision, gpu, gpu_spec, request, task, trl_chunks), tc,
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec,
-                                                          request=request, training_config=tc, task=task))
+                                                          request=request, training_config=tc, task=task,
+                                                          trl_chunks=trl_chunks))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -254,7 +264,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     tc = _read_back(yaml_text)
     env2, opts = _judged_env(env, tc), _judged_options(options)
     mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
-                        str(rec.inputs.get("task") or "sft"))
+                        str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
 
@@ -352,18 +362,22 @@ def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
 # --- the decision --------------------------------------------------------------------------------------------------
 
 def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape | None,
-              quantization: str | None = None) -> Decision:
+              quantization: str | None = None, *, limit: int = 0, explain: bool = True) -> Decision:
     """The one decision for ``facts`` (a cached model, or a --family plan's published config): a run that passes
-    check, or none and the way out."""
+    check, or none and the way out (``explain``: each way out is itself the prescription of the changed options).
+    At most ``limit`` candidates are judged (MAX_JUDGED when 0)."""
+    limit = limit or MAX_JUDGED
     inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
         return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
     req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                               task=str(first.inputs.get("task") or "sft"))
-    req = _with_quantization(req, first)
+                               task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries))
+    req = _with_targets(_with_quantization(req, first), first)
     judged = 0
+    pins: list[tuple[str, str]] = []
+    strict: list[_Rejected] = []  # candidates that kept every choice the user made, rejected
     nearest: Judged | None = None
     rejected: list[_Rejected] = []
     full: list[Judged] = []  # the rejected, finished by every rule (for the nearest), in the order tried
@@ -371,18 +385,32 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         (("fits",), False, True), (("tight",), False, True), (("fits",), True, True), (("tight",), True, True)]
     while passes:
         for accept, relax, accumulate in passes:
-            if relax and "batch_size" not in req.fixed:
-                continue
+            if relax and ("batch_size" not in req.fixed or not req.gpu_bytes):
+                continue  # a batch the user chose is relaxed only to fit a GPU whose memory is known
             for plan in candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
-                if judged >= MAX_JUDGED:
+                if judged >= limit:
                     break
                 tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
                 judged += 1
+                while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < limit:
+                    pinned = _pin(env, tried.findings)
+                    if pinned is None:
+                        break
+                    env, pin = pinned
+                    pins.append(pin)
+                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
+                    judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()
                     rec = j.recommendation if accumulate else _without_accumulation(j.recommendation, full)
-                    return Decision(rec, j.memory, j.yaml, j.findings, (), judged, versions=_versions(inputs))
+                    mem = j.memory
+                    if relax:
+                        rec, mem = _relaxed(j, rec, req, strict, shape)
+                    return Decision(rec, mem, j.yaml, j.findings, (), judged, versions=_versions(inputs),
+                                    pins=tuple(pins), run=_run_of(mem, facts, env))
                 rejected.append(tried)
+                if not relax:
+                    strict.append(tried)
         # None passes: each rejected run is told by all its findings (the nearest is chosen by them).
         full.extend(t() for t in rejected[len(full):])
         # Every run that accumulates refused for accumulating (GD739: the Trainer scales Gemma 3's loss by the steps
@@ -399,9 +427,86 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
-                            versions=_versions(inputs))
-    return Decision(None, None, None, (), tuple(way_out(shape, req, nearest, gpu)), judged,
-                    nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking)
+                            versions=_versions(inputs), pins=tuple(pins), run=_run_of(nearest.memory, facts, env))
+    ways = tuple(way_out(shape, req, nearest, _Ask(facts, env, options, quantization))) if explain else ()
+    return Decision(None, None, None, (), ways, judged,
+                    nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
+                    pins=tuple(pins))
+
+
+def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Run:
+    """The prescribed run as a typed Run: the plan check made of the prescription's YAML (read by the axolotl reader),
+    on the stack it was judged with (pins included)."""
+    # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
+    return resolve_run(mem.plan, model=facts.family.model_type, stack=env.libraries,
+                       trainer=Sourced("axolotl", "prescription (the YAML recommend --format yaml prints)"))
+
+
+# The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
+MAX_PINS = 4
+_PINNED = "prescription"  # the source of a pinned package
+
+
+def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, tuple[str, str]] | None:
+    """The stack with transformers pinned out of the window of a blocking finding whose exposure is unknown because
+    the stack does not say which transformers will run (none installed here, none named): ``transformers>=5.6.0``
+    for GD105's ``>=5.0.0,<5.6.0``. None when no such finding, or its window has no end to pin past."""
+    from gemma_doctor.stack import Package, Stack, Window, exposure_of, normalise
+
+    stack = env.libraries
+    current = stack.get("transformers")
+    if not (current.absent or current.source == _PINNED):
+        return None  # the user's own version or range: theirs to change (the way out says how)
+    for f in blocking(findings):
+        d = f.details or {}
+        if d.get("exposure") != "unknown":
+            continue
+        floor = _upper_bound(d.get("window")) if d.get("window") else d.get("min_transformers")
+        if not isinstance(floor, str):
+            continue
+        spec = ",".join(x for x in (current.specifier, f">={floor}") if x)
+        pkg = Package("transformers", None, spec, _PINNED)
+        if d.get("window") and exposure_of(pkg, Window("transformers", d["window"])).value != "safe":
+            continue
+        packages = {**stack.packages, normalise("transformers"): pkg}
+        pinned = Stack(packages, planned=stack.planned, origin=stack.origin, cli_args=stack.cli_args)
+        return replace(env, stack=pinned), (f"transformers{spec}", f.code)
+    return None
+
+
+def _upper_bound(spec: str) -> str | None:
+    """X of a window's ``<X`` (the first release out of it), else None (a window with no end, or ``<=X``)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        bounds = [s.version for s in SpecifierSet(spec) if s.operator == "<"]
+    except InvalidSpecifier:
+        return None
+    return bounds[0] if len(bounds) == 1 else None
+
+
+def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, strict: list[_Rejected],
+             shape: ModelShape) -> tuple[recommend.Recommendation, runplan.MemoryFacts]:
+    """A prescription found only with a smaller batch than the user chose: which choice was relaxed, why, and the
+    relaxation as the batch's source (the effective batch is kept through accumulation)."""
+    base = req.base
+    src = base.source("batch_size")
+    what = f"--batch-size {base.batch_size}" if src == "option" else \
+        f"{src.removeprefix('training config ')} {base.batch_size}"
+    why = next((f"{f.code}: {f.message}" for t in strict for f in t.blocking), None)
+    if why is None:  # no run at that batch even fitted the GPU's memory, so none was judged by the rules
+        at = _smallest(shape, req)
+        why = f"even the smallest run at that batch does not fit: {at.summary()}"
+    plan = j.memory.plan
+    sources = dict(plan.run.sources)
+    sources["batch_size"] = f"relaxed from {what}"
+    relabelled = replace(plan, run=replace(plan.run, sources=tuple(sorted(sources.items()))))
+    mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+    run = plan.run
+    note = (f"{what} (your choice) cannot pass check here ({why}); relaxed to batch {run.batch_size} x "
+            f"{run.gradient_accumulation_steps} accumulation, which keeps the effective batch of "
+            f"{base.batch_size * base.gradient_accumulation_steps}")
+    return replace(rec, notes=rec.notes + (note,)), mem
 
 
 _ACCUMULATION = "gradient_accumulation_steps"
@@ -437,6 +542,19 @@ def _with_quantization(req: runplan.RunRequest, rec: recommend.Recommendation) -
     return req
 
 
+def _with_targets(req: runplan.RunRequest, rec: recommend.Recommendation) -> runplan.RunRequest:
+    """The LoRA targets the prescription will write (unless the user named theirs): each candidate's memory plan then
+    counts the adapters of the very modules check will count (a multimodal checkpoint's language model only)."""
+    if "lora" in dict(req.base.sources):
+        return req
+    targets = rec.frameworks.get("peft", {}).get("target_modules")
+    if isinstance(targets, list):
+        targets = tuple(targets)
+    if not isinstance(targets, (str, tuple)) or targets == req.base.lora_targets:
+        return req
+    return replace(req, base=replace(req.base, lora_targets=targets))
+
+
 def _smallest(shape: ModelShape, req: runplan.RunRequest) -> MemoryPlan:
     """The least memory-hungry run the user's fixed choices allow (QLoRA, batch 1, checkpointing, ZeRO-3)."""
     base, fixed = req.base, set(req.fixed)
@@ -453,9 +571,35 @@ def _smallest(shape: ModelShape, req: runplan.RunRequest) -> MemoryPlan:
 
 # --- the way out ---------------------------------------------------------------------------------------------------
 
-def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, gpu: GpuFacts) -> list[str]:
+# Candidates judged for one way out (each is a prescription of changed options, found by the same search).
+WAY_OUT_JUDGED = 12
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What a way out is asked of: the model, environment and options whose prescription failed."""
+
+    facts: ModelFacts
+    env: Environment
+    options: CheckOptions
+    quantization: str | None
+
+    def prescribe(self, shape: ModelShape, gpu_name: str | None = None, **memory_options: Any) -> Decision:
+        """The prescription with ``memory_options`` (--method, --seq-len, --num-gpus) or another GPU (--gpu): what the
+        command line with that change prescribes, so the line passes check when followed."""
+        from gemma_doctor.readers import gpu as gpu_reader
+
+        mem = replace(self.options.memory or runplan.MemoryRequest(), **memory_options)
+        options = replace(self.options, memory=mem, gpu=gpu_name or self.options.gpu)
+        gpu = gpu_reader.resolve(options.gpu) if gpu_name else (self.env.gpu or gpu_reader.for_options(self.options))
+        env = replace(self.env, gpu=gpu)
+        return prescribe(self.facts, env, options, gpu, shape, self.quantization, limit=WAY_OUT_JUDGED, explain=False)
+
+
+def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _Ask) -> list[str]:
     """The nearest changes that would make a prescription, one line each: what check flagged on the nearest run (each
-    finding's own cure), and for memory a larger GPU, a shorter sequence, more GPUs, another method."""
+    finding's own cure), and for memory another method, a shorter sequence, more GPUs or a larger GPU, each line the
+    prescription that change gives (so it passes check when followed, at the figure that command prints)."""
     out: list[str] = []
     memory_codes = {"GD801", "GD802", "GD803"}
     for f in nearest.blocking:
@@ -465,41 +609,49 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, gpu: Gp
         if line not in out:
             out.append(line)
     if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(f.code in memory_codes for f in nearest.blocking)):
-        out.extend(_memory_way_out(shape, req))
+        out.extend(_memory_way_out(shape, req, ask))
     return out
 
 
 def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> MemoryPlan | None:
-    """The first candidate (by the same preference) that fits once ``changes`` apply to the request."""
+    """The first candidate (by the same preference) that fits with margin once ``changes`` apply to the request: a
+    cheap test before the way out asks the search for that change."""
     base = replace(req.base, **{k: v for k, v in changes.items() if k != "fixed" and k != "gpu_bytes"})
     r = replace(req, base=base, gpu_bytes=changes.get("gpu_bytes", req.gpu_bytes),
                 fixed=tuple(changes.get("fixed", req.fixed)))
-    for accept in (("fits",), ("tight",)):
-        for p in candidates(shape, r, accept, relax_batch=True):
-            return p
+    for p in candidates(shape, r, ("fits",), relax_batch=True):
+        return p
     return None
 
 
-def _memory_way_out(shape: ModelShape, req: runplan.RunRequest) -> list[str]:
+def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
     out: list[str] = []
     base, fixed = req.base, req.fixed
+
+    def prescribed(gpu_name: str | None = None, **changes: Any) -> MemoryPlan | None:
+        d = ask.prescribe(shape, gpu_name, **changes)
+        return d.memory.plan if d.ok and d.memory is not None else None
+
     if "method" in fixed:
         for method in METHODS:
-            if method != base.method:
-                p = _fits_with(shape, req, method=method, fixed=tuple(k for k in fixed if k != "method") + ("method",))
+            if method != base.method and _fits_with(shape, req, method=method) is not None:
+                p = prescribed(method=method)
                 if p is not None:
                     out.append(f"--method {method}: {p.summary()}")
                     break
     seq = base.seq_len // 2
-    while seq >= 128:
-        p = _fits_with(shape, req, seq_len=seq)
-        if p is not None:
-            out.append(f"a shorter sequence, --seq-len {seq}: {p.summary()}")
+    for _ in range(3):  # at most three halvings: a way out, not a search of every length
+        if seq < 128:
             break
+        if _fits_with(shape, req, seq_len=seq) is not None:
+            p = prescribed(seq_len=seq)
+            if p is not None:
+                out.append(f"a shorter sequence, --seq-len {seq}: {p.summary()}")
+                break
         seq //= 2
     for n in (2, 4, 8):
-        if n > base.num_gpus:
-            p = _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage"))
+        if n > base.num_gpus and _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage")):
+            p = prescribed(num_gpus=n)
             if p is not None:
                 out.append(f"{n} GPUs with ZeRO-{p.run.zero_stage} (--num-gpus {n}): {p.summary()}")
                 break
@@ -509,11 +661,12 @@ def _memory_way_out(shape: ModelShape, req: runplan.RunRequest) -> list[str]:
         size = gpu_table.usable_bytes(g)
         if size is None or size <= (req.gpu_bytes or 0):
             continue
-        precision = base.precision
-        if g.native_bf16 and precision == "fp32":
-            precision = "bf16"
-        p = _fits_with(shape, replace(req, gpu_name=g.name), gpu_bytes=size, precision=precision,
-                       load_dtype=memory.load_dtype_for(precision, base.method))
+        # The precision that GPU gets (bf16 where native, else fp32: never bf16 on a V100, GD603).
+        precision = "bf16" if g.native_bf16 else "fp32"
+        if _fits_with(shape, replace(req, gpu_name=g.name), gpu_bytes=size, precision=precision,
+                      load_dtype=memory.load_dtype_for(precision, base.method)) is None:
+            continue
+        p = prescribed(g.name)
         if p is not None:
             out.append(f"a GPU with {size / memory.GIB:.1f} GiB usable, e.g. {g.name} (--gpu \"{g.name}\"): {p.summary()}")
             break

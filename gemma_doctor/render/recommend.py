@@ -34,6 +34,18 @@ def _name(item: Any) -> str:
     return printable(f"{item.repo_id or item.path}{rev}")
 
 
+def _pins(item: Any) -> list[str]:
+    """What the prescribed run needs before it starts, one line each without markup: the version ranges it was judged
+    with, then what `gemma-doctor fix` must cure in the model files first (the text view's "first:" lines)."""
+    d = item.decision
+    if d is None:
+        return []
+    out = [f'needs {req}: pip install "{req}" (resolves {code}; the prescription was judged with it)'
+           for req, code in d.pins]
+    out += [f"first: {f.code}: {f.fix or f.message}" for f in d.findings if f.severity.value != "info"]
+    return out
+
+
 def render_python(items: Sequence[Any], gpu: Any) -> str:
     """Paste-able Python only: every section of every prescribed model, each section self-contained."""
     from gemma_doctor.plan.recommend import python_snippets
@@ -46,7 +58,8 @@ def render_python(items: Sequence[Any], gpu: Any) -> str:
             out.append(f"# gemma-doctor recommend: {_name(item)}\n# no run passes check; the way out:\n"
                        + "".join(f"#   - {printable(w)}\n" for w in item.decision.way_out))
             continue
-        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n")
+        out.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n"
+                   + "".join(f"# {printable(p)}\n" for p in _pins(item)))
         for key, code in python_snippets(rec, item.model_id).items():
             out.append(f"# --- {SECTION_TITLES[key]} ---\n{code}")
     return "\n".join(out)
@@ -66,7 +79,8 @@ def render_yaml(items: Sequence[Any], gpu: Any) -> str:
                         + "".join(f"#   - {printable(w)}\n" for w in item.decision.way_out))
             continue
         text = item.decision.training_config if item.decision is not None else training_config_yaml(rec)
-        docs.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n" + text)
+        docs.append(f"# gemma-doctor recommend: {_name(item)}\n# {printable(rec.summary)}\n"
+                    + "".join(f"# {printable(p)}\n" for p in _pins(item)) + text)
     return "---\n".join(docs)
 
 
@@ -74,8 +88,15 @@ def render_json(items: Sequence[Any], gpu: Any, task: str) -> str:
     """The stable JSON document (docs/precision.md)."""
     from gemma_doctor.render.jsonout import dumps
 
-    return dumps({"schema_version": 1, "command": "recommend", "task": task, "gpu": gpu.to_json(),
-                  "models": [i.to_json() for i in items]})
+    # check-jsonschema's shape: the outcome first, as the exit code tells it (0 ok, 1 no prescription for some model).
+    status = "ok" if all(i.prescribed for i in items) else "no-prescription"
+    models = []
+    for i in items:
+        entry = i.to_json()
+        entry["status"] = "prescribed" if i.prescribed else "no-prescription"
+        models.append(entry)
+    return dumps({"schema_version": 1, "command": "recommend", "status": status, "task": task, "gpu": gpu.to_json(),
+                  "models": models})
 
 
 def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
@@ -97,6 +118,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
         lines.extend(f"    - {escape(r)}" for r in rec.reasons)
         for n in rec.notes:
             lines.append(f"  [yellow]note:[/] {escape(n)}")
+        lines.extend(f"  [bold yellow]{escape(p)}[/]" for p in _pins(item) if not p.startswith("first: "))
         mem = getattr(item, "memory", None)
         if mem is not None:
             from gemma_doctor.plan.memory import components_line

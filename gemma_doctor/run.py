@@ -1,0 +1,140 @@
+"""The run that will execute, as one frozen, typed value: what is trained, on what, and how, each field with its source.
+
+``resolve`` builds it once from what the layers below have already resolved: the memory plan's RunSpec (whose
+settings the options, the training config, the defaults and the search filled in, each with its source), the
+model's shape (LoRA targets resolved against its module names), the GPU (parsed once, by readers/gpu.py), the
+stack (each version with its source; a prescription's pins are part of it) and the trainer that reads the config.
+The prescription is a Run (``Decision.run``); its JSON view is ``prescription.run``.
+
+Pure: no files, no torch; imports nothing above plan/ (docs/architecture.md, "layers one way").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Method(str, enum.Enum):
+    """How the weights train."""
+
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[T]):
+    """A value and where it came from: "option", "training config KEY", "default", "chosen by the search",
+    "relaxed from --batch-size 4", "prescription", "installed", "--with"..."""
+
+    value: T
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"value": ..., "source": ...}``."""
+        value = self.value.value if isinstance(self.value, enum.Enum) else self.value
+        return {"value": list(value) if isinstance(value, tuple) else value, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs the run uses: the kind (as parsed once from --gpu or the probe), its memory, how many, on how many
+    machines."""
+
+    gpu: str | None  # None: no GPU (CPU training, or not named)
+    memory_bytes: int | None
+    count: Sourced[int]
+    nodes: Sourced[int]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"gpu": self.gpu, "memory_bytes": self.memory_bytes, "count": self.count.to_json(),
+                "nodes": self.nodes.to_json()}
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA's rank and targets ("all-linear", a regex over module names, or a list of names), and the trainable
+    parameters they come to on this model's real modules."""
+
+    r: int
+    targets: str | tuple[str, ...]
+    trainable: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"r": self.r, "targets": list(self.targets) if isinstance(self.targets, tuple) else self.targets,
+                "trainable_params": self.trainable}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run, every field with its source."""
+
+    model: str | None  # the model_type (the repo name is filled in by the views, never kept in a judgement)
+    stack: tuple[Sourced[str], ...]  # "transformers 5.23.0" / "transformers>=5.6.0", each with its source
+    hardware: Hardware
+    trainer: Sourced[str]  # the kind of training config that describes it (transformers/TRL, axolotl, ...)
+    method: Sourced[Method]
+    lora: Sourced[Lora] | None
+    precision: Sourced[str]  # bf16 | fp16 | fp32 (the autocast of the run)
+    load_dtype: str
+    batch: Sourced[int]
+    accumulation: Sourced[int]
+    seq_len: Sourced[int]
+    attention: Sourced[str]
+    checkpointing: Sourced[bool]
+    zero_stage: Sourced[int]
+    loss: Sourced[str]  # "full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)
+    memory: str  # the memory plan of this very run, as every view prints it
+
+    @property
+    def effective_batch(self) -> int:
+        """Sequences per optimizer step on one GPU."""
+        return self.batch.value * self.accumulation.value
+
+    def to_json(self) -> dict[str, Any]:
+        """The `run` block of a prescription: each field as {value, source}."""
+        return {"model": self.model, "stack": [s.to_json() for s in self.stack], "hardware": self.hardware.to_json(),
+                "trainer": self.trainer.to_json(), "method": self.method.to_json(),
+                "lora": ({"value": self.lora.value.to_json(), "source": self.lora.source}
+                         if self.lora is not None else None),
+                "precision": self.precision.to_json(), "load_dtype": self.load_dtype, "batch": self.batch.to_json(),
+                "gradient_accumulation_steps": self.accumulation.to_json(), "seq_len": self.seq_len.to_json(),
+                "attention": self.attention.to_json(), "gradient_checkpointing": self.checkpointing.to_json(),
+                "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory}
+
+
+def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[str]) -> Run:
+    """The Run of a memory plan (plan.memory.MemoryPlan): its RunSpec's settings with their sources, the shape's LoRA
+    targets resolved, the GPU the plan was judged against and the stack's libraries."""
+    spec = plan.run
+
+    def src(name: str) -> str:
+        return spec.source(name)
+
+    method = Method(spec.method)
+    lora = None
+    if method is not Method.FULL:
+        lora = Sourced(Lora(spec.lora_r, spec.lora_targets, plan.trainable_params), src("lora"))
+    libraries = tuple(
+        Sourced(f"{p.name} {p.version}" if p.version else f"{p.name}{p.specifier}", p.source)
+        for p in sorted(stack.packages.values(), key=lambda p: p.name) if p.version or p.specifier)
+    return Run(
+        model=model, stack=libraries,
+        hardware=Hardware(plan.gpu_name, plan.gpu_bytes, Sourced(spec.num_gpus, src("num_gpus")),
+                          Sourced(spec.num_nodes, src("num_nodes"))),
+        trainer=trainer, method=Sourced(method, src("method")), lora=lora,
+        precision=Sourced(spec.precision, src("precision")), load_dtype=spec.load_dtype,
+        batch=Sourced(spec.batch_size, src("batch_size")),
+        accumulation=Sourced(spec.gradient_accumulation_steps, src("gradient_accumulation_steps")),
+        seq_len=Sourced(spec.seq_len, src("seq_len")), attention=Sourced(spec.attention, src("attention")),
+        checkpointing=Sourced(spec.gradient_checkpointing, src("gradient_checkpointing")),
+        zero_stage=Sourced(spec.zero_stage if spec.num_gpus > 1 else 0, src("zero_stage")),
+        loss=Sourced("chunked log-probs", src("chunked_loss")) if spec.chunked_loss else
+        Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)"),
+        memory=plan.summary())

@@ -1,0 +1,58 @@
+"""Rendering a prescribed run and reading it back is the identity (issue 32): for random runs, the training config the
+prescription emits (axolotl's keys, `recommend --format yaml`, the only trainer format it writes) read by
+`check --training-config`'s reader gives back the same method, batch, accumulation, sequence, checkpointing, LoRA
+rank and targets, GPUs, sharding and attention. Hypothesis, in the derandomised CI profile (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemma_doctor.plan import recommend, runplan
+from gemma_doctor.readers import training_config as tc_reader
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.MemoryAdvice]:
+    method = draw(st.sampled_from(("full", "lora", "qlora")))
+    gpus = draw(st.sampled_from((1, 2, 4, 8)))
+    nested = draw(st.booleans())
+    family = draw(st.sampled_from(("gemma3", "gemma2", "gemma"))) if not nested else "gemma3"
+    targets = draw(st.sampled_from((None, ("q_proj", "v_proj"), r".*\.(q_proj|o_proj)"))) if method != "full" else None
+    advice = recommend.MemoryAdvice(
+        method=method, batch_size=draw(st.integers(1, 64)), gradient_accumulation_steps=draw(st.integers(1, 64)),
+        gradient_checkpointing=draw(st.booleans()), fits=True, summary="", quant_bits=4 if method == "qlora" else None,
+        seq_len=draw(st.sampled_from((128, 512, 1024, 2048, 8192))),
+        lora_r=draw(st.sampled_from((4, 8, 16, 64))) if method != "full" else None, lora_targets=targets,
+        num_gpus=gpus, zero_stage=draw(st.sampled_from((2, 3))) if gpus > 1 else 0,
+        attention=draw(st.sampled_from((None, "eager"))))
+    inputs = recommend.Inputs(family=family, gpu_native_bf16=draw(st.booleans()), nested=nested,
+                              quantization="4bit" if method == "qlora" else None, memory=advice,
+                              model_id="google/gemma-3-12b-it" if nested else "google/gemma-3-1b-it")
+    return inputs, advice
+
+
+@settings(max_examples=60)
+@given(runs())
+def test_the_prescription_yaml_reads_back_as_the_same_run(run):
+    inputs, advice = run
+    rec = recommend.decide(inputs)
+    text = recommend.training_config_yaml(rec)
+    tc = tc_reader.parse(text, "prescription.yaml", yaml_first=True)
+    assert tc.error is None, text
+    values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+    expected = {"method": advice.method, "batch_size": advice.batch_size,
+                "gradient_accumulation_steps": advice.gradient_accumulation_steps,
+                "gradient_checkpointing": advice.gradient_checkpointing, "seq_len": advice.seq_len}
+    if advice.method != "full":
+        expected["lora_r"] = advice.lora_r
+    if advice.lora_targets is not None:
+        expected["lora_targets"] = advice.lora_targets
+    if advice.num_gpus > 1:
+        expected.update(num_gpus=advice.num_gpus, zero_stage=advice.zero_stage)
+    if advice.attention is not None:
+        expected["attention"] = advice.attention
+    got = {k: values.get(k) for k in expected}
+    if got.get("gradient_accumulation_steps") is None and advice.gradient_accumulation_steps == 1:
+        got["gradient_accumulation_steps"] = 1  # accumulation 1 is the default, left out of the YAML
+    assert got == expected, text
