@@ -547,6 +547,24 @@ def _invoke(argv: list[str] | None) -> Any:
         return app.invoke(ctx)
 
 
+def _interrupted_by_signal(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_stop() -> None:
+    """SIGTERM and SIGHUP (Popen.terminate, docker stop, a CI step's timeout, a closed terminal) stop the run as Ctrl-C
+    does: one line, exit 130, a scan's workers stopped and waited for. Without it they end the process at once and
+    its workers would run on. Only in a process of its own (main() without argv)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) == signal.SIG_DFL:  # one a caller chose (nohup's SIG_IGN) is kept
+                signal.signal(sig, _interrupted_by_signal)
+        except (ValueError, OSError):  # not the main thread
+            pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
     if argv is None:
@@ -555,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
         # one-repo check 3 ms (docs/benchmarks.md); reference counting frees all else as before, and a 1,000-repo
         # check leaves under a thousand objects in cycles.
         gc.disable()
+        _interrupt_on_stop()
     try:
         rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
@@ -591,7 +610,8 @@ def main(argv: list[str] | None = None) -> None:
         # run into a silent exit 130. (Not when called in-process with argv, e.g. by tests.)
         import signal
 
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         # The interpreter's exit runs full collector passes over every object still alive (every module, class and
         # function: 9 ms of a one-repo check's 105); frozen, they are skipped. Exit handlers, finalizers and the
         # flushing of open files run as before; only cyclic garbage made before this line is left to the OS.

@@ -1,0 +1,148 @@
+"""A whole-cache scan's workers never outlive it (issue 33): SIGTERM, SIGHUP or SIGKILL to a real `gemma-doctor check`
+leaves no process of the scan behind, and a worker that stalls is killed at its deadline and its repos done by the
+scan itself. Real processes, real signals: each scan's processes carry a marker in their environment, and a worker is
+stopped (SIGSTOP) before the parent is signalled, so a worker that is not cleaned up is still there to be found."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.builders import HubCache, blob_name, dumps, gemma3_12b_config, variant
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOS = 130  # > 2 * parallel.PER_WORKER: a scan of two processes
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """130 Gemma repos whose config.json blobs are hard links to one config padded to ~300 KB (each repo a few ms to
+    parse, so a worker lives long enough to be caught), built in well under a second."""
+    root = tmp_path_factory.mktemp("signals") / "hub"
+    hub = HubCache(root)
+    config = variant(gemma3_12b_config(), padding=list(range(50_000)))
+    first = hub.add("team/tune-000", {"config.json": config})
+    blob = (first / "config.json").resolve()
+    name = blob_name("config.json", dumps(config))
+    commit = first.name
+    for i in range(1, REPOS):
+        repo = hub.repo_dir(f"team/tune-{i:03d}")
+        (repo / "blobs").mkdir(parents=True)
+        os.link(blob, repo / "blobs" / name)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        os.symlink(f"../../blobs/{name}", repo / "snapshots" / commit / "config.json")
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+    return root
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """The live processes whose environment holds ``marker`` (a zombie has none to read, and runs nothing)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("GD_TEST_SCAN") == marker:
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def _scan(cache: Path, marker: str, **env: str) -> subprocess.Popen:
+    full = {**os.environ, "GEMMA_DOCTOR_WORKERS": "2", "GD_TEST_SCAN": marker, **env}
+    return subprocess.Popen([sys.executable, "-m", "gemma_doctor", "check", "--cache-dir", str(cache), "--format",
+                             "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=full,
+                            start_new_session=True)
+
+
+def _stop_a_worker(scan: subprocess.Popen) -> psutil.Process:
+    """Wait for the scan's worker to be at work (20 ms of CPU: past its first steps, which tie it to the parent), then
+    stop it (SIGSTOP): a stalled worker that cannot end by itself."""
+    parent = psutil.Process(scan.pid)
+    while scan.poll() is None:
+        try:
+            for kid in parent.children():
+                cpu = kid.cpu_times()
+                if cpu.user + cpu.system >= 0.02:
+                    kid.send_signal(signal.SIGSTOP)
+                    return kid
+        except psutil.Error:
+            pass
+        time.sleep(0.002)
+    pytest.fail(f"the scan ended before it forked a worker: {scan.stderr.read()[-2000:]}")
+
+
+def _cleanup(marker: str) -> None:
+    for p in _marked(marker):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _left(marker: str) -> list[psutil.Process]:
+    """The scan's processes still alive a while after its parent ended (the kernel delivers SIGKILL at once)."""
+    for _ in range(100):
+        left = _marked(marker)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_the_scan_like_ctrl_c(cache: Path, sig: signal.Signals) -> None:
+    marker = uuid.uuid4().hex
+    scan = _scan(cache, marker)
+    try:
+        _stop_a_worker(scan)
+        scan.send_signal(sig)
+        out, err = scan.communicate(timeout=120)
+        assert scan.returncode == 130, err
+        assert err.splitlines()[-1].startswith("gemma-doctor: interrupted;"), err
+        assert len(err.splitlines()) == 1, err
+        assert out == ""
+        assert _left(marker) == []
+    finally:
+        _cleanup(marker)
+
+
+def test_sigkill_to_the_scan_kills_its_workers(cache: Path) -> None:
+    marker = uuid.uuid4().hex
+    scan = _scan(cache, marker)
+    try:
+        _stop_a_worker(scan)
+        scan.kill()
+        scan.communicate(timeout=120)
+        assert scan.returncode == -signal.SIGKILL
+        assert _left(marker) == []
+    finally:
+        _cleanup(marker)
+
+
+def test_a_stalled_worker_is_killed_at_its_deadline_and_its_repos_done_by_the_scan(cache: Path) -> None:
+    one = subprocess.run([sys.executable, "-m", "gemma_doctor", "check", "--cache-dir", str(cache), "--format",
+                          "json"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "GEMMA_DOCTOR_WORKERS": "1"})
+    marker = uuid.uuid4().hex
+    scan = _scan(cache, marker, GEMMA_DOCTOR_WORKER_DEADLINE="0.2")
+    try:
+        _stop_a_worker(scan)
+        out, err = scan.communicate(timeout=300)  # a safety net only: without a deadline the scan waits forever
+        assert (scan.returncode, err) == (one.returncode, one.stderr)
+        assert out == one.stdout
+        assert len(json.loads(out)["models"]) == REPOS
+        assert _left(marker) == []
+    finally:
+        _cleanup(marker)
