@@ -1,0 +1,95 @@
+"""Issue 33: a hostile co-user of a shared cache and hostile files. Each test is the shape of one recipe of the
+attacker's pass, run through real parts (a real `gemma-doctor` process, real safetensors files, a cache laid out as
+huggingface_hub lays it out), and fails on the code before the issue's fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.builders import HubCache, gemma3_1b_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GEMMA_DOCTOR_WORKERS", "GEMMA_DOCTOR_PROGRESS")}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=timeout)
+
+
+# --- a shard truncated by its owner while `check --weights` reads it -----------------------------------------------
+
+# Runs `check --weights` over the whole cache; the victim shard (argv[2], a blob) is truncated to 1 MiB by its owner
+# right after the scan has tested its first chunk (the hook: scan_shard's own progress callback), the moment a
+# memory-mapped scan would touch pages past the new end.
+_TRUNCATE_DURING_SCAN = """
+import os, sys
+from gemma_doctor.cli import main
+from gemma_doctor.readers import weights
+cache, victim = sys.argv[1], os.path.realpath(sys.argv[2])
+real = weights.scan_shard
+def scan_shard(h, file, advance=lambda n: None, *a, **k):
+    if os.path.realpath(h.path) != victim:
+        return real(h, file, advance, *a, **k)
+    cut = []
+    def advance_then_cut(n):
+        advance(n)
+        if not cut:
+            cut.append(1)
+            os.truncate(victim, 1 << 20)
+    return real(h, file, advance_then_cut, *a, **k)
+weights.scan_shard = scan_shard
+main(["check", "--cache-dir", cache, "--weights", "--format", "json"] + sys.argv[3:])
+"""
+
+
+@pytest.fixture(scope="module")
+def shards_cache(tmp_path_factory) -> tuple[Path, Path]:
+    """Three Gemma repos, each with an 8 MiB bf16 model.safetensors (one NaN planted in team/a); team/b's shard is
+    the one its owner will truncate."""
+    root = tmp_path_factory.mktemp("cut") / "hub"
+    hub = HubCache(root)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"model.embed_tokens.weight": (torch.randn(1024, 2048, generator=gen) * 0.02).to(torch.bfloat16),
+               "model.layers.0.mlp.down_proj.weight": (torch.randn(1024, 2048, generator=gen) * 0.02).to(torch.bfloat16)}
+    for name in ("team/a", "team/b", "team/c"):
+        if name == "team/a":
+            tensors["model.layers.0.mlp.down_proj.weight"][3, 5] = float("nan")
+        else:
+            tensors["model.layers.0.mlp.down_proj.weight"][3, 5] = 0.0
+        shard = root.parent / "shard.safetensors"
+        save_file(tensors, str(shard))
+        hub.add(name, {"config.json": gemma3_1b_config(), "model.safetensors": shard.read_bytes()})
+    victim = (hub.repo_dir("team/b") / "snapshots").glob("*/model.safetensors")
+    return root, next(victim).resolve()
+
+
+def test_a_shard_truncated_under_the_weights_scan_is_a_finding_and_the_scan_goes_on(shards_cache) -> None:
+    cache, victim = shards_cache
+    whole = _python("import sys; from gemma_doctor.cli import main; main(sys.argv[1:])", "check", "--cache-dir",
+                    str(cache), "--weights", "--format", "json")
+    assert whole.returncode == 1, whole.stderr
+    before = {m["repo_id"]: m for m in json.loads(whole.stdout)["models"]}
+    size = victim.stat().st_size
+    try:
+        got = _python(_TRUNCATE_DURING_SCAN, str(cache), str(victim))
+    finally:
+        with open(victim, "r+b") as f:  # the module's other tests see the shard whole again (its bytes are not needed)
+            f.truncate(size)
+    assert got.returncode == 1, (got.returncode, got.stderr[-2000:])  # was -7 (SIGBUS; 135 in a shell), no output
+    after = {m["repo_id"]: m for m in json.loads(got.stdout)["models"]}
+    assert set(after) == {"team/a", "team/b", "team/c"}
+    for repo in ("team/a", "team/c"):
+        assert after[repo] == before[repo]
+    [gone] = after["team/b"]["weights_scan"]["unreadable"]
+    assert gone["file"] == "model.safetensors" and "file ended early" in gone["error"], gone
+    gd504 = [f for f in after["team/b"]["findings"] if f["code"] == "GD504"]
+    assert gd504 and "model.safetensors (file ended early" in gd504[0]["message"], after["team/b"]["findings"]
