@@ -93,3 +93,20 @@ def test_a_shard_truncated_under_the_weights_scan_is_a_finding_and_the_scan_goes
     assert gone["file"] == "model.safetensors" and "file ended early" in gone["error"], gone
     gd504 = [f for f in after["team/b"]["findings"] if f["code"] == "GD504"]
     assert gd504 and "model.safetensors (file ended early" in gd504[0]["message"], after["team/b"]["findings"]
+
+
+# --- a config value of a megabyte of backslashes, echoed by a finding ----------------------------------------------
+
+def test_a_megabyte_of_backslashes_echoed_by_a_finding_is_shown_whole(tmp_path) -> None:
+    """GD109 quotes the RoPE type of rope_parameters; the text view took 61 s at 40,000 backslashes (quadratic)."""
+    from tests.builders import gemma3_12b_config, variant
+
+    config = gemma3_12b_config()
+    text = {k: v for k, v in config["text_config"].items() if k != "rope_scaling"}
+    run = "\\" * (1 << 20)
+    text["rope_parameters"] = {"rope_type": run, "factor": 8.0}
+    HubCache(tmp_path / "hub").add("evil/slashes", {"config.json": variant(config, text_config=text)})
+    got = _python("import sys; from gemma_doctor.cli import main; main(sys.argv[1:])", "check", "--cache-dir",
+                  str(tmp_path / "hub"), "--format", "text", "--with", "transformers==4.57.0", timeout=120)
+    assert got.returncode == 1, got.stderr[-2000:]
+    assert [line for line in got.stdout.splitlines() if "GD109" in line and f"rope_parameters (all layers: {run} x8.0)" in line]
