@@ -94,15 +94,16 @@ _GPU_HELP = "Plan for this GPU instead of probing: a compute capability (8.0, sm
 
 def _memory_options(f: Callable) -> Callable:
     """The memory plan's options (docs/memory.md): they override the training config."""
-    f = click.option("--num-gpus", type=click.IntRange(min=1), default=None,
+    # The bounds of a training config's counts (readers/training_config.RUN_BOUNDS): past them no run is real.
+    f = click.option("--num-gpus", type=click.IntRange(min=1, max=1 << 20), default=None,
                      help="GPUs the run shards over (default: the training config's num_processes, else the GPUs visible).")(f)
     f = click.option("--gpu-memory", default=None, metavar="GIB",
                      help="Memory of one GPU in GiB (e.g. 80), where --gpu or the probe does not say it.")(f)
     f = click.option("--gradient-checkpointing/--no-gradient-checkpointing", "gradient_checkpointing", default=None,
                      help="Plan with or without gradient checkpointing (default: the training config's, else chosen).")(f)
-    f = click.option("--seq-len", type=click.IntRange(min=1), default=None,
+    f = click.option("--seq-len", type=click.IntRange(min=1, max=1 << 27), default=None,
                      help="Tokens per sequence (default: the training config's max length, else 1024).")(f)
-    f = click.option("--batch-size", type=click.IntRange(min=1), default=None,
+    f = click.option("--batch-size", type=click.IntRange(min=1, max=1 << 20), default=None,
                      help="Per-device batch size (default: the training config's, else the largest that fits).")(f)
     f = click.option("--method", type=click.Choice(["full", "lora", "qlora"], case_sensitive=False), default=None,
                      help="Fine-tuning method to plan memory for (default: the training config's, else the cheapest that fits).")(f)

@@ -110,3 +110,59 @@ def test_a_megabyte_of_backslashes_echoed_by_a_finding_is_shown_whole(tmp_path) 
                   str(tmp_path / "hub"), "--format", "text", "--with", "transformers==4.57.0", timeout=120)
     assert got.returncode == 1, got.stderr[-2000:]
     assert [line for line in got.stdout.splitlines() if "GD109" in line and f"rope_parameters (all layers: {run} x8.0)" in line]
+
+
+# --- numbers beyond any real run: versions and training configs -----------------------------------------------------
+
+HUGE = "7" * 5000  # past Python's 4,300-digit limit on int(): a ValueError, exit 70, before issue 33
+DEEP = "(" * 1000 + 'python_version >= "3"' + ")" * 1000  # packaging's marker parser: RecursionError, exit 70
+
+
+@pytest.fixture
+def one_gemma(hub) -> HubCache:
+    hub.add("team/gemma", {"config.json": gemma3_1b_config()})
+    return hub
+
+
+@pytest.mark.parametrize("name, text, why", [
+    ("requirements.txt", f"transformers=={HUGE}\n", "holds a number of over 64 digits"),
+    ("requirements.txt", f"peft>=0.12\ntransformers==4.57.0; python_version >= '{HUGE}'\n", "holds a number of over"),
+    ("requirements.txt", f"transformers==4.57.0; {DEEP}\n", "nests parentheses over 32 deep"),
+    ("uv.lock", f'version = 1\n\n[[package]]\nname = "transformers"\nversion = "{HUGE}"\n', "holds a number of over"),
+])
+def test_absurd_requirements_are_one_line_not_exit_70(cli, one_gemma, tmp_path, name, text, why):
+    path = tmp_path / name
+    path.write_text(text)
+    got = cli("check", "--cache-dir", one_gemma.root, "--requirements", path)
+    assert got.code == 2 and got.out == ""
+    assert len(got.err.splitlines()) == 1 and why in got.err and len(got.err) < 400, got.err
+
+
+@pytest.mark.parametrize("spec", [f"transformers=={HUGE}", f"transformers==4.57.0; {DEEP}"])
+def test_absurd_with_is_one_line_not_exit_70(cli, one_gemma, spec):
+    got = cli("check", "--cache-dir", one_gemma.root, "--with", spec)
+    assert got.code == 2 and got.out == "" and len(got.err.splitlines()) == 1 and len(got.err) < 400, got.err
+
+
+@pytest.mark.parametrize("name, text, why", [
+    ("big.yaml", f"per_device_train_batch_size: 1{'0' * 60}\nmax_seq_length: 1{'0' * 76}\n",
+     "per_device_train_batch_size is an integer of 200 bits, beyond any real run (at most 1,048,576)"),
+    ("seq.yaml", f"per_device_train_batch_size: 8\nmax_seq_length: {1 << 28}\n",
+     f"max_seq_length is {1 << 28:,}, beyond any real run (at most {1 << 27:,})"),
+    ("digits.yaml", f'per_device_train_batch_size: "{HUGE}"\n', "a number of 5000 digits, beyond any real run"),
+    ("gpus.json", '{"num_processes": 1' + "0" * 30 + "}", "num_processes is an integer of 100 bits"),
+])
+def test_numbers_beyond_any_real_run_in_a_training_config_are_a_finding(cli, one_gemma, tmp_path, name, text, why):
+    path = tmp_path / name
+    path.write_text(text)
+    got = cli("check", "--cache-dir", one_gemma.root, "--training-config", path, "--gpu", "A100", "--format", "json")
+    [model] = json.loads(got.out)["models"]
+    gd601 = [f for f in model["findings"] if f["code"] == "GD601"]
+    assert gd601 and why in gd601[0]["message"], [f["message"] for f in model["findings"]]
+
+
+def test_a_launch_line_with_a_count_of_thousands_of_digits_is_a_finding(cli, one_gemma):
+    got = cli("check", "--cache-dir", one_gemma.root, "--launch", f"deepspeed --num_gpus {HUGE} train.py",
+              "--format", "json")
+    [model] = json.loads(got.out)["models"]
+    assert any(f["code"] == "GD601" and "--num_gpus" in f["message"] for f in model["findings"])
