@@ -427,6 +427,7 @@ class FileRead:
     error: str | None = None
     escapes: bool = False
     mode: int = 0
+    too_large: bool = False  # larger than the limit by its size: not read at all (read_file's ``unread_over``)
 
     @property
     def is_link(self) -> bool:
@@ -434,8 +435,10 @@ class FileRead:
         return self.link_target is not None
 
 
-def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool = True, confine: bool = True) -> FileRead:
-    """Read at most ``limit`` + 1 bytes of the regular file ``path`` (see open_file for ``area``). Never raises."""
+def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool = True, confine: bool = True,
+              unread_over: bool = False) -> FileRead:
+    """Read at most ``limit`` + 1 bytes of the regular file ``path`` (see open_file for ``area``). Never raises. With
+    ``unread_over``, a file whose size is over ``limit`` is not read at all (``too_large``, no data)."""
     try:
         opened = open_file(path, area, follow=follow, confine=confine)
     except Refused as e:
@@ -452,6 +455,10 @@ def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool 
     except (OSError, ValueError) as e:
         # Permission denied on a folder on the way: something may well be there; say so rather than "missing".
         return FileRead(True, error=f"cannot read: {getattr(e, 'strerror', None) or e}")
+    if unread_over and opened.st.st_size > limit:
+        os.close(opened.fd)
+        return FileRead(True, None, opened.link_target, error=f"larger than {limit} bytes; not read",
+                        mode=stat.S_IMODE(opened.st.st_mode), too_large=True)
     try:
         data = read_fd(opened.fd, limit + 1, opened.st.st_size)
     except OSError as e:

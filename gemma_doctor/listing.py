@@ -18,6 +18,7 @@ from gemma_doctor import locate, pipeline
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
+from gemma_doctor.model import source_of
 from gemma_doctor.rules.use_cache import fix_command
 
 
@@ -90,7 +91,7 @@ def declared_dtype(config: Any) -> str | None:
     return None
 
 
-_READ_ERRORS = {"GD001", "GD002", "GD004", "GD005", "GD020", "GD021", "GD022"}
+_READ_ERRORS = {"GD001", "GD002", "GD004", "GD005", "GD020", "GD021", "GD022", "GD080"}
 _FIXABLE = {"GD101", "GD102"}
 # Files no `fix` can repair: a missing or truncated shard, an index from another revision. Only a new download helps.
 _DOWNLOAD_AGAIN = {"GD203", "GD204", "GD206"}
@@ -118,8 +119,15 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     env, names = pipeline.scan_start(cache, revision, options)
 
     def run(part: Sequence[str]) -> tuple[list[Row], int]:
-        models, skipped = pipeline.select(locate.snapshots_in(cache, part, revision, all_revisions), explicit=False)
-        return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
+        snaps = list(locate.snapshots_in(cache, part, revision, all_revisions))
+        rows, skipped = [], 0
+        # One repo read, judged and let go at a time: a scan holds one repo's files, whatever the cache holds.
+        for facts, _why in pipeline.select_each(((s, source_of(s)) for s in snaps), explicit=False):
+            if facts is None:
+                skipped += 1
+            else:
+                rows.append(_row(facts, options, env, len(snaps) > 1))
+        return rows, skipped
 
     runs = pipeline.scan_runs(run, names)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)

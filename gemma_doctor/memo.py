@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import itertools
 import json
 import os
@@ -48,6 +49,9 @@ _PLAIN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]
 _PLAIN = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9._/-]*$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 MAX_ENTRIES = 1024
+# A config.json larger than this is judged directly: the memo's keys and gates hold a digest of its text, never the
+# text, but renaming and looking through megabytes costs more than the judgement it would save (issue 33).
+MAX_RAW = 1 << 20
 # The key of a JSON file's data when its text stands for it (_Renaming._keyed_by_text).
 _FROM_RAW = ("data parsed from raw",)
 
@@ -258,7 +262,7 @@ class _Renaming:
             for real, stand_in in self.quoted:
                 if real in v:
                     v = v.replace(real, stand_in)
-            return v, (t, v)
+            return v, (t, len(v), hashlib.sha256(v).digest())  # a digest: a key never holds a file's text
         if t is frozenset or t is set:
             items = [self.forward(x) for x in v]  # in iteration order: what the judgement would iterate
             canon = [c for c, _ in items]
@@ -400,6 +404,8 @@ def renaming_for(facts: Any) -> _Renaming | None:
         return None
     if type(facts.source) is not LocalSource or facts.source.kind != "cache":
         return None
+    if facts.config.raw is not None and len(facts.config.raw) > MAX_RAW:
+        return None
     if snap.revision in (snap.repo_id, snap.commit) or snap.commit == snap.repo_id:
         return None  # two names in one: the renaming would not be one-to-one
     name = facts.config.data.get("_name_or_path") if facts.config.ok else None
@@ -434,8 +440,9 @@ def _canonical(facts: Any, r: _Renaming) -> tuple[Any, Any]:
 
 
 def _gate(facts: Any, r: _Renaming) -> bytes | None:
-    """A cheap function of the canonical facts (config.json's text renamed as the walk renames it): models whose
-    gates differ cannot have equal canonical facts, so a model whose gate is new is judged without the walk."""
+    """A cheap function of the canonical facts (the digest of config.json's text renamed as the walk renames it):
+    models whose gates differ cannot have equal canonical facts, so a model whose gate is new is judged without the
+    walk. A digest, not the text: the gates of a whole cache are kept, and must not grow with its configs' sizes."""
     raw = facts.config.raw
     if raw is None:
         return None
@@ -443,7 +450,7 @@ def _gate(facts: Any, r: _Renaming) -> bytes | None:
     for real, stand_in in r.quoted:
         if real in raw:
             raw = raw.replace(real, stand_in)
-    return raw
+    return hashlib.sha256(raw).digest()
 
 
 _GATES: set[tuple[int, int, bytes | None]] = set()
