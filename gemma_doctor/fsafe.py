@@ -532,6 +532,7 @@ class Current:
     mode: int = 0o644
     kind: str = "missing"  # "file" | "link" | "folder" | "special" | "missing"
     why: str = ""  # why it could not be read (a link on the way, a missing folder), when that is known
+    mtime_ns: int | None = None  # the file's own modification time (a link's own, not its target's)
 
 
 def current(path: Path, area: Area, limit: int) -> Current:
@@ -551,17 +552,19 @@ def current(path: Path, area: Area, limit: int) -> Current:
                     return Current(True, kind=_kind_at(dir_fd, name))
                 try:
                     target = os.readlink(name, dir_fd=dir_fd)
+                    mtime: int | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime_ns
                 except OSError:
                     continue  # replaced by a file meanwhile: look again
                 data, mode = _through_link(path, target, area, limit)
-                return Current(True, target, data, mode, "link")
+                return Current(True, target, data, mode, "link", mtime_ns=mtime)
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     return Current(True, mode=stat.S_IMODE(st.st_mode),
                                    kind="folder" if stat.S_ISDIR(st.st_mode) else "special")
                 data = read_fd(fd, limit + 1)
-                return Current(True, None, data if len(data) <= limit else None, stat.S_IMODE(st.st_mode), "file")
+                return Current(True, None, data if len(data) <= limit else None, stat.S_IMODE(st.st_mode), "file",
+                               mtime_ns=st.st_mtime_ns)
             finally:
                 os.close(fd)
     return Current(True, kind="special")
@@ -640,14 +643,16 @@ def _refusal(e: Refused) -> WriteError:
     return WriteError(f"{e}; refusing to write through it")
 
 
-def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, make_folders: bool = False) -> None:
+def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, make_folders: bool = False,
+               mtime_ns: int | None = None) -> None:
     """Atomically make ``path`` a regular file holding ``data`` with permissions ``mode`` (umask does not apply).
 
     Temp file beside it (``O_EXCL | O_NOFOLLOW``), fsync, rename, all relative to the real folder holding it, which
     is reached from the area's root without following a link. A link at ``path`` is replaced, never written
     through, so the blob it pointed at is untouched; a hard link elsewhere keeps its bytes for the same reason.
     ``make_folders``: create missing folders on the way (our own state folder); otherwise a missing folder (a
-    snapshot folder someone moved away) is an error, never made anew holding one file.
+    snapshot folder someone moved away) is an error, never made anew holding one file. ``mtime_ns``: the modification
+    time the file gets (restore's original's), set on the temp file before it is renamed into place.
     """
     area = area or area_of(path)
     try:
@@ -662,6 +667,8 @@ def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, mak
                         view = view[n:]
                     # On the descriptor: the umask shaped the mode os.open gave, and a path could be swapped meanwhile.
                     os.fchmod(fd, mode & 0o777)
+                    if mtime_ns is not None:
+                        os.utime(fd, ns=(os.fstat(fd).st_atime_ns, mtime_ns))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -679,14 +686,18 @@ def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, mak
         raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
 
 
-def write_link(path: Path, target: str, area: Area | None = None) -> None:
-    """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename)."""
+def write_link(path: Path, target: str, area: Area | None = None, mtime_ns: int | None = None) -> None:
+    """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename); ``mtime_ns``: the link's
+    own modification time, where the system can set a link's (Linux can)."""
     area = area or area_of(path)
     try:
         with _parent(path, area) as (dir_fd, name):
             tmp = tmp_name(Path(name)).name
             try:
                 os.symlink(target, tmp, dir_fd=dir_fd)
+                if mtime_ns is not None and os.utime in os.supports_follow_symlinks:
+                    with contextlib.suppress(OSError):  # a link's time is not worth failing a restore for
+                        os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):
