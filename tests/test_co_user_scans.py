@@ -13,14 +13,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.builders import HubCache, blob_name, dumps, gemma3_12b_config, variant
+from tests.builders import HubCache, blob_name, dumps, gemma3_12b_config, generation_config, variant
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOS = 130  # > 2 * parallel.PER_WORKER: a scan of two processes
@@ -195,3 +198,60 @@ def test_a_scan_holds_one_repo_of_raw_bytes_at_a_time(big_configs: Path, command
     code, peak_kib, err = got.stdout.split(" ", 2)
     assert int(code) in (0, 1), err
     assert int(peak_kib) < 512 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
+
+
+# --- the memo: byte-equal output with and without it, for any number of workers ----------------------------------------
+
+_ORGS = ("aa", "gemma-team", "zz")
+
+
+@st.composite
+def _caches(draw):  # noqa: ANN001, ANN202
+    """Repos of a few orgs whose configs may hold their own repo id, another repo's, or their commit as a value (a RoPE
+    type, _name_or_path), next to plain fine-tunes equal but for their names."""
+    n = draw(st.integers(3, 9))
+    ids = draw(st.lists(st.tuples(st.sampled_from(_ORGS), st.integers(0, 30)), min_size=n, max_size=n, unique=True))
+    ids = [f"{org}/m{k}" for org, k in ids]
+    repos = []
+    for rid in ids:
+        value = draw(st.sampled_from(["own", "other", "hh", "linear", None]))
+        name = draw(st.sampled_from(["own", "other", "/runs/x", None]))
+        repos.append((rid, value, name, draw(st.booleans())))
+    return repos
+
+
+def _build(root: Path, repos) -> None:  # noqa: ANN001
+    hub = HubCache(root)
+    ids = [r[0] for r in repos]
+    base = gemma3_12b_config()
+    for i, (rid, value, name, gen) in enumerate(repos):
+        other = ids[(i + 1) % len(ids)]
+        text = {k: v for k, v in base["text_config"].items() if k != "rope_scaling"}
+        if value is not None:
+            kind = {"own": rid, "other": other}.get(value, value)
+            text["rope_parameters"] = {"full_attention": {"rope_type": kind, "factor": 8.0},
+                                       "sliding_attention": {"rope_type": "hh", "factor": 2.0}}
+        config = variant(base, text_config=text)
+        if name is not None:
+            config["_name_or_path"] = {"own": rid, "other": other}.get(name, name)
+        files: dict = {"config.json": config}
+        if gen:
+            files["generation_config.json"] = generation_config()
+        hub.add(rid, files)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_caches())
+def test_random_caches_give_byte_equal_output_with_and_without_the_memo_for_any_workers(repos) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _build(Path(tmp) / "hub", repos)
+        outs = []
+        for env in ({"GEMMA_DOCTOR_NO_MEMO": "1", "GEMMA_DOCTOR_WORKERS": "1"}, {"GEMMA_DOCTOR_WORKERS": "1"},
+                    {"GEMMA_DOCTOR_WORKERS": "3"}):
+            full = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_NO_MEMO"}
+            got = subprocess.run([sys.executable, "-m", "gemma_doctor", "check", "--cache-dir", str(Path(tmp) / "hub"),
+                                  "--with", "transformers==4.57.0", "--format", "text"], capture_output=True, text=True,
+                                 cwd=ROOT, env={**full, **env}, timeout=300)
+            outs.append((got.returncode, got.stdout, got.stderr))
+        assert outs[1] == outs[0]
+        assert outs[2] == outs[0]
