@@ -166,3 +166,47 @@ def test_a_launch_line_with_a_count_of_thousands_of_digits_is_a_finding(cli, one
               "--format", "json")
     [model] = json.loads(got.out)["models"]
     assert any(f["code"] == "GD601" and "--num_gpus" in f["message"] for f in model["findings"])
+
+
+# --- an adapter's base named by a folder --------------------------------------------------------------------------------
+
+def _victim_base(tmp_path: Path) -> Path:
+    """A folder of another user's (mode 600 config): a Gemma base an attacker would like the victim to read."""
+    folder = tmp_path / "victim" / "private-base"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(gemma3_1b_config()))
+    os.chmod(folder / "config.json", 0o600)
+    return folder
+
+
+_ADAPTER = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}
+
+
+def _adapter_weights(tmp_path: Path) -> bytes:
+    path = tmp_path / "adapter_model.safetensors"
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(8, 16)}, str(path))
+    return path.read_bytes()
+
+
+def test_an_adapter_in_the_cache_never_reads_a_base_folder_it_names(cli, hub, tmp_path):
+    base = _victim_base(tmp_path)
+    hub.add("evil/adapter", {"adapter_config.json": {**_ADAPTER, "base_model_name_or_path": str(base)},
+                             "adapter_model.safetensors": _adapter_weights(tmp_path)})
+    got = cli("check", "evil/adapter", "--cache-dir", hub.root, "--format", "json")
+    [model] = json.loads(got.out)["models"]
+    assert model["base"]["found"] == "not found" and model["base"]["family"] is None, model["base"]
+    assert "not read: an adapter in the cache names its base by a folder" in model["base"]["note"]
+    assert any("not read: an adapter in the cache names its base by a folder" in f["message"]
+               for f in model["findings"]), [f["message"] for f in model["findings"]]
+
+
+def test_an_adapter_folder_the_user_names_reads_its_base_folder_and_says_where(cli, hub, tmp_path):
+    base = _victim_base(tmp_path)
+    mine = tmp_path / "my-adapter"
+    mine.mkdir()
+    (mine / "adapter_config.json").write_text(json.dumps({**_ADAPTER, "base_model_name_or_path": str(base)}))
+    (mine / "adapter_model.safetensors").write_bytes(_adapter_weights(tmp_path))
+    got = cli("check", mine, "--cache-dir", hub.root, "--format", "json")
+    [model] = json.loads(got.out)["models"]
+    assert (model["base"]["found"], model["base"]["path"]) == ("folder", str(base)), model["base"]
+    assert model["base"]["family"] is not None
