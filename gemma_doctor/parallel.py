@@ -224,7 +224,8 @@ def _wait(pid: int, until: float) -> int | None:
             if left <= 0:
                 return None
             if pidfd >= 0:
-                select.select([pidfd], [], [], None if left == float("inf") else left)  # readable once it ends
+                # Readable once it ends; at most an hour per wait, so a huge deadline never overflows select's timeout.
+                select.select([pidfd], [], [], min(left, 3600.0))
             else:
                 time.sleep(min(left, 0.01))
     finally:
