@@ -158,6 +158,12 @@ assert plain(escape(run + "[b]x")) == run + "[b]x"
 line = "[bold]GD109[/] " + escape(run + "[b]")
 assert to_string([line], False) == "GD109 " + run + "[b]\\n"
 assert "GD109 " + run + "[b]" in to_string([line], True)
+# Runs just short of any per-line bound, a megabyte of them, and a thousand lines of 1,000-backslash runs: rich's own
+# parser would take N^2 steps on each run; past the view's budget such lines are printed uncoloured (no escape code).
+runs = ("\\\\" * 255 + "x") * 4096
+lines = ["[bold]ok[/] plain", "[bold]GD109[/] " + escape(runs + "[b]")] + ["[bold]GD109[/] " + escape("\\\\" * 1000 + "[b]")] * 1000
+out = to_string(lines, True).splitlines()
+assert "\x1b[" in out[0] and out[1] == "GD109 " + runs + "[b]" and "\x1b[" not in out[-1], out[-1][:80]
 print("ok")
 """
 

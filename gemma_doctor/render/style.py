@@ -79,10 +79,24 @@ def plain(markup: str) -> str:
     return "".join(out)
 
 
-# Markup holding a run of this many backslashes is shown without colour on a terminal too: rich parses markup with the
-# pattern _TAG's comment describes, N^2 steps for a run of N backslashes in a line that holds any "[" (2.3 s at
-# 10,000). No real report holds such a run; only a hostile value echoed in full does.
-_LONG_RUN = re.compile(r"\\{256}")
+# rich parses markup with the pattern _TAG's comment describes: a run of N backslashes in a line that holds any "["
+# costs it N^2 steps (2.3 s at 10,000; 5 s for a megabyte of 255-backslash runs). Markup past this many such steps,
+# counted over one view, is shown without colour on a terminal too. No real report comes near it; only hostile values
+# echoed in full do.
+RICH_STEPS = 1 << 20
+_SLASHES = re.compile(r"\\+")
+
+
+def _rich_steps(markup: str, most: int) -> int:
+    """The steps rich's markup parser takes on the backslash runs of ``markup``, counted up to just past ``most``."""
+    if "\\" not in markup:
+        return 0
+    steps = 0
+    for m in _SLASHES.finditer(markup):  # linear: a run is matched once, whole
+        steps += (m.end() - m.start()) ** 2
+        if steps > most:
+            break
+    return steps
 
 
 def to_string(renderables: list[Any], color: bool, width: int = 100) -> str:
@@ -94,7 +108,17 @@ def to_string(renderables: list[Any], color: bool, width: int = 100) -> str:
     from rich.console import Console
     from rich.text import Text
 
-    renderables = [Text(plain(r)) if isinstance(r, str) and _LONG_RUN.search(r) else r for r in renderables]
+    spent = 0  # over the whole view: many lines each just under the bound must not add up to a quadratic parse
+    kept: list[Any] = []
+    for r in renderables:
+        if isinstance(r, str):
+            steps = _rich_steps(r, RICH_STEPS - spent)
+            if spent + steps > RICH_STEPS:
+                r = Text(plain(r))
+            else:
+                spent += steps
+        kept.append(r)
+    renderables = kept
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=color, no_color=not color, color_system="standard" if color else None,
