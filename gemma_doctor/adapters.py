@@ -19,13 +19,26 @@ from gemma_doctor.readers.adapter import BaseFacts
 from gemma_doctor.source import local
 
 
-def find_base(name: str | None, cache: Path, revision: str | None = None, hub: bool = True) -> BaseFacts:
+# Why the base an adapter of the cache names as a folder is not read (issue 33).
+NOT_A_FOLDER = ("not read: an adapter in the cache names its base by a folder, and anyone who can write the cache could "
+                "point it at any folder of yours; check that folder yourself (gemma-doctor check FOLDER)")
+
+
+def find_base(name: str | None, cache: Path, revision: str | None = None, hub: bool = True,
+              in_cache: bool = False) -> BaseFacts:
     """The base named ``name``: an existing folder, else a cached repo at ``revision`` (main when unrecorded), else
-    (when ``hub``) the Hub's config.json for that repo."""
+    (when ``hub``) the Hub's config.json for that repo. For an adapter ``in_cache`` (a shared cache's co-users can
+    write its adapter_config.json) the name is only ever a repo id: a folder it names is not read, and said so."""
     if not name:
         return BaseFacts(None, "unnamed")
     try:
-        snapshots = locate.resolve([name], cache, revision or "main")
+        if in_cache:
+            repo = locate.repo_target(name, revision or "main")
+            if repo is None:
+                return BaseFacts(name, "not found", note=NOT_A_FOLDER)
+            snapshots = locate.cached_snapshots(repo[0], cache, repo[1])  # never a folder of that name
+        else:
+            snapshots = locate.resolve([name], cache, revision or "main")
     except locate.NotCached as e:
         if not hub:
             return BaseFacts(name, "not found", note="not asked: a scan of the whole cache never reaches the Hub")
@@ -65,4 +78,5 @@ def with_base(facts: ModelFacts, cache: Path, hub: bool = True) -> ModelFacts:
     line); any other model's facts unchanged."""
     if facts.adapter is None or facts.base is not None:
         return facts
-    return facts.with_(base=find_base(facts.adapter.base_model, cache, facts.adapter.base_revision, hub))
+    return facts.with_(base=find_base(facts.adapter.base_model, cache, facts.adapter.base_revision, hub,
+                                      in_cache=facts.snapshot.in_cache))

@@ -86,15 +86,16 @@ _GPU_HELP = "Plan for this GPU instead of probing: a compute capability (8.0, sm
 
 def _memory_options(f: Callable) -> Callable:
     """The memory plan's options (docs/memory.md): they override the training config."""
-    f = click.option("--num-gpus", type=click.IntRange(min=1), default=None,
+    # The bounds of a training config's counts (readers/training_config.RUN_BOUNDS): past them no run is real.
+    f = click.option("--num-gpus", type=click.IntRange(min=1, max=1 << 20), default=None,
                      help="GPUs the run shards over (default: the training config's num_processes, else the GPUs visible).")(f)
     f = click.option("--gpu-memory", default=None, metavar="GIB",
                      help="Memory of one GPU in GiB (e.g. 80), where --gpu or the probe does not say it.")(f)
     f = click.option("--gradient-checkpointing/--no-gradient-checkpointing", "gradient_checkpointing", default=None,
                      help="Plan with or without gradient checkpointing (default: the training config's, else chosen).")(f)
-    f = click.option("--seq-len", type=click.IntRange(min=1), default=None,
+    f = click.option("--seq-len", type=click.IntRange(min=1, max=1 << 27), default=None,
                      help="Tokens per sequence (default: the training config's max length, else 1024).")(f)
-    f = click.option("--batch-size", type=click.IntRange(min=1), default=None,
+    f = click.option("--batch-size", type=click.IntRange(min=1, max=1 << 20), default=None,
                      help="Per-device batch size (default: the training config's, else the largest that fits).")(f)
     f = click.option("--method", type=click.Choice(["full", "lora", "qlora"], case_sensitive=False), default=None,
                      help="Fine-tuning method to plan memory for (default: the training config's, else the cheapest that fits).")(f)
@@ -539,8 +540,28 @@ def _invoke(argv: list[str] | None) -> Any:
         return app.invoke(ctx)
 
 
+def _interrupted_by_signal(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_stop() -> None:
+    """SIGTERM and SIGHUP (Popen.terminate, docker stop, a CI step's timeout, a closed terminal) stop the run as Ctrl-C
+    does: one line, exit 130, a scan's workers stopped and waited for. Without it they end the process at once and
+    its workers would run on. Only in a process of its own (main() without argv)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) == signal.SIG_DFL:  # one a caller chose (nohup's SIG_IGN) is kept
+                signal.signal(sig, _interrupted_by_signal)
+        except (ValueError, OSError):  # not the main thread
+            pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
+    if argv is None:
+        _interrupt_on_stop()
     try:
         rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
@@ -577,5 +598,6 @@ def main(argv: list[str] | None = None) -> None:
         # run into a silent exit 130. (Not when called in-process with argv, e.g. by tests.)
         import signal
 
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
     sys.exit(int(code))

@@ -64,6 +64,7 @@ _CODES = [
     Code("GD020", "repo-unreadable", "a cached repo folder cannot be read safely (unreadable, a link, not a folder, or not named like a repo); not checked", unreadable=True),
     Code("GD021", "ref-invalid", "a ref of a cached repo does not hold a commit hash (or is a link, or names a missing snapshot); the repo is not read", unreadable=True),
     Code("GD022", "snapshot-entry-invalid", "an entry of a repo's snapshots/ folder is a link or not named by a commit hash; not read", unreadable=True),
+    Code("GD080", "config-too-large", "config.json is larger than 16 MiB: not a config, and not read", unreadable=True),
     # GD1xx: the HybridCache crash and use_cache
     Code("GD101", "use-cache-enabled", "use_cache is not disabled where the text model reads it", cure=Cure.FIX),
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false", cure=Cure.FIX),

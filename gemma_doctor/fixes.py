@@ -373,12 +373,14 @@ def _write_changes(plan: ModelPlan, entries: dict[str, dict[str, Any]], written:
         # A second fix of a file the user edited after the first: the edit is the original restore must bring back.
         if entry is None or entry.get("fixed_sha256") != undo.sha256(change.before) or link_target is not None:
             # The file as it is now (read under the lock, in one look) is the original that restore must bring back.
-            mode = _current(snap, change.path).mode & 0o777
+            now = _current(snap, change.path)
+            mode = now.mode & 0o777
             entry = {
                 "kind": "link" if link_target is not None else "file",
                 "link_target": link_target,
                 "original_sha256": undo.save_backup(snap, change.before, mode),
                 "mode": mode,
+                "mtime_ns": now.mtime_ns,  # restore brings it back too (issue 33)
             }
         entry = {**entry, "fixed_sha256": after_digest, "keys": list(change.keys), "fixed_at": _now()}
         entries[key] = entry
@@ -401,9 +403,10 @@ def _roll_back(snap: Any, written: list[FileChange], before: dict[str, dict[str,
         key = undo.entry_key(snap, change.name)
         try:
             if change.link_target is not None:
-                fsafe.write_link(change.path, change.link_target, area=where)
+                fsafe.write_link(change.path, change.link_target, area=where, mtime_ns=undo.mtime_of(entries[key]))
             else:
-                fsafe.write_file(change.path, change.before, int(entries[key].get("mode", 0o644)), area=where)
+                fsafe.write_file(change.path, change.before, int(entries[key].get("mode", 0o644)), area=where,
+                                 mtime_ns=undo.mtime_of(entries[key]))
         except WriteError:
             keep[key] = entries[key]
             stuck.append(change.name)
@@ -515,10 +518,11 @@ def apply_restore(facts: ModelFacts, actions: list[RestoreAction], lock_timeout:
                     if not fsafe.leads_to_file(action.path, target, where):
                         raise WriteError(f"{action.path}: its original link target {target} is gone from the cache; "
                                          f"the original bytes are in {undo.backup_path(snap, str(entry.get('original_sha256')))}")
-                    fsafe.write_link(action.path, target, area=where)
+                    fsafe.write_link(action.path, target, area=where, mtime_ns=undo.mtime_of(entry))
                 else:
                     original = undo.read_backup(snap, str(entry.get("original_sha256")))
-                    fsafe.write_file(action.path, original, int(entry.get("mode", 0o644)), area=where)
+                    fsafe.write_file(action.path, original, int(entry.get("mode", 0o644)), area=where,
+                                     mtime_ns=undo.mtime_of(entry))
                 result.restored.append(action.name)
             del entries[key]
             undo.save(snap, entries)

@@ -523,6 +523,7 @@ class FileRead:
     error: str | None = None
     escapes: bool = False
     mode: int = 0
+    too_large: bool = False  # larger than the limit by its size: not read at all (read_file's ``unread_over``)
 
     @property
     def is_link(self) -> bool:
@@ -530,8 +531,10 @@ class FileRead:
         return self.link_target is not None
 
 
-def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool = True, confine: bool = True) -> FileRead:
-    """Read at most ``limit`` + 1 bytes of the regular file ``path`` (see open_file for ``area``). Never raises."""
+def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool = True, confine: bool = True,
+              unread_over: bool = False) -> FileRead:
+    """Read at most ``limit`` + 1 bytes of the regular file ``path`` (see open_file for ``area``). Never raises. With
+    ``unread_over``, a file whose size is over ``limit`` is not read at all (``too_large``, no data)."""
     try:
         opened = open_file(path, area, follow=follow, confine=confine)
     except Refused as e:
@@ -549,6 +552,10 @@ def read_file(path: Path, limit: int, area: Area | None = None, *, follow: bool 
     except (OSError, ValueError) as e:
         # Permission denied on a folder on the way: something may well be there; say so rather than "missing".
         return FileRead(True, error=f"cannot read: {getattr(e, 'strerror', None) or e}")
+    if unread_over and opened.st.st_size > limit:
+        os.close(opened.fd)
+        return FileRead(True, None, opened.link_target, error=f"larger than {limit} bytes; not read",
+                        mode=stat.S_IMODE(opened.st.st_mode), too_large=True)
     try:
         data = read_fd(opened.fd, limit + 1, opened.st.st_size)
     except OSError as e:
@@ -622,6 +629,7 @@ class Current:
     mode: int = 0o644
     kind: str = "missing"  # "file" | "link" | "folder" | "special" | "missing"
     why: str = ""  # why it could not be read (a link on the way, a missing folder), when that is known
+    mtime_ns: int | None = None  # the file's own modification time (a link's own, not its target's)
 
 
 def current(path: Path, area: Area, limit: int) -> Current:
@@ -641,17 +649,19 @@ def current(path: Path, area: Area, limit: int) -> Current:
                     return Current(True, kind=_kind_at(dir_fd, name))
                 try:
                     target = os.readlink(name, dir_fd=dir_fd)
+                    mtime: int | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime_ns
                 except OSError:
                     continue  # replaced by a file meanwhile: look again
                 data, mode = _through_link(path, target, area, limit)
-                return Current(True, target, data, mode, "link")
+                return Current(True, target, data, mode, "link", mtime_ns=mtime)
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     return Current(True, mode=stat.S_IMODE(st.st_mode),
                                    kind="folder" if stat.S_ISDIR(st.st_mode) else "special")
                 data = read_fd(fd, limit + 1)
-                return Current(True, None, data if len(data) <= limit else None, stat.S_IMODE(st.st_mode), "file")
+                return Current(True, None, data if len(data) <= limit else None, stat.S_IMODE(st.st_mode), "file",
+                               mtime_ns=st.st_mtime_ns)
             finally:
                 os.close(fd)
     return Current(True, kind="special")
@@ -730,14 +740,16 @@ def _refusal(e: Refused) -> WriteError:
     return WriteError(f"{e}; refusing to write through it")
 
 
-def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, make_folders: bool = False) -> None:
+def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, make_folders: bool = False,
+               mtime_ns: int | None = None) -> None:
     """Atomically make ``path`` a regular file holding ``data`` with permissions ``mode`` (umask does not apply).
 
     Temp file beside it (``O_EXCL | O_NOFOLLOW``), fsync, rename, all relative to the real folder holding it, which
     is reached from the area's root without following a link. A link at ``path`` is replaced, never written
     through, so the blob it pointed at is untouched; a hard link elsewhere keeps its bytes for the same reason.
     ``make_folders``: create missing folders on the way (our own state folder); otherwise a missing folder (a
-    snapshot folder someone moved away) is an error, never made anew holding one file.
+    snapshot folder someone moved away) is an error, never made anew holding one file. ``mtime_ns``: the modification
+    time the file gets (restore's original's), set on the temp file before it is renamed into place.
     """
     area = area or area_of(path)
     try:
@@ -752,6 +764,8 @@ def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, mak
                         view = view[n:]
                     # On the descriptor: the umask shaped the mode os.open gave, and a path could be swapped meanwhile.
                     os.fchmod(fd, mode & 0o777)
+                    if mtime_ns is not None:
+                        os.utime(fd, ns=(os.fstat(fd).st_atime_ns, mtime_ns))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -769,14 +783,18 @@ def write_file(path: Path, data: bytes, mode: int, area: Area | None = None, mak
         raise WriteError(f"cannot write {path}: {e.strerror or e}; it was left as it was") from None
 
 
-def write_link(path: Path, target: str, area: Area | None = None) -> None:
-    """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename)."""
+def write_link(path: Path, target: str, area: Area | None = None, mtime_ns: int | None = None) -> None:
+    """Atomically make ``path`` a symlink to ``target`` (a new link beside it, then rename); ``mtime_ns``: the link's
+    own modification time, where the system can set a link's (Linux can)."""
     area = area or area_of(path)
     try:
         with _parent(path, area) as (dir_fd, name):
             tmp = tmp_name(Path(name)).name
             try:
                 os.symlink(target, tmp, dir_fd=dir_fd)
+                if mtime_ns is not None and os.utime in os.supports_follow_symlinks:
+                    with contextlib.suppress(OSError):  # a link's time is not worth failing a restore for
+                        os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):

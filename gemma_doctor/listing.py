@@ -20,6 +20,7 @@ from gemma_doctor.codes import CODES, Code, Cure
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
+from gemma_doctor.model import source_of
 from gemma_doctor.rules.use_cache import fix_command
 
 
@@ -120,8 +121,15 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     env, names = pipeline.scan_start(cache, revision, options)
 
     def run(part: Sequence[str]) -> tuple[list[Row], int]:
-        models, skipped = pipeline.select(locate.snapshots_in(cache, part, revision, all_revisions), explicit=False)
-        return [_row(facts, options, env, len(models) > 1) for facts in models], len(skipped)
+        snaps = list(locate.snapshots_in(cache, part, revision, all_revisions))
+        rows, skipped = [], 0
+        # One repo read, judged and let go at a time: a scan holds one repo's files, whatever the cache holds.
+        for facts, _why in pipeline.select_each(((s, source_of(s)) for s in snaps), explicit=False):
+            if facts is None:
+                skipped += 1
+            else:
+                rows.append(_row(facts, options, env, len(snaps) > 1))
+        return rows, skipped
 
     runs = pipeline.scan_runs(run, names)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)

@@ -258,6 +258,12 @@ def _resolve_one(target: str, cache: Path, revision: str, all_revisions: bool) -
     return _cached_repo(target, cache, revision, all_revisions)
 
 
+def cached_snapshots(repo_id: str, cache: Path, revision: str = "main") -> list[Snapshot]:
+    """The cached snapshot of ``repo_id`` at ``revision``, never a folder of that name (NotCached when absent)."""
+    validate_repo_id(repo_id)
+    return _cached_repo(repo_id, cache, revision, False)
+
+
 def _cached_repo(repo_id: str, cache: Path, revision: str, all_revisions: bool) -> list[Snapshot]:
     repo_dir = cache / repo_folder_name(repo_id)
     if not _is_dir(repo_dir / "snapshots") and not os.path.lexists(repo_dir):

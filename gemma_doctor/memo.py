@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import itertools
 import json
 import os
@@ -48,6 +49,9 @@ _PLAIN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]
 _PLAIN = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9._/-]*$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 MAX_ENTRIES = 1024
+# A config.json larger than this is judged directly: the memo's keys and gates hold a digest of its text, never the
+# text, but renaming and looking through megabytes costs more than the judgement it would save (issue 33).
+MAX_RAW = 1 << 20
 # The key of a JSON file's data when its text stands for it (_Renaming._keyed_by_text).
 _FROM_RAW = ("data parsed from raw",)
 
@@ -147,6 +151,7 @@ class _Renaming:
         self.blobs: dict[str, str] = {}
         self._back_re: re.Pattern[str] | None = None
         self.quoted = [(json.dumps(a).encode(), json.dumps(b).encode()) for a, b in self.whole.items()]
+        self.in_file = False  # walking a file's contents (a JsonFile), where a name is a value, not the model's name
 
     @property
     def back_re(self) -> re.Pattern[str]:
@@ -159,6 +164,10 @@ class _Renaming:
     def _str(self, s: str) -> str:
         hit = self.whole.get(s)
         if hit is not None:
+            if self.in_file:
+                # The repo id or commit as a value of the model's own files (a RoPE type, say): judged on the stand-in,
+                # the judgement would differ from the model's (issue 33). Such a model is judged directly.
+                raise Unmemoisable("the model's name is a value in its files")
             return hit
         if s == NAME and self.name is not None and not self.name_placed:
             self.name_placed = True  # the config's own name, renamed by _canonical (any other NAME is a collision)
@@ -253,12 +262,11 @@ class _Renaming:
         if t is bytes:
             if v is not self.renamed_raw and (b"gdmemo" in v or BLOB.encode() in v):
                 raise Unmemoisable("a stand-in is already in the bytes")
-            # A file's JSON text: each whole string renamed in its parsed data is renamed where it is written too
-            # (quoted as JSON writes it; written otherwise, the bytes keep the name, and the key with them).
-            for real, stand_in in self.quoted:
-                if real in v:
-                    v = v.replace(real, stand_in)
-            return v, (t, v)
+            # A file's JSON text: the model's name written in it (quoted as JSON writes it) is a value of the file, and
+            # the model is judged directly (see _str); written otherwise, the bytes keep it, and the key with them.
+            if any(real in v for real, _ in self.quoted):
+                raise Unmemoisable("the model's name is a value in its files")
+            return v, (t, len(v), hashlib.sha256(v).digest())  # a digest: a key never holds a file's text
         if t is frozenset or t is set:
             items = [self.forward(x) for x in v]  # in iteration order: what the judgement would iterate
             canon = [c for c, _ in items]
@@ -282,6 +290,15 @@ class _Renaming:
             folder, kf = self._path(v.folder)
             root, kr = self._path(v.root) if v.root is not None else (None, None)
             return StandInSource(v.kind, folder, root), (cls, v.kind, kf, kr)
+        if cls is JsonFile:
+            outer, self.in_file = self.in_file, True
+            try:
+                return self._fields_of(v, cls)
+            finally:
+                self.in_file = outer
+        return self._fields_of(v, cls)
+
+    def _fields_of(self, v: Any, cls: type) -> tuple[Any, Any]:
         changed: dict[str, Any] = {}
         keys = []
         from_raw = cls is JsonFile and self._keyed_by_text(v)
@@ -324,7 +341,7 @@ class _Renaming:
         if raw is not self.renamed_raw and (b"gdmemo" in raw or BLOB.encode() in raw):
             return False
         if any(real in raw for real, _ in self.quoted):
-            return False
+            raise Unmemoisable("the model's name is a value in its files")
         if self.name is not None and json.dumps(self.name).encode() in raw:
             return False
         if raw is self.renamed_raw:  # the config's own name, placed once as _str places it when walked
@@ -400,11 +417,14 @@ def renaming_for(facts: Any) -> _Renaming | None:
         return None
     if type(facts.source) is not LocalSource or facts.source.kind != "cache":
         return None
+    if facts.config.raw is not None and len(facts.config.raw) > MAX_RAW:
+        return None
     if snap.revision in (snap.repo_id, snap.commit) or snap.commit == snap.repo_id:
         return None  # two names in one: the renaming would not be one-to-one
     name = facts.config.data.get("_name_or_path") if facts.config.ok else None
-    if not (isinstance(name, str) and name != snap.repo_id and _PLAIN.match(name) and name != snap.commit
-            and name != snap.revision):
+    # The config's own _name_or_path has a stand-in of its own (the repo id included: hub configs often name their repo
+    # there); the repo id anywhere else in the model's files makes it judged directly (_Renaming._str).
+    if not (isinstance(name, str) and _PLAIN.match(name) and name != snap.commit and name != snap.revision):
         name = None
     return _Renaming(snap.repo_id, snap.repo_dir.name, snap.commit, name)
 
@@ -434,8 +454,9 @@ def _canonical(facts: Any, r: _Renaming) -> tuple[Any, Any]:
 
 
 def _gate(facts: Any, r: _Renaming) -> bytes | None:
-    """A cheap function of the canonical facts (config.json's text renamed as the walk renames it): models whose
-    gates differ cannot have equal canonical facts, so a model whose gate is new is judged without the walk."""
+    """A cheap function of the canonical facts (the digest of config.json's text renamed as the walk renames it):
+    models whose gates differ cannot have equal canonical facts, so a model whose gate is new is judged without the
+    walk. A digest, not the text: the gates of a whole cache are kept, and must not grow with its configs' sizes."""
     raw = facts.config.raw
     if raw is None:
         return None
@@ -443,7 +464,7 @@ def _gate(facts: Any, r: _Renaming) -> bytes | None:
     for real, stand_in in r.quoted:
         if real in raw:
             raw = raw.replace(real, stand_in)
-    return raw
+    return hashlib.sha256(raw).digest()
 
 
 _GATES: set[tuple[int, int, bytes | None]] = set()

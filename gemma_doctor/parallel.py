@@ -9,16 +9,25 @@ out of memory, a result it cannot pickle) has its run done again in the parent, 
 result. An error a worker meets (a ``DoctorError`` the sequential scan would raise) is raised in order, as the
 sequential scan would.
 
+No worker outlives its scan: each asks the kernel for SIGKILL when the process that forked it ends, however it ends
+(SIGKILL, a crash: ``prctl(PR_SET_PDEATHSIG)`` on Linux, set in the worker only), and the parent stops and waits for
+every worker when it is interrupted (Ctrl-C; SIGTERM and SIGHUP, which cli.main turns into the same interrupt). A
+worker that has delivered nothing by its deadline (``deadline``: stopped, swapped out, stuck in a read) is killed and
+its run done in the parent, so a stalled worker costs at most the deadline.
+
 ``GEMMA_DOCTOR_WORKERS``: a number of workers (1 = no fork); otherwise the usable CPUs, at most ``MAX_WORKERS``, and
-one per ``PER_WORKER`` items (a small cache is not worth a fork).
+one per ``PER_WORKER`` items (a small cache is not worth a fork). ``GEMMA_DOCTOR_WORKER_DEADLINE``: the seconds a worker
+may take after the parent's own run is done (otherwise ``deadline``).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import sys
+import time
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -31,6 +40,11 @@ PER_WORKER = 64
 # Repos a scan does before it forks (map_runs' ``lead``): enough to meet a few Gemma models in a cache of them, whose
 # judgement imports the rules, the prescription search and PyYAML, and fills the memo, once for all workers.
 LEAD = 8
+# A worker's deadline, counted from the end of the parent's own run (a run as long as the worker's): at least
+# DEADLINE_FLOOR seconds, or DEADLINE_FACTOR times what the parent's run took, whichever is longer. Far above any
+# worker that is merely slow (runs are equal; a worker shares the CPUs with at most MAX_WORKERS - 1 others).
+DEADLINE_FLOOR = 60.0
+DEADLINE_FACTOR = 20.0
 
 
 def workers(items: int) -> int:
@@ -49,6 +63,19 @@ def workers(items: int) -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return max(1, min(cpus, MAX_WORKERS, items // PER_WORKER))
+
+
+def deadline(own_run: float) -> float:
+    """Seconds a worker may still take once the parent's own run, which took ``own_run`` seconds, is done."""
+    env = os.environ.get("GEMMA_DOCTOR_WORKER_DEADLINE", "").strip()
+    if env:
+        try:
+            wanted = float(env)
+            if wanted == wanted and wanted >= 0:  # not NaN
+                return wanted
+        except ValueError:
+            pass
+    return max(DEADLINE_FLOOR, DEADLINE_FACTOR * own_run)
 
 
 def chunks(items: Sequence[T], n: int) -> list[Sequence[T]]:
@@ -93,6 +120,7 @@ def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None =
     sys.stdout.flush()
     sys.stderr.flush()
     started: list[tuple[int, int] | None] = []
+    parent = os.getpid()
     try:
         for run in runs[1:]:
             fd = _scratch()
@@ -103,9 +131,12 @@ def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None =
                 started.append(None)
                 continue
             if pid == 0:  # the worker: never returns
+                _tie_to(parent)
                 _work(fn, run, fd)
             started.append((pid, fd))
+        began = time.monotonic()
         results: list[R] = [fn(runs[0])]
+        until = time.monotonic() + deadline(time.monotonic() - began)
     except BaseException:  # also Ctrl-C between two forks
         for child in started:  # their runs come after the error: stopped, and waited for (no process left behind)
             if child is not None:
@@ -118,7 +149,7 @@ def map_runs(fn: Callable[[Sequence[T]], R], items: Sequence[T], n: int | None =
                 _stop(*child)
             continue
         try:
-            results.append(_collect(fn, run, child))
+            results.append(_collect(fn, run, child, until))
         except BaseException as e:  # noqa: BLE001 - raised once every worker is waited for
             error = e
     if error is not None:
@@ -141,6 +172,23 @@ def _kill(pid: int) -> None:
         pass
 
 
+def _tie_to(parent: int) -> None:
+    """In a just-forked worker: die with ``parent``, however it ends; a SIGTERM or SIGHUP to the worker alone ends it
+    (the parent then does its run). Changes this process's own state only."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent ended before the request was made: nothing will send the signal
+        os._exit(1)
+
+
 def _work(fn: Callable[[Sequence[T]], R], run: Sequence[T], fd: int) -> None:
     code = 1
     try:
@@ -159,21 +207,50 @@ def _work(fn: Callable[[Sequence[T]], R], run: Sequence[T], fd: int) -> None:
         os._exit(code)  # no atexit handlers, no flush of the parent's buffers
 
 
-def _collect(fn: Callable[[Sequence[T]], R], run: Sequence[T], child: tuple[int, int] | None) -> R:
-    """A worker's result, or the run done here when the worker did not deliver one."""
+def _wait(pid: int, until: float) -> int | None:
+    """The worker's wait status once it ends, or None when it is still running at ``until`` (time.monotonic)."""
+    pidfd = -1
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # an older kernel: polled below
+            pidfd = -1
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd >= 0:
+                # Readable once it ends; at most an hour per wait, so a huge deadline never overflows select's timeout.
+                select.select([pidfd], [], [], min(left, 3600.0))
+            else:
+                time.sleep(min(left, 0.01))
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def _collect(fn: Callable[[Sequence[T]], R], run: Sequence[T], child: tuple[int, int] | None,
+             until: float = float("inf")) -> R:
+    """A worker's result, or the run done here when the worker did not deliver one by ``until``."""
     if child is None:
         return fn(run)
     pid, fd = child
     got: tuple[str, object] | None = None
     try:
         try:
-            _, status = os.waitpid(pid, 0)
+            status = _wait(pid, until)
         except OSError:
             raise
         except BaseException:  # Ctrl-C while waiting: this worker too is stopped and waited for, not left running
             _kill(pid)
             raise
-        if os.waitstatus_to_exitcode(status) == 0:
+        if status is None:  # past its deadline: stopped, and its run done here
+            _kill(pid)
+        elif os.waitstatus_to_exitcode(status) == 0:
             size = os.fstat(fd).st_size
             data = os.pread(fd, size, 0) if size else b""
             if len(data) == size and size:

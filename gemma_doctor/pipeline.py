@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -198,25 +198,36 @@ def select_sources(located: Iterable[Located], explicit: bool) -> tuple[list[Mod
     """select() for snapshots whose source is already known (some may be read from the Hub)."""
     models: list[ModelFacts] = []
     skipped: list[dict[str, str]] = []
+    for model, skip in select_each(located, explicit):
+        if model is not None:
+            models.append(model)
+        else:
+            skipped.append(skip)
+    return models, skipped
+
+
+def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[ModelFacts | None, dict[str, str]]]:
+    """Each snapshot read as it is reached: (its facts, {}) or (None, why it is skipped). A whole-cache scan judges
+    each model before it reads the next, so it holds one repo's files at a time, however many the cache has (issue
+    33: 300 configs of 15 MiB read before any was judged took `list` to 4.66 GB)."""
     fsafe.forget_roots()
     for snap, source in located:
         if snap.problem is not None:  # never skipped: the finding says why the repo was not read
-            models.append(read_model(snap))
+            yield read_model(snap), {}
             continue
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")
         # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
         if not explicit and config.ok and not (fam := family_mod.detect(config.data)).is_gemma and not fam.unknown_gemma:
-            skipped.append({"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"})
+            yield None, {"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"}
             continue
         if not explicit and not config.ok and not config.exists:
             # An adapter's family is its base's, found only by reading further: named, it is checked (issue 21).
             adapter = source.has("adapter_config.json")
-            skipped.append({"target": snap.target, "path": source.location,
-                            "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"})
+            yield None, {"target": snap.target, "path": source.location,
+                         "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"}
             continue
-        models.append(read_model(snap, config, source))
-    return models, skipped
+        yield read_model(snap, config, source), {}
 
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
@@ -248,10 +259,12 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
 
     def run(part: Sequence[str]) -> tuple[list[ModelReport], list[dict[str, str]]]:
         located = [(s, source_of(s)) for s in locate.snapshots_in(cache, part, revision, all_revisions)]
-        models, skipped = select_sources(located, explicit=False)
-        reports = []
-        for m in models:
-            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env, memoise=len(models) > 1)
+        reports, skipped = [], []
+        for m, skip in select_each(located, explicit=False):  # one repo read, judged and let go at a time
+            if m is None:
+                skipped.append(skip)
+                continue
+            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env, memoise=len(located) > 1)
             report = model_report(facts, env, options, findings)
             reports.append(finish(report) if finish is not None else report)
         return reports, skipped

@@ -278,10 +278,41 @@ def _package(req: Requirement, source: str) -> Package:
     return Package(req.name, None, str(req.specifier) or None, source)
 
 
+# What no real requirement holds, refused before packaging parses it: a number of more digits than MAX_DIGITS (Python
+# refuses to convert one of over 4,300: a ValueError, exit 70), parentheses nested deeper than MAX_NESTING (packaging's
+# marker parser recurses once per level: a RecursionError at ~1,000, exit 70). Issue 33.
+MAX_DIGITS = 64
+MAX_NESTING = 32
+_DIGIT_RUN = re.compile(r"[0-9]{%d}" % (MAX_DIGITS + 1))
+
+
+def absurd(text: str) -> str | None:
+    """Why ``text`` (a requirement, a version) is no real one, or None: a number too long, parentheses too deep."""
+    if _DIGIT_RUN.search(text):
+        return f"holds a number of over {MAX_DIGITS} digits, which no version has"
+    depth = 0
+    for c in text:
+        if c == "(":
+            depth += 1
+            if depth > MAX_NESTING:
+                return f"nests parentheses over {MAX_NESTING} deep, which no environment marker needs"
+        elif c == ")":
+            depth -= 1
+    return None
+
+
+def _shown(text: str) -> str:
+    """A requirement as a message quotes it: at most 80 characters."""
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
 def parse_requirement(text: str, source: str) -> Package:
     """One pip requirement (``transformers==4.50.3``, ``peft>=0.12,<0.13``) -> Package; UsageError otherwise."""
     from packaging.requirements import InvalidRequirement, Requirement
 
+    why = absurd(text)
+    if why is not None:
+        raise UsageError(f"{source} {_shown(text.strip())} is not a pip requirement: it {why}")
     try:
         req = Requirement(text.strip())
     except InvalidRequirement as e:
@@ -311,6 +342,8 @@ def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], 
             elif (m := _LOCK_NAME.match(line)) and name is None:
                 name = m.group(1)
             elif (m := _LOCK_VERSION.match(line)) and name is not None:
+                if (why := absurd(m.group(1))) is not None:
+                    raise UsageError(f"{label}:{no}: the version of {name} {why}; not a lock file gemma-doctor can use")
                 packages.setdefault(normalise(name), Package(name, m.group(1), None, f"{label}:{no}"))
                 name = None
         return packages, skipped
@@ -332,6 +365,8 @@ def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], 
             skipped.append(f"{label}:{no}: {line[:80]}")
             continue
         line = re.split(r"\s+--", line, maxsplit=1)[0]  # --hash=... options after the requirement
+        if (why := absurd(line)) is not None:
+            raise UsageError(f"{label}:{no}: {_shown(line)} {why}; not a requirements file gemma-doctor can use")
         try:
             req = Requirement(line)
         except InvalidRequirement:

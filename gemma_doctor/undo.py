@@ -123,6 +123,12 @@ def _no_state_folder(state: Path, where: fsafe.Area) -> bool:
         return False
 
 
+def mtime_of(entry: dict[str, Any]) -> int | None:
+    """The original's modification time an entry recorded (ns), or None (an entry from before it was recorded)."""
+    t = entry.get("mtime_ns")
+    return t if isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 63 else None
+
+
 def _valid_entry(entry: Any) -> bool:
     """An entry restore may act on: hex digests (they name backup files), a sane kind, mode and link target."""
     if not isinstance(entry, dict):

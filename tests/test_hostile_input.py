@@ -76,7 +76,7 @@ def test_fix_refuses_broken_configs_with_a_message_and_writes_nothing(hub, cli, 
 
 
 def test_huge_sparse_config_is_not_read_whole(hub, cli):
-    """A 20 GB config (sparse: no disk used) is refused after reading 16 MiB + 1 byte."""
+    """A 20 GB config (sparse: no disk used) is refused by its size, not a byte of it read (GD080)."""
     snap = hub.add("org/huge", {"config.json": b"{}"})
     target = snap / "config.json"
     blob = target.resolve()

@@ -292,3 +292,21 @@ def test_json_entries_written_apart_are_the_document_dumped_whole():
             written = replace(report, models=tuple(jsonout.with_json(m) for m in chosen))
             for fail_on in FailOn:
                 assert jsonout.render_report(written, fail_on) == jsonout.dumps(report.to_json(fail_on))
+
+
+@pytest.mark.parametrize("deadline", ["1e300", "inf", "-1", "nan", "soon"])
+def test_any_worker_deadline_from_the_environment_keeps_the_workers_results(monkeypatch, deadline):
+    """GEMMA_DOCTOR_WORKER_DEADLINE is read as seconds, nonsense as the default. A huge one overflowed select's
+    timeout (found in the attacker's pass over issue 33's change): every worker was killed and its run done again
+    here. Each run is done once, in its worker."""
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKER_DEADLINE", deadline)
+    code = ("import os, time; from gemma_doctor import parallel; me = os.getpid(); here = []\n"
+            "def run(r):\n"
+            "    if os.getpid() != me:\n"
+            "        time.sleep(0.3)  # the parent waits on a worker still running\n"
+            "    else:\n"
+            "        here.append(r[0])\n"
+            "    return [x * 2 for x in r]\n"
+            "print(parallel.map_runs(run, list(range(10)), 3), here)")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert got.stdout.strip() == "[[0, 2, 4, 6], [8, 10, 12], [14, 16, 18]] [0]", got.stderr[-2000:]

@@ -100,3 +100,74 @@ def test_uncoloured_check_does_not_import_rich(tmp_path):
     env = {**os.environ, "GEMMA_DOCTOR_WITH": "transformers==4.50.3"}  # a finding to print
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
     assert "GD101" in done.stdout and done.stderr.strip().endswith("NO-RICH"), done.stderr
+
+
+# --- linear time on hostile values (issue 33) --------------------------------------------------------------------
+
+_OLD_TAG = __import__("re").compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+
+
+def _old_escape(text: str) -> str:
+    """escape as it was before issue 33 (rich's own pattern: quadratic in a run of backslashes): the reference."""
+    from gemma_doctor.render.style import printable
+
+    text = printable(text)
+    if "[" not in text and "\\" not in text:
+        return text
+    out = _OLD_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
+    if out.endswith("\\") and not out.endswith("\\\\"):
+        out += "\\"
+    return out
+
+
+def _old_plain(markup: str) -> str:
+    """plain as it was before issue 33: the reference."""
+    if "\\" not in markup:
+        return _OLD_TAG.sub("", markup)
+    out, pos = [], 0
+    for m in _OLD_TAG.finditer(markup):
+        if m.start() > pos:
+            out.append(markup[pos:m.start()].replace("\\[", "["))
+        backslashes, escaped = divmod(len(m.group(1)), 2)
+        out.append("\\" * backslashes)
+        if escaped:
+            out.append(m.group(2))
+        pos = m.end()
+    if pos < len(markup):
+        out.append(markup[pos:].replace("\\[", "["))
+    return "".join(out)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab[]/\\#@ z:=.\x1b\n")), max_size=60))
+def test_escape_and_plain_are_unchanged_on_ordinary_text(s):
+    assert escape(s) == _old_escape(s)
+    assert plain(s) == _old_plain(s)
+    assert plain(escape(s)) == _old_plain(_old_escape(s))
+
+
+# 1 MB values the old code took hours on (61 s at 40,000 backslashes, and four times longer at each doubling); the
+# answers are known without running it. The timeout is only a safety net: no time is asserted.
+_HUGE = """
+from gemma_doctor.render.style import escape, plain, to_string
+n = 1 << 20
+run = "\\\\" * n
+assert escape(run) == run and plain(run) == run
+assert escape(run + "[b]") == "\\\\" * (2 * n + 1) + "[b]"
+assert plain(escape(run + "[b]x")) == run + "[b]x"
+line = "[bold]GD109[/] " + escape(run + "[b]")
+assert to_string([line], False) == "GD109 " + run + "[b]\\n"
+assert "GD109 " + run + "[b]" in to_string([line], True)
+# Runs just short of any per-line bound, a megabyte of them, and a thousand lines of 1,000-backslash runs: rich's own
+# parser would take N^2 steps on each run; past the view's budget such lines are printed uncoloured (no escape code).
+runs = ("\\\\" * 255 + "x") * 4096
+lines = ["[bold]ok[/] plain", "[bold]GD109[/] " + escape(runs + "[b]")] + ["[bold]GD109[/] " + escape("\\\\" * 1000 + "[b]")] * 1000
+out = to_string(lines, True).splitlines()
+assert "\x1b[" in out[0] and out[1] == "GD109 " + runs + "[b]" and "\x1b[" not in out[-1], out[-1][:80]
+print("ok")
+"""
+
+
+def test_escape_plain_and_the_coloured_view_are_linear_on_a_megabyte_of_backslashes():
+    got = subprocess.run([sys.executable, "-c", _HUGE], capture_output=True, text=True, timeout=120)
+    assert got.stdout.strip() == "ok", got.stderr[-2000:]

@@ -274,3 +274,22 @@ def test_a_file_already_back_to_its_original_is_not_written_again(tmp_path, cli,
     (model,) = r.json()["models"]
     assert not any(m.startswith("restored config.json") for m in model["messages"]), model
     assert undo.load(resolve([str(target[0])], target[2] if len(target) > 1 else None)[0]) == {}
+
+
+@pytest.mark.parametrize("layout", ["plain folder", "cache without symlinks", "cache with links"])
+def test_restore_brings_back_the_modification_time_too(tmp_path, cli, layout):
+    """Issue 33: restore put back bytes, mode and link text, not the file's mtime (a link's own, for a link)."""
+    if layout == "plain folder":
+        folder = _plain(tmp_path)
+        target = [folder]
+    else:
+        hub = HubCache(tmp_path / "hub", symlinks=layout == "cache with links")
+        folder = hub.add(REPO, {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+        target = [REPO, "--cache-dir", hub.root]
+    then = 1_500_000_000_123_456_789  # 2017, to the nanosecond
+    for name in ("config.json", "generation_config.json"):
+        os.utime(folder / name, ns=(then, then), follow_symlinks=False)
+    assert cli("fix", *target, "--inplace").code == 0
+    assert os.lstat(folder / "config.json").st_mtime_ns != then  # rewritten
+    assert cli("restore", *target).code == 0
+    assert [os.lstat(folder / n).st_mtime_ns for n in ("config.json", "generation_config.json")] == [then, then]

@@ -3,6 +3,8 @@ whatever the thread count, unit and chunk sizes, including the partial result of
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import numpy as np
@@ -89,27 +91,19 @@ def test_random_shards_any_threads(tmp_path, dtype, shapes, seed, zero_every, ch
     assert scan([("r", read_header(path))], chunk_bytes=chunk, threads=threads, unit_bytes=unit) == one
 
 
-def test_reads_without_mmap_from_several_threads(tmp_path, monkeypatch):
-    """Where mmap is unavailable the threads share the file through one lock, each with its own buffer."""
-    import mmap
-
+def test_reads_without_preadv_from_several_threads(tmp_path, monkeypatch):
+    """Where there is no preadv the threads share the file through one lock, each with its own buffer."""
     path = tmp_path / "model.safetensors"
     save_file(planted(torch.bfloat16), str(path))
-    mapped = scan([("m", read_header(path))], chunk_bytes=96, threads=1)
-
-    def no_mmap(*a, **k):
-        raise OSError("mmap not supported")
-
-    monkeypatch.setattr(mmap, "mmap", no_mmap)
-    assert scan([("m", read_header(path))], chunk_bytes=96, threads=4, unit_bytes=200) == mapped
+    positional = scan([("m", read_header(path))], chunk_bytes=96, threads=1)
+    monkeypatch.delattr(os, "preadv")
+    assert scan([("m", read_header(path))], chunk_bytes=96, threads=4, unit_bytes=200) == positional
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_a_read_failing_mid_scan_gives_the_same_partial_result(tmp_path, monkeypatch, threads):
     """The tensors before the one that could not be read are reported, that one and the rest are not, and the shard is
     named unreadable with the error: the same for any thread count."""
-    import mmap
-
     path = tmp_path / "model.safetensors"
     save_file(planted(torch.float32), str(path))
     h = read_header(path)
@@ -118,19 +112,14 @@ def test_a_read_failing_mid_scan_gives_the_same_partial_result(tmp_path, monkeyp
     assert k >= 2 and any(t.nbytes for t in floats[k + 1:])  # tensors before it and after it
     broken = floats[k]  # cannot be read
     bad_from = h.data_start + broken.begin
+    real = weights._read_at
 
-    def no_mmap(*a, **k):
-        raise OSError("mmap not supported")
-
-    real = weights._read_full
-
-    def failing(f, view):  # noqa: ANN001, ANN202
-        if f.tell() >= bad_from and f.tell() < h.data_start + broken.end:
+    def failing(fd, view, offset):  # noqa: ANN001, ANN202
+        if bad_from <= offset < h.data_start + broken.end:
             raise OSError(5, "Input/output error")
-        return real(f, view)
+        return real(fd, view, offset)
 
-    monkeypatch.setattr(mmap, "mmap", no_mmap)
-    monkeypatch.setattr(weights, "_read_full", failing)
+    monkeypatch.setattr(weights, "_read_at", failing)
     got = scan([("m", h)], chunk_bytes=96, threads=threads, unit_bytes=100)
     assert [t.name for t in got.tensors] == [t.name for t in floats[:k]]
     assert got.unreadable == (("m", "Input/output error"),)

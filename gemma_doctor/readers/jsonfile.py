@@ -28,6 +28,7 @@ class JsonFile:
     # True when the file parsed as JSON but its shape is wrong (not an object, duplicate keys, NaN...).
     shape_error: bool = False
     escapes: bool = False
+    too_large: bool = False  # past MAX_JSON_BYTES by its size, so not read (GD080 for config.json)
     # True when ``data`` is parse_json_object(``raw``) as read (set by the readers only): whatever ``data`` holds is
     # then a function of ``raw``, which gemma_doctor/memo.py uses to key the file by its text without walking it.
     parsed: bool = field(default=False, compare=False, repr=False)
@@ -141,9 +142,12 @@ def read_json_file(path: Path, root: Path | None = None, area: fsafe.Area | None
     when the caller has one)."""
     if area is None and root is not None:
         area = fsafe.Area(root)
-    got = fsafe.read_file(path, MAX_JSON_BYTES, area)
+    got = fsafe.read_file(path, MAX_JSON_BYTES, area, unread_over=True)
     if not got.exists:
         return JsonFile(path, exists=False)
+    if got.too_large:  # by its size: not a byte read (300 of them held by a scan took it to 4.66 GB; issue 33)
+        return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, too_large=True,
+                        error=f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB, not a config (not read whole)")
     if got.error or got.data is None:
         return JsonFile(path, exists=True, is_link=got.is_link, link_target=got.link_target, escapes=got.escapes,
                         error=got.error or "cannot read")

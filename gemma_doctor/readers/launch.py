@@ -121,7 +121,7 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _count(options.get("nnodes", 1), "--nnodes")
         per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
-        if per_node is not None and str(per_node).isascii() and str(per_node).isdigit():
+        if per_node is not None and str(per_node).isascii() and str(per_node).isdigit() and len(str(per_node)) <= 18:
             flags["num_processes"] = int(per_node) * nodes
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
@@ -289,7 +289,8 @@ def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
 def _count(value: Any, flag: str) -> int:
     """A process or node count: an integer, or torchrun's elastic `MIN:MAX` (the most it may run)."""
     text = str(value).split(":")[-1]
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+    # Over 18 digits is no count (and over 4,300 Python refuses to convert: exit 70 before; issue 33).
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
         raise _Bad(f"{flag} {_shown(str(value))} is not a count")
     return int(text)
 

@@ -170,6 +170,31 @@ class TrainingConfig:
         return out
 
 
+# The counts a memory plan is made from, and a bound far past any real run for each (a million GPUs, a per-device batch
+# of a million, a sequence of 128 Mi tokens). A config past one is not a run: it is refused here, before any plan is
+# made from it (issue 33: 10^60 for the batch and sequence made the plans' search take 85 s; 5,000 digits, exit 70).
+RUN_BOUNDS: dict[str, int] = {"batch_size": 1 << 20, "gradient_accumulation_steps": 1 << 20, "seq_len": 1 << 27,
+                              "num_processes": 1 << 20, "num_machines": 1 << 20, "lora_r": 1 << 20}
+
+
+def _beyond_any_run(name: str, value: Any) -> str | None:
+    """What ``value`` of the count ``name`` is when it is past RUN_BOUNDS (``2^200``-like text for huge integers),
+    else None. Only what a plan would take as a count is judged: an integer, or a string of digits."""
+    bound = RUN_BOUNDS[name]
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.isdigit()):
+            return None
+        if len(text) > 18:  # not converted: Python refuses integers of over 4,300 digits
+            return f"a number of {len(text)} digits"
+        value = int(text)
+    if isinstance(value, int) and value > bound:
+        return f"an integer of {value.bit_length()} bits" if value.bit_length() > 63 else f"{value:,}"
+    return None
+
+
 class _Unusable(ValueError):
     """A setting's value that is not plain data: an alias bomb, a recursive alias, or too deep."""
 
@@ -388,6 +413,9 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
                     value = plain_value(value)
                 except (_Unusable, RecursionError) as e:
                     return TrainingConfig(path, error=f"the value of {key} {e}; not a training config")
+                if name in RUN_BOUNDS and (what := _beyond_any_run(name, value)) is not None:
+                    return TrainingConfig(path, error=f"{key} is {what}, beyond any real run (at most "
+                                                      f"{RUN_BOUNDS[name]:,}); not a training config")
                 line = _json_line(text, key) if is_json else lines.get(key)
                 settings[name] = Setting(key, value, line)
                 break

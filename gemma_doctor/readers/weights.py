@@ -1,9 +1,9 @@
 """The weights scan (`check --weights`): NaN/Inf, fp16 overflow and zero embedding rows, from raw bit patterns.
 
-Each shard is memory-mapped read-only (no copy of its bytes; reads into a reused buffer where mmap is
-unavailable) and tested in bounded chunks with vectorised integer operations on the bits (facts.md
-section 5) into one reused scratch buffer; pages already tested are released as the scan moves on,
-so memory stays bounded whatever the shard size and no float copy is ever made. numpy is imported
+Each shard is read with ``pread`` in bounded chunks into a reused buffer per thread (never memory-mapped: a file
+truncated by its owner under a map is a SIGBUS for the whole process) and tested with vectorised integer operations
+on the bits (facts.md section 5) into one reused scratch buffer, so memory stays bounded whatever the shard size and
+no float copy is ever made. numpy is imported
 here only, and only when a scan runs.
 """
 
@@ -117,36 +117,51 @@ def _decode(dtype: str, bits: int) -> float:
     return float(np.array([bits], dtype="<u4").view("<f4")[0])
 
 
-def _read_full(f: BinaryIO, view: memoryview) -> None:
+def _read_at(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` with the file's bytes at ``offset``. A file that ends early was changed (truncated) while being
+    scanned: an OSError, so a finding for this shard."""
     got = 0
     while got < len(view):
-        n = f.readinto(view[got:])
+        n = os.preadv(fd, [view[got:]], offset + got)
         if not n:
-            raise OSError("file ended early (changed while being scanned?)")
+            raise OSError(f"file ended early, at byte {offset + got} (truncated while being scanned?)")
         got += n
 
 
-# Mapped pages already tested are released every this many bytes, so resident memory stays bounded.
-DROP_BYTES = 64 * 1024 * 1024
+def _read_at_seeking(f: BinaryIO, lock: Any, view: memoryview, offset: int) -> None:
+    """_read_at where the system has no preadv: one seek and read at a time on the shared file."""
+    with lock:
+        f.seek(offset)
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise OSError(f"file ended early, at byte {offset + got} (truncated while being scanned?)")
+            got += n
+
+
 # One shard's work is cut into units of about this many bytes (whole chunks of one or more tensors), taken in file order
-# by the scanning threads; each unit's mapped pages are released when it is done. Measured on 2 cores: 32 MiB beat 8 MiB.
+# by the scanning threads. Measured on 2 cores: 32 MiB beat 8 MiB.
 UNIT_BYTES = 32 * 1024 * 1024
-# Threads per shard at most: past a few, memory bandwidth, not cores, bounds the scan (and each holds a unit's pages).
+# Threads per shard at most: past a few, memory bandwidth, not cores, bounds the scan (and each holds a chunk buffer).
 MAX_THREADS = 8
 
 
 class _Source:
-    """The shard's bytes: a read-only memory map (no copy at all), else reads into each worker's reused buffer."""
+    """The shard's bytes, read into each thread's reused buffer (``pread``: no shared file position, no lock).
+
+    Never memory-mapped: the owner of a file (a co-user of a shared cache) may truncate it while it is scanned, and a
+    mapped page past the new end is a SIGBUS that ends the whole process, every other repo's report with it (issue
+    33). A read past the end is a short read instead: an OSError, a finding for this shard, and the scan goes on."""
 
     def __init__(self, h: SafetensorsHeader) -> None:
-        import mmap
         import threading
 
         import numpy as np
 
         from gemma_doctor import fsafe
 
-        self.np, self.mmap_mod = np, mmap
+        self.np = np
         # Opened again the way the header was (confined to the repo folder), and checked to be the same file:
         # a link swapped in between the census and the scan is never followed.
         try:
@@ -162,45 +177,24 @@ class _Source:
             self.f.close()
             raise OSError(f"file is {size} bytes now, {h.file_size} when its header was read (changed meanwhile?)")
         self.size = size
-        self.lock = threading.Lock()  # one seek + read at a time on the shared file, where there is no map
-        self.mm: Any = None
-        try:
-            self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
-            if hasattr(self.mm, "madvise"):
-                self.mm.madvise(mmap.MADV_SEQUENTIAL)
-        except (OSError, ValueError):
-            self.mm = None  # e.g. a file system without mmap: fall back to reads
+        self.fd = self.f.fileno()
+        self.lock = threading.Lock()  # only where there is no preadv
+        self.positional = hasattr(os, "preadv")
 
     def view(self, offset: int, nbytes: int, buf: Any) -> Any:
-        """uint8 array of ``nbytes`` at absolute ``offset`` (read into ``buf`` where there is no map); valid until the
-        next call with the same ``buf``."""
-        if self.mm is not None:
-            return self.np.frombuffer(self.mm, dtype=self.np.uint8, count=nbytes, offset=offset)
+        """uint8 array of the ``nbytes`` at absolute ``offset``, read into ``buf``; valid until the next call with the
+        same ``buf``."""
         if nbytes > buf.size:
             raise ValueError("chunk larger than its buffer")
-        with self.lock:
-            self.f.seek(offset)
-            _read_full(self.f, memoryview(buf)[:nbytes])
+        view = memoryview(buf)[:nbytes]
+        if self.positional:
+            _read_at(self.fd, view, offset)
+        else:
+            _read_at_seeking(self.f, self.lock, view, offset)
         return buf[:nbytes]
 
-    def release(self, start: int, end: int) -> None:
-        """Bytes in [start, end) are tested: drop their mapped pages from this process (the page cache keeps them).
-        Whole pages, rounded outwards: a page shared with a neighbour still being tested is mapped again when touched
-        (a read-only map of the file: the same bytes)."""
-        if self.mm is None or not hasattr(self.mm, "madvise"):
-            return
-        page = self.mmap_mod.PAGESIZE
-        lo, hi = start // page * page, min(-(-end // page) * page, self.size)
-        if hi > lo:
-            self.mm.madvise(self.mmap_mod.MADV_DONTNEED, lo, hi - lo)
-
     def close(self) -> None:
-        """Unmap and close."""
-        if self.mm is not None:
-            try:
-                self.mm.close()
-            except BufferError:  # a view is still referenced; the map goes with it
-                pass
+        """Close the file."""
         self.f.close()
 
 
@@ -253,25 +247,20 @@ def _units(h: SafetensorsHeader, tensors: list[TensorInfo], walks: list[_Walk], 
 
 
 class _Worker:
-    """One scanning thread's reused scratch buffer (and read buffer, where the shard is not mapped)."""
+    """One scanning thread's reused buffer: each chunk is read into it and tested in place."""
 
     def __init__(self, chunk_bytes: int) -> None:
         import numpy as np
 
         self.np = np
         self.chunk_bytes = chunk_bytes
-        self.tmp = np.empty(chunk_bytes, dtype=np.uint8)
         self.raw: Any = None
-        self.dropped = 0
 
     def unit(self, src: _Source, h: SafetensorsHeader, tensors: list[TensorInfo], walks: list[_Walk], unit: _Unit,
              advance: Callable[[int], None]) -> list[_Acc]:
-        """Test one unit: what each of its pieces holds, in order; then release its pages."""
-        lo, hi, pieces = unit
-        self.dropped = lo
-        accs = [self.piece(src, h, tensors[i], walks[i], first, n, advance) for i, first, n in pieces]
-        src.release(self.dropped, hi)
-        return accs
+        """Test one unit: what each of its pieces holds, in order."""
+        _lo, _hi, pieces = unit
+        return [self.piece(src, h, tensors[i], walks[i], first, n, advance) for i, first, n in pieces]
 
     def piece(self, src: _Source, h: SafetensorsHeader, t: TensorInfo, walk: _Walk, first: int, count: int,
               advance: Callable[[int], None]) -> _Acc:
@@ -307,10 +296,11 @@ class _Worker:
         np = self.np
         spec = acc.spec
         nbytes = n * spec.itemsize
-        if src.mm is None and (self.raw is None or self.raw.size < nbytes):
+        if self.raw is None or self.raw.size < nbytes:
             self.raw = np.empty(max(nbytes, self.chunk_bytes), dtype=np.uint8)
         bits = src.view(offset, nbytes, self.raw).view(spec.uint)
-        a = np.bitwise_and(bits, spec.abs_mask, out=self.tmp[:nbytes].view(spec.uint))
+        # In place: the bytes were read into this thread's own buffer, and are not needed again.
+        a = np.bitwise_and(bits, spec.abs_mask, out=bits)
         del bits
         if row:
             # One pass gives both the row maxima (zero rows) and the chunk's maximum.
@@ -342,9 +332,6 @@ class _Worker:
         if spec.fp16_limit is not None and top > spec.fp16_limit:
             acc.beyond += int(np.count_nonzero(a > spec.fp16_limit)) - c_nan - c_inf
         advance(nbytes)
-        if offset + nbytes - self.dropped >= DROP_BYTES:  # a unit larger than DROP_BYTES (one huge row)
-            src.release(self.dropped, offset + nbytes)
-            self.dropped = offset + nbytes
         return top
 
 
@@ -437,7 +424,7 @@ def _run_units(units: list[_Unit], work: Callable[[_Worker, _Unit], list[_Acc]],
                threads: int) -> list[Any]:
     """``work`` on each unit, taken in order by ``threads`` threads (this one among them), each with its own _Worker.
     One entry per unit, in order: its pieces' results, or the OSError it met (later units may then be missing, None).
-    numpy's reductions and the page faults of a mapped file release the GIL, so the threads scan in parallel."""
+    numpy's reductions and the reads release the GIL, so the threads scan in parallel."""
     results: list[Any] = [None] * len(units)
     if threads <= 1 or len(units) <= 1:
         worker = _Worker(chunk_bytes)

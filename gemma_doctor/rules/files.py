@@ -33,6 +33,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     elif not cfg.exists:
         yield Finding("GD001", Severity.ERROR, "config.json is missing: this folder is not a transformers model",
                       file="config.json", fix="point gemma-doctor at a model folder, or download the model's config.json")
+    elif cfg.too_large:
+        yield Finding("GD080", Severity.ERROR, f"config.json: {cfg.error}", file="config.json",
+                      fix="download config.json again (hf download); a real config is a few KiB")
     elif not cfg.ok:
         yield _file_problem("GD001", "GD002", cfg, "config.json")
     elif model.family.unknown_gemma:
