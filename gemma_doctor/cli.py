@@ -496,6 +496,33 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
 
 
 @app.command(context_settings=_CONTEXT)
+@click.argument("target")
+@_cache_options(all_revisions=False)
+@click.option("--training-config", type=_FILE, default=None,
+              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads) or TrainingArguments "
+                   "JSON/YAML; LoRA from use_peft / lora_r / lora_target_modules.")
+@click.option("--launch", default=None, metavar="COMMAND",
+              help="The command that launches the run, quoted; `trl sft --config FILE` is rehearsed as that config.")
+@click.option("--steps", type=click.IntRange(min=1, max=50), default=3, show_default=True,
+              help="Optimizer steps to rehearse.")
+@click.option("--timeout", type=float, callback=_seconds, default=300.0, show_default=True, metavar="SECONDS",
+              help="Deadline of each rehearsal child; past it the child and its processes are killed.")
+@click.option("--real-weights", is_flag=True,
+              help="Also one measured training step of the real checkpoint (peak memory, activation and gradient "
+                   "maxima against fp16's range).")
+@_outcome_format_option
+def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
+             launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str) -> int:
+    """Rehearse the training run on a tiny twin of the model, through the libraries installed here, in a child
+    process: load, a few train steps, evaluation, generation, save and reload, adapter merge. Writes only to a
+    temporary folder."""
+    from gemma_doctor.rehearse import rehearse_cli
+
+    return rehearse_cli(target, cache_dir, revision, training_config, launch, steps, timeout, real_weights,
+                        fmt.lower(), _out, _hint)
+
+
+@app.command(context_settings=_CONTEXT)
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> int:
     """Print the shell completion script, e.g. eval "$(gemma-doctor completion bash)" in ~/.bashrc."""
