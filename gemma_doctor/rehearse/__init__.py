@@ -41,10 +41,11 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
 
     if training_config is not None and launch is not None:
         raise UsageError("give --training-config or --launch, not both")
+    trainer = None
     if launch is not None:
-        training_config = config_of_launch(launch)
+        training_config, trainer = config_of_launch(launch), "trl-sft"
     result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
-                      timeout=timeout, real_weights=real_weights)
+                      timeout=timeout, real_weights=real_weights, trainer=trainer)
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -46,18 +47,22 @@ class Events:
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the child's lifetime
+        self.started = time.monotonic()
 
     def write(self, stage: str, status: str, **data: Any) -> None:
-        """Record one stage's outcome."""
-        self.file.write(json.dumps({"stage": stage, "status": status, **data}, default=str) + "\n")
+        """Record one stage's outcome, with the seconds since the child started (imports included)."""
+        elapsed = round(time.monotonic() - self.started, 2)
+        self.file.write(json.dumps({"stage": stage, "status": status, **data, "elapsed": elapsed}, default=str) + "\n")
         self.file.flush()
 
 
 def _error(e: BaseException) -> dict[str, Any]:
     """The exception's type, last line and innermost frames (what the parent shows and matches)."""
-    lines = [line for line in traceback.format_exception_only(type(e), e)[-1].strip().splitlines() if line.strip()]
+    # The whole message on one line: PEFT's and TRL's messages span lines, and their last line alone says nothing.
+    message = " ".join(str(e).split())
+    line = f"{type(e).__name__}: {message}" if message else type(e).__name__
     frames = traceback.extract_tb(e.__traceback__)[-3:]
-    return {"exception": type(e).__name__, "line": lines[-1] if lines else type(e).__name__,
+    return {"exception": type(e).__name__, "line": line if len(line) <= 400 else line[:397] + "...",
             "frames": [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames]}
 
 
@@ -155,11 +160,29 @@ class Run:
         return {"input_ids": torch.tensor([list(ids)]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
 
     def _logits(self, model: Any) -> Any:
-        import torch
+        """The probe input's logits computed in float32, so that the comparisons see what the weights hold (a lost
+        head, a dropped delta), not the forward pass's rounding. The model is upcast in place and put back exactly
+        (a bf16 value survives the round trip): a deep copy is not the same model, since TRL and accelerate patch
+        ``forward`` on the instance with closures that keep calling the original."""
+        import itertools
 
-        model.eval()
-        with torch.no_grad():
-            return model(**self._batch(), use_cache=False).logits.float()
+        import torch
+        from accelerate.utils import extract_model_from_parallel
+
+        # accelerate wraps the trained model's forward in bf16 autocast for training and leaves it wrapped.
+        model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+        cast = {}
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            if t.is_floating_point() and t.dtype != torch.float32:
+                cast[t] = t.dtype
+                t.data = t.data.float()
+        try:
+            model.eval()
+            with torch.no_grad():
+                return model(**self._batch(), use_cache=False).logits.float()
+        finally:
+            for t, dtype in cast.items():
+                t.data = t.data.to(dtype)
 
     # -- stages ----------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -185,7 +208,6 @@ class Run:
                                       peft_config=self._lora())
         else:
             import transformers
-            from datasets import Dataset
 
             model = self.model
             lora = self._lora()
@@ -200,8 +222,9 @@ class Run:
                 return tok(text, add_special_tokens="messages" not in row,
                            truncation=bool(self.s.get("max_length")), max_length=self.s.get("max_length"))
 
-            def prepare(rows: list[dict[str, Any]]) -> Any:
-                return Dataset.from_list([dict(encode(r)) for r in rows])
+            def prepare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                # A list is a map-style dataset to the Trainer: the plain path needs no `datasets` library.
+                return [dict(encode(r)) for r in rows]
 
             args = self._args(transformers.TrainingArguments, output, remove_unused_columns=False)
             self.trainer = transformers.Trainer(
@@ -255,8 +278,10 @@ class Run:
         self.trainer.add_callback(Probe())
         self.trainer.train()
         losses = [s["loss"] for s in steps if "loss" in s]
-        norms = [s["grad_norm"] for s in steps if "grad_norm" in s] or \
-                [float(s["logged_grad_norm"]) for s in steps if s.get("logged_grad_norm") is not None]
+        # The trainer's logged norm is the one before clipping; the probe's (after clipping, in recent releases)
+        # stands in where the trainer logs none (max_grad_norm 0).
+        norms = [float(s["logged_grad_norm"]) for s in steps if s.get("logged_grad_norm") is not None] or \
+                [s["grad_norm"] for s in steps if "grad_norm" in s]
         moved, still, lora_b = [], [], {}
         for n, p in self.model.named_parameters():
             if n in before:
@@ -306,15 +331,38 @@ class Run:
         if not hasattr(self.model, "merge_and_unload"):
             self.events.write("merge", "skipped", reason="not an adapter run")
             return
+        import itertools
+
+        import torch
+        from accelerate.utils import extract_model_from_parallel
+
         ref = self._logits(self.model)
-        merged = self.model.merge_and_unload()
+
+        def base_name(name: str) -> str:
+            return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+        # Each tensor's own dtype, put back after the float32 merge: from_pretrained keeps some modules in float32
+        # (_keep_in_fp32_modules), which a blanket .to(bf16) would not.
+        dtypes = {base_name(n): t.dtype for n, t in itertools.chain(self.model.named_parameters(),
+                                                                     self.model.named_buffers()) if "lora_" not in n}
+        saved_dtype = next(iter(dtypes.values()))
+        # Merged in float32, then saved in the checkpoint's dtype: merging into bf16 weights rounds every delta,
+        # which on a twin's small random weights alone moved logits by 25% (Gemma 4, measured). The merge's logic
+        # (deltas, scaling) is what this stage checks; the save and reload then check the folder.
+        model = extract_model_from_parallel(self.model, keep_fp32_wrapper=False).to(torch.float32)
+        merged = model.merge_and_unload()
+        exact = self._logits(merged)
+        for n, t in itertools.chain(merged.named_parameters(), merged.named_buffers()):
+            if n in dtypes and t.dtype != dtypes[n]:
+                t.data = t.data.to(dtypes[n])
         in_memory = self._logits(merged)
         folder = self.work / "merged"
         merged.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
         reloaded = self._load_model(str(folder))
         got = self._logits(reloaded)
-        self.events.write("merge", "ok", merged=_compare(ref, in_memory), reloaded=_compare(in_memory, got))
+        self.events.write("merge", "ok", merged=_compare(ref, exact), reloaded=_compare(in_memory, got),
+                          dtype=str(saved_dtype))
 
 
 def _compare(ref: Any, got: Any) -> dict[str, Any]:

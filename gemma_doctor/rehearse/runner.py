@@ -29,9 +29,9 @@ DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 300.0
 STAGES = ("load", "setup", "labels", "train", "eval", "generate", "save", "merge")
 # Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
+# LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
 _TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
-             "assistant_only_loss", "use_peft", "lora_r", "lora_target_modules", "model_name_or_path", "dataset_name",
-             "padding_free", "dataset_kwargs")
+             "assistant_only_loss", "model_name_or_path", "dataset_name", "padding_free", "dataset_kwargs")
 # Import name -> the name a user installs.
 _LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
               "accelerate": "accelerate"}
@@ -220,7 +220,7 @@ def _run_child(plan: dict[str, Any], timeout: float) -> tuple[list[dict[str, Any
 
 
 def plan_for(target: str, cache_dir: Path | None, revision: str, training_config: Path | None,
-             steps: int) -> tuple[dict[str, Any], list[Finding], list[str], str]:
+             steps: int, trainer: str | None = None) -> tuple[dict[str, Any], list[Finding], list[str], str]:
     """(the child's plan, findings before running, notes, repo id) for one target."""
     from gemma_doctor import locate
 
@@ -246,10 +246,10 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
             raise UsageError(f"training config {training_config}: {tc.error}")
         raw = _raw(str(training_config))
     raw = raw or {}
-    trainer = "trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers"
+    trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
-    needed = ["torch", "transformers", "datasets", "accelerate"] + (["trl"] if trainer == "trl-sft" else []) + \
+    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer == "trl-sft" else []) + \
              (["peft"] if settings["lora"] else [])
     missing = _missing(needed)
     if missing:
@@ -270,19 +270,20 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
 
 def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "main",
              training_config: Path | None = None, steps: int = DEFAULT_STEPS,
-             timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False) -> Rehearsal:
+             timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False,
+             trainer: str | None = None) -> Rehearsal:
     """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does."""
     from gemma_doctor import catalogue
     from gemma_doctor.rehearse import invariants
 
     started = time.monotonic()
-    plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps)
+    plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps, trainer)
     result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
     if any(f.code == "GD950" for f in findings):
         result.seconds = time.monotonic() - started
         return result
     records, ended = _run_child(plan, timeout)
-    result.stack = next((dict((k, v) for k, v in r.items() if k not in ("stage", "status"))
+    result.stack = next((dict((k, v) for k, v in r.items() if k not in ("stage", "status", "elapsed"))
                          for r in records if r.get("stage") == "stack"), {})
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
     entries = catalogue.entries()

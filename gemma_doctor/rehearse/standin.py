@@ -58,17 +58,22 @@ def _shrink_text(text: dict[str, Any], shrunk: dict[str, Any], where: str) -> No
     pattern = int(text.get("sliding_window_pattern") or 0)
     keep = _period(types) if isinstance(types, list) and types else (pattern or 2)
     keep = max(2, min(layers, keep))
+    shared = int(text.get("num_kv_shared_layers") or 0)
+    if shared:
+        # KV-shared layers reuse the cache of an earlier layer of their kind: one period that produces, one that shares.
+        period = keep
+        keep = min(layers, 2 * period)
     shrunk[f"{where}num_hidden_layers"] = (layers, keep)
     text["num_hidden_layers"] = keep
     if isinstance(types, list) and types:
-        text["layer_types"] = types[:keep]
+        text["layer_types"] = (types * 2)[:keep]
     if text.get("sliding_window"):
         text["sliding_window"] = min(int(text["sliding_window"]), 16)
     for key in ("global_head_dim",):
         if key in text:
             text[key] = 64
-    if text.get("num_kv_shared_layers"):
-        text["num_kv_shared_layers"] = min(int(text["num_kv_shared_layers"]), keep // 2)
+    if shared:
+        text["num_kv_shared_layers"] = min(shared, keep - period)
     if text.get("hidden_size_per_layer_input"):
         text["hidden_size_per_layer_input"] = 8
     if text.get("num_experts"):
