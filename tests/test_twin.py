@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gemma_doctor.rehearse.twin import TwinError, build_twin
+from tests import builders
 from tests.builders import HubCache
 
 torch = pytest.importorskip("torch")
@@ -306,3 +307,86 @@ def test_bad_repo_id_and_missing_folder(tmp_path):
         build_twin(tmp_path / "nope", "org/x", tmp_path / "twin")
     with pytest.raises(TwinError, match="not a repo id"):
         build_twin(tmp_path, "../../etc", tmp_path / "twin")
+
+
+# --- real sizes: the shrinking itself (tiny_family's checkpoints are already small) ---------------------------------
+
+def _gemma4_moe() -> dict:
+    """A 26B-A4B-like Gemma 4 text config: 30 layers of 5 sliding + 1 full, 128 experts of which 8 are active."""
+    text = json.loads((ROOT / "examples" / "google--gemma-4-E2B-it" / "config.json").read_text())["text_config"]
+    text = {k: v for k, v in text.items() if k not in ("layer_types",)}
+    return {**text, "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "dtype": "bfloat16",
+            "hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "num_global_key_value_heads": 2, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+            "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+            "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
+            "intermediate_size": 2112}
+
+
+REAL_SIZES = {
+    "gemma-2b": {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 2048,
+                 "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+                 "intermediate_size": 16384, "vocab_size": 256000, "torch_dtype": "bfloat16"},
+    "gemma-2-2b": {**builders.gemma2_config(), "num_attention_heads": 8,
+                   "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "query_pre_attn_scalar": 256},
+    "gemma-3-1b": builders.gemma3_1b_config(),
+    "paligemma2": builders.paligemma2_config(),
+    "gemma-4-26b-a4b-like": _gemma4_moe(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_SIZES))
+def test_real_sizes_shrink_and_run(hub, tmp_path, name):
+    config = REAL_SIZES[name]
+    snap = hub.add(f"org/{name}", {"config.json": config})
+    twin = build_twin(snap, f"org/{name}", tmp_path / "twin")
+    assert twin.layout == "installed" and any("no safetensors" in n for n in twin.notes)
+    text = _text(twin.config)
+    assert text["hidden_size"] == 64 and text.get("num_hidden_layers", 2) <= 6
+    assert 0 < twin.parameters < 60_000_000  # the real vocabulary x 64 dominates
+    if name.startswith("gemma-4"):
+        assert (text["num_experts"], text["top_k_experts"], text["moe_intermediate_size"]) == (4, 2, 32)
+        assert text["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = getattr(transformers, twin.architecture).from_pretrained(
+            f"org/{name}", cache_dir=twin.cache_dir, local_files_only=True)
+    assert model.dtype == torch.bfloat16  # the config's dtype, where the checkpoint has no headers to read
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.tensor([[2, 105, 300, 106]])).logits.float()).all()
+
+
+def test_real_tokenizer_files_are_copied_as_they_are(built, hub, tmp_path):
+    _folder, _snap, first = _twin(built, "gemma3_text")
+    files = {"config.json": json.loads((first.snapshot / "config.json").read_text())}
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        files[name] = (first.snapshot / name).read_bytes() + (b"\n" if name == "tokenizer_config.json" else b"")
+    snap = hub.add("org/with-tokenizer", files)
+    twin = build_twin(snap, "org/with-tokenizer", tmp_path / "twin")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (twin.snapshot / name).read_bytes() == (snap / name).read_bytes()
+    assert "tokenizer" not in twin.shrunk and not any("synthetic" in n for n in twin.notes)
+
+
+def test_adapter_twin_carries_the_adapters_config(built, hub, tmp_path):
+    from peft import PeftModel
+
+    _folder, _snap, base = _twin(built, "gemma3_text")
+    adapter_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
+                      "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "org/gemma3_text",
+                      "some_future_key": 1}
+    snap = hub.add("org/my-adapter", {"adapter_config.json": adapter_config})
+    origin = built["gemma3_text"][1]
+    twin = build_twin(origin, "org/gemma3_text", tmp_path / "twin", adapter_dir=snap)
+    assert twin.adapter is not None and twin.adapter.parent.parent.name == "models--org--my-adapter"
+    assert (twin.adapter / "adapter_config.json").read_bytes() == (snap / "adapter_config.json").read_bytes()
+    assert any("some_future_key" in n for n in twin.notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base_model = transformers.AutoModelForCausalLM.from_pretrained("org/gemma3_text", cache_dir=tmp_path / "twin",
+                                                                       local_files_only=True)
+        model = PeftModel.from_pretrained(base_model, "org/my-adapter", cache_dir=tmp_path / "twin",
+                                          local_files_only=True)
+    b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert len(b) == 2 * 2 and all(p.abs().sum() > 0 for p in b)  # q and v of 2 layers; B moved off zero
+    assert model.peft_config["default"].r == 4

@@ -217,8 +217,15 @@ class _Shrinker:
     def __init__(self) -> None:
         self.shrunk: dict[str, tuple[Any, Any]] = {}
 
+    read: Any = None  # the section being shrunk as the library reads it: the defaults of the keys it leaves out
+
+    def old(self, section: Mapping[str, Any], key: str) -> Any:
+        """The section's value of ``key``, else the class default the library would use."""
+        return section[key] if key in section else _attr(self.read, key)
+
     def set(self, section: dict, key: str, new: Any, where: str) -> None:
-        old = section.get(key)
+        """Set ``key`` to ``new`` (written out even where the section left it to a default), never growing a size."""
+        old = self.old(section, key)
         if _count(old) and _count(new) and new > old:
             return  # a twin never grows a size (a target smaller than the twin's sizes keeps its own)
         if old is not None and old != new:
@@ -260,12 +267,12 @@ class _Shrinker:
     pending_per_layer: tuple | None = None
 
     def heads(self, section: dict, where: str, target: Mapping[str, int], read: Any = None) -> None:
-        heads = section.get("num_attention_heads")
+        heads = self.old(section, "num_attention_heads")
         if heads is None:
             return
         heads = _int(heads, f"{where}num_attention_heads", 100_000) or 1
         new_heads = min(heads, target["num_attention_heads"])
-        kv = section.get("num_key_value_heads")
+        kv = self.old(section, "num_key_value_heads")
         self.set(section, "num_attention_heads", new_heads, where)
         self.per_layer(section, where, heads, new_heads, target)
         if kv is not None:
@@ -273,21 +280,21 @@ class _Shrinker:
             # keep the grouping: MHA stays MHA, MQA stays MQA, GQA keeps a group of several query heads per KV head
             self.set(section, "num_key_value_heads", max(1, new_heads * kv // heads), where)
         for key in ("num_global_key_value_heads",):
-            if isinstance(section.get(key), int):
-                self.set(section, key, max(1, new_heads * section[key] // heads), where)
+            if _count(self.old(section, key)):
+                self.set(section, key, max(1, new_heads * self.old(section, key) // heads), where)
         # A text config without head_dim gets the class default (256 for Gemma), not hidden / heads: say it outright
-        old_head_dim = section.get("head_dim", _attr(read, "head_dim"))
+        old_head_dim = self.old(section, "head_dim")
         if isinstance(old_head_dim, int) and old_head_dim > 0:
             new_head_dim = target["head_dim"]
             self.put(section, "head_dim", old_head_dim, new_head_dim, where)
             # Gemma 4's global layers have wider heads (512 vs 256): keep the ratio
-            old_global = section.get("global_head_dim", _attr(read, "global_head_dim"))
+            old_global = self.old(section, "global_head_dim")
             if isinstance(old_global, int) and old_global > 0:
                 self.put(section, "global_head_dim", old_global, new_head_dim * max(1, old_global // old_head_dim),
                          where)
-            if section.get("query_pre_attn_scalar") == old_head_dim:
+            if self.old(section, "query_pre_attn_scalar") == old_head_dim:
                 self.set(section, "query_pre_attn_scalar", new_head_dim, where)
-        elif isinstance(section.get("query_pre_attn_scalar"), int):
+        elif _count(self.old(section, "query_pre_attn_scalar")):
             self.set(section, "query_pre_attn_scalar", target["hidden_size"] // new_heads, where)
 
     def text(self, section: dict, where: str, model_type: str | None) -> None:
@@ -299,17 +306,17 @@ class _Shrinker:
         # bounded before the library sees them: it builds per-layer lists from these counts
         if section.get("num_hidden_layers") is not None:
             _int(section["num_hidden_layers"], f"{where}num_hidden_layers", MAX_LAYERS)
-        read = _as_read(section, model_type)
-        old_hidden = section.get("hidden_size")
+        read = self.read = _as_read(section, model_type)
+        old_hidden = self.old(section, "hidden_size")
         self.set(section, "hidden_size", TEXT["hidden_size"], where)
         self.heads(section, where, TEXT, read)
-        layers = section.get("num_hidden_layers")
+        layers = self.old(section, "num_hidden_layers")
         n = None
         if layers is not None:
             layers = _int(layers, f"{where}num_hidden_layers", MAX_LAYERS)
             types = _layer_types(section, read)
             period = _period(types[:layers]) if types else 1
-            shared = section.get("num_kv_shared_layers") or 0
+            shared = self.old(section, "num_kv_shared_layers") or 0
             shared = _int(shared, f"{where}num_kv_shared_layers", layers)
             if shared and shared >= layers:
                 # a drafter (Gemma 4 assistants) shares every layer with the model it drafts for
@@ -331,46 +338,51 @@ class _Shrinker:
             for key in ("layer_types", "block_types", "activation_sparsity_pattern"):
                 if isinstance(section.get(key), list) and len(section[key]) > n:
                     self.set(section, key, section[key][:n], where)
-        inter = section.get("intermediate_size")
+        inter = self.old(section, "intermediate_size")
         if isinstance(inter, list):
             self.set(section, "intermediate_size", [TEXT["intermediate_size"]] * (n or len(inter)), where)
         elif inter is not None:
             self.set(section, "intermediate_size", TEXT["intermediate_size"], where)
-        if section.get("enable_moe_block") or section.get("num_experts"):
-            experts = _int(section.get("num_experts") or 0, f"{where}num_experts", 100_000)
+        if self.old(section, "enable_moe_block") or self.old(section, "num_experts"):
+            experts = _int(self.old(section, "num_experts") or 0, f"{where}num_experts", 100_000)
             self.set(section, "num_experts", min(experts, 4), where)
-            if section.get("top_k_experts") is not None:
-                self.set(section, "top_k_experts", min(_int(section["top_k_experts"], f"{where}top_k_experts",
+            if self.old(section, "top_k_experts") is not None:
+                self.set(section, "top_k_experts", min(_int(self.old(section, "top_k_experts"), f"{where}top_k_experts",
                                                              experts), 2), where)
-            if section.get("moe_intermediate_size") is not None:
+            if self.old(section, "moe_intermediate_size") is not None:
                 self.set(section, "moe_intermediate_size", 32, where)
         for key, value in (("hidden_size_per_layer_input", 8), ("laurel_rank", 4), ("lru_width", TEXT["hidden_size"]),
                            ("embedding_dim", 32), ("moe_intermediate_size", 32)):
-            if isinstance(section.get(key), int) and section[key] > 0:
+            if isinstance(self.old(section, key), int) and self.old(section, key) > 0:
                 self.set(section, key, value, where)
-        if isinstance(old_hidden, int) and isinstance(section.get("projection_dim"), int):
+        if isinstance(old_hidden, int) and isinstance(self.old(section, "projection_dim"), int):
             self.set(section, "projection_dim", TEXT["hidden_size"], where)
 
     def tower(self, section: dict, where: str, text_hidden: int) -> None:
         """A vision or audio tower: sizes down, one or two layers, the input geometry (image size, patch) kept."""
+        for key in ("num_hidden_layers", "conf_num_hidden_layers"):
+            if section.get(key) is not None:
+                _int(section[key], f"{where}{key}", MAX_LAYERS)
+        tower_type = section.get("model_type")
+        self.read = _as_read(section, tower_type) if isinstance(tower_type, str) else None
         self.set(section, "hidden_size", TOWER["hidden_size"], where)
         self.heads(section, where, TOWER)
         for key in ("num_hidden_layers", "conf_num_hidden_layers"):
-            if section.get(key) is not None:
-                self.set(section, key, min(_int(section[key], f"{where}{key}", MAX_LAYERS), 2), where)
-        if section.get("conf_num_attention_heads") is not None:
+            if self.old(section, key) is not None:
+                self.set(section, key, min(_int(self.old(section, key), f"{where}{key}", MAX_LAYERS), 2), where)
+        if self.old(section, "conf_num_attention_heads") is not None:
             self.set(section, "conf_num_attention_heads", TOWER["num_attention_heads"], where)
-        if section.get("intermediate_size") is not None:
+        if self.old(section, "intermediate_size") is not None:
             self.set(section, "intermediate_size", TOWER["intermediate_size"], where)
         for key in ("subsampling_conv_channels", "sscp_conv_channel_size"):
-            if isinstance(section.get(key), list):
-                self.set(section, key, [8, 4][: len(section[key])], where)
+            if isinstance(self.old(section, key), list):
+                self.set(section, key, [8, 4][: len(self.old(section, key))], where)
         for key in ("output_proj_dims", "mm_embed_dim", "audio_embed_dim", "projection_dim"):
-            if isinstance(section.get(key), int):
+            if isinstance(self.old(section, key), int):
                 self.set(section, key, TOWER["hidden_size"], where)
-        if isinstance(section.get("mm_posemb_size"), int):
+        if isinstance(self.old(section, "mm_posemb_size"), int):
             self.set(section, "mm_posemb_size", 16, where)
-        image, patch = section.get("image_size"), section.get("patch_size")
+        image, patch = self.old(section, "image_size"), self.old(section, "patch_size")
         if isinstance(image, int) and isinstance(patch, int) and patch > 0 and (image // patch) ** 2 > MAX_PATCHES:
             raise TwinError(f"{where}image_size {image} / patch_size {patch} gives {(image // patch) ** 2:,} patches")
         del text_hidden
