@@ -390,3 +390,24 @@ def test_adapter_twin_carries_the_adapters_config(built, hub, tmp_path):
     b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert len(b) == 2 * 2 and all(p.abs().sum() > 0 for p in b)  # q and v of 2 layers; B moved off zero
     assert model.peft_config["default"].r == 4
+
+
+def test_plain_adapter_folder_becomes_a_repo_of_the_twin_cache(built, tmp_path):
+    from huggingface_hub import scan_cache_dir
+
+    folder = tmp_path / "my adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                                            "target_modules": ["o_proj"]}))
+    twin = build_twin(built["gemma3_text"][1], "org/gemma3_text", tmp_path / "twin", adapter_dir=folder)
+    assert twin.adapter is not None and twin.adapter.parent.parent.name == "models--local--my-adapter"
+    info = scan_cache_dir(tmp_path / "twin")
+    assert not info.warnings and {r.repo_id for r in info.repos} == {"org/gemma3_text", "local/my-adapter"}
+
+
+def test_adapter_whose_targets_match_nothing_is_one_line(built, hub, tmp_path):
+    snap = hub.add("org/bad-adapter", {"adapter_config.json": {"peft_type": "LORA", "r": 2,
+                                                               "target_modules": ["no_such_proj"]}})
+    with pytest.raises(TwinError, match="PEFT cannot put the adapter on the twin: .*Target modules .* not found") as e:
+        build_twin(built["gemma3_text"][1], "org/gemma3_text", tmp_path / "twin", adapter_dir=snap)
+    assert "\n" not in str(e.value)

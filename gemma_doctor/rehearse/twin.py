@@ -665,11 +665,10 @@ def _adapter_twin(model: Any, adapter_dir: Path, seed: int, cache_dir: Path, rev
     if root != adapter_dir:
         repo_id = adapter_dir.parent.parent.name.removeprefix("models--").replace("--", "/")
         return write_cache(cache_dir, repo_id, adapter_dir.name, revision, files)
-    out = Path(cache_dir) / "adapter"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (out / name).write_bytes(data)
-    return out
+    # a plain adapter folder: a repo of its own in the twin's cache ("local/<folder>"), so the cache stays one that
+    # huggingface_hub scans without a warning; the caller points the run at the returned snapshot
+    name = re.sub(r"[^\w.-]", "-", adapter_dir.resolve().name or "adapter")
+    return write_cache(cache_dir, f"local/{name}", _commit_of(adapter_dir, files), revision, files)
 
 
 def _headers_of_adapter(adapter_dir: Path, area: fsafe.Area) -> dict[str, tuple[str, tuple[int, ...]]]:
