@@ -236,12 +236,17 @@ def _import_numpy_without_blas_threads() -> None:
 @_stack_options
 @_remote_option
 @_memory_options
+@click.option("--rehearse", "rehearse_run", is_flag=True,
+              help="Also rehearse the training config on a twin of each named model (gemma-doctor rehearse): its "
+                   "findings join the model's.")
+@click.option("--real-weights", is_flag=True, help="With --rehearse: also one measured step of the real checkpoint.")
 def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
           weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path],
           launch: Optional[str],
           with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, hub_deadline: Optional[float],
           method: Optional[str], batch_size: Optional[int], seq_len: Optional[int],
-          gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int]) -> int:
+          gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int],
+          rehearse_run: bool = False, real_weights: bool = False) -> int:
     """Diagnose models, cached or on the Hub before download: use_cache, generation config, saved dtypes, GPU,
     library versions and whether the run fits in memory. Writes nothing."""
     from gemma_doctor.pipeline import diagnose
@@ -260,8 +265,17 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
     elif fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import with_json as finish
 
+    if (rehearse_run or real_weights) and not targets:
+        raise UsageError("--rehearse needs the model(s) to rehearse named: a whole-cache rehearsal would train every "
+                         "cached model")
+    if real_weights and not rehearse_run:
+        raise UsageError("--real-weights goes with --rehearse")
     with _hub_deadline(hub_deadline):
         report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish)
+    if rehearse_run and report.models:
+        from gemma_doctor.rehearse import with_rehearsals
+
+        report = with_rehearsals(report, training_config, real_weights)
     if not report.models:
         # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
         # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).

@@ -181,6 +181,7 @@ _CODES = [
     Code("GD961", "merge-crashed", "the rehearsal crashed merging the adapter or reloading the merged folder"),
     Code("GD962", "labels-crashed", "the rehearsal crashed collating the first batch of the training data"),
     Code("GD963", "accumulation-crashed", "the rehearsal crashed in the gradient accumulation check"),
+    Code("GD964", "real-weights-crashed", "--real-weights: the measured training step of the real checkpoint could not run"),
     Code("GD965", "loss-not-finite", "a rehearsed training step gave a NaN or infinite loss"),
     Code("GD966", "loss-zero", "the rehearsed training loss is 0 at every step: nothing is learned"),
     Code("GD967", "grad-norm-not-finite", "a rehearsed training step gave a NaN or infinite gradient norm"),

@@ -80,19 +80,55 @@ def test_a_healthy_lora_sft_run_rehearses_every_stage_without_a_finding(tmp_path
 
 
 @pytest.mark.slow
-def test_labels_that_train_nothing_are_caught_where_no_exception_is_raised(tmp_path, cli):
-    """A pre-tokenized dataset whose labels are all masked (a preprocessing step that masked everything), which TRL
-    keeps as it is with max_length null: nothing raises, and no token is trained (facts.md section 15)."""
+def test_real_weights_measures_one_step_of_the_real_checkpoint_beside_the_twin_rehearsal(tmp_path, cli):
+    import torch
+    import transformers
+
+    folder = tmp_path / "google--tiny-real"
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(**{k: v for k, v in TXT.items()})
+    transformers.Gemma3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    sft = tmp_path / "sft.yaml"
+    sft.write_text(LORA_SFT.replace("max_length: 256", "max_length: 16"))
+    got, doc = rehearse(cli, folder, "--training-config", sft, "--real-weights")
+    assert got.code == 0, doc["findings"]
+    [real] = [s for s in doc["stages"] if s["stage"] == "real-weights"]
+    assert real["status"] == "ok" and real["device"] == "cpu" and real["peak_source"] == "rss"
+    assert real["fp16_overflow"] is False and real["grad_absmax"] > 0
+
+
+def test_real_weights_of_a_folder_without_weights_is_a_finding(tmp_path, cli):
+    """The bundled examples hold config.json and no weights: the measured step cannot run, and says so."""
+    from gemma_doctor.rehearse.runner import Rehearsal
+
+    record = {"stage": "real-weights", "status": "error", "exception": "OSError", "line": "OSError: no weights"}
+    [f] = invariants.judge([record], [])
+    assert f.code == "GD964" and "real checkpoint" in f.message
+    assert Rehearsal("t", "r", "trl-sft", stages=[record], findings=[f]).failed
+
+
+@pytest.mark.slow
+def test_check_rehearse_adds_the_rehearsal_to_the_model_and_its_findings(tmp_path, cli):
+    """Labels that train nothing, caught where no exception is raised (facts.md section 15): a pre-tokenized dataset
+    whose labels are all masked (a preprocessing step that masked everything), which TRL keeps as it is with
+    max_length null. Through check --rehearse, so the findings are the model's own."""
     rows = [{"input_ids": list(range(110, 130 + i)), "labels": [-100] * (20 + i)} for i in range(10)]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = tmp_path / "sft.yaml"
     config.write_text(LORA_SFT.replace("max_length: 256", "max_length: null") + f"dataset_name: {data}\n")
-    got, doc = rehearse(cli, model_folder(tmp_path, "gemma3_text"), "--training-config", config)
-    codes = {f["code"] for f in doc["findings"]}
+    got = cli("check", model_folder(tmp_path, "gemma3_text"), "--training-config", config, "--rehearse",
+              "--format", "json")
+    [model] = got.json()["models"]
     assert got.code == 1
-    assert "GD971" in codes, doc["findings"]
-    assert codes & {"GD965", "GD966", "GD968"}, doc["findings"]
+    codes = {f["code"] for f in model["findings"]}
+    assert "GD971" in codes and codes & {"GD965", "GD966", "GD968"}, model["findings"]
+    assert model["rehearsal"]["status"] == "failed" and model["rehearsal"]["stages"]
+
+
+def test_check_rehearse_needs_named_models(cli):
+    got = cli("check", "--rehearse")
+    assert got.code == 2 and "--rehearse" in got.err
 
 
 def test_a_missing_config_json_is_one_line(tmp_path, cli):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from gemma_doctor.errors import UsageError
 from gemma_doctor.report import ExitCode
@@ -51,3 +51,22 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "
              "before the GPU hour; see docs/rehearsal.md")
     return ExitCode.FINDINGS if result.failed else ExitCode.OK
+
+
+def with_rehearsals(report: Any, training_config: Optional[Path], real_weights: bool) -> Any:
+    """`check --rehearse`: each model of ``report`` rehearsed (its folder, the same training config); the rehearsal's
+    findings join the model's, its stages go to the model's JSON entry under "rehearsal"."""
+    import dataclasses
+
+    from gemma_doctor.rehearse.runner import rehearse
+
+    models = []
+    for m in report.models:
+        if m.path is None or any(f.code == "GD003" for f in m.findings):
+            models.append(m)
+            continue
+        result = rehearse(m.path, training_config=training_config, real_weights=real_weights)
+        view = {k: v for k, v in result.to_json().items() if k != "findings"}
+        models.append(dataclasses.replace(m, findings=(*m.findings, *result.findings),
+                                          extra={**m.extra, "rehearsal": view}, block=None))
+    return dataclasses.replace(report, models=tuple(models))

@@ -15,17 +15,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _build_twin() -> Any:
-    """build_twin of gemma_doctor/rehearse/twin.py, or the stand-in until that module is on this branch."""
-    try:
-        from gemma_doctor.rehearse.twin import build_twin
-    except ModuleNotFoundError as e:
-        if e.name != "gemma_doctor.rehearse.twin":
-            raise
-        from gemma_doctor.rehearse.standin import build_twin
-    return build_twin
-
-
 def _patch(config: dict[str, Any], dotted: str, value: Any) -> None:
     node = config
     *parents, last = dotted.split(".")
@@ -37,10 +26,11 @@ def _patch(config: dict[str, Any], dotted: str, value: Any) -> None:
 def build(plan: dict[str, Any], events: Any) -> bool:
     """Lay out the twin in the private cache; apply the plan's config patch (a cure being rehearsed)."""
     from gemma_doctor.rehearse.driver import _error
+    from gemma_doctor.rehearse.twin import build_twin
 
     try:
-        twin = _build_twin()(Path(plan["target_dir"]), plan["repo_id"], Path(os.environ["HF_HUB_CACHE"]),
-                             revision="main", seed=0)
+        twin = build_twin(Path(plan["target_dir"]), plan["repo_id"], Path(os.environ["HF_HUB_CACHE"]),
+                          revision="main", seed=0)
     except Exception as e:  # noqa: BLE001 - reported as the twin stage's failure
         events.write("twin", "error", **_error(e))
         return False
@@ -52,19 +42,39 @@ def build(plan: dict[str, Any], events: Any) -> bool:
             _patch(config, dotted, value)
         path.write_text(json.dumps(config, indent=2))
     events.write("twin", "ok", snapshot=str(twin.snapshot), shrunk={k: str(v) for k, v in twin.shrunk.items()},
-                 patched=patch)
+                 patched=patch, notes=list(getattr(twin, "notes", ())))
     return True
+
+
+def real(plan: dict[str, Any], events: Any) -> int:
+    """One measured training step of the real checkpoint (gemma_doctor/rehearse/realweights.py)."""
+    from gemma_doctor.rehearse.driver import _error
+    from gemma_doctor.rehearse.realweights import measure_step
+
+    s = plan["settings"]
+    try:
+        got = measure_step(Path(plan["target_dir"]), seq_len=int(s.get("max_length") or 512),
+                           batch=int(s.get("batch") or 1), dtype=s.get("dtype") or "bfloat16",
+                           lora=bool(s.get("lora")))
+    except Exception as e:  # noqa: BLE001 - reported as the stage's failure
+        events.write("real-weights", "error", **_error(e))
+        return 0
+    modules = sorted(got.pop("modules", []), key=lambda m: -(m.get("grad_absmax") or 0.0))
+    events.write("real-weights", "ok", **got, top_gradients=modules[:5])
+    return 0
 
 
 def main(argv: list[str]) -> int:
     """Entry point of the child."""
     from gemma_doctor.rehearse.driver import Events, run
 
-    if len(argv) != 2 or argv[0] not in ("build", "run"):
-        sys.stderr.write("usage: python -m gemma_doctor.rehearse.child build|run PLAN.json\n")
+    if len(argv) != 2 or argv[0] not in ("build", "run", "real"):
+        sys.stderr.write("usage: python -m gemma_doctor.rehearse.child build|run|real PLAN.json\n")
         return 2
     plan = json.loads(Path(argv[1]).read_text())
     events = Events(Path(plan["events"]))
+    if argv[0] == "real":
+        return real(plan, events)
     if not build(plan, events) or argv[0] == "build":
         return 0
     return run(plan, events)

@@ -197,7 +197,7 @@ def _tail(path: Path) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def _run_child(plan: dict[str, Any], timeout: float) -> tuple[list[dict[str, Any]], str | None]:
+def _run_child(plan: dict[str, Any], timeout: float, mode: str = "run") -> tuple[list[dict[str, Any]], str | None]:
     """Run one child on ``plan``; (its records, why it ended early or None)."""
     root = Path(tempfile.mkdtemp(prefix="gemma-doctor-rehearse-"))
     try:
@@ -206,13 +206,14 @@ def _run_child(plan: dict[str, Any], timeout: float) -> tuple[list[dict[str, Any
         plan = {**plan, "workdir": str(root / "work"), "events": str(root / "events.jsonl")}
         (root / "plan.json").write_text(json.dumps(plan))
         log = root / "child.log"
-        child = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", "run", str(root / "plan.json")],
+        child = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", mode, str(root / "plan.json")],
                       root / "work", _environment(root), log)
         status = child.wait(timeout)
         records = _records(root / "events.jsonl")
         if status is None:
             return records, f"timeout after {timeout:g} s"
-        if not any(r.get("stage") == "done" for r in records) and not any(r.get("status") == "error" for r in records):
+        finished = {"run": "done", "real": "real-weights"}[mode]
+        if not any(r.get("stage") == finished for r in records) and not any(r.get("status") == "error" for r in records):
             return records, f"the child exited with status {status}: {_tail(log)}"
         return records, None
     finally:
@@ -283,6 +284,9 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
         result.seconds = time.monotonic() - started
         return result
     records, ended = _run_child(plan, timeout)
+    if real_weights and ended is None:
+        measured, ended = _run_child(plan, timeout, "real")
+        records += measured
     result.stack = next((dict((k, v) for k, v in r.items() if k not in ("stage", "status", "elapsed"))
                          for r in records if r.get("stage") == "stack"), {})
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]

@@ -42,6 +42,12 @@ def _summary(s: dict[str, Any]) -> str:
         merged, reloaded = s.get("merged") or {}, s.get("reloaded") or {}
         return (f"merged vs base + adapter {_fmt(merged.get('max_abs_diff'))}, "
                 f"reloaded merged folder {_fmt(reloaded.get('max_abs_diff'))}")
+    if stage == "real-weights":
+        peak = s.get("peak_bytes") or 0
+        over = f"fp16 overflow first at {s.get('first_overflow')}" if s.get("fp16_overflow") else \
+            f"fp16 headroom x{_fmt(s.get('fp16_headroom'))}"
+        return (f"{s.get('device')}: peak {peak / 1024**3:.2f} GiB ({s.get('peak_source')}), largest activation "
+                f"{_fmt(s.get('act_absmax'))}, largest gradient {_fmt(s.get('grad_absmax'))}, {over}")
     if stage == "accumulation":
         return (f"loss {_fmt(s.get('accumulated_loss'))} ({s.get('micro')} x {s.get('k')}) vs "
                 f"{_fmt(s.get('whole_loss'))} (one batch)")
