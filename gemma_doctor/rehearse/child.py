@@ -66,13 +66,14 @@ def real(plan: dict[str, Any], events: Any) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point of the child."""
-    from gemma_doctor.rehearse.driver import Events, run
+    from gemma_doctor.rehearse.driver import Events, run, stack
 
     if len(argv) != 2 or argv[0] not in ("build", "run", "real"):
         sys.stderr.write("usage: python -m gemma_doctor.rehearse.child build|run|real PLAN.json\n")
         return 2
     plan = json.loads(Path(argv[1]).read_text())
     events = Events(Path(plan["events"]))
+    stack(events)  # first, so that a twin the installed transformers cannot build still names that transformers
     if argv[0] == "real":
         return real(plan, events)
     if not build(plan, events) or argv[0] == "build":

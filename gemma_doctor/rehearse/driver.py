@@ -389,6 +389,13 @@ def _read_rows(path: Path, n: int) -> list[dict[str, Any]]:
     return []
 
 
+def stack(events: Events) -> None:
+    """Record the versions of the libraries the child runs with."""
+    events.write("stack", "ok", **{name: _version(name) for name in
+                                   ("torch", "transformers", "peft", "trl", "accelerate", "datasets")},
+                 python=sys.version.split()[0])
+
+
 STAGES: dict[str, Callable[[Run], None]] = {
     "load": Run.load, "setup": Run.build_trainer, "labels": Run.labels, "train": Run.train, "eval": Run.evaluate,
     "generate": Run.generate, "save": Run.save, "merge": Run.merge,
@@ -398,9 +405,6 @@ STAGES: dict[str, Callable[[Run], None]] = {
 def run(plan: dict[str, Any], events: Events) -> int:
     """Every stage of ``plan`` in order; the first that raises is recorded and ends the run (exit 0: the parent
     judges the events)."""
-    events.write("stack", "ok", **{name: _version(name) for name in
-                                   ("torch", "transformers", "peft", "trl", "accelerate", "datasets")},
-                 python=sys.version.split()[0])
     r = Run(plan, events)
     for name in plan["stages"]:
         try:
