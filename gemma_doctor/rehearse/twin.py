@@ -440,17 +440,23 @@ def synthetic_tokenizer(config: Mapping[str, Any], size: int) -> dict[str, bytes
     # the byte alphabet where the vocabulary has room for it (a toy vocabulary of 256 keeps what fits; the rest is unk)
     for i, ch in zip(free, sorted(alphabet)):
         names[i] = ch
-    vocab = {names.get(i, f"<unused{i}>"): i for i in range(size)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    # The library builds the file from the named tokens only; the filler (<unusedN>, all but a few hundred of 262k) is
+    # written into its vocabulary as JSON: building a 262k-entry BPE in the library took seconds, this takes a tenth
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in names.items()}, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     specials = [names[i] for i in sorted(names) if names[i].startswith("<") and len(names[i]) > 1]
     tok.add_special_tokens(specials)
+    data = json.loads(tok.to_str())
+    data["model"]["vocab"] = "@VOCAB@"
+    vocab = ",".join(f"{json.dumps(names[i])}:{i}" if i in names else f'"<unused{i}>":{i}' for i in range(size))
+    text = json.dumps(data, ensure_ascii=False).replace('"@VOCAB@"', "{" + vocab + "}", 1)
     tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
                         "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": False, "padding_side": "left",
                         "model_max_length": 1_000_000, "chat_template": CHAT_TEMPLATE,
                         "extra_special_tokens": {}}
-    return {"tokenizer.json": tok.to_str().encode(), "tokenizer_config.json": _dumps(tokenizer_config),
+    return {"tokenizer.json": text.encode(),
+            "tokenizer_config.json": _dumps(tokenizer_config),
             "special_tokens_map.json": _dumps({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
                                                "unk_token": "<unk>"})}
 
@@ -542,20 +548,20 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
         layout = "installed"
         from transformers.core_model_loading import revert_weight_conversion
 
-        saved = revert_weight_conversion(model, dict(state))
-        seen: set[int] = set()
-        for name, t in saved.items():
-            # tied parameters are saved once, as save_pretrained does (the first name wins)
-            if t.data_ptr() in seen and name in _tied_names(model):
-                continue
-            seen.add(t.data_ptr())
+        # a tied parameter is saved once, under its source's name, as save_pretrained does
+        own = dict(state)
+        for target, source in _tied_pairs(model).items():
+            if target in own and source in own and own[target].data_ptr() == own[source].data_ptr():
+                del own[target]
+        for name, t in revert_weight_conversion(model, own).items():
             tensors[name] = t.detach().to(default if t.is_floating_point() else t.dtype).contiguous()
     return tensors, arch, layout, params, model
 
 
-def _tied_names(model: Any) -> set[str]:
-    tied = getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {}
-    return set(tied) if not isinstance(tied, dict) else set(tied.keys())
+def _tied_pairs(model: Any) -> dict[str, str]:
+    """Tied parameter -> the parameter it shares (transformers 5.x: ``all_tied_weights_keys``)."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return {str(k): str(v) for k, v in tied.items()} if isinstance(tied, dict) else {}
 
 
 def _line(e: BaseException) -> str:
