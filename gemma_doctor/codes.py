@@ -166,6 +166,13 @@ _CODES = [
     Code("GD901", "eos-lacks-end-of-turn", "a chat checkpoint's eos_token_id lacks <end_of_turn>: generate() never stops"),
     Code("GD902", "pad-is-eos", "the pad token is the EOS token: the language-modelling collator masks EOS out of the loss"),
     Code("GD903", "double-bos", "the chat template writes <bos> and the tokenizer adds another to re-tokenized rendered text"),
+    # GD98x: the rehearsal's real-weights step (gemma_doctor/rehearse/realweights.py, docs/rehearsal.md)
+    Code("GD980", "real-fp16-overflow", "one training step of the real weights passes fp16's range (65504): fp16 training overflows"),
+    Code("GD981", "real-step-not-finite", "one training step of the real weights gives NaN or infinite values in its precision"),
+    Code("GD982", "real-peak-over-device", "one training step of the real weights needs more memory than the device has"),
+    Code("GD983", "real-peak-over-plan", "one training step of the real weights needs more than 1.1x the memory plan"),
+    Code("GD984", "real-step-oom", "one training step of the real weights ran out of device memory"),
+    Code("GD985", "real-fp16-headroom", "measured with the real weights: every activation and gradient fits fp16's range, by the figure given"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}
