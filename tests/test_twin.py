@@ -277,6 +277,9 @@ GOOD = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vo
     ({"config.json": {**GOOD, "num_hidden_layers": 10**9}}, "beyond any Gemma checkpoint"),
     ({"config.json": {**GOOD, "num_hidden_layers": "many"}}, "not a count"),
     ({"config.json": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}}, "not a Gemma-family member"),
+    ({"config.json": {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
+                      "vision_config": {"model_type": "siglip_vision_model", "image_size": 10**6, "patch_size": 1}}},
+     "patches"),
     ({"config.json": {**GOOD, "model_type": None}}, "not a Gemma-family member"),
 ])
 def test_hostile_target_is_one_line(hub, tmp_path, files, message):
@@ -413,3 +416,11 @@ def test_adapter_whose_targets_match_nothing_is_one_line(built, hub, tmp_path):
     with pytest.raises(TwinError, match="PEFT cannot put the adapter on the twin: .*Target modules .* not found") as e:
         build_twin(built["gemma3_text"][1], "org/gemma3_text", tmp_path / "twin", adapter_dir=snap)
     assert "\n" not in str(e.value)
+
+
+def test_importing_the_twin_and_real_weights_modules_imports_no_torch():
+    code = ("import sys, gemma_doctor.rehearse.twin, gemma_doctor.rehearse.realweights\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub', 'peft') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
