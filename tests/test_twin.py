@@ -277,6 +277,9 @@ GOOD = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vo
     ({"config.json": {**GOOD, "num_hidden_layers": 10**9}}, "beyond any Gemma checkpoint"),
     ({"config.json": {**GOOD, "num_hidden_layers": "many"}}, "not a count"),
     ({"config.json": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}}, "not a Gemma-family member"),
+    # each kept size within bounds, together 600 M parameters: refused as counted on the meta device, unallocated
+    ({"config.json": {"model_type": "gemma3n_text", "architectures": ["Gemma3nForCausalLM"],
+                      "vocab_size": 4 * 1024 * 1024, "vocab_size_per_layer_input": 4 * 1024 * 1024}}, "parameters"),
     ({"config.json": {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
                       "vision_config": {"model_type": "siglip_vision_model", "image_size": 10**6, "patch_size": 1}}},
      "patches"),
@@ -333,6 +336,9 @@ REAL_SIZES = {
     "gemma-2-2b": {**builders.gemma2_config(), "num_attention_heads": 8,
                    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "query_pre_attn_scalar": 256},
     "gemma-3-1b": builders.gemma3_1b_config(),
+    # a multimodal Gemma 3 whose text config is left wholly to the defaults (2304 wide, 26 layers)
+    "gemma-3-defaults": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                         "torch_dtype": "bfloat16", "vision_config": {"model_type": "siglip_vision_model"}},
     "paligemma2": builders.paligemma2_config(),
     "gemma-4-26b-a4b-like": _gemma4_moe(),
 }

@@ -358,7 +358,7 @@ class _Shrinker:
         if isinstance(old_hidden, int) and isinstance(self.old(section, "projection_dim"), int):
             self.set(section, "projection_dim", TEXT["hidden_size"], where)
 
-    def tower(self, section: dict, where: str, text_hidden: int) -> None:
+    def tower(self, section: dict, where: str) -> None:
         """A vision or audio tower: sizes down, one or two layers, the input geometry (image size, patch) kept."""
         for key in ("num_hidden_layers", "conf_num_hidden_layers"):
             if section.get(key) is not None:
@@ -385,7 +385,6 @@ class _Shrinker:
         image, patch = self.old(section, "image_size"), self.old(section, "patch_size")
         if isinstance(image, int) and isinstance(patch, int) and patch > 0 and (image // patch) ** 2 > MAX_PATCHES:
             raise TwinError(f"{where}image_size {image} / patch_size {patch} gives {(image // patch) ** 2:,} patches")
-        del text_hidden
 
 
 def shrink_config(config: dict) -> tuple[dict, dict]:
@@ -394,6 +393,10 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
     s = _Shrinker()
     root_type = twin.get("model_type")
     member = family.member(root_type)
+    if member is not None and len(member.text_path) == 1 and member.text_path[0] not in twin:
+        # a nested member whose text config is left wholly to the defaults (Gemma 3's: 2304 wide, 26 layers): written
+        # out so that it is shrunk like any other
+        twin[member.text_path[0]] = {"model_type": member.text_type} if member.text_type else {}
     sections = [(k, twin[k]) for k in TEXT_KEYS if isinstance(twin.get(k), dict)]
     if member is not None and member.text_path == () and not sections:
         s.text(twin, "", root_type)
@@ -403,7 +406,7 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
             s.text(inner, f"{key}.text_config.", inner.get("model_type"))
             for tkey in VISION_KEYS + AUDIO_KEYS:
                 if isinstance(section.get(tkey), dict):
-                    s.tower(section[tkey], f"{key}.{tkey}.", TEXT["hidden_size"])
+                    s.tower(section[tkey], f"{key}.{tkey}.")
             continue
         text_type = section.get("model_type") or (member.text_type if member else None)
         if key in ("encoder", "decoder") and text_type is None:
@@ -411,7 +414,7 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
         s.text(section, f"{key}.", text_type)
     for key in VISION_KEYS + AUDIO_KEYS:
         if isinstance(twin.get(key), dict):
-            s.tower(twin[key], f"{key}.", TEXT["hidden_size"])
+            s.tower(twin[key], f"{key}.")
     # Root copies of text sizes (PaliGemma's hidden_size and projection_dim, Gemma 4 assistants' backbone size).
     for key in ("hidden_size", "projection_dim", "backbone_hidden_size"):
         if isinstance(twin.get(key), int) and sections:
@@ -518,18 +521,24 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
         config = config_cls.from_dict({k: v for k, v in twin_config.items() if k != "transformers_version"})
     except Exception as e:  # noqa: BLE001 - the library's refusal of the shrunk config, shown in one line
         raise TwinError(f"transformers refuses the twin's config: {type(e).__name__}: {_line(e)}") from None
-    torch.manual_seed(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # counted on the meta device first: a size left absurd must not allocate before it is refused
+            with torch.device("meta"):
+                planned = sum(p.numel() for p in cls._from_config(config, dtype=torch.float32).parameters())
+            if planned > MAX_TWIN_PARAMETERS:
+                raise TwinError(f"the twin would have {planned:,} parameters; the kept sizes (vocabulary, positions) "
+                                "are absurd")
+            torch.manual_seed(seed)
             model = cls._from_config(config, dtype=torch.float32)
+    except TwinError:
+        raise
     except ImportError as e:
         raise TwinError(f"{arch} cannot be built here: {_line(e)}") from None
     except Exception as e:  # noqa: BLE001
         raise TwinError(f"{arch} cannot be built from the twin's config: {type(e).__name__}: {_line(e)}") from None
     params = sum(p.numel() for p in model.parameters())
-    if params > MAX_TWIN_PARAMETERS:
-        raise TwinError(f"the twin would have {params:,} parameters; the kept sizes (vocabulary, positions) are absurd")
     model.eval()
     state = model.state_dict()
     default = getattr(torch, _config_dtype(twin_config))
