@@ -122,3 +122,11 @@ def test_judge_follows_the_measurement(checkpoints):
     assert "GD983" in {f.code for f in judge(plain, plan_bytes=8 * 2**30)}
     assert "GD983" not in {f.code for f in judge(plain, plan_bytes=10 * 2**30)}
     assert [f.code for f in judge({**plain, "oom": True, "error": "CUDA out of memory"})] == ["GD984"]
+
+
+def test_multimodal_checkpoint_gets_lora_on_its_text_model(tmp_path):
+    folder = tiny_family.save("gemma3", tmp_path / "g3")
+    got = measure_step(folder, seq_len=8, dtype="float32")
+    names = {m["name"] for m in got["modules"]}
+    assert "model.language_model.layers.0.self_attn.q_proj.base_layer" in names
+    assert got["fp16_overflow"] is False and got["loss"] > 0
