@@ -430,3 +430,12 @@ def test_importing_the_twin_and_real_weights_modules_imports_no_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_synthetic_tokenizer_names_the_image_tokens_as_gemma3s_does(gemma3_12b):
+    _snap, twin = gemma3_12b
+    tok = transformers.AutoTokenizer.from_pretrained(twin.snapshot)
+    assert (tok.boi_token, tok.eoi_token, tok.image_token) == ("<start_of_image>", "<end_of_image>",
+                                                              "<image_soft_token>")
+    assert tok.convert_tokens_to_ids([tok.boi_token, tok.eoi_token, tok.image_token]) == [255999, 256000, 262144]
+    assert len(tok) == 262208  # the model's vocabulary, not the config's largest token id

@@ -434,10 +434,13 @@ def synthetic_tokenizer(config: Mapping[str, Any], size: int) -> dict[str, bytes
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     names: dict[int, str] = {i: t for i, t in SPECIALS.items() if i < size}
+    # the multimodal tokens, also as the tokenizer attributes the processors read (tokenizer.boi_token, image_token, ...)
+    extra: dict[str, str] = {}
     for key, token in MM_TOKENS.items():
         idx = config.get(key)
         if isinstance(idx, int) and 0 <= idx < size and idx not in names:
             names[idx] = token
+            extra[key.rsplit("_", 1)[0]] = token
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     free = [i for i in range(107, size) if i not in names]
     # the byte alphabet where the vocabulary has room for it (a toy vocabulary of 256 keeps what fits; the rest is unk)
@@ -457,7 +460,7 @@ def synthetic_tokenizer(config: Mapping[str, Any], size: int) -> dict[str, bytes
     tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
                         "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": False, "padding_side": "left",
                         "model_max_length": 1_000_000, "chat_template": CHAT_TEMPLATE,
-                        "extra_special_tokens": {}}
+                        "extra_special_tokens": extra}
     return {"tokenizer.json": text.encode(),
             "tokenizer_config.json": _dumps(tokenizer_config),
             "special_tokens_map.json": _dumps({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
