@@ -196,6 +196,13 @@ _CODES = [
     Code("GD976", "merge-differs", "the merged model's logits are not those of base + adapter"),
     Code("GD977", "merged-reload-differs", "the merged folder reloads as another model (a head or weights lost at save or load)"),
     Code("GD978", "accumulation-not-equivalent", "b x k accumulated micro-batches give another loss or gradient than one batch of b*k"),
+    # GD98x: the rehearsal's real-weights step (gemma_doctor/rehearse/realweights.py, docs/rehearsal.md)
+    Code("GD980", "real-fp16-overflow", "one training step of the real weights passes fp16's range (65504): fp16 training overflows"),
+    Code("GD981", "real-step-not-finite", "one training step of the real weights gives NaN or infinite values in its precision"),
+    Code("GD982", "real-peak-over-device", "one training step of the real weights needs more memory than the device has"),
+    Code("GD983", "real-peak-over-plan", "one training step of the real weights needs more than 1.1x the memory plan"),
+    Code("GD984", "real-step-oom", "one training step of the real weights ran out of device memory"),
+    Code("GD985", "real-fp16-headroom", "measured with the real weights: every activation and gradient fits fp16's range, by the figure given"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

@@ -103,3 +103,30 @@ def test_bad_requests_are_one_line(checkpoints, kwargs, message):
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(MeasureError, match="no config.json"):
         measure_step(tmp_path, seq_len=8)
+
+
+def test_judge_follows_the_measurement(checkpoints):
+    from gemma_doctor.rehearse.realweights import judge
+
+    hot = measure_step(checkpoints["hot"], seq_len=16, dtype="float32", lora=False)
+    codes = {f.code: f for f in judge(hot, train_dtype="float16")}
+    assert set(codes) == {"GD980"} and codes["GD980"].severity.value == "error"
+    assert "model.layers.1.mlp.down_proj" in codes["GD980"].message
+    assert judge(hot, train_dtype="bfloat16")[0].severity.value == "warning"
+    plain = measure_step(checkpoints["plain"], seq_len=16, dtype="float32")
+    assert [f.code for f in judge(plain)] == ["GD985"]
+    fp16 = measure_step(checkpoints["hot"], seq_len=16, dtype="float16", lora=False)
+    assert {f.code for f in judge(fp16)} == {"GD980", "GD981"}
+    plain = {**plain, "peak_bytes": 10 * 2**30}
+    assert "GD982" in {f.code for f in judge(plain, device_bytes=8 * 2**30)}
+    assert "GD983" in {f.code for f in judge(plain, plan_bytes=8 * 2**30)}
+    assert "GD983" not in {f.code for f in judge(plain, plan_bytes=10 * 2**30)}
+    assert [f.code for f in judge({**plain, "oom": True, "error": "CUDA out of memory"})] == ["GD984"]
+
+
+def test_multimodal_checkpoint_gets_lora_on_its_text_model(tmp_path):
+    folder = tiny_family.save("gemma3", tmp_path / "g3")
+    got = measure_step(folder, seq_len=8, dtype="float32")
+    names = {m["name"] for m in got["modules"]}
+    assert "model.language_model.layers.0.self_attn.q_proj.base_layer" in names
+    assert got["fp16_overflow"] is False and got["loss"] > 0

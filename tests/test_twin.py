@@ -277,6 +277,12 @@ GOOD = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vo
     ({"config.json": {**GOOD, "num_hidden_layers": 10**9}}, "beyond any Gemma checkpoint"),
     ({"config.json": {**GOOD, "num_hidden_layers": "many"}}, "not a count"),
     ({"config.json": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}}, "not a Gemma-family member"),
+    # each kept size within bounds, together 600 M parameters: refused as counted on the meta device, unallocated
+    ({"config.json": {"model_type": "gemma3n_text", "architectures": ["Gemma3nForCausalLM"],
+                      "vocab_size": 4 * 1024 * 1024, "vocab_size_per_layer_input": 4 * 1024 * 1024}}, "parameters"),
+    ({"config.json": {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
+                      "vision_config": {"model_type": "siglip_vision_model", "image_size": 10**6, "patch_size": 1}}},
+     "patches"),
     ({"config.json": {**GOOD, "model_type": None}}, "not a Gemma-family member"),
 ])
 def test_hostile_target_is_one_line(hub, tmp_path, files, message):
@@ -330,6 +336,9 @@ REAL_SIZES = {
     "gemma-2-2b": {**builders.gemma2_config(), "num_attention_heads": 8,
                    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "query_pre_attn_scalar": 256},
     "gemma-3-1b": builders.gemma3_1b_config(),
+    # a multimodal Gemma 3 whose text config is left wholly to the defaults (2304 wide, 26 layers)
+    "gemma-3-defaults": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                         "torch_dtype": "bfloat16", "vision_config": {"model_type": "siglip_vision_model"}},
     "paligemma2": builders.paligemma2_config(),
     "gemma-4-26b-a4b-like": _gemma4_moe(),
 }
@@ -352,6 +361,8 @@ def test_real_sizes_shrink_and_run(hub, tmp_path, name):
         model = getattr(transformers, twin.architecture).from_pretrained(
             f"org/{name}", cache_dir=twin.cache_dir, local_files_only=True)
     assert model.dtype == torch.bfloat16  # the config's dtype, where the checkpoint has no headers to read
+    if model.config.get_text_config().tie_word_embeddings:  # a tied head is saved once, as save_pretrained does
+        assert not any("lm_head" in k for k in _header(twin.snapshot / "model.safetensors"))
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=torch.tensor([[2, 105, 300, 106]])).logits.float()).all()
 
@@ -411,3 +422,20 @@ def test_adapter_whose_targets_match_nothing_is_one_line(built, hub, tmp_path):
     with pytest.raises(TwinError, match="PEFT cannot put the adapter on the twin: .*Target modules .* not found") as e:
         build_twin(built["gemma3_text"][1], "org/gemma3_text", tmp_path / "twin", adapter_dir=snap)
     assert "\n" not in str(e.value)
+
+
+def test_importing_the_twin_and_real_weights_modules_imports_no_torch():
+    code = ("import sys, gemma_doctor.rehearse.twin, gemma_doctor.rehearse.realweights\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub', 'peft') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+def test_synthetic_tokenizer_names_the_image_tokens_as_gemma3s_does(gemma3_12b):
+    _snap, twin = gemma3_12b
+    tok = transformers.AutoTokenizer.from_pretrained(twin.snapshot)
+    assert (tok.boi_token, tok.eoi_token, tok.image_token) == ("<start_of_image>", "<end_of_image>",
+                                                              "<image_soft_token>")
+    assert tok.convert_tokens_to_ids([tok.boi_token, tok.eoi_token, tok.image_token]) == [255999, 256000, 262144]
+    assert len(tok) == 262208  # the model's vocabulary, not the config's largest token id

@@ -60,7 +60,7 @@ def real(plan: dict[str, Any], events: Any) -> int:
         events.write("real-weights", "error", **_error(e))
         return 0
     modules = sorted(got.pop("modules", []), key=lambda m: -(m.get("grad_absmax") or 0.0))
-    events.write("real-weights", "ok", **got, top_gradients=modules[:5])
+    events.write("real-weights", "ok", **got, top_gradients=modules[:5], train_dtype=s.get("precision"))
     return 0
 
 

@@ -187,6 +187,10 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
                                    "tied embeddings, or untie (tie_word_embeddings: false)", "merge")
         elif stage == "accumulation":
             out += judge_accumulation(r)
+        elif stage == "real-weights":
+            from gemma_doctor.rehearse.realweights import judge as judge_real  # pure; imports no torch
+
+            out += judge_real(r, train_dtype=r.get("train_dtype"))
     return out
 
 

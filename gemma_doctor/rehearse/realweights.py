@@ -13,9 +13,10 @@ import os
 import resource
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from gemma_doctor.errors import DoctorError
+from gemma_doctor.report import Finding, Severity
 
 FP16_MAX = 65504.0
 # LoRA targets: the text model's linear layers (a tower's projections are not trained by a text run, and PEFT refuses
@@ -259,4 +260,50 @@ def _worse(a: float, b: float) -> float:
     return a if a >= b else b
 
 
-__all__ = ["FP16_MAX", "MeasureError", "measure_step"]
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def judge(measure: Mapping[str, Any], *, plan_bytes: int | None = None, device_bytes: int | None = None,
+          train_dtype: str | None = None) -> tuple[Finding, ...]:
+    """Findings GD980-GD985 from one measure_step result (pure: no torch): the fp16 answer follows the measurement,
+    the memory plan is held against the measured peak. ``train_dtype``: the precision the run is configured with."""
+    out: list[Finding] = []
+    shape = f"{measure.get('batch')} x {measure.get('seq_len')} tokens, {measure.get('dtype')}, on {measure.get('device')}"
+    details = {k: measure.get(k) for k in ("device", "dtype", "seq_len", "batch", "lora", "peak_bytes", "peak_source",
+                                           "act_absmax", "grad_absmax", "first_overflow", "fp16_headroom")}
+    if measure.get("oom"):
+        out.append(Finding("GD984", Severity.ERROR, f"one training step of the real weights ({shape}) ran out of "
+                           f"device memory: {measure.get('error')}", fix="a shorter sequence, a smaller batch with "
+                           "gradient accumulation, LoRA, gradient checkpointing, or a larger GPU", details=details))
+        return tuple(out)
+    if measure.get("nonfinite"):
+        out.append(Finding("GD981", Severity.ERROR, f"the real weights give non-finite values in one training step "
+                           f"({shape}), first in {measure.get('first_overflow') or 'the loss'}",
+                           fix="train in bfloat16 or float32; check the checkpoint with `check --weights`",
+                           details=details))
+    if measure.get("fp16_overflow"):
+        severity = Severity.ERROR if train_dtype in ("float16", "fp16") else Severity.WARNING
+        top = max(measure.get("act_absmax") or 0.0, measure.get("grad_absmax") or 0.0)
+        out.append(Finding("GD980", severity, f"measured with the real weights: {measure.get('first_overflow')} "
+                           f"reaches {top:.4g}, past fp16's largest value 65504 ({shape}): fp16 training overflows",
+                           fix="train in bfloat16 (or float32); not fp16", details=details))
+    elif measure.get("fp16_headroom") is not None and not measure.get("nonfinite"):
+        headroom = float(measure["fp16_headroom"])
+        out.append(Finding("GD985", Severity.INFO, f"measured with the real weights: the largest activation or "
+                           f"gradient is {65504 / headroom:.4g}, {headroom:.3g}x below fp16's largest value ({shape})",
+                           details=details))
+    peak = measure.get("peak_bytes")
+    if isinstance(peak, int) and device_bytes and peak > device_bytes:
+        out.append(Finding("GD982", Severity.ERROR, f"one training step of the real weights peaked at {_gib(peak)} "
+                           f"({measure.get('peak_source')}), more than the device's {_gib(device_bytes)} ({shape})",
+                           fix="a shorter sequence, a smaller batch, LoRA or QLoRA, or a larger GPU", details=details))
+    elif isinstance(peak, int) and plan_bytes and peak > 1.10 * plan_bytes:
+        out.append(Finding("GD983", Severity.WARNING, f"one training step of the real weights peaked at "
+                           f"{_gib(peak)} ({measure.get('peak_source')}), {peak / plan_bytes:.2f}x the memory plan's "
+                           f"{_gib(plan_bytes)} ({shape})", fix="trust the measurement: leave room for it, or lower the "
+                           "sequence length or batch", details=details))
+    return tuple(out)
+
+
+__all__ = ["FP16_MAX", "MeasureError", "judge", "measure_step"]

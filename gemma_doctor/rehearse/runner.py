@@ -101,6 +101,8 @@ def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: P
             "max_length": _setting(tc, "seq_len") if isinstance(_setting(tc, "seq_len"), int) else None,
             "completion_only": truthy(raw.get("completion_only_loss")) or truthy(_setting(tc, "assistant_only_loss")),
             "dataset": data_path, "dataset_named": dataset if isinstance(dataset, str) else None,
+            "precision": "float16" if truthy(_setting(tc, "fp16")) else "bfloat16" if truthy(_setting(tc, "bf16"))
+            else None,
             "accumulation": _setting(tc, "gradient_accumulation_steps"), "batch": _setting(tc, "batch_size")}
 
 

@@ -358,7 +358,7 @@ class _Shrinker:
         if isinstance(old_hidden, int) and isinstance(self.old(section, "projection_dim"), int):
             self.set(section, "projection_dim", TEXT["hidden_size"], where)
 
-    def tower(self, section: dict, where: str, text_hidden: int) -> None:
+    def tower(self, section: dict, where: str) -> None:
         """A vision or audio tower: sizes down, one or two layers, the input geometry (image size, patch) kept."""
         for key in ("num_hidden_layers", "conf_num_hidden_layers"):
             if section.get(key) is not None:
@@ -385,7 +385,6 @@ class _Shrinker:
         image, patch = self.old(section, "image_size"), self.old(section, "patch_size")
         if isinstance(image, int) and isinstance(patch, int) and patch > 0 and (image // patch) ** 2 > MAX_PATCHES:
             raise TwinError(f"{where}image_size {image} / patch_size {patch} gives {(image // patch) ** 2:,} patches")
-        del text_hidden
 
 
 def shrink_config(config: dict) -> tuple[dict, dict]:
@@ -394,6 +393,10 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
     s = _Shrinker()
     root_type = twin.get("model_type")
     member = family.member(root_type)
+    if member is not None and len(member.text_path) == 1 and member.text_path[0] not in twin:
+        # a nested member whose text config is left wholly to the defaults (Gemma 3's: 2304 wide, 26 layers): written
+        # out so that it is shrunk like any other
+        twin[member.text_path[0]] = {"model_type": member.text_type} if member.text_type else {}
     sections = [(k, twin[k]) for k in TEXT_KEYS if isinstance(twin.get(k), dict)]
     if member is not None and member.text_path == () and not sections:
         s.text(twin, "", root_type)
@@ -403,7 +406,7 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
             s.text(inner, f"{key}.text_config.", inner.get("model_type"))
             for tkey in VISION_KEYS + AUDIO_KEYS:
                 if isinstance(section.get(tkey), dict):
-                    s.tower(section[tkey], f"{key}.{tkey}.", TEXT["hidden_size"])
+                    s.tower(section[tkey], f"{key}.{tkey}.")
             continue
         text_type = section.get("model_type") or (member.text_type if member else None)
         if key in ("encoder", "decoder") and text_type is None:
@@ -411,7 +414,7 @@ def shrink_config(config: dict) -> tuple[dict, dict]:
         s.text(section, f"{key}.", text_type)
     for key in VISION_KEYS + AUDIO_KEYS:
         if isinstance(twin.get(key), dict):
-            s.tower(twin[key], f"{key}.", TEXT["hidden_size"])
+            s.tower(twin[key], f"{key}.")
     # Root copies of text sizes (PaliGemma's hidden_size and projection_dim, Gemma 4 assistants' backbone size).
     for key in ("hidden_size", "projection_dim", "backbone_hidden_size"):
         if isinstance(twin.get(key), int) and sections:
@@ -431,26 +434,35 @@ def synthetic_tokenizer(config: Mapping[str, Any], size: int) -> dict[str, bytes
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     names: dict[int, str] = {i: t for i, t in SPECIALS.items() if i < size}
+    # the multimodal tokens, also as the tokenizer attributes the processors read (tokenizer.boi_token, image_token, ...)
+    extra: dict[str, str] = {}
     for key, token in MM_TOKENS.items():
         idx = config.get(key)
         if isinstance(idx, int) and 0 <= idx < size and idx not in names:
             names[idx] = token
+            extra[key.rsplit("_", 1)[0]] = token
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     free = [i for i in range(107, size) if i not in names]
     # the byte alphabet where the vocabulary has room for it (a toy vocabulary of 256 keeps what fits; the rest is unk)
     for i, ch in zip(free, sorted(alphabet)):
         names[i] = ch
-    vocab = {names.get(i, f"<unused{i}>"): i for i in range(size)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    # The library builds the file from the named tokens only; the filler (<unusedN>, all but a few hundred of 262k) is
+    # written into its vocabulary as JSON: building a 262k-entry BPE in the library took seconds, this takes a tenth
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in names.items()}, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     specials = [names[i] for i in sorted(names) if names[i].startswith("<") and len(names[i]) > 1]
     tok.add_special_tokens(specials)
+    data = json.loads(tok.to_str())
+    data["model"]["vocab"] = "@VOCAB@"
+    vocab = ",".join(f"{json.dumps(names[i])}:{i}" if i in names else f'"<unused{i}>":{i}' for i in range(size))
+    text = json.dumps(data, ensure_ascii=False).replace('"@VOCAB@"', "{" + vocab + "}", 1)
     tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
                         "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": False, "padding_side": "left",
                         "model_max_length": 1_000_000, "chat_template": CHAT_TEMPLATE,
-                        "extra_special_tokens": {}}
-    return {"tokenizer.json": tok.to_str().encode(), "tokenizer_config.json": _dumps(tokenizer_config),
+                        "extra_special_tokens": extra}
+    return {"tokenizer.json": text.encode(),
+            "tokenizer_config.json": _dumps(tokenizer_config),
             "special_tokens_map.json": _dumps({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
                                                "unk_token": "<unk>"})}
 
@@ -512,18 +524,24 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
         config = config_cls.from_dict({k: v for k, v in twin_config.items() if k != "transformers_version"})
     except Exception as e:  # noqa: BLE001 - the library's refusal of the shrunk config, shown in one line
         raise TwinError(f"transformers refuses the twin's config: {type(e).__name__}: {_line(e)}") from None
-    torch.manual_seed(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # counted on the meta device first: a size left absurd must not allocate before it is refused
+            with torch.device("meta"):
+                planned = sum(p.numel() for p in cls._from_config(config, dtype=torch.float32).parameters())
+            if planned > MAX_TWIN_PARAMETERS:
+                raise TwinError(f"the twin would have {planned:,} parameters; the kept sizes (vocabulary, positions) "
+                                "are absurd")
+            torch.manual_seed(seed)
             model = cls._from_config(config, dtype=torch.float32)
+    except TwinError:
+        raise
     except ImportError as e:
         raise TwinError(f"{arch} cannot be built here: {_line(e)}") from None
     except Exception as e:  # noqa: BLE001
         raise TwinError(f"{arch} cannot be built from the twin's config: {type(e).__name__}: {_line(e)}") from None
     params = sum(p.numel() for p in model.parameters())
-    if params > MAX_TWIN_PARAMETERS:
-        raise TwinError(f"the twin would have {params:,} parameters; the kept sizes (vocabulary, positions) are absurd")
     model.eval()
     state = model.state_dict()
     default = getattr(torch, _config_dtype(twin_config))
@@ -542,20 +560,20 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
         layout = "installed"
         from transformers.core_model_loading import revert_weight_conversion
 
-        saved = revert_weight_conversion(model, dict(state))
-        seen: set[int] = set()
-        for name, t in saved.items():
-            # tied parameters are saved once, as save_pretrained does (the first name wins)
-            if t.data_ptr() in seen and name in _tied_names(model):
-                continue
-            seen.add(t.data_ptr())
+        # a tied parameter is saved once, under its source's name, as save_pretrained does
+        own = dict(state)
+        for target, source in _tied_pairs(model).items():
+            if target in own and source in own and own[target].data_ptr() == own[source].data_ptr():
+                del own[target]
+        for name, t in revert_weight_conversion(model, own).items():
             tensors[name] = t.detach().to(default if t.is_floating_point() else t.dtype).contiguous()
     return tensors, arch, layout, params, model
 
 
-def _tied_names(model: Any) -> set[str]:
-    tied = getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {}
-    return set(tied) if not isinstance(tied, dict) else set(tied.keys())
+def _tied_pairs(model: Any) -> dict[str, str]:
+    """Tied parameter -> the parameter it shares (transformers 5.x: ``all_tied_weights_keys``)."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return {str(k): str(v) for k, v in tied.items()} if isinstance(tied, dict) else {}
 
 
 def _line(e: BaseException) -> str:
