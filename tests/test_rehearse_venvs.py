@@ -24,11 +24,6 @@ from tests.venvs import LEGACY, V4_LATE, V5_EARLY, ensure_venv, subprocess_env
 
 pytestmark = pytest.mark.slow
 
-# The twin builder (gemma_doctor/rehearse/twin.py, branch wt-twin at b0eadd4) uses transformers 5.x interfaces
-# (`_from_config(..., dtype=)`, `transformers.core_model_loading`): on 4.x the twin stage fails (GD954) before the run.
-# Strict: once the twin builds on 4.x these tests must pass, and the marker goes.
-TWIN_NEEDS_5X = pytest.mark.xfail(strict=True, reason="twin.py cannot build a twin with transformers 4.x yet")
-
 # A TrainingArguments config (no TRL key: the rehearsal's plain transformers Trainer path) with LoRA.
 PLAIN_LORA = "bf16: true\ntorch_dtype: bfloat16\nper_device_train_batch_size: 2\nlearning_rate: 0.001\nlora_r: 8\n" \
              "lora_target_modules: [q_proj, v_proj]\n"
@@ -47,7 +42,6 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-@TWIN_NEEDS_5X
 def test_transformers_450_crashes_at_evaluation_and_the_cure_is_verified(tmp_path):
     code, doc = rehearse(ensure_venv(LEGACY), model_folder(tmp_path, "gemma3"), write(tmp_path / "t.yaml", PLAIN_LORA))
     assert code == 1
@@ -78,7 +72,6 @@ def test_transformers_551_crashes_at_the_first_training_step_without_token_type_
     assert f["details"]["catalogue"] == "token-type-ids-required"
 
 
-@TWIN_NEEDS_5X
 def test_peft_0171_merge_of_modules_to_save_on_tied_embeddings_loses_the_head(tmp_path):
     config = write(tmp_path / "t.yaml", PLAIN_LORA.replace("0.001", "0.01")
                    + "lora_modules_to_save: [embed_tokens, lm_head]\n")

@@ -529,12 +529,12 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
             warnings.simplefilter("ignore")
             # counted on the meta device first: a size left absurd must not allocate before it is refused
             with torch.device("meta"):
-                planned = sum(p.numel() for p in cls._from_config(config, dtype=torch.float32).parameters())
+                planned = sum(p.numel() for p in _from_config(cls, config, torch.float32).parameters())
             if planned > MAX_TWIN_PARAMETERS:
                 raise TwinError(f"the twin would have {planned:,} parameters; the kept sizes (vocabulary, positions) "
                                 "are absurd")
             torch.manual_seed(seed)
-            model = cls._from_config(config, dtype=torch.float32)
+            model = _from_config(cls, config, torch.float32)
     except TwinError:
         raise
     except ImportError as e:
@@ -545,6 +545,9 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
     model.eval()
     state = model.state_dict()
     default = getattr(torch, _config_dtype(twin_config))
+    if not _has_core_model_loading():
+        tensors, layout = _tensors_4x(model, original, default, notes)
+        return tensors, arch, layout, params, model
     tensors: dict[str, Any] = {}
     mapping = _key_map(model, original, state) if original else None
     if mapping:
@@ -568,6 +571,55 @@ def _build_weights(twin_config: dict, original: Mapping[str, tuple[str, tuple[in
         for name, t in revert_weight_conversion(model, own).items():
             tensors[name] = t.detach().to(default if t.is_floating_point() else t.dtype).contiguous()
     return tensors, arch, layout, params, model
+
+
+def _from_config(cls: Any, config: Any, dtype: Any) -> Any:
+    """``cls._from_config(config)`` in ``dtype``: ``dtype=`` since transformers 4.56, ``torch_dtype=`` before."""
+    try:
+        return cls._from_config(config, dtype=dtype)
+    except TypeError as e:
+        # 4.50-4.55 have no dtype= there and hand it on to the model's __init__, which refuses it by name
+        if "'dtype'" not in str(e):
+            raise
+        return cls._from_config(config, torch_dtype=dtype)
+
+
+def _has_core_model_loading() -> bool:
+    """Whether the installed transformers loads through core_model_loading (5.x: key renames, weight converters)."""
+    try:
+        import transformers.core_model_loading  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _tensors_4x(model: Any, original: Mapping[str, tuple[str, tuple[int, ...]]], default: Any,
+                notes: list[str]) -> tuple[dict[str, Any], str]:
+    """transformers 4.x: the tensors its own save_pretrained writes (tie dedup, key-mapping reversal), under the
+    checkpoint's dtypes where the checkpoint names the same keys ("checkpoint" layout), else as saved ("installed")."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file
+
+    saved: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp, safe_serialization=True)
+        for shard in sorted(Path(tmp).glob("*.safetensors")):
+            saved.update(load_file(shard))
+    if original and any(name in saved for name in original):
+        tensors: dict[str, Any] = {}
+        for name, (st_dtype, _shape) in original.items():
+            if name in saved:
+                dtype = getattr(torch, _DTYPES[st_dtype]) if st_dtype in _DTYPES else default
+                tensors[name] = saved[name].to(dtype).contiguous()
+        return tensors, "checkpoint"
+    if original:
+        notes.append("the checkpoint's key names are not those the installed transformers saves; the twin is saved "
+                     "in the installed transformers' layout")
+    return {name: t.to(default if t.is_floating_point() else t.dtype).contiguous() for name, t in saved.items()}, \
+        "installed"
 
 
 def _tied_pairs(model: Any) -> dict[str, str]:
