@@ -229,12 +229,17 @@ def _import_numpy_without_blas_threads() -> None:
 @_stack_options
 @_remote_option
 @_memory_options
+@click.option("--rehearse", "rehearse_run", is_flag=True,
+              help="Also rehearse the training config on a twin of each named model (gemma-doctor rehearse): its "
+                   "findings join the model's.")
+@click.option("--real-weights", is_flag=True, help="With --rehearse: also one measured step of the real checkpoint.")
 def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str, fail_on: str,
           weights: bool, jobs: int, gpu: Optional[str], task: Optional[str], training_config: Optional[Path],
           launch: Optional[str],
           with_packages: tuple[str, ...], requirements: Optional[str], remote: bool, hub_deadline: Optional[float],
           method: Optional[str], batch_size: Optional[int], seq_len: Optional[int],
-          gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int]) -> int:
+          gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int],
+          rehearse_run: bool = False, real_weights: bool = False) -> int:
     """Diagnose models, cached or on the Hub before download: use_cache, generation config, saved dtypes, GPU,
     library versions and whether the run fits in memory. Writes nothing."""
     from gemma_doctor.pipeline import diagnose
@@ -253,8 +258,17 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
     elif fmt_ is OutputFormat.JSON:
         from gemma_doctor.render.jsonout import with_json as finish
 
+    if (rehearse_run or real_weights) and not targets:
+        raise UsageError("--rehearse needs the model(s) to rehearse named: a whole-cache rehearsal would train every "
+                         "cached model")
+    if real_weights and not rehearse_run:
+        raise UsageError("--real-weights goes with --rehearse")
     with _hub_deadline(hub_deadline):
         report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish)
+    if rehearse_run and report.models:
+        from gemma_doctor.rehearse import with_rehearsals
+
+        report = with_rehearsals(report, training_config, real_weights)
     if not report.models:
         # A gate that checked nothing must not pass: a CI step pointed at the wrong or an empty cache would
         # otherwise stay green for ever (pytest's "no tests ran" is a failure for the same reason).
@@ -486,6 +500,33 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
         _hint(f"{len(broken)} model(s) have missing or corrupt files that no fix repairs; download them again: "
               f"{broken[0].next_command}")
     return ExitCode.OK
+
+
+@app.command(context_settings=_CONTEXT)
+@click.argument("target")
+@_cache_options(all_revisions=False)
+@click.option("--training-config", type=_FILE, default=None,
+              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads) or TrainingArguments "
+                   "JSON/YAML; LoRA from use_peft / lora_r / lora_target_modules.")
+@click.option("--launch", default=None, metavar="COMMAND",
+              help="The command that launches the run, quoted; `trl sft --config FILE` is rehearsed as that config.")
+@click.option("--steps", type=click.IntRange(min=1, max=50), default=3, show_default=True,
+              help="Optimizer steps to rehearse.")
+@click.option("--timeout", type=float, callback=_seconds, default=300.0, show_default=True, metavar="SECONDS",
+              help="Deadline of each rehearsal child; past it the child and its processes are killed.")
+@click.option("--real-weights", is_flag=True,
+              help="Also one measured training step of the real checkpoint (peak memory, activation and gradient "
+                   "maxima against fp16's range).")
+@_outcome_format_option
+def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
+             launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str) -> int:
+    """Rehearse the training run on a tiny twin of the model, through the libraries installed here, in a child
+    process: load, a few train steps, evaluation, generation, save and reload, adapter merge. Writes only to a
+    temporary folder."""
+    from gemma_doctor.rehearse import rehearse_cli
+
+    return rehearse_cli(target, cache_dir, revision, training_config, launch, steps, timeout, real_weights,
+                        fmt.lower(), _out, _hint)
 
 
 @app.command(context_settings=_CONTEXT)

@@ -58,6 +58,10 @@ CASES: list[tuple[str, str, list[str], tuple[int, ...]]] = [
     ("check", "--seq-len", ["--gpu", "A100", "--seq-len", "512"], ANY),
     ("check", "--gradient-checkpointing", ["--gpu", "A100", "--gradient-checkpointing"], ANY),
     ("check", "--no-gradient-checkpointing", ["--gpu", "A100", "--no-gradient-checkpointing"], ANY),
+    # Real rehearsals of the cached 1B (tests/test_rehearse.py covers what they find); its one tensor is no checkpoint
+    # to measure, so --real-weights ends in a finding (GD964), not an error line.
+    ("check", "--rehearse", ["--rehearse", "--fail-on", "never"], (0,)),
+    ("check", "--real-weights", ["--rehearse", "--real-weights", "--fail-on", "never"], (0,)),
     ("check", "--gpu-memory", ["--gpu", "A100", "--gpu-memory", "80"], ANY),
     ("check", "--num-gpus", ["--gpu", "A100", "--num-gpus", "2"], ANY),
     ("check", "--help", ["--help"], (0,)),

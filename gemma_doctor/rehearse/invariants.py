@@ -1,0 +1,209 @@
+"""The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979). Pure: no torch, no
+file system; the thresholds of every invariant are here.
+
+A stage that raised becomes a finding naming the stage and the exception's last line, with the field catalogue's
+entry when its symptom matches (gemma_doctor/catalogue/field.json), else "not in the catalogue" and what to report
+upstream. A probe's figures that break an invariant become a finding quoting them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+from gemma_doctor.report import Finding, Severity
+
+# Stage -> the code of its crash.
+CRASH_CODES = {"twin": "GD954", "load": "GD955", "setup": "GD956", "labels": "GD962", "train": "GD957",
+               "eval": "GD958", "generate": "GD959", "save": "GD960", "merge": "GD961", "accumulation": "GD963",
+               "real-weights": "GD964"}
+STAGE_TEXT = {"twin": "building the twin", "load": "loading the model", "setup": "building the trainer",
+              "labels": "collating the first batch", "train": "training", "eval": "evaluation",
+              "generate": "generation", "save": "saving and reloading the checkpoint", "merge": "merging the adapter",
+              "accumulation": "the gradient accumulation check",
+              "real-weights": "the measured step of the real checkpoint"}
+# Logits of a reloaded or merged model against the one in memory: equal up to rounding of the saved dtype. bf16 keeps
+# 8 bits of mantissa (relative step 2**-8 = 0.4%); a merge adds a rounded delta to every weight, so the tolerance is a
+# few steps of the logits' own scale. A lost head or a dropped delta moves logits by their whole scale.
+LOGITS_RTOL = 0.05
+# Loss and gradient norm of b x k micro-batches against one batch of b*k: the same up to rounding; the accumulation
+# bug of GD739 scales them by k (at least 2).
+ACCUMULATION_RTOL = 0.10
+# Catalogue entry -> the change to the twin's config.json that its cure claims fixes the failure (rehearsed).
+CURE_PATCHES: dict[str, dict[str, Any]] = {
+    "hybridcache-float": {"text_config.use_cache": False},
+}
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[\s`'\"]+", " ", text).strip().lower()
+
+
+def catalogue_match(line: str, stage: str, entries: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The catalogue entry whose symptom is this exception line (the symptom's text before any '...' holds in it)."""
+    got = _norm(line)
+    for e in entries:
+        symptom = _norm(str(e.get("symptom", "")).split("...")[0])
+        if len(symptom) >= 12 and (symptom in got or (len(got) >= 12 and got in symptom)):
+            return e
+    return None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def crash(record: Mapping[str, Any], entries: Iterable[Mapping[str, Any]], cure: str | None = None) -> Finding:
+    """The finding of a stage that raised."""
+    stage = record["stage"]
+    line = str(record.get("line", record.get("exception", "error")))
+    entry = catalogue_match(line, stage, entries)
+    details: dict[str, Any] = {"stage": stage, "exception": record.get("exception"), "line": line,
+                               "frames": record.get("frames", [])}
+    if entry is not None:
+        details["catalogue"] = entry.get("id")
+        fix = f"catalogue {entry.get('code') or entry.get('id')}: {entry.get('cure')}"
+    else:
+        fix = ("not in the catalogue: report it upstream to the library of the innermost frame "
+               f"({', '.join(record.get('frames', [])[-1:]) or 'see the traceback'}), with the versions in `stack` "
+               "and this line")
+    if cure:
+        details["cure"] = cure
+        fix += f" ({cure})"
+    return Finding(CRASH_CODES.get(stage, "GD957"), Severity.ERROR,
+                   f"the rehearsal crashed at {STAGE_TEXT.get(stage, stage)}: {line}", key=stage, fix=fix,
+                   details=details)
+
+
+def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
+    """Each sample trains some tokens; the end-of-turn token is trained; the prompt is masked when completion-only."""
+    rows = record.get("per_sample") or []
+    out: list[Finding] = []
+    empty = [i for i, r in enumerate(rows) if r["trained"] == 0]
+    if empty:
+        out.append(Finding("GD971", Severity.ERROR,
+                           f"{len(empty)} of {len(rows)} samples of the first batch train no token (all labels -100): "
+                           "the loss and gradients of those samples are 0", key="labels",
+                           fix="check the collator and the completion-only / assistant-only masking (a prompt longer "
+                               "than max_length leaves no completion token)", details={"rows": rows}))
+    missed = [i for i, r in enumerate(rows) if r["trained"] and r["eot_present"] and not r["eot_trained"]]
+    if missed:
+        out.append(Finding("GD972", Severity.WARNING,
+                           f"{len(missed)} of {len(rows)} samples hold the end-of-turn token but do not train it: "
+                           "the model never learns to stop", key="labels",
+                           fix="train the turn terminator (<end_of_turn> / eos): axolotl eot_tokens, or a template "
+                               "whose generation block includes it", details={"rows": rows}))
+    if record.get("completion_only"):
+        open_ = [i for i, r in enumerate(rows) if r["trained"] and r["prompt_masked"] == 0]
+        if open_:
+            out.append(Finding("GD973", Severity.ERROR,
+                               f"the run is completion-only but {len(open_)} of {len(rows)} samples train their prompt "
+                               "(no token masked)", key="labels",
+                               fix="give the dataset prompt/completion fields, or a template with generation markers",
+                               details={"rows": rows}))
+    return out
+
+
+def judge_train(record: Mapping[str, Any]) -> list[Finding]:
+    """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move."""
+    out: list[Finding] = []
+    losses, norms = record.get("losses") or [], record.get("grad_norms") or []
+    figures = {"losses": losses, "grad_norms": norms}
+    if any(not _finite(x) for x in losses):
+        out.append(Finding("GD965", Severity.ERROR, f"the training loss is not finite: {losses}", key="train",
+                           fix="bf16 instead of fp16, gradient clipping, a lower learning rate", details=figures))
+    elif losses and all(x == 0 for x in losses):
+        out.append(Finding("GD966", Severity.ERROR, f"the training loss is 0 at every step ({len(losses)} steps): "
+                           "nothing is being learned", key="train",
+                           fix="check the labels (GD971) and the loss masking", details=figures))
+    if any(not _finite(x) for x in norms):
+        out.append(Finding("GD967", Severity.ERROR, f"the gradient norm is not finite: {norms}", key="train",
+                           fix="bf16 instead of fp16; find the module that overflows with --real-weights",
+                           details=figures))
+    elif norms and all(x == 0 for x in norms):
+        out.append(Finding("GD968", Severity.ERROR, f"the gradient norm is 0 at every step ({len(norms)} steps): "
+                           "no parameter receives a gradient", key="train",
+                           fix="check the labels (GD971), frozen parameters and the LoRA targets", details=figures))
+    trainable, moved = record.get("trainable", 0), record.get("moved", 0)
+    if trainable and moved == 0:
+        out.append(Finding("GD969", Severity.ERROR, f"none of the {trainable} trainable tensors changed after "
+                           f"{len(losses) or 'the'} steps", key="train",
+                           fix="check the learning rate, the optimizer and the gradients", details=dict(record)))
+    lora = record.get("lora_b") or {}
+    if lora.get("count") and lora.get("moved", 0) == 0:
+        out.append(Finding("GD970", Severity.ERROR, f"no LoRA B matrix moved ({lora['count']} of them): the adapter "
+                           "stays an identity", key="train", fix="check the gradients reach the adapter",
+                           details=dict(lora)))
+    return out
+
+
+def _rel(diff: Mapping[str, Any]) -> float | None:
+    if diff.get("max_abs_diff") is None:
+        return None
+    return float(diff["max_abs_diff"]) / max(float(diff.get("scale") or 0.0), 1e-6)
+
+
+def _logits_finding(code: str, diff: Mapping[str, Any], what: str, fix: str, key: str) -> list[Finding]:
+    rel = _rel(diff)
+    if rel is None:
+        return [Finding(code, Severity.ERROR, f"{what}: the logits changed shape {diff.get('shapes')}", key=key,
+                        fix=fix, details=dict(diff))]
+    if not math.isfinite(rel) or rel > LOGITS_RTOL:
+        return [Finding(code, Severity.ERROR, f"{what}: logits differ by {diff['max_abs_diff']:.4g} "
+                        f"(largest logit {diff['scale']:.4g}; tolerance {LOGITS_RTOL:.0%} of it)", key=key, fix=fix,
+                        details=dict(diff))]
+    return []
+
+
+def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]) -> list[Finding]:
+    """Every finding of one rehearsal's records (a crash ends the records, so it comes last)."""
+    entries = list(entries)
+    out: list[Finding] = []
+    for r in records:
+        stage, status = r.get("stage"), r.get("status")
+        if status == "error":
+            out.append(crash(r, entries, r.get("cure")))
+            continue
+        if status != "ok":
+            continue
+        if stage == "labels":
+            out += judge_labels(r)
+        elif stage == "train":
+            out += judge_train(r)
+        elif stage == "generate" and r.get("cached") != r.get("uncached"):
+            out.append(Finding("GD974", Severity.ERROR, "greedy generation with the KV cache gives other tokens than "
+                               "without it", key="generate", fix="report it upstream with the versions in `stack`",
+                               details={"cached": r.get("cached"), "uncached": r.get("uncached")}))
+        elif stage == "save":
+            out += _logits_finding("GD975", r, "the checkpoint reloaded is not the model that was saved",
+                                   "report it upstream (transformers / PEFT) with the versions in `stack`", "save")
+        elif stage == "merge":
+            out += _logits_finding("GD976", r.get("merged", {}), "the merged model is not base + adapter",
+                                   "merge in float32, or keep serving the adapter", "merge")
+            out += _logits_finding("GD977", r.get("reloaded", {}), "the merged folder reloads as another model "
+                                   "(a head or weights lost at save or load)",
+                                   "pip install \"peft>=0.18.0\" and set ensure_weight_tying=True with modules_to_save on "
+                                   "tied embeddings, or untie (tie_word_embeddings: false)", "merge")
+        elif stage == "accumulation":
+            out += judge_accumulation(r)
+        elif stage == "real-weights":
+            from gemma_doctor.rehearse.realweights import judge as judge_real  # pure; imports no torch
+
+            out += judge_real(r, train_dtype=r.get("train_dtype"))
+    return out
+
+
+def judge_accumulation(record: Mapping[str, Any]) -> list[Finding]:
+    """b x k against bk x 1: the same loss and gradient norm."""
+    out = []
+    for what in ("loss", "grad_norm"):
+        a, b = record.get(f"accumulated_{what}"), record.get(f"whole_{what}")
+        if _finite(a) and _finite(b) and abs(a - b) > ACCUMULATION_RTOL * max(abs(b), 1e-8):
+            out.append(Finding("GD978", Severity.ERROR,
+                               f"gradient accumulation changes the {what.replace('_', ' ')}: {a:.4g} with "
+                               f"{record.get('micro')} x {record.get('k')} against {b:.4g} with one batch of "
+                               f"{record.get('micro', 0) * record.get('k', 0)} (ratio {a / b if b else math.inf:.3g})",
+                               key="accumulation", fix="see the catalogue (GD739): upgrade transformers",
+                               details=dict(record)))
+    return out

@@ -1,0 +1,333 @@
+"""The rehearsal's parent side: plan the run from the target and the training config, start the child with the
+user's own interpreter in a temporary folder (private offline hub cache, a deadline, its whole process group killed
+past it), read its stage records, judge them (invariants.py), rehearse a catalogue cure where one applies.
+
+Imports nothing heavy: torch, transformers, PEFT and TRL are imported by the child only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from gemma_doctor.errors import UsageError
+from gemma_doctor.readers import training_config as tc_reader
+from gemma_doctor.readers.training_config import TrainingConfig, truthy
+from gemma_doctor.report import Finding, Severity
+
+DEFAULT_STEPS = 3
+DEFAULT_TIMEOUT = 300.0
+STAGES = ("load", "setup", "labels", "train", "eval", "generate", "save", "merge")
+# Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
+# LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
+_TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
+             "assistant_only_loss", "model_name_or_path", "dataset_name", "padding_free", "dataset_kwargs")
+# Import name -> the name a user installs.
+_LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
+              "accelerate": "accelerate"}
+
+
+@dataclass
+class Rehearsal:
+    """What one rehearsal found: the stages reached, their figures, the findings, the stack it ran on."""
+
+    target: str
+    repo_id: str
+    trainer: str
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    stack: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """True when a finding is an error."""
+        return any(f.severity is Severity.ERROR for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view (`rehearse --format json`)."""
+        return {"target": self.target, "repo_id": self.repo_id, "trainer": self.trainer, "stack": self.stack,
+                "stages": [{k: v for k, v in s.items() if k not in ("per_sample", "frames")} for s in self.stages],
+                "findings": [f.to_json() for f in self.findings], "notes": self.notes,
+                "seconds": round(self.seconds, 1), "status": "failed" if self.failed else "passed"}
+
+
+def _raw(path: str) -> dict[str, Any]:
+    """The training config's own keys (the reader has already said the file is a mapping)."""
+    import yaml
+
+    text = Path(path).read_text(encoding="utf-8-sig")
+    data = json.loads(text) if not path.endswith((".yaml", ".yml")) and text.lstrip().startswith("{") \
+        else yaml.safe_load(text)
+    return data if isinstance(data, dict) else {}
+
+
+def _setting(tc: TrainingConfig | None, name: str) -> Any:
+    s = tc.get(name) if tc is not None else None
+    return None if s is None else s.value
+
+
+def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: Path | None) -> dict[str, Any]:
+    """The run's settings the driver needs, through the project's reader (batch, precision, method, data...)."""
+    adapter = str(_setting(tc, "adapter") or "").lower()
+    targets = _setting(tc, "lora_target_modules")
+    lora_wanted = adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter")) \
+        or _setting(tc, "lora_r") is not None or targets is not None
+    lora = None
+    if lora_wanted:
+        lora = {"r": _setting(tc, "lora_r"), "alpha": raw.get("lora_alpha"),
+                "targets": targets if isinstance(targets, (list, str)) else None,
+                "modules_to_save": raw.get("lora_modules_to_save") or raw.get("modules_to_save")}
+    dtype = _setting(tc, "torch_dtype")
+    dataset = raw.get("dataset_name") or raw.get("dataset_path") or raw.get("train_file")
+    data_path = None
+    if isinstance(dataset, str):
+        for candidate in (Path(dataset), (config_dir or Path.cwd()) / dataset):
+            if candidate.is_file():
+                data_path = str(candidate.absolute())
+                break
+    return {"dtype": dtype if isinstance(dtype, str) and dtype != "auto" else None, "lora": lora,
+            "max_length": _setting(tc, "seq_len") if isinstance(_setting(tc, "seq_len"), int) else None,
+            "completion_only": truthy(raw.get("completion_only_loss")) or truthy(_setting(tc, "assistant_only_loss")),
+            "dataset": data_path, "dataset_named": dataset if isinstance(dataset, str) else None,
+            "precision": "float16" if truthy(_setting(tc, "fp16")) else "bfloat16" if truthy(_setting(tc, "bf16"))
+            else None,
+            "accumulation": _setting(tc, "gradient_accumulation_steps"), "batch": _setting(tc, "batch_size")}
+
+
+def _missing(names: list[str]) -> list[str]:
+    """The libraries of ``names`` that this interpreter cannot import (looked up, not imported)."""
+    return [_LIBRARIES.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+
+
+def _repo_id(snapshot: Any, raw: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """The repo id the user's code loads: the config's model_name_or_path, the cache's, the folder's name."""
+    named = raw.get("model_name_or_path") or raw.get("base_model")
+    if isinstance(named, str) and named.count("/") == 1 and not Path(named).exists():
+        return named
+    if snapshot.repo_id:
+        return snapshot.repo_id
+    name = snapshot.path.name
+    return name.replace("--", "/", 1) if "--" in name else f"local/{name}"
+
+
+def _gpu_parts(tc: TrainingConfig | None, raw: Mapping[str, Any]) -> list[str]:
+    """What of the run needs a GPU this machine lacks (rehearsed without it, said so)."""
+    parts = []
+    if truthy(_setting(tc, "load_in_4bit")) or truthy(_setting(tc, "load_in_8bit")):
+        parts.append("bitsandbytes quantization (QLoRA / 8-bit loading): rehearsed unquantized")
+    attn = str(_setting(tc, "attn_implementation") or "")
+    if "flash" in attn or truthy(_setting(tc, "flash_attention")):
+        parts.append(f"attention {attn or 'flash_attention'}: rehearsed with the default attention")
+    if any("unsloth" in str(v).lower() for v in raw.values() if isinstance(v, str)) or "unsloth" in raw:
+        parts.append("Unsloth's kernels: rehearsed with plain transformers")
+    if _setting(tc, "deepspeed") or _setting(tc, "fsdp"):
+        parts.append("DeepSpeed / FSDP sharding: rehearsed on one process")
+    return parts
+
+
+class Child:
+    """The child process with its deadline: started in a session of its own, so a kill takes its whole group."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         start_new_session=True)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None when the deadline passed (the group is then killed)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL to the child's process group (its workers too), then reap it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _environment(root: Path) -> dict[str, str]:
+    """The child's environment: the user's, with every cache private and the network off."""
+    env = dict(os.environ)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"):
+        env.pop(name, None)
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env.update({
+        "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hub"), "HF_DATASETS_CACHE": str(root / "datasets"),
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
+        "TMPDIR": str(root / "tmp"), "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", ""),
+        "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1))),
+    })
+    return env
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+    return out
+
+
+def _tail(path: Path) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    return lines[-1][:300] if lines else "no output"
+
+
+def _run_child(plan: dict[str, Any], timeout: float, mode: str = "run") -> tuple[list[dict[str, Any]], str | None]:
+    """Run one child on ``plan``; (its records, why it ended early or None)."""
+    root = Path(tempfile.mkdtemp(prefix="gemma-doctor-rehearse-"))
+    try:
+        for sub in ("hub", "hf", "work", "tmp", "datasets"):
+            (root / sub).mkdir()
+        plan = {**plan, "workdir": str(root / "work"), "events": str(root / "events.jsonl")}
+        (root / "plan.json").write_text(json.dumps(plan))
+        log = root / "child.log"
+        child = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", mode, str(root / "plan.json")],
+                      root / "work", _environment(root), log)
+        status = child.wait(timeout)
+        records = _records(root / "events.jsonl")
+        if status is None:
+            return records, f"timeout after {timeout:g} s"
+        finished = {"run": "done", "real": "real-weights"}[mode]
+        if not any(r.get("stage") == finished for r in records) and not any(r.get("status") == "error" for r in records):
+            return records, f"the child exited with status {status}: {_tail(log)}"
+        return records, None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def plan_for(target: str, cache_dir: Path | None, revision: str, training_config: Path | None,
+             steps: int, trainer: str | None = None) -> tuple[dict[str, Any], list[Finding], list[str], str]:
+    """(the child's plan, findings before running, notes, repo id) for one target."""
+    from gemma_doctor import locate
+
+    snapshots = locate.resolve([target], cache_dir, revision)
+    if not snapshots:
+        raise UsageError(f"{target}: nothing to rehearse")
+    snap = snapshots[0]
+    if snap.problem is not None:
+        raise UsageError(f"{target}: {snap.problem.message}")
+    config_path = snap.path / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{target}: config.json cannot be read ({getattr(e, 'strerror', None) or e}); "
+                         "nothing to rehearse") from None
+    if not isinstance(config, dict) or not isinstance(config.get("architectures"), list) \
+            or not config["architectures"] or not isinstance(config["architectures"][0], str):
+        raise UsageError(f"{target}: config.json names no architecture; nothing to rehearse")
+    tc = raw = None
+    if training_config is not None:
+        tc = tc_reader.load(str(training_config))
+        if not tc.ok:
+            raise UsageError(f"training config {training_config}: {tc.error}")
+        raw = _raw(str(training_config))
+    raw = raw or {}
+    trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
+    settings = settings_of(tc, raw, training_config.parent if training_config else None)
+    findings, notes = [], []
+    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer == "trl-sft" else []) + \
+             (["peft"] if settings["lora"] else [])
+    missing = _missing(needed)
+    if missing:
+        findings.append(Finding("GD950", Severity.ERROR, f"not rehearsable: {', '.join(missing)} "
+                                f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
+                                f"({sys.executable})", key="stack",
+                                fix="run the rehearsal in the environment that trains (nothing is installed for you)"))
+    for part in _gpu_parts(tc, raw):
+        findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
+                                fix="rehearse on the training machine to cover this part"))
+    if settings["dataset_named"] and not settings["dataset"]:
+        notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
+    repo_id = _repo_id(snap, raw, config)
+    plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
+            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps, "stages": list(STAGES)}
+    return plan, findings, notes, repo_id
+
+
+def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "main",
+             training_config: Path | None = None, steps: int = DEFAULT_STEPS,
+             timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False,
+             trainer: str | None = None) -> Rehearsal:
+    """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rehearse import invariants
+
+    started = time.monotonic()
+    plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps, trainer)
+    result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
+    if any(f.code == "GD950" for f in findings):
+        result.seconds = time.monotonic() - started
+        return result
+    records, ended = _run_child(plan, timeout)
+    if real_weights and ended is None:
+        measured, ended = _run_child(plan, timeout, "real")
+        records += measured
+    result.stack = next((dict((k, v) for k, v in r.items() if k not in ("stage", "status", "elapsed"))
+                         for r in records if r.get("stage") == "stack"), {})
+    result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
+    entries = catalogue.entries()
+    found = invariants.judge(result.stages, entries)
+    for r in result.stages:
+        if r.get("status") == "ok" and r.get("notes"):
+            result.notes += list(r["notes"])
+    if ended is not None:
+        last = result.stages[-1]["stage"] if result.stages else "start"
+        code = "GD952" if ended.startswith("timeout") else "GD953"
+        found.append(Finding(code, Severity.ERROR, f"the rehearsal did not finish ({ended}); last stage reached: {last}",
+                             key=last, fix="raise --timeout on a slow machine; otherwise report the child's last line"))
+    if cures:
+        found = [_rehearse_cure(f, plan, timeout, entries) for f in found]
+    result.findings += found
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any]) -> Finding:
+    """Apply the matched catalogue entry's cure to the twin and rerun up to the failed stage; say whether it helped."""
+    from dataclasses import replace
+
+    from gemma_doctor.rehearse import invariants
+
+    entry_id = finding.details.get("catalogue") if finding.details else None
+    patch = invariants.CURE_PATCHES.get(entry_id or "")
+    if not patch:
+        return finding
+    text_only = "text_config" not in json.loads((Path(plan["target_dir"]) / "config.json").read_text())
+    patch = {(k.removeprefix("text_config.") if text_only else k): v for k, v in patch.items()}
+    stage = finding.details["stage"]
+    stages = list(plan["stages"][: plan["stages"].index(stage) + 1])
+    records, ended = _run_child({**plan, "config_patch": patch, "stages": stages}, timeout)
+    again = [r for r in records if r.get("stage") == stage]
+    change = ", ".join(f"{k}: {json.dumps(v)}" for k, v in patch.items())
+    if ended is None and again and again[-1].get("status") == "ok":
+        verdict = f"cure verified in this stack: with {change} in config.json the {stage} stage passes"
+    else:
+        verdict = f"the cure did not help in this stack: with {change} the {stage} stage still fails"
+    return replace(finding, fix=f"{finding.fix}; {verdict}", details={**finding.details, "cure": verdict})

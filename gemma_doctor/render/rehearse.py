@@ -1,0 +1,84 @@
+"""Views of a rehearsal (gemma_doctor/rehearse/runner.py's Rehearsal): plain text and JSON. Return strings."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gemma_doctor.render.style import printable
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _summary(s: dict[str, Any]) -> str:
+    """One line of figures for a stage that passed."""
+    stage = s.get("stage")
+    if stage == "twin":
+        shrunk = s.get("shrunk") or {}
+        return ", ".join(f"{k} {v}" for k, v in list(shrunk.items())[:3]) + (" ..." if len(shrunk) > 3 else "")
+    if stage == "load":
+        return f"{s.get('cls')} {str(s.get('dtype', '')).removeprefix('torch.')}, {s.get('parameters', 0):,} parameters"
+    if stage == "setup":
+        return f"{s.get('trainer')}, {s.get('trainable', 0):,} trainable parameters"
+    if stage == "labels":
+        rows = s.get("per_sample") or []
+        trained = [r["trained"] for r in rows]
+        return f"{len(rows)} samples, {min(trained, default=0)}-{max(trained, default=0)} tokens trained each"
+    if stage == "train":
+        losses, norms = s.get("losses") or [], s.get("grad_norms") or []
+        loss = f"loss {_fmt(losses[0])} -> {_fmt(losses[-1])}" if losses else "no loss logged"
+        norm = f"grad norm {_fmt(min(norms))}-{_fmt(max(norms))}" if norms else "no grad norm"
+        return f"{loss}, {norm}, {s.get('moved')}/{s.get('trainable')} trainable tensors moved"
+    if stage == "eval":
+        return f"eval loss {_fmt(s.get('eval_loss'))}"
+    if stage == "generate":
+        same = s.get("cached") == s.get("uncached")
+        return "the same tokens with and without the KV cache" if same else "other tokens without the KV cache"
+    if stage == "save":
+        return f"reloaded logits within {_fmt(s.get('max_abs_diff'))} (largest {_fmt(s.get('scale'))})"
+    if stage == "merge":
+        merged, reloaded = s.get("merged") or {}, s.get("reloaded") or {}
+        return (f"merged vs base + adapter {_fmt(merged.get('max_abs_diff'))}, "
+                f"reloaded merged folder {_fmt(reloaded.get('max_abs_diff'))}")
+    if stage == "real-weights":
+        peak = s.get("peak_bytes") or 0
+        over = f"fp16 overflow first at {s.get('first_overflow')}" if s.get("fp16_overflow") else \
+            f"fp16 headroom x{_fmt(s.get('fp16_headroom'))}"
+        return (f"{s.get('device')}: peak {peak / 1024**3:.2f} GiB ({s.get('peak_source')}), largest activation "
+                f"{_fmt(s.get('act_absmax'))}, largest gradient {_fmt(s.get('grad_absmax'))}, {over}")
+    if stage == "accumulation":
+        return (f"loss {_fmt(s.get('accumulated_loss'))} ({s.get('micro')} x {s.get('k')}) vs "
+                f"{_fmt(s.get('whole_loss'))} (one batch)")
+    return ""
+
+
+def render_text(rehearsal: Any) -> str:
+    """The text view: the stack, one line per stage, the findings with their cures, the verdict."""
+    stack = rehearsal.stack
+    libs = ", ".join(f"{k} {v}" for k, v in stack.items() if v and k != "python")
+    lines = [f"rehearsal of {rehearsal.repo_id} ({rehearsal.target}), {rehearsal.trainer} run"
+             + (f": {libs}" if libs else "")]
+    for s in rehearsal.stages:
+        status = s.get("status")
+        text = _summary(s) if status == "ok" else s.get("reason", "") if status == "skipped" else s.get("line", "")
+        lines.append(f"  {s.get('stage', '?'):<12} {status:<8} {printable(str(text))}")
+    if rehearsal.findings:
+        lines.append("findings:")
+        for f in rehearsal.findings:
+            lines.append(f"  {f.code} {f.severity.value:<7} {printable(f.message)}")
+            if f.fix:
+                lines.append(f"      fix: {printable(f.fix)}")
+    for note in rehearsal.notes:
+        lines.append(f"note: {printable(note)}")
+    verdict = "failed" if rehearsal.failed else "passed"
+    lines.append(f"rehearsal {verdict} in {rehearsal.seconds:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(rehearsals: list[Any]) -> str:
+    """The JSON document of `rehearse --format json`."""
+    doc = {"schema_version": 1, "status": "failed" if any(r.failed for r in rehearsals) else "passed",
+           "rehearsals": [r.to_json() for r in rehearsals]}
+    return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,0 +1,227 @@
+"""The rehearsal on the pinned stack (transformers 5.23, PEFT 0.21, TRL 1.16): healthy LoRA SFT runs of Gemma 3 text,
+Gemma 3 multimodal and Gemma 4 raise nothing; labels that train nothing are caught by the invariants alone; hostile
+targets and configs end in one line or a finding, never a hang. The judgement (invariants.py) is tested on plain
+records too: it is pure.
+
+Each rehearsal is a real child process (twin built and trained by the installed libraries) on a tiny config:
+hidden 64, two layers, a vocabulary of 256, so a run takes seconds of compute (most of it imports).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor.rehearse import invariants
+
+TXT = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+           num_key_value_heads=1, head_dim=16, max_position_embeddings=128, pad_token_id=0, eos_token_id=1,
+           bos_token_id=2)
+SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+              num_attention_heads=2, image_size=28, patch_size=14)
+G4V = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+           num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
+           position_embedding_size=64)
+G4A = dict(model_type="gemma4_audio", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+           subsampling_conv_channels=[8, 4], output_proj_dims=32, conv_kernel_size=3)
+
+CONFIGS = {
+    "gemma3_text": dict(TXT, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", torch_dtype="bfloat16"),
+    "gemma3": dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", torch_dtype="bfloat16",
+                   text_config=dict(TXT, model_type="gemma3_text"), vision_config=SIGLIP, mm_tokens_per_image=4,
+                   image_token_index=255, boi_token_index=253, eoi_token_index=254, eos_token_id=[1, 106]),
+    "gemma4": dict(architectures=["Gemma4ForConditionalGeneration"], model_type="gemma4", dtype="bfloat16",
+                   text_config=dict(TXT, model_type="gemma4_text", num_hidden_layers=4, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"] * 2, global_head_dim=32,
+                                    num_kv_shared_layers=2, vocab_size_per_layer_input=256,
+                                    hidden_size_per_layer_input=8),
+                   vision_config=G4V, audio_config=G4A, boi_token_id=250, eoi_token_id=251, image_token_id=252,
+                   video_token_id=253, boa_token_id=254, eoa_token_index=255, audio_token_id=249),
+}
+LORA_SFT = "bf16: true\nper_device_train_batch_size: 2\nlearning_rate: 0.001\nmax_length: 256\nuse_peft: true\n" \
+           "lora_r: 8\nlora_target_modules: [q_proj, k_proj, v_proj, o_proj]\n"
+
+
+def model_folder(root: Path, member: str, config: dict | None = None) -> Path:
+    """A model folder holding only the member's config.json (as a download of its config would)."""
+    folder = root / f"google--tiny-{member}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config if config is not None else CONFIGS[member]))
+    return folder
+
+
+def rehearse(cli, *args: str):
+    got = cli("rehearse", *args, "--format", "json")
+    return got, (got.json()["rehearsals"][0] if got.out.strip() else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("member", ["gemma3_text", "gemma3", "gemma4"])
+def test_a_healthy_lora_sft_run_rehearses_every_stage_without_a_finding(tmp_path, cli, member):
+    config = tmp_path / "sft.yaml"
+    # Gemma 4's towers hold Gemma4ClippableLinear projections also named q_proj..., which PEFT refuses (PEFT #3129):
+    # a working Gemma 4 LoRA config targets the language model's.
+    targets = "'.*language_model.*[.](q|k|v|o)_proj'" if member == "gemma4" else "[q_proj, k_proj, v_proj, o_proj]"
+    config.write_text(LORA_SFT.replace("[q_proj, k_proj, v_proj, o_proj]", targets))
+    got, doc = rehearse(cli, model_folder(tmp_path, member), "--training-config", config)
+    assert doc["findings"] == [], doc["findings"]
+    assert got.code == 0
+    assert [s["stage"] for s in doc["stages"]] == ["twin", "load", "setup", "labels", "train", "eval", "generate",
+                                                  "save", "merge"]
+    assert all(s["status"] == "ok" for s in doc["stages"])
+    assert doc["trainer"] == "trl-sft" and doc["stack"]["trl"]
+    train = next(s for s in doc["stages"] if s["stage"] == "train")
+    assert len(train["losses"]) == 3 and train["moved"] > 0
+
+
+@pytest.mark.slow
+def test_real_weights_measures_one_step_of_the_real_checkpoint_beside_the_twin_rehearsal(tmp_path, cli):
+    import torch
+    import transformers
+
+    folder = tmp_path / "google--tiny-real"
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(**{k: v for k, v in TXT.items()})
+    transformers.Gemma3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    sft = tmp_path / "sft.yaml"
+    sft.write_text(LORA_SFT.replace("max_length: 256", "max_length: 16"))
+    got, doc = rehearse(cli, folder, "--training-config", sft, "--real-weights")
+    assert got.code == 0, doc["findings"]
+    [real] = [s for s in doc["stages"] if s["stage"] == "real-weights"]
+    assert real["status"] == "ok" and real["device"] == "cpu" and real["peak_source"] == "rss"
+    assert real["fp16_overflow"] is False and real["grad_absmax"] > 0
+
+
+def test_real_weights_of_a_folder_without_weights_is_a_finding(tmp_path, cli):
+    """The bundled examples hold config.json and no weights: the measured step cannot run, and says so."""
+    from gemma_doctor.rehearse.runner import Rehearsal
+
+    record = {"stage": "real-weights", "status": "error", "exception": "OSError", "line": "OSError: no weights"}
+    [f] = invariants.judge([record], [])
+    assert f.code == "GD964" and "real checkpoint" in f.message
+    assert Rehearsal("t", "r", "trl-sft", stages=[record], findings=[f]).failed
+
+
+@pytest.mark.slow
+def test_check_rehearse_adds_the_rehearsal_to_the_model_and_its_findings(tmp_path, cli):
+    """Labels that train nothing, caught where no exception is raised (facts.md section 15): a pre-tokenized dataset
+    whose labels are all masked (a preprocessing step that masked everything), which TRL keeps as it is with
+    max_length null. Through check --rehearse, so the findings are the model's own."""
+    rows = [{"input_ids": list(range(110, 130 + i)), "labels": [-100] * (20 + i)} for i in range(10)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "sft.yaml"
+    config.write_text(LORA_SFT.replace("max_length: 256", "max_length: null") + f"dataset_name: {data}\n")
+    got = cli("check", model_folder(tmp_path, "gemma3_text"), "--training-config", config, "--rehearse",
+              "--format", "json")
+    [model] = got.json()["models"]
+    assert got.code == 1
+    codes = {f["code"] for f in model["findings"]}
+    assert "GD971" in codes and codes & {"GD965", "GD966", "GD968"}, model["findings"]
+    assert model["rehearsal"]["status"] == "failed" and model["rehearsal"]["stages"]
+
+
+def test_check_rehearse_needs_named_models(cli):
+    got = cli("check", "--rehearse")
+    assert got.code == 2 and "--rehearse" in got.err
+
+
+def test_a_missing_config_json_is_one_line(tmp_path, cli):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    got = cli("rehearse", folder)
+    assert got.code == 2 and got.out == ""
+    assert got.err.strip().count("\n") == 0 and "config.json" in got.err
+
+
+@pytest.mark.parametrize("text", ["[1, 2]\n", "a: [\n", ""])
+def test_a_broken_training_config_is_one_line(tmp_path, cli, text):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--training-config", config)
+    assert got.code == 2 and got.out == ""
+    assert got.err.strip().count("\n") == 0 and "bad.yaml" in got.err
+
+
+def test_a_config_naming_no_architecture_is_one_line(tmp_path, cli):
+    got = cli("rehearse", model_folder(tmp_path, "x", {"model_type": "gemma3_text"}))
+    assert got.code == 2 and "architecture" in got.err
+
+
+@pytest.mark.slow
+def test_a_child_past_its_deadline_is_killed_with_its_group_and_reported(tmp_path):
+    """--timeout 1: the child (importing transformers) is killed; a finding, and no process left behind."""
+    folder = model_folder(tmp_path, "gemma3_text")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "gemma_doctor", "rehearse", str(folder), "--timeout", "1",
+                           "--format", "json"], capture_output=True, text=True, timeout=120)
+    doc = json.loads(done.stdout)["rehearsals"][0]
+    assert done.returncode == 1
+    assert [f["code"] for f in doc["findings"]] == ["GD952"]
+    assert time.monotonic() - started < 100  # not a speed assertion: the run must not have waited for the child
+    left = subprocess.run(["pgrep", "-f", "gemma_doctor.rehearse.child"], capture_output=True, text=True).stdout
+    assert str(folder) not in left
+
+
+def test_launch_rehearses_a_trl_sft_config_and_refuses_other_lines_in_one_line(tmp_path, cli):
+    from gemma_doctor.rehearse import config_of_launch
+
+    assert config_of_launch("accelerate launch -m trl sft --config x.yaml") == Path("x.yaml")
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", "python train.py --bf16")
+    assert got.code == 2 and got.err.count("\n") == 1
+
+
+# -- the judgement, on plain records ----------------------------------------------------------------------------------
+def test_the_hybridcache_line_matches_its_catalogue_entry_with_a_rehearsable_cure():
+    from gemma_doctor import catalogue
+
+    entry = invariants.catalogue_match("AttributeError: 'HybridCache' object has no attribute 'float'", "eval",
+                                       catalogue.entries())
+    assert entry is not None and entry["id"] == "hybridcache-float"
+    assert entry["id"] in invariants.CURE_PATCHES
+
+
+def test_an_unknown_crash_says_it_is_not_in_the_catalogue():
+    from gemma_doctor import catalogue
+
+    [f] = invariants.judge([{"stage": "save", "status": "error", "exception": "OSError", "line": "OSError: disk gone",
+                             "frames": ["modeling_utils.py:12 in save_pretrained"]}], catalogue.entries())
+    assert f.code == "GD960" and "not in the catalogue" in f.fix and "modeling_utils.py" in f.fix
+
+
+@pytest.mark.parametrize("record, code", [
+    ({"losses": [0.0, 0.0], "grad_norms": [1.0, 1.0], "trainable": 2, "moved": 2}, "GD966"),
+    ({"losses": [1.0, float("nan")], "grad_norms": [1.0, 1.0], "trainable": 2, "moved": 2}, "GD965"),
+    ({"losses": [1.0, 1.0], "grad_norms": [0.0, 0.0], "trainable": 2, "moved": 2}, "GD968"),
+    ({"losses": [1.0, 1.0], "grad_norms": [1.0, float("inf")], "trainable": 2, "moved": 2}, "GD967"),
+    ({"losses": [1.0, 1.0], "grad_norms": [1.0, 1.0], "trainable": 2, "moved": 0}, "GD969"),
+    ({"losses": [1.0], "grad_norms": [1.0], "trainable": 2, "moved": 1, "lora_b": {"count": 4, "moved": 0}}, "GD970"),
+])
+def test_each_training_invariant_has_its_finding(record, code):
+    assert [f.code for f in invariants.judge_train(record)] == [code]
+
+
+def test_healthy_training_figures_raise_nothing():
+    assert invariants.judge_train({"losses": [2.0, 1.9], "grad_norms": [0.5, 0.4], "trainable": 4, "moved": 4,
+                                   "lora_b": {"count": 2, "moved": 2}}) == []
+
+
+def test_logits_within_bf16_rounding_pass_and_a_lost_head_does_not():
+    ok = {"stage": "merge", "status": "ok", "merged": {"max_abs_diff": 0.014, "scale": 0.88},
+          "reloaded": {"max_abs_diff": 0.0, "scale": 0.88}}
+    lost = {**ok, "reloaded": {"max_abs_diff": 2.25, "scale": 3.1}}
+    assert invariants.judge([ok], []) == []
+    assert [f.code for f in invariants.judge([lost], [])] == ["GD977"]
+
+
+def test_labels_invariants():
+    rows = [{"tokens": 40, "trained": 0, "eot_present": True, "eot_trained": False, "prompt_masked": 40},
+            {"tokens": 40, "trained": 30, "eot_present": True, "eot_trained": False, "prompt_masked": 10},
+            {"tokens": 40, "trained": 40, "eot_present": True, "eot_trained": True, "prompt_masked": 0}]
+    codes = [f.code for f in invariants.judge_labels({"per_sample": rows, "completion_only": True})]
+    assert codes == ["GD971", "GD972", "GD973"]
