@@ -245,8 +245,9 @@ def parse_requirement(text: str, source: str) -> Package:
     return _package(req, source)
 
 
-_LOCK_NAME = re.compile(r'^\s*name\s*=\s*"([^"]+)"\s*$')
-_LOCK_VERSION = re.compile(r'^\s*version\s*=\s*"([^"]+)"\s*$')
+# A lock file's lines, compiled by re at the first lock file read (never on check's start-up).
+_LOCK_NAME = r'^\s*name\s*=\s*"([^"]+)"\s*$'
+_LOCK_VERSION = r'^\s*version\s*=\s*"([^"]+)"\s*$'
 
 
 def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], list[str]]:
@@ -261,9 +262,9 @@ def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], 
         for no, line in enumerate(lines, 1):
             if line.startswith("[["):
                 name = None
-            elif (m := _LOCK_NAME.match(line)) and name is None:
+            elif (m := re.match(_LOCK_NAME, line)) and name is None:
                 name = m.group(1)
-            elif (m := _LOCK_VERSION.match(line)) and name is not None:
+            elif (m := re.match(_LOCK_VERSION, line)) and name is not None:
                 packages.setdefault(normalise(name), Package(name, m.group(1), None, f"{label}:{no}"))
                 name = None
         return packages, skipped
