@@ -403,7 +403,8 @@ def _own_link_target(area: Area, parts: list[str]) -> str | None:
 
 # --- reading -----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class Opened:
     """A regular file opened for reading: its descriptor (the caller closes it), fstat, and the link it came by."""
 
@@ -513,7 +514,8 @@ def read_fd(fd: int, limit: int, size: int | None = None) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class FileRead:
     """One small file as read: its bytes (at most ``limit`` + 1), or why it was not read."""
 
@@ -827,7 +829,8 @@ def remove(path: Path, area: Area, folder: bool = False) -> bool:
         raise _refusal(e) from None
 
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class Entry:
     """One name in a folder, as lstat sees it."""
 
@@ -893,7 +896,8 @@ def writable(path: Path, area: Area) -> bool:
 
 # --- the lock ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class Held:
     """A held lock (its path and area): the holder may delete the lock file and its folder before releasing."""
 

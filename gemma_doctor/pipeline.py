@@ -75,8 +75,10 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
         return facts
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
-    facts = with_memory(facts, options, env, gpu)
-    return with_decision(facts, options, env, gpu)
+    # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
+    shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
+    facts = with_memory(facts, options, env, gpu, shape)
+    return with_decision(facts, options, env, gpu, shape)
 
 
 def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
@@ -119,11 +121,13 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
     return facts.with_(decision=decision, recommendation=rec)
 
 
-def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts) -> ModelFacts:
+def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
+                shape: memory.ModelShape | None = None) -> ModelFacts:
     """The memory plan (after the recommendation, whose precision it plans for), then the recommendation again with
     the method and batch the plan chose."""
     rec = facts.recommendation
-    shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
+    if shape is None:
+        shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     if shape is None or rec is None:
         return facts
     targets = rec.frameworks.get("peft", {}).get("target_modules")

@@ -323,8 +323,9 @@ def parse_requirement(text: str, source: str) -> Package:
     return _package(req, source)
 
 
-_LOCK_NAME = re.compile(r'^\s*name\s*=\s*"([^"]+)"\s*$')
-_LOCK_VERSION = re.compile(r'^\s*version\s*=\s*"([^"]+)"\s*$')
+# A lock file's lines, compiled by re at the first lock file read (never on check's start-up).
+_LOCK_NAME = r'^\s*name\s*=\s*"([^"]+)"\s*$'
+_LOCK_VERSION = r'^\s*version\s*=\s*"([^"]+)"\s*$'
 
 
 def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], list[str]]:
@@ -339,9 +340,9 @@ def parse_requirements_text(text: str, label: str) -> tuple[dict[str, Package], 
         for no, line in enumerate(lines, 1):
             if line.startswith("[["):
                 name = None
-            elif (m := _LOCK_NAME.match(line)) and name is None:
+            elif (m := re.match(_LOCK_NAME, line)) and name is None:
                 name = m.group(1)
-            elif (m := _LOCK_VERSION.match(line)) and name is not None:
+            elif (m := re.match(_LOCK_VERSION, line)) and name is not None:
                 if (why := absurd(m.group(1))) is not None:
                     raise UsageError(f"{label}:{no}: the version of {name} {why}; not a lock file gemma-doctor can use")
                 packages.setdefault(normalise(name), Package(name, m.group(1), None, f"{label}:{no}"))

@@ -109,3 +109,22 @@ def test_the_cli_leaves_the_interpreter_as_it_was(cached):
     as_script = code.replace("main(sys.argv[1:])", "sys.argv[0] = 'gemma-doctor'; main()")
     res = subprocess.run([sys.executable, "-c", as_script, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.stderr.strip().splitlines()[-1] == "True True 0 True"
+
+
+def test_check_of_one_repo_counts_its_tensors_once(cached):
+    """The memory plan and the search plan one model: its shape (every tensor of its headers counted) is made once per
+    check, not once for each (pipeline.decide)."""
+    code = ("import sys\n"
+            "from gemma_doctor.plan import memory\n"
+            "real, calls = memory.counts_from_names, []\n"
+            "memory.counts_from_names = lambda shapes: calls.append(len(shapes)) or real(shapes)\n"
+            "from gemma_doctor.cli import main\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(calls, file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", code, "check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root),
+                          "--format", "json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.stderr.strip().splitlines()[-1] == "[2]"  # the fixture's two tensors, counted once

@@ -190,7 +190,8 @@ def run_advice(plan: MemoryPlan, fits: bool, summary: str) -> recommend.MemoryAd
 
 # --- the `recommend` command ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class Item:
     """One recommendation of the `recommend` command: a cached model, or a --family plan (planned=True)."""
 

@@ -184,7 +184,8 @@ def _candidates(shape: ModelShape, req: runplan.RunRequest, accept: tuple[str, .
 
 # --- judging a candidate by check's own rules ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class Judged:
     """A candidate run, its views, and what check's rules say of it."""
 
@@ -297,7 +298,8 @@ def _remember_rejection(i: int) -> None:
         _LAST_REJECTED = (i,)
 
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class _Rejected(Judged):
     """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
 
@@ -575,7 +577,8 @@ def _smallest(shape: ModelShape, req: runplan.RunRequest) -> MemoryPlan:
 WAY_OUT_JUDGED = 12
 
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class _Ask:
     """What a way out is asked of: the model, environment and options whose prescription failed."""
 

@@ -40,8 +40,9 @@ MODEL, ADAPTER, CHECKPOINT = Kind.MODEL, Kind.ADAPTER, Kind.CHECKPOINT
 #   "language_model.model": the same classes before 4.52 (transformers #38927)
 #   "model": text-only classes (Gemma3ForCausalLM.model.layers), the same in every release
 LAYOUT_NEW, LAYOUT_OLD, LAYOUT_TEXT = "model.language_model", "language_model.model", "model"
-_LAYERS = re.compile(r"^base_model\.model\.(.*?)\.layers\.\d+\.")
-_LORA = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)(\.[^.]+)?\.weight$|\.lora_magnitude_vector$")
+# Patterns as text, compiled by re (and kept in its cache) at their first use: only an adapter or --weights needs them.
+_LAYERS = r"^base_model\.model\.(.*?)\.layers\.\d+\."
+_LORA = r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)(\.[^.]+)?\.weight$|\.lora_magnitude_vector$"
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def is_adapter(source: ModelSource) -> bool:
 
 def layout_of(keys: list[str]) -> tuple[str | None, tuple[str, ...]]:
     """The layout of the language model's layers in an adapter's keys, and every prefix in front of ``.layers.N``."""
-    prefixes = sorted({m.group(1) for k in keys if (m := _LAYERS.match(k))})
+    prefixes = sorted({m.group(1) for k in keys if (m := re.match(_LAYERS, k))})
     layout = None
     for candidate in (LAYOUT_NEW, LAYOUT_OLD, LAYOUT_TEXT):
         if candidate in prefixes:
@@ -177,15 +178,16 @@ def read(source: ModelSource) -> AdapterFacts:
         return AdapterFacts(cfg, WEIGHTS, header, error=f"{WEIGHTS}: {header.error}", **facts)
     keys = [t.name for t in header.tensors]
     layout, prefixes = layout_of(keys)
-    full = {t.name: t.shape for t in header.tensors if not _LORA.search(t.name)}
+    lora = re.compile(_LORA)  # re's cache: compiled once per process
+    full = {t.name: t.shape for t in header.tensors if not lora.search(t.name)}
     return AdapterFacts(cfg, WEIGHTS, header, None, layout=layout, prefixes=prefixes, full_tensors=full,
                         lora_tensors=len(keys) - len(full), **facts)
 
 
 # --- a saved lm_head beside a tied embedding (merged models) ------------------------------------------------
 
-_HEAD = re.compile(r"(^|\.)lm_head\.weight$")
-_EMBED = re.compile(r"(^|\.)embed_tokens\.weight$")
+_HEAD = r"(^|\.)lm_head\.weight$"
+_EMBED = r"(^|\.)embed_tokens\.weight$"
 
 
 def head_pair(headers: tuple[SafetensorsHeader, ...]) -> tuple[tuple[SafetensorsHeader, Any] | None,
@@ -194,9 +196,9 @@ def head_pair(headers: tuple[SafetensorsHeader, ...]) -> tuple[tuple[Safetensors
     head = embed = None
     for h in headers:
         for t in h.tensors:
-            if head is None and _HEAD.search(t.name):
+            if head is None and re.search(_HEAD, t.name):
                 head = (h, t)
-            elif embed is None and _EMBED.search(t.name) and "vision" not in t.name and "audio" not in t.name:
+            elif embed is None and re.search(_EMBED, t.name) and "vision" not in t.name and "audio" not in t.name:
                 embed = (h, t)
     return head, embed
 

@@ -187,7 +187,8 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-@dataclass(frozen=True)
+# No __eq__/__hash__/__repr__ made: never compared, hashed or shown (each made method costs start-up time).
+@dataclass(frozen=True, eq=False, repr=False)
 class _Raw:
     name: str
     cc: tuple[int, int] | None
