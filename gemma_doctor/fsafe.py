@@ -343,23 +343,13 @@ def _open_store_entry(area: Area, digest: str, open_last: int | None) -> tuple[i
         raise Refused("a link leads out of the repo folder", escapes=True)
     cache_fd = os.open(cache or os.sep, _PASS_DIR & ~_NOFOLLOW)
     try:
-        try:
-            store_fd = os.open(SHARED_STORE, _PASS_DIR, dir_fd=cache_fd)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise _store_refusal("the blob store folder is a link or not a folder") from None
-            raise
+        store_fd = _store_folder(cache_fd, SHARED_STORE, "the blob store folder")
     finally:
         os.close(cache_fd)
     try:
         if not _store_marked(store_fd):
             raise _store_refusal("the blob store has no huggingface_hub marker")
-        try:
-            prefix_fd = os.open(digest[:2], _PASS_DIR, dir_fd=store_fd)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise _store_refusal("a blob store folder is a link or not a folder") from None
-            raise
+        prefix_fd = _store_folder(store_fd, digest[:2], "a blob store folder")
     finally:
         os.close(store_fd)
     if open_last is None:
@@ -372,6 +362,16 @@ def _open_store_entry(area: Area, digest: str, open_last: int | None) -> tuple[i
         raise
     finally:
         os.close(prefix_fd)
+
+
+def _store_folder(dir_fd: int, name: str, what: str) -> int:
+    """A descriptor of the real folder ``name`` of the store (only to pass through); refused when it is a link."""
+    try:
+        return os.open(name, _PASS_DIR, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _store_refusal(f"{what} is a link or not a folder") from None
+        raise
 
 
 def _store_refusal(why: str) -> Refused:
