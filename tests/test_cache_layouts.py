@@ -32,6 +32,7 @@ import pytest
 
 from tests.builders import HubCache
 from tests.hubserver import HubServer, repos_from_cache
+from tests.test_hub import tiny_files  # noqa: F401 - the tiny Gemma 3 checkpoint fixture, shared
 from tests.test_safetensors import st_file
 from tests.venvs import subprocess_env
 
@@ -49,20 +50,11 @@ def _folder(repo_id: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> dict[str, bytes]:
-    """The tiny Gemma 3 multimodal checkpoint (bf16) of tests/scripts/tiny_gemma3.py, saved by transformers."""
-    out = tmp_path_factory.mktemp("tiny") / "ckpt"
-    subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "tiny_gemma3.py"), str(out)], check=True,
-                   timeout=600, env=subprocess_env(), capture_output=True)
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory, checkpoint) -> Iterator[HubServer]:
+def hub(tmp_path_factory, tiny_files) -> Iterator[HubServer]:
     storage = HubCache(tmp_path_factory.mktemp("hub-storage"))
-    storage.add(REPO, checkpoint)
+    storage.add(REPO, tiny_files)
     # Another commit (a git commit names its repo's whole tree; hf cache rm deletes revisions by commit hash).
-    storage.add(COPY, {**checkpoint, "README.md": b"a copy\n"})
+    storage.add(COPY, {**tiny_files, "README.md": b"a copy\n"})
     with HubServer(repos_from_cache(storage.root)) as server:
         yield server
 
