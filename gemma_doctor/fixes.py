@@ -18,10 +18,9 @@ from gemma_doctor.jsonedit import EditError, set_member
 from gemma_doctor.model import read_model
 from gemma_doctor.locate import command_args
 from gemma_doctor.readers.jsonfile import MAX_JSON_BYTES, JsonFile
-from gemma_doctor.rules.after import config_ties, head_saved_apart
-from gemma_doctor.rules.crashes import kv_shared_layers, use_cache_off_breaks
-from gemma_doctor.rules.use_cache import text_use_cache
 from gemma_doctor.stack import Exposure, Stack
+from gemma_doctor.traits import (architecture, config_ties, head_saved_apart, kv_shared_layers, language_model_keys,
+                                 text_use_cache, use_cache_off_breaks)
 from gemma_doctor.versioning import GEMMA4_KV_SHARE_NO_CACHE, HYBRIDCACHE
 
 
@@ -247,11 +246,9 @@ ARCH_FIX = "Gemma3ForConditionalGeneration"
 def _architecture_disagrees(facts: ModelFacts) -> bool:
     """GD775's case that a config edit cures: a Gemma 3 multimodal config (model_type gemma3 with a vision_config)
     whose architectures name Gemma3ForCausalLM while the weights keep the multimodal class's language_model.* keys."""
-    from gemma_doctor.rules import serving
-
     data = facts.config.data
     return (isinstance(data, dict) and data.get("model_type") == "gemma3" and isinstance(data.get("vision_config"), dict)
-            and serving.architecture(data, None) == "Gemma3ForCausalLM" and bool(serving.language_model_keys(facts)))
+            and architecture(data, None) == "Gemma3ForCausalLM" and bool(language_model_keys(facts)))
 
 
 def _needs_headers(facts: ModelFacts) -> bool:

@@ -6,6 +6,9 @@ from packaging.version import InvalidVersion, Version
 
 from gemma_doctor.stack import Window, version_of
 
+PEFT_ADAPTER_FP32 = "0.12.0"  # PEFT upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)
+PEFT_CAST_HELPER = "0.8.0"  # peft.cast_mixed_precision_params
+
 
 def parse(version: str | None) -> Version | None:
     """A comparable version, or None when absent or unparseable."""

@@ -140,12 +140,10 @@ def _when_problems(when: Any, depth: int = 0) -> list[str]:
             out.append(f"`{k}` must be an object")
     out.extend(f"tokenizer field {f!r} is not read" for f in (when.get("tokenizer") or {}) if f not in TOKENIZER_FIELDS)
     out.extend(f"gpu field {f!r} is not read" for f in (when.get("gpu") or {}) if f not in GPU_FIELDS)
-    from gemma_doctor.rules.catalogue import _MISSING, match
-
     for k in ("config", "training", "tokenizer", "gpu"):
         for key, m in (when.get(k) or {}).items() if isinstance(when.get(k), dict) else ():
             try:
-                match(m, _MISSING)
+                match(m, MISSING)
             except (ValueError, TypeError):
                 out.append(f"{k}.{key}: {m!r} is not a matcher")
     if "training" in when:
@@ -162,6 +160,57 @@ def _when_problems(when: Any, depth: int = 0) -> list[str]:
                     out.append("`any` alternatives do not hold packages")
                 out.extend(_when_problems(sub, depth + 1))
     return out
+
+
+# --- the matchers of a condition: what rules/catalogue.py applies to each value the facts hold --------------
+
+# A key the facts do not hold (distinct from every JSON value, null included).
+MISSING = object()
+
+
+def _norm(v: Any) -> Any:
+    return v.strip().lower().replace("torch.", "") if isinstance(v, str) else v
+
+
+def _truthy(v: Any) -> bool:
+    from gemma_doctor.readers.training_config import truthy
+
+    return truthy(v)
+
+
+def match(matcher: Any, value: Any) -> bool:
+    """Whether a value (``MISSING`` when the key is absent) satisfies a catalogue matcher.
+
+    ``true``/``false``: set and (not) truthy; ``"absent"``/``"present"``; a string or number: equal (strings without
+    case or a ``torch.`` prefix); ``{"in": [...]}`` (null: absent counts), ``{"not_in": [...]}`` (absent passes),
+    ``{"gte"|"gt"|"lte"|"lt": n}``, ``{"contains": s}`` / ``{"lacks": s}`` (a string, or any item of a list).
+    """
+    missing = value is MISSING
+    if matcher is True:
+        return not missing and _truthy(value)
+    if matcher is False:
+        return not missing and not _truthy(value)
+    if matcher == "absent":
+        return missing
+    if matcher == "present":
+        return not missing
+    if isinstance(matcher, (str, int, float)):
+        return not missing and _norm(value) == _norm(matcher)
+    if isinstance(matcher, Mapping) and len(matcher) == 1:
+        (op, arg), = matcher.items()
+        if op == "in":
+            return (None in arg) if missing else _norm(value) in [_norm(a) for a in arg]
+        if op == "not_in":
+            return missing or _norm(value) not in [_norm(a) for a in arg]
+        if op in ("gte", "gt", "lte", "lt"):
+            if missing or isinstance(value, bool) or not isinstance(value, (int, float)):
+                return False
+            return {"gte": value >= arg, "gt": value > arg, "lte": value <= arg, "lt": value < arg}[op]
+        if op in ("contains", "lacks"):
+            items = [] if missing else (value if isinstance(value, list) else [value])
+            found = any(isinstance(i, str) and arg.lower() in i.lower() for i in items)
+            return found if op == "contains" else not found
+    raise ValueError(f"unknown matcher {matcher!r}")
 
 
 # --- renderings: docs/findings.md's catalogue section and codes.py's block are generated from the entries --------

@@ -26,8 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from gemma_doctor import frozen
+from gemma_doctor.traits import PAIRED_TASKS, logits_bytes_per_logit
+from gemma_doctor.traits import decoder_config as _text_config, positive_int as _int, positive_number as _num
+from gemma_doctor.units import GIB, gib
 
-GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 METHODS = ("full", "lora", "qlora")
 # A run fits when its peak leaves this share of the GPU free (allocator fragmentation, spikes the model misses).
@@ -49,8 +51,6 @@ CUDA_ALLOCATOR_SLACK = 0.05
 # per 256 of those; 8-bit LLM.int8: 1 byte per weight + an fp32 scale per output row (ignored: < 0.1%).
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 INT8_BYTES = 1.0
-# Passes that pair a chosen and a rejected answer in one forward (twice the sequences of the batch size).
-PAIRED_TASKS = frozenset({"dpo", "orpo", "cpo", "simpo", "ipo"})
 REFERENCE_TASKS = frozenset({"dpo", "kto"})  # full fine-tuning loads a frozen reference copy of the model
 
 
@@ -146,14 +146,6 @@ class ModelShape:
                            "towers": self.params.towers, "other": self.params.other}}
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
-
-
 _TOWER_WORDS = ("vision_tower", "vision_model", "audio_tower", "audio_model", "multi_modal_projector", "embed_vision",
                 "embed_audio", "vision_embed", "audio_embed", "mm_input_projection", "mm_soft_emb_norm")
 _EMBED_RE = re.compile(r"(^|\.)embed_tokens\.weight$")
@@ -197,14 +189,6 @@ def counts_from_names(shapes: Mapping[str, Iterable[int] | int]) -> tuple[ParamC
     counts = ParamCounts(embed, per_layer, head, linear, experts, towers, tower_linear, other)
     mk = lambda d: tuple(Linear(k[0], k[1], k[2], len(v), tuple(sorted(v))) for k, v in sorted(d.items()))  # noqa: E731
     return counts, mk(kinds), mk(tower_kinds), head == 0
-
-
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    for key in ("text_config", "decoder"):
-        sub = config.get(key)
-        if isinstance(sub, Mapping):
-            return sub
-    return config
 
 
 def _siglip_params(vision: Mapping[str, Any]) -> tuple[int, tuple[Linear, ...]]:
@@ -548,15 +532,8 @@ def layer_activation_bytes(shape: ModelShape, run: RunSpec, seq: int) -> float:
 
 
 def logits_bytes_per_token(shape: ModelShape, run: RunSpec) -> float:
-    """Bytes of logits alive at the loss, per token: the loss upcasts b*s*V logits to fp32 (facts.md section 7).
-
-    At its peak (the log-softmax backward) the fp32 log-probabilities, their gradient and the incoming gradient
-    are alive: 12 bytes per logit in fp32 and under autocast; Gemma 2's final soft-capping keeps its tanh output.
-    """
-    per = 12.0
-    if shape.final_logit_softcapping:
-        per += 4 if run.precision == "fp32" else 2
-    return per * shape.vocab
+    """Bytes of logits alive at the loss, per token: traits.logits_bytes_per_logit for each of the vocabulary."""
+    return logits_bytes_per_logit(shape.final_logit_softcapping, run.precision) * shape.vocab
 
 
 # TRL >= 1.15's SFTTrainer computes the log-probabilities through a fused LM head (trl/kernels/chunked_logprob.py,
@@ -622,11 +599,6 @@ class MemoryPlan:
 def components_line(components: Mapping[str, int]) -> str:
     """"weights 9.2 GiB + logits 3.0 GiB + ...", largest first."""
     return " + ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(components.items(), key=lambda kv: -kv[1]))
-
-
-def gib(n: int | float | None) -> str:
-    """Bytes as GiB with one decimal ("13.2 GiB")."""
-    return "?" if n is None else f"{n / GIB:.1f} GiB"
 
 
 def verdict_for(per_gpu: int, gpu_bytes: int | None) -> str:

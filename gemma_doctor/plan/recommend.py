@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gemma_doctor.errors import UsageError
-from gemma_doctor.versioning import parse
+from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse  # noqa: F401 (named here too)
 
 from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family
 
@@ -21,8 +21,6 @@ TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
 RL_TASKS = frozenset({"dpo", "orpo", "kto", "grpo", "ppo"})
 QUANTIZATIONS = ("4bit", "8bit", "none")
 STABLE_RL_SETTINGS: dict[str, Any] = {"gradient_checkpointing": True, "optim": "adamw_torch_fused", "max_grad_norm": 1.0}
-PEFT_ADAPTER_FP32 = "0.12.0"  # PEFT upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)
-PEFT_CAST_HELPER = "0.8.0"  # peft.cast_mixed_precision_params
 TRANSFORMERS_DTYPE_KWARG = "4.56.0"  # from_pretrained(dtype=...) replaces torch_dtype= (PR #39782)
 # TrainingArguments.activation_checkpointing(_kwargs) replace gradient_checkpointing(_kwargs) (FutureWarning on the old
 # names): first in the 5.23.0 wheel's training_args.py, absent from 5.22.0's.

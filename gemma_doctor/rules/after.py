@@ -10,8 +10,8 @@ from gemma_doctor.locate import command_args
 from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts, head_pair
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules import serving
-from gemma_doctor.rules.common import text_config, text_key
 from gemma_doctor.stack import Exposure, Window
+from gemma_doctor.traits import config_ties, head_saved_apart, ties_embeddings  # noqa: F401
 
 # The adapter's trained copies of these modules are the tied pair (Gemma ties lm_head to embed_tokens).
 TIED_MODULES = frozenset({"embed_tokens", "lm_head"})
@@ -39,45 +39,6 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         yield from _untied_head(model, env)
         yield from _saved_folder(model)
         yield from serving.model_folder(model, env)
-
-
-def ties_embeddings(config: Mapping[str, Any], text: Mapping[str, Any], text_prefix: str) -> tuple[bool, str | None]:
-    """Whether transformers will tie lm_head to embed_tokens at load, and the key that says so (None: the default,
-    which is true for every Gemma config class).
-
-    A multimodal config ties when either level does: for Gemma3ForConditionalGeneration transformers 4.x reads
-    text_config's flag (get_text_config(decoder=True), modeling_utils.py:2994 in 4.57.6) and 5.x the top level's
-    (get_expanded_tied_weights_keys, modeling_utils.py:2483 in 5.23.0); measured: each release ties the pair with the
-    other level alone set false (tests/test_after_training.py, docs/after-training.md).
-    """
-    unset = False
-    for scope, prefix in ((text, text_prefix), (config, "")):
-        value = scope.get("tie_word_embeddings") if isinstance(scope, Mapping) else None
-        if value is True:
-            return True, prefix + "tie_word_embeddings"
-        unset |= value is not False
-    if unset:
-        return True, None
-    return False, (text_prefix if text is not config else "") + "tie_word_embeddings"
-
-
-def config_ties(model: ModelFacts) -> tuple[bool, str | None]:
-    """ties_embeddings() of the model's own config.json."""
-    prefix = text_key(model, "") if model.family.text_path else ""
-    return ties_embeddings(model.config.data if model.config.ok else {}, text_config(model), prefix)
-
-
-def head_saved_apart(model: ModelFacts) -> tuple[str, str, str | None] | None:
-    """(head, embedding, the key that ties them or None for the default) when the safetensors save lm_head.weight
-    beside embed_tokens.weight while config.json ties them: GD750's condition, and what `fix` unties."""
-    census = model.census
-    if census is None:
-        return None
-    head, embed = head_pair(census.headers)
-    if head is None or embed is None:
-        return None
-    tied, key = config_ties(model)
-    return (head[1].name, embed[1].name, key) if tied else None
 
 
 def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.plan.memory import PAIRED_TASKS, RunSpec, gib, logits_bytes_per_token, shape_from_config
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
+from gemma_doctor.traits import PAIRED_TASKS, decoder_config, logits_bytes_per_logit, positive_int, positive_number
+from gemma_doctor.units import gib
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
 
@@ -246,12 +247,17 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
 
 def _logits_at_loss(model: ModelFacts, batch: int, seq: int) -> tuple[int, float, bool]:
     """(bytes, bytes per logit, paired) of the logits alive at the loss: the memory plan's own formula and run
-    (memory.logits_bytes_per_token; a paired task such as DPO doubles the batch), so GD650 and the plan agree."""
+    (traits.logits_bytes_per_logit; a paired task such as DPO doubles the batch), so GD650 and the plan agree."""
     plan = model.memory.plan if model.memory is not None else None
     if plan is not None:
-        shape, run = plan.shape, plan.run
-    else:  # no plan (no shape could be read): the same formula on config.json's shape and the default run
-        shape, run = shape_from_config(model.config.data if model.config.ok else {}), RunSpec()
-    paired = run.task in PAIRED_TASKS
-    per_token = logits_bytes_per_token(shape, run)
-    return int(batch * (2 if paired else 1) * seq * per_token), per_token / shape.vocab, paired
+        vocab, softcap, precision, task = (plan.shape.vocab, plan.shape.final_logit_softcapping, plan.run.precision,
+                                           plan.run.task)
+    else:  # no plan (no shape could be read): the same formula on config.json's text config and the default run (SFT
+        # in bf16), as memory.shape_from_config reads them
+        text = decoder_config(model.config.data if model.config.ok else {})
+        vocab = positive_int(text.get("vocab_size")) or GEMMA_VOCAB
+        softcap = positive_number(text.get("final_logit_softcapping"))
+        precision, task = "bf16", "sft"
+    paired = task in PAIRED_TASKS
+    per_logit = logits_bytes_per_logit(softcap, precision)
+    return int(batch * (2 if paired else 1) * seq * per_logit * vocab), per_logit, paired

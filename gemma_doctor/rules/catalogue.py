@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from gemma_doctor.catalogue import MISSING as _MISSING, match  # noqa: F401 (the matcher language is the catalogue's)
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.stack import Exposure, Window
 
 # Every run has these; an absent one is UNKNOWN (not installed here and not named), not "unused".
 CORE = frozenset({"transformers", "torch"})
-_MISSING = object()
 _LOWER = {Severity.ERROR: Severity.WARNING, Severity.WARNING: Severity.INFO, Severity.INFO: Severity.INFO}
 
 
@@ -153,48 +153,3 @@ def _lookup(data: Mapping[str, Any], dotted: str) -> Any:
             return _MISSING
         node = node[part]
     return node
-
-
-def _norm(v: Any) -> Any:
-    return v.strip().lower().replace("torch.", "") if isinstance(v, str) else v
-
-
-def _truthy(v: Any) -> bool:
-    from gemma_doctor.readers.training_config import truthy
-
-    return truthy(v)
-
-
-def match(matcher: Any, value: Any) -> bool:
-    """Whether a value (``_MISSING`` when the key is absent) satisfies a catalogue matcher.
-
-    ``true``/``false``: set and (not) truthy; ``"absent"``/``"present"``; a string or number: equal (strings without
-    case or a ``torch.`` prefix); ``{"in": [...]}`` (null: absent counts), ``{"not_in": [...]}`` (absent passes),
-    ``{"gte"|"gt"|"lte"|"lt": n}``, ``{"contains": s}`` / ``{"lacks": s}`` (a string, or any item of a list).
-    """
-    missing = value is _MISSING
-    if matcher is True:
-        return not missing and _truthy(value)
-    if matcher is False:
-        return not missing and not _truthy(value)
-    if matcher == "absent":
-        return missing
-    if matcher == "present":
-        return not missing
-    if isinstance(matcher, (str, int, float)):
-        return not missing and _norm(value) == _norm(matcher)
-    if isinstance(matcher, Mapping) and len(matcher) == 1:
-        (op, arg), = matcher.items()
-        if op == "in":
-            return (None in arg) if missing else _norm(value) in [_norm(a) for a in arg]
-        if op == "not_in":
-            return missing or _norm(value) not in [_norm(a) for a in arg]
-        if op in ("gte", "gt", "lte", "lt"):
-            if missing or isinstance(value, bool) or not isinstance(value, (int, float)):
-                return False
-            return {"gte": value >= arg, "gt": value > arg, "lte": value <= arg, "lt": value < arg}[op]
-        if op in ("contains", "lacks"):
-            items = [] if missing else (value if isinstance(value, list) else [value])
-            found = any(isinstance(i, str) and arg.lower() in i.lower() for i in items)
-            return found if op == "contains" else not found
-    raise ValueError(f"unknown matcher {matcher!r}")

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping
 
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
 from gemma_doctor.versioning import PEFT_WEIGHT_TYING
 
 # What a training config calls each attention backend -> transformers' attn_implementation.
@@ -32,21 +33,6 @@ def train_tied_embedding(stack: Stack) -> str:
         return (f'pip install "peft>={PEFT_WEIGHT_TYING.first_fixed}", then {cure}: {stack.get("peft").describe()} has '
                 f"no ensure_weight_tying, and without it {why}{vllm}")
     return f"with PEFT >= {PEFT_WEIGHT_TYING.first_fixed}, {cure}: older PEFT has no ensure_weight_tying, and {why}{vllm}"
-
-
-def text_config(model: ModelFacts) -> Mapping[str, Any]:
-    """The mapping the text model reads its settings from (text_config for multimodal checkpoints)."""
-    if not model.config.ok:
-        return {}
-    node: Any = model.config.data
-    for key in model.family.text_path:
-        node = node.get(key) if isinstance(node, Mapping) else None
-    return node if isinstance(node, Mapping) else {}
-
-
-def text_key(model: ModelFacts, key: str) -> str:
-    """``text_config.key`` for a nested config, ``key`` otherwise."""
-    return ".".join((*model.family.text_path, key))
 
 
 def exposure_any(stack: Stack, windows: Iterable[Window]) -> Exposure:

@@ -16,6 +16,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.traits import kv_shared_layers, use_cache_off_breaks  # noqa: F401
 from gemma_doctor.versioning import (
     GEMMA4_KV_SHARE_NO_CACHE, GEMMA4_MM_TOKEN_TYPE_IDS, ROPE_PARAMETERS_READER, TOKEN_TYPE_IDS_GEMMA3,
     TOKEN_TYPE_IDS_PALIGEMMA, older_than)
@@ -62,19 +63,6 @@ def required_input(model_type: str | None, text_config: Mapping[str, Any]) -> Re
             return None
         return req
     return None
-
-
-def kv_shared_layers(info: family_mod.FamilyInfo) -> int:
-    """How many layers reuse another layer's K/V (Gemma 4 E2B/E4B and the assistants); 0 when none."""
-    shared = info.trait("kv_shared_layers")
-    return shared if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0 else 0
-
-
-def use_cache_off_breaks(info: family_mod.FamilyInfo, stack: Stack) -> Exposure:
-    """Whether writing or setting use_cache=False breaks this model with ``stack``'s transformers (KV sharing)."""
-    if not kv_shared_layers(info):
-        return Exposure.SAFE
-    return stack.exposure(GEMMA4_KV_SHARE_NO_CACHE)
 
 
 def _severity(exposure: Exposure) -> Severity:

@@ -6,9 +6,8 @@ from typing import Any, Iterator, Mapping
 
 from gemma_doctor import horizon
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.plan.recommend import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.versioning import parse
+from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse
 
 _HALF = ("bfloat16", "float16")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.plan.memory import gib
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.units import gib
 
 
 def _where(env: Environment, fixed_by_config: bool) -> tuple[str | None, str | None]:

@@ -14,6 +14,7 @@ from gemma_doctor.facts import Environment, ModelFacts
 from gemma_doctor.readers.adapter import AdapterFacts
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.stack import Exposure, Package, Window
+from gemma_doctor.traits import architecture, language_model_keys
 
 # The newest vLLM release whose source was read; a later one may have changed what the windows below say.
 NEWEST_READ = "0.33.0"
@@ -40,18 +41,7 @@ GEMMA4_LORA_MODULES = frozenset({
     "per_layer_projection", "per_layer_model_projection", "embedding_projection", "proj", "experts"})
 TOWERS = ("vision_tower", "audio_tower")
 _LORA_KEY = re.compile(r"\.lora_(?:A|B)(?:\.[^.]+)?\.weight$|\.lora_embedding_(?:A|B)(?:\.[^.]+)?$")
-# The architecture vLLM builds when config.json names none (each model_type's class in transformers).
-_BY_TYPE = {"gemma4": "Gemma4ForConditionalGeneration", "gemma4_text": "Gemma4ForCausalLM",
-            "gemma3n": "Gemma3nForConditionalGeneration", "gemma3n_text": "Gemma3nForCausalLM"}
 GEMMA4_MM, GEMMA3N = "Gemma4ForConditionalGeneration", ("Gemma3nForConditionalGeneration", "Gemma3nForCausalLM")
-
-
-def architecture(config: Mapping[str, Any] | None, model_type: str | None) -> str | None:
-    """The class vLLM builds for a config: its first `architectures` entry, else the model_type's class."""
-    archs = config.get("architectures") if isinstance(config, Mapping) else None
-    if isinstance(archs, list) and archs and isinstance(archs[0], str):
-        return archs[0]
-    return _BY_TYPE.get(model_type or "")
 
 
 def _vllm(env: Environment, window: Window) -> tuple[Package, Exposure | None, Severity]:
@@ -139,15 +129,6 @@ def tower_modules(ad: AdapterFacts) -> list[str]:
         if any(p in TOWERS for p in parts) and parts[-1] not in GEMMA4_LORA_MODULES and "base_layer" not in parts:
             out.add(module)
     return sorted(out)
-
-
-def language_model_keys(model: ModelFacts) -> list[str]:
-    """Weight keys under a ``language_model`` module (either transformers layout) in a model folder."""
-    census = model.census
-    if census is None:
-        return []
-    return [t.name for h in census.headers for t in h.tensors
-            if t.name.startswith(("language_model.", "model.language_model."))]
 
 
 def model_folder(model: ModelFacts, env: Environment) -> Iterator[Finding]:

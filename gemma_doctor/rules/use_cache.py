@@ -9,31 +9,16 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import command_args
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.stack import Exposure, Stack
+from gemma_doctor.traits import MISSING as _MISSING, text_use_cache, text_use_cache_key  # noqa: F401
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
 
 CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
-_MISSING = object()
 
 
 def fix_command(model: ModelFacts, stack: Stack | None = None) -> str:
     """The command that fixes this snapshot on disk (planning for the same machine as this run)."""
     plan = "".join(f" {shlex.quote(a)}" for a in stack.cli_args) if stack is not None else ""
     return f"gemma-doctor fix {command_args(model.snapshot)}{plan} --inplace"
-
-
-def text_use_cache_key(model: ModelFacts) -> str:
-    """The JSON path the text model reads use_cache from: text_config.use_cache or use_cache."""
-    return "text_config.use_cache" if model.family.nested else "use_cache"
-
-
-def text_use_cache(config: dict[str, Any], nested: bool) -> Any:
-    """The raw value the text model reads (``_MISSING`` when the key is absent, i.e. true)."""
-    if nested:
-        text_config = config.get("text_config")
-        if not isinstance(text_config, dict):
-            return _MISSING
-        return text_config.get("use_cache", _MISSING)
-    return config.get("use_cache", _MISSING)
 
 
 def _describe(value: Any) -> str:

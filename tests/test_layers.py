@@ -1,0 +1,203 @@
+"""The layers run one way: every import of gemma_doctor (top-level and inside functions) goes down the table below,
+fixes never reads the rules, and no module imports itself back through others (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gemma_doctor"
+
+# The layers, lowest first; a module (or a package: every module below it) may import its own layer and those before
+# it. The same table is in docs/architecture.md.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("gemma_doctor", "errors", "frozen", "units", "codes", "report", "family", "targets", "jsonedit", "guards",
+              "parallel", "gpus")),
+    ("readers", ("fsafe", "locate", "source", "hub", "readers", "stack", "versioning", "horizon")),
+    ("facts", ("facts", "run", "traits", "model", "adapters", "undo", "catalogue")),
+    ("rules", ("rules",)),
+    ("plan", ("plan",)),
+    ("engine", ("pipeline", "memo", "fixes", "listing")),
+    ("render", ("render",)),
+    ("commands", ("cli", "__main__", "api", "callback", "rehearse")),
+)
+# Imports that a layer order allows but the design does not: applying a fix reads the facts, never a rule's opinion
+# or the decision (issue 32).
+NEVER: tuple[tuple[str, str], ...] = (("fixes", "rules"), ("fixes", "plan"))
+# Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): ModelFacts
+# carries the decision's Recommendation and MemoryFacts, filled in by the pipeline.
+ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset({("facts", "plan")})
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of the package: dotted name -> (file, is a package's __init__)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return out
+
+
+MODULES = modules()
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _targets(name: str, is_pkg: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The gemma_doctor modules an import statement loads (``from pkg import mod`` names the module)."""
+    if isinstance(node, ast.Import):
+        found = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = name.split(".") if is_pkg else name.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            mod = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            mod = node.module or ""
+        found = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in node.names]
+    out = []
+    for target in found:
+        if target.split(".")[0] != "gemma_doctor":
+            continue
+        while target not in MODULES and "." in target:
+            target = target.rsplit(".", 1)[0]
+        out.append(target)
+    return out
+
+
+def imports(name: str) -> list[tuple[str, int, bool]]:
+    """(module, line, annotations only) for every gemma_doctor import in ``name``, at any depth."""
+    path, is_pkg = MODULES[name]
+    out: list[tuple[str, int, bool]] = []
+
+    def walk(node: ast.AST, typing_only: bool) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.extend((t, node.lineno, typing_only) for t in dict.fromkeys(_targets(name, is_pkg, node)) if t != name)
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            for child in node.body:
+                walk(child, True)
+            for child in node.orelse:
+                walk(child, typing_only)
+            return
+        for child in ast.iter_child_nodes(node):
+            walk(child, typing_only)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")), False)
+    return out
+
+
+def unit(module: str) -> str:
+    """The entry of LAYERS that holds ``module`` (the longest match: a module, else its package)."""
+    short = module.split(".", 1)[1] if "." in module else module
+    entries = {e for _, names in LAYERS for e in names}
+    parts = short.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in entries:
+            return ".".join(parts[:i])
+    raise KeyError(module)
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of ``module``'s layer."""
+    entry = unit(module)
+    return next(i for i, (_, names) in enumerate(LAYERS) if entry in names)
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def test_every_module_has_one_layer() -> None:
+    entries = [e for _, names in LAYERS for e in names]
+    assert len(entries) == len(set(entries))
+    missing = []
+    for name in MODULES:
+        try:
+            unit(name)
+        except KeyError:
+            missing.append(name)
+    assert not missing, f"modules without a layer (add them to LAYERS and docs/architecture.md): {missing}"
+    top = {n.split(".")[1] if "." in n else n for n in MODULES}
+    assert not [e for e in entries if e.split(".")[0] not in top], "LAYERS names a module that does not exist"
+
+
+def _exempt(name: str, target: str) -> bool:
+    """Whether ``name`` may import ``target`` for annotations only (ANNOTATION_ONLY)."""
+    return (unit(name).split(".")[0], unit(target).split(".")[0]) in ANNOTATION_ONLY
+
+
+def test_imports_go_down_the_layers() -> None:
+    wrong = []
+    for name, found in GRAPH.items():
+        for target, line, typing_only in found:
+            if layer(target) <= layer(name):
+                continue
+            if typing_only and _exempt(name, target):
+                continue
+            wrong.append(f"{MODULES[name][0].relative_to(PACKAGE.parent)}:{line} ({LAYERS[layer(name)][0]}) imports "
+                         f"{target} ({LAYERS[layer(target)][0]})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_fixes_never_read_the_rules_or_the_plan() -> None:
+    wrong = [f"{name}:{line} imports {target}" for name, found in GRAPH.items() for target, line, _ in found
+             for low, high in NEVER if unit(name).split(".")[0] == low and unit(target).split(".")[0] == high]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle() -> None:
+    # Tarjan's strongly connected components over every import, annotation-only ones included but for the one
+    # exemption ANNOTATION_ONLY lists (with it, ModelFacts's annotations would close facts -> plan -> traits -> facts).
+    edges = {name: sorted({t for t, _, typing_only in found if not (typing_only and _exempt(name, t))})
+             for name, found in GRAPH.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import gemma_doctor.rules.memory\n", ["gemma_doctor.rules.memory"]),
+    ("from gemma_doctor.plan import memory\n", ["gemma_doctor.plan.memory"]),
+    ("def f():\n    from ..plan.memory import gib\n", ["gemma_doctor.plan.memory"]),
+    ("from . import common\n", ["gemma_doctor.rules.common"]),
+    ("from gemma_doctor import __version__\n", ["gemma_doctor"]),
+])
+def test_the_walk_sees_every_kind_of_import(source: str, expected: list[str]) -> None:
+    """The walk itself: top-level, function-level and relative imports all count (a walk that saw none passes)."""
+    name, is_pkg = "gemma_doctor.rules.attention", False
+    found = [t for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for t in _targets(name, is_pkg, node)]
+    assert found == expected
