@@ -18,14 +18,12 @@ import click
 
 from gemma_doctor import __version__
 from gemma_doctor.errors import DoctorError, HubAccessError, HubUnreachable, LockTimeout, UsageError, WriteError
-from gemma_doctor.render import OutputFormat
+from gemma_doctor.render.formats import OUTCOMES, REPORT, ROWS, formats, renderer
 from gemma_doctor.report import ExitCode, FailOn
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # Choices as plain strings so that start-up imports no renderer; converted to enums inside the commands.
-_LIST_FORMATS = ("text", "json", "quiet")
 _RECOMMEND_FORMATS = ("text", "python", "yaml", "json")
-_OUTCOME_FORMATS = ("text", "json")
 # One instance per kind of path option, shared by the commands: click names each new one through gettext (a locale
 # file search, ~75 us), eleven of them at every start before.
 _FOLDER = click.Path(file_okay=False, path_type=Path)
@@ -66,13 +64,13 @@ def _cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]
 
 
 def _format_option(f: Callable) -> Callable:
-    return click.option("--format", "-f", "fmt", type=_choice(OutputFormat), default="text", show_default=True,
+    return click.option("--format", "-f", "fmt", type=_choice(formats(REPORT)), default="text", show_default=True,
                         help="Output format (github: GitHub Actions annotations).")(f)
 
 
 def _outcome_format_option(f: Callable) -> Callable:
     """fix/restore report files written, not findings: no annotations to offer, so no github format."""
-    return click.option("--format", "-f", "fmt", type=_choice(_OUTCOME_FORMATS), default="text", show_default=True,
+    return click.option("--format", "-f", "fmt", type=_choice(formats(OUTCOMES)), default="text", show_default=True,
                         help="Output format.")(f)
 
 
@@ -247,16 +245,12 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
 
     if weights:
         _import_numpy_without_blas_threads()
-    fmt_, fail_on_ = OutputFormat(fmt.lower()), FailOn(fail_on.lower())
+    view, fail_on_ = renderer(fmt, REPORT), FailOn(fail_on.lower())
     options = CheckOptions(fail_on=fail_on_, weights=weights, gpu=gpu, task=task,
                            training_config=str(training_config) if training_config else None, launch=launch,
                            jobs=jobs, with_packages=tuple(with_packages), requirements=requirements, remote=remote,
                            memory=_memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus))
-    finish = None  # a whole-cache scan's workers write their models as the view prints them
-    if fmt_ is OutputFormat.TEXT and not _color():
-        from gemma_doctor.render.text import with_block as finish
-    elif fmt_ is OutputFormat.JSON:
-        from gemma_doctor.render.jsonout import with_json as finish
+    finish = view.streaming(_color())  # a whole-cache scan's workers write their models as the view prints them
 
     if (rehearse_run or real_weights) and not targets:
         raise UsageError("--rehearse needs the model(s) to rehearse named: a whole-cache rehearsal would train every "
@@ -282,18 +276,7 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         said = "; ".join(f"{m.target}: {f.message.removesuffix('; left alone')}"
                          for m in not_gemma for f in m.findings if f.code == "GD003")
         raise UsageError(f"nothing to check: {said}; gemma-doctor checks Gemma-family models only")
-    if fmt_ is OutputFormat.JSON:
-        from gemma_doctor.render.jsonout import render_report as render_json
-
-        _out(render_json(report, fail_on_))
-    elif fmt_ is OutputFormat.GITHUB:
-        from gemma_doctor.render.github import render_report as render_github
-
-        _out(render_github(report, fail_on_))
-    else:
-        from gemma_doctor.render.text import render_report as render_text
-
-        _out(render_text(report, fail_on_, _color()))
+    _out(view.report(report, fail_on_, _color()))
     for note in report.notes:
         _hint(note)
     return ExitCode.FINDINGS if report.failed(fail_on_) else ExitCode.OK
@@ -314,14 +297,7 @@ def _models(targets: list[str], cache_dir: Optional[Path], revision: str, all_re
 
 
 def _print_outcomes(command: str, outcomes: list, fmt: str, dry_run: bool, ok: bool) -> None:
-    if OutputFormat(fmt.lower()) is OutputFormat.JSON:
-        from gemma_doctor.render.jsonout import dumps, outcomes_doc
-
-        _out(dumps(outcomes_doc(command, outcomes, dry_run, ok)))
-    else:
-        from gemma_doctor.render.text import render_outcomes
-
-        _out(render_outcomes(outcomes, _color()))
+    _out(renderer(fmt, OUTCOMES).outcomes(command, outcomes, dry_run, ok, _color()))
 
 
 @app.command(context_settings=_CONTEXT)
@@ -464,7 +440,7 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
                    "dtype=bfloat16, name=google/*. Repeatable (all must hold).")
 @click.option("--sort", default=None, help="name, size, family or status, optionally :asc or :desc (size defaults to desc).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show only the first N rows after sorting.")
-@click.option("--format", "-f", "fmt", type=_choice(_LIST_FORMATS), default="text", show_default=True, help="Output format.")
+@click.option("--format", "-f", "fmt", type=_choice(formats(ROWS)), default="text", show_default=True, help="Output format.")
 @click.option("--quiet", "-q", is_flag=True, help="One repo id per line (same as --format quiet).")
 @_stack_options
 def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, filters: tuple[str, ...], sort: Optional[str],
@@ -472,31 +448,23 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
     """List cached Gemma-family models: family, revision, size, declared dtype, status (ok, needs-fix, fixed, broken, error)."""
     from gemma_doctor import listing
     from gemma_doctor.facts import CheckOptions
-    from gemma_doctor.listing import ListFormat
     from gemma_doctor.locate import default_cache_dir
 
-    fmt_ = ListFormat(fmt.lower())
+    view = renderer("quiet" if quiet else fmt, ROWS)  # --quiet is --format quiet
 
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     rows, skipped = listing.collect(cache, revision, all_revisions,
                                     CheckOptions(with_packages=tuple(with_packages), requirements=requirements))
     shown = listing.select_rows(rows, list(filters), sort, limit)
-    from gemma_doctor.render import listing as view
-
-    if quiet or fmt_ is ListFormat.QUIET:
-        _out(view.render_quiet(shown))
-    elif fmt_ is ListFormat.JSON:
-        _out(view.render_json(shown, skipped))
-    else:
-        _out(view.render_text(shown, _color()))
+    _out(view.rows(shown, skipped, _color()))
     if not rows:
         _hint(f"no Gemma-family model in {cache}; download one with: hf download google/gemma-3-1b-it")
     pending = [r for r in shown if r.status is listing.RowStatus.NEEDS_FIX]
-    if pending and fmt_ is ListFormat.TEXT and not quiet:
+    if pending and view.for_people:
         _hint(f"{len(pending)} model(s) need a fix; see why with: {pending[0].check_command}, "
               f"then: {pending[0].next_command}")
     broken = [r for r in shown if r.status is listing.RowStatus.BROKEN]
-    if broken and fmt_ is ListFormat.TEXT and not quiet:
+    if broken and view.for_people:
         _hint(f"{len(broken)} model(s) have missing or corrupt files that no fix repairs; download them again: "
               f"{broken[0].next_command}")
     return ExitCode.OK
