@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gemma_doctor import locate, pipeline
 from gemma_doctor.codes import CODES, Code, Cure
@@ -22,6 +22,9 @@ from gemma_doctor.facts import CheckOptions
 from gemma_doctor.fixes import Status, plan_model
 from gemma_doctor.model import source_of
 from gemma_doctor.rules.use_cache import fix_command
+
+if TYPE_CHECKING:
+    from gemma_doctor.memo import Memo
 
 
 class ListFormat(str, enum.Enum):
@@ -119,6 +122,9 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
     processes as check's whole-cache scan spreads them: pipeline.scan_start and scan_runs)."""
     options = options or CheckOptions()
     env, names = pipeline.scan_start(cache, revision, options)
+    from gemma_doctor.memo import Memo
+
+    remembered = Memo(env, options)  # the scan's: forked workers each take it as the lead repos left it
 
     def run(part: Sequence[str]) -> tuple[list[Row], int]:
         snaps = list(locate.snapshots_in(cache, part, revision, all_revisions))
@@ -128,17 +134,17 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
             if facts is None:
                 skipped += 1
             else:
-                rows.append(_row(facts, options, env, len(snaps) > 1))
+                rows.append(_row(facts, options, env, remembered if len(snaps) > 1 else None))
         return rows, skipped
 
     runs = pipeline.scan_runs(run, names)
     return [row for rows, _ in runs for row in rows], sum(n for _, n in runs)
 
 
-def _row(facts: Any, options: CheckOptions, env: Any, memoise: bool) -> Row:
+def _row(facts: Any, options: CheckOptions, env: Any, remembered: Memo | None) -> Row:
     """One snapshot's row: check's findings (pipeline.model_report's own, without the JSON blocks a row does not
     show) and fix's plan."""
-    facts, findings = pipeline.judged(facts, options, env, memoise=memoise)
+    facts, findings = pipeline.judged(facts, options, env, remembered)
     counts = {"error": 0, "warning": 0, "info": 0}
     for f in findings:
         counts[f.severity.value] += 1

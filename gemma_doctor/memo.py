@@ -467,68 +467,61 @@ def _gate(facts: Any, r: _Renaming) -> bytes | None:
     return hashlib.sha256(raw).digest()
 
 
-_GATES: set[tuple[int, int, bytes | None]] = set()
+class Memo:
+    """The judgements of one scan, under its one environment and options (both fixed for the scan, so neither is in a
+    key): shared across its models whose canonical facts are equal. Made by the scan and dropped with it, never kept
+    by the module; a whole-cache scan's forked workers each get the scan's memo as the lead repos left it."""
 
+    def __init__(self, env: Any, options: Any) -> None:
+        self.env, self.options = env, options
+        self.on = enabled()
+        self._outside: bool | None = None  # whether env and options hold no stand-in (made on first use)
+        self.gates: set[bytes | None] = set()  # the gates seen (_gate): a new one is judged without the walk
+        # canonical key -> None (its first model was judged as it is) or (canonical facts, their judgement, clean ids)
+        self.entries: dict[Any, tuple[Any, Any, set[int]] | None] = {}
 
-_MEMO: dict[Any, tuple[Any, Any, Any, Any, set[int]]] = {}
+    def outside_clean(self) -> bool:
+        """Whether the environment and options hold no stand-in (a training config's value, say): the result is
+        renamed back everywhere, so a stand-in they hold would come back as the model's name."""
+        if self._outside is None:
+            try:
+                _Renaming("-/-", "-", "-", None).forward((self.env, self.options))  # raises on a stand-in or an
+                self._outside = True  # unknown type
+            except Unmemoisable:
+                self._outside = False
+        return self._outside
 
-# Whether an environment and options hold no stand-in (a training config's value, say): the result is renamed back
-# everywhere, so a stand-in they hold would come back as the model's name. Kept with them, so their ids stay theirs.
-_OUTSIDE: dict[tuple[int, int], tuple[Any, Any, bool]] = {}
-
-
-def _outside_clean(env: Any, options: Any) -> bool:
-    seen = _OUTSIDE.get((id(env), id(options)))
-    if seen is not None and seen[0] is env and seen[1] is options:
-        return seen[2]
-    try:
-        _Renaming("-/-", "-", "-", None).forward((env, options))  # raises on a stand-in, or a type it does not know
-        clean = True
-    except Unmemoisable:
-        clean = False
-    if len(_OUTSIDE) >= 64:
-        _OUTSIDE.clear()
-    _OUTSIDE[(id(env), id(options))] = (env, options, clean)
-    return clean
-
-
-def judged(facts: T, env: Any, options: Any, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
-    """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
-    r = renaming_for(facts) if enabled() else None
-    if r is None or not _outside_clean(env, options):
-        return judge(facts)
-    first = False
-    try:
-        gate = (id(env), id(options), _gate(facts, r))
-        if gate not in _GATES:  # ids only gate the walk (never serve a result): a reused id costs one walk
-            if len(_GATES) >= 65536:
-                _GATES.clear()
-            _GATES.add(gate)
+    def judged(self, facts: T, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
+        """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
+        r = renaming_for(facts) if self.on else None
+        if r is None or not self.outside_clean():
             return judge(facts)
-        canon, key = _canonical(facts, r)
-        full = (id(env), id(options), key)
-        hit = _MEMO.get(full)
-        if hit is not None and (hit[0] is not env or hit[1] is not options):
-            hit = None
-        if hit is None or hit[3] is None:
-            if len(_MEMO) >= MAX_ENTRIES:
-                _MEMO.clear()
-            if hit is None:
+        try:
+            gate = _gate(facts, r)
+            if gate not in self.gates:
+                if len(self.gates) >= 65536:
+                    self.gates.clear()
+                self.gates.add(gate)
+                return judge(facts)
+            canon, key = _canonical(facts, r)
+            if key not in self.entries:
+                if len(self.entries) >= MAX_ENTRIES:
+                    self.entries.clear()
                 # The first model of these facts is judged as it is, and only its key is kept: a cache of models all
                 # unalike pays for the key, not for judging on the stand-ins and renaming back.
-                _MEMO[full] = (env, options, None, None, set())  # env and options kept alive: their ids stay theirs
-                first = True
+                self.entries[key] = None
             else:
-                hit = _MEMO[full] = (env, options, canon, judge(canon), set())
-        if not first:
-            _, _, judged_canon, (out_canon, findings), clean = hit
-            # The fields the judgement filled in are renamed back; the others are the model's own objects.
-            changed = {}
-            for name in _fields(type(out_canon)):
-                x = getattr(out_canon, name)
-                if x is not getattr(judged_canon, name):
-                    changed[name] = r.back(x, clean)
-            return facts.with_(**changed), r.back(findings, clean)
-    except Unmemoisable:
-        pass
-    return judge(facts)
+                hit = self.entries[key]
+                if hit is None:
+                    hit = self.entries[key] = (canon, judge(canon), set())
+                judged_canon, (out_canon, findings), clean = hit
+                # The fields the judgement filled in are renamed back; the others are the model's own objects.
+                changed = {}
+                for name in _fields(type(out_canon)):
+                    x = getattr(out_canon, name)
+                    if x is not getattr(judged_canon, name):
+                        changed[name] = r.back(x, clean)
+                return facts.with_(**changed), r.back(findings, clean)
+        except Unmemoisable:
+            pass
+        return judge(facts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -26,6 +26,9 @@ from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import Finding, ModelReport, Report
 from gemma_doctor.source import ModelSource
+
+if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it)
+    from gemma_doctor.memo import Memo
 
 # A snapshot and where its files are read from (the cache or a folder through LocalSource, or the Hub).
 Located = tuple[Snapshot, ModelSource]
@@ -82,21 +85,19 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
 
 
 def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
-           memoise: bool = True) -> tuple[ModelFacts, tuple[Finding, ...]]:
-    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). With ``memoise`` (a
-    scan of several models), the decision and the findings are remembered across models whose facts are equal but for
-    their names (gemma_doctor/memo.py)."""
+           remembered: Memo | None = None) -> tuple[ModelFacts, tuple[Finding, ...]]:
+    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). With ``remembered`` (the
+    memo of a scan of several models, made with ``env`` and ``options``), the decision and the findings are shared
+    across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
 
     def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Finding, ...]]:
         f = decide(f, options, env)
         return f, rules.run(f, env, options)
 
     facts = read_more(facts, options)
-    if not memoise or not facts.family.is_gemma:
+    if remembered is None or not facts.family.is_gemma:
         return judge(facts)
-    from gemma_doctor import memo
-
-    return memo.judged(facts, env, options, judge)
+    return remembered.judged(facts, judge)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -247,9 +248,14 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
     env = environment(options)
+    remembered = None
+    if len(models) > 1:
+        from gemma_doctor.memo import Memo  # a scan's only: one model's check imports none of it
+
+        remembered = Memo(env, options)
     reports = []
     for m in models:
-        facts, findings = judged(m, options, env, memoise=len(models) > 1)
+        facts, findings = judged(m, options, env, remembered)
         reports.append(model_report(facts, env, options, findings))
     return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
@@ -260,6 +266,9 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
+    from gemma_doctor.memo import Memo
+
+    remembered = Memo(env, options)  # the scan's: forked workers each take it as the lead repos left it
 
     def run(part: Sequence[str]) -> tuple[list[ModelReport], list[dict[str, str]]]:
         located = [(s, source_of(s)) for s in locate.snapshots_in(cache, part, revision, all_revisions)]
@@ -268,7 +277,8 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
             if m is None:
                 skipped.append(skip)
                 continue
-            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env, memoise=len(located) > 1)
+            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env,
+                                     remembered if len(located) > 1 else None)
             report = model_report(facts, env, options, findings)
             reports.append(finish(report) if finish is not None else report)
         return reports, skipped
