@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from gemma_doctor import frozen
 from gemma_doctor.traits import PAIRED_TASKS, logits_bytes_per_logit
 from gemma_doctor.traits import decoder_config as _text_config, positive_int as _int, positive_number as _num
-from gemma_doctor.units import GIB, gib
+from gemma_doctor.units import GIB, gib  # noqa: F401 (memory.GIB: the plan's callers name it here)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 METHODS = ("full", "lora", "qlora")

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import command_args
-from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts, head_pair
+from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules import serving
 from gemma_doctor.stack import Exposure, Window

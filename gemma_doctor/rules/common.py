@@ -3,9 +3,8 @@ config names, and the exposure of a stack to a union of version windows. Pure.""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from gemma_doctor.facts import ModelFacts
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
 from gemma_doctor.versioning import PEFT_WEIGHT_TYING

@@ -8,7 +8,7 @@ vLLM 0.8.0 to 0.33.0, docs/findings.md#gd772-vllm-gemma4-lora-unsupported lists 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from gemma_doctor.facts import Environment, ModelFacts
 from gemma_doctor.readers.adapter import AdapterFacts
