@@ -74,34 +74,23 @@ def test_merge_key_override_keeps_the_files_own_line():
     assert tc.get("bf16").value is True and tc.get("bf16").line == 5
 
 
-PRESCRIBED = """# axolotl: precision set explicitly.
-base_model: "org0/model-00000"
-bf16: true
-fp16: false
-sequence_len: 1024
-micro_batch_size: 8
-gradient_accumulation_steps: 1
-# accelerate (accelerate config / accelerate launch): mixed_precision: "bf16"
-"""
-
-
 @pytest.mark.parametrize("repo_id", ["org0/model-00001", "google/gemma-3-12b-it", "a.b_c-d/E.F", "",
-                                     'we\\"ird', "caf\\u00e9/x", "x/y\\nmicro_batch_size: 1"])
-def test_read_back_of_a_prescription_is_the_reader(repo_id):
-    """The per-process memo of the prescription's read-back gives exactly what the reader gives, whatever the repo id
-    (a plain one shares the memo; anything else is read as it is)."""
-    search._READ_BACK.clear()
-    first = search._read_back(PRESCRIBED)
-    text = PRESCRIBED.replace('"org0/model-00000"', f'"{repo_id}"')
-    assert search._read_back(text) == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
-    assert first == tc_reader.parse(PRESCRIBED, search.PRESCRIPTION, yaml_first=True)
+                                     'we\\"ird', "caf\u00e9/x", "x/y\nmicro_batch_size: 1"])
+def test_a_prescription_as_read_is_the_reader_on_its_yaml(repo_id):
+    """The training config the search judges (built from the run, remembered per process whatever the repo id) is
+    exactly what the reader gives on the YAML recommend prints, whatever the repo id (one that would break a line
+    is escaped by the YAML, so it never changes a setting)."""
+    from gemma_doctor.plan import recommend
 
-
-def test_a_repo_id_that_changes_the_settings_is_not_shared():
-    search._READ_BACK.clear()
-    search._read_back(PRESCRIBED)
-    text = PRESCRIBED.replace('"org0/model-00000"', '"x"\nmicro_batch_size: 1')
-    assert search._read_back(text).get("batch_size") == tc_reader.parse(text, search.PRESCRIPTION, True).get("batch_size")
+    search._AS_READ.clear()
+    advice = recommend.MemoryAdvice(method="lora", batch_size=8, gradient_accumulation_steps=2,
+                                    gradient_checkpointing=True, fits=True, summary="", seq_len=1024)
+    first = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id="org0/model-00000", memory=advice))
+    search.as_read(first)
+    rec = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id=repo_id, memory=advice))
+    text = recommend.training_config_yaml(rec)
+    want = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert repr(search.as_read(rec)) == repr(want) and want.get("batch_size").value == 8
 
 
 # --- the quick judge: candidates rejected by the first (cheapest) rule that flags them ------------------------------
@@ -146,7 +135,7 @@ def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, exam
         """The quick judge off: every rule run on every candidate, a candidate rejected by all its findings."""
         j = real(*a, **{**k, "quick": False})()
         if j.blocking:
-            return search._Rejected(j.plan, j.recommendation, j.checked, j.yaml, j.findings, j.shape, j.request,
+            return search._Rejected(j.plan, j.recommendation, j.checked, j.findings, j.shape, j.request,
                                     lambda: j)
         return lambda: j
 

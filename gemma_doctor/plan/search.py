@@ -5,8 +5,9 @@ Candidates come in the order a user would prefer them: the user's own fixed choi
 GPUs, training-config keys) first; then a run that fits with margin; the largest per-device batch (gradient
 accumulation keeps the effective batch); checkpointing before a smaller batch; sharding over the GPUs the user has
 (ZeRO-2, ZeRO-3) before changing the method; full fine-tuning, then LoRA, then QLoRA; the default attention backend,
-then eager. Each candidate that fits the GPU's memory is rendered as the training config `recommend --format yaml`
-prints, read back by the training-config reader, and judged by `check`'s own rules with the same GPU and stack:
+then eager. Each candidate that fits the GPU's memory is handed to `check`'s own rules, with the same GPU and stack,
+as the very training config `check --training-config` reads from the YAML `recommend --format yaml` prints (built
+from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone):
 whatever `check` would flag (an error or a warning, other than what `gemma-doctor fix` cures in the model files) rejects
 it. The first that passes is the prescription; when none does, there is none, and the way out says what would make one.
 """
@@ -14,7 +15,6 @@ it. The first that passes is the prescription; when none does, there is none, an
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
@@ -192,10 +192,15 @@ class Judged:
     plan: MemoryPlan
     recommendation: recommend.Recommendation
     checked: runplan.MemoryFacts  # the memory plan check made of the candidate's training config
-    yaml: str
     findings: tuple[Finding, ...]
     shape: ModelShape
     request: runplan.RunRequest
+
+    @functools.cached_property
+    def yaml(self) -> str:
+        """The training config `recommend --format yaml` prints for this run: rendered only for the run that is
+        prescribed (or the nearest), never to judge a candidate (the rules read ``as_read`` of the same run)."""
+        return recommend.training_config_yaml(self.recommendation)
 
     @property
     def blocking(self) -> tuple[Finding, ...]:
@@ -261,8 +266,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings."""
     rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
-    yaml_text = recommend.training_config_yaml(rec)
-    tc = _read_back(yaml_text)
+    tc = as_read(rec)
     env2, opts = _judged_env(env, tc), _judged_options(options)
     mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
@@ -275,7 +279,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
             findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
         # check read every setting from the prescription's training config; Judged.memory says where each came from.
-        return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+        return Judged(plan, rec, mem, findings, shape, req)
 
     if quick and tc.error is None:
         order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
@@ -283,7 +287,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, yaml_text, done[i], shape, req, finish)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish)
     return finish
 
 
@@ -338,26 +342,25 @@ def _judged_options(options: CheckOptions) -> CheckOptions:
     return opts
 
 
-_READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
-# axolotl's `base_model: "<repo id>"` line of a prescription. The reader keeps no setting from it (only that the key is
-# there, for the config's kind), so for a plain repo id (these characters, JSON-quoted: a YAML string, one line) the
-# value cannot change what is read, and texts that differ only there read alike.
-_BASE_MODEL = re.compile(r'^base_model: "[A-Za-z0-9._/-]*"$', re.MULTILINE)
+_AS_READ: dict[str, tc_reader.TrainingConfig] = {}
 
 
-def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
-    """The training-config reader on a prescription's YAML, as `check --training-config` would read it.
+def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
+    """The training config `check --training-config` reads from the prescription's YAML, built from the run's own
+    mapping (recommend.training_config_data) instead of printing that YAML and parsing it back: the rules judge the
+    candidate directly. tests/test_run_roundtrip.py proves it equal to the YAML read back.
 
-    The reader is a pure function of the text; a scan of many models renders the same few candidate configs for each,
-    but for the repo id, so each text (with a plain repo id set aside) is read once per process."""
-    key, n = _BASE_MODEL.subn('base_model: ""', yaml_text)
-    if n > 1:  # never rendered so; read as it is
-        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
-    tc = _READ_BACK.get(key)
+    A scan of many models makes the same few candidates for each, but for the repo id (``base_model``, of which the
+    reader keeps only that the key is there), so each mapping is read once per process: its repr, with the repo id
+    blanked, is the key (repr tells True from 1 and "1" from 1)."""
+    ax = rec.frameworks["axolotl"]
+    key = repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
+    tc = _AS_READ.get(key)
     if tc is None:
-        if len(_READ_BACK) >= 512:
-            _READ_BACK.clear()
-        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
+        if len(_AS_READ) >= 512:
+            _AS_READ.clear()
+        data, lines = recommend.training_config_data(rec)
+        tc = _AS_READ[key] = tc_reader.from_data(data, PRESCRIPTION, lines.get)
     return tc
 
 
