@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from gemma_doctor import frozen, rules
+from gemma_doctor.codes import CODES, Cure
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
@@ -97,8 +98,16 @@ class Decision:
 
 
 def cured_by_fix(f: Finding) -> bool:
-    """A finding `gemma-doctor fix` cures in the model files (its fix is that command): not the run's business."""
-    return (f.fix or "").startswith("gemma-doctor fix")
+    """A finding `gemma-doctor fix` cures in the model files (its code's cure, codes.py): not the run's business.
+    Read from the code's entry, as `list` reads it, never from the wording of the finding's fix."""
+    code = CODES.get(f.code)
+    return code is not None and code.cure is Cure.FIX
+
+
+def _on_memory(f: Finding) -> bool:
+    """A verdict of the memory plan (its code's entry): another method, sequence, GPU count or GPU answers it."""
+    code = CODES.get(f.code)
+    return code is not None and code.memory
 
 
 def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
@@ -607,14 +616,13 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
     finding's own cure), and for memory another method, a shorter sequence, more GPUs or a larger GPU, each line the
     prescription that change gives (so it passes check when followed, at the figure that command prints)."""
     out: list[str] = []
-    memory_codes = {"GD801", "GD802", "GD803"}
     for f in nearest.blocking:
-        if f.code in memory_codes:
+        if _on_memory(f):
             continue
         line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
         if line not in out:
             out.append(line)
-    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(f.code in memory_codes for f in nearest.blocking)):
+    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
         out.extend(_memory_way_out(shape, req, ask))
     return out
 
