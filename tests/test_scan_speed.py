@@ -188,7 +188,7 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
     from gemma_doctor.plan import memory, runplan
 
     shape = memory.published_shape(family, size)
-    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+    req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(),
                                training_config=None, task="sft")
     req = replace(req, gpu_bytes=gpu_bytes)
     for accept in (("fits",), ("tight",)):
@@ -217,7 +217,7 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
     checked = 0
     for task in ("sft", "dpo"):
         for n in (1, 4):
-            req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(
+            req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(
                 num_gpus=n), training_config=None, task=task)
             req = replace(req, gpu_bytes=gpu_bytes)
             for p in search._candidates(shape, req, ("fits", "tight", "does-not-fit")):
@@ -240,14 +240,14 @@ def test_request_remembered_is_the_request(text):
     from gemma_doctor.readers import gpu as gpu_reader
 
     tc = tc_reader.parse(text, "t.yaml", yaml_first=True)
-    asks = [("bf16", gpu_reader.resolve(g), g, runplan.MemoryRequest(**r), c, task, targets, chunks)
+    asks = [("bf16", gpu_reader.resolve(g), runplan.MemoryRequest(**r), c, task, targets, chunks)
             for g in (None, "A100", "T4") for r in ({}, {"batch_size": 2}, {"gpu_memory": 8 * 2**30})
             for c in (tc, None) for task in ("sft", "dpo") for targets in (None, "all-linear")
             for chunks in (False, True)]
     runplan._REQUESTS.clear()
     for ask in asks + asks[::-1]:
-        want = runplan.request_spec(precision=ask[0], gpu=ask[1], gpu_spec=ask[2], request=ask[3],
-                                    training_config=ask[4], task=ask[5], lora_targets=ask[6], trl_chunks=ask[7])
+        want = runplan.request_spec(precision=ask[0], gpu=ask[1], request=ask[2], training_config=ask[3], task=ask[4],
+                                    lora_targets=ask[5], trl_chunks=ask[6])
         assert runplan._request_spec(*ask) == want
 
 

@@ -256,13 +256,13 @@ def _quick_order() -> tuple[int, ...]:
 _PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
-def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
+def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
                   request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str,
                   trl_chunks: bool = False) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
     models of one architecture in a cache get the same candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, gpu_spec, request, task, trl_chunks), tc,
-                              lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec,
+    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks), tc,
+                              lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
                                                           trl_chunks=trl_chunks))
 
@@ -277,7 +277,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
     tc = as_read(rec)
     env2, opts = _judged_env(env, tc), _judged_options(options)
-    mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
+    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
@@ -385,7 +385,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
         return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
-    req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
+    req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries))
     req = _with_targets(_with_quantization(req, first), first)
