@@ -571,3 +571,25 @@ def test_tensors_keyed_by_token_are_keyed_by_content():
     assert memo._tensors_key((a[0], "not a tensor")) is None
     with pytest.raises(memo.Unmemoisable):
         memo._tensors_key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))
+
+
+def test_judging_the_candidates_needs_no_yaml(hub):
+    """The search judges each candidate run directly (search.as_read), so a check with no YAML of the user's to read
+    imports no PyYAML at all (on the tree before, every candidate's YAML was printed and parsed back: ~10% of a
+    one-repo check's start-up), whether the prescription passes or is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.builders import gemma3_12b_config, generation_config
+
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    probe = ("import json, sys\nfrom gemma_doctor.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+             "    pass\nprint(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    for extra in ((), ("--gpu", "T4"), ("--with", "transformers==5.5.1")):
+        res = subprocess.run([sys.executable, "-c", probe, "check", "google/gemma-3-12b-it", "--cache-dir",
+                              str(hub.root), "--format", "json", *extra], capture_output=True, text=True, timeout=120)
+        mods = set(json.loads(res.stderr.strip().splitlines()[-1]))
+        assert "gemma_doctor.plan.search" in mods and "yaml" not in mods, extra
