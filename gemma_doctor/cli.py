@@ -270,11 +270,17 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         raise UsageError(f"nothing to check: no Gemma-family model in {report.cache_dir}{others}; name one "
                          f"(gemma-doctor check google/gemma-3-1b-it reads it from the Hub if it is not cached), "
                          f"pass --cache-dir, or download one with: hf download google/gemma-3-1b-it")
-    not_gemma = [m for m in report.models if any(f.code == "GD003" for f in m.findings)]
+    from gemma_doctor.codes import CODES
+    from gemma_doctor.report import Finding
+
+    def outside(f: Finding) -> bool:  # what a finding is, read from its code's entry (codes.py), never its number
+        return f.code in CODES and CODES[f.code].outside_scope
+
+    not_gemma = [m for m in report.models if any(outside(f) for f in m.findings)]
     if len(not_gemma) == len(report.models):
         # Named explicitly, a non-Gemma model is reported (GD003) beside the Gemma ones; alone, nothing was checked.
         said = "; ".join(f"{m.target}: {f.message.removesuffix('; left alone')}"
-                         for m in not_gemma for f in m.findings if f.code == "GD003")
+                         for m in not_gemma for f in m.findings if outside(f))
         raise UsageError(f"nothing to check: {said}; gemma-doctor checks Gemma-family models only")
     _out(view.report(report, fail_on_, _color()))
     for note in report.notes:

@@ -41,6 +41,7 @@ class Code:
     cure: Cure = Cure.OTHER
     unreadable: bool = False  # the model (or its repo) could not be read: nothing else about it was judged
     memory: bool = False  # a verdict of the memory plan: memory changes answer it (a larger GPU, a shorter sequence)
+    outside_scope: bool = False  # the model is not one gemma-doctor judges (not a Gemma): reported, nothing else said
 
     @property
     def blocks_prescription(self) -> bool:
@@ -56,7 +57,7 @@ _CODES = [
     # GD0xx: reading the model folder
     Code("GD001", "config-unreadable", "config.json is missing, unreadable or not valid JSON", unreadable=True),
     Code("GD002", "config-invalid", "config.json parses but has the wrong shape (not an object, wrong type for a key)", unreadable=True),
-    Code("GD003", "not-gemma", "the model is not a Gemma-family model; gemma-doctor leaves it alone"),
+    Code("GD003", "not-gemma", "the model is not a Gemma-family model; gemma-doctor leaves it alone", outside_scope=True),
     Code("GD004", "generation-config-invalid", "generation_config.json is unreadable, not JSON or has the wrong shape", unreadable=True),
     Code("GD005", "link-escapes-repo", "a snapshot file is a link that points outside its repo folder; it is not read or written", unreadable=True),
     Code("GD006", "fixed-by-doctor", "files of this snapshot were rewritten by gemma-doctor fix; restore brings back the originals"),

@@ -132,7 +132,7 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     if shape is None or rec is None:
         return facts
     targets = rec.frameworks.get("peft", {}).get("target_modules")
-    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu, gpu_spec=options.gpu,
+    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu,
                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                               task=str(rec.inputs.get("task") or "sft"),
                               lora_targets=tuple(targets) if isinstance(targets, list) else targets,

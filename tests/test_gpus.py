@@ -89,3 +89,40 @@ def test_emulation_trap():
     assert emulation_trap("rocm", None) is True
     assert emulation_trap("rocm", True) is False
     assert emulation_trap("none", False) is False
+
+
+# --- one parse of --gpu, whichever command reads it (issue 32) ------------------------------------------------------
+
+SPELLINGS = ["A100", "a100", "A100-80GB", "sm_80", "8.0", "T4", "Tesla T4", "rtx 4090", "MI300X", "none", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def one_model(tmp_path_factory):
+    from tests.builders import HubCache, gemma3_12b_config, generation_config
+
+    root = tmp_path_factory.mktemp("gpu-spellings") / "hub"
+    HubCache(root).add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(),
+                                                 "generation_config.json": generation_config()})
+    return root
+
+
+@pytest.mark.parametrize("spec", SPELLINGS)
+def test_a_gpu_spelling_is_one_value_whichever_command_reads_it(cli, one_model, spec):
+    """`--gpu` is parsed once, by readers/gpu.py, into one GpuFacts (kind, memory, the note on the size assumed) that
+    every reader takes: check and recommend state the same GPU, plan against the same memory and say the same
+    assumption about it, and both equal the reader's own value."""
+    import json
+
+    from gemma_doctor.readers import gpu as gpu_reader
+
+    target = ("google/gemma-3-12b-it", "--cache-dir", one_model, "--gpu", spec, "--format", "json")
+    checked = json.loads(cli("check", *target, "--fail-on", "never").out)
+    recommended = json.loads(cli("recommend", *target).out)
+    facts = gpu_reader.resolve(spec)
+    assert checked["environment"]["gpu"] == recommended["gpu"] == facts.to_json()
+    cm, rm = checked["models"][0]["memory"], recommended["models"][0]["memory"]
+    assert (cm["gpu_bytes"], cm["gpu"]) == (rm["gpu_bytes"], rm["gpu"])
+    assert cm["gpu_bytes"] == (facts.devices[0].memory_bytes or facts.assumed_memory_bytes if facts.devices else None)
+    notes = [a for a in cm["assumptions"] if facts.memory_note and a == facts.memory_note]
+    assert notes == [a for a in rm["assumptions"] if facts.memory_note and a == facts.memory_note]
+    assert bool(notes) == bool(facts.memory_note)

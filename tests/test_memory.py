@@ -128,7 +128,7 @@ def test_the_prescribed_language_model_regex_counts_what_peft_wraps(saved_tiny):
     assert memory.lora_trainable(_shape(path), 8, LM_ONLY_TARGETS) == trainable > 0
     tc = parse_training_config(f"adapter: lora\nlora_r: 8\nlora_target_modules: '{LM_ONLY_TARGETS}'\n", "t.yaml",
                                yaml_first=True)
-    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+    req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(),
                                training_config=tc, task="sft")
     assert req.base.lora_targets == LM_ONLY_TARGETS
     assert memory.plan(_shape(path), req.base).trainable_params == trainable

@@ -408,3 +408,19 @@ def test_the_run_module_sits_below_the_rules_and_views():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m.startswith("gemma_doctor")}, imported
+
+
+def test_what_blocks_a_prescription_is_read_from_the_codes_entry_as_list_reads_it():
+    """The search's "cured by fix" is the code's cure (codes.py), the one `list` reads, never the wording of a fix:
+    a use_cache finding is fix's whatever its text says, and an invalid config.json whose text happens to name
+    `gemma-doctor fix` blocks a prescription as list calls it not fixable (issue 32, "what a finding is")."""
+    from gemma_doctor.codes import CODES, Cure
+    from gemma_doctor.plan import search
+    from gemma_doctor.report import Finding, Severity
+
+    reworded = Finding("GD101", Severity.WARNING, "use_cache true", file="config.json", key="use_cache",
+                       fix="run the doctor's fix command")
+    assert CODES["GD101"].cure is Cure.FIX and search.cured_by_fix(reworded) and not search.blocking((reworded,))
+    invalid = Finding("GD002", Severity.ERROR, 'use_cache is "yes"', file="config.json", key="use_cache",
+                      fix="gemma-doctor fix org/m --inplace (writes false)")
+    assert CODES["GD002"].cure is not Cure.FIX and search.blocking((invalid,)) == (invalid,)

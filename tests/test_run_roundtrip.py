@@ -1,14 +1,19 @@
 """Rendering a prescribed run and reading it back is the identity (issue 32): for random runs, the training config the
 prescription emits (axolotl's keys, `recommend --format yaml`, the only trainer format it writes) read by
 `check --training-config`'s reader gives back the same method, batch, accumulation, sequence, checkpointing, LoRA
-rank and targets, GPUs, sharding and attention. Hypothesis, in the derandomised CI profile (tests/conftest.py)."""
+rank and targets, GPUs, sharding and attention; the training config the search judges each candidate by (built from
+the run, never printed: search.as_read) is exactly that YAML read back, so judging the run directly is judging its
+YAML; and the TRL / TrainingArguments settings of the snippets, read as a TRL config, state the same batch,
+accumulation, checkpointing, sequence and precision. Hypothesis, in the derandomised CI profile (tests/conftest.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemma_doctor.plan import recommend, runplan
+import json
+
+from gemma_doctor.plan import recommend, runplan, search
 from gemma_doctor.readers import training_config as tc_reader
 
 
@@ -40,6 +45,10 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
     text = recommend.training_config_yaml(rec)
     tc = tc_reader.parse(text, "prescription.yaml", yaml_first=True)
     assert tc.error is None, text
+    # The rules read a training config and nothing else of the file: the one built from the run is the one read back
+    # (repr tells True from 1 and 1.0 from 1, which == does not).
+    direct = search.as_read(rec)
+    assert repr(direct) == repr(tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)), text
     values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
     expected = {"method": advice.method, "batch_size": advice.batch_size,
                 "gradient_accumulation_steps": advice.gradient_accumulation_steps,
@@ -56,3 +65,29 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
     if got.get("gradient_accumulation_steps") is None and advice.gradient_accumulation_steps == 1:
         got["gradient_accumulation_steps"] = 1  # accumulation 1 is the default, left out of the YAML
     assert got == expected, text
+
+
+DEFAULTS = {"gradient_checkpointing": False, "gradient_accumulation_steps": 1}
+
+
+@settings(max_examples=40)
+@given(runs())
+def test_the_snippets_state_the_same_run(run):
+    """The TRL config and TrainingArguments of the snippets, written as the JSON a TRL script reads (`trl sft --config`),
+    read back as the run the YAML states: batch, accumulation, checkpointing, sequence (TRL) and precision."""
+    inputs, advice = run
+    rec = recommend.decide(inputs)
+    yaml_values, _ = runplan.run_request(search.as_read(rec), runplan.MemoryRequest(), "sft")
+    fw = rec.frameworks
+    for name, config in (("transformers", fw["transformers"]["training_arguments"]), ("trl", fw["trl"]["config"])):
+        if config is None:
+            continue
+        tc = tc_reader.parse(json.dumps(config), f"{name}.json", yaml_first=False)
+        assert tc.error is None and tc.kind == "transformers", (name, config)
+        values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+        keys = ["batch_size", "gradient_accumulation_steps", "gradient_checkpointing"] + (["seq_len"] if name == "trl" else [])
+        # Left out means the trainer's default: no checkpointing, no accumulation.
+        said = {k: values.get(k, DEFAULTS.get(k)) for k in keys}
+        assert said == {k: yaml_values.get(k, DEFAULTS.get(k)) for k in keys}, (name, config)
+        for flag in ("bf16", "fp16"):
+            assert tc_reader.truthy(tc.get(flag).value) == tc_reader.truthy(search.as_read(rec).get(flag).value)

@@ -74,34 +74,23 @@ def test_merge_key_override_keeps_the_files_own_line():
     assert tc.get("bf16").value is True and tc.get("bf16").line == 5
 
 
-PRESCRIBED = """# axolotl: precision set explicitly.
-base_model: "org0/model-00000"
-bf16: true
-fp16: false
-sequence_len: 1024
-micro_batch_size: 8
-gradient_accumulation_steps: 1
-# accelerate (accelerate config / accelerate launch): mixed_precision: "bf16"
-"""
-
-
 @pytest.mark.parametrize("repo_id", ["org0/model-00001", "google/gemma-3-12b-it", "a.b_c-d/E.F", "",
-                                     'we\\"ird', "caf\\u00e9/x", "x/y\\nmicro_batch_size: 1"])
-def test_read_back_of_a_prescription_is_the_reader(repo_id):
-    """The per-process memo of the prescription's read-back gives exactly what the reader gives, whatever the repo id
-    (a plain one shares the memo; anything else is read as it is)."""
-    search._READ_BACK.clear()
-    first = search._read_back(PRESCRIBED)
-    text = PRESCRIBED.replace('"org0/model-00000"', f'"{repo_id}"')
-    assert search._read_back(text) == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
-    assert first == tc_reader.parse(PRESCRIBED, search.PRESCRIPTION, yaml_first=True)
+                                     'we\\"ird', "caf\u00e9/x", "x/y\nmicro_batch_size: 1"])
+def test_a_prescription_as_read_is_the_reader_on_its_yaml(repo_id):
+    """The training config the search judges (built from the run, remembered per process whatever the repo id) is
+    exactly what the reader gives on the YAML recommend prints, whatever the repo id (one that would break a line
+    is escaped by the YAML, so it never changes a setting)."""
+    from gemma_doctor.plan import recommend
 
-
-def test_a_repo_id_that_changes_the_settings_is_not_shared():
-    search._READ_BACK.clear()
-    search._read_back(PRESCRIBED)
-    text = PRESCRIBED.replace('"org0/model-00000"', '"x"\nmicro_batch_size: 1')
-    assert search._read_back(text).get("batch_size") == tc_reader.parse(text, search.PRESCRIPTION, True).get("batch_size")
+    search._AS_READ.clear()
+    advice = recommend.MemoryAdvice(method="lora", batch_size=8, gradient_accumulation_steps=2,
+                                    gradient_checkpointing=True, fits=True, summary="", seq_len=1024)
+    first = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id="org0/model-00000", memory=advice))
+    search.as_read(first)
+    rec = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id=repo_id, memory=advice))
+    text = recommend.training_config_yaml(rec)
+    want = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert repr(search.as_read(rec)) == repr(want) and want.get("batch_size").value == 8
 
 
 # --- the quick judge: candidates rejected by the first (cheapest) rule that flags them ------------------------------
@@ -146,7 +135,7 @@ def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, exam
         """The quick judge off: every rule run on every candidate, a candidate rejected by all its findings."""
         j = real(*a, **{**k, "quick": False})()
         if j.blocking:
-            return search._Rejected(j.plan, j.recommendation, j.checked, j.yaml, j.findings, j.shape, j.request,
+            return search._Rejected(j.plan, j.recommendation, j.checked, j.findings, j.shape, j.request,
                                     lambda: j)
         return lambda: j
 
@@ -199,7 +188,7 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
     from gemma_doctor.plan import memory, runplan
 
     shape = memory.published_shape(family, size)
-    req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(),
+    req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(),
                                training_config=None, task="sft")
     req = replace(req, gpu_bytes=gpu_bytes)
     for accept in (("fits",), ("tight",)):
@@ -228,7 +217,7 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
     checked = 0
     for task in ("sft", "dpo"):
         for n in (1, 4):
-            req = runplan.request_spec(precision="bf16", gpu=None, gpu_spec=None, request=runplan.MemoryRequest(
+            req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(
                 num_gpus=n), training_config=None, task=task)
             req = replace(req, gpu_bytes=gpu_bytes)
             for p in search._candidates(shape, req, ("fits", "tight", "does-not-fit")):
@@ -251,14 +240,14 @@ def test_request_remembered_is_the_request(text):
     from gemma_doctor.readers import gpu as gpu_reader
 
     tc = tc_reader.parse(text, "t.yaml", yaml_first=True)
-    asks = [("bf16", gpu_reader.resolve(g), g, runplan.MemoryRequest(**r), c, task, targets, chunks)
+    asks = [("bf16", gpu_reader.resolve(g), runplan.MemoryRequest(**r), c, task, targets, chunks)
             for g in (None, "A100", "T4") for r in ({}, {"batch_size": 2}, {"gpu_memory": 8 * 2**30})
             for c in (tc, None) for task in ("sft", "dpo") for targets in (None, "all-linear")
             for chunks in (False, True)]
     runplan._REQUESTS.clear()
     for ask in asks + asks[::-1]:
-        want = runplan.request_spec(precision=ask[0], gpu=ask[1], gpu_spec=ask[2], request=ask[3],
-                                    training_config=ask[4], task=ask[5], lora_targets=ask[6], trl_chunks=ask[7])
+        want = runplan.request_spec(precision=ask[0], gpu=ask[1], request=ask[2], training_config=ask[3], task=ask[4],
+                                    lora_targets=ask[5], trl_chunks=ask[6])
         assert runplan._request_spec(*ask) == want
 
 
@@ -582,3 +571,25 @@ def test_tensors_keyed_by_token_are_keyed_by_content():
     assert memo._tensors_key((a[0], "not a tensor")) is None
     with pytest.raises(memo.Unmemoisable):
         memo._tensors_key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))
+
+
+def test_judging_the_candidates_needs_no_yaml(hub):
+    """The search judges each candidate run directly (search.as_read), so a check with no YAML of the user's to read
+    imports no PyYAML at all (on the tree before, every candidate's YAML was printed and parsed back: ~10% of a
+    one-repo check's start-up), whether the prescription passes or is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.builders import gemma3_12b_config, generation_config
+
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    probe = ("import json, sys\nfrom gemma_doctor.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+             "    pass\nprint(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    for extra in ((), ("--gpu", "T4"), ("--with", "transformers==5.5.1")):
+        res = subprocess.run([sys.executable, "-c", probe, "check", "google/gemma-3-12b-it", "--cache-dir",
+                              str(hub.root), "--format", "json", *extra], capture_output=True, text=True, timeout=120)
+        mods = set(json.loads(res.stderr.strip().splitlines()[-1]))
+        assert "gemma_doctor.plan.search" in mods and "yaml" not in mods, extra

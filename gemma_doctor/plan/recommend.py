@@ -584,13 +584,44 @@ def _yaml_value(value: Any) -> str:
     return _yaml_scalar(value)
 
 
+_YAML_HEAD = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
+              "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
+              "# depend on the machine that reads the file.\n")
+
+
+def training_config_data(rec: Recommendation) -> tuple[dict[str, Any], dict[str, int]]:
+    """What `check --training-config` reads from training_config_yaml(rec), without printing or parsing it: the mapping
+    of axolotl's keys (tuples as the lists YAML gives) and each dotted key's 1-based line in that YAML (a nested
+    mapping is written on its parent's line). tests/test_run_roundtrip.py proves both equal to the YAML read back."""
+    first = _YAML_HEAD.count("\n") + 1
+    data: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    for n, (k, v) in enumerate(rec.frameworks["axolotl"].items(), start=first):
+        data[k] = _as_yaml_reads(v)
+        lines[k] = n
+        if isinstance(v, dict):  # the reader records keys three levels deep; a flow mapping keeps them on one line
+            for k2, v2 in v.items():
+                lines.setdefault(f"{k}.{k2}", n)
+                if isinstance(v2, dict):
+                    for k3 in v2:
+                        lines.setdefault(f"{k}.{k2}.{k3}", n)
+    return data, lines
+
+
+def _as_yaml_reads(value: Any) -> Any:
+    """``value`` as YAML reads back what _yaml_value writes: a sequence is a list."""
+    if isinstance(value, dict):
+        return {k: _as_yaml_reads(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_yaml_reads(v) for v in value]
+    return value
+
+
 def training_config_yaml(rec: Recommendation) -> str:
     """The prescribed run as one YAML document: axolotl's keys, which `gemma-doctor check --training-config` reads
     back as the same run (method, batch x accumulation, sequence length, checkpointing, attention, sharding)."""
     ax = rec.frameworks["axolotl"]
-    head = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
-            "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
-            "# depend on the machine that reads the file.\n")
+    head = _YAML_HEAD
     body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in ax.items())
     acc = rec.frameworks["accelerate"]
     tail = ("# accelerate (accelerate config / accelerate launch): "

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from gemma_doctor import frozen, gpus
+from gemma_doctor import frozen
 from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
@@ -219,8 +219,9 @@ def sft_trainer_config(tc: Any) -> bool:
     return getattr(tc, "kind", None) == "transformers" and tc.get("rl") is None
 
 
-def gpu_memory(gpu: Any, spec: str | None, override: int | None) -> tuple[int | None, str | None, int, str | None]:
-    """(bytes per GPU, name, GPUs seen, note): --gpu-memory, else the probe's smallest device, else --gpu's size."""
+def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, int, str | None]:
+    """(bytes per GPU, name, GPUs seen, note): --gpu-memory, else the probe's smallest device, else --gpu's size (as
+    readers/gpu.py parsed it once: the GPU fact carries the note and the size assumed, never parsed again here)."""
     count = max(1, len(getattr(gpu, "devices", ()) or ()))
     name = getattr(gpu, "label", None)
     if override is not None:
@@ -228,14 +229,8 @@ def gpu_memory(gpu: Any, spec: str | None, override: int | None) -> tuple[int | 
     if getattr(gpu, "backend", "none") == "none":
         return None, None, 1, "no GPU: the plan is not judged against a GPU's memory"
     sizes = [d.memory_bytes for d in gpu.devices if d.memory_bytes]
-    note = None
-    assumed = None
-    if spec:
-        try:
-            parsed = gpus.parse_gpu_spec(spec)
-            note, assumed = parsed.memory_note or None, parsed.assumed_memory_bytes
-        except UsageError:
-            note = None
+    note = getattr(gpu, "memory_note", "") or None
+    assumed = getattr(gpu, "assumed_memory_bytes", None)
     if sizes:
         return min(sizes), name, count, note
     if assumed:
@@ -254,7 +249,7 @@ class RunRequest:
     gpu_note: str | None
 
 
-def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest,
+def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                  trl_chunks: bool = False) -> RunRequest:
     """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
@@ -268,7 +263,7 @@ def request_spec(*, precision: str, gpu: Any, gpu_spec: str | None, request: Mem
         src["chunked_loss"] = "TRL >= 1.15 SFTTrainer (the training config's trainer and the stack's TRL)"
     if lora_targets is not None:
         values.setdefault("lora_targets", lora_targets)
-    gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, gpu_spec, request.gpu_memory)
+    gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, request.gpu_memory)
     device = "cuda" if getattr(gpu, "backend", "none") in ("cuda", "rocm") else "cpu"
     method = values.get("method", "full")
     num = values.get("num_gpus") or seen
@@ -319,24 +314,23 @@ def remembered(cache: dict[tuple[Any, ...], tuple[Any, Any]], key: tuple[Any, ..
 _REQUESTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
-def _request_spec(precision: str, gpu: Any, gpu_spec: str | None, request: MemoryRequest, training_config: Any | None,
+def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None,
                   task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False) -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape) remembered per process: the search plans
     check's memory of each candidate's training config for every model, and models of other shapes ask for the same
     requests."""
-    return remembered(_REQUESTS, (precision, gpu, gpu_spec, request, task, lora_targets, trl_chunks), training_config,
-                      lambda: request_spec(precision=precision, gpu=gpu, gpu_spec=gpu_spec, request=request,
+    return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks), training_config,
+                      lambda: request_spec(precision=precision, gpu=gpu, request=request,
                                            training_config=training_config, task=task, lora_targets=lora_targets,
                                            trl_chunks=trl_chunks))
 
 
-def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, gpu_spec: str | None,
-                request: MemoryRequest, training_config: Any | None, task: str,
+def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
                 lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False) -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
     stack's TRL computes SFT log-probs in chunks)."""
-    req = _request_spec(precision, gpu, gpu_spec, request, training_config, task, lora_targets, trl_chunks)
+    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)

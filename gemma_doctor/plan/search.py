@@ -5,8 +5,9 @@ Candidates come in the order a user would prefer them: the user's own fixed choi
 GPUs, training-config keys) first; then a run that fits with margin; the largest per-device batch (gradient
 accumulation keeps the effective batch); checkpointing before a smaller batch; sharding over the GPUs the user has
 (ZeRO-2, ZeRO-3) before changing the method; full fine-tuning, then LoRA, then QLoRA; the default attention backend,
-then eager. Each candidate that fits the GPU's memory is rendered as the training config `recommend --format yaml`
-prints, read back by the training-config reader, and judged by `check`'s own rules with the same GPU and stack:
+then eager. Each candidate that fits the GPU's memory is handed to `check`'s own rules, with the same GPU and stack,
+as the very training config `check --training-config` reads from the YAML `recommend --format yaml` prints (built
+from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone):
 whatever `check` would flag (an error or a warning, other than what `gemma-doctor fix` cures in the model files) rejects
 it. The first that passes is the prescription; when none does, there is none, and the way out says what would make one.
 """
@@ -14,12 +15,12 @@ it. The first that passes is the prescription; when none does, there is none, an
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from gemma_doctor import frozen, rules
+from gemma_doctor.codes import CODES, Cure
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
@@ -97,8 +98,16 @@ class Decision:
 
 
 def cured_by_fix(f: Finding) -> bool:
-    """A finding `gemma-doctor fix` cures in the model files (its fix is that command): not the run's business."""
-    return (f.fix or "").startswith("gemma-doctor fix")
+    """A finding `gemma-doctor fix` cures in the model files (its code's cure, codes.py): not the run's business.
+    Read from the code's entry, as `list` reads it, never from the wording of the finding's fix."""
+    code = CODES.get(f.code)
+    return code is not None and code.cure is Cure.FIX
+
+
+def _on_memory(f: Finding) -> bool:
+    """A verdict of the memory plan (its code's entry): another method, sequence, GPU count or GPU answers it."""
+    code = CODES.get(f.code)
+    return code is not None and code.memory
 
 
 def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
@@ -192,10 +201,15 @@ class Judged:
     plan: MemoryPlan
     recommendation: recommend.Recommendation
     checked: runplan.MemoryFacts  # the memory plan check made of the candidate's training config
-    yaml: str
     findings: tuple[Finding, ...]
     shape: ModelShape
     request: runplan.RunRequest
+
+    @functools.cached_property
+    def yaml(self) -> str:
+        """The training config `recommend --format yaml` prints for this run: rendered only for the run that is
+        prescribed (or the nearest), never to judge a candidate (the rules read ``as_read`` of the same run)."""
+        return recommend.training_config_yaml(self.recommendation)
 
     @property
     def blocking(self) -> tuple[Finding, ...]:
@@ -242,13 +256,13 @@ def _quick_order() -> tuple[int, ...]:
 _PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
-def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts, gpu_spec: str | None,
+def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
                   request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str,
                   trl_chunks: bool = False) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
     models of one architecture in a cache get the same candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, gpu_spec, request, task, trl_chunks), tc,
-                              lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu, gpu_spec=gpu_spec,
+    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks), tc,
+                              lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
                                                           trl_chunks=trl_chunks))
 
@@ -261,10 +275,9 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings."""
     rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
-    yaml_text = recommend.training_config_yaml(rec)
-    tc = _read_back(yaml_text)
+    tc = as_read(rec)
     env2, opts = _judged_env(env, tc), _judged_options(options)
-    mem = _checked_plan(shape, rec.precision, gpu, options.gpu, opts.memory or runplan.MemoryRequest(), tc,
+    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
@@ -275,7 +288,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
             findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
         # check read every setting from the prescription's training config; Judged.memory says where each came from.
-        return Judged(plan, rec, mem, yaml_text, findings, shape, req)
+        return Judged(plan, rec, mem, findings, shape, req)
 
     if quick and tc.error is None:
         order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
@@ -283,7 +296,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, yaml_text, done[i], shape, req, finish)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish)
     return finish
 
 
@@ -338,26 +351,25 @@ def _judged_options(options: CheckOptions) -> CheckOptions:
     return opts
 
 
-_READ_BACK: dict[str, tc_reader.TrainingConfig] = {}
-# axolotl's `base_model: "<repo id>"` line of a prescription. The reader keeps no setting from it (only that the key is
-# there, for the config's kind), so for a plain repo id (these characters, JSON-quoted: a YAML string, one line) the
-# value cannot change what is read, and texts that differ only there read alike.
-_BASE_MODEL = re.compile(r'^base_model: "[A-Za-z0-9._/-]*"$', re.MULTILINE)
+_AS_READ: dict[str, tc_reader.TrainingConfig] = {}
 
 
-def _read_back(yaml_text: str) -> tc_reader.TrainingConfig:
-    """The training-config reader on a prescription's YAML, as `check --training-config` would read it.
+def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
+    """The training config `check --training-config` reads from the prescription's YAML, built from the run's own
+    mapping (recommend.training_config_data) instead of printing that YAML and parsing it back: the rules judge the
+    candidate directly. tests/test_run_roundtrip.py proves it equal to the YAML read back.
 
-    The reader is a pure function of the text; a scan of many models renders the same few candidate configs for each,
-    but for the repo id, so each text (with a plain repo id set aside) is read once per process."""
-    key, n = _BASE_MODEL.subn('base_model: ""', yaml_text)
-    if n > 1:  # never rendered so; read as it is
-        return tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
-    tc = _READ_BACK.get(key)
+    A scan of many models makes the same few candidates for each, but for the repo id (``base_model``, of which the
+    reader keeps only that the key is there), so each mapping is read once per process: its repr, with the repo id
+    blanked, is the key (repr tells True from 1 and "1" from 1)."""
+    ax = rec.frameworks["axolotl"]
+    key = repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
+    tc = _AS_READ.get(key)
     if tc is None:
-        if len(_READ_BACK) >= 512:
-            _READ_BACK.clear()
-        tc = _READ_BACK[key] = tc_reader.parse(yaml_text, PRESCRIPTION, yaml_first=True, c_yaml=True)
+        if len(_AS_READ) >= 512:
+            _AS_READ.clear()
+        data, lines = recommend.training_config_data(rec)
+        tc = _AS_READ[key] = tc_reader.from_data(data, PRESCRIPTION, lines.get)
     return tc
 
 
@@ -373,7 +385,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
         return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
-    req = runplan.request_spec(precision=first.precision, gpu=gpu, gpu_spec=options.gpu,
+    req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries))
     req = _with_targets(_with_quantization(req, first), first)
@@ -604,14 +616,13 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
     finding's own cure), and for memory another method, a shorter sequence, more GPUs or a larger GPU, each line the
     prescription that change gives (so it passes check when followed, at the figure that command prints)."""
     out: list[str] = []
-    memory_codes = {"GD801", "GD802", "GD803"}
     for f in nearest.blocking:
-        if f.code in memory_codes:
+        if _on_memory(f):
             continue
         line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
         if line not in out:
             out.append(line)
-    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(f.code in memory_codes for f in nearest.blocking)):
+    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
         out.extend(_memory_way_out(shape, req, ask))
     return out
 

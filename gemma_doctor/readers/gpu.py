@@ -69,6 +69,11 @@ class GpuFacts:
     via: str = "none"  # nvml | torch | sysfs | sysctl | --gpu | none
     driver: str | None = None
     spec: str | None = None
+    # A planned GPU's memory as --gpu named it (gpus.GpuPlan), parsed once here for every later reader: why the size
+    # is what it is ("A100 ships with 40 or 80 GB: planned for 40"), and what the memory plan assumes for a name sold
+    # in several sizes. Not in the JSON block: the memory plan's assumptions print the note.
+    memory_note: str = ""
+    assumed_memory_bytes: int | None = None
 
     @property
     def weakest(self) -> GpuDevice | None:
@@ -135,7 +140,7 @@ def from_plan(plan: gpus.GpuPlan) -> GpuFacts:
                     arch=plan.note.split()[0] if plan.backend == "rocm" and plan.note else None)
     facts = combine([dev], plan.backend, "--gpu", "--gpu", spec=plan.spec)
     return GpuFacts(facts.devices, facts.native_bf16, facts.source, facts.backend, f"--gpu {plan.spec}: {facts.reason}",
-                    facts.emulated_bf16_trap, facts.via, None, plan.spec)
+                    facts.emulated_bf16_trap, facts.via, None, plan.spec, plan.memory_note, plan.assumed_memory_bytes)
 
 
 def resolve(spec: str | None) -> GpuFacts:

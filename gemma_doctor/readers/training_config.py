@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gemma_doctor.errors import UsageError
 
@@ -400,6 +400,13 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
         return TrainingConfig(path, error="empty file")
     if not isinstance(data, dict):
         return TrainingConfig(path, error=f"top level is a {type(data).__name__}, not a mapping of settings")
+    return from_data(data, path, lambda key: _json_line(text, key) if is_json else lines.get(key))
+
+
+def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | None]) -> TrainingConfig:
+    """The settings of a training config already parsed to a mapping (``line_of``: a dotted key's 1-based line, or
+    None). ``parse`` reads a file's text with it; the search hands it the mapping a prescription's YAML is rendered
+    from, so a candidate is judged without printing and re-reading that YAML (the same settings: a property test)."""
     kind = _kind(data)
     if kind in NOT_TRAINING:
         return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
@@ -416,18 +423,17 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
                 if name in RUN_BOUNDS and (what := _beyond_any_run(name, value)) is not None:
                     return TrainingConfig(path, error=f"{key} is {what}, beyond any real run (at most "
                                                       f"{RUN_BOUNDS[name]:,}); not a training config")
-                line = _json_line(text, key) if is_json else lines.get(key)
+                line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
     if "rl" not in settings:
         for key in _DPO_ONLY_KEYS:
             if key in data:
-                settings["rl"] = Setting(key, "dpo", _json_line(text, key) if is_json else lines.get(key))
+                settings["rl"] = Setting(key, "dpo", line_of(key))
                 break
     if "rl" not in settings and _looks_like_dpo(data):
-        settings["rl"] = Setting("beta", "dpo", _json_line(text, "beta") if is_json else lines.get("beta"))
-    problems = _key_problems(data, lambda key: _json_line(text, key) if is_json else lines.get(key)) \
-        if kind == "transformers" else ()
+        settings["rl"] = Setting("beta", "dpo", line_of("beta"))
+    problems = _key_problems(data, line_of) if kind == "transformers" else ()
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems)
 
 
