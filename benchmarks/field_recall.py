@@ -192,7 +192,7 @@ def not_here(report: dict, found: list) -> str | None:
     return None
 
 
-def rehearse_report(report: dict, tree: Path, found: list, work: Path) -> dict:
+def rehearse_report(report: dict, tree: Path, found: list, work: Path, timeout: float = 300.0) -> dict:
     """The rehearsal's verdict on one report: caught / not caught / not here, with the stack, codes and why."""
     why = not_here(report, found)
     if why is not None:
@@ -213,8 +213,8 @@ def rehearse_report(report: dict, tree: Path, found: list, work: Path) -> dict:
     (work / "train.json").write_text(json.dumps(inputs.get("training", {})))
     started = time.monotonic()
     proc = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model), "--training-config",
-                           str(work / "train.json"), "--format", "json", "--timeout", "900"],
-                          capture_output=True, text=True, cwd=work, timeout=2400,
+                           str(work / "train.json"), "--format", "json", "--timeout", f"{timeout:g}"],
+                          capture_output=True, text=True, cwd=work, timeout=3 * timeout + 600,
                           env=venvs.subprocess_env(PYTHONPATH=str(tree)))
     seconds = round(time.monotonic() - started, 1)
     try:
@@ -281,7 +281,7 @@ def write_rehearsal_docs(page: Path, rows: list[dict]) -> None:
     page.write_text(head + "\n".join(lines) + tail)
 
 
-def measure_rehearsal(tree: Path, only: list[str]) -> list[dict]:
+def measure_rehearsal(tree: Path, only: list[str], timeout: float = 300.0) -> list[dict]:
     """The rehearsal's column over the corpus (or the reports of ``only``)."""
     found = stacks()
     rows = []
@@ -289,7 +289,8 @@ def measure_rehearsal(tree: Path, only: list[str]) -> list[dict]:
         if only and report["id"] not in only:
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            row = {"id": report["id"], "area": report["area"], **rehearse_report(report, tree, found, Path(tmp))}
+            row = {"id": report["id"], "area": report["area"],
+                   **rehearse_report(report, tree, found, Path(tmp), timeout)}
         print(f"{row['id']:48} {row['rehearsal']:10} {row.get('rehearsal_seconds', '')} {row['rehearsal_why'][:120]}",
               file=sys.stderr, flush=True)
         rows.append(row)
@@ -308,10 +309,13 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], metavar="ID", help="with --rehearse: only this report")
     ap.add_argument("--rehearsal-docs", metavar="FILE", help="with --rehearse: write the table into FILE between the "
                     "rehearsal recall markers (docs/rehearsal.md)")
+    ap.add_argument("--rehearsal-timeout", type=float, default=300.0, metavar="S",
+                    help="with --rehearse: each rehearsal's --timeout (default: rehearse's own, 300 s); one that "
+                    "does not finish is not caught (GD952)")
     ns = ap.parse_args()
     trees = dict(t.split("=", 1) for t in ns.tree) if ns.tree else {"after": str(ROOT)}
     if ns.rehearse:
-        rows = measure_rehearsal(Path(list(trees.values())[-1]).resolve(), ns.only)
+        rows = measure_rehearsal(Path(list(trees.values())[-1]).resolve(), ns.only, ns.rehearsal_timeout)
         print(rehearsal_table(rows))
         if ns.json:
             Path(ns.json).write_text(json.dumps(rows, indent=1))
