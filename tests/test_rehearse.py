@@ -227,6 +227,27 @@ def test_recommend_rehearse_of_a_family_plan_says_it_was_not_rehearsed(cli):
                                                       "recommend it by path")
 
 
+@pytest.mark.parametrize("lines, targets", [
+    # LLaMA-Factory's lora_target defaults to "all" (every linear layer): PEFT's "all-linear". Left open, PEFT 0.11.1
+    # refused Gemma 3 ("Please specify `target_modules`", the field corpus's LlamaFactory#7563 config), a crash the
+    # real run never meets.
+    ("stage: sft\nfinetuning_type: lora\n", "all-linear"),
+    ("stage: sft\nfinetuning_type: lora\nlora_target: all\n", "all-linear"),
+    # its comma list, which PEFT would read as one regular expression matching nothing
+    ("stage: sft\nfinetuning_type: lora\nlora_target: q_proj,v_proj\n", ["q_proj", "v_proj"]),
+    # not LLaMA-Factory's: left as written (PEFT's own default, or the regex the user wrote)
+    ("use_peft: true\nlora_r: 8\n", None),
+    ("use_peft: true\nlora_target_modules: q_proj,v_proj\n", "q_proj,v_proj"),
+])
+def test_llama_factory_lora_targets_are_read_as_llama_factory_reads_them(tmp_path, lines, targets):
+    from gemma_doctor.readers import training_config
+    from gemma_doctor.rehearse.runner import _raw, settings_of
+
+    config = tmp_path / "train.yaml"
+    config.write_text(lines)
+    assert settings_of(training_config.load(str(config)), _raw(str(config)), None)["lora"]["targets"] == targets
+
+
 # -- the judgement, on plain records ----------------------------------------------------------------------------------
 def test_the_hybridcache_line_matches_its_catalogue_entry_with_a_rehearsable_cure():
     from gemma_doctor import catalogue
