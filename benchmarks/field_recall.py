@@ -267,7 +267,7 @@ def write_rehearsal_docs(page: Path, rows: list[dict]) -> None:
         why = r["rehearsal_why"].replace("|", "\\|")
         lines.append(f"| {r['id']} | {r.get('rehearsal_stack', '')} | {r['rehearsal']} | {r.get('rehearsal_seconds', '')} "
                      f"| {why} |")
-    reasons = Counter(r["rehearsal_why"].split(":")[0] for r in rows if r["rehearsal"] == "not here")
+    reasons = Counter(r["rehearsal_why"].split(":")[0].split(" (")[0] for r in rows if r["rehearsal"] == "not here")
     lines += ["", "Not here: " + ", ".join(f"{n} {why}" for why, n in reasons.most_common()) + ".", "",
               "| report | why not here |", "| --- | --- |"]
     lines += [f"| {r['id']} | {r['rehearsal_why']} |" for r in rows if r["rehearsal"] == "not here"]
