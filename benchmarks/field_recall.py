@@ -10,6 +10,18 @@ each tree, so main as it is and this branch are measured the same way:
 
 A report is *caught* when one of its `expect` codes is reported, *partly* when one of its `partly` codes is, else
 *missed*. "held out" are the reports the catalogue (gemma_doctor/catalogue/field.json) does not cite.
+
+`--rehearse` adds the column "caught by the rehearsal" (issue 34): `gemma-doctor rehearse` (no rule of `check` runs
+in it) on a tiny twin of the report's config.json with the report's training config, in the interpreter of the
+reproduction venv (tests/venvs.py) whose locked versions satisfy every `--with` requirement of the report, else the
+pinned stack's (tests/constraints.txt) when it does. A report is *caught* only when a rehearsal finding is on the
+stage named by the report's `rehearsal.stage` in the corpus and is about the report's failure: its code is one of
+`rehearsal.codes`, and, when `rehearsal.shows` is given, its message holds that text (the report's own error). The
+catalogue's name for a crash (details.catalogue) is never looked at. *not caught* otherwise; *not here* (with why)
+when the report's failure lives in a serving engine, a GPU kernel, a trainer or converter the venvs do not hold, or a
+stack no venv provides. The expectation of each rehearsable report is written in the corpus before it is run.
+
+    python benchmarks/field_recall.py --rehearse [--only ID ...] [--rehearsal-docs docs/rehearsal.md]
 """
 
 from __future__ import annotations
@@ -20,11 +32,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "benchmarks" / "field_corpus.json"
+sys.path.insert(0, str(ROOT))  # tests.venvs: the reproduction venvs and their locks
 
 
 def run_check(tree: Path, inputs: dict, work: Path) -> set[str]:
@@ -99,6 +113,190 @@ def table(rows: list[dict], labels: list[str]) -> str:
     return "\n".join(out)
 
 
+# -- the rehearsal's column ----------------------------------------------------------------------------------------
+# Where a report's failure lives when the rehearsal cannot meet it on this machine.
+SERVING = ("vllm", "text-generation-inference", "sglang", "ollama", "llama-cpp-python")
+GPU_PACKAGES = {"liger-kernel": "Liger Kernel's Triton kernels", "unsloth": "Unsloth's kernels",
+                "unsloth-zoo": "Unsloth's kernels", "bitsandbytes": "bitsandbytes' kernels",
+                "flash-attn": "flash-attention's kernels"}
+TRAINERS = {"llamafactory": "LLaMA-Factory", "axolotl": "axolotl", "ms-swift": "ms-swift"}
+# Keys only an axolotl config holds (the readers' own split of axolotl and TRL keys).
+AXOLOTL_KEYS = ("base_model", "micro_batch_size", "lora_target_linear", "adapter")
+
+
+def _name(spec: str) -> str:
+    from packaging.requirements import Requirement
+
+    return Requirement(spec).name.lower().replace("_", "-")
+
+
+def stacks() -> list[tuple[str, tuple[str, ...] | None, dict[str, str]]]:
+    """(label, the venv's packages or None for the pinned stack, every locked version): the pinned stack first."""
+    from tests import venvs
+
+    def locked(path: Path) -> dict[str, str]:
+        out = {}
+        for line in path.read_text().splitlines():
+            spec = line.split("#", 1)[0].strip()
+            if "==" in spec:
+                name, version = (x.strip() for x in spec.split("==", 1))
+                out[name.lower().replace("_", "-")] = version
+        return out
+
+    found = [("pinned stack", None, locked(venvs.CONSTRAINTS))]
+    for label in ("LEGACY", "V4_PRE_LAYOUT", "V4_LATE", "V5_EARLY", "ACCEL_FSDP2_TIED"):
+        packages = getattr(venvs, label)
+        if venvs.lock_file(packages).exists():
+            found.append((label, packages, locked(venvs.lock_file(packages))))
+    return found
+
+
+def provides(versions: dict[str, str], specs: list[str]) -> bool:
+    """True when every requirement of ``specs`` is installed at a version it allows."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    for spec in specs:
+        req = Requirement(spec)
+        have = versions.get(_name(spec))
+        if have is None or not req.specifier.contains(Version(have), prereleases=True):
+            return False
+    return True
+
+
+def not_here(report: dict, found: list) -> str | None:
+    """Why the rehearsal cannot meet this report's failure on this machine, or None when a stack here provides it."""
+    inputs, plan = report["inputs"], report.get("rehearsal") or {}
+    if plan.get("not_here"):
+        return plan["not_here"]
+    names = [_name(w) for w in inputs.get("with", [])]
+    serving = [n for n in names if n in SERVING]
+    if serving or report["area"] == "serving":
+        return f"serving engine ({', '.join(serving) or 'the server'}): the rehearsal runs training, not a server"
+    if report["area"] == "export":
+        return "export converter (GGUF / Ollama): the rehearsal runs no converter"
+    training = inputs.get("training", {})
+    gpu = [GPU_PACKAGES[n] for n in names if n in GPU_PACKAGES]
+    if training.get("use_liger_kernel") or training.get("enable_liger_kernel"):
+        gpu.append(GPU_PACKAGES["liger-kernel"])
+    if training.get("load_in_4bit") or training.get("load_in_8bit"):
+        gpu.append(GPU_PACKAGES["bitsandbytes"])
+    if gpu:
+        return f"GPU kernel: {sorted(set(gpu))[0]} need a GPU"
+    trainers = [TRAINERS[n] for n in names if n in TRAINERS] + (["axolotl"] if any(k in training for k in AXOLOTL_KEYS)
+                                                                else [])
+    if trainers:
+        return f"trainer not in the stacks here: {trainers[0]}"
+    if not any(provides(v, inputs.get("with", [])) for _, _, v in found):
+        return "stack no venv here provides: " + ", ".join(inputs.get("with", []))
+    return None
+
+
+def rehearse_report(report: dict, tree: Path, found: list, work: Path, timeout: float = 300.0) -> dict:
+    """The rehearsal's verdict on one report: caught / not caught / not here, with the stack, codes and why."""
+    why = not_here(report, found)
+    if why is not None:
+        return {"rehearsal": "not here", "rehearsal_why": why}
+    plan = report.get("rehearsal")
+    if not plan or not plan.get("stage") or not plan.get("codes"):
+        raise SystemExit(f"{report['id']}: rehearsable here, but the corpus names no rehearsal.stage / codes for it")
+    label, packages, _ = next(f for f in found if provides(f[2], report["inputs"].get("with", [])))
+    from tests import venvs
+
+    python = Path(sys.executable) if packages is None else venvs.ensure_venv(packages)
+    inputs = report["inputs"]
+    model = work / "google--report-model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(inputs["config"]))
+    if "tokenizer_config" in inputs:
+        (model / "tokenizer_config.json").write_text(json.dumps(inputs["tokenizer_config"]))
+    (work / "train.json").write_text(json.dumps(inputs.get("training", {})))
+    started = time.monotonic()
+    proc = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model), "--training-config",
+                           str(work / "train.json"), "--format", "json", "--timeout", f"{timeout:g}"],
+                          capture_output=True, text=True, cwd=work, timeout=3 * timeout + 600,
+                          env=venvs.subprocess_env(PYTHONPATH=str(tree)))
+    seconds = round(time.monotonic() - started, 1)
+    try:
+        doc = json.loads(proc.stdout)["rehearsals"][0]
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return {"rehearsal": "not caught", "rehearsal_stack": label, "rehearsal_seconds": seconds,
+                "rehearsal_why": "the rehearsal gave no verdict: " + (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    # Caught: a finding on the report's stage, of one of its codes, holding the report's own error text when the
+    # corpus names one. The catalogue's label of a crash (details.catalogue) is not read: the rehearsal alone.
+    hits = [f for f in doc["findings"] if f.get("key") == plan["stage"] and f["code"] in plan["codes"]
+            and (not plan.get("shows") or plan["shows"].lower() in f["message"].lower())]
+    stack = doc.get("stack") or {}
+    versions = ", ".join(f"{k} {stack[k]}" for k in ("transformers", "peft", "trl", "accelerate") if stack.get(k))
+    return {"rehearsal": "caught" if hits else "not caught", "rehearsal_stack": f"{label} ({versions})",
+            "rehearsal_codes": sorted({f["code"] for f in doc["findings"]}), "rehearsal_seconds": seconds,
+            "rehearsal_why": (hits[0]["message"] if hits else
+                              "; ".join(f"{f['code']} {f['message']}" for f in doc["findings"])
+                              or f"no finding: every stage passed ({doc.get('status')})")[:300]}
+
+
+def rehearsal_table(rows: list[dict]) -> str:
+    """Markdown: per area, caught / not caught / not here by the rehearsal."""
+    out = ["| area | reports | caught by the rehearsal / not caught / not here |", "| --- | ---: | --- |"]
+    by_area: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_area[r["area"]].append(r)
+
+    def cell(group: list[dict]) -> str:
+        c = Counter(r["rehearsal"] for r in group)
+        return f"{c['caught']} / {c['not caught']} / {c['not here']}"
+
+    for area in sorted(by_area):
+        out.append(f"| {area} | {len(by_area[area])} | {cell(by_area[area])} |")
+    out.append(f"| **all** | {len(rows)} | {cell(rows)} |")
+    return "\n".join(out)
+
+
+REHEARSAL_BEGIN = "<!-- BEGIN rehearsal recall: written by `python benchmarks/field_recall.py --rehearse " \
+                  "--rehearsal-docs`, do not edit -->"
+REHEARSAL_END = "<!-- END rehearsal recall -->"
+
+
+def write_rehearsal_docs(page: Path, rows: list[dict]) -> None:
+    """Replace the rehearsal's measured block of ``page``: the table, the reports it ran, and why the rest could not."""
+    ran = [r for r in rows if r["rehearsal"] != "not here"]
+    lines = [REHEARSAL_BEGIN, rehearsal_table(rows), "", "Rehearsed here:", "",
+             "| report | stack | verdict | seconds | the rehearsal's finding, or why not caught |",
+             "| --- | --- | --- | ---: | --- |"]
+    for r in ran:
+        why = r["rehearsal_why"].replace("|", "\\|")
+        lines.append(f"| {r['id']} | {r.get('rehearsal_stack', '')} | {r['rehearsal']} | {r.get('rehearsal_seconds', '')} "
+                     f"| {why} |")
+    reasons = Counter(r["rehearsal_why"].split(":")[0].split(" (")[0] for r in rows if r["rehearsal"] == "not here")
+    lines += ["", "Not here: " + ", ".join(f"{n} {why}" for why, n in reasons.most_common()) + ".", "",
+              "| report | why not here |", "| --- | --- |"]
+    lines += [f"| {r['id']} | {r['rehearsal_why']} |" for r in rows if r["rehearsal"] == "not here"]
+    lines.append(REHEARSAL_END)
+    text = page.read_text()
+    if REHEARSAL_BEGIN in text:
+        head, rest = text.split(REHEARSAL_BEGIN, 1)
+        _, tail = rest.split(REHEARSAL_END, 1)
+    else:
+        head, tail = text.rstrip("\n") + "\n\n", "\n"
+    page.write_text(head + "\n".join(lines) + tail)
+
+
+def measure_rehearsal(tree: Path, only: list[str], timeout: float = 300.0) -> list[dict]:
+    """The rehearsal's column over the corpus (or the reports of ``only``)."""
+    found = stacks()
+    rows = []
+    for report in json.loads(CORPUS.read_text())["reports"]:
+        if only and report["id"] not in only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            row = {"id": report["id"], "area": report["area"],
+                   **rehearse_report(report, tree, found, Path(tmp), timeout)}
+        print(f"{row['id']:48} {row['rehearsal']:10} {row.get('rehearsal_seconds', '')} {row['rehearsal_why'][:120]}",
+              file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
@@ -106,8 +304,24 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE", help="also write the per-report rows as JSON")
     ap.add_argument("--docs", metavar="FILE", help="write the table and the per-report verdicts into FILE between "
                     "the recall markers (docs/field-recall.md)")
+    ap.add_argument("--rehearse", action="store_true", help="the column 'caught by the rehearsal' instead of check's "
+                    "(each rehearsable report rehearsed in the venv that provides its stack; minutes per report)")
+    ap.add_argument("--only", action="append", default=[], metavar="ID", help="with --rehearse: only this report")
+    ap.add_argument("--rehearsal-docs", metavar="FILE", help="with --rehearse: write the table into FILE between the "
+                    "rehearsal recall markers (docs/rehearsal.md)")
+    ap.add_argument("--rehearsal-timeout", type=float, default=300.0, metavar="S",
+                    help="with --rehearse: each rehearsal's --timeout (default: rehearse's own, 300 s); one that "
+                    "does not finish is not caught (GD952)")
     ns = ap.parse_args()
     trees = dict(t.split("=", 1) for t in ns.tree) if ns.tree else {"after": str(ROOT)}
+    if ns.rehearse:
+        rows = measure_rehearsal(Path(list(trees.values())[-1]).resolve(), ns.only, ns.rehearsal_timeout)
+        print(rehearsal_table(rows))
+        if ns.json:
+            Path(ns.json).write_text(json.dumps(rows, indent=1))
+        if ns.rehearsal_docs:
+            write_rehearsal_docs(Path(ns.rehearsal_docs), rows)
+        return
     rows = measure({k: Path(v).resolve() for k, v in trees.items()})
     print(table(rows, list(trees)))
     print()

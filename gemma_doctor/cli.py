@@ -398,12 +398,18 @@ def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Opt
 @click.option("--size", default=None, help="A published size for --family (gemma3: 1b, 4b, 12b, 27b; gemma2: 2b, 9b, 27b).")
 @click.option("--training-config", type=_FILE, default=None,
               help="A training config whose batch, sequence length, method and sharding the memory plan uses.")
+@click.option("--rehearse", "rehearse_run", is_flag=True,
+              help="Rehearse each prescription before printing it (its YAML as the training config, on a twin of the "
+                   "model, through the installed stack: gemma-doctor rehearse); one that breaks is withdrawn.")
+@click.option("--rehearse-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="With --rehearse: seconds before a rehearsal is stopped.")
 def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str], task: Optional[str],
               quantization: Optional[str], qlora: bool, cache_dir: Optional[Path], revision: str, fmt: str,
               with_packages: tuple[str, ...], requirements: Optional[str], remote: bool,
               hub_deadline: Optional[float], method: Optional[str], batch_size: Optional[int],
               seq_len: Optional[int], gradient_checkpointing: Optional[bool], gpu_memory: Optional[str],
-              num_gpus: Optional[int], size: Optional[str], training_config: Optional[Path]) -> int:
+              num_gpus: Optional[int], size: Optional[str], training_config: Optional[Path],
+              rehearse_run: bool = False, rehearse_timeout: float = 300.0) -> int:
     """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
     from gemma_doctor.pipeline import recommend_items
     from gemma_doctor.render import recommend as view
@@ -421,15 +427,29 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
                                                     str(training_config) if training_config else None)
     for line in skipped:
         _hint(line)
+    rehearsed: list[Optional[tuple[str, str]]] = []
+    if rehearse_run:
+        from gemma_doctor.rehearse import rehearsal_json, rehearse_prescriptions
+        from gemma_doctor.rehearse.runner import DEFAULT_STEPS
+
+        items, rehearsed = rehearse_prescriptions(list(items), rehearse_timeout, DEFAULT_STEPS)
     task_name = next((i.recommendation.inputs["task"] for i in items if i.recommendation is not None), task or "sft")
+    # Comment lines in the python and yaml views keep them pasteable.
+    said = "".join(f"{'' if fmt_ is RecommendFormat.TEXT else '# '}{name}: {verdict}\n"
+                   for name, verdict in filter(None, rehearsed))
+
+    def shown(text: str) -> str:
+        return text if not said else text.rstrip("\n") + "\n" + said
+
     if fmt_ is RecommendFormat.JSON:
-        _out(view.render_json(items, gpu_facts, task_name))
+        text = view.render_json(items, gpu_facts, task_name)
+        _out(rehearsal_json(text, rehearsed) if rehearse_run else text)
     elif fmt_ is RecommendFormat.PYTHON:
-        _out(view.render_python(items, gpu_facts))
+        _out(shown(view.render_python(items, gpu_facts)))
     elif fmt_ is RecommendFormat.YAML:
-        _out(view.render_yaml(items, gpu_facts))
+        _out(shown(view.render_yaml(items, gpu_facts)))
     else:
-        _out(view.render_text(items, gpu_facts, _color()))
+        _out(shown(view.render_text(items, gpu_facts, _color())))
     if gpu_facts.source == "probe" and gpu_facts.backend == "none":
         _hint(f"{gpu_facts.reason}; planning for CPU training")
     missing = [i for i in items if not i.prescribed]

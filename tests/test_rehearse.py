@@ -176,6 +176,78 @@ def test_launch_rehearses_a_trl_sft_config_and_refuses_other_lines_in_one_line(t
     assert got.code == 2 and got.err.count("\n") == 1
 
 
+# -- recommend --rehearse: the prescription rehearsed before it is printed ---------------------------------------------
+@pytest.mark.slow
+def test_recommend_rehearse_says_a_prescription_rehearsed_clean(tmp_path, cli):
+    """The prescription's own YAML (axolotl keys: full fine-tuning, bf16, batch 8) through the twin: clean, printed."""
+    folder = model_folder(tmp_path, "gemma3_text")
+    got = cli("recommend", folder, "--gpu", "H100", "--rehearse", "--format", "yaml")
+    assert got.code == 0, got.err
+    assert got.out.rstrip().splitlines()[-1].startswith(f"# {folder}: rehearsed: clean (9 stages through torch ")
+    assert "base_model:" in got.out and "bf16: true" in got.out
+
+
+@pytest.mark.slow
+def test_recommend_rehearse_withdraws_a_prescription_whose_rehearsal_breaks(tmp_path, cli):
+    """A config.json that the installed transformers cannot build (an activation a newer release wrote): check's rules
+    pass it and recommend prescribes a run; the rehearsal meets the crash, names it, and the prescription is withdrawn
+    (exit 1, "no-prescription", the failure as the way out) instead of being printed as passing."""
+    folder = model_folder(tmp_path, "gemma3_text", dict(CONFIGS["gemma3_text"], hidden_activation="gelu_tanh_v9"))
+    plain = cli("recommend", folder, "--gpu", "H100", "--format", "json")
+    assert plain.code == 0 and plain.json()["status"] == "ok"
+    got = cli("recommend", folder, "--gpu", "H100", "--rehearse", "--format", "json")
+    doc = got.json()
+    [model] = doc["models"]
+    assert got.code == 1 and doc["status"] == "no-prescription" and model["status"] == "no-prescription"
+    assert model["rehearsal"].startswith("failed, the prescription is withdrawn: GD954 "), model["rehearsal"]
+    assert "gelu_tanh_v9" in model["rehearsal"]
+    assert model["snippets"] is None and model["recommendation"] is None
+    assert any("failed its rehearsal" in w and "gelu_tanh_v9" in w for w in model["way_out"]), model["way_out"]
+
+
+@pytest.mark.slow
+def test_an_axolotl_config_rehearses_at_its_micro_batch_size(tmp_path, cli):
+    """recommend's prescription is axolotl's keys: micro_batch_size is no TrainingArguments field, so the twin trained
+    at the Trainer's default batch of 8 (all six synthetic rows in one batch); now at the run's own batch."""
+    config = tmp_path / "axolotl.yaml"
+    config.write_text("base_model: google/tiny-gemma3_text\nbf16: true\nadapter: lora\nlora_r: 8\n"
+                      "micro_batch_size: 2\nsequence_len: 64\n")
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--training-config", config, "--steps", "1")
+    assert got.code == 0, got.out
+    [labels] = [line.split() for line in got.out.splitlines() if line.split()[:1] == ["labels"]]
+    assert labels[1:4] == ["ok", "2", "samples,"], got.out
+
+
+def test_recommend_rehearse_of_a_family_plan_says_it_was_not_rehearsed(cli):
+    """A --family plan has no config.json to build a twin from: said, no child started, the plan printed as before."""
+    got = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "H100", "--rehearse")
+    assert got.code == 0, got.err
+    assert got.out.rstrip().splitlines()[-1].endswith("not rehearsed: no model folder with a config.json to build a "
+                                                      "twin from (a --family plan); download the model's config and "
+                                                      "recommend it by path")
+
+
+@pytest.mark.parametrize("lines, targets", [
+    # LLaMA-Factory's lora_target defaults to "all" (every linear layer): PEFT's "all-linear". Left open, PEFT 0.11.1
+    # refused Gemma 3 ("Please specify `target_modules`", the field corpus's LlamaFactory#7563 config), a crash the
+    # real run never meets.
+    ("stage: sft\nfinetuning_type: lora\n", "all-linear"),
+    ("stage: sft\nfinetuning_type: lora\nlora_target: all\n", "all-linear"),
+    # its comma list, which PEFT would read as one regular expression matching nothing
+    ("stage: sft\nfinetuning_type: lora\nlora_target: q_proj,v_proj\n", ["q_proj", "v_proj"]),
+    # not LLaMA-Factory's: left as written (PEFT's own default, or the regex the user wrote)
+    ("use_peft: true\nlora_r: 8\n", None),
+    ("use_peft: true\nlora_target_modules: q_proj,v_proj\n", "q_proj,v_proj"),
+])
+def test_llama_factory_lora_targets_are_read_as_llama_factory_reads_them(tmp_path, lines, targets):
+    from gemma_doctor.readers import training_config
+    from gemma_doctor.rehearse.runner import _raw, settings_of
+
+    config = tmp_path / "train.yaml"
+    config.write_text(lines)
+    assert settings_of(training_config.load(str(config)), _raw(str(config)), None)["lora"]["targets"] == targets
+
+
 # -- the judgement, on plain records ----------------------------------------------------------------------------------
 def test_the_hybridcache_line_matches_its_catalogue_entry_with_a_rehearsable_cure():
     from gemma_doctor import catalogue

@@ -70,3 +70,71 @@ def with_rehearsals(report: Any, training_config: Optional[Path], real_weights: 
         models.append(dataclasses.replace(m, findings=(*m.findings, *result.findings),
                                           extra={**m.extra, "rehearsal": view}, block=None))
     return dataclasses.replace(report, models=tuple(models))
+
+
+def _broke(result: Any) -> str:
+    """What broke in a failed rehearsal, on one line: each error finding's stage and message."""
+    errors = [f for f in result.findings if f.severity.value == "error"]
+    return "; ".join(f"{f.code} {f.message}" for f in errors)
+
+
+def rehearse_prescriptions(items: list[Any], timeout: float,
+                           steps: int) -> tuple[list[Any], list[tuple[str, str] | None]]:
+    """`recommend --rehearse`: each prescription's YAML run as the training config through its model's twin before it
+    is printed. (the items, per item (its name, the verdict: "rehearsed: clean (...)" or what broke), None where
+    nothing was prescribed).
+    An item whose rehearsal fails is no longer prescribed: its run becomes the nearest one and the failure its way
+    out, so it is never shown as passing."""
+    import dataclasses
+    import tempfile
+
+    from gemma_doctor.rehearse.runner import rehearse
+
+    out, lines = [], []
+    for item in items:
+        name = item.repo_id or item.target
+        decision = item.decision
+        if not item.prescribed or decision is None or not decision.training_config:
+            out.append(item)
+            lines.append(None)
+            continue
+        if item.planned or not item.path or not Path(item.path, "config.json").is_file():
+            # A --family plan has no config.json: there is no model to build a twin of.
+            lines.append((name, "not rehearsed: no model folder with a config.json to build a twin from "
+                                "(a --family plan); download the model's config and recommend it by path"))
+            out.append(item)
+            continue
+        with tempfile.TemporaryDirectory(prefix="gemma-doctor-prescription-") as tmp:
+            config = Path(tmp) / "prescription.yaml"
+            config.write_text(decision.training_config, encoding="utf-8")
+            result = rehearse(item.path, training_config=config, steps=steps, timeout=timeout)
+        skipped = [f.message.removeprefix("not rehearsable on this machine: ") for f in result.findings
+                   if f.code == "GD951"]
+        if not result.failed:
+            stack = ", ".join(f"{k} {v}" for k, v in result.stack.items() if v and k != "python")
+            lines.append((name, f"rehearsed: clean ({len(result.stages)} stages through {stack}, {result.seconds:.0f} s)"
+                          + (f"; not rehearsable here: {'; '.join(skipped)}" if skipped else "")))
+            out.append(item)
+            continue
+        broke = _broke(result)
+        lines.append((name, f"rehearsed: failed, the prescription is withdrawn: {broke}"))
+        way_out = (f"the prescribed run failed its rehearsal ({broke}); fix that first, then recommend again",
+                   *decision.way_out)
+        failed = dataclasses.replace(decision, recommendation=None, memory=None, nearest=decision.recommendation,
+                                     nearest_memory=decision.memory, way_out=way_out,
+                                     blocking=(*decision.blocking, *(f for f in result.findings
+                                                                     if f.severity.value == "error")))
+        out.append(dataclasses.replace(item, decision=failed))
+    return out, lines
+
+
+def rehearsal_json(text: str, verdicts: list[tuple[str, str] | None]) -> str:
+    """recommend's JSON with each model's rehearsal verdict under "rehearsal" (null where nothing was prescribed)."""
+    import json
+
+    from gemma_doctor.render.jsonout import dumps
+
+    doc = json.loads(text)
+    for model, verdict in zip(doc["models"], verdicts):
+        model["rehearsal"] = verdict[1].removeprefix("rehearsed: ") if verdict else None
+    return dumps(doc)

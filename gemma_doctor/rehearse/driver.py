@@ -143,6 +143,12 @@ class Run:
             self.notes.append(f"optim {optim} needs bitsandbytes kernels on a GPU: not rehearsable on this machine, "
                               "AdamW used instead")
             raw.pop("optim")
+        # An axolotl config (recommend's prescription) names its batch micro_batch_size, which no TrainingArguments
+        # field holds: the reader's batch stands in, so the twin trains at the run's batch.
+        batch = self.s.get("batch")
+        if "per_device_train_batch_size" in _fields(cls) and "per_device_train_batch_size" not in raw \
+                and isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+            raw["per_device_train_batch_size"] = batch
         kw = {**raw, **{k: v for k, v in _FORCED.items() if k in _fields(cls)}, "output_dir": str(output),
               "max_steps": self.plan["steps"], "seed": 0, **over}
         if "eval_strategy" in _fields(cls):

@@ -85,6 +85,13 @@ def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: P
     lora_wanted = adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter")) \
         or _setting(tc, "lora_r") is not None or targets is not None
     lora = None
+    if lora_wanted and tc is not None and tc.kind == "llama-factory" and targets in (None, "all", ["all"]):
+        # LLaMA-Factory's lora_target defaults to "all", its word for every linear layer: PEFT's "all-linear". Left
+        # open, PEFT guesses per model type, and PEFT 0.11 knows no Gemma 3 (a crash the real run never meets).
+        targets = "all-linear"
+    elif tc is not None and tc.kind == "llama-factory" and isinstance(targets, str):
+        # LLaMA-Factory splits lora_target at commas; PEFT would read "q_proj,v_proj" as one regular expression.
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
     if lora_wanted:
         lora = {"r": _setting(tc, "lora_r"), "alpha": raw.get("lora_alpha"),
                 "targets": targets if isinstance(targets, (list, str)) else None,
