@@ -141,3 +141,42 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
+
+# -- gradient accumulation (the driver's accumulation stage) ---------------------------------------------------------
+@pytest.mark.parametrize("given, k", [(None, 2), (1, 2), (3, 3), (16, 4), (True, 2), ("8", 2)])
+def test_the_accumulation_steps_checked_are_the_runs_own_at_least_two_at_most_four(given, k):
+    from gemma_doctor.rehearse.accumulation import steps_of
+
+    assert steps_of(given) == k
+
+
+def test_a_loss_scaled_by_the_accumulation_steps_is_two_findings_and_rounding_is_none():
+    from gemma_doctor.rehearse import invariants
+
+    scaled = {"micro": 1, "k": 2, "accumulated_loss": 12.9, "whole_loss": 6.45, "accumulated_grad_norm": 2.1,
+              "whole_grad_norm": 1.05}
+    found = invariants.judge([{"stage": "accumulation", "status": "ok", **scaled}], [])
+    assert [f.code for f in found] == ["GD978", "GD978"] and "ratio 2" in found[0].message
+    rounding = {**scaled, "accumulated_loss": 6.46, "accumulated_grad_norm": 1.07}
+    assert invariants.judge_accumulation(rounding) == []
+
+
+@pytest.mark.slow
+def test_accumulation_on_the_pinned_stack_is_equivalent(tmp_path):
+    """The run of test_rehearse_venvs.py's transformers 4.50 case (Gemma 3's multimodal class under the plain
+    Trainer, bf16, LoRA), on the pinned transformers: b x k and one batch of b*k agree (no false alarm). Only the
+    stages the check needs run in the child."""
+    from gemma_doctor.rehearse import invariants
+    from gemma_doctor.rehearse.runner import _run_child, plan_for
+    from tests.test_rehearse_venvs import PLAIN_LORA
+
+    config = tmp_path / "t.yaml"
+    config.write_text(PLAIN_LORA)
+    plan, findings, _, _ = plan_for(str(model_folder(tmp_path, "gemma3")), None, "main", config, 1)
+    records, ended = _run_child({**plan, "stages": ["load", "setup", "accumulation"]}, 600)
+    assert ended is None and findings == []
+    [acc] = [r for r in records if r["stage"] == "accumulation"]
+    assert acc["status"] == "ok" and acc["k"] == 2, acc
+    assert invariants.judge_accumulation(acc) == []
+    for what in ("loss", "grad_norm"):
+        assert acc[f"accumulated_{what}"] == pytest.approx(acc[f"whole_{what}"], rel=0.02), acc

@@ -396,9 +396,16 @@ def stack(events: Events) -> None:
                  python=sys.version.split()[0])
 
 
+def _accumulation(run: Run) -> None:
+    """The gradient accumulation check, on fresh twins of its own (gemma_doctor/rehearse/accumulation.py)."""
+    from gemma_doctor.rehearse import accumulation
+
+    accumulation.check(run)
+
+
 STAGES: dict[str, Callable[[Run], None]] = {
     "load": Run.load, "setup": Run.build_trainer, "labels": Run.labels, "train": Run.train, "eval": Run.evaluate,
-    "generate": Run.generate, "save": Run.save, "merge": Run.merge,
+    "generate": Run.generate, "save": Run.save, "merge": Run.merge, "accumulation": _accumulation,
 }
 
 

@@ -27,7 +27,7 @@ from gemma_doctor.report import Finding, Severity
 
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 300.0
-STAGES = ("load", "setup", "labels", "train", "eval", "generate", "save", "merge")
+STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate", "save", "merge")
 # Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
 # LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
 _TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
