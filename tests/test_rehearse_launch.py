@@ -122,6 +122,16 @@ def test_a_crashing_script_gives_the_stage_and_its_last_exception_line(tmp_path,
 
 
 @pytest.mark.slow
+def test_a_script_that_fails_to_load_its_model_gives_the_load_stage(tmp_path, cli, monkeypatch):
+    """Raised outside the Trainer and uncaught: the child's excepthook names the stage from the traceback."""
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, "python load_only.py google/not-the-target")
+    [f] = doc["findings"]
+    assert code == 1 and f["code"] == "GD955" and f["key"] == "load", f
+    assert f["details"]["exception"] == "OSError"  # offline, and the private cache holds the twin's repo id only
+
+
+@pytest.mark.slow
 def test_a_script_that_builds_no_trainer_is_reported(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(SCRIPTS)
     code, doc = launch(cli, tmp_path, f"python load_only.py {REPO}")

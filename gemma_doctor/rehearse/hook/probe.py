@@ -72,7 +72,10 @@ def arm(plan_path: str) -> None:
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        if STATE is not None and isinstance(value, Exception):
+        # Only where the stack was imported: a launcher (accelerate launch, torchrun) re-raises its worker's
+        # failure, already recorded by the worker, as its own; a script that dies before importing transformers
+        # is reported by the parent from its exit status and last line.
+        if STATE is not None and isinstance(value, Exception) and "transformers" in sys.modules:
             STATE.error(_stage_of(tb), value)
         previous(kind, value, tb)
 
@@ -248,7 +251,10 @@ def _run(trainer: Any) -> Any:
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     dtype = str(getattr(base, "dtype", "")).removeprefix("torch.")
-    plan = {**s.plan, "architecture": type(base).__name__, "workdir": str(s.root / "work" / "rehearsal"),
+    # The script's own class reloads the checkpoint; a class transformers does not export (the script's own
+    # subclass) is reloaded as the checkpoint's.
+    architecture = type(base).__name__ if hasattr(transformers, type(base).__name__) else s.plan["architecture"]
+    plan = {**s.plan, "architecture": architecture, "workdir": str(s.root / "work" / "rehearsal"),
             "settings": {"dtype": dtype or None, "completion_only": False}}
     run = Run(plan, s.events)
     run.trainer, run.model = trainer, model
