@@ -61,6 +61,13 @@ class _State:
 STATE: _State | None = None
 
 
+class _Silent:
+    """The events of a rank other than 0: its stages run in step with rank 0's (collectives), unrecorded."""
+
+    def write(self, stage: str, status: str, **data: Any) -> None:
+        """Drop the record."""
+
+
 def arm(plan_path: str) -> None:
     """Read the plan; wrap the Trainer when transformers.trainer is imported; record an uncaught exception's stage."""
     global STATE
@@ -190,7 +197,8 @@ def _wrap(module: Any) -> None:
         s.trainers += 1
         self.add_callback(_probe_callback(module)(self))
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes)
+        s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
+                ranks=int(os.environ.get("WORLD_SIZE", "1") or 1))
 
     @functools.wraps(train)
     def _train(self: Any, *a: Any, **kw: Any) -> Any:
@@ -256,7 +264,7 @@ def _run(trainer: Any) -> Any:
     architecture = type(base).__name__ if hasattr(transformers, type(base).__name__) else s.plan["architecture"]
     plan = {**s.plan, "architecture": architecture, "workdir": str(s.root / "work" / "rehearsal"),
             "settings": {"dtype": dtype or None, "completion_only": False}}
-    run = Run(plan, s.events)
+    run = Run(plan, s.events if s.events is not None else _Silent())
     run.trainer, run.model = trainer, model
     tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     tok = getattr(tok, "tokenizer", tok)  # a processor holds its tokenizer

@@ -1,6 +1,6 @@
 """A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
 
-python train_hf.py REPO_ID [--mask-all | --bad-labels]: LoRA on the model loaded by repo id, chat rows, evaluation
+python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp]: LoRA on the model loaded by repo id, chat rows, evaluation
 and saving each epoch for 50 epochs, an output_dir outside the rehearsal's folder. --mask-all: a collator bug that
 masks every label (no exception, nothing trained); --bad-labels: a collator bug that cuts the labels one short
 (the loss crashes at the first step).
@@ -33,9 +33,12 @@ class Collator(DataCollatorForLanguageModeling):
         return batch
 
 
+# --fsdp: the same run sharded over the launched ranks (FSDP, decoder layers wrapped).
+sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["Gemma3DecoderLayer"]}) \
+    if "--fsdp" in sys.argv else {}
 args = TrainingArguments(output_dir="/tmp/gemma-doctor-launch-test-never-written", per_device_train_batch_size=2,
                          learning_rate=1e-3, num_train_epochs=50, eval_strategy="epoch", save_strategy="epoch",
-                         report_to="none", use_cpu=True)
+                         report_to="none", use_cpu=True, **sharded)
 trainer = Trainer(model=model, args=args, train_dataset=data[:6], eval_dataset=data[6:],
                   data_collator=Collator(tok, mlm=False))
 trainer.train()
