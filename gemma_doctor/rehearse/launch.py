@@ -37,11 +37,6 @@ _LAUNCHERS = {
 _PYTHONS = ("python", "python3")
 
 
-def is_script(words: list[str]) -> bool:
-    """True when ``words`` launch a Python script: python X.py, accelerate launch X.py, torchrun X.py."""
-    return script_of(words) is not None
-
-
 def script_of(words: list[str]) -> int | None:
     """The index of the script in ``words``, or None when they launch no Python script file."""
     if not words:
@@ -89,13 +84,15 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
         words[0] = sys.executable
     elif (here / head).is_file():
         words[0] = str(here / head)
-    out = [words[0]]
-    for w in words[1:]:
-        flag, eq, value = w.partition("=") if w.startswith("-") else ("", "", w)
-        if value and not value.startswith("-") and (cwd / value).exists():
-            value = str((cwd / value).absolute())
-        out.append(f"{flag}={value}" if eq else value if not flag else w)
-    return out, script
+    return [words[0], *(_absolute(w, cwd) for w in words[1:])], script
+
+
+def _absolute(word: str, cwd: Path) -> str:
+    """``word`` (or the value of ``--flag=value``) made absolute when it names something that exists under ``cwd``."""
+    flag, value = word.split("=", 1) if word.startswith("-") and "=" in word else ("", word)
+    if value and not value.startswith("-") and (cwd / value).exists():
+        value = str((cwd / value).absolute())
+    return f"{flag}={value}" if flag else value
 
 
 def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[list[dict[str, Any]], str | None,
