@@ -190,3 +190,35 @@ def test_accumulation_on_the_pinned_stack_is_equivalent(tmp_path):
     assert invariants.judge_accumulation(acc) == []
     for what in ("loss", "grad_norm"):
         assert acc[f"accumulated_{what}"] == pytest.approx(acc[f"whole_{what}"], rel=0.02), acc
+
+
+# -- trl dpo --config (the driver, TRL's DPOTrainer) ------------------------------------------------------------------
+@pytest.mark.parametrize("line, found", [
+    ("trl dpo --config d.yaml", (Path("d.yaml"), "trl-dpo")),
+    ("accelerate launch -m trl sft --config=s.yaml", (Path("s.yaml"), "trl-sft")),
+    ("python train.py --config d.yaml", None),
+])
+def test_a_trl_line_names_its_config_and_its_trainer(line, found):
+    from gemma_doctor.rehearse import trl_launch
+
+    assert trl_launch(line) == found
+
+
+@pytest.mark.slow
+def test_a_dpo_config_rehearses_on_synthetic_preference_rows_without_a_finding(tmp_path, cli):
+    """No dataset file: conversational prompt / chosen / rejected rows; LoRA, so the reference is the base with the
+    adapter off. At the first step policy = reference, so the loss is log 2 exactly: the train invariants and the
+    accumulation check's gradient norm still judge it."""
+    import math
+
+    config = tmp_path / "dpo.yaml"
+    config.write_text("bf16: true\nper_device_train_batch_size: 2\nlearning_rate: 0.001\nmax_length: 128\nbeta: 0.1\n"
+                      "use_peft: true\nlora_r: 8\nlora_target_modules: [q_proj, k_proj, v_proj, o_proj]\n")
+    code, doc = launch(cli, tmp_path, f"trl dpo --config {config}")
+    assert doc["findings"] == [] and code == 0 and doc["trainer"] == "trl-dpo"
+    assert stages(doc) == [("twin", "ok"), ("load", "ok"), ("setup", "ok"), ("labels", "skipped"), ("train", "ok"),
+                           ("accumulation", "ok"), ("eval", "ok"), ("generate", "ok"), ("save", "ok"), ("merge", "ok")]
+    train, acc = doc["stages"][4], doc["stages"][5]
+    assert doc["stages"][2]["trainer"] == "DPOTrainer"
+    assert train["losses"][0] == pytest.approx(math.log(2), abs=1e-3) and train["moved"] == train["trainable"]
+    assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=0.05), acc

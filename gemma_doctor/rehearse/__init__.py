@@ -16,19 +16,26 @@ from gemma_doctor.report import ExitCode
 
 
 def config_of_launch(launch: str) -> Optional[Path]:
-    """The training config a launch line runs: `trl sft --config FILE` (also under accelerate launch); None for
+    """The training config a launch line runs: `trl sft|dpo --config FILE` (also under accelerate launch); None for
     another line (a script of the user's: gemma_doctor/rehearse/launch.py)."""
+    found = trl_launch(launch)
+    return found[0] if found else None
+
+
+def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
+    """(the config, the trainer: trl-sft / trl-dpo) of a `trl sft|dpo --config FILE` line; None for another line."""
     try:
         words = shlex.split(launch, comments=True)
     except ValueError as e:
         raise UsageError(f"--launch is not a command line: {e}") from None
-    if "sft" in words and any(w == "trl" or w.endswith("/trl") for w in words):
+    command = next((c for c in ("sft", "dpo") if c in words), None)
+    if command and any(w == "trl" or w.endswith("/trl") for w in words):
         for i, w in enumerate(words):
             if w == "--config" and i + 1 < len(words):
-                return Path(words[i + 1])
+                return Path(words[i + 1]), f"trl-{command}"
             if w.startswith("--config="):
-                return Path(w.split("=", 1)[1])
-        raise UsageError("--launch: `trl sft` without --config FILE; name the config the run reads")
+                return Path(w.split("=", 1)[1]), f"trl-{command}"
+        raise UsageError(f"--launch: `trl {command}` without --config FILE; name the config the run reads")
     return None
 
 
@@ -43,11 +50,13 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
         raise UsageError("give --training-config or --launch, not both")
     trainer = script = None
     if launch is not None:
-        training_config, trainer = config_of_launch(launch), "trl-sft"
-        if training_config is None:
+        found = trl_launch(launch)
+        if found is not None:
+            training_config, trainer = found
+        else:
             from gemma_doctor.rehearse.launch import argv_of
 
-            script, trainer = argv_of(launch, Path.cwd())[0], None
+            script = argv_of(launch, Path.cwd())[0]
     result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
                       timeout=timeout, real_weights=real_weights, trainer=trainer, script=script)
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))

@@ -35,14 +35,14 @@ def _one_step(run: Any, micro: int, k: int) -> dict[str, Any] | None:
     import torch
     import transformers
 
-    from gemma_doctor.rehearse.driver import Run
+    from gemma_doctor.rehearse.driver import STAGES, Run
 
     raw = {**(run.plan.get("raw") or {}), "per_device_train_batch_size": micro, "gradient_accumulation_steps": k,
            "learning_rate": 0.0, "warmup_steps": 0, "warmup_ratio": 0.0, "seed": 0}
     sub = Run({**run.plan, "raw": raw, "steps": 1, "workdir": str(run.work / f"accumulation-{micro}x{k}")}, _Quiet())
     sub.load()
     torch.manual_seed(0)  # the LoRA matrices the trainer (or the driver) creates are the same in both runs
-    sub.build_trainer()
+    STAGES["setup"](sub)
     trainer = sub.trainer
     rows = trainer.train_dataset
     n = micro * k
