@@ -215,7 +215,7 @@ _CODES = [
     Code("GD953", "rehearsal-died", "the rehearsal's child ended without finishing its stages (killed, out of memory, a crash in native code)"),
     Code("GD954", "twin-crashed", "the installed stack could not build the model's twin"),
     Code("GD955", "load-crashed", "the rehearsal crashed loading the model through the installed stack"),
-    Code("GD956", "setup-crashed", "the rehearsal crashed building the trainer from the training config (LoRA targets, arguments)"),
+    Code("GD956", "setup-crashed", "the rehearsal crashed building the trainer from the training config (LoRA targets, arguments), or the launched script crashed outside the Trainer"),
     Code("GD957", "train-crashed", "the rehearsal crashed in a training step"),
     Code("GD958", "eval-crashed", "the rehearsal crashed in evaluation"),
     Code("GD959", "generate-crashed", "the rehearsal crashed generating with the trained model"),
@@ -238,6 +238,7 @@ _CODES = [
     Code("GD976", "merge-differs", "the merged model's logits are not those of base + adapter"),
     Code("GD977", "merged-reload-differs", "the merged folder reloads as another model (a head or weights lost at save or load)"),
     Code("GD978", "accumulation-not-equivalent", "b x k accumulated micro-batches give another loss or gradient than one batch of b*k"),
+    Code("GD979", "launch-no-trainer", "the launched script ran to its end and built no Trainer: only its load and exit were rehearsed"),
     # GD98x: the rehearsal's real-weights step (gemma_doctor/rehearse/realweights.py, docs/rehearsal.md)
     Code("GD980", "real-fp16-overflow", "one training step of the real weights passes fp16's range (65504): fp16 training overflows"),
     Code("GD981", "real-step-not-finite", "one training step of the real weights gives NaN or infinite values in its precision"),

@@ -71,8 +71,8 @@ def test_a_healthy_lora_sft_run_rehearses_every_stage_without_a_finding(tmp_path
     got, doc = rehearse(cli, model_folder(tmp_path, member), "--training-config", config)
     assert doc["findings"] == [], doc["findings"]
     assert got.code == 0
-    assert [s["stage"] for s in doc["stages"]] == ["twin", "load", "setup", "labels", "train", "eval", "generate",
-                                                  "save", "merge"]
+    assert [s["stage"] for s in doc["stages"]] == ["twin", "load", "setup", "labels", "train", "accumulation", "eval",
+                                                  "generate", "save", "merge"]
     assert all(s["status"] == "ok" for s in doc["stages"])
     assert doc["trainer"] == "trl-sft" and doc["stack"]["trl"]
     train = next(s for s in doc["stages"] if s["stage"] == "train")

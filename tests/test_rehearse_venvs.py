@@ -2,8 +2,9 @@
 three reported failures in the reproduction venvs of tests/venvs.py, each through that venv's own libraries in the
 rehearsal's child:
 
-- LEGACY (transformers 4.50.0): the HybridCache crash at the first evaluation of a bf16 Gemma 3 multimodal run, and the
-  catalogue's cure (text_config.use_cache false) rehearsed: verified in that stack. TRL is not installed there: a TRL
+- LEGACY (transformers 4.50.0): the loss and gradients of a Gemma 3 multimodal run scaled by the accumulation steps
+  (GD739's window, caught by the accumulation stage), then the HybridCache crash at the first evaluation of that bf16
+  run, and the catalogue's cure (text_config.use_cache false) rehearsed: verified in that stack. TRL is not installed there: a TRL
   config is "not rehearsable", named.
 - V5_EARLY (transformers 5.5.1): `token_type_ids is required` at the first training step of a text-only Gemma 3
   multimodal run.
@@ -42,11 +43,23 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def test_transformers_450_crashes_at_evaluation_and_the_cure_is_verified(tmp_path):
+def test_transformers_450_scales_the_loss_by_accumulation_and_crashes_at_evaluation_and_the_cure_is_verified(
+        tmp_path):
+    """One rehearsal, two failures of that stack: GD739's window (Gemma 3's multimodal class under the Trainer, before
+    4.57), caught by the accumulation stage alone as a loss and gradient norm k times those of one batch; then the
+    HybridCache crash at the first evaluation."""
     code, doc = rehearse(ensure_venv(LEGACY), model_folder(tmp_path, "gemma3"), write(tmp_path / "t.yaml", PLAIN_LORA))
     assert code == 1
     assert doc["stack"]["transformers"] == "4.50.0"
-    [f] = doc["findings"]
+    loss, grad, f = doc["findings"]
+    assert (loss["code"], grad["code"]) == ("GD978", "GD978"), doc["findings"]
+    assert "changes the loss" in loss["message"] and "changes the grad norm" in grad["message"]
+    [acc] = [s for s in doc["stages"] if s["stage"] == "accumulation"]
+    assert acc["k"] == 2
+    # The factor of GD739: k, not rounding. The gradient norms differ too, though not by k: on this stack a left-padded
+    # batch of the multimodal class gets a gradient ~30x its rows' (measured in float32 without the Trainer: 104.7
+    # against 3.79 and 3.95; 3.35 on transformers 5.23), so the single batch is the wrong side there (docs/rehearsal.md).
+    assert acc["accumulated_loss"] / acc["whole_loss"] == pytest.approx(2.0, rel=0.05), acc
     assert f["code"] == "GD958", f
     assert "'HybridCache' object has no attribute 'float'" in f["message"]
     assert f["details"]["catalogue"] == "hybridcache-float"

@@ -1,5 +1,5 @@
 """The rehearsal (issue 34): the user's run, for a few steps, through the installed stack, on a tiny twin of the model,
-in a child process; invariant probes turn what it shows into findings GD950-GD978 (docs/rehearsal.md).
+in a child process; invariant probes turn what it shows into findings GD950-GD979 (docs/rehearsal.md).
 
 Never imported on `check`'s start-up path; imports nothing heavy itself (torch and transformers are imported by the
 child only: gemma_doctor/rehearse/child.py, driver.py, and the twin's builder).
@@ -15,21 +15,28 @@ from gemma_doctor.errors import UsageError
 from gemma_doctor.report import ExitCode
 
 
-def config_of_launch(launch: str) -> Path:
-    """The training config a launch line runs: `trl sft --config FILE` (also under accelerate launch)."""
+def config_of_launch(launch: str) -> Optional[Path]:
+    """The training config a launch line runs: `trl sft|dpo --config FILE` (also under accelerate launch); None for
+    another line (a script of the user's: gemma_doctor/rehearse/launch.py)."""
+    found = trl_launch(launch)
+    return found[0] if found else None
+
+
+def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
+    """(the config, the trainer: trl-sft / trl-dpo) of a `trl sft|dpo --config FILE` line; None for another line."""
     try:
         words = shlex.split(launch, comments=True)
     except ValueError as e:
         raise UsageError(f"--launch is not a command line: {e}") from None
-    if "sft" in words and any(w == "trl" or w.endswith("/trl") for w in words):
+    command = next((c for c in ("sft", "dpo") if c in words), None)
+    if command and any(w == "trl" or w.endswith("/trl") for w in words):
         for i, w in enumerate(words):
             if w == "--config" and i + 1 < len(words):
-                return Path(words[i + 1])
+                return Path(words[i + 1]), f"trl-{command}"
             if w.startswith("--config="):
-                return Path(w.split("=", 1)[1])
-        raise UsageError("--launch: `trl sft` without --config FILE; name the config the run reads")
-    raise UsageError("--launch: only `trl sft --config FILE` runs are rehearsed so far; give the run's training "
-                     "config with --training-config")
+                return Path(w.split("=", 1)[1]), f"trl-{command}"
+        raise UsageError(f"--launch: `trl {command}` without --config FILE; name the config the run reads")
+    return None
 
 
 def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
@@ -41,11 +48,17 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
 
     if training_config is not None and launch is not None:
         raise UsageError("give --training-config or --launch, not both")
-    trainer = None
+    trainer = script = None
     if launch is not None:
-        training_config, trainer = config_of_launch(launch), "trl-sft"
+        found = trl_launch(launch)
+        if found is not None:
+            training_config, trainer = found
+        else:
+            from gemma_doctor.rehearse.launch import argv_of
+
+            script = argv_of(launch, Path.cwd())[0]
     result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
-                      timeout=timeout, real_weights=real_weights, trainer=trainer)
+                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script)
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "

@@ -402,9 +402,36 @@ def stack(events: Events) -> None:
                  python=sys.version.split()[0])
 
 
+def _accumulation(run: Run) -> None:
+    """The gradient accumulation check, on fresh twins of its own (gemma_doctor/rehearse/accumulation.py)."""
+    from gemma_doctor.rehearse import accumulation
+
+    accumulation.check(run)
+
+
+def _setup(run: Run) -> None:
+    """The trainer: TRL's DPOTrainer for a DPO run (gemma_doctor/rehearse/dpo.py), else Run.build_trainer."""
+    if run.plan["trainer"] == "trl-dpo":
+        from gemma_doctor.rehearse import dpo
+
+        dpo.setup(run)
+    else:
+        run.build_trainer()
+
+
+def _labels(run: Run) -> None:
+    """What the collator trains; a DPO batch holds no labels (gemma_doctor/rehearse/dpo.py)."""
+    if run.plan["trainer"] == "trl-dpo":
+        from gemma_doctor.rehearse import dpo
+
+        dpo.labels(run)
+    else:
+        run.labels()
+
+
 STAGES: dict[str, Callable[[Run], None]] = {
-    "load": Run.load, "setup": Run.build_trainer, "labels": Run.labels, "train": Run.train, "eval": Run.evaluate,
-    "generate": Run.generate, "save": Run.save, "merge": Run.merge,
+    "load": Run.load, "setup": _setup, "labels": _labels, "train": Run.train, "eval": Run.evaluate,
+    "generate": Run.generate, "save": Run.save, "merge": Run.merge, "accumulation": _accumulation,
 }
 
 

@@ -17,12 +17,13 @@ from gemma_doctor.report import Finding, Severity
 # Stage -> the code of its crash.
 CRASH_CODES = {"twin": "GD954", "load": "GD955", "setup": "GD956", "labels": "GD962", "train": "GD957",
                "eval": "GD958", "generate": "GD959", "save": "GD960", "merge": "GD961", "accumulation": "GD963",
-               "real-weights": "GD964"}
+               "real-weights": "GD964", "script": "GD956"}
 STAGE_TEXT = {"twin": "building the twin", "load": "loading the model", "setup": "building the trainer",
               "labels": "collating the first batch", "train": "training", "eval": "evaluation",
               "generate": "generation", "save": "saving and reloading the checkpoint", "merge": "merging the adapter",
               "accumulation": "the gradient accumulation check",
-              "real-weights": "the measured step of the real checkpoint"}
+              "real-weights": "the measured step of the real checkpoint",
+              "script": "the launched script, outside the Trainer"}
 # Logits of a reloaded or merged model against the one in memory: equal up to rounding of the saved dtype. bf16 keeps
 # 8 bits of mantissa (relative step 2**-8 = 0.4%); a merge adds a rounded delta to every weight, so the tolerance is a
 # few steps of the logits' own scale. A lost head or a dropped delta moves logits by their whole scale.

@@ -27,7 +27,7 @@ from gemma_doctor.report import Finding, Severity
 
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 300.0
-STAGES = ("load", "setup", "labels", "train", "eval", "generate", "save", "merge")
+STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate", "save", "merge")
 # Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
 # LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
 _TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
@@ -259,7 +259,7 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
-    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer == "trl-sft" else []) + \
+    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo") else []) + \
              (["peft"] if settings["lora"] else [])
     missing = _missing(needed)
     if missing:
@@ -281,18 +281,29 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
 def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "main",
              training_config: Path | None = None, steps: int = DEFAULT_STEPS,
              timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False,
-             trainer: str | None = None) -> Rehearsal:
-    """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does."""
+             trainer: str | None = None, script: list[str] | None = None) -> Rehearsal:
+    """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does.
+    ``script``: the user's own command (rehearse --launch, gemma_doctor/rehearse/launch.py) instead of the driver."""
     from gemma_doctor import catalogue
     from gemma_doctor.rehearse import invariants
 
     started = time.monotonic()
-    plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps, trainer)
+    plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps,
+                                              "script" if script else trainer)
     result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
     if any(f.code == "GD950" for f in findings):
         result.seconds = time.monotonic() - started
         return result
-    records, ended = _run_child(plan, timeout)
+    if script:
+        from gemma_doctor.rehearse.launch import no_trainer, run_script
+
+        records, ended, ran = run_script(plan, script, timeout)
+        # A script that ended by itself without a Trainer rehearsed its load and exit only: said, not passed over.
+        if ended is None and not any(r.get("stage") in ("setup", "script", "load") for r in records):
+            result.findings.append(no_trainer(ran))
+        cures = False  # a cure is rehearsed by rerunning the driver's stages, not the user's script
+    else:
+        records, ended = _run_child(plan, timeout)
     if real_weights and ended is None:
         measured, ended = _run_child(plan, timeout, "real")
         records += measured

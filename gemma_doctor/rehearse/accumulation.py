@@ -1,0 +1,76 @@
+"""The gradient accumulation check (issue 34; docs/rehearsal.md, "Gradient accumulation"): runs in the child only.
+
+One optimizer step of the user's trainer, built as the driver builds it (gemma_doctor/rehearse/driver.py), twice on a
+fresh twin each time: b x k accumulated micro-batches, then one batch of b*k, the same rows, the same seed, learning
+rate 0 (nothing moves), no dropout (the driver's LoRA has none; the twins' configs have none). The trainer's own
+logged loss and gradient norm (before clipping) of the two steps go to the events file as the "accumulation" stage;
+invariants.judge_accumulation compares them (ACCUMULATION_RTOL). A loss scaled by the accumulation steps, as in
+GD739's window (Gemma 3's multimodal class under the Trainer, transformers before 4.57), shows as a ratio of k.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MICRO = 1  # b: one row per micro-batch, the cheapest split that accumulation changes
+MAX_K = 4
+
+
+class _Quiet:
+    """Events that go nowhere: the two probe runs' own load and setup are not stages of the rehearsal."""
+
+    def write(self, stage: str, status: str, **data: Any) -> None:
+        """Drop the record."""
+
+
+def steps_of(accumulation: Any) -> int:
+    """k: the run's own accumulation steps, at least 2 (else nothing is accumulated) and at most MAX_K."""
+    k = accumulation if isinstance(accumulation, int) and not isinstance(accumulation, bool) else 0
+    return min(max(k, 2), MAX_K)
+
+
+def _one_step(run: Any, micro: int, k: int) -> dict[str, Any] | None:
+    """The logged loss and gradient norm of one optimizer step of micro x k rows through the run's trainer; None
+    when the run's data has fewer rows."""
+    import torch
+    import transformers
+
+    from gemma_doctor.rehearse.driver import STAGES, Run
+
+    raw = {**(run.plan.get("raw") or {}), "per_device_train_batch_size": micro, "gradient_accumulation_steps": k,
+           "learning_rate": 0.0, "warmup_steps": 0, "warmup_ratio": 0.0, "seed": 0}
+    sub = Run({**run.plan, "raw": raw, "steps": 1, "workdir": str(run.work / f"accumulation-{micro}x{k}")}, _Quiet())
+    sub.load()
+    torch.manual_seed(0)  # the LoRA matrices the trainer (or the driver) creates are the same in both runs
+    STAGES["setup"](sub)
+    trainer = sub.trainer
+    rows = trainer.train_dataset
+    n = micro * k
+    if len(rows) < n:
+        return None
+    trainer.train_dataset = rows.select(range(n)) if hasattr(rows, "select") else rows[:n]
+    logged: dict[str, Any] = {}
+
+    class Log(transformers.TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs and not logged:
+                logged.update(loss=float(logs["loss"]), grad_norm=logs.get("grad_norm"))
+
+    trainer.add_callback(Log())
+    trainer.train()
+    return logged
+
+
+def check(run: Any) -> None:
+    """b x k against one batch of b*k: the "accumulation" stage's record (judged by the parent)."""
+    k = steps_of(run.s.get("accumulation"))
+    accumulated = _one_step(run, MICRO, k)
+    whole = _one_step(run, MICRO * k, 1) if accumulated is not None else None
+    if accumulated is None or whole is None:
+        # Too few rows is the data's size, not a failure of the run: said, not judged.
+        run.events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k} training rows")
+        return
+    grad = {f"{name}_grad_norm": float(got["grad_norm"]) if got.get("grad_norm") is not None else None
+            for name, got in (("accumulated", accumulated), ("whole", whole))}
+    run.events.write("accumulation", "ok", micro=MICRO, k=k, accumulated_loss=accumulated.get("loss"),
+                     whole_loss=whole.get("loss"), **grad)

@@ -1,0 +1,318 @@
+"""The Trainer probe of `rehearse --launch` (docs/rehearsal.md, "The user's own script"): armed by the child's
+sitecustomize, it wraps transformers.Trainer when the script first imports it (TRL's trainers are subclasses, so
+they are wrapped too) and writes what the run shows to the events file, as the driver's stages do, so that the
+parent judges a launched script with the same invariants (gemma_doctor/rehearse/invariants.py).
+
+The user's script is never edited. What the wrapper changes on the Trainer's arguments: a few steps (max_steps),
+evaluation and saving every step where the script configured them, logging every step, outputs under the
+temporary folder, no reporting or pushing anywhere. Runs in the child only: it imports transformers, never the
+parent.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+_MODULE = "transformers.trainer"
+_ARGS_MODULE = "transformers.training_args"
+
+
+class _State:
+    """The plan and the events file of this process; one per child process."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        from gemma_doctor.rehearse.driver import Events
+
+        self.plan = plan
+        self.root = Path(plan["root"]).resolve()
+        # Under a launcher (accelerate, torchrun) every rank runs the script: rank 0 speaks for the run.
+        self.speaks = int(os.environ.get("RANK", "0") or 0) == 0
+        self.events = Events(Path(plan["events"])) if self.speaks else None
+        self.trainers = 0
+        self.evaluated = False
+
+    def write(self, stage: str, status: str, **data: Any) -> None:
+        """One record, from rank 0 only."""
+        if self.events is not None:
+            self.events.write(stage, status, **data)
+
+    def error(self, stage: str, e: BaseException) -> None:
+        """A stage that raised, recorded once (the wrappers nest: evaluation runs inside train)."""
+        from gemma_doctor.rehearse.driver import _error
+
+        if getattr(e, "_gemma_doctor_recorded", False):
+            return
+        self.write(stage, "error", **_error(e))
+        try:
+            e._gemma_doctor_recorded = True  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type with __slots__: recorded twice at worst
+            pass
+
+
+STATE: _State | None = None
+
+
+class _Silent:
+    """The events of a rank other than 0: its stages run in step with rank 0's (collectives), unrecorded."""
+
+    def write(self, stage: str, status: str, **data: Any) -> None:
+        """Drop the record."""
+
+
+def arm(plan_path: str) -> None:
+    """Read the plan; wrap the Trainer when transformers.trainer is imported; record an uncaught exception's stage."""
+    global STATE
+    STATE = _State(json.loads(Path(plan_path).read_text()))
+    sys.meta_path.insert(0, _Finder())
+    for name, wrap in _WRAPS.items():
+        if name in sys.modules:
+            wrap(sys.modules[name])
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        # Only where the stack was imported: a launcher (accelerate launch, torchrun) re-raises its worker's
+        # failure, already recorded by the worker, as its own; a script that dies before importing transformers
+        # is reported by the parent from its exit status and last line.
+        if STATE is not None and isinstance(value, Exception) and "transformers" in sys.modules:
+            STATE.error(_stage_of(tb), value)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _stage_of(tb: Any) -> str:
+    """The stage an exception raised outside the Trainer's own methods belongs to: loading, else the script."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "from_pretrained":
+            return "load"
+        tb = tb.tb_next
+    return "script"
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds transformers.trainer and transformers.training_args as the path finder does, with a loader that wraps
+    their classes once executed."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in _WRAPS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader, _WRAPS[name])
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, wrap: Any) -> None:
+        self.inner, self.wrap = inner, wrap
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.wrap(module)
+
+
+def _wrap_args(module: Any) -> None:
+    """TrainingArguments (and TRL's configs, its subclasses) on the CPU where no GPU is present: a bf16 / fp16 run
+    written for a GPU is then rehearsed on the CPU (bf16 autocast), not refused by the arguments' own check."""
+    cls = module.TrainingArguments
+    if getattr(cls, "_gemma_doctor_probe", False):
+        return
+    cls._gemma_doctor_probe = True
+    post_init = cls.__post_init__
+
+    @functools.wraps(post_init)
+    def __post_init__(self: Any, *a: Any, **kw: Any) -> None:
+        import torch
+
+        if not torch.cuda.is_available() and not getattr(self, "use_cpu", True):
+            self.use_cpu = True
+        post_init(self, *a, **kw)
+
+    cls.__post_init__ = __post_init__
+
+
+def _strategy(current: Any, value: str) -> Any:
+    """``value`` in the type the arguments hold (an IntervalStrategy / SaveStrategy enum, or a string)."""
+    return type(current)(value) if isinstance(current, enum.Enum) else value
+
+
+def _is_no(value: Any) -> bool:
+    return str(getattr(value, "value", value)).lower() == "no"
+
+
+def cap(args: Any, steps: int, output: Path, root: Path) -> list[str]:
+    """Cap the Trainer's arguments in place for the rehearsal; the notes say what changed."""
+    notes = []
+    args.max_steps = steps
+    if not Path(str(args.output_dir or ".")).resolve().is_relative_to(root):
+        notes.append(f"output_dir {args.output_dir} is outside the rehearsal's folder: written under it instead")
+        args.output_dir = str(output)
+    for name, value in (("report_to", []), ("push_to_hub", False), ("hub_token", None), ("disable_tqdm", True),
+                        ("load_best_model_at_end", False), ("dataloader_num_workers", 0),
+                        ("dataloader_prefetch_factor", None), ("logging_steps", 1)):
+        if hasattr(args, name):
+            setattr(args, name, value)
+    args.logging_strategy = _strategy(args.logging_strategy, "steps")
+    for strategy, every in (("eval_strategy", "eval_steps"), ("evaluation_strategy", "eval_steps"),
+                            ("save_strategy", "save_steps")):
+        current = getattr(args, strategy, None)
+        if current is not None and not _is_no(current):
+            setattr(args, strategy, _strategy(current, "steps"))
+            setattr(args, every, 1)
+    return notes
+
+
+def _wrap(module: Any) -> None:
+    """Wrap Trainer.__init__ / train / evaluate in ``module`` (transformers.trainer), once."""
+    trainer_cls = module.Trainer
+    if getattr(trainer_cls, "_gemma_doctor_probe", False):
+        return
+    trainer_cls._gemma_doctor_probe = True
+    init, train, evaluate = trainer_cls.__init__, trainer_cls.train, trainer_cls.evaluate
+
+    @functools.wraps(init)
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        s = STATE
+        args = kw.get("args", a[1] if len(a) > 1 else None)
+        notes = cap(args, s.plan["steps"], s.root / "work" / "output", s.root) if args is not None else []
+        try:
+            init(self, *a, **kw)
+        except Exception as e:
+            s.error("setup", e)
+            raise
+        if args is None:  # the trainer made its own arguments
+            notes = cap(self.args, s.plan["steps"], s.root / "work" / "output", s.root)
+        s.trainers += 1
+        self.add_callback(_probe_callback(module)(self))
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
+                ranks=int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+    @functools.wraps(train)
+    def _train(self: Any, *a: Any, **kw: Any) -> Any:
+        s = STATE
+        if kw.pop("resume_from_checkpoint", None) or (a and a[0]):
+            a = (None, *a[1:])
+            s.write("resume", "skipped", reason="resume_from_checkpoint: the rehearsal starts from the twin")
+        run = _run(self)
+        try:
+            next(iter(self.get_train_dataloader()))  # the user's collator on the first batch, as train will call it
+        except Exception as e:
+            s.error("labels", e)
+            raise
+        try:
+            run.labels()
+        except Exception as e:  # noqa: BLE001 - a batch the probe cannot read (labels of another shape) is the
+            # training step's to fail on, or not: the probe's own trouble must not stop the script
+            from gemma_doctor.rehearse.driver import _error
+
+            s.write("labels", "skipped", reason=f"the first batch could not be read: {_error(e)['line']}")
+        try:
+            out = train(self, *a, **kw)
+        except Exception as e:
+            s.error("train", e)
+            raise
+        try:
+            run.save()
+        except Exception as e:  # noqa: BLE001 - the save stage's failure is a finding, the script goes on
+            s.error("save", e)
+        return out
+
+    @functools.wraps(evaluate)
+    def _evaluate(self: Any, *a: Any, **kw: Any) -> Any:
+        s = STATE
+        try:
+            out = evaluate(self, *a, **kw)
+        except Exception as e:
+            s.error("eval", e)
+            raise
+        if not s.evaluated:
+            s.evaluated = True
+            s.write("eval", "ok", eval_loss=(out or {}).get("eval_loss"))
+        return out
+
+    trainer_cls.__init__, trainer_cls.train, trainer_cls.evaluate = __init__, _train, _evaluate
+
+
+_WRAPS = {_MODULE: _wrap, _ARGS_MODULE: _wrap_args}
+
+
+def _run(trainer: Any) -> Any:
+    """The driver's stages (labels, save and reload) bound to the script's trainer instead of the driver's own."""
+    import transformers
+
+    from gemma_doctor.rehearse.driver import Run
+
+    s = STATE
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    dtype = str(getattr(base, "dtype", "")).removeprefix("torch.")
+    # The script's own class reloads the checkpoint; a class transformers does not export (the script's own
+    # subclass) is reloaded as the checkpoint's.
+    architecture = type(base).__name__ if hasattr(transformers, type(base).__name__) else s.plan["architecture"]
+    plan = {**s.plan, "architecture": architecture, "workdir": str(s.root / "work" / "rehearsal"),
+            "settings": {"dtype": dtype or None, "completion_only": False}}
+    run = Run(plan, s.events if s.events is not None else _Silent())
+    run.trainer, run.model = trainer, model
+    tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+    tok = getattr(tok, "tokenizer", tok)  # a processor holds its tokenizer
+    run.tokenizer = tok if tok is not None else transformers.AutoTokenizer.from_pretrained(s.plan["repo_id"])
+    return run
+
+
+def _probe_callback(module: Any) -> type:
+    """The callback class, built on the module's own TrainerCallback (imported by then)."""
+    base = sys.modules["transformers.trainer_callback"].TrainerCallback
+
+    class Probe(base):
+        """Loss and gradient norm per step, which trainable tensors moved, whether LoRA B moved."""
+
+        def __init__(self, trainer: Any) -> None:
+            self.trainer = trainer
+            self.before: dict[str, Any] = {}
+            self.norms: list[float] = []
+            self.logged: list[dict[str, Any]] = []
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            model = self.trainer.model
+            self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in self.trainer.model.parameters()
+                     if p.requires_grad and p.grad is not None)
+            self.norms.append(math.sqrt(sq) if math.isfinite(sq) else sq)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                self.logged.append({"loss": float(logs["loss"]), "grad_norm": logs.get("grad_norm")})
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            moved, still, lora_b = [], [], {}
+            for n, p in self.trainer.model.named_parameters():
+                if n in self.before:
+                    delta = float((p.detach().float() - self.before[n].float()).abs().max())
+                    (moved if delta > 0 else still).append(n)
+                    if "lora_B" in n:
+                        lora_b[n] = (float(self.before[n].float().norm()), float(p.detach().float().norm()))
+            # The trainer's logged norm (before clipping) where it logs one, else the probe's.
+            norms = [float(x["grad_norm"]) for x in self.logged if x.get("grad_norm") is not None] or self.norms
+            STATE.write("train", "ok", losses=[x["loss"] for x in self.logged], grad_norms=norms,
+                        trainable=len(self.before), moved=len(moved), unchanged=still[:10],
+                        unchanged_count=len(still),
+                        lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
+                        steps=state.global_step)
+            self.before = {}
+
+    return Probe

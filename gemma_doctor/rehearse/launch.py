@@ -1,0 +1,142 @@
+"""`rehearse TARGET --launch "python train.py ..."`: the user's own script, run as it is, against the twin.
+
+The twin is built by the usual child (`child build`) into a private offline hub cache; then the user's command runs
+in the temporary folder with that cache in its environment (so `from_pretrained("google/gemma-3-12b-it")` loads the
+twin) and with gemma_doctor/rehearse/hook/ first on its PYTHONPATH: that folder's sitecustomize arms the Trainer probe
+(hook/probe.py) in every Python process the command starts. One deadline covers both; past it the process group is
+killed, as for the driver's runs. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gemma_doctor.errors import UsageError
+from gemma_doctor.report import Finding, Severity
+
+HOOK = Path(__file__).resolve().parent / "hook"
+# Launchers that run one Python script: the word, and the options of theirs that take a value (so the value is not
+# taken for the script).
+_LAUNCHERS = {
+    "accelerate": {"--config_file", "--num_processes", "--num_machines", "--mixed_precision", "--main_process_port",
+                   "--main_process_ip", "--machine_rank", "--gpu_ids", "--dynamo_backend", "--deepspeed_config_file",
+                   "--fsdp_config", "--rdzv_backend", "--same_network"},
+    "torchrun": {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--master-addr",
+                 "--master_addr", "--master-port", "--master_port", "--rdzv-backend", "--rdzv_backend",
+                 "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts",
+                 "--log-dir", "--log_dir", "--redirects", "--tee", "--local-addr", "--monitor-interval"},
+}
+_PYTHONS = ("python", "python3")
+
+
+def script_of(words: list[str]) -> int | None:
+    """The index of the script in ``words``, or None when they launch no Python script file."""
+    if not words:
+        return None
+    head = Path(words[0]).name
+    if head.startswith("python"):
+        start, takes = 1, set()
+    elif head == "accelerate" and words[1:2] == ["launch"]:
+        start, takes = 2, _LAUNCHERS["accelerate"]
+    elif head == "torchrun":
+        start, takes = 1, _LAUNCHERS["torchrun"]
+    else:
+        return None
+    i = start
+    while i < len(words):
+        w = words[i]
+        if w in ("-m", "-c"):
+            return None  # a module or inline code: no script of the user's to run as a file
+        if w.startswith("-"):
+            i += 2 if w in takes else 1
+            continue
+        return i if w.endswith(".py") else None
+    return None
+
+
+def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
+    """(the command to run, the script) for a launch line: python is this interpreter, accelerate and torchrun the
+    ones beside it, and every word naming an existing file or folder relative to ``cwd`` made absolute (the command
+    runs in the temporary folder)."""
+    try:
+        words = shlex.split(launch, comments=True)
+    except ValueError as e:
+        raise UsageError(f"--launch is not a command line: {e}") from None
+    at = script_of(words)
+    if at is None:
+        raise UsageError("--launch: not a Python training script (python X.py, accelerate launch X.py, torchrun X.py) "
+                         "or `trl sft --config FILE`")
+    script = (cwd / words[at]).absolute()
+    if not script.is_file():
+        raise UsageError(f"--launch: the script {words[at]} is not a file (looked in {cwd})")
+    head = Path(words[0]).name
+    here = Path(sys.executable).parent
+    if head in _PYTHONS or head.startswith("python"):
+        # The interpreter the doctor runs in is the environment that trains (nothing is installed for the run).
+        words[0] = sys.executable
+    elif (here / head).is_file():
+        words[0] = str(here / head)
+    return [words[0], *(_absolute(w, cwd) for w in words[1:])], script
+
+
+def _absolute(word: str, cwd: Path) -> str:
+    """``word`` (or the value of ``--flag=value``) made absolute when it names something that exists under ``cwd``."""
+    flag, value = word.split("=", 1) if word.startswith("-") and "=" in word else ("", word)
+    if value and not value.startswith("-") and (cwd / value).exists():
+        value = str((cwd / value).absolute())
+    return f"{flag}={value}" if flag else value
+
+
+def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[list[dict[str, Any]], str | None,
+                                                                                 float]:
+    """Build the twin, then run the user's command against it; (records, why it ended early or None, seconds the
+    script ran)."""
+    from gemma_doctor.rehearse.runner import Child, _environment, _records, _tail
+
+    deadline = time.monotonic() + timeout
+    root = Path(tempfile.mkdtemp(prefix="gemma-doctor-rehearse-"))
+    try:
+        for sub in ("hub", "hf", "work", "tmp", "datasets"):
+            (root / sub).mkdir()
+        plan = {**plan, "root": str(root), "workdir": str(root / "work"), "events": str(root / "events.jsonl")}
+        (root / "plan.json").write_text(json.dumps(plan))
+        env = _environment(root)
+        log = root / "child.log"
+        build = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", "build", str(root / "plan.json")],
+                      root / "work", env, log)
+        if build.wait(max(deadline - time.monotonic(), 0.1)) is None:
+            return _records(root / "events.jsonl"), f"timeout after {timeout:g} s", 0.0
+        records = _records(root / "events.jsonl")
+        if not any(r.get("stage") == "twin" and r.get("status") == "ok" for r in records):
+            return records, None if records else f"the twin was not built: {_tail(log)}", 0.0
+        env = {**env, "GEMMA_DOCTOR_LAUNCH_PLAN": str(root / "plan.json"),
+               "PYTHONPATH": os.pathsep.join((str(HOOK), env["PYTHONPATH"]))}
+        script_log = root / "script.log"
+        started = time.monotonic()
+        child = Child(argv, root / "work", env, script_log)
+        status = child.wait(max(deadline - time.monotonic(), 0.1))
+        seconds = time.monotonic() - started
+        records = _records(root / "events.jsonl")
+        if status is None:
+            return records, f"timeout after {timeout:g} s", seconds
+        if status != 0 and not any(r.get("status") == "error" for r in records):
+            return records, f"the script exited with status {status}: {_tail(script_log)}", seconds
+        return records, None, seconds
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def no_trainer(seconds: float) -> Finding:
+    """The finding of a script that ran to its end and built no Trainer."""
+    return Finding("GD979", Severity.WARNING, f"the script ran {seconds:.0f} s and built no Trainer: only load/exit "
+                   "were rehearsed", key="script",
+                   fix="the probes watch transformers.Trainer and its subclasses (TRL's trainers); a custom loop is "
+                       "rehearsed as far as it runs without a crash, with no training invariant")

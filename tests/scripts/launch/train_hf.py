@@ -1,0 +1,45 @@
+"""A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
+
+python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp]: LoRA on the model loaded by repo id, chat rows, evaluation
+and saving each epoch for 50 epochs, an output_dir outside the rehearsal's folder. --mask-all: a collator bug that
+masks every label (no exception, nothing trained); --bad-labels: a collator bug that cuts the labels one short
+(the loss crashes at the first step).
+"""
+
+import sys
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
+                          TrainingArguments)
+
+REPO = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(REPO)
+model = AutoModelForCausalLM.from_pretrained(REPO, dtype=torch.float32)
+model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+rows = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} plus {i}?"},
+                                 {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}], tokenize=False)
+        for i in range(8)]
+data = [dict(tok(r, add_special_tokens=False)) for r in rows]
+
+
+class Collator(DataCollatorForLanguageModeling):
+    def __call__(self, features, return_tensors=None):
+        batch = super().__call__(features, return_tensors)
+        if "--mask-all" in sys.argv:
+            batch["labels"][:] = -100
+        if "--bad-labels" in sys.argv:
+            batch["labels"] = batch["labels"][:, :-1]
+        return batch
+
+
+# --fsdp: the same run sharded over the launched ranks (FSDP, decoder layers wrapped).
+sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["Gemma3DecoderLayer"]}) \
+    if "--fsdp" in sys.argv else {}
+args = TrainingArguments(output_dir="/tmp/gemma-doctor-launch-test-never-written", per_device_train_batch_size=2,
+                         learning_rate=1e-3, num_train_epochs=50, eval_strategy="epoch", save_strategy="epoch",
+                         report_to="none", use_cpu=True, **sharded)
+trainer = Trainer(model=model, args=args, train_dataset=data[:6], eval_dataset=data[6:],
+                  data_collator=Collator(tok, mlm=False))
+trainer.train()
+trainer.save_model("final")

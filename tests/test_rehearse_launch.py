@@ -1,0 +1,224 @@
+"""`rehearse TARGET --launch "python train.py ..."`: the user's own script, run as it is against the twin, with the
+Trainer probe armed through the child's sitecustomize (gemma_doctor/rehearse/hook/). Real scripts
+(tests/scripts/launch/), a real transformers Trainer and a real TRL SFTTrainer on the pinned stack, the tiny twin of
+tests/test_rehearse.py's Gemma 3 text model, loaded by its repo id from the private cache.
+
+The launch-line parsing and the argument caps are tested without a child; each rehearsal is a child that imports
+the stack (most of its seconds), so they are few and marked slow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor.rehearse.launch import argv_of, script_of
+from tests.test_rehearse import model_folder
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "launch"
+REPO = "google/tiny-gemma3_text"  # model_folder's folder google--tiny-gemma3_text names this repo id
+
+
+def launch(cli, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", line, "--format", "json", *extra)
+    return got.code, got.json()["rehearsals"][0]
+
+
+def stages(doc: dict) -> list[tuple[str, str]]:
+    return [(s["stage"], s["status"]) for s in doc["stages"]]
+
+
+# -- the launch line --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("line, script", [
+    ("python train.py --bf16", 1),
+    ("python3 -u train.py", 2),
+    ("accelerate launch --num_processes 1 --cpu train.py --lr 1e-4", 5),
+    ("torchrun --nproc-per-node 1 train.py", 3),
+    ("torchrun --standalone --nproc_per_node=1 train.py", 3),
+])
+def test_the_script_of_a_launch_line_is_found_past_the_launchers_options(line, script):
+    assert script_of(line.split()) == script
+
+
+@pytest.mark.parametrize("line", ["python -m trl sft", "python -c 'print(1)'", "vllm serve google/gemma-3-1b-it",
+                                  "accelerate env", "python"])
+def test_a_line_that_runs_no_script_file_is_no_script(line):
+    assert script_of(line.split()) is None
+
+
+def test_the_command_runs_this_interpreter_and_the_words_naming_files_become_absolute(tmp_path):
+    import sys
+
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "cfg.yaml").write_text("")
+    argv, script = argv_of("python train.py --config cfg.yaml --out=cfg.yaml --name run1", tmp_path)
+    assert argv == [sys.executable, str(tmp_path / "train.py"), "--config", str(tmp_path / "cfg.yaml"),
+                    f"--out={tmp_path / 'cfg.yaml'}", "--name", "run1"]
+    assert script == tmp_path / "train.py"
+
+
+def test_a_launch_line_whose_script_is_missing_or_that_runs_no_script_is_one_line(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for line in ("python missing.py", "vllm serve x", "python -m mymodule"):
+        got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", line)
+        assert got.code == 2 and got.out == "" and got.err.count("\n") == 1, (line, got.err)
+
+
+def test_the_caps_on_a_real_trainingarguments(tmp_path):
+    """A few steps, evaluation and saving every step where configured, outputs under the rehearsal's folder."""
+    import transformers
+
+    from gemma_doctor.rehearse.hook.probe import cap
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "elsewhere"), eval_strategy="epoch",
+                                          save_strategy="epoch", num_train_epochs=50, report_to="all", use_cpu=True)
+    root = tmp_path / "root"
+    notes = cap(args, 3, root / "out", root)
+    assert (args.max_steps, args.eval_strategy.value, args.eval_steps, args.save_strategy.value, args.save_steps) == \
+        (3, "steps", 1, "steps", 1)
+    assert args.output_dir == str(root / "out") and args.report_to == [] and "outside" in notes[0]
+    plain = transformers.TrainingArguments(output_dir=str(root / "kept"), use_cpu=True)
+    assert cap(plain, 2, root / "out", root) == [] and plain.output_dir == str(root / "kept")
+    assert plain.eval_strategy.value == "no" and plain.save_strategy.value == "steps" and plain.save_steps == 1
+
+
+# -- the user's scripts, rehearsed ------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("line, trainer", [
+    (f"python train_hf.py {REPO}", "Trainer"),
+    (f"python train_trl.py {REPO}", "SFTTrainer"),  # bf16, written for a GPU: rehearsed on the CPU
+])
+def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch, line, trainer):
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, line)
+    assert doc["findings"] == [] and code == 0
+    assert stages(doc) == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"),
+                           ("save", "ok")]
+    setup, train = doc["stages"][1], doc["stages"][4]
+    assert setup["trainer"] == trainer
+    assert len(train["losses"]) == 3 and train["moved"] == train["trainable"] > 0  # 50 epochs capped at 3 steps
+    assert not Path("/tmp/gemma-doctor-launch-test-never-written").exists()
+
+
+@pytest.mark.slow
+def test_a_collator_that_masks_every_label_is_caught_by_the_invariants_under_accelerate_launch(tmp_path, cli,
+                                                                                                monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"accelerate launch --num_processes 1 --cpu train_hf.py {REPO} --mask-all")
+    codes = [f["code"] for f in doc["findings"]]
+    assert code == 1 and codes[0] == "GD971" and {"GD966", "GD968"} <= set(codes), doc["findings"]
+
+
+@pytest.mark.slow
+def test_a_crashing_script_gives_the_stage_and_its_last_exception_line(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"python train_hf.py {REPO} --bad-labels")
+    [f] = doc["findings"]
+    assert code == 1 and f["code"] == "GD957" and f["key"] == "train", f
+    assert f["details"]["exception"] == "ValueError" and "not in the catalogue" in f["fix"]
+    assert stages(doc)[-1] == ("train", "error")
+
+
+@pytest.mark.slow
+def test_a_script_that_fails_to_load_its_model_gives_the_load_stage(tmp_path, cli, monkeypatch):
+    """Raised outside the Trainer and uncaught: the child's excepthook names the stage from the traceback."""
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, "python load_only.py google/not-the-target")
+    [f] = doc["findings"]
+    assert code == 1 and f["code"] == "GD955" and f["key"] == "load", f
+    assert f["details"]["exception"] == "OSError"  # offline, and the private cache holds the twin's repo id only
+
+
+@pytest.mark.slow
+def test_a_script_that_builds_no_trainer_is_reported(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"python load_only.py {REPO}")
+    [f] = doc["findings"]
+    assert code == 0 and f["code"] == "GD979" and f["severity"] == "warning"
+    assert "built no Trainer: only load/exit were rehearsed" in f["message"]
+
+
+@pytest.mark.slow
+def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    pid_file = tmp_path / "pid"
+    code, doc = launch(cli, tmp_path, f"python forever.py {pid_file}", "--timeout", "60")
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD952"], doc["findings"]
+    assert "timeout after 60 s" in doc["findings"][0]["message"]
+    pid = int(pid_file.read_text())  # the script did start (the twin was built within the deadline)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# -- gradient accumulation (the driver's accumulation stage) ---------------------------------------------------------
+@pytest.mark.parametrize("given, k", [(None, 2), (1, 2), (3, 3), (16, 4), (True, 2), ("8", 2)])
+def test_the_accumulation_steps_checked_are_the_runs_own_at_least_two_at_most_four(given, k):
+    from gemma_doctor.rehearse.accumulation import steps_of
+
+    assert steps_of(given) == k
+
+
+def test_a_loss_scaled_by_the_accumulation_steps_is_two_findings_and_rounding_is_none():
+    from gemma_doctor.rehearse import invariants
+
+    scaled = {"micro": 1, "k": 2, "accumulated_loss": 12.9, "whole_loss": 6.45, "accumulated_grad_norm": 2.1,
+              "whole_grad_norm": 1.05}
+    found = invariants.judge([{"stage": "accumulation", "status": "ok", **scaled}], [])
+    assert [f.code for f in found] == ["GD978", "GD978"] and "ratio 2" in found[0].message
+    rounding = {**scaled, "accumulated_loss": 6.46, "accumulated_grad_norm": 1.07}
+    assert invariants.judge_accumulation(rounding) == []
+
+
+@pytest.mark.slow
+def test_accumulation_on_the_pinned_stack_is_equivalent(tmp_path):
+    """The run of test_rehearse_venvs.py's transformers 4.50 case (Gemma 3's multimodal class under the plain
+    Trainer, bf16, LoRA), on the pinned transformers: b x k and one batch of b*k agree (no false alarm). Only the
+    stages the check needs run in the child."""
+    from gemma_doctor.rehearse import invariants
+    from gemma_doctor.rehearse.runner import _run_child, plan_for
+    from tests.test_rehearse_venvs import PLAIN_LORA
+
+    config = tmp_path / "t.yaml"
+    config.write_text(PLAIN_LORA)
+    plan, findings, _, _ = plan_for(str(model_folder(tmp_path, "gemma3")), None, "main", config, 1)
+    records, ended = _run_child({**plan, "stages": ["load", "setup", "accumulation"]}, 600)
+    assert ended is None and findings == []
+    [acc] = [r for r in records if r["stage"] == "accumulation"]
+    assert acc["status"] == "ok" and acc["k"] == 2, acc
+    assert invariants.judge_accumulation(acc) == []
+    for what in ("loss", "grad_norm"):
+        assert acc[f"accumulated_{what}"] == pytest.approx(acc[f"whole_{what}"], rel=0.02), acc
+
+
+# -- trl dpo --config (the driver, TRL's DPOTrainer) ------------------------------------------------------------------
+@pytest.mark.parametrize("line, found", [
+    ("trl dpo --config d.yaml", (Path("d.yaml"), "trl-dpo")),
+    ("accelerate launch -m trl sft --config=s.yaml", (Path("s.yaml"), "trl-sft")),
+    ("python train.py --config d.yaml", None),
+])
+def test_a_trl_line_names_its_config_and_its_trainer(line, found):
+    from gemma_doctor.rehearse import trl_launch
+
+    assert trl_launch(line) == found
+
+
+@pytest.mark.slow
+def test_a_dpo_config_rehearses_on_synthetic_preference_rows_without_a_finding(tmp_path, cli):
+    """No dataset file: conversational prompt / chosen / rejected rows; LoRA, so the reference is the base with the
+    adapter off. At the first step policy = reference, so the loss is log 2 exactly: the train invariants and the
+    accumulation check's gradient norm still judge it."""
+    import math
+
+    config = tmp_path / "dpo.yaml"
+    config.write_text("bf16: true\nper_device_train_batch_size: 2\nlearning_rate: 0.001\nmax_length: 128\nbeta: 0.1\n"
+                      "use_peft: true\nlora_r: 8\nlora_target_modules: [q_proj, k_proj, v_proj, o_proj]\n")
+    code, doc = launch(cli, tmp_path, f"trl dpo --config {config}")
+    assert doc["findings"] == [] and code == 0 and doc["trainer"] == "trl-dpo"
+    assert stages(doc) == [("twin", "ok"), ("load", "ok"), ("setup", "ok"), ("labels", "skipped"), ("train", "ok"),
+                           ("accumulation", "ok"), ("eval", "ok"), ("generate", "ok"), ("save", "ok"), ("merge", "ok")]
+    train, acc = doc["stages"][4], doc["stages"][5]
+    assert doc["stages"][2]["trainer"] == "DPOTrainer"
+    assert train["losses"][0] == pytest.approx(math.log(2), abs=1e-3) and train["moved"] == train["trainable"]
+    assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=0.05), acc
