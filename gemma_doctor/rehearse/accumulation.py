@@ -10,7 +10,7 @@ GD739's window (Gemma 3's multimodal class under the Trainer, transformers befor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 MICRO = 1  # b: one row per micro-batch, the cheapest split that accumulation changes
 MAX_K = 4
@@ -29,20 +29,18 @@ def steps_of(accumulation: Any) -> int:
     return min(max(k, 2), MAX_K)
 
 
-def _one_step(run: Any, micro: int, k: int) -> dict[str, Any] | None:
+def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dict[str, Any] | None:
     """The logged loss and gradient norm of one optimizer step of micro x k rows through the run's trainer; None
     when the run's data has fewer rows."""
     import torch
     import transformers
 
-    from gemma_doctor.rehearse.driver import STAGES, Run
-
     raw = {**(run.plan.get("raw") or {}), "per_device_train_batch_size": micro, "gradient_accumulation_steps": k,
            "learning_rate": 0.0, "warmup_steps": 0, "warmup_ratio": 0.0, "seed": 0}
-    sub = Run({**run.plan, "raw": raw, "steps": 1, "workdir": str(run.work / f"accumulation-{micro}x{k}")}, _Quiet())
+    sub = type(run)({**run.plan, "raw": raw, "steps": 1, "workdir": str(run.work / f"accumulation-{micro}x{k}")}, _Quiet())
     sub.load()
     torch.manual_seed(0)  # the LoRA matrices the trainer (or the driver) creates are the same in both runs
-    STAGES["setup"](sub)
+    setup(sub)
     trainer = sub.trainer
     rows = trainer.train_dataset
     n = micro * k
@@ -61,11 +59,11 @@ def _one_step(run: Any, micro: int, k: int) -> dict[str, Any] | None:
     return logged
 
 
-def check(run: Any) -> None:
+def check(run: Any, setup: Callable[[Any], None]) -> None:
     """b x k against one batch of b*k: the "accumulation" stage's record (judged by the parent)."""
     k = steps_of(run.s.get("accumulation"))
-    accumulated = _one_step(run, MICRO, k)
-    whole = _one_step(run, MICRO * k, 1) if accumulated is not None else None
+    accumulated = _one_step(run, MICRO, k, setup)
+    whole = _one_step(run, MICRO * k, 1, setup) if accumulated is not None else None
     if accumulated is None or whole is None:
         # Too few rows is the data's size, not a failure of the run: said, not judged.
         run.events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k} training rows")

@@ -16,7 +16,7 @@ REJECTED = "I would rather not say."
 
 def rows(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, eval rows): the user's local dataset's first rows, else synthetic conversational preferences."""
-    from gemma_doctor.rehearse.driver import ROWS, _read_rows
+    from gemma_doctor.rehearse.rows import ROWS, _read_rows
 
     path = run.s.get("dataset")
     if path:

@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from gemma_doctor.rehearse.rows import ROWS, _read_rows
+
 # Keys of a user's config that the rehearsal overrides or drops: where outputs go, how long it runs, what it
 # reports to, and what would reach the network or a GPU.
 _FORCED = dict(report_to="none", use_cpu=True, logging_steps=1, save_strategy="no", push_to_hub=False,
@@ -30,16 +32,6 @@ _DROPPED = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token"
 # Optimizers whose kernels need bitsandbytes on a GPU: replaced by AdamW here, and said so.
 _GPU_OPTIMIZERS = ("8bit", "paged", "bnb", "galore", "lomo", "apollo")
 
-ROWS = [
-    ("What is the capital of France?", "Paris is the capital of France."),
-    ("Name a primary colour.", "Red is a primary colour."),
-    ("How many legs does a spider have?", "A spider has eight legs."),
-    ("Translate 'thank you' to German.", "'Thank you' is 'danke' in German."),
-    ("What is 7 times 6?", "7 times 6 is 42."),
-    ("Give a synonym for 'quick'.", "'Fast' is a synonym for 'quick'."),
-    ("Which planet is known as the red planet?", "Mars is known as the red planet."),
-    ("What do bees make?", "Bees make honey and wax."),
-]
 
 
 class Events:
@@ -378,23 +370,6 @@ def _compare(ref: Any, got: Any) -> dict[str, Any]:
     return {"max_abs_diff": float((ref - got).abs().max()), "scale": float(ref.abs().max())}
 
 
-def _read_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` rows of a local JSON Lines / JSON dataset file (others: none, the synthetic rows are used)."""
-    if path.suffix == ".jsonl":
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    rows.append(json.loads(line))
-                if len(rows) >= n:
-                    break
-        return [r for r in rows if isinstance(r, dict)]
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return [r for r in data[:n] if isinstance(r, dict)] if isinstance(data, list) else []
-    return []
-
-
 def stack(events: Events) -> None:
     """Record the versions of the libraries the child runs with."""
     events.write("stack", "ok", **{name: _version(name) for name in
@@ -406,7 +381,7 @@ def _accumulation(run: Run) -> None:
     """The gradient accumulation check, on fresh twins of its own (gemma_doctor/rehearse/accumulation.py)."""
     from gemma_doctor.rehearse import accumulation
 
-    accumulation.check(run)
+    accumulation.check(run, _setup)
 
 
 def _setup(run: Run) -> None:

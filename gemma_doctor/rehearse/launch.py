@@ -99,7 +99,7 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
                                                                                  float]:
     """Build the twin, then run the user's command against it; (records, why it ended early or None, seconds the
     script ran)."""
-    from gemma_doctor.rehearse.runner import Child, _environment, _records, _tail
+    from gemma_doctor.rehearse.process import Child, _environment, _records, _tail
 
     deadline = time.monotonic() + timeout
     root = Path(tempfile.mkdtemp(prefix="gemma-doctor-rehearse-"))

@@ -1,0 +1,76 @@
+"""The rehearsal's child process, shared by the runner (runner.py) and the launch of a user's script (launch.py):
+its deadline with the whole process group killed, its private offline environment, and the records it leaves.
+
+A module of its own so that the runner and the launch import it, not each other (tests/test_layers.py: no cycle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+class Child:
+    """The child process with its deadline: started in a session of its own, so a kill takes its whole group."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         start_new_session=True)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None when the deadline passed (the group is then killed)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL to the child's process group (its workers too), then reap it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _environment(root: Path) -> dict[str, str]:
+    """The child's environment: the user's, with every cache private and the network off."""
+    env = dict(os.environ)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"):
+        env.pop(name, None)
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env.update({
+        "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hub"), "HF_DATASETS_CACHE": str(root / "datasets"),
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
+        "TMPDIR": str(root / "tmp"), "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", ""),
+        "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1))),
+    })
+    return env
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+    return out
+
+
+def _tail(path: Path) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    return lines[-1][:300] if lines else "no output"
