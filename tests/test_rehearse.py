@@ -183,7 +183,7 @@ def test_recommend_rehearse_says_a_prescription_rehearsed_clean(tmp_path, cli):
     folder = model_folder(tmp_path, "gemma3_text")
     got = cli("recommend", folder, "--gpu", "H100", "--rehearse", "--format", "yaml")
     assert got.code == 0, got.err
-    assert got.out.rstrip().splitlines()[-1].startswith(f"# {folder}: rehearsed: clean (9 stages through torch ")
+    assert got.out.rstrip().splitlines()[-1].startswith(f"# {folder}: rehearsed: clean (10 stages through torch ")
     assert "base_model:" in got.out and "bf16: true" in got.out
 
 

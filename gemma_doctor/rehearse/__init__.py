@@ -71,11 +71,12 @@ def with_rehearsals(report: Any, training_config: Optional[Path], real_weights: 
     findings join the model's, its stages go to the model's JSON entry under "rehearsal"."""
     import dataclasses
 
+    from gemma_doctor.codes import CODES
     from gemma_doctor.rehearse.runner import rehearse
 
     models = []
     for m in report.models:
-        if m.path is None or any(f.code == "GD003" for f in m.findings):
+        if m.path is None or any(f.code in CODES and CODES[f.code].outside_scope for f in m.findings):
             models.append(m)
             continue
         result = rehearse(m.path, training_config=training_config, real_weights=real_weights)
