@@ -38,7 +38,30 @@ class Renderer(Protocol):
         """list's rows."""
 
 
-class Text:
+class _Views:
+    """What a format without a view answers: nothing ahead of the view, and no method for a view it lacks (``views``
+    keeps the CLI from calling one)."""
+
+    name = ""
+
+    def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
+        """Nothing ahead of the view."""
+        return None
+
+    def report(self, report: Report, fail_on: FailOn, color: bool) -> str:
+        """Not a view of this format."""
+        raise NotImplementedError(self.name)
+
+    def outcomes(self, command: str, outcomes: list[Any], dry_run: bool, ok: bool, color: bool) -> str:
+        """Not a view of this format."""
+        raise NotImplementedError(self.name)
+
+    def rows(self, rows: list[Any], skipped: int, color: bool) -> str:
+        """Not a view of this format."""
+        raise NotImplementedError(self.name)
+
+
+class Text(_Views):
     """The human view (rich markup, plain without colour)."""
 
     name = "text"
@@ -72,7 +95,7 @@ class Text:
         return render_text(rows, color)
 
 
-class Json:
+class Json(_Views):
     """One JSON document (docs/usage.md: its shape is stable)."""
 
     name = "json"
@@ -104,16 +127,12 @@ class Json:
         return render_json(rows, skipped)
 
 
-class Github:
+class Github(_Views):
     """GitHub Actions workflow commands: one annotation per finding (check only: fix and list report no findings)."""
 
     name = "github"
     views = frozenset({REPORT})
     for_people = False
-
-    def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
-        """Nothing ahead of the view."""
-        return None
 
     def report(self, report: Report, fail_on: FailOn, color: bool) -> str:
         """render/github.py's annotations."""
@@ -121,33 +140,13 @@ class Github:
 
         return render_report(report, fail_on)
 
-    def outcomes(self, command: str, outcomes: list[Any], dry_run: bool, ok: bool, color: bool) -> str:
-        """Not a view of this format."""
-        raise NotImplementedError(self.name)
 
-    def rows(self, rows: list[Any], skipped: int, color: bool) -> str:
-        """Not a view of this format."""
-        raise NotImplementedError(self.name)
-
-
-class Quiet:
+class Quiet(_Views):
     """list's repo ids, one a line (as `hf cache ls -q`)."""
 
     name = "quiet"
     views = frozenset({ROWS})
     for_people = False
-
-    def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
-        """Nothing ahead of the view."""
-        return None
-
-    def report(self, report: Report, fail_on: FailOn, color: bool) -> str:
-        """Not a view of this format."""
-        raise NotImplementedError(self.name)
-
-    def outcomes(self, command: str, outcomes: list[Any], dry_run: bool, ok: bool, color: bool) -> str:
-        """Not a view of this format."""
-        raise NotImplementedError(self.name)
 
     def rows(self, rows: list[Any], skipped: int, color: bool) -> str:
         """render/listing.py's ids."""
