@@ -59,6 +59,15 @@ def test_the_command_runs_this_interpreter_and_the_words_naming_files_become_abs
     assert script == tmp_path / "train.py"
 
 
+def test_a_word_no_file_system_can_hold_is_passed_on_as_it_is(tmp_path):
+    """A 5,000-character argument (ENAMETOOLONG) once ended the rehearsal in an OSError traceback."""
+    (tmp_path / "train.py").write_text("")
+    long = "x" * 5000
+    argv, script = argv_of(f"python train.py --name {long} --tag=a{long}", tmp_path)
+    assert argv[-3:] == ["--name", long, f"--tag=a{long}"]
+    assert script == tmp_path / "train.py"
+
+
 def test_a_launch_line_whose_script_is_missing_or_that_runs_no_script_is_one_line(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for line in ("python missing.py", "vllm serve x", "python -m mymodule"):

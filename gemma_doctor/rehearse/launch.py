@@ -87,10 +87,18 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
     return [words[0], *(_absolute(w, cwd) for w in words[1:])], script
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a word no file system can hold (a name too long, a NUL) names nothing."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _absolute(word: str, cwd: Path) -> str:
     """``word`` (or the value of ``--flag=value``) made absolute when it names something that exists under ``cwd``."""
     flag, value = word.split("=", 1) if word.startswith("-") and "=" in word else ("", word)
-    if value and not value.startswith("-") and (cwd / value).exists():
+    if value and not value.startswith("-") and _exists(cwd / value):
         value = str((cwd / value).absolute())
     return f"{flag}={value}" if flag else value
 
