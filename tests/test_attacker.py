@@ -1294,8 +1294,9 @@ def test_a_folder_swapped_for_a_link_in_a_loop_while_fix_restore_and_check_run(w
     assert set().union(*codes_seen.values()) <= {0, 1, 2, 3}, (codes_seen, seen_lines)
     # "link points outside the repo folder (…); not read": restore met the swapped-in link reading a recorded file;
     # "config.json is missing; not rewritten": fix looked in the instant between the link's removal and the folder's
-    # return (the attacker's loop leaves the name empty for that instant).
-    reasons = ("is a link", "a link leads out of the repo folder", "link points outside the repo folder",
+    # return (the attacker's loop leaves the name empty for that instant); "… is not a folder; refusing to write
+    # through it": the write opened .gemma-doctor with O_DIRECTORY | O_NOFOLLOW while it was the link (ENOTDIR).
+    reasons = ("is a link", "is not a folder; refusing to write through it", "a link leads out of the repo folder", "link points outside the repo folder",
                "which has no snapshot", "No such file or directory", "cannot be read now (", "undo record",
                "config.json is missing; not rewritten")
     unexplained = [line for line in seen_lines if not any(w in line for w in reasons)]
