@@ -41,12 +41,18 @@ def main() -> int:
     ap.add_argument("name", choices=sorted(CONFIGS))
     ap.add_argument("out", type=Path)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (a dry run of a script that uses it)")
     args = ap.parse_args()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "config.json").write_text(json.dumps(CONFIGS[args.name], indent=2))
+    config = json.loads(json.dumps(CONFIGS[args.name]))
+    if args.layers:
+        for part in (config, config.get("text_config"), config.get("vision_config")):
+            if part and "num_hidden_layers" in part:
+                part["num_hidden_layers"] = args.layers
+    (args.out / "config.json").write_text(json.dumps(config, indent=2))
     config = AutoConfig.from_pretrained(args.out)
     auto = AutoModelForImageTextToText if "text_config" in CONFIGS[args.name] else AutoModelForCausalLM
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -513,16 +513,19 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
 @click.option("--real-weights", is_flag=True,
               help="Also one measured training step of the real checkpoint (peak memory, activation and gradient "
                    "maxima against fp16's range).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the twin trains and the real step is measured: auto takes the GPU where torch sees one "
+                   "(the real kernels, cuda.max_memory_allocated), cpu keeps the child off every GPU.")
 @_outcome_format_option
 def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
-             launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str) -> int:
+             launch: Optional[str], steps: int, timeout: float, real_weights: bool, device: str, fmt: str) -> int:
     """Rehearse the training run on a tiny twin of the model, through the libraries installed here, in a child
     process: load, a few train steps, evaluation, generation, save and reload, adapter merge. Writes only to a
     temporary folder."""
     from gemma_doctor.rehearse import rehearse_cli
 
     return rehearse_cli(target, cache_dir, revision, training_config, launch, steps, timeout, real_weights,
-                        fmt.lower(), _out, _hint)
+                        fmt.lower(), _out, _hint, device)
 
 
 @app.command(context_settings=_CONTEXT)

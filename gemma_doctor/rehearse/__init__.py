@@ -41,7 +41,7 @@ def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
 
 def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
                  launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str,
-                 out: Callable[[str], None], hint: Callable[[str], None]) -> int:
+                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto") -> int:
     """The `rehearse` command: rehearse, print the view, return the exit code."""
     from gemma_doctor.render import rehearse as view
     from gemma_doctor.rehearse.runner import rehearse
@@ -58,7 +58,7 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
 
             script = argv_of(launch, Path.cwd())[0]
     result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
-                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script)
+                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script, device=device)
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "
@@ -125,8 +125,11 @@ def rehearse_prescriptions(items: list[Any], timeout: float,
         skipped = [f.message.removeprefix("not rehearsable on this machine: ") for f in result.findings
                    if f.code == "GD951"]
         if not result.failed:
-            stack = ", ".join(f"{k} {v}" for k, v in result.stack.items() if v and k != "python")
-            lines.append((name, f"rehearsed: clean ({len(result.stages)} stages through {stack}, {result.seconds:.0f} s)"
+            from gemma_doctor.render.rehearse import NOT_LIBRARIES, where
+
+            stack = ", ".join(f"{k} {v}" for k, v in result.stack.items() if v and k not in NOT_LIBRARIES)
+            lines.append((name, f"rehearsed: clean ({len(result.stages)} stages through {stack}{where(result.stack)}, "
+                                f"{result.seconds:.0f} s)"
                           + (f"; not rehearsable here: {'; '.join(skipped)}" if skipped else "")))
             out.append(item)
             continue

@@ -52,10 +52,17 @@ def real(plan: dict[str, Any], events: Any) -> int:
     from gemma_doctor.rehearse.realweights import measure_step
 
     s = plan["settings"]
+    # The memory plan's run where the parent planned one (gemma_doctor/rehearse/runner.py): the step measured is the
+    # run planned, so that its peak can be held against the plan; else the training config's own settings.
+    run = plan.get("measure") or {}
+    lora = run["method"] != "full" if "method" in run else bool(s.get("lora"))
     try:
-        got = measure_step(Path(plan["target_dir"]), seq_len=int(s.get("max_length") or 512),
-                           batch=int(s.get("batch") or 1), dtype=s.get("dtype") or "bfloat16",
-                           lora=bool(s.get("lora")))
+        got = measure_step(Path(plan["target_dir"]), seq_len=int(run.get("seq_len") or s.get("max_length") or 512),
+                           batch=int(run.get("batch_size") or s.get("batch") or 1),
+                           dtype=run.get("load_dtype") or s.get("dtype") or "bfloat16", lora=lora,
+                           lora_r=int(run.get("lora_r") or 8), lora_targets=run.get("lora_targets"),
+                           gradient_checkpointing=bool(run.get("gradient_checkpointing")),
+                           optimizer_step=bool(run), device=plan.get("device") or "cpu")
     except Exception as e:  # noqa: BLE001 - reported as the stage's failure
         events.write("real-weights", "error", **_error(e))
         return 0
@@ -73,7 +80,7 @@ def main(argv: list[str]) -> int:
         return 2
     plan = json.loads(Path(argv[1]).read_text())
     events = Events(Path(plan["events"]))
-    stack(events)  # first, so that a twin the installed transformers cannot build still names that transformers
+    stack(events, plan.get("device") or "cpu")  # first, so that a twin the installed transformers cannot build still names that transformers
     if argv[0] == "real":
         return real(plan, events)
     if not build(plan, events) or argv[0] == "build":

@@ -22,7 +22,7 @@ from gemma_doctor.rehearse.rows import ROWS, _read_rows
 
 # Keys of a user's config that the rehearsal overrides or drops: where outputs go, how long it runs, what it
 # reports to, and what would reach the network or a GPU.
-_FORCED = dict(report_to="none", use_cpu=True, logging_steps=1, save_strategy="no", push_to_hub=False,
+_FORCED = dict(report_to="none", logging_steps=1, save_strategy="no", push_to_hub=False,
                dataloader_num_workers=0, dataloader_pin_memory=False, torch_compile=False, disable_tqdm=True,
                load_best_model_at_end=False, save_safetensors=True)
 _DROPPED = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token", "resume_from_checkpoint",
@@ -89,6 +89,7 @@ class Run:
         self.tokenizer: Any = None
         self.trainer: Any = None
         self.notes: list[str] = []
+        self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _load_model(self, where: str) -> Any:
@@ -141,7 +142,8 @@ class Run:
         if "per_device_train_batch_size" in _fields(cls) and "per_device_train_batch_size" not in raw \
                 and isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
             raw["per_device_train_batch_size"] = batch
-        kw = {**raw, **{k: v for k, v in _FORCED.items() if k in _fields(cls)}, "output_dir": str(output),
+        forced = {**_FORCED, "use_cpu": self.device == "cpu"}
+        kw = {**raw, **{k: v for k, v in forced.items() if k in _fields(cls)}, "output_dir": str(output),
               "max_steps": self.plan["steps"], "seed": 0, **over}
         if "eval_strategy" in _fields(cls):
             kw["eval_strategy"] = "no"
@@ -155,7 +157,8 @@ class Run:
                                                  tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
-        return {"input_ids": torch.tensor([list(ids)]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        return {"input_ids": torch.tensor([list(ids)], device=self.device),
+                "attention_mask": torch.ones(1, len(ids), dtype=torch.long, device=self.device)}
 
     def _logits(self, model: Any) -> Any:
         """The probe input's logits computed in float32, so that the comparisons see what the weights hold (a lost
@@ -177,7 +180,7 @@ class Run:
         try:
             model.eval()
             with torch.no_grad():
-                return model(**self._batch(), use_cache=False).logits.float()
+                return model(**self._batch(), use_cache=False).logits.float().cpu()
         finally:
             for t, dtype in cast.items():
                 t.data = t.data.to(dtype)
@@ -187,6 +190,7 @@ class Run:
         """Tokenizer and model from the twin's repo id, as the user's run loads them."""
         import transformers
 
+        self.device = _device(self.plan.get("device") or "cpu")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.plan["repo_id"])
         self.model = self._load_model(self.plan["repo_id"])
         self.events.write("load", "ok", cls=type(self.model).__name__, dtype=str(self.model.dtype),
@@ -321,6 +325,7 @@ class Run:
             reloaded = PeftModel.from_pretrained(self._load_model(self.plan["repo_id"]), str(folder))
         else:
             reloaded = self._load_model(str(folder))
+        reloaded.to(self.device)
         got = self._logits(reloaded)
         self.events.write("save", "ok", **_compare(ref, got), files=sorted(p.name for p in folder.iterdir()))
 
@@ -357,7 +362,7 @@ class Run:
         folder = self.work / "merged"
         merged.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
-        reloaded = self._load_model(str(folder))
+        reloaded = self._load_model(str(folder)).to(self.device)
         got = self._logits(reloaded)
         self.events.write("merge", "ok", merged=_compare(ref, exact), reloaded=_compare(in_memory, got),
                           dtype=str(saved_dtype))
@@ -370,11 +375,36 @@ def _compare(ref: Any, got: Any) -> dict[str, Any]:
     return {"max_abs_diff": float((ref - got).abs().max()), "scale": float(ref.abs().max())}
 
 
-def stack(events: Events) -> None:
-    """Record the versions of the libraries the child runs with."""
+def _device(asked: str) -> str:
+    """Where the twin trains: ``cpu``, or ``cuda`` where asked (``auto``/``cuda``) and torch sees a CUDA device. A GPU
+    asked for by name and not there is the load stage's failure, not a silent CPU run."""
+    if asked == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if asked == "cuda":
+        raise RuntimeError(f"--device cuda: torch {torch.__version__} sees no CUDA device here")
+    return "cpu"
+
+
+def stack(events: Events, device: str = "cpu") -> None:
+    """Record the versions of the libraries the child runs with, and the device it trains on."""
+    where: dict[str, Any] = {"device": device}
+    if device != "cpu":
+        try:
+            where["device"] = _device(device)
+        except RuntimeError as e:
+            where["device_error"] = str(e)
+        if where["device"] == "cuda":
+            import torch
+
+            props = torch.cuda.get_device_properties(0)
+            where.update(gpu=str(props.name), compute_capability=f"{props.major}.{props.minor}")
     events.write("stack", "ok", **{name: _version(name) for name in
                                    ("torch", "transformers", "peft", "trl", "accelerate", "datasets")},
-                 python=sys.version.split()[0])
+                 python=sys.version.split()[0], **where)
 
 
 def _accumulation(run: Run) -> None:

@@ -191,7 +191,8 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
         elif stage == "real-weights":
             from gemma_doctor.rehearse.realweights import judge as judge_real  # pure; imports no torch
 
-            out += judge_real(r, train_dtype=r.get("train_dtype"))
+            out += judge_real(r, train_dtype=r.get("train_dtype"), plan_bytes=r.get("plan_tensor_bytes"),
+                              device_bytes=r.get("device_bytes"))
     return out
 
 

@@ -116,7 +116,7 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
             (root / sub).mkdir()
         plan = {**plan, "root": str(root), "workdir": str(root / "work"), "events": str(root / "events.jsonl")}
         (root / "plan.json").write_text(json.dumps(plan))
-        env = _environment(root)
+        env = _environment(root, plan.get("device") or "cpu")
         log = root / "child.log"
         build = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", "build", str(root / "plan.json")],
                       root / "work", env, log)

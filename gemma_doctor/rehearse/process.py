@@ -43,9 +43,12 @@ class Child:
         self.proc.wait()
 
 
-def _environment(root: Path) -> dict[str, str]:
-    """The child's environment: the user's, with every cache private and the network off."""
+def _environment(root: Path, device: str = "cpu") -> dict[str, str]:
+    """The child's environment: the user's, with every cache private and the network off; the GPUs the user's own
+    CUDA_VISIBLE_DEVICES shows stay visible unless the rehearsal runs on the CPU (``device``)."""
     env = dict(os.environ)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"):
         env.pop(name, None)
     package_root = str(Path(__file__).resolve().parent.parent.parent)
@@ -53,7 +56,7 @@ def _environment(root: Path) -> dict[str, str]:
         "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(root / "hub"), "HF_DATASETS_CACHE": str(root / "datasets"),
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
-        "TMPDIR": str(root / "tmp"), "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", ""),
+        "TMPDIR": str(root / "tmp"),
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1))),
     })

@@ -135,8 +135,12 @@ def _own_name(name: str) -> str:
 
 
 def measure_step(model_dir: Path, *, seq_len: int, batch: int = 1, dtype: str = "bfloat16", device: str = "auto",
-                 lora: bool = True, texts: list[str] | None = None) -> dict:
-    """One forward + backward of the real checkpoint in ``model_dir`` at (``batch``, ``seq_len``) on ``device``."""
+                 lora: bool = True, texts: list[str] | None = None, lora_r: int = 8, lora_targets: Any = None,
+                 gradient_checkpointing: bool = False, optimizer_step: bool = False) -> dict:
+    """One forward + backward of the real checkpoint in ``model_dir`` at (``batch``, ``seq_len``) on ``device``; with
+    ``optimizer_step`` also AdamW's step, so that the peak holds the optimizer's states as the run's first step does.
+    ``lora_r`` / ``lora_targets`` (a list, a regex or "all-linear"; None: every linear of the text model) and
+    ``gradient_checkpointing`` are the run's, so that the peak is the planned run's."""
     import torch
     import transformers
 
@@ -165,7 +169,8 @@ def measure_step(model_dir: Path, *, seq_len: int, batch: int = 1, dtype: str = 
     if meter is not None:
         meter.__enter__()
     result: dict[str, Any] = {"device": device, "dtype": dtype, "seq_len": seq_len, "batch": batch, "lora": lora,
-                              "oom": False, "error": None}
+                              "lora_r": int(lora_r) if lora else None, "gradient_checkpointing": gradient_checkpointing,
+                              "optimizer_step": optimizer_step, "oom": False, "error": None}
     acts: dict[str, float] = {}
     grads: dict[str, float] = {}
     order: list[str] = []  # modules in the order their outputs were computed
@@ -182,8 +187,12 @@ def measure_step(model_dir: Path, *, seq_len: int, batch: int = 1, dtype: str = 
             from peft import LoraConfig, get_peft_model
 
             nested = any("language_model" in name for name, _ in model.named_modules())
-            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS if nested
-                                                     else "all-linear"))
+            targets = lora_targets if lora_targets else LORA_TARGETS if nested else "all-linear"
+            model = get_peft_model(model, LoraConfig(r=int(lora_r), lora_alpha=2 * int(lora_r), target_modules=targets))
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if lora:
+                model.enable_input_require_grads()
         model.train()
 
         def forward_hook(name: str):
@@ -212,6 +221,14 @@ def measure_step(model_dir: Path, *, seq_len: int, batch: int = 1, dtype: str = 
         loss = out.loss
         loss.backward()
         result["loss"] = float(loss.detach().float())
+        del out, loss
+        if optimizer_step:
+            for h in handles:  # the step's activations and gradients are measured; the optimizer's are not modules'
+                h.remove()
+            handles = []
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            torch.optim.AdamW(trainable, lr=0.0).step()
+        result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     except torch.cuda.OutOfMemoryError as e:
         result.update(oom=True, error=str(e).strip().splitlines()[0][:300])
     finally:
@@ -221,7 +238,10 @@ def measure_step(model_dir: Path, *, seq_len: int, batch: int = 1, dtype: str = 
             meter.__exit__(None, None, None)
     if on_gpu:
         torch.cuda.synchronize(device)
-        result.update(peak_bytes=int(torch.cuda.max_memory_allocated(device)), peak_source="cuda.max_memory_allocated")
+        props = torch.cuda.get_device_properties(device)
+        result.update(peak_bytes=int(torch.cuda.max_memory_allocated(device)), peak_source="cuda.max_memory_allocated",
+                      device_bytes=int(props.total_memory), gpu=str(props.name),
+                      compute_capability=f"{props.major}.{props.minor}")
     else:
         assert meter is not None
         result.update(peak_bytes=meter.increase, peak_source="rss")

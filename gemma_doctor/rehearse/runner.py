@@ -152,7 +152,7 @@ def _run_child(plan: dict[str, Any], timeout: float, mode: str = "run") -> tuple
         (root / "plan.json").write_text(json.dumps(plan))
         log = root / "child.log"
         child = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", mode, str(root / "plan.json")],
-                      root / "work", _environment(root), log)
+                      root / "work", _environment(root, plan.get("device") or "cpu"), log)
         status = child.wait(timeout)
         records = _records(root / "events.jsonl")
         if status is None:
@@ -166,7 +166,7 @@ def _run_child(plan: dict[str, Any], timeout: float, mode: str = "run") -> tuple
 
 
 def plan_for(target: str, cache_dir: Path | None, revision: str, training_config: Path | None,
-             steps: int, trainer: str | None = None) -> tuple[dict[str, Any], list[Finding], list[str], str]:
+             steps: int, trainer: str | None = None, device: str = "auto") -> tuple[dict[str, Any], list[Finding], list[str], str]:
     """(the child's plan, findings before running, notes, repo id) for one target."""
     from gemma_doctor import locate
 
@@ -210,22 +210,25 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
     repo_id = _repo_id(snap, raw, config)
     plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
-            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps, "stages": list(STAGES)}
+            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps, "stages": list(STAGES),
+            "device": device}
     return plan, findings, notes, repo_id
 
 
 def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "main",
              training_config: Path | None = None, steps: int = DEFAULT_STEPS,
              timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False,
-             trainer: str | None = None, script: list[str] | None = None) -> Rehearsal:
+             trainer: str | None = None, script: list[str] | None = None, device: str = "auto") -> Rehearsal:
     """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does.
-    ``script``: the user's own command (rehearse --launch, gemma_doctor/rehearse/launch.py) instead of the driver."""
+    ``script``: the user's own command (rehearse --launch, gemma_doctor/rehearse/launch.py) instead of the driver.
+    ``device``: ``auto`` trains the twin (and measures the real step) on the GPU where torch sees one, ``cpu`` never
+    shows the child a GPU, ``cuda`` fails the load stage where there is none."""
     from gemma_doctor import catalogue
     from gemma_doctor.rehearse import invariants
 
     started = time.monotonic()
     plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps,
-                                              "script" if script else trainer)
+                                              "script" if script else trainer, device)
     result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
     if any(f.code == "GD950" for f in findings):
         result.seconds = time.monotonic() - started
@@ -241,7 +244,18 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
     else:
         records, ended = _run_child(plan, timeout)
     if real_weights and ended is None:
-        measured, ended = _run_child(plan, timeout, "real")
+        memory = _memory_plan(target, cache_dir, revision, training_config)
+        measure = _measurable(memory)
+        measured, ended = _run_child({**plan, "measure": measure} if measure else plan, timeout, "real")
+        for r in measured:
+            if r.get("stage") == "real-weights" and r.get("status") == "ok" and measure:
+                r.update(plan_tensor_bytes=memory["tensor_bytes"], plan_summary=memory.get("summary"))
+        if memory is not None and not measure:
+            why = "TRL's chunked log-probs, which one forward of the model does not compute" \
+                if (memory.get("run") or {}).get("chunked_loss") else "the step loads the checkpoint unquantized, " \
+                "on one device"
+            result.notes.append(f"the measured step is not the planned run ({memory.get('method')}: {why}), so its "
+                                "peak is not held against the memory plan")
         records += measured
     result.stack = next((dict((k, v) for k, v in r.items() if k not in ("stage", "status", "elapsed"))
                          for r in records if r.get("stage") == "stack"), {})
@@ -261,6 +275,35 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
     result.findings += found
     result.seconds = time.monotonic() - started
     return result
+
+
+def _memory_plan(target: str, cache_dir: Path | None, revision: str,
+                 training_config: Path | None) -> dict[str, Any] | None:
+    """check's memory plan of this run (the same training config, the GPU the probe finds): the plan the measured step
+    is held against; None where check plans none (no GPU, an unreadable model)."""
+    from gemma_doctor import api
+    from gemma_doctor.errors import DoctorError
+
+    try:
+        report = api.diagnose(str(target), cache_dir=cache_dir, revision=revision,
+                              training_config=str(training_config) if training_config else None)
+    except DoctorError:
+        return None
+    memory = next((m.extra.get("memory") for m in report.models if m.extra), None)
+    return memory if isinstance(memory, dict) and isinstance(memory.get("tensor_bytes"), int) else None
+
+
+def _measurable(memory: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The planned run's shape for the measured step (method, batch, length, LoRA, checkpointing, load dtype); None for
+    a plan the step cannot execute as planned (QLoRA's 4-bit load, several GPUs' sharding)."""
+    run = (memory or {}).get("run") or {}
+    # TRL's chunked log-probs (run.chunked_loss) are not what one forward of the model computes: its b*s*V logits
+    # would be held against a plan that counts a tile of them.
+    if not run or run.get("method") not in ("full", "lora") or (run.get("num_gpus") or 1) > 1 \
+            or run.get("chunked_loss"):
+        return None
+    return {k: run.get(k) for k in ("method", "batch_size", "seq_len", "lora_r", "lora_targets",
+                                    "gradient_checkpointing", "load_dtype")}
 
 
 def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any]) -> Finding:

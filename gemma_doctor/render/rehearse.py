@@ -46,20 +46,36 @@ def _summary(s: dict[str, Any]) -> str:
         peak = s.get("peak_bytes") or 0
         over = f"fp16 overflow first at {s.get('first_overflow')}" if s.get("fp16_overflow") else \
             f"fp16 headroom x{_fmt(s.get('fp16_headroom'))}"
-        return (f"{s.get('device')}: peak {peak / 1024**3:.2f} GiB ({s.get('peak_source')}), largest activation "
-                f"{_fmt(s.get('act_absmax'))}, largest gradient {_fmt(s.get('grad_absmax'))}, {over}")
+        planned = s.get("plan_tensor_bytes")
+        against = f" against the plan's {planned / 1024**3:.2f} GiB (x{peak / planned:.2f})" \
+            if isinstance(planned, int) and planned > 0 else ""
+        return (f"{s.get('device')}: peak {peak / 1024**3:.2f} GiB ({s.get('peak_source')}){against}, largest "
+                f"activation {_fmt(s.get('act_absmax'))}, largest gradient {_fmt(s.get('grad_absmax'))}, {over}")
     if stage == "accumulation":
         return (f"loss {_fmt(s.get('accumulated_loss'))} ({s.get('micro')} x {s.get('k')}) vs "
                 f"{_fmt(s.get('whole_loss'))} (one batch)")
     return ""
 
 
+# Keys of the child's stack record that are not library versions: where it ran.
+NOT_LIBRARIES = ("python", "device", "device_error", "gpu", "compute_capability")
+
+
+def where(stack: dict[str, Any]) -> str:
+    """Where the twin trained, as a clause of the header ("" where the child recorded no device: an older plan)."""
+    if stack.get("device") == "cuda":
+        return f"; on {printable(str(stack.get('gpu', 'a GPU')))} (compute capability {stack.get('compute_capability')})"
+    if stack.get("device_error"):
+        return f"; on the CPU ({printable(str(stack['device_error']))})"
+    return "; on the CPU" if stack.get("device") == "cpu" else ""
+
+
 def render_text(rehearsal: Any) -> str:
     """The text view: the stack, one line per stage, the findings with their cures, the verdict."""
     stack = rehearsal.stack
-    libs = ", ".join(f"{k} {v}" for k, v in stack.items() if v and k != "python")
+    libs = ", ".join(f"{k} {v}" for k, v in stack.items() if v and k not in NOT_LIBRARIES)
     lines = [f"rehearsal of {rehearsal.repo_id} ({rehearsal.target}), {rehearsal.trainer} run"
-             + (f": {libs}" if libs else "")]
+             + (f": {libs}" if libs else "") + where(stack)]
     for s in rehearsal.stages:
         status = s.get("status")
         text = _summary(s) if status == "ok" else s.get("reason", "") if status == "skipped" else s.get("line", "")
