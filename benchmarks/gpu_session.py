@@ -153,9 +153,12 @@ def main() -> int:
     plain = work / "trainer.json"
     plain.write_text(json.dumps({"bf16": True, "per_device_train_batch_size": 2, "use_peft": True, "lora_r": 16,
                                  "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
-    for name, args, site in (("rehearse-trl-sft-cuda", ["--training-config", str(sft)], a.site),
-                             ("rehearse-trainer-cuda", ["--training-config", str(plain)], None)):
-        got = _cli(["rehearse", str(EXAMPLE), *args, "--device", a.device, "--format", "json"], 240, site)
+    for name, target, args, site in (
+            ("rehearse-trl-sft-cuda", EXAMPLE, ["--training-config", str(sft)], a.site),
+            ("rehearse-trainer-cuda", EXAMPLE, ["--training-config", str(plain)], None),
+            ("rehearse-gemma4-trainer-cuda", EXAMPLE.parent / "google--gemma-4-E2B-it", ["--training-config", str(plain)],
+             None)):
+        got = _cli(["rehearse", str(target), *args, "--device", a.device, "--format", "json"], 240, site)
         result[name] = got
         doc = (got.get("json") or {}).get("rehearsals") or [got.get("json") or {}]
         r = doc[0] if doc else {}
