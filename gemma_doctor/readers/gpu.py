@@ -403,16 +403,9 @@ def probe(environ: Mapping[str, str] | None = None, *, system: str | None = None
         return GpuFacts((), None, "probe", "none", f"GPU probe failed: {type(e).__name__}: {e}".splitlines()[0], False, "none")
 
 
-# --- once per run ------------------------------------------------------------------------------
-
-_LAST: tuple[object, GpuFacts] | None = None
-
+# --- the run's GPU -------------------------------------------------------------------------------
 
 def for_options(options: Any) -> GpuFacts:
-    """resolve(options.gpu), computed once per run: the env probe and every model's recommendation share it."""
-    global _LAST
-    if _LAST is not None and _LAST[0] is options:
-        return _LAST[1]
-    facts = resolve(getattr(options, "gpu", None))
-    _LAST = (options, facts)
-    return facts
+    """resolve(options.gpu): made once per run by pipeline.environment(), which hands it on in Environment.gpu (the env
+    probe and every model's recommendation share that value; nothing is kept here, so a later run probes afresh)."""
+    return resolve(getattr(options, "gpu", None))
