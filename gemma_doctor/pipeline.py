@@ -44,7 +44,7 @@ def environment(options: CheckOptions) -> Environment:
         from gemma_doctor.readers import launch
 
         tc = launch.combine(tc, launch.parse(options.launch))
-    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options), training_config=tc)
+    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc), training_config=tc)
 
 
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:

@@ -222,7 +222,8 @@ def sft_trainer_config(tc: Any) -> bool:
 def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, int, str | None]:
     """(bytes per GPU, name, GPUs seen, note): --gpu-memory, else the probe's smallest device, else --gpu's size (as
     readers/gpu.py parsed it once: the GPU fact carries the note and the size assumed, never parsed again here)."""
-    count = max(1, len(getattr(gpu, "devices", ()) or ()))
+    # The GPU value's count (readers/gpu.py: --num-gpus, the training config, else the devices visible).
+    count = getattr(gpu, "count", None) or max(1, len(getattr(gpu, "devices", ()) or ()))
     name = getattr(gpu, "label", None)
     if override is not None:
         return override, name, count, f"--gpu-memory {override / memory.GIB:g} GiB"
