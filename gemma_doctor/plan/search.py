@@ -253,18 +253,19 @@ def _quick_order() -> tuple[int, ...]:
             + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
 
 
-_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_PLANS: dict[tuple[Any, ...], Any] = {}
 
 
 def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
-                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str,
+                  request: runplan.MemoryRequest, key: str, tc: tc_reader.TrainingConfig, task: str,
                   trl_chunks: bool = False) -> runplan.MemoryFacts:
-    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
-    models of one architecture in a cache get the same candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks), tc,
+    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process
+    by the text the config is made from (``key``, _as_read_key): models of one architecture in a cache get the same
+    candidates."""
+    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key),
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
-                                                          trl_chunks=trl_chunks))
+                                                          trl_chunks=trl_chunks, config_key=key))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -281,7 +282,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     if under is None or under.env is not env:
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
-    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), tc,
+    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
