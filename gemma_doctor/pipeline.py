@@ -105,7 +105,9 @@ def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelF
     """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
     report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
     engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
-    naming = Naming(facts.snapshot.target, functools.partial(locate.command_args, facts.snapshot))
+    snap = facts.snapshot
+    naming = Naming(snap.target, functools.partial(locate.command_args, snap),
+                    functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap))
     findings = tuple(naming.finding(f) for f in findings)
     changes: dict[str, Any] = {}
     d = facts.decision
@@ -127,6 +129,12 @@ def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelF
         if rec2 is not rec:
             changes["recommendation"] = rec2
     return (facts.with_(**changes) if changes else facts), findings
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) -> recommend.Recommendation | None:

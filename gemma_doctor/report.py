@@ -12,6 +12,8 @@ from typing import Any
 # about (Naming, pipeline.named) before any view, decision or caller meets it.
 MODEL = "\u27e8model\u27e9"  # the target as typed: gemma-doctor recommend TARGET
 MODEL_ARGS = "\u27e8model-args\u27e9"  # the target and its --revision / --cache-dir when not the defaults (command_args)
+MODEL_REPO = "\u27e8model-repo\u27e9"  # the repo id, quoted for a shell: hf download REPO
+MODEL_WHERE = "\u27e8model-where\u27e9"  # hf download's " --revision .. --cache-dir .." for it, or nothing
 _MARK = "\u27e8model"
 
 
@@ -21,13 +23,16 @@ class Naming:
 
     target: str
     args: Any  # Callable[[], str]
+    repo: Any = None  # Callable[[], str]
+    where: Any = None  # Callable[[], str]
 
     def text(self, s: str) -> str:
-        """``s`` with the model's names in place of MODEL and MODEL_ARGS."""
+        """``s`` with the model's names in place of MODEL, MODEL_ARGS, MODEL_REPO and MODEL_WHERE."""
         if _MARK not in s:
             return s
-        if MODEL_ARGS in s:
-            s = s.replace(MODEL_ARGS, self.args())
+        for mark, made in ((MODEL_ARGS, self.args), (MODEL_REPO, self.repo), (MODEL_WHERE, self.where)):
+            if mark in s and made is not None:
+                s = s.replace(mark, made())
         return s.replace(MODEL, self.target)
 
     def finding(self, f: Finding) -> Finding:

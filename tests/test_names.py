@@ -17,11 +17,12 @@ OPTIONS = {"gpu": "T4", "with_packages": ("transformers==4.50.3",)}
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
-    """Two cached repos with the same files under two names."""
+    """Two cached repos with the same files under two names (a broken shard among them)."""
     root = tmp_path_factory.mktemp("names") / "hub"
     cache = HubCache(root)
     for name in NAMES:
-        cache.add(name, {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+        cache.add(name, {"config.json": gemma3_12b_config(), "generation_config.json": generation_config(),
+                         "model.safetensors": b"not a safetensors file"})  # GD204: download it again
     return root
 
 
@@ -45,14 +46,15 @@ def test_equal_files_get_equal_findings_whatever_the_names(twins):
     assert not any(part in text for n in NAMES for part in n.split("/"))  # no name, whole or in part
 
     from gemma_doctor import pipeline
-    from gemma_doctor.report import MODEL, MODEL_ARGS
+    from gemma_doctor.report import MODEL, MODEL_ARGS, MODEL_REPO, MODEL_WHERE
 
-    assert MODEL in text and MODEL_ARGS in text  # the places that name the model, left for the engine
+    assert all(mark in text for mark in (MODEL, MODEL_ARGS, MODEL_REPO, MODEL_WHERE))  # left for the engine
     for facts, found, name in ((a, found_a, NAMES[0]), (b, found_b, NAMES[1])):
         _, named = pipeline.named(facts, found)
         fixes = " ".join(f.fix or "" for f in named)
         assert f"gemma-doctor recommend {name} --gpu T4" in fixes
         assert f"gemma-doctor fix {name} --cache-dir {twins} --with transformers==4.50.3 --inplace" in fixes
+        assert f"hf download {name} model.safetensors --cache-dir {twins} --force-download" in fixes
         assert MODEL not in json.dumps([f.to_json() for f in named], ensure_ascii=False)
 
 
