@@ -16,12 +16,12 @@ from gemma_doctor import family as family_mod
 from gemma_doctor import guards, pipeline
 from gemma_doctor.errors import DoctorError, InvalidArgument, UsageError
 from gemma_doctor.facts import CheckOptions
-from gemma_doctor.gpus import parse_gpu_spec
+from gemma_doctor.readers.gpu import planned as planned_gpu
 from gemma_doctor.readers.gpu import resolve as resolve_gpu
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import FailOn
 from gemma_doctor.rules.crashes import RequiredInput, kv_shared_layers, required_input
-from gemma_doctor.rules.training import GpuView, fallback_gpu
+from gemma_doctor.rules.training import GpuView, fallback_gpu, view_of
 from gemma_doctor.versioning import GEMMA4_KV_SHARE_NO_CACHE
 
 ON_MISMATCH = ("raise", "warn", "ignore")
@@ -214,7 +214,7 @@ def check_gpu(gpu: str | None) -> None:
     if gpu is None:
         return
     try:
-        parse_gpu_spec(gpu)
+        planned_gpu(gpu)
     except UsageError as e:
         raise InvalidArgument(str(e)) from None
 
@@ -228,8 +228,8 @@ def _gpu(gpu: str | None) -> GpuView:
     except Exception:  # a failing probe must not stop training; fall through to torch  # noqa: BLE001
         facts = None
     if facts is not None:
-        native = None if facts.backend == "none" else facts.native_bf16
-        return GpuView(native, facts.emulated_bf16_trap, facts.label if facts.devices else "this GPU")
+        view = view_of(facts)
+        return view if facts.devices else GpuView(view.native_bf16, view.emulated_trap, "this GPU")
     import torch  # the model is a torch model: torch is already imported
 
     if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
@@ -363,4 +363,4 @@ def prescription_for(model: Any, gpu: str | None = None, task: str | None = None
 
         gpu_facts = gpu_reader.for_options(options)
     shape = runplan.shape_for(facts.config.data, None)
-    return pipeline.with_decision(facts, options, env, gpu_facts, shape).decision
+    return pipeline.named(pipeline.with_decision(facts, options, env, gpu_facts, shape))[0].decision

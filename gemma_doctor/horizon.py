@@ -12,6 +12,7 @@ Move a library's entry only after that run says its windows still hold, in a com
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,31 +55,39 @@ def _public(version: str) -> str:
         return version
 
 
-# The last stack asked about and its answer: a scan asks about the run's one stack for every model (and candidate).
-_LAST: tuple[Stack, tuple[Beyond, ...]] | None = None
-
-
 def beyond(stack: Stack) -> list[Beyond]:
     """The libraries of ``stack`` whose version that will run is newer than ``VERIFIED`` (every allowed version is,
     for a range); a range that also admits verified releases is not reported."""
-    global _LAST
-    last = _LAST
-    if last is not None and last[0] is stack:  # a Stack is frozen; its packages are never changed after it is made
-        return list(last[1])
-    out = _beyond(stack)
-    _LAST = (stack, tuple(out))
-    return out
+    # Keyed by the packages themselves (the only part of the stack the answer reads), so equal stacks share it.
+    return list(_beyond_of(_verified_packages(stack)))
+
+
+def _verified_packages(stack: Stack) -> tuple[Package, ...]:
+    return tuple(stack.get(name) for name in VERIFIED)
 
 
 def _beyond(stack: Stack) -> list[Beyond]:
+    """beyond(), computed afresh."""
+    return list(_compare(_verified_packages(stack)))
+
+
+def _compare(packages: tuple[Package, ...]) -> tuple[Beyond, ...]:
+    """The ``Beyond`` of ``packages`` (one per ``VERIFIED`` library, in its order)."""
     out: list[Beyond] = []
-    for name, verified in VERIFIED.items():
-        pkg = stack.get(name)
+    for (name, verified), package in zip(VERIFIED.items(), packages):
+        pkg = package
         if pkg.version is not None:
             pkg = Package(pkg.name, _public(pkg.version), pkg.specifier, pkg.source)
         if exposure_of(pkg, Window(name, f">{verified}")) is Exposure.AFFECTED:
-            out.append(Beyond(name, stack.get(name), verified))
-    return out
+            out.append(Beyond(name, package, verified))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _beyond_of(packages: tuple[Package, ...]) -> tuple[Beyond, ...]:
+    """_compare(), once per distinct set of packages: a scan asks about the run's one stack for every model and
+    candidate (a pure function of the packages, which are frozen and compared by value)."""
+    return _compare(packages)
 
 
 def to_json(stack: Stack) -> dict[str, Any]:

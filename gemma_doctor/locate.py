@@ -86,14 +86,22 @@ def redownload_command(snapshot: Snapshot, files: list[str | None]) -> str:
         return f"gemma-doctor check {shlex.quote(snapshot.target)}"
     names = sorted({f for f in files if f})
     parts = ["hf download", shlex.quote(snapshot.repo_id), *map(shlex.quote, names)]
+    return " ".join(parts) + download_where(snapshot) + " --force-download"
+
+
+def download_where(snapshot: Snapshot) -> str:
+    """The --revision / --cache-dir of redownload_command for ``snapshot`` (each with its leading space), or ""."""
+    import shlex
+
+    parts = []
     rev = snapshot.revision if snapshot.revision and snapshot.revision != "main" else None
     if rev is None and not snapshot.revision and snapshot.commit:
         rev = snapshot.commit
     if rev:
-        parts.append(f"--revision {shlex.quote(rev)}")
+        parts.append(f" --revision {shlex.quote(rev)}")
     if snapshot.cache_dir is not None and os.path.abspath(snapshot.cache_dir) != os.path.abspath(default_cache_dir()):
-        parts.append(f"--cache-dir {shlex.quote(str(snapshot.cache_dir))}")
-    return " ".join(parts + ["--force-download"])
+        parts.append(f" --cache-dir {shlex.quote(str(snapshot.cache_dir))}")
+    return "".join(parts)
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:

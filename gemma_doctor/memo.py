@@ -56,32 +56,35 @@ MAX_RAW = 1 << 20
 _FROM_RAW = ("data parsed from raw",)
 
 
-# A header's tensors (the bulk of a census) keyed by a token per distinct content: the same tuple object (a header
-# parsed once and met again in every fine-tune of a base: safetensors_header._parsed) is looked up by identity, a new
-# object by value, so equal tensors always get the same token and unequal ones never do (tokens are never reused).
-_TOKENS = itertools.count()
-_BY_VALUE: dict[tuple, tuple[str, int]] = {}
-_BY_ID: dict[int, tuple[tuple, tuple[str, int]]] = {}
+class Tensors:
+    """A header's tensors (the bulk of a census) keyed by a token per distinct content, for one scan (its Memo owns
+    it): the same tuple object (a header parsed once and met again in every fine-tune of a base:
+    safetensors_header._parsed) is looked up by identity, a new object by value, so equal tensors always get the same
+    token and unequal ones never do (tokens are never reused within the scan, whose keys alone they appear in)."""
 
+    def __init__(self) -> None:
+        self.tokens = itertools.count()
+        self.by_value: dict[tuple, tuple[str, int]] = {}
+        self.by_id: dict[int, tuple[tuple, tuple[str, int]]] = {}  # the tuple kept with its entry: its id stays its own
 
-def _tensors_key(v: tuple) -> tuple[str, int] | None:
-    """The key of a tuple of TensorInfo (None: not all of them are), Unmemoisable when a name holds a stand-in."""
-    hit = _BY_ID.get(id(v))
-    if hit is not None and hit[0] is v:
-        return hit[1]
-    if not all(type(x) is TensorInfo for x in v):
-        return None
-    if any("gdmemo" in x.name or BLOB in x.name for x in v):
-        raise Unmemoisable("a stand-in is a tensor name")
-    if len(_BY_ID) >= 4096:
-        _BY_ID.clear()  # objects forgotten: met again, they are looked up by value
-    if len(_BY_VALUE) >= 4096:
-        _BY_VALUE.clear()  # contents forgotten: met again, they get a new token (a miss, never a wrong hit)
-    key = _BY_VALUE.get(v)
-    if key is None:
-        key = _BY_VALUE[v] = ("tensors", next(_TOKENS))
-    _BY_ID[id(v)] = (v, key)
-    return key
+    def key(self, v: tuple) -> tuple[str, int] | None:
+        """The key of a tuple of TensorInfo (None: not all of them are), Unmemoisable when a name holds a stand-in."""
+        hit = self.by_id.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit[1]
+        if not all(type(x) is TensorInfo for x in v):
+            return None
+        if any("gdmemo" in x.name or BLOB in x.name for x in v):
+            raise Unmemoisable("a stand-in is a tensor name")
+        if len(self.by_id) >= 4096:
+            self.by_id.clear()  # objects forgotten: met again, they are looked up by value
+        if len(self.by_value) >= 4096:
+            self.by_value.clear()  # contents forgotten: met again, they get a new token (a miss, never a wrong hit)
+        key = self.by_value.get(v)
+        if key is None:
+            key = self.by_value[v] = ("tensors", next(self.tokens))
+        self.by_id[id(v)] = (v, key)
+        return key
 
 
 # Canonical paths by their type and text: the same few for every model of a cache (snapshots/<COMMIT>/config.json...).
@@ -135,7 +138,8 @@ def _rebuilt(obj: Any, values: dict[str, Any]) -> Any:
 class _Renaming:
     """One model's names and their stand-ins; ``forward`` makes canonical facts and their key, ``back`` undoes it."""
 
-    def __init__(self, repo_id: str, folder: str, commit: str, name: str | None) -> None:
+    def __init__(self, repo_id: str, folder: str, commit: str, name: str | None, tensors: Tensors) -> None:
+        self.tensors = tensors
         self.whole = {repo_id: REPO, commit: COMMIT}
         self.parts = {folder: FOLDER, commit: COMMIT}
         self.folder, self.commit = folder, commit
@@ -247,7 +251,7 @@ class _Renaming:
                 keys.append((kk, kx))
             return (v if same else out), (dict, tuple(keys))
         if t is tuple and v and type(v[0]) is TensorInfo:
-            key = _tensors_key(v)
+            key = self.tensors.key(v)
             if key is not None:
                 return v, key
         if t is tuple or t is list:
@@ -407,7 +411,7 @@ class _Renaming:
         return self.back_map[m.group(0)]
 
 
-def renaming_for(facts: Any) -> _Renaming | None:
+def renaming_for(facts: Any, tensors: Tensors) -> _Renaming | None:
     """The renaming of a cache snapshot's facts, or None when the model is judged directly."""
     snap = facts.snapshot
     if (snap.problem is not None or snap.remote or snap.repo_dir is None or snap.repo_id is None
@@ -426,7 +430,7 @@ def renaming_for(facts: Any) -> _Renaming | None:
     # there); the repo id anywhere else in the model's files makes it judged directly (_Renaming._str).
     if not (isinstance(name, str) and _PLAIN.match(name) and name != snap.commit and name != snap.revision):
         name = None
-    return _Renaming(snap.repo_id, snap.repo_dir.name, snap.commit, name)
+    return _Renaming(snap.repo_id, snap.repo_dir.name, snap.commit, name, tensors)
 
 
 def _renamed_text(raw: bytes, r: _Renaming) -> bytes:
@@ -475,6 +479,7 @@ class Memo:
     def __init__(self, env: Any, options: Any) -> None:
         self.env, self.options = env, options
         self.on = enabled()
+        self.tensors = Tensors()  # tokens for the tensors of this scan's headers
         self._outside: bool | None = None  # whether env and options hold no stand-in (made on first use)
         self.gates: set[bytes | None] = set()  # the gates seen (_gate): a new one is judged without the walk
         # canonical key -> None (its first model was judged as it is) or (canonical facts, their judgement, clean ids)
@@ -485,7 +490,7 @@ class Memo:
         renamed back everywhere, so a stand-in they hold would come back as the model's name."""
         if self._outside is None:
             try:
-                _Renaming("-/-", "-", "-", None).forward((self.env, self.options))  # raises on a stand-in or an
+                _Renaming("-/-", "-", "-", None, Tensors()).forward((self.env, self.options))  # raises on a stand-in or an
                 self._outside = True  # unknown type
             except Unmemoisable:
                 self._outside = False
@@ -493,7 +498,7 @@ class Memo:
 
     def judged(self, facts: T, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
         """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
-        r = renaming_for(facts) if self.on else None
+        r = renaming_for(facts, self.tensors) if self.on else None
         if r is None or not self.outside_clean():
             return judge(facts)
         try:

@@ -6,8 +6,9 @@ The order in which a model's facts are filled in is this module's code (gather),
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -24,7 +25,7 @@ from gemma_doctor.readers import tokenizer as tokenizer_reader
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.versions import installed
-from gemma_doctor.report import Finding, ModelReport, Report
+from gemma_doctor.report import Finding, ModelReport, Naming, Report
 from gemma_doctor.source import ModelSource
 
 if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it)
@@ -44,7 +45,7 @@ def environment(options: CheckOptions) -> Environment:
         from gemma_doctor.readers import launch
 
         tc = launch.combine(tc, launch.parse(options.launch))
-    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options), training_config=tc)
+    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc), training_config=tc)
 
 
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
@@ -96,8 +97,50 @@ def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
 
     facts = read_more(facts, options)
     if remembered is None or not facts.family.is_gemma:
-        return judge(facts)
-    return remembered.judged(facts, judge)
+        return named(*judge(facts))
+    return named(*remembered.judged(facts, judge))
+
+
+def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelFacts, tuple[Finding, ...]]:
+    """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
+    report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
+    engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
+    snap = facts.snapshot
+    naming = Naming(snap.target, functools.partial(locate.command_args, snap),
+                    functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap))
+    findings = tuple(naming.finding(f) for f in findings)
+    changes: dict[str, Any] = {}
+    d = facts.decision
+    if d is not None:
+        d2 = dataclasses.replace(
+            d, findings=tuple(naming.finding(f) for f in d.findings),
+            blocking=tuple(naming.finding(f) for f in d.blocking),
+            way_out=tuple(naming.text(w) for w in d.way_out),
+            recommendation=_named_recommendation(d.recommendation, naming),
+            nearest=_named_recommendation(d.nearest, naming))
+        if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out")) \
+                or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
+            changes["decision"] = d2
+            if facts.recommendation is d.recommendation:
+                changes["recommendation"] = d2.recommendation
+    rec = facts.recommendation
+    if "recommendation" not in changes and rec is not None:
+        rec2 = _named_recommendation(rec, naming)
+        if rec2 is not rec:
+            changes["recommendation"] = rec2
+    return (facts.with_(**changes) if changes else facts), findings
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) -> recommend.Recommendation | None:
+    if rec is None or not any(naming.text(n) is not n for n in rec.notes):
+        return rec
+    return dataclasses.replace(rec, notes=tuple(naming.text(n) for n in rec.notes))
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -147,7 +190,7 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions,
                  findings: tuple[Finding, ...] | None = None) -> ModelReport:
     """Findings (``findings`` when already judged) and JSON blocks of one model."""
     if findings is None:
-        findings = rules.run(facts, env, options)
+        facts, findings = named(facts, tuple(rules.run(facts, env, options)))
     extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
     if facts.adapter is not None:
@@ -412,7 +455,7 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
                              + (", ".join(sizes) if sizes else "none (plan a downloaded model instead)"))
         model_id = advice.PLAN_MODEL_IDS[fam] if size is None else _published_id(fam, size)
         facts = advice.planned_facts(fam, size, model_id)
-        facts = with_decision(facts, options, env, gpu, shape, quantization)
+        facts, _ = named(with_decision(facts, options, env, gpu, shape, quantization))
         return gpu, [_item(facts, f"{fam} (planned)", True, model_id)], []
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     try:
@@ -458,6 +501,7 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         facts = gather(facts, opts, env)  # the census first: the saved dtype and quantization come from it
         if quantization is not None:  # --quantization is recommend's own: decide again with it
             facts = with_decision(facts, opts, env, gpu, None, quantization)
+        facts, _ = named(facts)
         items.append(_item(facts, facts.snapshot.target, False, facts.snapshot.repo_id or str(facts.snapshot.path)))
     if not items:
         where = f"in {cache}" if not targets else "among the targets"

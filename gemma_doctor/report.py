@@ -7,6 +7,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# Where a finding's text names its model. A rule writes these instead of the name, so that its judgement reads no name
+# and models whose facts are equal get equal findings (issue 32); the engine fills them in for the model a finding is
+# about (Naming, pipeline.named) before any view, decision or caller meets it.
+MODEL = "\u27e8model\u27e9"  # the target as typed: gemma-doctor recommend TARGET
+MODEL_ARGS = "\u27e8model-args\u27e9"  # the target and its --revision / --cache-dir when not the defaults (command_args)
+MODEL_REPO = "\u27e8model-repo\u27e9"  # the repo id, quoted for a shell: hf download REPO
+MODEL_WHERE = "\u27e8model-where\u27e9"  # hf download's " --revision .. --cache-dir .." for it, or nothing
+_MARK = "\u27e8model"
+
+
+@dataclass(frozen=True)
+class Naming:
+    """One model's names for the places its findings name it (``args``: made only when a text asks for it)."""
+
+    target: str
+    args: Any  # Callable[[], str]
+    repo: Any = None  # Callable[[], str]
+    where: Any = None  # Callable[[], str]
+
+    def text(self, s: str) -> str:
+        """``s`` with the model's names in place of MODEL, MODEL_ARGS, MODEL_REPO and MODEL_WHERE."""
+        if _MARK not in s:
+            return s
+        for mark, made in ((MODEL_ARGS, self.args), (MODEL_REPO, self.repo), (MODEL_WHERE, self.where)):
+            if mark in s and made is not None:
+                s = s.replace(mark, made())
+        return s.replace(MODEL, self.target)
+
+    def finding(self, f: Finding) -> Finding:
+        """``f`` naming the model (the same object when it names none)."""
+        if _MARK not in f.message and (f.fix is None or _MARK not in f.fix):
+            return f
+        return Finding(f.code, f.severity, self.text(f.message), f.file, f.key,
+                       self.text(f.fix) if f.fix is not None else None, f.details)
+
+
 class Severity(str, enum.Enum):
     """How bad a finding is; ordered info < warning < error."""
 

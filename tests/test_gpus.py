@@ -126,3 +126,51 @@ def test_a_gpu_spelling_is_one_value_whichever_command_reads_it(cli, one_model, 
     notes = [a for a in cm["assumptions"] if facts.memory_note and a == facts.memory_note]
     assert notes == [a for a in rm["assumptions"] if facts.memory_note and a == facts.memory_note]
     assert bool(notes) == bool(facts.memory_note)
+
+
+@pytest.mark.parametrize("spec", SPELLINGS)
+def test_the_python_api_judges_by_the_gpu_check_judges_by(spec):
+    """The Python API (precision_problems, prepare) and check's training-config lint read a --gpu spelling through
+    readers/gpu.py's one value, so they name and judge the same GPU (issue 32: on main the API parsed the spec itself
+    and called an MI300X "MI300X" where check said "MI300X (gfx942)")."""
+    from gemma_doctor import api, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import gpu as gpu_reader
+    from gemma_doctor.rules import training
+
+    options = CheckOptions(gpu=spec)
+    env = pipeline.environment(options)
+    assert env.gpu == gpu_reader.resolve(spec)
+    assert api._gpu(spec) == training.fallback_gpu(spec) == training.gpu_view(env, options)
+
+
+ACCELERATE = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 8\n"
+
+
+@pytest.mark.parametrize("num_gpus, config, count, nodes", [
+    (None, None, 1, 1),  # --gpu A100: one device planned
+    (4, None, 4, 1),  # --num-gpus
+    (None, ACCELERATE, 8, 2),  # the training config's num_processes and num_machines
+    (2, ACCELERATE, 2, 2),  # the option first, as the run's resolver takes it
+])
+def test_the_gpu_value_carries_the_runs_count_and_nodes(one_model, tmp_path, num_gpus, config, count, nodes):
+    """The GPU value states how many GPUs the run uses and on how many machines, and the memory plan's run (the one
+    every view states) uses that very count and those nodes."""
+    from gemma_doctor import locate, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.plan.runplan import MemoryRequest
+    from gemma_doctor.report import FailOn
+
+    path = None
+    if config is not None:
+        path = tmp_path / "accelerate.yaml"
+        path.write_text(config, encoding="utf-8")
+    options = CheckOptions(gpu="A100", fail_on=FailOn.NEVER, training_config=str(path) if path else None,
+                           memory=MemoryRequest(num_gpus=num_gpus) if num_gpus else None)
+    env = pipeline.environment(options)
+    gpu = env.gpu
+    assert (gpu.count, gpu.num_nodes) == (count, nodes)
+    models, _ = pipeline.select(locate.resolve(["google/gemma-3-12b-it"], one_model, "main", False), explicit=True)
+    facts, _ = pipeline.judged(models[0], options, env)
+    run = facts.memory.plan.run
+    assert (run.num_gpus, run.num_nodes) == (gpu.count, gpu.num_nodes)

@@ -58,6 +58,35 @@ def module_state(source: str) -> set[str]:
     return found
 
 
+def identity_keyed(source: str) -> set[str]:
+    """The module state a module keys by identity: state named in a function that calls ``id()``, or that compares with
+    ``is`` a value read from that state (directly or through a local bound to it) to anything but None."""
+    tree = ast.parse(source)
+    names = {n for n in module_state(source) if not n.endswith("()")}
+    found: set[str] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        used = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} & names
+        if not used:
+            continue
+        # Locals bound to the state (``last = _LAST``, ``hit = _BY_ID.get(...)``) read it too.
+        reads = set(used)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)} & used:
+                reads.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
+                found |= used
+            elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(x, ast.Constant) and x.value is None for x in sides):
+                    continue
+                if any(isinstance(n, ast.Name) and n.id in reads for x in sides for n in ast.walk(x)):
+                    found |= used
+    return found
+
+
 def state() -> set[str]:
     """Every module's state as ``module.NAME`` (module relative to the package, dotted)."""
     out = set()
@@ -95,3 +124,26 @@ def test_every_piece_of_module_state_is_documented() -> None:
 ])
 def test_the_walk_finds_state(source: str, expected: set[str]) -> None:
     assert module_state(source) == expected
+
+
+def test_no_module_state_is_keyed_by_identity() -> None:
+    """A value kept by a module and found again by an object's id() or by ``is`` is state of a scan, a search or a
+    call kept where every later one meets it (issue 32): it belongs to that scan, search or call, passed explicitly,
+    or to a cache keyed by the value itself."""
+    held = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        mod = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        held.extend(f"{mod}.{name}" for name in sorted(identity_keyed(path.read_text(encoding="utf-8"))))
+    assert not held, "module state keyed by identity: " + ", ".join(held)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("_C: dict = {}\ndef f(x):\n    return _C.get(id(x))\n", {"_C"}),
+    ("_L = None\ndef f(x):\n    global _L\n    last = _L\n    if last is not None and last[0] is x:\n"
+     "        return last[1]\n    _L = (x, 1)\n", {"_L"}),
+    ("_L = None\ndef f(x):\n    global _L\n    if _L is None:\n        _L = x\n    return _L\n", set()),
+    ("_N = object()\n_C: dict = {}\ndef f(k):\n    hit = _C.get(k, _N)\n    return hit\n", set()),
+    ("_C: dict = {}\ndef f(k, a, b):\n    if a is b:\n        _C[k] = 1\n", set()),  # not a read of the state
+])
+def test_the_walk_finds_identity_keys(source: str, expected: set[str]) -> None:
+    assert identity_keyed(source) == expected

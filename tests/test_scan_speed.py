@@ -400,9 +400,10 @@ def test_one_fact_apart_is_another_key(fine_tunes):
     snaps = locate.resolve([], fine_tunes, "main", True)
     models, _ = pipeline.select(snaps, explicit=False)
     keys = {}
+    tensors = memo.Tensors()  # one scan's tokens, as its Memo holds them
     for m in models:
         f = pipeline.read_more(m, CheckOptions())
-        r = memo.renaming_for(f)
+        r = memo.renaming_for(f, tensors)
         assert r is not None, m.snapshot.target
         keys[(m.snapshot.repo_id, m.snapshot.revision)] = memo._canonical(f, r)[1]
     one = keys[("org-a/tune-1", "main")]
@@ -523,8 +524,9 @@ def test_keys_by_text_are_keys_by_walk(text_keyed, monkeypatch):
 
     def keys() -> dict[str, object]:
         out = {}
+        tensors = memo.Tensors()  # one scan's tokens, as its Memo holds them
         for f in facts:
-            r = memo.renaming_for(f)
+            r = memo.renaming_for(f, tensors)
             assert r is not None
             try:
                 out[f.snapshot.repo_id] = memo._canonical(f, r)[1]
@@ -592,11 +594,12 @@ def test_tensors_keyed_by_token_are_keyed_by_content():
     a = (TensorInfo("w", "BF16", (2, 2), 0, 8), TensorInfo("b", "BF16", (2,), 8, 12))
     same = tuple(TensorInfo(t.name, t.dtype, t.shape, t.begin, t.end) for t in a)
     other = (TensorInfo("w", "F32", (2, 2), 0, 16), a[1])
-    assert memo._tensors_key(a) == memo._tensors_key(same) == memo._tensors_key(a)
-    assert memo._tensors_key(other) != memo._tensors_key(a)
-    assert memo._tensors_key((a[0], "not a tensor")) is None
+    tensors = memo.Tensors()
+    assert tensors.key(a) == tensors.key(same) == tensors.key(a)
+    assert tensors.key(other) != tensors.key(a)
+    assert tensors.key((a[0], "not a tensor")) is None
     with pytest.raises(memo.Unmemoisable):
-        memo._tensors_key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))
+        tensors.key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))
 
 
 def test_judging_the_candidates_needs_no_yaml(hub):

@@ -222,7 +222,8 @@ def sft_trainer_config(tc: Any) -> bool:
 def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, int, str | None]:
     """(bytes per GPU, name, GPUs seen, note): --gpu-memory, else the probe's smallest device, else --gpu's size (as
     readers/gpu.py parsed it once: the GPU fact carries the note and the size assumed, never parsed again here)."""
-    count = max(1, len(getattr(gpu, "devices", ()) or ()))
+    # The GPU value's count (readers/gpu.py: --num-gpus, the training config, else the devices visible).
+    count = getattr(gpu, "count", None) or max(1, len(getattr(gpu, "devices", ()) or ()))
     name = getattr(gpu, "label", None)
     if override is not None:
         return override, name, count, f"--gpu-memory {override / memory.GIB:g} GiB"
@@ -292,45 +293,47 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
 
 
-def remembered(cache: dict[tuple[Any, ...], tuple[Any, Any]], key: tuple[Any, ...], anchor: Any,
-               make: Callable[[], Any], most: int = 1024) -> Any:
-    """``make()`` (a pure function of ``key`` and ``anchor``) remembered in ``cache``, per process. ``anchor`` (a
-    training config, compared by identity) is kept alive with the entry, so its id stands for its content; a key that
-    cannot be hashed is made as it is, every time."""
+def remembered(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], Any], most: int = 1024) -> Any:
+    """``make()`` (a pure function of the values in ``key``) remembered in ``cache``, per process; a key that cannot be
+    hashed is made as it is, every time."""
     try:
-        full = (*key, id(anchor))
-        hit = cache.get(full)
+        hit = cache.get(key)
     except TypeError:
         return make()
-    if hit is not None and hit[0] is anchor:
-        return hit[1]
-    value = make()
-    if len(cache) >= most:
-        cache.clear()
-    cache[full] = (anchor, value)
-    return value
+    if hit is None:
+        hit = make()
+        if len(cache) >= most:
+            cache.clear()
+        cache[key] = hit
+    return hit
 
 
-_REQUESTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_REQUESTS: dict[tuple[Any, ...], Any] = {}
 
 
 def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None,
-                  task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False) -> RunRequest:
-    """request_spec (a pure function of its arguments; it reads no shape) remembered per process: the search plans
-    check's memory of each candidate's training config for every model, and models of other shapes ask for the same
-    requests."""
-    return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks), training_config,
-                      lambda: request_spec(precision=precision, gpu=gpu, request=request,
-                                           training_config=training_config, task=task, lora_targets=lora_targets,
-                                           trl_chunks=trl_chunks))
+                  task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False,
+                  config_key: str | None = None) -> RunRequest:
+    """request_spec (a pure function of its arguments; it reads no shape), remembered per process when ``config_key``
+    stands for the training config's content (the search's candidates: the text their config is made from): the search
+    plans check's memory of each candidate's training config for every model, and models of other shapes ask for the
+    same requests. The user's own config (no key) is read afresh."""
+    def make() -> RunRequest:
+        return request_spec(precision=precision, gpu=gpu, request=request, training_config=training_config, task=task,
+                            lora_targets=lora_targets, trl_chunks=trl_chunks)
+
+    if config_key is None:
+        return make()
+    return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks, config_key), make)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
-                lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False) -> MemoryFacts:
+                lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False,
+                config_key: str | None = None) -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
-    stack's TRL computes SFT log-probs in chunks)."""
-    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks)
+    stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of)."""
+    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks, config_key)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)

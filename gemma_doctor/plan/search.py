@@ -253,31 +253,36 @@ def _quick_order() -> tuple[int, ...]:
             + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
 
 
-_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_PLANS: dict[tuple[Any, ...], Any] = {}
 
 
 def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
-                  request: runplan.MemoryRequest, tc: tc_reader.TrainingConfig, task: str,
+                  request: runplan.MemoryRequest, key: str, tc: tc_reader.TrainingConfig, task: str,
                   trl_chunks: bool = False) -> runplan.MemoryFacts:
-    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process:
-    models of one architecture in a cache get the same candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks), tc,
+    """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process
+    by the text the config is made from (``key``, _as_read_key): models of one architecture in a cache get the same
+    candidates."""
+    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key),
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
-                                                          trl_chunks=trl_chunks))
+                                                          trl_chunks=trl_chunks, config_key=key))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
            plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
-           quick: bool = False) -> Callable[[], Judged]:
+           quick: bool = False, under: _Under | None = None) -> Callable[[], Judged]:
     """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
     is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
-    only when no candidate passes and the nearest must be told by all its findings."""
+    only when no candidate passes and the nearest must be told by all its findings. ``under``: the search's own
+    environment and options to judge under (made here when not given, or given for another environment)."""
     rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
-    tc = as_read(rec)
-    env2, opts = _judged_env(env, tc), _judged_options(options)
-    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), tc,
+    key = _as_read_key(rec)
+    tc = _as_read(key, rec)
+    if under is None or under.env is not env:
+        under = _Under(env, options)
+    env2, opts = under.env_for(key, tc), under.options
+    mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     judged_facts = facts.with_(recommendation=rec, memory=mem)
     done: dict[int, tuple[Finding, ...]] = {}
@@ -322,33 +327,22 @@ class _Rejected(Judged):
         return self.finish()
 
 
-# The environment and options a candidate is judged under, made once per (environment, read-back config) and per
-# options: both are frozen, and the search asks for the same ones for every candidate of every model.
-_ENVS: dict[tuple[int, int], tuple[Environment, tc_reader.TrainingConfig, Environment]] = {}
-_OPTIONS: dict[int, tuple[CheckOptions, CheckOptions]] = {}
+class _Under:
+    """The environment and options candidates are judged under, made once per search for its environment and options
+    (owned by the prescribe() call, dropped with it): the search asks for the same ones for every candidate."""
 
+    def __init__(self, env: Environment, options: CheckOptions) -> None:
+        self.env = env
+        self.options = replace(options, training_config=PRESCRIPTION, memory=runplan.MemoryRequest(
+            gpu_memory=options.memory.gpu_memory) if options.memory else None)
+        self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_as_read_key): by value
 
-def _judged_env(env: Environment, tc: tc_reader.TrainingConfig) -> Environment:
-    hit = _ENVS.get((id(env), id(tc)))
-    if hit is not None and hit[0] is env and hit[1] is tc:
-        return hit[2]
-    if len(_ENVS) >= 512:
-        _ENVS.clear()
-    env2 = replace(env, training_config=tc)
-    _ENVS[(id(env), id(tc))] = (env, tc, env2)  # env and tc kept alive with the entry: their ids stay theirs
-    return env2
-
-
-def _judged_options(options: CheckOptions) -> CheckOptions:
-    hit = _OPTIONS.get(id(options))
-    if hit is not None and hit[0] is options:
-        return hit[1]
-    if len(_OPTIONS) >= 64:
-        _OPTIONS.clear()
-    opts = replace(options, memory=runplan.MemoryRequest(gpu_memory=options.memory.gpu_memory) if options.memory else None,
-                   training_config=PRESCRIPTION)
-    _OPTIONS[id(options)] = (options, opts)
-    return opts
+    def env_for(self, key: str, tc: tc_reader.TrainingConfig) -> Environment:
+        """The environment with the candidate's training config (``tc``, as_read's for ``key``)."""
+        env2 = self._envs.get(key)
+        if env2 is None:
+            env2 = self._envs[key] = replace(self.env, training_config=tc)
+        return env2
 
 
 _AS_READ: dict[str, tc_reader.TrainingConfig] = {}
@@ -362,8 +356,16 @@ def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
     A scan of many models makes the same few candidates for each, but for the repo id (``base_model``, of which the
     reader keeps only that the key is there), so each mapping is read once per process: its repr, with the repo id
     blanked, is the key (repr tells True from 1 and "1" from 1)."""
+    return _as_read(_as_read_key(rec), rec)
+
+
+def _as_read_key(rec: recommend.Recommendation) -> str:
+    """The key of as_read(rec): its axolotl mapping's repr, the repo id blanked."""
     ax = rec.frameworks["axolotl"]
-    key = repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
+    return repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
+
+
+def _as_read(key: str, rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
     tc = _AS_READ.get(key)
     if tc is None:
         if len(_AS_READ) >= 512:
@@ -390,6 +392,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                                task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries))
     req = _with_targets(_with_quantization(req, first), first)
     judged = 0
+    under = _Under(env, options)  # this search's: what every candidate is judged under
     pins: list[tuple[str, str]] = []
     strict: list[_Rejected] = []  # candidates that kept every choice the user made, rejected
     nearest: Judged | None = None
@@ -404,7 +407,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
             for plan in candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
                 if judged >= limit:
                     break
-                tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
+                tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under)
                 judged += 1
                 while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < limit:
                     pinned = _pin(env, tried.findings)
@@ -412,7 +415,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                         break
                     env, pin = pinned
                     pins.append(pin)
-                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True)
+                    under = _Under(env, options)
+                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under)
                     judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()

@@ -12,6 +12,7 @@ import importlib
 import os
 import platform as platform_mod
 import sys
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -74,6 +75,16 @@ class GpuFacts:
     # in several sizes. Not in the JSON block: the memory plan's assumptions print the note.
     memory_note: str = ""
     assumed_memory_bytes: int | None = None
+    # How many of these GPUs the run uses and over how many machines, where an option or the training config says
+    # (--num-gpus; num_processes / num_machines): for_options() fills them in. Not in the JSON block: the memory plan's
+    # run states them with their sources.
+    num_gpus: int | None = None
+    num_nodes: int = 1
+
+    @property
+    def count(self) -> int:
+        """The GPUs the run uses: as said (--num-gpus, the training config), else every device visible (at least one)."""
+        return self.num_gpus or max(1, len(self.devices))
 
     @property
     def weakest(self) -> GpuDevice | None:
@@ -143,11 +154,17 @@ def from_plan(plan: gpus.GpuPlan) -> GpuFacts:
                     facts.emulated_bf16_trap, facts.via, None, plan.spec, plan.memory_note, plan.assumed_memory_bytes)
 
 
+def planned(spec: str) -> GpuFacts:
+    """Facts of the GPU ``spec`` names as --gpu does (UsageError when it names none): the one reading of a spec that
+    check, recommend and the Python API share."""
+    return from_plan(gpus.parse_gpu_spec(spec))
+
+
 def resolve(spec: str | None) -> GpuFacts:
     """Facts of the GPU to plan for: ``spec`` as given to --gpu, or (None) this machine's probe."""
     if spec is None:
         return probe()
-    return from_plan(gpus.parse_gpu_spec(spec))
+    return planned(spec)
 
 
 # --- the probe ---------------------------------------------------------------------------------
@@ -403,16 +420,33 @@ def probe(environ: Mapping[str, str] | None = None, *, system: str | None = None
         return GpuFacts((), None, "probe", "none", f"GPU probe failed: {type(e).__name__}: {e}".splitlines()[0], False, "none")
 
 
-# --- once per run ------------------------------------------------------------------------------
+# --- the run's GPU -------------------------------------------------------------------------------
 
-_LAST: tuple[object, GpuFacts] | None = None
-
-
-def for_options(options: Any) -> GpuFacts:
-    """resolve(options.gpu), computed once per run: the env probe and every model's recommendation share it."""
-    global _LAST
-    if _LAST is not None and _LAST[0] is options:
-        return _LAST[1]
+def for_options(options: Any, training_config: Any | None = None) -> GpuFacts:
+    """The run's GPU: resolve(options.gpu) with the count and nodes the options and the training config say, in the
+    run's precedence (--num-gpus, then the config's num_processes; the config's num_machines). Made once per run by
+    pipeline.environment(), which hands it on in Environment.gpu; nothing is kept here, so a later run probes afresh."""
     facts = resolve(getattr(options, "gpu", None))
-    _LAST = (options, facts)
-    return facts
+    memory = getattr(options, "memory", None)
+    settings = training_config.settings if training_config is not None and getattr(training_config, "ok", False) else {}
+    count = _count(getattr(memory, "num_gpus", None)) or _setting(settings, "num_processes")
+    nodes = _setting(settings, "num_machines") or 1
+    if count is None and nodes == 1:
+        return facts
+    return dataclasses.replace(facts, num_gpus=count, num_nodes=nodes)
+
+
+def _setting(settings: Mapping[str, Any], name: str) -> int | None:
+    setting = settings.get(name)
+    return _count(setting.value) if setting is not None else None
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole number as the run's resolver reads one (plan/runplan.py), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None

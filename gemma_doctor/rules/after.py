@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.locate import command_args
 from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL_ARGS, Finding, Severity
 from gemma_doctor.rules import serving
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.traits import config_ties, head_saved_apart, ties_embeddings  # noqa: F401
@@ -72,7 +71,7 @@ def _untied_head(model: ModelFacts, env: Environment) -> Iterator[Finding]:
         "GD750", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
         f"{head_name} is saved apart from {embed_name}{measured}, but {said}: {what} (a PEFT < 0.19 merge of an "
         "adapter that trained both copies apart)", file="config.json", key=key or "tie_word_embeddings",
-        fix=f"if the head was trained: gemma-doctor fix {command_args(model.snapshot)} --inplace (it compares the two "
+        fix=f"if the head was trained: gemma-doctor fix {MODEL_ARGS} --inplace (it compares the two "
             "tensors, then sets \"tie_word_embeddings\": false in config.json, so the saved head is used; restore "
             "undoes it); if it should stay tied, retrain with PEFT >= 0.18 and LoraConfig(ensure_weight_tying=True)",
         details=details)

@@ -9,12 +9,13 @@ lower (error -> warning); a window SAFE, or a package the run does not use, -> n
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Mapping
 
 from gemma_doctor.catalogue import MISSING as _MISSING, match  # noqa: F401 (the matcher language is the catalogue's)
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.stack import Exposure, Window
+from gemma_doctor.stack import Exposure, Package, Window, exposure_of
 
 # Every run has these; an absent one is UNKNOWN (not installed here and not named), not "unused".
 CORE = frozenset({"transformers", "torch"})
@@ -33,28 +34,38 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             yield finding
 
 
-# The last (entries, stack) asked about and the entries whose package windows leave them a chance on that stack.
-_LIVE: tuple[Any, Any, list[Mapping[str, Any]]] | None = None
-
-
 def _live(entries: list[Mapping[str, Any]], stack: Any) -> list[Mapping[str, Any]]:
     """The entries evaluate() can report on ``stack``: it returns None for every model when one of an entry's packages
     is not used by the run or its window is SAFE, whatever the other clauses say (they are pure), so those are left out
-    once per stack instead of per model."""
-    global _LIVE
-    last = _LIVE
-    ids = tuple(map(id, entries))  # catalogue.coded() makes a new list of the same entries each time
-    if last is not None and last[1] is stack and last[0][0] == ids:
-        return last[2]
-    live = []
-    for entry in entries:
-        packages = entry["when"].get("packages") or {}
-        if any((stack.get(name).absent and name not in CORE) or stack.exposure(Window(name, spec)) is Exposure.SAFE
-               for name, spec in packages.items()):
-            continue
-        live.append(entry)
-    _LIVE = ((ids, list(entries)), stack, live)  # the entries are kept, so their ids stay theirs
-    return live
+    once per stack instead of per model. Only the work changes: an entry kept here is still evaluated in full."""
+    names = _package_names()
+    dead = _dead(tuple(stack.get(name) for name in names))
+    return [e for e in entries if e.get("code") not in dead]
+
+
+@functools.lru_cache(maxsize=1)
+def _package_names() -> tuple[str, ...]:
+    """Every package a catalogue entry's condition names (field.json, read once)."""
+    from gemma_doctor import catalogue
+
+    return tuple(sorted({n for e in catalogue.coded() for n in (e["when"].get("packages") or {})}))
+
+
+@functools.lru_cache(maxsize=16)
+def _dead(packages: tuple[Package, ...]) -> frozenset[str]:
+    """The codes of the entries that cannot fire with ``packages`` (those of _package_names(), in its order): keyed by
+    the packages themselves, so every stack that holds them shares the answer (a pure function of them)."""
+    from gemma_doctor import catalogue
+
+    by_name = dict(zip(_package_names(), packages))
+    dead = set()
+    for entry in catalogue.coded():
+        for name, spec in (entry["when"].get("packages") or {}).items():
+            pkg = by_name[name]
+            if (pkg.absent and name not in CORE) or exposure_of(pkg, Window(name, spec)) is Exposure.SAFE:
+                dead.add(entry["code"])
+                break
+    return frozenset(dead)
 
 
 def evaluate(entry: Mapping[str, Any], model: ModelFacts, env: Environment) -> Finding | None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.locate import redownload_command
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL_REPO, MODEL_WHERE, Finding, Severity
 
 _ST_TO_TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
@@ -32,7 +31,11 @@ def _download(model: ModelFacts, file: str) -> str:
     # The same text for a snapshot read from the Hub as for its cached copy: the findings of both agree by design.
     if snap.repo_id is None or (snap.repo_dir is None and not snap.remote):
         return f"copy {file} again from where this folder came from"
-    return redownload_command(snap, [file])
+    import shlex  # only for a finding that names a file to download
+
+    # The model named by the engine (report.MODEL_REPO, MODEL_WHERE), as locate.redownload_command writes the command.
+    names = f" {shlex.quote(file)}" if file else ""
+    return f"hf download {MODEL_REPO}{names}{MODEL_WHERE} --force-download"
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:

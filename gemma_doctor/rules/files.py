@@ -6,8 +6,7 @@ from typing import Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.jsonfile import JsonFile
-from gemma_doctor.locate import command_args
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL_ARGS, Finding, Severity
 
 
 def _file_problem(code_read: str, code_shape: str, jf: JsonFile, name: str) -> Finding:
@@ -59,4 +58,4 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     elif model.undo.entries:
         names = ", ".join(sorted(model.undo.entries))
         yield Finding("GD006", Severity.INFO, f"rewritten by gemma-doctor fix: {names}", file=None,
-                      fix=f"gemma-doctor restore {command_args(model.snapshot)} brings back the original files")
+                      fix=f"gemma-doctor restore {MODEL_ARGS} brings back the original files")

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Mapping
 
 from gemma_doctor import horizon
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL, Finding, Severity
 from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse
 
 _HALF = ("bfloat16", "float16")
@@ -45,7 +45,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                 "every dequantized matmul runs emulated (slow)",
                 file="config.json", key="quantization_config.bnb_4bit_compute_dtype",
                 fix=f"load with BitsAndBytesConfig(..., bnb_4bit_compute_dtype=torch.{target}) "
-                    f"(gemma-doctor recommend {model.snapshot.target})",
+                    f"(gemma-doctor recommend {MODEL})",
                 details={"compute_dtype": compute, "gpu": gpu.label})
 
 

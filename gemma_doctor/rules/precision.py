@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL, Finding, Severity
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure, Window
 
 
-def recommend_command(model: ModelFacts, gpu: Any) -> str:
-    """The command that prints the ready-to-paste settings for this model and GPU."""
+def recommend_command(gpu: Any) -> str:
+    """The command that prints the ready-to-paste settings for this model (named by the engine) and GPU."""
     spec = getattr(gpu, "spec", None)
     flag = f" --gpu {spec!r}" if spec and " " in spec else f" --gpu {spec}" if spec else ""
-    return f"gemma-doctor recommend {model.snapshot.target}{flag}"
+    return f"gemma-doctor recommend {MODEL}{flag}"
 
 
 def _precision_explicit(env: Environment) -> bool:
@@ -111,7 +111,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                 f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
                 "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
                 "and runs without tensor cores" + embedding_note(model) + (f"; {unsloth}" if unsloth else ""),
-                key="gpu", fix=f"{recommend_command(model, gpu)} (fp32 settings)"
+                key="gpu", fix=f"{recommend_command(gpu)} (fp32 settings)"
                                + (f', without Unsloth or with "unsloth-zoo>={UNSLOTH_ZOO_FP32_FIXED}"' if unsloth else "")
                                + "; or QLoRA to cut memory; or a GPU with compute capability 8.0+ (A10G, L4, A100, H100)",
                 details=details)
@@ -121,7 +121,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             f"torch.cuda.is_bf16_supported() returns True on {gpu.label} through emulation, so `bf16: auto` (axolotl), "
             "transformers' is_torch_bf16_gpu_available() and LLaMA-Factory pick slow emulated bf16 here",
             key="gpu", fix="set the precision explicitly (bf16: false; fp16 or fp32 as recommended): "
-                           + recommend_command(model, gpu), details=details)
+                           + recommend_command(gpu), details=details)
     if gpu.native_bf16 is None:
         yield Finding("GD304", Severity.INFO,
                       f"bf16 support of {gpu.label} is unknown ({gpu.reason}); the recommendation assumes no native bf16",

@@ -7,7 +7,8 @@ from typing import Any, Iterator
 
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.gpus import emulation_trap, parse_gpu_spec
+from gemma_doctor.readers import gpu as gpu_reader
+from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.dtypes import embedding_note
@@ -25,24 +26,26 @@ class GpuView:
     label: str
 
 
+def view_of(gpu: GpuFacts) -> GpuView:
+    """The lint's view of readers/gpu.py's GPU value (the one view check, recommend and the Python API judge by)."""
+    # CPU runs (no GPU) use CPU autocast, where bf16 is fine: nothing to judge.
+    native = None if gpu.backend == "none" else gpu.native_bf16
+    return GpuView(native, gpu.emulated_bf16_trap, gpu.label)
+
+
 def fallback_gpu(spec: str) -> GpuView:
-    """Pure reading of a --gpu spec (8.0, sm_75, T4, none) for when no GPU fact is in the environment."""
+    """The view of a --gpu spec (8.0, sm_75, T4, none) for when no GPU fact is in the environment: readers/gpu.py's
+    reading of it, never raising (a spec it refuses is an unknown GPU)."""
     try:
-        plan = parse_gpu_spec(spec)
+        return view_of(gpu_reader.planned(spec))
     except UsageError:
         return GpuView(None, False, spec)
-    if plan.backend == "none":
-        return GpuView(None, False, plan.label)
-    return GpuView(plan.native_bf16, emulation_trap(plan.backend, plan.native_bf16), plan.label)
 
 
 def gpu_view(env: Environment, options: CheckOptions) -> GpuView:
     """The GPU the run will use: the environment's GPU fact when present, else the --gpu spec, else unknown."""
-    gpu = env.gpu
-    if gpu is not None:
-        # CPU runs (no GPU) use CPU autocast, where bf16 is fine: nothing to judge.
-        native = None if gpu.backend == "none" else gpu.native_bf16
-        return GpuView(native, gpu.emulated_bf16_trap, gpu.label)
+    if env.gpu is not None:
+        return view_of(env.gpu)
     if options.gpu:
         return fallback_gpu(options.gpu)
     return GpuView(None, False, "unknown GPU")

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import command_args
-from gemma_doctor.report import Finding, Severity
+from gemma_doctor.report import MODEL_ARGS, Finding, Severity
 from gemma_doctor.stack import Exposure, Stack
 from gemma_doctor.traits import MISSING as _MISSING, text_use_cache, text_use_cache_key  # noqa: F401
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
@@ -17,8 +17,13 @@ CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
 
 def fix_command(model: ModelFacts, stack: Stack | None = None) -> str:
     """The command that fixes this snapshot on disk (planning for the same machine as this run)."""
+    return _fix_command(stack).replace(MODEL_ARGS, command_args(model.snapshot))
+
+
+def _fix_command(stack: Stack | None) -> str:
+    """fix_command() as a finding writes it: the model left for the engine to name (report.MODEL_ARGS)."""
     plan = "".join(f" {shlex.quote(a)}" for a in stack.cli_args) if stack is not None else ""
-    return f"gemma-doctor fix {command_args(model.snapshot)}{plan} --inplace"
+    return f"gemma-doctor fix {MODEL_ARGS}{plan} --inplace"
 
 
 def _describe(value: Any) -> str:
@@ -50,7 +55,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if value is not False and value is not True and value is not _MISSING:
         yield Finding("GD002", Severity.ERROR, f"{key} {_describe(value)}: transformers reads any non-empty value as true",
                       file="config.json", key=key,
-                      fix=f"{fix_command(model, stack)} (writes false)" if exposure is not Exposure.SAFE else
+                      fix=f"{_fix_command(stack)} (writes false)" if exposure is not Exposure.SAFE else
                       f"write a JSON boolean (true or false) for {key}")
     if exposure is Exposure.SAFE:
         return
@@ -67,13 +72,13 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             "GD101", sev,
             f"{key} {_describe(value)}: the {fam.text_model_type} text model builds a HybridCache when evaluating, and with "
             f"bf16/fp16 weights under mixed precision {where} with {CRASH}",
-            file="config.json", key=key, fix=fix_command(model, stack),
+            file="config.json", key=key, fix=_fix_command(stack),
             details={"exposure": exposure.value, "transformers": tf.to_json()},
         )
         if fam.nested and cfg.get("use_cache") is False:
             yield Finding("GD104", Severity.INFO,
                           "use_cache is false at the top level, but the text model reads text_config.use_cache, so this does not help",
-                          file="config.json", key="use_cache", fix=fix_command(model, stack))
+                          file="config.json", key="use_cache", fix=_fix_command(stack))
     gen = model.generation_config
     if gen.ok:
         gvalue = gen.data.get("use_cache", _MISSING)
@@ -82,7 +87,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                 "GD102", gen_sev,
                 f"generation_config.json use_cache {_describe(gvalue)}: generate() during evaluation "
                 "(predict_with_generate, TRL sampling) builds a HybridCache anyway",
-                file="generation_config.json", key="use_cache", fix=fix_command(model, stack),
+                file="generation_config.json", key="use_cache", fix=_fix_command(stack),
                 details={"exposure": exposure.value},
             )
     if exposure is Exposure.AFFECTED and value is False:

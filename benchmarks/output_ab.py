@@ -1,0 +1,68 @@
+"""Every view of check, list and recommend on the bundled example cache, this tree against another checkout, compared
+byte for byte (stdout, stderr and exit code): the proof that a change of where names or judgements are made changed
+no output (issue 32). Prints each command that differs; exits 1 when one does.
+
+    .venv/bin/python benchmarks/output_ab.py BASELINE_TREE
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(ROOT / "examples" / "gemma-4-E2B-it.train.yaml")
+OLD = ("--with", "transformers==4.50.3")  # the HybridCache window: the use_cache fix names the model
+# Each command with the cache appended; together they show every text that names a model (fix, restore and recommend
+# commands, the way out, snippets and the YAML's base_model) in text, JSON, github and YAML.
+COMMANDS: list[tuple[str, ...]] = [
+    ("check", "--fail-on", "never"),
+    ("check", "--fail-on", "never", "--format", "json"),
+    ("check", "--fail-on", "never", "--gpu", "T4"),
+    ("check", "--fail-on", "never", "--gpu", "T4", "--format", "json"),
+    ("check", "--fail-on", "never", "--gpu", "T4", "--format", "github"),
+    ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "V100", "--format", "json"),
+    ("check", "google/gemma-4-E2B-it", "--fail-on", "never", "--gpu", "T4", "--training-config", TRAIN),
+    ("check", "google/gemma-4-E2B-it", "--fail-on", "never", "--gpu", "T4", "--training-config", TRAIN, "--format", "json"),
+    ("check", "--fail-on", "never", "--gpu", "A100", *OLD, "--format", "json"),
+    ("check", "--fail-on", "never", "--gpu", "T4", *OLD),
+    ("list",),
+    ("list", "--format", "json", *OLD),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "T4"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "T4", "--format", "json"),
+    ("recommend", "google/gemma-4-E2B-it", "--gpu", "T4", "--format", "yaml"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "L4", "--format", "json", *OLD),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "T4", "--format", "json"),
+    ("recommend", "--family", "gemma3", "--size", "27b", "--gpu", "T4"),
+]
+
+
+def run(tree: str, cache: Path, args: tuple[str, ...], neutral: str) -> tuple[int, bytes, bytes]:
+    """One command of gemma-doctor from ``tree``: (exit code, stdout, stderr)."""
+    full = list(args) if args[0] == "recommend" and "--family" in args else [*args, "--cache-dir", str(cache)]
+    env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-m", "gemma_doctor", *full], capture_output=True, cwd=neutral, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def main() -> int:
+    """Build the example cache, run every command in both trees, report the differences."""
+    base = str(Path(sys.argv[1]).resolve())
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "hub"
+        subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                       capture_output=True)
+        differ = 0
+        for args in COMMANDS:
+            if run(str(ROOT), cache, args, tmp) != run(base, cache, args, tmp):
+                differ += 1
+                print("differs: gemma-doctor " + " ".join(args))
+        print(f"{len(COMMANDS)} commands, {differ} differ")
+        return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
