@@ -1,8 +1,8 @@
 """Twins kept between `rehearse --launch` runs, in the folder GEMMA_DOCTOR_TWIN_CACHE names (unset: none is kept).
 
 A twin is made, with seed 0, from what build_twin reads of the target (config.json, the copied tokenizer and
-settings files, the safetensors headers), the repo id, a cure's config change, gemma_doctor's twin code and the
-installed libraries. Those inputs, hashed, name the kept twin: the same inputs find it, and it is copied into the
+settings files, the safetensors headers), the repo id, a cure's config change, gemma_doctor's code and the installed
+libraries. Those inputs, hashed, name the kept twin: the same inputs find it, and it is copied into the
 rehearsal's private cache instead of built again by a child that imports the whole stack (launch.py). Any change of
 an input is another name, so a kept twin is never one the build would not give; a folder that cannot be read or
 written is passed over and the twin built as before. Imports nothing heavy.
@@ -23,8 +23,9 @@ ENV = "GEMMA_DOCTOR_TWIN_CACHE"
 # The libraries a twin's bytes or its stack record come from (driver.stack records the last four).
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "peft", "trl",
               "accelerate", "datasets")
-# gemma_doctor's code that builds the twin and writes its records.
-_CODE = ("twin.py", "child.py")
+# gemma_doctor's own code: the twin is built by twin.py, with the family tables and readers it uses; all of it is
+# hashed (a few milliseconds), so no edit anywhere in the package can leave a kept twin the build would not give.
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def _version(name: str) -> str | None:
@@ -45,18 +46,17 @@ def key(plan: dict[str, Any]) -> str | None:
     model_dir = Path(plan["target_dir"])
     area = fsafe.Area(twin._cache_root(model_dir), user_named=twin._cache_root(model_dir) == model_dir)
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
     h.update(json.dumps({"repo_id": plan["repo_id"], "patch": plan.get("config_patch") or {}, "seed": 0,
                          "python": sys.version, "libraries": {n: _version(n) for n in _LIBRARIES}},
                         sort_keys=True).encode())
     try:
-        for name in _CODE:
-            h.update(hashlib.sha256((here / name).read_bytes()).digest())
+        for source in sorted(_PACKAGE.rglob("*.py")):
+            h.update(str(source.relative_to(_PACKAGE)).encode() + b"\0" + hashlib.sha256(source.read_bytes()).digest())
         for name in ("config.json", *twin.COPIED):
             data = twin._read_bytes(model_dir / name, area)
             h.update(name.encode() + b"\0" + (hashlib.sha256(data).digest() if data is not None else b"-"))
         h.update(json.dumps(sorted(twin._headers(model_dir, area).items())).encode())
-    except (OSError, twin.TwinError):
+    except (OSError, ValueError, twin.TwinError):
         return None
     return h.hexdigest()
 
