@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "after_training_cases.py"
 ANSWER = "@@case "  # after_training_cases.py's mark on an answer line
-CASE_TIMEOUT = 600.0  # seconds one case may take (one case a process took as long)
+CASE_TIMEOUT = 600.0  # seconds one case may take (as long as a process of its own had)
 
 
 class Interpreter:
@@ -63,12 +63,15 @@ class Interpreter:
             ready, _, _ = select.select([self.proc.stdout], [], [], CASE_TIMEOUT)
             if not ready:
                 self.proc.kill()  # a late answer must not be read as the next case's
-                pytest.fail(f"no answer to {args} in {CASE_TIMEOUT:g} s: {self.log.read_text()[-3000:]}")
+                pytest.fail(f"no answer to {args} in {CASE_TIMEOUT:g} s: {self._log_tail()}")
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            assert chunk, f"the interpreter ended (status {self.proc.poll()}): {self.log.read_text()[-3000:]}"
+            assert chunk, f"the interpreter ended (status {self.proc.poll()}): {self._log_tail()}"
             self.pending += chunk
         line, self.pending = self.pending.split(b"\n", 1)
         return line
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
 
     def close(self) -> None:
         """End the interpreter (stdin closed: it returns from its loop)."""

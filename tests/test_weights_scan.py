@@ -362,7 +362,7 @@ def _holes(path: Path) -> int:
 @pytest.mark.parametrize("chunk_bytes, threads", [(1000, 1), (BLOCK, 2), (3 * BLOCK + 8, 3), (2 * 1024 * 1024, 1)])
 def test_a_sparse_file_scans_as_the_same_bytes_written_densely(tmp_path, dtype, chunk_bytes, threads):
     dense, sparse = sparse_pair(tmp_path, TORCH_DTYPES[dtype])
-    assert _holes(sparse) > len(sparse.read_bytes()) // 2 and _holes(dense) == 0  # the file system keeps the holes
+    assert _holes(sparse) > 0 == _holes(dense)  # the file system keeps the holes
     got = scan([("m", read_header(sparse))], chunk_bytes=chunk_bytes, threads=threads, unit_bytes=8 * BLOCK)
     want = scan([("m", read_header(dense))], chunk_bytes=chunk_bytes, threads=threads, unit_bytes=8 * BLOCK)
     assert got == want
