@@ -299,3 +299,23 @@ def test_a_kept_twin_is_the_twin_the_build_child_writes(twins, tmp_path):
     copied = Path({r["stage"]: r for r in found}["twin"]["snapshot"])
     assert copied.is_relative_to(tmp_path / "hub")
     assert (copied / "model.safetensors").read_bytes() == (snapshot / "model.safetensors").read_bytes()
+
+
+def test_a_twin_folder_that_cannot_be_used_is_passed_over(tmp_path):
+    """GEMMA_DOCTOR_TWIN_CACHE naming a file, or a kept entry cut short: nothing found, nothing kept, no exception (the
+    twin is then built as without the folder)."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    (hub / "models--x").mkdir()
+    records = [{"stage": "twin", "status": "ok", "snapshot": str(hub / "models--x")}]
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    kept.keep(a_file, "d" * 64, hub, records)
+    assert a_file.read_text() == "" and kept.find(a_file, "d" * 64, tmp_path / "copy") is None
+    half = tmp_path / "twins" / ("e" * 64)
+    (half / "hub").mkdir(parents=True)  # no records.json: not a kept twin
+    assert kept.find(tmp_path / "twins", "e" * 64, tmp_path / "copy") is None
+    assert list((tmp_path / "copy").iterdir()) == []
+    kept.keep(tmp_path / "twins", "f" * 64, hub, records)
+    assert [r["snapshot"] for r in kept.find(tmp_path / "twins", "f" * 64, tmp_path / "copy")] == \
+        [str(tmp_path / "copy" / "models--x")]
