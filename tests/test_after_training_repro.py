@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import subprocess
 import sys
@@ -26,13 +28,64 @@ from tests.venvs import V4_LATE, V4_PRE_LAYOUT, ensure_venv, subprocess_env
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "after_training_cases.py"
+ANSWER = "@@case "  # after_training_cases.py's mark on an answer line
+CASE_TIMEOUT = 600.0  # seconds one case may take (as long as a process of its own had)
 
 
-def _case(python: Path | str, *args: str) -> dict:
-    done = subprocess.run([str(python), str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env=subprocess_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class Interpreter:
+    """One venv's interpreter serving this module's cases (after_training_cases.py serve): torch, transformers and
+    PEFT are imported once per venv instead of once per case. Each case is still sent, answered and asserted by the
+    test that needs it, in the test's own order (a fix, then the reload that judges it)."""
+
+    def __init__(self, python: Path | str, log: Path) -> None:
+        self.log = log
+        self.pending = b""  # read past the last answer line
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([str(python), str(SCRIPT), "serve"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, env=subprocess_env())
+
+    def case(self, *args: str | Path) -> dict:
+        """The case's result; a failed case fails the test that sent it, with the interpreter's traceback."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([str(a) for a in args]).encode() + b"\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self._line(args)
+            if line.startswith(ANSWER.encode()):
+                break
+        answer = json.loads(line[len(ANSWER):])
+        assert "error" not in answer, answer["error"][-3000:]
+        return answer["result"]
+
+    def _line(self, args: tuple) -> bytes:
+        """The next line of the interpreter's stdout (read unbuffered, so select() sees every byte not yet taken)."""
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([self.proc.stdout], [], [], CASE_TIMEOUT)
+            if not ready:
+                self.proc.kill()  # a late answer must not be read as the next case's
+                pytest.fail(f"no answer to {args} in {CASE_TIMEOUT:g} s: {self._log_tail()}")
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            assert chunk, f"the interpreter ended (status {self.proc.poll()}): {self._log_tail()}"
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def close(self) -> None:
+        """End the interpreter (stdin closed: it returns from its loop)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _case(python: Interpreter, *args: str | Path) -> dict:
+    return python.case(*args)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +93,28 @@ def work(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("after-repro")
 
 
+def _serving(python: Path | str, work: Path, name: str):
+    interpreter = Interpreter(python, work / f"{name}.log")
+    yield interpreter
+    interpreter.close()
+
+
 @pytest.fixture(scope="module")
-def v4(work) -> Path:
-    return ensure_venv(V4_LATE)
+def v4(work):
+    """transformers 4.57.6, PEFT 0.17.1."""
+    yield from _serving(ensure_venv(V4_LATE), work, "v4")
+
+
+@pytest.fixture(scope="module")
+def v4_pre(work):
+    """transformers 4.51.3, PEFT 0.15.2 (before the 4.52 layout)."""
+    yield from _serving(ensure_venv(V4_PRE_LAYOUT), work, "v4-pre")
+
+
+@pytest.fixture(scope="module")
+def here(work):
+    """This venv's interpreter (transformers 5.23.0, PEFT 0.21.2)."""
+    yield from _serving(sys.executable, work, "here")
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +132,13 @@ def _codes(cli, target: Path, *extra: str) -> dict[str, dict]:
     return {f["code"]: f for f in r.json()["models"][0]["findings"]}
 
 
-def test_peft_0_17_merge_loses_the_trained_head_and_check_says_so(cli, peft17, v4, tmp_path):
+def test_peft_0_17_merge_loses_the_trained_head_and_check_says_so(cli, peft17, v4, here, tmp_path):
     merged = peft17["out"] / "merged"
     assert peft17["made"]["tied_after_merge"] is False
     assert json.loads((merged / "config.json").read_text()).get("tie_word_embeddings", True) is True
     # The failure: the model transformers 4.57.6 reloads is not the model that was merged; 5.23.0 loads the head.
     assert peft17["reload"]["logit_change"] > 0.1
-    assert _case(sys.executable, "reload", merged)["logit_change"] < 1e-4
+    assert _case(here, "reload", merged)["logit_change"] < 1e-4
     v4_stack = ("--with", "transformers==4.57.6", "--with", "peft==0.17.1")
     f = _codes(cli, merged, *v4_stack)["GD750"]
     assert f["severity"] == "error" and f["details"]["head"] == "lm_head.weight"
@@ -106,28 +178,28 @@ def test_fix_inplace_brings_the_trained_head_back_on_transformers_4_57(cli, peft
     assert _case(v4, "reload", tmp_path / "mm" / "merged")["logit_change"] > 0.1  # restored: lost again
 
 
-def test_ensure_weight_tying_keeps_the_pair_tied(cli, work):
+def test_ensure_weight_tying_keeps_the_pair_tied(cli, here, work):
     out = work / "ewt"
-    made = _case(sys.executable, "merge", out, "ensure-weight-tying")
+    made = _case(here, "merge", out, "ensure-weight-tying")
     assert made["tied_after_merge"] is True and Version(made["peft"]) >= Version("0.18.0")
-    assert _case(sys.executable, "reload", out / "merged")["logit_change"] < 1e-4
+    assert _case(here, "reload", out / "merged")["logit_change"] < 1e-4
     assert "GD750" not in _codes(cli, out / "merged")
     assert "GD751" not in _codes(cli, out / "adapter", "--with", "peft==0.17.1", "--with", "transformers==4.57.6")
 
 
-def test_a_4_52_layout_adapter_loads_as_nothing_on_transformers_4_51(cli, v4, work):
+def test_a_4_52_layout_adapter_loads_as_nothing_on_transformers_4_51(cli, v4, v4_pre, work):
     adapter = work / "mm-adapter"
     assert _case(v4, "mm-train", adapter)["transformers"] == "4.57.6"
-    old = _case(ensure_venv(V4_PRE_LAYOUT), "mm-load", adapter)
+    old = _case(v4_pre, "mm-load", adapter)
     assert old["transformers"] == "4.51.3" and old["adapter_effect"] == 0.0 and old["missing_keys_warnings"]
     assert _case(v4, "mm-load", adapter)["adapter_effect"] > 0.1
     assert _codes(cli, adapter, "--with", "transformers==4.51.3")["GD760"]["severity"] == "error"
     assert "GD760" not in _codes(cli, adapter, "--with", "transformers==4.57.6")
 
 
-def test_a_pre_4_52_adapter_loads_on_4_57_through_peft_s_key_mapping(cli, v4, work):
+def test_a_pre_4_52_adapter_loads_on_4_57_through_peft_s_key_mapping(cli, v4, v4_pre, work):
     adapter = work / "mm-adapter-old"
-    assert _case(ensure_venv(V4_PRE_LAYOUT), "mm-train", adapter)["transformers"] == "4.51.3"
+    assert _case(v4_pre, "mm-train", adapter)["transformers"] == "4.51.3"
     new = _case(v4, "mm-load", adapter)
     assert new["adapter_effect"] > 0.1 and not new["missing_keys_warnings"]
     assert "GD761" not in _codes(cli, adapter, "--with", "transformers==4.57.6", "--with", "peft==0.17.1")

@@ -4,21 +4,51 @@ Trainer probe armed through the child's sitecustomize (gemma_doctor/rehearse/hoo
 tests/test_rehearse.py's Gemma 3 text model, loaded by its repo id from the private cache.
 
 The launch-line parsing and the argument caps are tested without a child; each rehearsal is a child that imports
-the stack (most of its seconds), so they are few and marked slow.
+the stack (most of its seconds), so they are few and marked slow. The twin is built once for the module, by the
+rehearsal's own build child, and kept (GEMMA_DOCTOR_TWIN_CACHE, gemma_doctor/rehearse/kept.py): each launched script
+gets a copy of it in its own private cache, instead of a build child importing the stack a second time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from gemma_doctor.rehearse import kept
 from gemma_doctor.rehearse.launch import argv_of, script_of
-from tests.test_rehearse import model_folder
+from tests.test_rehearse import CONFIGS, model_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "launch"
 REPO = "google/tiny-gemma3_text"  # model_folder's folder google--tiny-gemma3_text names this repo id
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> Path:
+    """The module's twin folder, with the twin of model_folder's gemma3_text in it: built by the rehearsal's own build
+    child and kept there by the launch itself (its command an interpreter that does nothing)."""
+    import sys
+
+    from gemma_doctor.rehearse.launch import run_script
+    from gemma_doctor.rehearse.runner import plan_for
+
+    folder = tmp_path_factory.mktemp("twins")
+    plan, _, _, _ = plan_for(str(model_folder(tmp_path_factory.mktemp("target"), "gemma3_text")), None, "main", None,
+                             3, "script")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(kept.ENV, str(folder))
+        records, ended, _ = run_script(plan, [sys.executable, "-c", "pass"], 600)
+    assert ended is None and len(list(folder.iterdir())) == 1, records
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _kept_twin(request, monkeypatch):
+    """Every rehearsal of the module's slow tests finds the module's twin kept (their own launched scripts still run)."""
+    if request.node.get_closest_marker("slow"):
+        monkeypatch.setenv(kept.ENV, str(request.getfixturevalue("twins")))
 
 
 def launch(cli, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
@@ -153,10 +183,11 @@ def test_a_script_that_builds_no_trainer_is_reported(tmp_path, cli, monkeypatch)
 def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(SCRIPTS)
     pid_file = tmp_path / "pid"
-    code, doc = launch(cli, tmp_path, f"python forever.py {pid_file}", "--timeout", "60")
+    # The twin is kept (the module's fixture), so the deadline covers the script's start, not a build child.
+    code, doc = launch(cli, tmp_path, f"python forever.py {pid_file}", "--timeout", "30")
     assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD952"], doc["findings"]
-    assert "timeout after 60 s" in doc["findings"][0]["message"]
-    pid = int(pid_file.read_text())  # the script did start (the twin was built within the deadline)
+    assert "timeout after 30 s" in doc["findings"][0]["message"]
+    pid = int(pid_file.read_text())  # the script did start within the deadline
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -231,3 +262,60 @@ def test_a_dpo_config_rehearses_on_synthetic_preference_rows_without_a_finding(t
     assert doc["stages"][2]["trainer"] == "DPOTrainer"
     assert train["losses"][0] == pytest.approx(math.log(2), abs=1e-3) and train["moved"] == train["trainable"]
     assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=0.05), acc
+
+
+# -- the kept twin (gemma_doctor/rehearse/kept.py) --------------------------------------------------------------------
+def test_a_kept_twin_is_named_by_its_inputs_not_by_the_folder_they_are_in(tmp_path):
+    """Two folders holding the same config.json name one twin; a change of the config, the repo id, a cure's patch or
+    the tokenizer beside it names another."""
+    def key(folder: Path, **plan) -> str | None:
+        return kept.key({"target_dir": str(folder), "repo_id": REPO, **plan})
+
+    one = model_folder(tmp_path / "a", "gemma3_text")
+    same = model_folder(tmp_path / "b", "gemma3_text")
+    wider = model_folder(tmp_path / "c", "gemma3_text", dict(CONFIGS["gemma3_text"], hidden_size=64))
+    assert key(one) == key(same) is not None
+    assert len({key(one), key(wider), key(one, repo_id="google/other"),
+                key(one, config_patch={"final_logit_softcapping": None})}) == 4
+    (same / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    assert key(same) != key(one)
+    (same / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert key(same) is None  # unreadable: nothing is kept under it, and the build runs and says why
+
+
+@pytest.mark.slow
+def test_a_kept_twin_is_the_twin_the_build_child_writes(twins, tmp_path):
+    """The kept copy holds the very files the build wrote (the links of the hub layout kept relative), and its
+    records are the build's stack and twin records."""
+    [entry] = list(twins.iterdir())
+    records = {r["stage"]: r for r in json.loads((entry / "records.json").read_text())}
+    assert set(records) == {"stack", "twin"} and records["twin"]["status"] == "ok"
+    snapshot = entry / "hub" / records["twin"]["snapshot"]
+    names = {p.name for p in snapshot.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert all(p.is_symlink() and not os.path.isabs(os.readlink(p)) for p in snapshot.iterdir())
+    found = kept.find(twins, entry.name, tmp_path / "hub")
+    assert found is not None
+    copied = Path({r["stage"]: r for r in found}["twin"]["snapshot"])
+    assert copied.is_relative_to(tmp_path / "hub")
+    assert (copied / "model.safetensors").read_bytes() == (snapshot / "model.safetensors").read_bytes()
+
+
+def test_a_twin_folder_that_cannot_be_used_is_passed_over(tmp_path):
+    """GEMMA_DOCTOR_TWIN_CACHE naming a file, or a kept entry cut short: nothing found, nothing kept, no exception (the
+    twin is then built as without the folder)."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    (hub / "models--x").mkdir()
+    records = [{"stage": "twin", "status": "ok", "snapshot": str(hub / "models--x")}]
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    kept.keep(a_file, "d" * 64, hub, records)
+    assert a_file.read_text() == "" and kept.find(a_file, "d" * 64, tmp_path / "copy") is None
+    half = tmp_path / "twins" / ("e" * 64)
+    (half / "hub").mkdir(parents=True)  # no records.json: not a kept twin
+    assert kept.find(tmp_path / "twins", "e" * 64, tmp_path / "copy") is None
+    assert list((tmp_path / "copy").iterdir()) == []
+    kept.keep(tmp_path / "twins", "f" * 64, hub, records)
+    assert [r["snapshot"] for r in kept.find(tmp_path / "twins", "f" * 64, tmp_path / "copy")] == \
+        [str(tmp_path / "copy" / "models--x")]

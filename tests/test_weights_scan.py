@@ -305,3 +305,116 @@ def test_file_changed_after_header_read(tmp_path):
         f.write(b"\0" * 16)
     result = scan([("model.safetensors", h)])
     assert result.tensors == () and [f for f, _ in result.unreadable] == ["model.safetensors"]
+
+
+# --- sparse files: a hole is known to read as zeros, and is not read -------------------------------------------------
+BLOCK = 4096  # holes come in file system blocks
+
+
+def sparse_pair(tmp_path: Path, dtype: torch.dtype) -> tuple[Path, Path]:
+    """The same safetensors bytes twice: written densely, and written sparsely (only the blocks holding a non-zero
+    byte; the rest left as holes), with zero stretches inside tensors, across tensors and at the end of the file."""
+    g = torch.Generator().manual_seed(1)
+    emb = torch.zeros(1024, 64, dtype=dtype)  # 64-128 KiB: zero rows in holes around a few rows of data
+    emb[100:104] = torch.randn(4, 64, generator=g).to(dtype)
+    emb[700, 3] = float("nan")
+    mlp = torch.zeros(64, 1024, dtype=dtype)
+    mlp[40] = torch.randn(1024, generator=g).to(dtype) * 1e5  # beyond fp16 where the dtype can hold it
+    mlp[41, 9] = float("inf")
+    tensors = {"model.embed_tokens.weight": emb, "model.layers.0.mlp.down_proj.weight": mlp,
+               # safetensors lays tensors out by name: this one is last, a hole up to the end of the file
+               "transformer.wte.weight": torch.zeros(512, 64, dtype=dtype)}
+    dense = tmp_path / "dense.safetensors"
+    save_file(tensors, str(dense))
+    data = dense.read_bytes()
+    sparse = tmp_path / "sparse.safetensors"
+    fd = os.open(sparse, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, len(data))
+        for at in range(0, len(data), BLOCK):
+            block = data[at:at + BLOCK]
+            if block.count(0) != len(block):
+                os.pwrite(fd, block, at)
+    finally:
+        os.close(fd)
+    assert sparse.read_bytes() == data
+    return dense, sparse
+
+
+def _holes(path: Path) -> int:
+    """Bytes of ``path`` in holes, as the file system reports them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, at, held = os.fstat(fd).st_size, 0, 0
+        while at < size:
+            hole = os.lseek(fd, at, os.SEEK_HOLE)
+            try:
+                at = os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError:  # ENXIO: a hole up to the end
+                at = size
+            held += at - hole
+        return held
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+@pytest.mark.parametrize("chunk_bytes, threads", [(1000, 1), (BLOCK, 2), (3 * BLOCK + 8, 3), (2 * 1024 * 1024, 1)])
+def test_a_sparse_file_scans_as_the_same_bytes_written_densely(tmp_path, dtype, chunk_bytes, threads):
+    dense, sparse = sparse_pair(tmp_path, TORCH_DTYPES[dtype])
+    assert _holes(sparse) > 0 == _holes(dense)  # the file system keeps the holes
+    got = scan([("m", read_header(sparse))], chunk_bytes=chunk_bytes, threads=threads, unit_bytes=8 * BLOCK)
+    want = scan([("m", read_header(dense))], chunk_bytes=chunk_bytes, threads=threads, unit_bytes=8 * BLOCK)
+    assert got == want
+    assert {t.name: as_reference(t.to_json()) for t in got.tensors} == reference(dense)
+    last = {t.name: t for t in got.tensors}["transformer.wte.weight"]
+    assert last.zero_rows == 512 and last.zero_row_ranges == ((0, 511),)
+
+
+def test_the_holes_are_not_read_and_past_the_end_is_no_hole(tmp_path):
+    """What the scan asks of the file system: a chunk in a hole is all zeros (not read), a chunk holding data is
+    read, and once the file is cut short a chunk past its new end is no hole (the read then says the file ended)."""
+    from gemma_doctor.readers.weights import _Source
+
+    _, sparse = sparse_pair(tmp_path, torch.float32)
+    h = read_header(sparse)
+    last = h.tensors[-1]
+    assert last.name == "transformer.wte.weight" and h.data_start + last.end == h.file_size
+    start = h.data_start + last.begin + BLOCK  # a block inside the trailing hole
+    src = _Source(h)
+    try:
+        assert src.hole(start, BLOCK) and src.hole(start, h.file_size - start)
+        assert not src.hole(0, BLOCK)  # the header is data
+        assert not src.hole(start, h.file_size - start + 1)  # one byte past the end
+        os.truncate(sparse, start)
+        assert not src.hole(start, BLOCK)
+    finally:
+        src.close()
+
+
+def test_a_sparse_file_cut_short_under_the_scan_is_unreadable_not_zeros(tmp_path):
+    """Its owner truncates the shard while it is scanned: the holes past the new end are not taken for zeros."""
+    from gemma_doctor.readers.weights import scan_shard
+
+    _, sparse = sparse_pair(tmp_path, torch.float32)
+    h = read_header(sparse)
+    cut = []
+
+    def advance(n: int) -> None:
+        if not cut:
+            cut.append(n)
+            os.truncate(sparse, h.data_start + BLOCK)
+
+    tensors, _, _, error = scan_shard(h, "m", advance, chunk_bytes=BLOCK)
+    assert error is not None and "file ended early" in error, error
+    assert [t.name for t in tensors] == []  # the first tensor is not whole: nothing of the rest is reported
+
+
+@pytest.mark.parametrize("missing", ["SEEK_DATA", "preadv"])
+def test_a_sparse_file_without_seek_data_or_preadv_is_read_and_scans_the_same(tmp_path, monkeypatch, missing):
+    """Where the system cannot say where the holes are, every chunk is read; without preadv the lseek that asks is
+    taken under the lock of the seek-and-read fallback. The same result either way."""
+    dense, sparse = sparse_pair(tmp_path, torch.bfloat16)
+    want = scan([("m", read_header(dense))], chunk_bytes=1000)
+    monkeypatch.delattr(os, missing)
+    assert scan([("m", read_header(sparse))], chunk_bytes=1000) == want

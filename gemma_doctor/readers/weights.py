@@ -3,13 +3,15 @@
 Each shard is read with ``pread`` in bounded chunks into a reused buffer per thread (never memory-mapped: a file
 truncated by its owner under a map is a SIGBUS for the whole process) and tested with vectorised integer operations
 on the bits (facts.md section 5) into one reused scratch buffer, so memory stays bounded whatever the shard size and
-no float copy is ever made. numpy is imported
-here only, and only when a scan runs.
+no float copy is ever made. A chunk that lies in a hole of a sparse file is not read: a hole reads as zeros, so what
+it holds is known (the file system is asked, chunk by chunk, with SEEK_DATA). numpy is imported here only, and only
+when a scan runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sys
 from dataclasses import dataclass, field
@@ -180,6 +182,33 @@ class _Source:
         self.fd = self.f.fileno()
         self.lock = threading.Lock()  # only where there is no preadv
         self.positional = hasattr(os, "preadv")
+        # Whether the file system is asked where the holes are; off where it cannot say (no SEEK_DATA, EINVAL).
+        self.sparse = hasattr(os, "SEEK_DATA")
+
+    def hole(self, offset: int, nbytes: int) -> bool:
+        """Whether the ``nbytes`` at ``offset`` lie in a hole of the file now: all zeros, nothing to read.
+
+        Asked of the open file at the moment the chunk would be read (never from a map taken earlier), so a file
+        changed under the scan is seen as a read would see it: a region written since is data and read, a file cut
+        short is read too, and that read says where it ended (an OSError, as for a file that is not sparse)."""
+        if not self.sparse:
+            return False
+        try:
+            if self.positional:  # pread ignores the file position that lseek moves
+                data = os.lseek(self.fd, offset, os.SEEK_DATA)
+            else:
+                with self.lock:  # _read_at_seeking's seek-then-read must not be split by this lseek
+                    data = os.lseek(self.fd, offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                self.sparse = False  # the file system cannot say (EINVAL, EOPNOTSUPP): every chunk is read
+                return False
+            # No data at or after offset: a hole up to the end of the file, or offset is past the end (cut short).
+            try:
+                return offset + nbytes <= os.fstat(self.fd).st_size
+            except OSError:
+                return False
+        return data >= offset + nbytes
 
     def view(self, offset: int, nbytes: int, buf: Any) -> Any:
         """uint8 array of the ``nbytes`` at absolute ``offset``, read into ``buf``; valid until the next call with the
@@ -296,6 +325,14 @@ class _Worker:
         np = self.np
         spec = acc.spec
         nbytes = n * spec.itemsize
+        if src.hole(offset, nbytes):
+            # All bits zero: no NaN or Inf, a maximum of 0, nothing beyond fp16, and each row a zero row, in one run
+            # (what the read and the tests below would find in a chunk of zeros, without them).
+            if row:
+                acc.add_zero_rows(first_row, first_row + n // row - 1)
+            acc.best = max(acc.best, 0)
+            advance(nbytes)
+            return 0
         if self.raw is None or self.raw.size < nbytes:
             self.raw = np.empty(max(nbytes, self.chunk_bytes), dtype=np.uint8)
         bits = src.view(offset, nbytes, self.raw).view(spec.uint)

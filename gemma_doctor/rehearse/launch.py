@@ -4,7 +4,8 @@ The twin is built by the usual child (`child build`) into a private offline hub 
 in the temporary folder with that cache in its environment (so `from_pretrained("google/gemma-3-12b-it")` loads the
 twin) and with gemma_doctor/rehearse/hook/ first on its PYTHONPATH: that folder's sitecustomize arms the Trainer probe
 (hook/probe.py) in every Python process the command starts. One deadline covers both; past it the process group is
-killed, as for the driver's runs. Imports nothing heavy.
+killed, as for the driver's runs. With GEMMA_DOCTOR_TWIN_CACHE set, a twin built before from the same inputs is
+copied in instead of built (kept.py). Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
                                                                                  float]:
     """Build the twin, then run the user's command against it; (records, why it ended early or None, seconds the
     script ran)."""
+    from gemma_doctor.rehearse import kept
     from gemma_doctor.rehearse.process import Child, _environment, _records, _tail
 
     deadline = time.monotonic() + timeout
@@ -118,13 +120,23 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
         (root / "plan.json").write_text(json.dumps(plan))
         env = _environment(root, plan.get("device") or "cpu")
         log = root / "child.log"
-        build = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", "build", str(root / "plan.json")],
-                      root / "work", env, log)
-        if build.wait(max(deadline - time.monotonic(), 0.1)) is None:
-            return _records(root / "events.jsonl"), f"timeout after {timeout:g} s", 0.0
+        twins = os.environ.get(kept.ENV)
+        digest = kept.key(plan) if twins else None
+        found = kept.find(Path(twins), digest, root / "hub") if twins and digest else None
+        if found is not None:
+            # A twin of the same inputs was kept (kept.py): the same files, without a child importing the stack.
+            with open(root / "events.jsonl", "a", encoding="utf-8") as events:
+                events.writelines(json.dumps(r) + "\n" for r in found)
+        else:
+            build = Child([sys.executable, "-m", "gemma_doctor.rehearse.child", "build", str(root / "plan.json")],
+                          root / "work", env, log)
+            if build.wait(max(deadline - time.monotonic(), 0.1)) is None:
+                return _records(root / "events.jsonl"), f"timeout after {timeout:g} s", 0.0
         records = _records(root / "events.jsonl")
         if not any(r.get("stage") == "twin" and r.get("status") == "ok" for r in records):
             return records, None if records else f"the twin was not built: {_tail(log)}", 0.0
+        if twins and digest and found is None:
+            kept.keep(Path(twins), digest, root / "hub", records)
         env = {**env, "GEMMA_DOCTOR_LAUNCH_PLAN": str(root / "plan.json"),
                "PYTHONPATH": os.pathsep.join((str(HOOK), env["PYTHONPATH"]))}
         script_log = root / "script.log"

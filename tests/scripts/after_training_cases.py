@@ -1,5 +1,11 @@
 """After-training cases run inside one venv (tests/test_after_training_repro.py); prints one JSON line.
 
+  serve                             reads cases from stdin, one JSON list of the words below a line, and answers each
+                                    with one line, {"result": ...} or {"error": traceback}: a test module starts the
+                                    venv's interpreter (and imports torch, transformers and PEFT) once for all its
+                                    cases instead of once a case; each case still sets its own seeds and reads and
+                                    writes only its own folders
+
   merge OUT [ensure-weight-tying]   tiny Gemma 3 text model, LoRA + modules_to_save=[embed_tokens, lm_head], 5 AdamW
                                     steps; saves OUT/adapter, merges, saves OUT/merged and the merged model's logits
   reload MERGED                     reloads MERGED (as its config's architecture) and compares its logits with the
@@ -117,8 +123,8 @@ def mm_load(adapter: Path) -> dict:
     return {**versions(), "adapter_effect": (after - before).abs().max().item(), "missing_keys_warnings": missing}
 
 
-def main() -> None:
-    mode, target, *rest = sys.argv[1:]
+def run(mode: str, target: str, *rest: str) -> dict:
+    """One case's result."""
     path = Path(target)
     if mode == "merge":
         result = merge(path, "ensure-weight-tying" in rest)
@@ -130,7 +136,37 @@ def main() -> None:
         result = mm_merged(path)
     else:
         result = mm_load(path)
-    print(json.dumps(result))
+    return result
+
+
+# Marks the answer lines of `serve`: a library that prints to stdout during a case cannot be taken for an answer.
+ANSWER = "@@case "
+
+
+def serve() -> None:
+    """Answer cases from stdin until it closes; a case's exception is its answer, and the next case still runs."""
+    import contextlib
+    import traceback
+
+    answers = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            # Whatever a library prints during the case goes to stderr (the log), never between the answers.
+            with contextlib.redirect_stdout(sys.stderr):
+                answer = {"result": run(*json.loads(line))}
+        except Exception:  # noqa: BLE001 - the test that sent the case asserts on it, with the traceback
+            answer = {"error": traceback.format_exc()}
+        answers.write(ANSWER + json.dumps(answer) + "\n")
+        answers.flush()
+
+
+def main() -> None:
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        print(json.dumps(run(*sys.argv[1:])))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+"""Twins kept between `rehearse --launch` runs, in the folder GEMMA_DOCTOR_TWIN_CACHE names (unset: none is kept).
+
+A twin is made, with seed 0, from what build_twin reads of the target (config.json, the copied tokenizer and
+settings files, the safetensors headers), the repo id, a cure's config change, gemma_doctor's code and the installed
+libraries. Those inputs, hashed, name the kept twin: the same inputs find it, and it is copied into the
+rehearsal's private cache instead of built again by a child that imports the whole stack (launch.py). Any change of
+an input is another name, so a kept twin is never one the build would not give; a folder that cannot be read or
+written is passed over and the twin built as before. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ENV = "GEMMA_DOCTOR_TWIN_CACHE"
+# The libraries a twin's bytes or its stack record come from (driver.stack records the last four).
+_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "peft", "trl",
+              "accelerate", "datasets")
+# gemma_doctor's own code: the twin is built by twin.py, with the family tables and readers it uses; all of it is
+# hashed (a few milliseconds), so no edit anywhere in the package can leave a kept twin the build would not give.
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def key(plan: dict[str, Any]) -> str | None:
+    """The digest of everything the twin of ``plan`` is made from; None when the target cannot be read (the build
+    then runs and says why)."""
+    from gemma_doctor import fsafe
+    from gemma_doctor.rehearse import twin
+
+    model_dir = Path(plan["target_dir"])
+    area = fsafe.Area(twin._cache_root(model_dir), user_named=twin._cache_root(model_dir) == model_dir)
+    h = hashlib.sha256()
+    h.update(json.dumps({"repo_id": plan["repo_id"], "patch": plan.get("config_patch") or {}, "seed": 0,
+                         "python": sys.version, "libraries": {n: _version(n) for n in _LIBRARIES}},
+                        sort_keys=True).encode())
+    try:
+        for source in sorted(_PACKAGE.rglob("*.py")):
+            h.update(str(source.relative_to(_PACKAGE)).encode() + b"\0" + hashlib.sha256(source.read_bytes()).digest())
+        for name in ("config.json", *twin.COPIED):
+            data = twin._read_bytes(model_dir / name, area)
+            h.update(name.encode() + b"\0" + (hashlib.sha256(data).digest() if data is not None else b"-"))
+        h.update(json.dumps(sorted(twin._headers(model_dir, area).items())).encode())
+    except (OSError, ValueError, twin.TwinError):
+        return None
+    return h.hexdigest()
+
+
+def find(folder: Path, digest: str, hub: Path) -> list[dict[str, Any]] | None:
+    """Copy the kept twin named ``digest`` into the empty private cache ``hub``; its build records (the stack, the
+    twin, its snapshot path moved into ``hub``), or None when none is kept or it cannot be copied."""
+    kept = folder / digest
+    try:
+        records = json.loads((kept / "records.json").read_text(encoding="utf-8"))
+        shutil.copytree(kept / "hub", hub, symlinks=True, dirs_exist_ok=True)  # the snapshot's links stay relative
+    except (OSError, ValueError):
+        shutil.rmtree(hub, ignore_errors=True)
+        hub.mkdir(exist_ok=True)
+        return None
+    for r in records:
+        if r.get("stage") == "twin" and isinstance(r.get("snapshot"), str):
+            r["snapshot"] = str(hub / r["snapshot"])
+    return records
+
+
+def keep(folder: Path, digest: str, hub: Path, records: list[dict[str, Any]]) -> None:
+    """Keep the twin just built in ``hub`` under ``digest``: copied whole into a folder of its own, then renamed into
+    place in one step (a rehearsal beside this one finds all of it or none). Never raises."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / digest).exists():
+            return
+        part = Path(tempfile.mkdtemp(prefix=".part-", dir=folder))
+    except OSError:
+        return
+    try:
+        shutil.copytree(hub, part / "hub", symlinks=True)
+        kept = [dict(r) for r in records if r.get("stage") in ("stack", "twin")]
+        for r in kept:
+            if r.get("stage") == "twin" and isinstance(r.get("snapshot"), str):
+                r["snapshot"] = os.path.relpath(r["snapshot"], hub)
+        (part / "records.json").write_text(json.dumps(kept), encoding="utf-8")
+        os.rename(part, folder / digest)  # fails when another rehearsal kept it first: that one is kept
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
