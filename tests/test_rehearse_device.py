@@ -109,3 +109,39 @@ def test_the_measured_step_takes_the_runs_lora_checkpointing_and_optimizer(tmp_p
     assert q["trainable_params"] < base["trainable_params"]  # against r 8 on every linear
     assert full["lora_r"] is None and full["trainable_params"] > base["trainable_params"]
     assert all(r["loss"] == r["loss"] and r["peak_bytes"] > 0 and not r["oom"] for r in (base, q, full))
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _plan_of(tmp_path: Path, config: Path):
+    import json
+
+    from gemma_doctor.rehearse.runner import plan_for
+
+    folder = tmp_path / "google--tiny"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}))
+    return plan_for(str(folder), None, "main", config, 3)
+
+
+def test_a_dpo_config_given_as_the_training_config_is_rehearsed_as_dpo(tmp_path):
+    # before: any config with a TRL key (max_length) was rehearsed as an SFT run, DPO only through --launch
+    dpo = _write(tmp_path, "dpo.yaml", "beta: 0.1\nloss_type: sigmoid\nmax_length: 256\nbf16: true\n")
+    plan, findings, _, _ = _plan_of(tmp_path, dpo)
+    assert plan["trainer"] == "trl-dpo" and not [f for f in findings if f.code == "GD951"]
+    sft = _write(tmp_path, "sft.yaml", "max_length: 256\nbf16: true\nstage: sft\n")
+    assert _plan_of(tmp_path, sft)[0]["trainer"] == "trl-sft" and not _plan_of(tmp_path, sft)[1]
+
+
+def test_a_grpo_config_says_what_is_not_rehearsed(tmp_path):
+    from gemma_doctor.readers import training_config
+
+    grpo = _write(tmp_path, "grpo.yaml", "num_generations: 8\nmax_completion_length: 128\nbf16: true\n")
+    assert training_config.load(str(grpo)).get("rl").value == "grpo"  # check's reader: one decision for both
+    plan, findings, _, _ = _plan_of(tmp_path, grpo)
+    [note] = [f for f in findings if f.code == "GD951"]
+    assert plan["trainer"] == "transformers" and "a GRPO run" in note.message and note.severity.value == "info"

@@ -104,6 +104,11 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
 _DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
+# Keys only TRL's GRPOConfig holds (TRL 1.16 trl/trainer/grpo_config.py, against its SFT and DPO configs and
+# TrainingArguments): a config with one of them is what `trl grpo --config` reads. Not max_completion_length (older
+# DPOConfigs hold it) nor use_vllm (online DPO's too).
+_GRPO_ONLY_KEYS = ("num_generations", "reward_weights", "scale_rewards", "steps_per_generation",
+                   "generation_batch_size", "vllm_mode")
 # `beta` is shared by TRL's DPO, CPO, ORPO and KTO configs; with one of DPOConfig's loss types (TRL 0.8-0.2x
 # trl/trainer/dpo_config.py; a list of them since 0.20), or with max_prompt_length and no loss_type, it is DPO.
 _DPO_LOSS_TYPES = frozenset({"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
@@ -433,6 +438,11 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 break
     if "rl" not in settings and _looks_like_dpo(data):
         settings["rl"] = Setting("beta", "dpo", line_of("beta"))
+    if "rl" not in settings:
+        for key in _GRPO_ONLY_KEYS:
+            if key in data:
+                settings["rl"] = Setting(key, "grpo", line_of(key))
+                break
     problems = _key_problems(data, line_of) if kind == "transformers" else ()
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems)
 

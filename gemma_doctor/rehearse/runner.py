@@ -192,6 +192,12 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
             raise UsageError(f"training config {training_config}: {tc.error}")
         raw = _raw(str(training_config))
     raw = raw or {}
+    # The RL trainer is the reader's decision, the one check's rules and memory plan take (readers/training_config:
+    # `rl:` / `stage:`, DPOConfig's or GRPOConfig's own keys).
+    rl = _setting(tc, "rl")
+    rl = rl.lower() if isinstance(rl, str) and rl.lower() not in ("sft", "pt") else None  # LLaMA-Factory's stages
+    if trainer is None and rl == "dpo":
+        trainer = "trl-dpo"
     trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
@@ -203,6 +209,11 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
                                 f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
                                 f"({sys.executable})", key="stack",
                                 fix="run the rehearsal in the environment that trains (nothing is installed for you)"))
+    if rl and trainer not in ("trl-dpo", "script"):
+        findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
+                                "generation, rewards and reference model); its model, adapter, precision and save are "
+                                f"rehearsed as a {trainer} run", key="trainer",
+                                fix="the RL loop itself is checked only by running it; DPO is rehearsed as DPO"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))
