@@ -353,6 +353,26 @@ def _case(model: tuple[str, ...], gpu: str, **kw: Any) -> Case:
     return Case(model, gpu, **fields)
 
 
+def test_the_prescription_does_not_depend_on_the_runs_judged_before(world, monkeypatch, tmp_path):
+    """The search tries the rule that rejected the last candidate first (search._LAST_REJECTED, a speed heuristic that
+    may change only the order of trying), and decided a transformers pin on the findings of that first rule alone: a
+    Gemma 4 run on a stack without transformers was prescribed with SDPA after one earlier run in the process and with
+    eager attention after another (found by the property above: its JSON and its YAML, one call apart, differed). Every
+    first rule now gives the same answer."""
+    from gemma_doctor.plan import search
+
+    case = _case((G4,), "Jetson AGX Orin", num_gpus=6, transformers=NO_TRANSFORMERS, method="full", trainer="axolotl",
+                 batch=10)
+    args = recommend_args(world, case, tmp_path)
+    answers = {}
+    for first in ((), *((i,) for i in range(len(search.rules.RULES)))):
+        monkeypatch.setattr(search, "_LAST_REJECTED", first)
+        code, out, _ = _recommend(world, args, "json")
+        answers.setdefault(out, []).append(first)
+    assert len(answers) == 1, [(json.loads(o)["models"][0]["prescription"]["attention"], firsts)
+                               for o, firsts in answers.items()]
+
+
 @pytest.mark.parametrize("targets, flagged", [(TARGETS["regex"], True), (["query", "value"], True), ("(q_proj", True),
                                               (["q_proj", "v_proj"], False), (r".*\.(q_proj|v_proj)", False),
                                               ("all-linear", False)])

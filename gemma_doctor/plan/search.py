@@ -408,6 +408,12 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                 judged += 1
                 while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < limit:
                     pinned = _pin(env, tried.findings)
+                    if pinned is None and _may_pin(env):
+                        # A quick rejection holds the findings of the first rule that flagged the run, and which rule
+                        # runs first depends on the runs judged before in this process (_LAST_REJECTED): a pin read
+                        # from them came at a different run, so the prescription too. Decided on every finding, the
+                        # answer is the same whatever ran before.
+                        pinned = _pin(env, tried().findings)
                     if pinned is None:
                         break
                     env, pin = pinned
@@ -459,6 +465,12 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Ru
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
 MAX_PINS = 4
 _PINNED = "prescription"  # the source of a pinned package
+
+
+def _may_pin(env: Environment) -> bool:
+    """The stack leaves transformers to the prescription (none named, or only a pin of its own): _pin may add one."""
+    current = env.libraries.get("transformers")
+    return current.absent or current.source == _PINNED
 
 
 def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, tuple[str, str]] | None:
