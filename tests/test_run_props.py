@@ -1,5 +1,23 @@
-"""One run's answers agree (issue 32): random runs, the caches and the in-process CLI they share, and the defects their
-properties found, each as a test that fails before its fix."""
+"""One run's answers agree, as properties over random runs (issue 32).
+
+A random run is a model (the bundled example cache's Gemma 3 12B and Gemma 4 E2B, or a published size of the family
+table), a GPU of the GPU table or none, 1-8 GPUs, a method (or the search's choice), LoRA targets as a list, a regex or
+all-linear, a batch, accumulation and sequence, and the trainer format that states them (command-line options, an
+axolotl YAML or a TRL JSON), on the test stack's transformers or on a stack that names no transformers (the README's
+own install, given as a requirements file without it, as tests/test_prescription.py and benchmarks/prescription_grid.py
+give it). For each:
+
+(a) the text, the JSON, the YAML and the TRL / TrainingArguments / PEFT snippets of one `recommend` state the same
+    batch, accumulation, precision, method, targets (and the trainable parameters they come to), memory figure and
+    verdict; a choice the user made is kept, or the relaxation is named as its source;
+(b) every way-out line, followed (the option it names, added to the same command), gets a prescription at the figure
+    the line states, and that prescription passes check;
+(c) the prescription passes `check --fail-on warning` with the same model, GPU and stack plus the pins it names, with
+    transformers named or not, and check plans the very run (memory figure and trainable parameters).
+
+Everything runs in this process (benchmarks/prescription_grid.in_process); Hypothesis in the derandomised CI profile
+(tests/conftest.py), so CI sees the same examples on every run. Each `@example` is a counterexample the properties
+found, fixed in gemma_doctor, that fails before its fix."""
 
 from __future__ import annotations
 
@@ -351,6 +369,37 @@ def _case(model: tuple[str, ...], gpu: str, **kw: Any) -> Case:
                   accumulation=None, seq_len=None)
     fields.update(kw)
     return Case(model, gpu, **fields)
+
+
+# Small enough for the module to run well under a minute on a quiet machine (about 20 s here, 2 cores shared: the
+# in-process judgements are shared between examples): each example runs recommend three times and check once (and
+# each way-out line once more of each). GEMMA_DOCTOR_HYPOTHESIS=explore searches further (tests/conftest.py).
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=cases())
+# A user's all-linear became the language-model regex of the search, with "chosen by the search" as its source (the
+# all-linear of a training config was dropped as if it were the plan's default); now kept, and on a multimodal
+# checkpoint GD421 (the towers wrapped) blocks it with its cure as the way out.
+@example(case=_case((G3,), "A100", method="lora", trainer="trl", targets="all-linear"))
+@example(case=_case(("gemma4", "e2b"), "H100", method="qlora", trainer="axolotl", targets="all-linear", batch=2))
+# A user's regex, kept, was sourced "chosen by the search".
+@example(case=_case((G3,), "L4", method="lora", trainer="axolotl", targets="regex"))
+# The language-model regex of a multimodal Gemma, on a text-only Gemma 2, wraps nothing (0 trainable parameters, and
+# PEFT raises NoMatchingPeftModuleError): it was prescribed all the same; now GD425 blocks it and its cure is the way out.
+@example(case=_case(("gemma2", "2b"), "A10", method="lora", trainer="axolotl", targets="regex", batch=9, seq_len=2048))
+@example(case=_case(("gemma2", "2b"), "MI325X", num_gpus=4, method="lora", trainer="trl", targets="regex"))
+def test_one_runs_answers_agree_and_hold_when_followed(world, tmp_path_factory, case):
+    workdir = tmp_path_factory.mktemp("case")
+    args = recommend_args(world, case, workdir)
+    code, out, err = _recommend(world, args, "json")
+    m = json.loads(out)["models"][0]
+    if m["prescription"] is None:
+        assert code == 1 and m["status"] != "prescribed", m
+        assert_way_out_holds(world, case, args, m, workdir)
+        return
+    assert code == 0 and m["status"] == "prescribed", m
+    assert_views_agree(world, case, args, m)
+    assert_choices_kept(case, m)
+    check_prescription(world, case, m, workdir)
 
 
 def test_the_prescription_does_not_depend_on_the_runs_judged_before(world, monkeypatch, tmp_path):

@@ -224,9 +224,16 @@ class Judged:
         src = dict(mem.plan.run.sources)
         for k, v in src.items():
             if v.startswith("training config"):
-                src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
+                # The search never changes the LoRA targets or rank the user named: they keep the user's source.
+                kept = k in req.fixed or k in ("seq_len", "optimizer") or (
+                    k in _USERS_LORA and req.base.source(k).startswith("training config"))
+                src[k] = req.base.source(k) if kept else "chosen by the search"
         relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
         return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+
+
+# The LoRA settings a user's training config names (their sources in a RunSpec).
+_USERS_LORA = ("lora", "lora_r", "lora_targets")
 
 
 def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
