@@ -387,6 +387,12 @@ def _case(model: tuple[str, ...], gpu: str, **kw: Any) -> Case:
 # PEFT raises NoMatchingPeftModuleError): it was prescribed all the same; now GD425 blocks it and its cure is the way out.
 @example(case=_case(("gemma2", "2b"), "A10", method="lora", trainer="axolotl", targets="regex", batch=9, seq_len=2048))
 @example(case=_case(("gemma2", "2b"), "MI325X", num_gpus=4, method="lora", trainer="trl", targets="regex"))
+# Without transformers, a way-out line ("8 GPUs with ZeRO-3 (--num-gpus 8): ... fits", "--seq-len 1024: ... fits") was
+# found with the search's own pin (transformers>=5.5.2 for GD107): followed, the command gave no prescription (GD109,
+# GD606 under the unpinned stack).
+@example(case=_case((G4,), "L4", num_gpus=4, transformers=NO_TRANSFORMERS, method="full", batch=14))
+@example(case=_case(("gemma4", "e4b"), "RTX 4090", transformers=NO_TRANSFORMERS, trainer="trl", accumulation=4,
+                    seq_len=4096))
 def test_one_runs_answers_agree_and_hold_when_followed(world, tmp_path_factory, case):
     workdir = tmp_path_factory.mktemp("case")
     args = recommend_args(world, case, workdir)

@@ -388,6 +388,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     check, or none and the way out (``explain``: each way out is itself the prescription of the changed options).
     At most ``limit`` candidates are judged (MAX_JUDGED when 0)."""
     limit = limit or MAX_JUDGED
+    given = env  # the stack as the command line gives it: the way out's lines are that command with one change
     inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
@@ -455,7 +456,11 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
                             versions=_versions(inputs), pins=tuple(pins), run=_run_of(nearest.memory, facts, env))
-    ways = tuple(way_out(shape, req, nearest, _Ask(facts, env, options, quantization))) if explain else ()
+    # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
+    # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
+    # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets
+    # GD107 and nothing pins past GD109.
+    ways = tuple(way_out(shape, req, nearest, _Ask(facts, given, options, quantization))) if explain else ()
     return Decision(None, None, None, (), ways, judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
                     pins=tuple(pins))
