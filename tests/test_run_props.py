@@ -428,6 +428,18 @@ def test_the_prescription_does_not_depend_on_the_runs_judged_before(world, monke
                                for o, firsts in answers.items()]
 
 
+def test_gemma4_without_transformers_pins_past_gd109_instead_of_no_prescription(world, tmp_path):
+    """GD109 (a Gemma 4 config's rope_parameters, unread by transformers < 5.0) carried no window, so the search could not
+    pin past it: with a stack that names no transformers, full fine-tuning of Gemma 4 E2B on 8 L4s got "no
+    prescription" and the way out of the 4-GPU run named that very command (found by the property above)."""
+    case = _case((G4,), "L4", num_gpus=8, transformers=NO_TRANSFORMERS, method="full", batch=14)
+    code, out, _ = _recommend(world, recommend_args(world, case, tmp_path), "json")
+    m = json.loads(out)["models"][0]
+    assert code == 0 and m["prescription"] is not None, m["blocking"]
+    assert {"requirement": "transformers>=5.0.0", "resolves": "GD109"} in m["prescription"]["pins"]
+    check_prescription(world, case, m, tmp_path)
+
+
 @pytest.mark.parametrize("targets, flagged", [(TARGETS["regex"], True), (["query", "value"], True), ("(q_proj", True),
                                               (["q_proj", "v_proj"], False), (r".*\.(q_proj|v_proj)", False),
                                               ("all-linear", False)])
