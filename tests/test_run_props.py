@@ -12,8 +12,10 @@ give it). For each:
     verdict; a choice the user made is kept, or the relaxation is named as its source;
 (b) every way-out line, followed (the option it names, added to the same command), gets a prescription at the figure
     the line states, and that prescription passes check;
-(c) the prescription passes `check --fail-on warning` with the same model, GPU and stack plus the pins it names, with
-    transformers named or not, and check plans the very run (memory figure and trainable parameters).
+(c) the prescription passes `check --fail-on warning` with the same model, GPU and stack plus the pins it names (after
+    the `first:` step it names, `gemma-doctor fix ... --inplace`, run on a copy of the model), with transformers named
+    or not, and check plans the very run (memory figure and trainable parameters);
+(d) the prescription does not depend on the runs the process judged before.
 
 Everything runs in this process (benchmarks/prescription_grid.in_process); Hypothesis in the derandomised CI profile
 (tests/conftest.py), so CI sees the same examples on every run. Each `@example` is a counterexample the properties
