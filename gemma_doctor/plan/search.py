@@ -253,6 +253,18 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
 _COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
 
 
+# The rules whose findings name a transformers window or minimum with an unknown exposure, the only ones _pin reads
+# (rules/crashes.py: GD105, GD107, GD108, GD109...): a rejected candidate is asked for these, not for every rule, when
+# the search decides a pin (tests/test_run_props.py holds the answer independent of the order rules are tried in).
+_PINNING_RULES = ("crashes.check",)
+
+
+@functools.lru_cache(maxsize=1)
+def _pinning_rules() -> tuple[int, ...]:
+    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
+    return tuple(i for i, n in enumerate(names) if n in _PINNING_RULES)
+
+
 @functools.lru_cache(maxsize=1)
 def _quick_order() -> tuple[int, ...]:
     names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
@@ -297,13 +309,19 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         # check read every setting from the prescription's training config; Judged.memory says where each came from.
         return Judged(plan, rec, mem, findings, shape, req)
 
+    def pinnable() -> tuple[Finding, ...]:
+        for i in _pinning_rules():
+            if i not in done:
+                done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+        return tuple(f for i in _pinning_rules() for f in done[i])
+
     if quick and tc.error is None:
         order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
         for i in order:
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, done[i], shape, req, finish)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable)
     return finish
 
 
@@ -324,6 +342,8 @@ class _Rejected(Judged):
     """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
 
     finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
+    # The findings of the rules whose findings a pin can resolve (_PINNING_RULES), run on demand.
+    pinnable: Callable[[], tuple[Finding, ...]] = lambda: ()
 
     def __call__(self) -> Judged:
         return self.finish()
@@ -419,9 +439,9 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     if pinned is None and _may_pin(env):
                         # A quick rejection holds the findings of the first rule that flagged the run, and which rule
                         # runs first depends on the runs judged before in this process (_LAST_REJECTED): a pin read
-                        # from them came at a different run, so the prescription too. Decided on every finding, the
-                        # answer is the same whatever ran before.
-                        pinned = _pin(env, tried().findings)
+                        # from them came at a different run, so the prescription too. Decided on the findings of every
+                        # rule a pin can answer, the answer is the same whatever ran before.
+                        pinned = _pin(env, tried.pinnable())
                     if pinned is None:
                         break
                     env, pin = pinned
