@@ -8,8 +8,9 @@ and a non-empty `way_out`.
 
 prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
 violation. tests/test_prescription.py runs the same points (GRID below) through the same function. The grid also
-holds a stack that names no transformers (the prescription's pins are handed to check) and 1-8 GPUs on every GPU,
-and a point also fails when check's memory line differs from the prescription's.
+holds a stack that names no transformers (the prescription's pins are handed to check), 1-8 GPUs on every GPU, every
+GPU of gemma_doctor's table, and LoRA targets (list, regex, all-linear) in a user's axolotl or TRL config; a point also
+fails when check's memory line differs from the prescription's.
 """
 
 from __future__ import annotations
@@ -118,12 +119,44 @@ def example_points(cache: Path, models: tuple[str, ...] = EXAMPLES, gpus: tuple[
     return [Point((m, *where), (m, *where), g, v, t) for m in models for g in gpus for v in versions for t in tasks]
 
 
-def extended_points(cache: Path) -> list[Point]:
-    """Beyond the example grid (issue 32): no transformers named, and 1-8 GPUs, on every GPU of the grid."""
+# LoRA targets as a user's training config writes them (issue 32): a list, a regex over whole module names, all-linear.
+USER_TARGETS = {"list": ["q_proj", "k_proj", "v_proj", "o_proj"], "regex": r".*language_model.*\.(q_proj|v_proj)",
+                "all-linear": "all-linear"}
+
+
+def _user_config(workdir: Path, trainer: str, method: str, targets: str) -> Path:
+    """A training config stating method and LoRA targets, in axolotl's YAML or TRL's JSON."""
+    if trainer == "axolotl":
+        path = workdir / f"user-{trainer}-{method}-{targets}.yaml"
+        data: dict[str, object] = {"base_model": "the-model", "adapter": method, "lora_target_modules": USER_TARGETS[targets]}
+        if method == "qlora":
+            data["load_in_4bit"] = True
+    else:
+        path = workdir / f"user-{trainer}-{method}-{targets}.json"
+        data = {"use_peft": True, "lora_target_modules": USER_TARGETS[targets]}
+        if method == "qlora":
+            data["load_in_4bit"] = True
+    path.write_text(json.dumps(data))  # JSON is YAML too: axolotl's reader reads it the same
+    return path
+
+
+def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
+    """Beyond the example grid (issue 32): no transformers named, and 1-8 GPUs, on every GPU of the grid; every GPU of
+    gemma_doctor's table with and without transformers; and (with ``workdir`` for the files) the LoRA targets of a
+    user's axolotl or TRL config as a list, a regex or all-linear. tests/test_run_props.py draws its random runs from
+    the same space."""
+    from gemma_doctor import gpus as gpu_table
+
     where = ("--cache-dir", str(cache))
     points = [Point((m, *where), (m, *where), g, NO_TRANSFORMERS, t) for m in EXAMPLES for g in GPUS for t in TASKS]
     points += [Point((m, *where), (m, *where), g, "5.23.0", "sft", ("--num-gpus", str(n)))
                for m in EXAMPLES for g in GPUS for n in (1, 2, 4, 8)]
+    points += [Point((m, *where), (m, *where), g.name, v, "sft")
+               for m in EXAMPLES for g in gpu_table.KNOWN_GPUS for v in ("5.23.0", NO_TRANSFORMERS)]
+    if workdir is not None:
+        points += [Point((m, *where), (m, *where), g, v, "sft", ("--training-config", str(_user_config(workdir, tr, me, tg))))
+                   for m in EXAMPLES for g in ("T4", "L4", "A100") for v in ("5.23.0", NO_TRANSFORMERS)
+                   for tr in ("axolotl", "trl") for me in ("lora", "qlora") for tg in USER_TARGETS]
     return points
 
 
@@ -158,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                            capture_output=True)
         run = in_process()
-        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache) + extended_points(cache)]
+        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache) + extended_points(cache, Path(tmp))]
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
     print(f"{len(outcomes)} points: {kinds['prescribed']} prescriptions pass check, {kinds['none']} honest 'none' "
           f"with a way out, {kinds['violation']} violations")

@@ -104,6 +104,7 @@ _CODES = [
     Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens", site=Site.RUN),
     Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal"),
     Code("GD424", "sliding-window-halved", "transformers 4.57-5.15 halve a bidirectional config's sliding_window at every load + save"),
+    Code("GD425", "lora-targets-match-nothing", "the training config's LoRA targets match no linear layer of a text-only Gemma: PEFT refuses the model", site=Site.RUN),
     Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses", site=Site.RUN),
     Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers", site=Site.RUN),
     Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)", site=Site.RUN),

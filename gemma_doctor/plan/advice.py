@@ -181,8 +181,9 @@ def run_advice(plan: MemoryPlan, fits: bool, summary: str) -> recommend.MemoryAd
         method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
         gradient_checkpointing=run.gradient_checkpointing, fits=fits, summary=summary, quant_bits=run.quant_bits,
         seq_len=run.seq_len, lora_r=run.lora_r if lora else None,
-        lora_targets=run.lora_targets if lora and run.source("lora") != "default" and run.lora_targets != "all-linear"
-        else None,
+        # Targets the user or the search named are written as named, all-linear included (a user's all-linear was
+        # dropped here, and the prescription then wrote the language-model regex in its place without a word).
+        lora_targets=run.lora_targets if lora and run.source("lora") != "default" else None,
         num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
         optimizer=run.optimizer if run.source("optimizer") != "default" else None,
         attention=run.attention if run.attention != "sdpa" else None)

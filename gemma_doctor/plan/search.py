@@ -224,9 +224,16 @@ class Judged:
         src = dict(mem.plan.run.sources)
         for k, v in src.items():
             if v.startswith("training config"):
-                src[k] = req.base.source(k) if k in req.fixed or k in ("seq_len", "optimizer") else "chosen by the search"
+                # The search never changes the LoRA targets or rank the user named: they keep the user's source.
+                kept = k in req.fixed or k in ("seq_len", "optimizer") or (
+                    k in _USERS_LORA and req.base.source(k).startswith("training config"))
+                src[k] = req.base.source(k) if kept else "chosen by the search"
         relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
         return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+
+
+# The LoRA settings a user's training config names (their sources in a RunSpec).
+_USERS_LORA = ("lora", "lora_r", "lora_targets")
 
 
 def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
@@ -244,6 +251,18 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
 # horizon's version comparisons, the crash windows) run last when a candidate is only being tried: most candidates
 # are rejected by a cheaper rule first (GD650 at a batch too large), and the rest are never run for them.
 _COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
+
+
+# The rules whose findings name a transformers window or minimum with an unknown exposure, the only ones _pin reads
+# (rules/crashes.py: GD105, GD107, GD108, GD109...): a rejected candidate is asked for these, not for every rule, when
+# the search decides a pin (tests/test_run_props.py holds the answer independent of the order rules are tried in).
+_PINNING_RULES = ("crashes.check",)
+
+
+@functools.lru_cache(maxsize=1)
+def _pinning_rules() -> tuple[int, ...]:
+    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
+    return tuple(i for i, n in enumerate(names) if n in _PINNING_RULES)
 
 
 @functools.lru_cache(maxsize=1)
@@ -295,13 +314,19 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         # check read every setting from the prescription's training config; Judged.memory says where each came from.
         return Judged(plan, rec, mem, findings, shape, req)
 
+    def pinnable() -> tuple[Finding, ...]:
+        for i in _pinning_rules():
+            if i not in done:
+                done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+        return tuple(f for i in _pinning_rules() for f in done[i])
+
     if quick and tc.error is None:
         order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
         for i in order:
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, done[i], shape, req, finish)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable)
     return finish
 
 
@@ -322,6 +347,8 @@ class _Rejected(Judged):
     """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
 
     finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
+    # The findings of the rules whose findings a pin can resolve (_PINNING_RULES), run on demand.
+    pinnable: Callable[[], tuple[Finding, ...]] = lambda: ()
 
     def __call__(self) -> Judged:
         return self.finish()
@@ -383,6 +410,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     check, or none and the way out (``explain``: each way out is itself the prescription of the changed options).
     At most ``limit`` candidates are judged (MAX_JUDGED when 0)."""
     limit = limit or MAX_JUDGED
+    given = env  # the stack as the command line gives it: the way out's lines are that command with one change
     inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
@@ -411,6 +439,12 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                 judged += 1
                 while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < limit:
                     pinned = _pin(env, tried.findings)
+                    if pinned is None and _may_pin(env):
+                        # A quick rejection holds the findings of the first rule that flagged the run, and which rule
+                        # runs first depends on the runs judged before in this process (_LAST_REJECTED): a pin read
+                        # from them came at a different run, so the prescription too. Decided on the findings of every
+                        # rule a pin can answer, the answer is the same whatever ran before.
+                        pinned = _pin(env, tried.pinnable())
                     if pinned is None:
                         break
                     env, pin = pinned
@@ -446,7 +480,11 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
                             versions=_versions(inputs), pins=tuple(pins), run=_run_of(nearest.memory, facts, env))
-    ways = tuple(way_out(shape, req, nearest, _Ask(facts, env, options, quantization))) if explain else ()
+    # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
+    # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
+    # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets
+    # GD107 and nothing pins past GD109.
+    ways = tuple(way_out(shape, req, nearest, _Ask(facts, given, options, quantization))) if explain else ()
     return Decision(None, None, None, (), ways, judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
                     pins=tuple(pins))
@@ -463,6 +501,12 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Ru
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
 MAX_PINS = 4
 _PINNED = "prescription"  # the source of a pinned package
+
+
+def _may_pin(env: Environment) -> bool:
+    """The stack leaves transformers to the prescription (none named, or only a pin of its own): _pin may add one."""
+    current = env.libraries.get("transformers")
+    return current.absent or current.source == _PINNED
 
 
 def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, tuple[str, str]] | None:

@@ -267,7 +267,10 @@ def _rope_parameters(model: ModelFacts, stack: Stack) -> Iterator[Finding]:
         "(no warning; logits differ from the saved model's)",
         file="config.json", key=key,
         fix=fix,
-        details={"exposure": exposure.value, "scaled": scaled, "transformers": tf.to_json()})
+        # The window in the details, as GD105's and GD107's: a prescription for a stack that names no transformers
+        # pins past it (transformers>=5.0.0) instead of answering "none" (plan/search.py's _pin reads it).
+        details={"exposure": exposure.value, "scaled": scaled, "window": ROPE_PARAMETERS_READER.spec,
+                 "transformers": tf.to_json()})
 
 
 def _timm(model: ModelFacts, stack: Stack) -> Iterator[Finding]:

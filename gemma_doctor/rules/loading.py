@@ -33,7 +33,7 @@ def _severity(exposure: Exposure, affected: Severity, unknown: Severity) -> Seve
 
 
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """GD420-GD424 for a Gemma model: from config.json, the training config and the libraries that will run."""
+    """GD420-GD425 for a Gemma model: from config.json, the training config and the libraries that will run."""
     if not model.family.is_gemma or not model.config.ok:
         return
     yield from _bidirectional(model, env)
@@ -41,6 +41,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if tc is None or not tc.ok:
         return
     yield from _lora_targets(model, tc)
+    yield from _targets_match_nothing(model, tc)
     yield from _embed_scale(model, env, tc)
 
 
@@ -80,6 +81,37 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
         "adapters, optimizer state and memory for towers a text-only run never trains",
         fix, tc, "lora_target_modules" if setting is not None else "lora_target_linear",
         model_type=mt, targets=hit)
+
+
+def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
+    """GD425: the training config's LoRA targets wrap no linear layer of a text-only Gemma: PEFT refuses the model.
+
+    Read from the memory plan, which matches the targets as PEFT does against the model's module names. A multimodal
+    checkpoint is left out: its tensor names are the saved layout, not always the one transformers builds (GD730 and
+    GD731 judge a regex written for the other layout), so "no match" there is not certain."""
+    mem = model.memory
+    if mem is None or model.family.nested or not adapter_enabled(tc):
+        return
+    plan = mem.plan
+    run = plan.run
+    if run.method == "full" or plan.trainable_params or not run.source("lora_targets").startswith("training config"):
+        return
+    targets = run.lora_targets
+    shown = targets if isinstance(targets, str) else list(targets)
+    invalid = False
+    if isinstance(targets, str) and targets != "all-linear":
+        try:
+            re.compile(targets)
+        except re.error:
+            invalid = True
+    what = ("is not a valid regular expression: PEFT raises re.error" if invalid else
+            "match no linear layer of this model: get_peft_model raises \"ValueError: Target modules ... not found in "
+            "the base model\" (PEFT's NoMatchingPeftModuleError)")
+    names = sorted({k.name for k in plan.shape.linears})
+    yield setting_finding(
+        "GD425", Severity.ERROR, f"LoRA targets {shown!r} {what}",
+        f"name the model's own linear layers, e.g. target_modules={names!r}, or \"all-linear\"", tc,
+        "lora_target_modules", targets=shown, linear_names=names)
 
 
 def _targets_embeddings(tc: Any) -> str | None:
