@@ -96,6 +96,10 @@ def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     run = plan.run
     if run.method == "full" or plan.trainable_params or not run.source("lora_targets").startswith("training config"):
         return
+    if not plan.shape.linears:
+        # No linear layer known at all (safetensors headers that list only some tensors, a config the counts could
+        # not be derived from): "no match" would then be a statement about the facts, not about the targets.
+        return
     targets = run.lora_targets
     shown = targets if isinstance(targets, str) else list(targets)
     invalid = False
