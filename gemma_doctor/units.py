@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 GIB = 1024**3
+
+
+def positive_int(value: Any) -> int | None:
+    """A positive whole number as a config writes one (an int, or digits in a string; never a bool), else None: how
+    the run's resolver (plan/runplan.py) and the GPU value (readers/gpu.py) read counts such as num_processes."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None
 
 
 def gib(n: int | float | None) -> str:

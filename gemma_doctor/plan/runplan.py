@@ -16,6 +16,7 @@ from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
 TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}
@@ -75,21 +76,11 @@ def shape_for(config: Mapping[str, Any] | None, census: Any | None) -> ModelShap
     return replace(shape, source=f"config.json (derived; {why})")
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value > 0:
-        return value
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and int(value) > 0:
-        return int(value)
-    return None
-
-
 def _zero_stage(tc: Any) -> tuple[int, str | None]:
     """ZeRO stage / FSDP sharding from the training config: (stage, the setting it came from)."""
     s = tc.settings
     z = s.get("zero_stage")
-    if z is not None and _int(z.value) is not None or (z is not None and z.value == 0):
+    if z is not None and positive_int(z.value) is not None or (z is not None and z.value == 0):
         return int(z.value), z.key
     fsdp2 = _fsdp2_stage(s)
     if fsdp2 is not None:
@@ -163,8 +154,8 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             # a full fine-tuning run) fixes the method as much as `adapter: lora` does.
             put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
-            if name in s and _int(s[name].value):
-                put("num_gpus" if name == "num_processes" else name, _int(s[name].value), where(name))
+            if name in s and positive_int(s[name].value):
+                put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value), where(name))
         if "gradient_checkpointing" in s:
             put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
@@ -193,8 +184,8 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("zero_stage", stage, f"training config {key}")
             if "fsdp" in key:
                 put("fsdp", True, f"training config {key}")
-        if "num_machines" in s and _int(s["num_machines"].value):
-            put("num_nodes", _int(s["num_machines"].value), where("num_machines"))
+        if "num_machines" in s and positive_int(s["num_machines"].value):
+            put("num_nodes", positive_int(s["num_machines"].value), where("num_machines"))
         off = s.get("offload_optimizer")
         if off is not None and str(off.value).lower() in ("cpu", "nvme"):
             put("offload_optimizer", True, where("offload_optimizer"))

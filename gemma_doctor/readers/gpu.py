@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from gemma_doctor import gpus
+from gemma_doctor.units import positive_int
 from gemma_doctor.gpus import cuda_native_bf16, emulation_trap, format_cc
 
 # Where an NVIDIA driver leaves traces; any one is enough to make asking NVML/torch worth the import.
@@ -429,7 +430,7 @@ def for_options(options: Any, training_config: Any | None = None) -> GpuFacts:
     facts = resolve(getattr(options, "gpu", None))
     memory = getattr(options, "memory", None)
     settings = training_config.settings if training_config is not None and getattr(training_config, "ok", False) else {}
-    count = _count(getattr(memory, "num_gpus", None)) or _setting(settings, "num_processes")
+    count = positive_int(getattr(memory, "num_gpus", None)) or _setting(settings, "num_processes")
     nodes = _setting(settings, "num_machines") or 1
     if count is None and nodes == 1:
         return facts
@@ -438,15 +439,4 @@ def for_options(options: Any, training_config: Any | None = None) -> GpuFacts:
 
 def _setting(settings: Mapping[str, Any], name: str) -> int | None:
     setting = settings.get(name)
-    return _count(setting.value) if setting is not None else None
-
-
-def _count(value: Any) -> int | None:
-    """A positive whole number as the run's resolver reads one (plan/runplan.py), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value > 0:
-        return value
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and int(value) > 0:
-        return int(value)
-    return None
+    return positive_int(setting.value) if setting is not None else None
