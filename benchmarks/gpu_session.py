@@ -81,7 +81,7 @@ from gemma_doctor.rehearse.runner import _memory_plan, _measurable
 from gemma_doctor.rehearse.realweights import measure_step
 folder, config = Path(sys.argv[1]), Path(sys.argv[2])
 memory = _memory_plan(str(folder), None, "main", config)
-run = _measurable(memory)
+run, _ = _measurable(memory)
 out = {"plan": memory and {k: memory[k] for k in ("summary", "tensor_bytes", "per_gpu_bytes", "components", "peak")},
        "run": run}
 if run:

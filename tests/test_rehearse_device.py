@@ -49,14 +49,16 @@ def _plan(**run):
 
 
 def test_the_measured_step_is_the_planned_run_or_none():
-    got = _measurable(_plan())
-    assert got == {"method": "lora", "batch_size": 4, "seq_len": 1024, "lora_r": 16, "lora_targets": ["q_proj"],
+    got, why = _measurable(_plan())
+    assert why is None and got == {"method": "lora", "batch_size": 4, "seq_len": 1024, "lora_r": 16, "lora_targets": ["q_proj"],
                    "gradient_checkpointing": True, "load_dtype": "bfloat16"}
-    assert _measurable(_plan(method="full"))["method"] == "full"
-    # runs the step cannot execute as planned: 4-bit loading, sharding over GPUs, TRL's chunked log-probs
-    for run in ({"method": "qlora"}, {"num_gpus": 2}, {"chunked_loss": True}):
-        assert _measurable(_plan(**run)) is None, run
-    assert _measurable(None) is None and _measurable({"run": {}}) is None
+    assert _measurable(_plan(method="full"))[0]["method"] == "full"
+    # runs the step cannot execute as planned, each with its reason: 4-bit loading, sharding over GPUs, TRL's chunks
+    for run, reason in (({"method": "qlora"}, "unquantized"), ({"num_gpus": 2}, "one device"),
+                        ({"chunked_loss": True}, "chunked log-probs")):
+        got, why = _measurable(_plan(**run))
+        assert got is None and reason in why, run
+    assert _measurable(None) == (None, None) and _measurable({"run": {}}) == (None, None)
 
 
 def _record(peak: int, **extra):

@@ -256,15 +256,12 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
         records, ended = _run_child(plan, timeout)
     if real_weights and ended is None:
         memory = _memory_plan(target, cache_dir, revision, training_config)
-        measure = _measurable(memory)
+        measure, why = _measurable(memory)
         measured, ended = _run_child({**plan, "measure": measure} if measure else plan, timeout, "real")
         for r in measured:
             if r.get("stage") == "real-weights" and r.get("status") == "ok" and measure:
                 r.update(plan_tensor_bytes=memory["tensor_bytes"], plan_summary=memory.get("summary"))
-        if memory is not None and not measure:
-            why = "TRL's chunked log-probs, which one forward of the model does not compute" \
-                if (memory.get("run") or {}).get("chunked_loss") else "the step loads the checkpoint unquantized, " \
-                "on one device"
+        if why:
             result.notes.append(f"the measured step is not the planned run ({memory.get('method')}: {why}), so its "
                                 "peak is not held against the memory plan")
         records += measured
@@ -304,17 +301,21 @@ def _memory_plan(target: str, cache_dir: Path | None, revision: str,
     return memory if isinstance(memory, dict) and isinstance(memory.get("tensor_bytes"), int) else None
 
 
-def _measurable(memory: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The planned run's shape for the measured step (method, batch, length, LoRA, checkpointing, load dtype); None for
-    a plan the step cannot execute as planned (QLoRA's 4-bit load, several GPUs' sharding)."""
+def _measurable(memory: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the planned run's shape for the measured step: method, batch, length, LoRA, checkpointing, load dtype; why the
+    step cannot execute the plan as planned, or None). No plan: (None, None)."""
     run = (memory or {}).get("run") or {}
-    # TRL's chunked log-probs (run.chunked_loss) are not what one forward of the model computes: its b*s*V logits
-    # would be held against a plan that counts a tile of them.
-    if not run or run.get("method") not in ("full", "lora") or (run.get("num_gpus") or 1) > 1 \
-            or run.get("chunked_loss"):
-        return None
+    if not run:
+        return None, None
+    if run.get("method") not in ("full", "lora"):
+        return None, "the step loads the checkpoint unquantized"
+    if (run.get("num_gpus") or 1) > 1:
+        return None, "the step runs on one device"
+    if run.get("chunked_loss"):
+        # its b*s*V logits would be held against a plan that counts a tile of them
+        return None, "TRL's chunked log-probs, which one forward of the model does not compute"
     return {k: run.get(k) for k in ("method", "batch_size", "seq_len", "lora_r", "lora_targets",
-                                    "gradient_checkpointing", "load_dtype")}
+                                    "gradient_checkpointing", "load_dtype")}, None
 
 
 def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any]) -> Finding:
