@@ -92,13 +92,15 @@ class Run:
         self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _load_model(self, where: str) -> Any:
+    def _load_model(self, where: str, attn: str | None = None) -> Any:
         import torch
         import transformers
 
         cls = getattr(transformers, self.plan["architecture"])
         dtype = self.s.get("dtype") or "auto"
-        kw = {_dtype_kw(): dtype if dtype == "auto" else getattr(torch, dtype)}
+        kw: dict[str, Any] = {_dtype_kw(): dtype if dtype == "auto" else getattr(torch, dtype)}
+        if attn:
+            kw["attn_implementation"] = attn
         return cls.from_pretrained(where, **kw)
 
     def _rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -291,8 +293,17 @@ class Run:
                 (moved if delta > 0 else still).append(n)
                 if "lora_B" in n:
                     lora_b[n] = (float(before[n].float().norm()), float(p.detach().float().norm()))
+        extra: dict[str, Any] = {}
+        if any(not math.isfinite(x) for x in [*losses, *norms]):
+            # Where it comes from and which cure removes it, on a fresh twin (gemma_doctor/rehearse/nonfinite.py).
+            from gemma_doctor.rehearse import nonfinite
+
+            try:
+                extra["nonfinite"] = nonfinite.of_run(self)
+            except Exception as e:  # noqa: BLE001 - the diagnosis is extra: the train stage's figures stand
+                extra["nonfinite"] = {"error": _error(e).get("line")}
         self.events.write("train", "ok", losses=losses, grad_norms=norms, trainable=len(before), moved=len(moved),
-                          unchanged=still[:10], unchanged_count=len(still),
+                          unchanged=still[:10], unchanged_count=len(still), **extra,
                           lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
                           dtype=str(next(self.model.parameters()).dtype))
 

@@ -106,22 +106,55 @@ def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
     return out
 
 
+# The field record of the mechanism a left-padded batch meets in SDPA's cuDNN kernel (gemma_doctor/rehearse/nonfinite.py).
+LEFT_PAD_SDPA = "gemma4-sdpa-left-padding-nan"
+
+
+def nonfinite_cure(diagnosis: Mapping[str, Any] | None, default: str) -> str:
+    """The cure of a non-finite loss or gradient, from the child's diagnosis on a fresh twin (rehearse/nonfinite.py):
+    the cures that gave finite values in this stack, else where the non-finite values come from."""
+    if not diagnosis or diagnosis.get("error"):
+        return default
+    if not diagnosis.get("reproduced"):
+        return (f"a fresh twin steps the run's first {diagnosis.get('stepped')} batches with finite values: the "
+                f"non-finite values grew during training, not from the data or a kernel ({default})")
+    cures = diagnosis.get("cures") or {}
+    worked = [name for name, got in cures.items() if got.get("finite") is True]
+    where = (f"a fresh twin reproduces it on batch {diagnosis.get('batch')} "
+             f"({diagnosis.get('pads', 0)} pad tokens{', padded on the left' if diagnosis.get('left_padded') else ''})")
+    if not worked:
+        tried = ", ".join(cures) or "none could be tried here"
+        return f"{where}; no cure tried gave finite values ({tried}): {default}"
+    text = f"{where}; cure verified in this stack: {' or '.join(worked)} gives finite values"
+    if diagnosis.get("left_padded") and ("SDPA without the cuDNN kernel" in worked or "padding on the right" in worked):
+        text += (" (catalogue " + LEFT_PAD_SDPA + ": a left pad's query row attends to no key, and SDPA's cuDNN kernel "
+                 "turns it into NaN in the backward; tokenizer.padding_side = \"right\", attn_implementation=\"eager\", "
+                 "or torch.backends.cuda.enable_cudnn_sdp(False))")
+    return text
+
+
 def judge_train(record: Mapping[str, Any]) -> list[Finding]:
     """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move."""
     out: list[Finding] = []
     losses, norms = record.get("losses") or [], record.get("grad_norms") or []
-    figures = {"losses": losses, "grad_norms": norms}
+    figures: dict[str, Any] = {"losses": losses, "grad_norms": norms}
+    diagnosis = record.get("nonfinite")
+    if diagnosis:
+        figures["nonfinite"] = diagnosis
+        if LEFT_PAD_SDPA in nonfinite_cure(diagnosis, ""):
+            figures["catalogue"] = LEFT_PAD_SDPA
     if any(not _finite(x) for x in losses):
         out.append(Finding("GD965", Severity.ERROR, f"the training loss is not finite: {losses}", key="train",
-                           fix="bf16 instead of fp16, gradient clipping, a lower learning rate", details=figures))
+                           fix=nonfinite_cure(diagnosis, "bf16 instead of fp16, gradient clipping, a lower learning "
+                                                         "rate"), details=figures))
     elif losses and all(x == 0 for x in losses):
         out.append(Finding("GD966", Severity.ERROR, f"the training loss is 0 at every step ({len(losses)} steps): "
                            "nothing is being learned", key="train",
                            fix="check the labels (GD971) and the loss masking", details=figures))
     if any(not _finite(x) for x in norms):
         out.append(Finding("GD967", Severity.ERROR, f"the gradient norm is not finite: {norms}", key="train",
-                           fix="bf16 instead of fp16; find the module that overflows with --real-weights",
-                           details=figures))
+                           fix=nonfinite_cure(diagnosis, "bf16 instead of fp16; find the module that overflows with "
+                                                         "--real-weights"), details=figures))
     elif norms and all(x == 0 for x in norms):
         out.append(Finding("GD968", Severity.ERROR, f"the gradient norm is 0 at every step ({len(norms)} steps): "
                            "no parameter receives a gradient", key="train",
