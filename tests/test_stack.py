@@ -202,3 +202,35 @@ def test_every_package_a_window_or_the_catalogue_reads_is_a_known_name():
     read = {normalise(v.package) for n in modules for v in vars(importlib.import_module(n)).values() if isinstance(v, Window)}
     read |= {normalise(p) for e in catalogue.coded() for p in (e["when"].get("packages") or {})}
     assert read - known_names() == set()
+
+
+def _exposure_by_packaging(spec: str, window: str) -> Exposure:
+    """The range's exposure as packaging's SpecifierSet decides it over the same probes (the answer before the plain
+    path)."""
+    from packaging.specifiers import SpecifierSet
+
+    from gemma_doctor.stack import _probe_versions
+
+    allowed, bad = SpecifierSet(spec), SpecifierSet(window)
+    probes = [v for v in _probe_versions(s.version for s in (*allowed, *bad)) if allowed.contains(v, prereleases=False)]
+    if not probes:
+        return Exposure.UNKNOWN
+    hits = [bad.contains(v, prereleases=True) for v in probes]
+    return Exposure.AFFECTED if all(hits) else Exposure.SAFE if not any(hits) else Exposure.UNKNOWN
+
+
+@given(mine=st.lists(_clause, min_size=1, max_size=2), window=st.lists(_clause, min_size=1, max_size=2))
+def test_a_ranges_exposure_without_packaging_is_packagings(mine, window):
+    """exposure_of decides plain ranges by comparing releases (no packaging.specifiers import): the same answer."""
+    from gemma_doctor.stack import _range_exposure
+
+    spec, bad = ",".join(op + v for op, v in mine), ",".join(op + v for op, v in window)
+    assert _range_exposure(spec, bad) is _exposure_by_packaging(spec, bad)
+
+
+@pytest.mark.parametrize("spec, bound", [("<5.6.0", "5.6.0"), (">=5.0.0,<5.6.0", "5.6.0"), (">=4.50.0.dev0,<4.51.0", "4.51.0"),
+                                         (">=5.0.0", None), ("<=5.5.4", None), ("<5,<6", None), ("~=4.50", None)])
+def test_the_first_release_out_of_a_window(spec, bound):
+    from gemma_doctor.stack import upper_bound
+
+    assert upper_bound(spec) == bound

@@ -513,7 +513,7 @@ def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, 
     """The stack with transformers pinned out of the window of a blocking finding whose exposure is unknown because
     the stack does not say which transformers will run (none installed here, none named): ``transformers>=5.6.0``
     for GD105's ``>=5.0.0,<5.6.0``. None when no such finding, or its window has no end to pin past."""
-    from gemma_doctor.stack import Package, Stack, Window, exposure_of, normalise
+    from gemma_doctor.stack import Package, Stack, Window, exposure_of, normalise, upper_bound
 
     stack = env.libraries
     current = stack.get("transformers")
@@ -523,7 +523,7 @@ def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, 
         d = f.details or {}
         if d.get("exposure") != "unknown":
             continue
-        floor = _upper_bound(d.get("window")) if d.get("window") else d.get("min_transformers")
+        floor = upper_bound(d.get("window")) if d.get("window") else d.get("min_transformers")
         if not isinstance(floor, str):
             continue
         spec = ",".join(x for x in (current.specifier, f">={floor}") if x)
@@ -534,17 +534,6 @@ def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, 
         pinned = Stack(packages, planned=stack.planned, origin=stack.origin, cli_args=stack.cli_args)
         return replace(env, stack=pinned), (f"transformers{spec}", f.code)
     return None
-
-
-def _upper_bound(spec: str) -> str | None:
-    """X of a window's ``<X`` (the first release out of it), else None (a window with no end, or ``<=X``)."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        bounds = [s.version for s in SpecifierSet(spec) if s.operator == "<"]
-    except InvalidSpecifier:
-        return None
-    return bounds[0] if len(bounds) == 1 else None
 
 
 def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, strict: list[_Rejected],
