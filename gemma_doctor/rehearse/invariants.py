@@ -1,5 +1,5 @@
-"""The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979). Pure: no torch, no
-file system; the thresholds of every invariant are here.
+"""The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979; a GRPO run's
+GD990-GD991 in grpo.py). Pure: no torch, no file system; the thresholds of every invariant are here.
 
 A stage that raised becomes a finding naming the stage and the exception's last line, with the field catalogue's
 entry when its symptom matches (gemma_doctor/catalogue/field.json), else "not in the catalogue" and what to report
@@ -107,14 +107,23 @@ def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
 
 
 def judge_train(record: Mapping[str, Any]) -> list[Finding]:
-    """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move."""
+    """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move. A GRPO
+    run (its record holds the rollouts) is judged on its rollouts too (grpo.judge): its loss is 0 by construction at
+    the first step (advantages sum to 0 in each group), and where every advantage is 0 nothing can move, which is
+    that run's one finding (GD991), not four."""
     out: list[Finding] = []
+    rollouts = "rollouts" in record
+    flat = False
+    if rollouts:
+        from gemma_doctor.rehearse import grpo  # its judgement is pure; its child side imports TRL lazily
+
+        found, flat = grpo.judge(record)
     losses, norms = record.get("losses") or [], record.get("grad_norms") or []
     figures = {"losses": losses, "grad_norms": norms}
     if any(not _finite(x) for x in losses):
         out.append(Finding("GD965", Severity.ERROR, f"the training loss is not finite: {losses}", key="train",
                            fix="bf16 instead of fp16, gradient clipping, a lower learning rate", details=figures))
-    elif losses and all(x == 0 for x in losses):
+    elif losses and all(x == 0 for x in losses) and not rollouts:
         out.append(Finding("GD966", Severity.ERROR, f"the training loss is 0 at every step ({len(losses)} steps): "
                            "nothing is being learned", key="train",
                            fix="check the labels (GD971) and the loss masking", details=figures))
@@ -122,21 +131,21 @@ def judge_train(record: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding("GD967", Severity.ERROR, f"the gradient norm is not finite: {norms}", key="train",
                            fix="bf16 instead of fp16; find the module that overflows with --real-weights",
                            details=figures))
-    elif norms and all(x == 0 for x in norms):
+    elif norms and all(x == 0 for x in norms) and not flat:
         out.append(Finding("GD968", Severity.ERROR, f"the gradient norm is 0 at every step ({len(norms)} steps): "
                            "no parameter receives a gradient", key="train",
                            fix="check the labels (GD971), frozen parameters and the LoRA targets", details=figures))
     trainable, moved = record.get("trainable", 0), record.get("moved", 0)
-    if trainable and moved == 0:
+    if trainable and moved == 0 and not flat:
         out.append(Finding("GD969", Severity.ERROR, f"none of the {trainable} trainable tensors changed after "
                            f"{len(losses) or 'the'} steps", key="train",
                            fix="check the learning rate, the optimizer and the gradients", details=dict(record)))
     lora = record.get("lora_b") or {}
-    if lora.get("count") and lora.get("moved", 0) == 0:
+    if lora.get("count") and lora.get("moved", 0) == 0 and not flat:
         out.append(Finding("GD970", Severity.ERROR, f"no LoRA B matrix moved ({lora['count']} of them): the adapter "
                            "stays an identity", key="train", fix="check the gradients reach the adapter",
                            details=dict(lora)))
-    return out
+    return out + (found if rollouts else [])
 
 
 def _rel(diff: Mapping[str, Any]) -> float | None:
