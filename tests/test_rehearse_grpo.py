@@ -79,13 +79,16 @@ def test_a_grpo_config_is_rehearsed_as_grpo_and_another_rl_run_keeps_its_note(tm
 
 # -- the judgement, on plain records ----------------------------------------------------------------------------------
 def _train(rewards: list[list[float | str]], advantages: list[float], *, names: list[str] | None = None,
-           lengths: list[int] | None = None, moved: int = 0, norms: list[float] | None = None) -> dict:
+           lengths: list[int] | None = None, moved: int = 0, norms: list[float] | None = None,
+           contrast: list[list[float | str]] | None = None) -> dict:
     rollout = {"lengths": lengths or [16] * len(rewards), "texts": [40] * len(rewards), "rewards": rewards,
                "advantages": advantages}
+    seen = {"rollouts": [rollout], "max_completion_length": 16, "num_generations": 2,
+            "reward_names": names or ["my_rewards.constant"]}
+    if contrast is not None:
+        seen["contrast"] = {"completions": ["a"] * len(contrast), "rewards": contrast}
     return {"stage": "train", "status": "ok", "losses": [0.0, 0.0], "grad_norms": norms or [0.0, 0.0],
-            "trainable": 4, "moved": moved, "lora_b": {"count": 2, "moved": min(moved, 2)},
-            "rollouts": {"rollouts": [rollout], "max_completion_length": 16, "num_generations": 2,
-                         "reward_names": names or ["my_rewards.constant"]}}
+            "trainable": 4, "moved": moved, "lora_b": {"count": 2, "moved": min(moved, 2)}, "rollouts": seen}
 
 
 def codes(record: dict) -> list[tuple[str, str]]:
@@ -100,6 +103,15 @@ def test_equal_rewards_in_every_group_are_one_finding_not_four():
     assert codes(_train([[0.3], [0.3]], [0.0, 0.0], names=[grpo.SYNTHETIC])) == [("GD991", "error")]
     [none] = invariants.judge([_train([["nan"], ["nan"]], [0.0, 0.0])], [])
     assert "no completion was scored" in none.message
+
+
+def test_equal_rewards_from_a_reward_that_scores_other_completions_differently_are_only_a_note():
+    """A format or correctness reward scores a twin's random text alike; the same function scoring the contrast
+    completions (the row's solution, boxed, ...) differently shows it is not constant: info, not a warning."""
+    flat = [[0.0], [0.0], [0.0], [0.0]]
+    assert codes(_train(flat, [0.0] * 4, names=["think_format_reward"], contrast=[[0.0], [0.0], [1.0], [0.0]])) == \
+        [("GD991", "info")]
+    assert codes(_train(flat, [0.0] * 4, contrast=[[0.0], [0.0], ["nan"], [0.0]])) == [("GD991", "warning")]
 
 
 def test_a_healthy_grpo_record_has_no_finding_though_its_first_loss_is_zero():
@@ -154,6 +166,8 @@ def test_a_constant_reward_is_found_with_its_figures(tmp_path, cli, monkeypatch)
     assert [(f["code"], f["severity"]) for f in doc["findings"]] == [("GD991", "warning")], doc["findings"]
     train = doc["stages"][3]
     assert train["moved"] == 0 and train["lora_b"]["moved"] == 0 and set(train["grad_norms"]) == {0.0}
-    assert doc["findings"][0]["details"]["groups"][0] == [1.0] * 4 and "my_rewards.constant" in \
-        doc["findings"][0]["fix"]
+    details = doc["findings"][0]["details"]
+    assert details["groups"][0] == [1.0] * 4 and "my_rewards.constant" in doc["findings"][0]["fix"]
+    # the same function scored other completions of the same prompts (the row's solution, ...) alike too
+    assert {r[0] for r in details["contrast"]["rewards"]} == {1.0} and "" in details["contrast"]["completions"]
     assert doc["stages"][2]["rewards"] == ["my_rewards.constant"] and code == 0

@@ -134,7 +134,8 @@ def setup(run: Any) -> None:
                               processing_class=run.tokenizer, peft_config=run._lora())
     run.model = run.trainer.model
     names = [n for n, _ in named]
-    run.rollouts = {**probe(run.trainer), "reward_names": names}
+    run.rollouts = probe(run.trainer)  # the probe's own dict: it goes on filling it (rollouts, contrast) as it trains
+    run.rollouts["reward_names"] = names
     trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     run.events.write("setup", "ok", trainer=type(run.trainer).__name__, trainable=trainable, notes=run.notes,
                      rewards=names,
@@ -158,9 +159,18 @@ def probe(trainer: Any) -> dict[str, Any]:
 
     def calculate_rewards(inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
         got = score(inputs, prompts, completions, completion_ids_list)
+        rows = got.tolist()
         pending.update(lengths=[len(c) for c in completion_ids_list],
                        texts=[len(_text(c).strip()) for c in completions],
-                       rewards=[[_float(x) for x in row] for row in got.tolist()])
+                       rewards=[[_float(x) for x in row] for row in rows])
+        k = seen["num_generations"] or 1
+        if "contrast" not in seen and all(len({str(r) for r in rows[i:i + k]}) == 1 for i in range(0, len(rows), k)):
+            # Every group scored alike: the reward functions' own path (TRL's) scores other completions of the same
+            # prompts once, so the judgement can tell a function that is constant from a twin whose text scores alike.
+            other = _contrast(inputs, completions)
+            ids = [trainer.processing_class(text=_text(c), add_special_tokens=False)["input_ids"] for c in other]
+            seen["contrast"] = {"completions": [_text(c) for c in other],
+                                "rewards": [[_float(x) for x in row] for row in score(inputs, prompts, other, ids).tolist()]}
         return got
 
     def generate_and_score(inputs: Any) -> Any:
@@ -173,6 +183,18 @@ def probe(trainer: Any) -> dict[str, Any]:
     trainer._calculate_rewards = calculate_rewards
     trainer._generate_and_score_completions = generate_and_score
     return seen
+
+
+def _contrast(inputs: list[dict[str, Any]], completions: list[Any]) -> list[Any]:
+    """Other completions of the same prompts, in the completions' own format: the row's solution (TRL's accuracy
+    rewards read a `solution` column) bare, boxed and after a think block, an empty one, and a refusal."""
+    out = []
+    for i, (row, completion) in enumerate(zip(inputs, completions)):
+        answer = str(row.get("solution") or row.get("answer") or "42")
+        text = (answer, f"The answer is \\boxed{{{answer}}}.", f"<think>\nLet me check.\n</think>\n{answer}", "",
+                "I do not know.")[i % 5]
+        out.append([{"role": "assistant", "content": text}] if isinstance(completion, list) else text)
+    return out
 
 
 def _version() -> str:
@@ -220,14 +242,24 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
         what = ("no completion was scored (every reward function returned None)" if all(
             x is None for g in groups for x in g) else f"the rewards are equal in each of the {len(groups)} groups of "
             f"{k} completions (first groups {groups[:3]})")
-        out.append(Finding(
-            "GD991", Severity.ERROR if synthetic else Severity.WARNING,
-            f"every advantage is 0, so the run learns nothing: {what}",
-            key="train",
-            fix=("the completions of a group do not differ: check temperature / top_k / do_sample in the generation "
-                 "settings" if synthetic else
-                 "a reward that is constant whatever the completion learns nothing: check that "
-                 f"{', '.join(names)} scores different completions differently (a twin's random text may all score "
-                 "alike under a correctness reward; try it on a few real completions)"),
-            details={"groups": groups, "num_generations": k, "rewards": names}))
+        contrast = seen.get("contrast") or {}
+        varies = [n for i, n in enumerate(names)
+                  if len({row[i] for row in contrast.get("rewards", []) if i < len(row) and _finite(row[i])}) > 1]
+        if synthetic:
+            severity, fix = Severity.ERROR, ("the completions of a group do not differ: check temperature / top_k / "
+                                             "do_sample in the generation settings")
+        elif varies:
+            # The function does score other completions differently: the twin's random text scored alike.
+            severity, fix = Severity.INFO, (f"{', '.join(varies)} scored other completions of the same prompts "
+                                            "differently (the row's solution, boxed, after a think block, empty, a "
+                                            "refusal), so the twin's random text scored alike: the real model's "
+                                            "completions decide; watch frac_reward_zero_std in the first steps")
+        else:
+            severity, fix = Severity.WARNING, (
+                f"{', '.join(names)} gave the same reward to other completions of the same prompts too (the row's "
+                "solution, boxed, after a think block, empty, a refusal): a reward that is constant whatever the "
+                "completion learns nothing; check it scores right and wrong completions differently")
+        out.append(Finding("GD991", severity, f"every advantage was 0 on the twin, so the rehearsed run learned nothing: {what}", key="train",
+                           fix=fix, details={"groups": groups, "num_generations": k, "rewards": names,
+                                             "contrast": contrast}))
     return out, flat
