@@ -54,6 +54,17 @@ def test_the_synthetic_reward_differs_when_the_completions_do_and_only_then():
     assert grpo.synthetic_reward(["plain text"]) == grpo.synthetic_reward([[{"content": "plain text"}]])
 
 
+def test_the_prompts_are_the_users_first_rows_else_synthetic_conversational_prompts_with_solutions(tmp_path):
+    from types import SimpleNamespace
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Add 1 and {i}.", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    assert grpo.rows(SimpleNamespace(s={"dataset": str(data)})) == [
+        {"prompt": f"Add 1 and {i}.", "answer": str(i + 1)} for i in range(8)]
+    made = grpo.rows(SimpleNamespace(s={"dataset": None}))
+    assert len(made) == 8 and made[0]["prompt"][0]["role"] == "user" and made[0]["solution"]
+
+
 @pytest.mark.parametrize("line, found", [
     ("trl grpo --config grpo.yaml", (Path("grpo.yaml"), "trl-grpo")),
     ("accelerate launch --num_processes 1 /opt/bin/trl grpo --config=grpo.yaml", (Path("grpo.yaml"), "trl-grpo")),

@@ -239,9 +239,11 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
         groups = [one[i:i + k] for one in scored for i in range(0, len(one), k)]
         names = seen.get("reward_names") or []
         synthetic = names == [SYNTHETIC]
-        what = ("no completion was scored (every reward function returned None)" if all(
-            x is None for g in groups for x in g) else f"the rewards are equal in each of the {len(groups)} groups of "
-            f"{k} completions (first groups {groups[:3]})")
+        # Each group's one reward (its scored completions all got it; None: none scored), the first few.
+        each = [next((x for x in g if x is not None), None) for g in groups]
+        what = ("no completion was scored (every reward function returned None)" if all(x is None for x in each)
+                else f"the rewards are equal in each of the {len(groups)} groups of {k} completions (each group's "
+                f"reward: {', '.join(map(str, each[:6]))}{' ...' if len(each) > 6 else ''})")
         contrast = seen.get("contrast") or {}
         varies = [n for i, n in enumerate(names)
                   if len({row[i] for row in contrast.get("rewards", []) if i < len(row) and _finite(row[i])}) > 1]
