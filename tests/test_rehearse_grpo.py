@@ -125,6 +125,38 @@ def test_equal_rewards_from_a_reward_that_scores_other_completions_differently_a
     assert codes(_train(flat, [0.0] * 4, contrast=[[0.0], [0.0], ["nan"], [0.0]])) == [("GD991", "warning")]
 
 
+def test_the_contrast_completions_keep_the_format_and_a_failing_call_is_the_probes_not_the_runs():
+    """The contrast is scored through the trainer's own scoring step; a reward function that refuses those
+    completions (here: any boxed answer) leaves a reason in the record, and the run trains on."""
+    class Rows(list):
+        def tolist(self) -> list:
+            return list(self)
+
+    def tokenizer(text: str, add_special_tokens: bool) -> dict:
+        return {"input_ids": list(text.encode())}
+
+    inputs = [{"prompt": [{"role": "user", "content": "7 x 6?"}], "solution": "42"}] * 5
+    chat = [[{"role": "assistant", "content": "xq"}]] * 5
+
+    def score(inputs, prompts, completions, ids):
+        texts = [c[0]["content"] for c in completions]
+        if any("boxed" in t for t in texts):
+            raise ValueError("no boxed answers here")
+        return Rows([[float(len(t))] for t in texts])
+
+    got = grpo.contrast(score, tokenizer, inputs, [i["prompt"] for i in inputs], chat)
+    assert got == {"error": "ValueError: no boxed answers here"}
+    plain = grpo.contrast(lambda i, p, c, ids: Rows([[float(len(t))] for t in c]), tokenizer, inputs, ["q"] * 5,
+                          ["xq"] * 5)
+    assert plain["completions"] == ["42", "The answer is \\boxed{42}.", "<think>\nLet me check.\n</think>\n42", "",
+                                    "I do not know."]
+    assert plain["rewards"] == [[float(len(t))] for t in plain["completions"]]
+    # no contrast to go by: the user's reward keeps the warning
+    flat = _train([[0.0], [0.0]], [0.0, 0.0])
+    flat["rollouts"]["contrast"] = got
+    assert codes(flat) == [("GD991", "warning")]
+
+
 def test_a_healthy_grpo_record_has_no_finding_though_its_first_loss_is_zero():
     # the advantages of a group sum to 0, so GRPO's loss is 0 at its first step in any correct stack
     assert codes(_train([[0.1], [0.9]], [-0.7, 0.7], moved=4, norms=[0.5, 0.6])) == []

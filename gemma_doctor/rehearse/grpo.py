@@ -167,10 +167,7 @@ def probe(trainer: Any) -> dict[str, Any]:
         if "contrast" not in seen and all(len({str(r) for r in rows[i:i + k]}) == 1 for i in range(0, len(rows), k)):
             # Every group scored alike: the reward functions' own path (TRL's) scores other completions of the same
             # prompts once, so the judgement can tell a function that is constant from a twin whose text scores alike.
-            other = _contrast(inputs, completions)
-            ids = [trainer.processing_class(text=_text(c), add_special_tokens=False)["input_ids"] for c in other]
-            seen["contrast"] = {"completions": [_text(c) for c in other],
-                                "rewards": [[_float(x) for x in row] for row in score(inputs, prompts, other, ids).tolist()]}
+            seen["contrast"] = contrast(score, trainer.processing_class, inputs, prompts, completions)
         return got
 
     def generate_and_score(inputs: Any) -> Any:
@@ -183,6 +180,19 @@ def probe(trainer: Any) -> dict[str, Any]:
     trainer._calculate_rewards = calculate_rewards
     trainer._generate_and_score_completions = generate_and_score
     return seen
+
+
+def contrast(score: Any, tokenizer: Any, inputs: list[dict[str, Any]], prompts: list[Any],
+             completions: list[Any]) -> dict[str, Any]:
+    """The rewards ``score`` (the trainer's own scoring step) gives contrast completions of the same prompts; where
+    that call fails, why (the probe's own call: its failure is not the run's, and the run goes on)."""
+    other = _contrast(inputs, completions)
+    try:
+        ids = [tokenizer(text=_text(c), add_special_tokens=False)["input_ids"] for c in other]
+        again = score(inputs, prompts, other, ids).tolist()
+    except Exception as e:  # noqa: BLE001 - said in the record; the judgement then has no contrast
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"completions": [_text(c) for c in other], "rewards": [[_float(x) for x in row] for row in again]}
 
 
 def _contrast(inputs: list[dict[str, Any]], completions: list[Any]) -> list[Any]:
