@@ -48,8 +48,7 @@ def test_the_reward_functions_are_the_ones_the_config_names(raw, names):
 
 
 def test_the_synthetic_reward_differs_when_the_completions_do_and_only_then():
-    got = grpo.synthetic_reward([[{"role": "assistant", "content": "Paris"}], [{"role": "assistant", "content": "Rome"}],
-                                 [{"role": "assistant", "content": "Paris"}]])
+    got = grpo.synthetic_reward([[{"role": "assistant", "content": text}] for text in ("Paris", "Rome", "Paris")])
     assert got[0] == got[2] != got[1] and all(0 <= x < 1 for x in got)
     assert grpo.synthetic_reward(["plain text"]) == grpo.synthetic_reward([[{"content": "plain text"}]])
 
@@ -174,7 +173,8 @@ def test_an_infinite_reward_is_its_own_finding():
 # -- real runs through TRL's GRPOTrainer (slow) -----------------------------------------------------------------------
 def _rehearse(cli, tmp_path: Path, monkeypatch, config: str, *, launch: bool = False) -> tuple[int, dict]:
     monkeypatch.chdir(tmp_path)  # reward functions are imported from the folder the rehearsal starts in
-    (tmp_path / "my_rewards.py").write_text("def constant(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "my_rewards.py").write_text("def constant(completions, **kwargs):\n"
+                                            "    return [1.0] * len(completions)\n")
     (tmp_path / "grpo.yaml").write_text(config)
     how = ("--launch", "trl grpo --config grpo.yaml") if launch else ("--training-config", "grpo.yaml")
     got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), *how, "--format", "json")
@@ -189,8 +189,10 @@ def test_a_healthy_grpo_config_rehearses_clean_with_its_settings_kept(tmp_path, 
                                                                   ("train", "ok"), ("save", "ok")]
     setup, train = doc["stages"][2], doc["stages"][3]
     assert setup["trainer"] == "GRPOTrainer" and setup["rewards"] == [grpo.SYNTHETIC]
-    assert (setup["num_generations"], setup["generation_batch_size"], setup["beta"], setup["loss_type"],
-            setup["scale_rewards"], setup["max_completion_length"]) == (4, 8, 0.04, "dapo", "batch", grpo.COMPLETION_CAP)
+    assert {k: setup[k] for k in ("num_generations", "generation_batch_size", "beta", "loss_type", "scale_rewards",
+                                  "epsilon", "num_iterations", "max_completion_length")} == {
+        "num_generations": 4, "generation_batch_size": 8, "beta": 0.04, "loss_type": "dapo", "scale_rewards": "batch",
+        "epsilon": 0.2, "num_iterations": 2, "max_completion_length": grpo.COMPLETION_CAP}
     rollouts = train["rollouts"]["rollouts"]
     # generation_batch_size 8 at 4 a step, num_iterations 2: one generation of 2 prompts x 4 completions serves 4
     # optimizer steps, so the 3 rehearsed steps train on one rollout

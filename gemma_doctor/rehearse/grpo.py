@@ -130,18 +130,21 @@ def setup(run: Any) -> None:
     run.notes.extend(notes)
     named = rewards(run)
     args = run._args(GRPOConfig, run.work / "run", **over)
-    run.trainer = GRPOTrainer(model=run.model, reward_funcs=[f for _, f in named], args=args, train_dataset=Dataset.from_list(rows(run)),
-                              processing_class=run.tokenizer, peft_config=run._lora())
+    run.trainer = GRPOTrainer(model=run.model, reward_funcs=[f for _, f in named], args=args,
+                              train_dataset=Dataset.from_list(rows(run)), processing_class=run.tokenizer,
+                              peft_config=run._lora())
     run.model = run.trainer.model
     names = [n for n, _ in named]
     run.rollouts = probe(run.trainer)  # the probe's own dict: it goes on filling it (rollouts, contrast) as it trains
     run.rollouts["reward_names"] = names
+    if run.rollouts.get("unprobed"):
+        run.notes.append(f"{run.rollouts['unprobed']}: the rollouts (completions, rewards, advantages) are not judged")
     trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    # The GRPO settings the trainer runs with (an older TRL lacks some: None), for the record.
+    kept = {k: getattr(args, k, None) for k in ("num_generations", "generation_batch_size", "max_completion_length",
+                                                "beta", "loss_type", "scale_rewards", "num_iterations", "epsilon")}
     run.events.write("setup", "ok", trainer=type(run.trainer).__name__, trainable=trainable, notes=run.notes,
-                     rewards=names,
-                     num_generations=args.num_generations, generation_batch_size=args.generation_batch_size,
-                     max_completion_length=args.max_completion_length, beta=args.beta, loss_type=args.loss_type,
-                     scale_rewards=args.scale_rewards)
+                     rewards=names, **kept)
 
 
 def probe(trainer: Any) -> dict[str, Any]:
@@ -271,7 +274,8 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
                 f"{', '.join(names)} gave the same reward to other completions of the same prompts too (the row's "
                 "solution, boxed, after a think block, empty, a refusal): a reward that is constant whatever the "
                 "completion learns nothing; check it scores right and wrong completions differently")
-        out.append(Finding("GD991", severity, f"every advantage was 0 on the twin, so the rehearsed run learned nothing: {what}", key="train",
-                           fix=fix, details={"groups": groups, "num_generations": k, "rewards": names,
+        out.append(Finding("GD991", severity,
+                           f"every advantage was 0 on the twin, so the rehearsed run learned nothing: {what}",
+                           key="train", fix=fix, details={"groups": groups, "num_generations": k, "rewards": names,
                                              "contrast": contrast}))
     return out, flat

@@ -204,7 +204,8 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
-    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo", "trl-grpo") else []) + \
+    needed = ["torch", "transformers", "accelerate"] + \
+             (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo", "trl-grpo") else []) + \
              (["peft"] if settings["lora"] else [])
     missing = _missing(needed)
     if missing:
