@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gemma_doctor.report import Finding, Severity
 
@@ -225,6 +225,16 @@ def _float(x: Any) -> Any:
 # -- the judgement (pure) ---------------------------------------------------------------------------------------------
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def judge_train(record: Mapping[str, Any], ordinary: Callable[[Mapping[str, Any]], list[Finding]]) -> list[Finding]:
+    """A GRPO train record: the ordinary train invariants (``ordinary``: invariants.judge_train) less what GRPO makes
+    meaningless, and the rollouts' own findings. Its loss is 0 at the first step in any correct stack (the advantages
+    of a group sum to 0), so GD966 does not apply; where every advantage is 0 nothing can move, which is the run's one
+    finding (GD990 or GD991), not four (GD968-GD970 are not added)."""
+    found, flat = judge(record)
+    dropped = {"GD966"} | ({"GD968", "GD969", "GD970"} if flat else set())
+    return [f for f in ordinary(record) if f.code not in dropped] + found
 
 
 def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:

@@ -107,23 +107,14 @@ def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
 
 
 def judge_train(record: Mapping[str, Any]) -> list[Finding]:
-    """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move. A GRPO
-    run (its record holds the rollouts) is judged on its rollouts too (grpo.judge): its loss is 0 by construction at
-    the first step (advantages sum to 0 in each group), and where every advantage is 0 nothing can move, which is
-    that run's one finding (GD991), not four."""
+    """Loss finite and not 0; gradient norm finite and > 0; trainable parameters change; LoRA B matrices move."""
     out: list[Finding] = []
-    rollouts = "rollouts" in record
-    flat = False
-    if rollouts:
-        from gemma_doctor.rehearse import grpo  # its judgement is pure; its child side imports TRL lazily
-
-        found, flat = grpo.judge(record)
     losses, norms = record.get("losses") or [], record.get("grad_norms") or []
     figures = {"losses": losses, "grad_norms": norms}
     if any(not _finite(x) for x in losses):
         out.append(Finding("GD965", Severity.ERROR, f"the training loss is not finite: {losses}", key="train",
                            fix="bf16 instead of fp16, gradient clipping, a lower learning rate", details=figures))
-    elif losses and all(x == 0 for x in losses) and not rollouts:
+    elif losses and all(x == 0 for x in losses):
         out.append(Finding("GD966", Severity.ERROR, f"the training loss is 0 at every step ({len(losses)} steps): "
                            "nothing is being learned", key="train",
                            fix="check the labels (GD971) and the loss masking", details=figures))
@@ -131,21 +122,21 @@ def judge_train(record: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding("GD967", Severity.ERROR, f"the gradient norm is not finite: {norms}", key="train",
                            fix="bf16 instead of fp16; find the module that overflows with --real-weights",
                            details=figures))
-    elif norms and all(x == 0 for x in norms) and not flat:
+    elif norms and all(x == 0 for x in norms):
         out.append(Finding("GD968", Severity.ERROR, f"the gradient norm is 0 at every step ({len(norms)} steps): "
                            "no parameter receives a gradient", key="train",
                            fix="check the labels (GD971), frozen parameters and the LoRA targets", details=figures))
     trainable, moved = record.get("trainable", 0), record.get("moved", 0)
-    if trainable and moved == 0 and not flat:
+    if trainable and moved == 0:
         out.append(Finding("GD969", Severity.ERROR, f"none of the {trainable} trainable tensors changed after "
                            f"{len(losses) or 'the'} steps", key="train",
                            fix="check the learning rate, the optimizer and the gradients", details=dict(record)))
     lora = record.get("lora_b") or {}
-    if lora.get("count") and lora.get("moved", 0) == 0 and not flat:
+    if lora.get("count") and lora.get("moved", 0) == 0:
         out.append(Finding("GD970", Severity.ERROR, f"no LoRA B matrix moved ({lora['count']} of them): the adapter "
                            "stays an identity", key="train", fix="check the gradients reach the adapter",
                            details=dict(lora)))
-    return out + (found if rollouts else [])
+    return out
 
 
 def _rel(diff: Mapping[str, Any]) -> float | None:
@@ -179,6 +170,10 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
             continue
         if stage == "labels":
             out += judge_labels(r)
+        elif stage == "train" and "rollouts" in r:
+            from gemma_doctor.rehearse import grpo  # its judgement is pure; its child side imports TRL lazily
+
+            out += grpo.judge_train(r, judge_train)
         elif stage == "train":
             out += judge_train(r)
         elif stage == "generate" and r.get("cached") != r.get("uncached"):
