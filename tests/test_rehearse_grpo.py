@@ -64,6 +64,30 @@ def test_the_prompts_are_the_users_first_rows_else_synthetic_conversational_prom
     assert len(made) == 8 and made[0]["prompt"][0]["role"] == "user" and made[0]["solution"]
 
 
+def test_a_reward_that_cannot_be_had_here_is_replaced_in_its_place(tmp_path, monkeypatch):
+    """One stand-in per missing function (and for a reward model), so the config's reward_weights still hold one
+    weight per function; the user's importable ones are kept, each replacement said."""
+    import sys
+    from types import SimpleNamespace
+
+    # rewards() puts the run's folder first on the path, as `trl grpo` does (in the child; here, in this test only)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "unit_rewards", raising=False)
+    (tmp_path / "unit_rewards.py").write_text("def length(completions, **kwargs):\n"
+                                              "    return [1.0] * len(completions)\n")
+    run = SimpleNamespace(notes=[], plan={"cwd": str(tmp_path), "raw": {
+        "reward_model_name_or_path": "org/rm", "reward_funcs": ["unit_rewards.length", "nowhere.reward", "bleu"]}})
+    got = grpo.rewards(run)
+    sys.modules.pop("unit_rewards", None)
+    assert [name for name, _ in got] == [f"{grpo.SYNTHETIC} for org/rm", "unit_rewards.length",
+                                         f"{grpo.SYNTHETIC} for nowhere.reward", f"{grpo.SYNTHETIC} for bleu"]
+    assert got[1][1](["a", "b"]) == [1.0, 1.0] and got[2][1](["a"]) == grpo.synthetic_reward(["a"])
+    assert len({f.__name__ for _, f in got}) == 4 and len(run.notes) == 3
+    assert "ModuleNotFoundError" in run.notes[1] and "bleu" in run.notes[2]
+    alone = SimpleNamespace(notes=[], plan={"raw": {}})
+    assert grpo.rewards(alone) == [(grpo.SYNTHETIC, grpo.synthetic_reward)] and len(alone.notes) == 1
+
+
 @pytest.mark.parametrize("line, found", [
     ("trl grpo --config grpo.yaml", (Path("grpo.yaml"), "trl-grpo")),
     ("accelerate launch --num_processes 1 /opt/bin/trl grpo --config=grpo.yaml", (Path("grpo.yaml"), "trl-grpo")),

@@ -71,17 +71,29 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
+def _stand_in(label: str) -> tuple[str, Any]:
+    """The synthetic reward in the place of one the rehearsal cannot run: a function of its own (TRL names each
+    function by its __name__), so the count of functions stays the config's (its reward_weights hold one each)."""
+    def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+        return synthetic_reward(completions)
+
+    reward.__name__ = label
+    return label, reward
+
+
 def rewards(run: Any) -> list[tuple[str, Any]]:
-    """(the name the config gives it, the function) of each reward: the user's where it can be had here, else the
-    synthetic one (each replacement a note)."""
+    """(the name the config gives it, the function) of each reward, in `trl grpo`'s order (a reward model first):
+    the user's where it can be had here, else the synthetic one in its place (each replacement a note)."""
     import importlib
     import sys
 
     raw = run.plan.get("raw") or {}
     out: list[tuple[str, Any]] = []
-    if raw.get("reward_model_name_or_path"):
-        run.notes.append(f"reward model {raw['reward_model_name_or_path']}: not loaded on the twin (offline, and its "
-                         "scores of a twin's text mean nothing): the synthetic reward stands in for it")
+    model = raw.get("reward_model_name_or_path")
+    if model:
+        run.notes.append(f"reward model {model}: not loaded on the twin (offline, and its scores of a twin's text mean "
+                         "nothing): the synthetic reward stands in for it")
+        out.append(_stand_in(f"{SYNTHETIC} for {model}"))
     for name in reward_names(raw):
         try:
             if name in BUILTIN_REWARDS:
@@ -101,10 +113,10 @@ def rewards(run: Any) -> list[tuple[str, Any]]:
         except Exception as e:  # noqa: BLE001 - said in a note; the real run would stop there
             run.notes.append(f"reward function {name} cannot be had here ({type(e).__name__}: {e}): the synthetic "
                              "reward stands in for it; `trl grpo` would stop at it")
+            out.append(_stand_in(f"{SYNTHETIC} for {name}"))
     if not out:
-        if not raw.get("reward_model_name_or_path") and not reward_names(raw):
-            run.notes.append("the config names no reward function: a synthetic reward (a digest of the completion's "
-                             "text) stands in")
+        run.notes.append("the config names no reward function: a synthetic reward (a digest of the completion's "
+                         "text) stands in")
         out.append((SYNTHETIC, synthetic_reward))
     return out
 
@@ -261,7 +273,7 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
                    for row in r.get("rewards", [])] for r in rollouts]
         groups = [one[i:i + k] for one in scored for i in range(0, len(one), k)]
         names = seen.get("reward_names") or []
-        synthetic = names == [SYNTHETIC]
+        synthetic = bool(names) and all(n.startswith(SYNTHETIC) for n in names)
         # Each group's one reward (its scored completions all got it; None: none scored), the first few.
         each = [next((x for x in g if x is not None), None) for g in groups]
         what = ("no completion was scored (every reward function returned None)" if all(x is None for x in each)
