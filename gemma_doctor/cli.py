@@ -500,10 +500,12 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
 @click.argument("target")
 @_cache_options(all_revisions=False)
 @click.option("--training-config", type=_FILE, default=None,
-              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads) or TrainingArguments "
-                   "JSON/YAML; LoRA from use_peft / lora_r / lora_target_modules.")
+              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads; a DPO or GRPO config is "
+                   "rehearsed as DPO or GRPO) or TrainingArguments JSON/YAML; LoRA from use_peft / lora_r / "
+                   "lora_target_modules.")
 @click.option("--launch", default=None, metavar="COMMAND",
-              help="The command that launches the run, quoted: `trl sft|dpo --config FILE` is rehearsed as that config; "
+              help="The command that launches the run, quoted: `trl sft|dpo|grpo --config FILE` is rehearsed as that "
+                   "config; "
                    "`python train.py ...` (or accelerate launch / torchrun of a script) runs the script unedited "
                    "against the twin, its Trainer probed.")
 @click.option("--steps", type=click.IntRange(min=1, max=50), default=3, show_default=True,

@@ -139,11 +139,12 @@ def test_a_dpo_config_given_as_the_training_config_is_rehearsed_as_dpo(tmp_path)
     assert _plan_of(tmp_path, sft)[0]["trainer"] == "trl-sft" and not _plan_of(tmp_path, sft)[1]
 
 
-def test_a_grpo_config_says_what_is_not_rehearsed(tmp_path):
+def test_a_grpo_config_is_rehearsed_as_grpo_on_the_readers_decision(tmp_path):
+    # before (round 3): a GD951 note "not rehearsable here: a GRPO run" and a plain run; tests/test_rehearse_grpo.py
+    # holds the GRPO run itself
     from gemma_doctor.readers import training_config
 
     grpo = _write(tmp_path, "grpo.yaml", "num_generations: 8\nmax_completion_length: 128\nbf16: true\n")
     assert training_config.load(str(grpo)).get("rl").value == "grpo"  # check's reader: one decision for both
     plan, findings, _, _ = _plan_of(tmp_path, grpo)
-    [note] = [f for f in findings if f.code == "GD951"]
-    assert plan["trainer"] == "transformers" and "a GRPO run" in note.message and note.severity.value == "info"
+    assert plan["trainer"] == "trl-grpo" and not [f for f in findings if f.code == "GD951"]

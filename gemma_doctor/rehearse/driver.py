@@ -89,6 +89,7 @@ class Run:
         self.tokenizer: Any = None
         self.trainer: Any = None
         self.notes: list[str] = []
+        self.rollouts: dict[str, Any] | None = None  # a GRPO run's rollouts, filled by its probe (grpo.py)
         self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -305,7 +306,8 @@ class Run:
         self.events.write("train", "ok", losses=losses, grad_norms=norms, trainable=len(before), moved=len(moved),
                           unchanged=still[:10], unchanged_count=len(still), **extra,
                           lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
-                          dtype=str(next(self.model.parameters()).dtype))
+                          dtype=str(next(self.model.parameters()).dtype),
+                          **({"rollouts": self.rollouts} if self.rollouts is not None else {}))
 
     def evaluate(self) -> None:
         """The trainer's evaluation loop (where the HybridCache crash struck)."""
@@ -426,11 +428,16 @@ def _accumulation(run: Run) -> None:
 
 
 def _setup(run: Run) -> None:
-    """The trainer: TRL's DPOTrainer for a DPO run (gemma_doctor/rehearse/dpo.py), else Run.build_trainer."""
+    """The trainer: TRL's DPOTrainer for a DPO run (gemma_doctor/rehearse/dpo.py), its GRPOTrainer for a GRPO run
+    (grpo.py), else Run.build_trainer."""
     if run.plan["trainer"] == "trl-dpo":
         from gemma_doctor.rehearse import dpo
 
         dpo.setup(run)
+    elif run.plan["trainer"] == "trl-grpo":
+        from gemma_doctor.rehearse import grpo
+
+        grpo.setup(run)
     else:
         run.build_trainer()
 

@@ -1,5 +1,5 @@
-"""The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979). Pure: no torch, no
-file system; the thresholds of every invariant are here.
+"""The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979; a GRPO run's
+GD990-GD991 in grpo.py). Pure: no torch, no file system; the thresholds of every invariant are here.
 
 A stage that raised becomes a finding naming the stage and the exception's last line, with the field catalogue's
 entry when its symptom matches (gemma_doctor/catalogue/field.json), else "not in the catalogue" and what to report
@@ -203,6 +203,10 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
             continue
         if stage == "labels":
             out += judge_labels(r)
+        elif stage == "train" and "rollouts" in r:
+            from gemma_doctor.rehearse import grpo  # its judgement is pure; its child side imports TRL lazily
+
+            out += grpo.judge_train(r, judge_train)
         elif stage == "train":
             out += judge_train(r)
         elif stage == "generate" and r.get("cached") != r.get("uncached"):

@@ -26,6 +26,9 @@ from gemma_doctor.report import Finding, Severity
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 300.0
 STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate", "save", "merge")
+# A GRPO run's stages: its training step generates, scores and trains (grpo.py); no labels to read, and evaluation,
+# generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
+GRPO_STAGES = ("load", "setup", "train", "save")
 # Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
 # LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
 _TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
@@ -196,12 +199,13 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     # `rl:` / `stage:`, DPOConfig's or GRPOConfig's own keys).
     rl = _setting(tc, "rl")
     rl = rl.lower() if isinstance(rl, str) and rl.lower() not in ("sft", "pt") else None  # LLaMA-Factory's stages
-    if trainer is None and rl == "dpo":
-        trainer = "trl-dpo"
+    if trainer is None and rl in ("dpo", "grpo"):
+        trainer = f"trl-{rl}"
     trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
-    needed = ["torch", "transformers", "accelerate"] + (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo") else []) + \
+    needed = ["torch", "transformers", "accelerate"] + \
+             (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo", "trl-grpo") else []) + \
              (["peft"] if settings["lora"] else [])
     missing = _missing(needed)
     if missing:
@@ -209,11 +213,12 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
                                 f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
                                 f"({sys.executable})", key="stack",
                                 fix="run the rehearsal in the environment that trains (nothing is installed for you)"))
-    if rl and trainer not in ("trl-dpo", "script"):
+    if rl and trainer not in ("trl-dpo", "trl-grpo", "script"):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
                                 "generation, rewards and reference model); its model, adapter, precision and save are "
                                 f"rehearsed as a {trainer} run", key="trainer",
-                                fix="the RL loop itself is checked only by running it; DPO is rehearsed as DPO"))
+                                fix="the RL loop itself is checked only by running it; DPO and GRPO are rehearsed as "
+                                    "themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))
@@ -221,8 +226,9 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
     repo_id = _repo_id(snap, raw, config)
     plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
-            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps, "stages": list(STAGES),
-            "device": device}
+            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
+            "stages": list(GRPO_STAGES if trainer == "trl-grpo" else STAGES), "device": device,
+            "cwd": str(Path.cwd())}  # where a GRPO config's reward functions are imported from, as `trl grpo` does
     return plan, findings, notes, repo_id
 
 

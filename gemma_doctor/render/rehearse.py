@@ -21,7 +21,8 @@ def _summary(s: dict[str, Any]) -> str:
     if stage == "load":
         return f"{s.get('cls')} {str(s.get('dtype', '')).removeprefix('torch.')}, {s.get('parameters', 0):,} parameters"
     if stage == "setup":
-        return f"{s.get('trainer')}, {s.get('trainable', 0):,} trainable parameters"
+        rewards = f", rewards {', '.join(s['rewards'])}" if s.get("rewards") else ""
+        return f"{s.get('trainer')}, {s.get('trainable', 0):,} trainable parameters{rewards}"
     if stage == "labels":
         rows = s.get("per_sample") or []
         trained = [r["trained"] for r in rows]
@@ -30,7 +31,7 @@ def _summary(s: dict[str, Any]) -> str:
         losses, norms = s.get("losses") or [], s.get("grad_norms") or []
         loss = f"loss {_fmt(losses[0])} -> {_fmt(losses[-1])}" if losses else "no loss logged"
         norm = f"grad norm {_fmt(min(norms))}-{_fmt(max(norms))}" if norms else "no grad norm"
-        return f"{loss}, {norm}, {s.get('moved')}/{s.get('trainable')} trainable tensors moved"
+        return f"{loss}, {norm}, {s.get('moved')}/{s.get('trainable')} trainable tensors moved" + _rollouts(s)
     if stage == "eval":
         return f"eval loss {_fmt(s.get('eval_loss'))}"
     if stage == "generate":
@@ -55,6 +56,17 @@ def _summary(s: dict[str, Any]) -> str:
         return (f"loss {_fmt(s.get('accumulated_loss'))} ({s.get('micro')} x {s.get('k')}) vs "
                 f"{_fmt(s.get('whole_loss'))} (one batch)")
     return ""
+
+
+def _rollouts(s: dict[str, Any]) -> str:
+    """A GRPO run's rollouts in a clause: completions, their lengths, the rewards' range ("" for other runs)."""
+    rollouts = (s.get("rollouts") or {}).get("rollouts") or []
+    lengths = [n for r in rollouts for n in r.get("lengths", [])]
+    if not lengths:
+        return ""
+    rewards = [x for r in rollouts for row in r.get("rewards", []) for x in row if isinstance(x, (int, float))]
+    span = f", rewards {_fmt(min(rewards))}-{_fmt(max(rewards))}" if rewards else ""
+    return f"; {len(lengths)} completions of {min(lengths)}-{max(lengths)} tokens{span}"
 
 
 # Keys of the child's stack record that are not library versions: where it ran.
