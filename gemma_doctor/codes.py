@@ -247,9 +247,9 @@ _CODES = [
     Code("GD983", "real-peak-over-plan", "one training step of the real weights needs more than 1.1x the memory plan"),
     Code("GD984", "real-step-oom", "one training step of the real weights ran out of device memory"),
     Code("GD985", "real-fp16-headroom", "measured with the real weights: every activation and gradient fits fp16's range, by the figure given"),
-    # GD99x: the rehearsal's GRPO loop (gemma_doctor/rehearse/grpo.py, docs/rehearsal.md)
-    Code("GD990", "grpo-reward-not-finite", "a reward of the rehearsed GRPO run is infinite: TRL zeroes the advantages it poisons and the run learns nothing"),
-    Code("GD991", "grpo-zero-advantages", "in every group of the rehearsed GRPO run the rewards are equal: every advantage is 0 and the run learns nothing"),
+    # GD995-GD996: the rehearsal's GRPO loop (gemma_doctor/rehearse/grpo.py, docs/rehearsal.md)
+    Code("GD995", "grpo-reward-not-finite", "a reward of the rehearsed GRPO run is infinite: TRL zeroes the advantages it poisons and the run learns nothing"),
+    Code("GD996", "grpo-zero-advantages", "in every group of the rehearsed GRPO run the rewards are equal: every advantage is 0 and the run learns nothing"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

@@ -130,11 +130,11 @@ def codes(record: dict) -> list[tuple[str, str]]:
 
 
 def test_equal_rewards_in_every_group_are_one_finding_not_four():
-    """Zero advantages leave the loss, the gradient and every parameter at rest: GD991 says why, and GD968-GD970
+    """Zero advantages leave the loss, the gradient and every parameter at rest: GD996 says why, and GD968-GD970
     (which would say only that nothing moved) are not added."""
-    assert codes(_train([[1.0], [1.0], [0.5], [0.5]], [0.0] * 4)) == [("GD991", "warning")]
+    assert codes(_train([[1.0], [1.0], [0.5], [0.5]], [0.0] * 4)) == [("GD996", "warning")]
     # the synthetic reward differs whenever the completions do: equal rewards mean equal completions, an error
-    assert codes(_train([[0.3], [0.3]], [0.0, 0.0], names=[grpo.SYNTHETIC])) == [("GD991", "error")]
+    assert codes(_train([[0.3], [0.3]], [0.0, 0.0], names=[grpo.SYNTHETIC])) == [("GD996", "error")]
     [none] = invariants.judge([_train([["nan"], ["nan"]], [0.0, 0.0])], [])
     assert "no completion was scored" in none.message
 
@@ -144,8 +144,8 @@ def test_equal_rewards_from_a_reward_that_scores_other_completions_differently_a
     completions (the row's solution, boxed, ...) differently shows it is not constant: info, not a warning."""
     flat = [[0.0], [0.0], [0.0], [0.0]]
     assert codes(_train(flat, [0.0] * 4, names=["think_format_reward"], contrast=[[0.0], [0.0], [1.0], [0.0]])) == \
-        [("GD991", "info")]
-    assert codes(_train(flat, [0.0] * 4, contrast=[[0.0], [0.0], ["nan"], [0.0]])) == [("GD991", "warning")]
+        [("GD996", "info")]
+    assert codes(_train(flat, [0.0] * 4, contrast=[[0.0], [0.0], ["nan"], [0.0]])) == [("GD996", "warning")]
 
 
 def test_the_contrast_completions_keep_the_format_and_a_failing_call_is_the_probes_not_the_runs():
@@ -177,7 +177,7 @@ def test_the_contrast_completions_keep_the_format_and_a_failing_call_is_the_prob
     # no contrast to go by: the user's reward keeps the warning
     flat = _train([[0.0], [0.0]], [0.0, 0.0])
     flat["rollouts"]["contrast"] = got
-    assert codes(flat) == [("GD991", "warning")]
+    assert codes(flat) == [("GD996", "warning")]
 
 
 def test_a_healthy_grpo_record_has_no_finding_though_its_first_loss_is_zero():
@@ -188,10 +188,10 @@ def test_a_healthy_grpo_record_has_no_finding_though_its_first_loss_is_zero():
 
 
 def test_an_infinite_reward_is_its_own_finding():
-    """TRL 1.16 turns an infinite reward's advantages into 0 (nan_to_num) and trains on silently: GD990, and not also
-    GD991, whose cure (rewards that differ) is not this one."""
-    assert codes(_train([["inf"], ["-inf"]], [0.0, 0.0])) == [("GD990", "error")]
-    assert codes(_train([["inf"], [0.5]], [0.0, 0.0])) == [("GD990", "error")]
+    """TRL 1.16 turns an infinite reward's advantages into 0 (nan_to_num) and trains on silently: GD995, and not also
+    GD996, whose cure (rewards that differ) is not this one."""
+    assert codes(_train([["inf"], ["-inf"]], [0.0, 0.0])) == [("GD995", "error")]
+    assert codes(_train([["inf"], [0.5]], [0.0, 0.0])) == [("GD995", "error")]
 
 
 # -- real runs through TRL's GRPOTrainer (slow) -----------------------------------------------------------------------
@@ -232,7 +232,7 @@ def test_a_constant_reward_is_found_with_its_figures(tmp_path, cli, monkeypatch)
     function of the user's that returns 1.0 for every completion, through `trl grpo --config`."""
     config = HEALTHY.replace("loss_type: dapo\n", "loss_type: grpo\nreward_funcs: [my_rewards.constant]\n")
     code, doc = _rehearse(cli, tmp_path, monkeypatch, config, launch=True)
-    assert [(f["code"], f["severity"]) for f in doc["findings"]] == [("GD991", "warning")], doc["findings"]
+    assert [(f["code"], f["severity"]) for f in doc["findings"]] == [("GD996", "warning")], doc["findings"]
     train = doc["stages"][3]
     assert train["moved"] == 0 and train["lora_b"]["moved"] == 0 and set(train["grad_norms"]) == {0.0}
     details = doc["findings"][0]["details"]

@@ -243,7 +243,7 @@ def judge_train(record: Mapping[str, Any], ordinary: Callable[[Mapping[str, Any]
     """A GRPO train record: the ordinary train invariants (``ordinary``: invariants.judge_train) less what GRPO makes
     meaningless, and the rollouts' own findings. Its loss is 0 at the first step in any correct stack (the advantages
     of a group sum to 0), so GD966 does not apply; where every advantage is 0 nothing can move, which is the run's one
-    finding (GD990 or GD991), not four (GD968-GD970 are not added)."""
+    finding (GD995 or GD996), not four (GD968-GD970 are not added)."""
     found, flat = judge(record)
     dropped = {"GD966"} | ({"GD968", "GD969", "GD970"} if flat else set())
     return [f for f in ordinary(record) if f.code not in dropped] + found
@@ -259,7 +259,7 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
     values = [x for r in rollouts for row in r.get("rewards", []) for x in row]
     bad = [x for x in values if not _finite(x) and x != "nan"]  # TRL reads None (and NaN) as "not scored"
     if bad:
-        out.append(Finding("GD990", Severity.ERROR, f"the reward is not finite: {len(bad)} of {len(values)} rewards "
+        out.append(Finding("GD995", Severity.ERROR, f"the reward is not finite: {len(bad)} of {len(values)} rewards "
                            f"are {', '.join(sorted(set(map(str, bad))))}", key="train",
                            fix="make every reward function return finite floats (None skips a completion)",
                            details={"rewards": [r.get("rewards") for r in rollouts]}))
@@ -296,7 +296,7 @@ def judge(record: Mapping[str, Any]) -> tuple[list[Finding], bool]:
                 f"{', '.join(names)} gave the same reward to other completions of the same prompts too (the row's "
                 "solution, boxed, after a think block, empty, a refusal): a reward that is constant whatever the "
                 "completion learns nothing; check it scores right and wrong completions differently")
-        out.append(Finding("GD991", severity,
+        out.append(Finding("GD996", severity,
                            f"every advantage was 0 on the twin, so the rehearsed run learned nothing: {what}",
                            key="train", fix=fix, details={"groups": groups, "num_generations": k, "rewards": names,
                                              "contrast": contrast}))
