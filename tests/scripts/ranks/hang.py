@@ -1,0 +1,12 @@
+"""A 2-rank script whose rank 1 never ends (tests/test_rehearse_ranks.py): each rank writes its pid, rank 0 exits."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+Path(sys.argv[1], f"rank{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+if os.environ["RANK"] == "1":
+    time.sleep(3600)
