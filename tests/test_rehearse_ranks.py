@@ -1,11 +1,16 @@
-"""A launched 2-rank script whose rank hangs, killed with its process group at the deadline.
+"""`rehearse TARGET --training-config T --accelerate-config fsdp.yaml`: the twin trained on 2 CPU (gloo) ranks by
+torch's launcher, sharded by torch's FSDP as accelerate's own launcher and plugin read the config
+(gemma_doctor/rehearse/ranks.py); and a launched 2-rank script whose rank hangs, killed with its process group.
 
-Marked slow. The twin is built once for the module, in this process, and kept (GEMMA_DOCTOR_TWIN_CACHE): every run copies it.
+Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are three, marked
+slow. The twin is built once for the module, in this process, and kept (GEMMA_DOCTOR_TWIN_CACHE): every run copies it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,24 @@ from tests.test_rehearse import model_folder
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "ranks"
+SFT = "learning_rate: 0.001\nper_device_train_batch_size: 2\n"
+FSDP = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+fsdp_config:
+  fsdp_version: {version}
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: {wrap}
+  fsdp_state_dict_type: {state}
+  fsdp_offload_params: false
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_sync_module_states: true
+  fsdp_activation_checkpointing: {checkpointing}
+  fsdp_use_orig_params: true
+"""
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +65,46 @@ def twins(tmp_path_factory, target) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(kept.ENV, str(folder))
         yield folder
+
+
+def rehearse(cli, target: Path, tmp_path: Path, *, version: int = 1, wrap: str = "Gemma3DecoderLayer",
+             state: str = "FULL_STATE_DICT", checkpointing: str = "false") -> tuple[int, dict]:
+    (tmp_path / "sft.yaml").write_text(SFT)
+    (tmp_path / "fsdp.yaml").write_text(FSDP.format(version=version, wrap=wrap, state=state,
+                                                    checkpointing=checkpointing))
+    got = cli("rehearse", target, "--training-config", tmp_path / "sft.yaml", "--accelerate-config",
+              tmp_path / "fsdp.yaml", "--steps", "2", "--device", "cpu", "--format", "json")
+    return got.code, got.json()["rehearsals"][0]
+
+
+def test_a_healthy_fsdp_config_rehearses_on_two_ranks_without_a_finding(cli, target, tmp_path):
+    code, doc = rehearse(cli, target, tmp_path, version=2, checkpointing="true")
+    assert doc["findings"] == [] and code == 0, doc["findings"]
+    by_rank = {r: [s["stage"] for s in doc["stages"] if s.get("rank") == r and s["status"] == "ok"] for r in (0, 1)}
+    assert by_rank == {0: ["load", "wrap", "train", "agree", "save", "reload"],
+                       1: ["load", "wrap", "train", "agree", "save"]}
+    wrap = next(s for s in doc["stages"] if s["stage"] == "wrap")
+    # the user's settings kept: FSDP2, the wrap class (both decoder layers of the twin), checkpointing, state-dict type
+    assert (wrap["version"], wrap["classes"], wrap["wrapped"], wrap["activation_checkpointing"]) == \
+        (2, ["Gemma3DecoderLayer"], 2, True) and wrap["state_dict_type"].endswith("FULL_STATE_DICT")
+    digests = {s["digest"] for s in doc["stages"] if s["stage"] == "agree"}
+    assert len(digests) == 1
+    reload = next(s for s in doc["stages"] if s["stage"] == "reload")
+    assert reload["max_abs_diff"] is not None and "model.safetensors" in \
+        next(s for s in doc["stages"] if s["stage"] == "save")["files"]
+    # what a CPU cannot do is replaced and said
+    assert any("sync_module_states needs an accelerator device" in n for n in doc["notes"])
+    assert any("num_processes 8: 2 CPU ranks" in n for n in doc["notes"])
+
+
+def test_a_sharded_checkpoint_that_from_pretrained_cannot_reload_is_found(cli, target, tmp_path):
+    """Reproduced on the pinned stack: under FSDP with SHARDED_STATE_DICT, Trainer.save_model writes no weights
+    (transformers 5.23 trainer.py save_model) and save_fsdp_model writes pytorch_model_fsdp_0/ (accelerate 1.15):
+    the script's from_pretrained(checkpoint) fails."""
+    code, doc = rehearse(cli, target, tmp_path, state="SHARDED_STATE_DICT")
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD993"], doc["findings"]
+    assert "no file named model.safetensors" in doc["findings"][0]["message"]
+    assert "FULL_STATE_DICT" in doc["findings"][0]["fix"]
 
 
 def test_a_rank_that_hangs_is_killed_with_its_process_group_at_the_deadline(cli, target, tmp_path, monkeypatch):

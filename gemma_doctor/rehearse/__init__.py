@@ -41,13 +41,17 @@ def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
 
 def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
                  launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str,
-                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto") -> int:
+                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto",
+                 accelerate_config: Optional[Path] = None) -> int:
     """The `rehearse` command: rehearse, print the view, return the exit code."""
     from gemma_doctor.render import rehearse as view
     from gemma_doctor.rehearse.runner import rehearse
 
     if training_config is not None and launch is not None:
         raise UsageError("give --training-config or --launch, not both")
+    if accelerate_config is not None and (real_weights or (launch is not None and trl_launch(launch) is None)):
+        raise UsageError("--accelerate-config rehearses the training config on 2 CPU ranks: not with --real-weights "
+                         "or a launched script (`accelerate launch --config_file` names it there)")
     trainer = script = None
     if launch is not None:
         found = trl_launch(launch)
@@ -58,7 +62,8 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
 
             script = argv_of(launch, Path.cwd())[0]
     result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
-                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script, device=device)
+                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script, device=device,
+                      accelerate_config=accelerate_config)
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "
