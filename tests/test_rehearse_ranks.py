@@ -107,16 +107,24 @@ def test_a_sharded_checkpoint_that_from_pretrained_cannot_reload_is_found(cli, t
     assert "FULL_STATE_DICT" in doc["findings"][0]["fix"]
 
 
-def test_a_rank_that_hangs_is_killed_with_its_process_group_at_the_deadline(cli, target, tmp_path, monkeypatch):
+def test_a_launched_fsdp_config_runs_on_two_cpu_ranks_and_a_rank_that_hangs_is_killed_at_the_deadline(
+        cli, target, tmp_path, monkeypatch):
+    """`accelerate launch --config_file fsdp.yaml --num_processes 8`: the config's device-only settings made
+    accelerate stop in every rank's Accelerator() ("no available devices") and 8 ranks were started; the copy for CPU
+    ranks replaces them (said in the notes). Rank 1 then hangs: the deadline kills every process of the run."""
+    (tmp_path / "fsdp.yaml").write_text(FSDP.format(version=1, wrap="Gemma3DecoderLayer", state="FULL_STATE_DICT",
+                                                    checkpointing="false"))
     monkeypatch.chdir(SCRIPTS)
     pids = tmp_path / "pids"
     pids.mkdir()
-    got = cli("rehearse", target, "--launch", f"torchrun --standalone --nproc_per_node 2 hang.py {pids}",
-              "--device", "cpu", "--timeout", "15", "--format", "json")
+    got = cli("rehearse", target, "--launch", f"accelerate launch --config_file {tmp_path / 'fsdp.yaml'} "
+              f"--num_processes 8 hang.py {pids} --accelerator", "--device", "cpu", "--timeout", "30",
+              "--format", "json")
     doc = got.json()["rehearsals"][0]
     assert got.code == 1 and [f["code"] for f in doc["findings"]] == ["GD952"], doc["findings"]
-    ranks = sorted(p.name for p in pids.iterdir())
-    assert ranks == ["rank0.pid", "rank1.pid"]
+    assert sorted(p.name for p in pids.iterdir()) == ["rank0.pid", "rank1.pid"]
+    assert any("sync_module_states needs an accelerator device" in n for n in doc["notes"])
+    assert any("MULTI_CPU" in n for n in doc["notes"])
     # torchrun starts each rank in a session of its own: before the child's mark, the hung rank outlived the
     # deadline (an orphan of init, still sleeping)
     assert [p.name for p in pids.iterdir() if running(int(p.read_text()))] == []

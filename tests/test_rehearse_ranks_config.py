@@ -122,3 +122,33 @@ def test_deepspeed_not_installed_is_named_never_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     result = ranks.rehearse_ranks(Rehearsal("t", "r", "transformers"), {}, config, 10)
     assert codes(result.findings) == ["GD950"] and "DeepSpeed is not installed" in result.findings[0].message
+
+
+def test_an_fsdp_config_launched_on_cpu_ranks_is_a_copy_with_what_a_cpu_cannot_do_replaced(tmp_path):
+    import yaml
+
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(yaml.safe_dump(FSDP))
+    argv = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "8", "train.py", "--lr", "1"]
+    out, notes = ranks.cpu_launch(argv, tmp_path)
+    copy = tmp_path / "accelerate-cpu.yaml"
+    assert out == ["accelerate", "launch", "--config_file", str(copy), "--num_processes", "2", "train.py", "--lr", "1"]
+    written = yaml.safe_load(copy.read_text())
+    assert written["fsdp_config"] == {**FSDP["fsdp_config"], "fsdp_sync_module_states": False,
+                                      "fsdp_cpu_ram_efficient_loading": False}
+    assert written["num_processes"] == 2 and any("MULTI_CPU" in n for n in notes)
+    out, _ = ranks.cpu_launch(["accelerate", "launch", f"--config_file={config}", "train.py"], tmp_path)
+    assert out[2] == f"--config_file={copy}"
+
+
+@pytest.mark.parametrize("argv", [["python", "train.py"], ["torchrun", "--nproc_per_node", "2", "train.py"],
+                                  ["accelerate", "launch", "train.py"]])
+def test_a_launch_without_an_fsdp_config_is_left_as_it_is(tmp_path, argv):
+    assert ranks.cpu_launch(argv, tmp_path) == (argv, [])
+
+
+def test_a_launched_config_that_is_not_fsdp_is_left_as_it_is(tmp_path):
+    config = tmp_path / "ddp.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: 8\n")
+    argv = ["accelerate", "launch", "--config_file", str(config), "train.py"]
+    assert ranks.cpu_launch(argv, tmp_path) == (argv, [])

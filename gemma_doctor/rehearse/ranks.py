@@ -219,6 +219,42 @@ def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float
     return result
 
 
+def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
+    """An `accelerate launch --config_file fsdp.yaml ...` command for CPU ranks: the config copied into ``folder``
+    with what a CPU cannot do replaced (a device-only setting makes accelerate stop before the script's first line
+    would on a GPU), at most 2 processes; (the command, the notes saying it). Another command comes back as it is."""
+    if not argv or Path(argv[0]).name != "accelerate":
+        return argv, []
+    at = next((i for i, w in enumerate(argv) if w == "--config_file" or w.startswith("--config_file=")), None)
+    if at is None:
+        return argv, []
+    path = argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else "")
+    config = read_config(Path(path))
+    if kind(config) != "fsdp":
+        return argv, []
+    import yaml
+
+    fsdp = dict(config.get("fsdp_config") or {})
+    fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
+    copy = folder / "accelerate-cpu.yaml"
+    copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
+    out = list(argv)
+    if "=" in out[at]:
+        out[at] = f"--config_file={copy}"
+    else:
+        out[at + 1] = str(copy)
+    for i, w in enumerate(out):
+        if w in ("--num_processes", "--num-processes") and i + 1 < len(out):
+            out[i + 1] = str(WORLD)
+        elif w.startswith(("--num_processes=", "--num-processes=")):
+            out[i] = f"{w.split('=', 1)[0]}={WORLD}"
+    notes = [f"on CPU ranks: {why}" for why in replacements(config)[:-1]]
+    notes.append("on CPU ranks accelerate 1.15 runs an FSDP config as MULTI_CPU (DDP, no sharding): the launched "
+                 "script is rehearsed on 2 CPU ranks without FSDP; its sharding is rehearsed by `rehearse "
+                 "--training-config T --accelerate-config FILE`")
+    return out, notes
+
+
 # -- the ranks: run under torch.distributed.run, one process per rank ---------------------------------------------------
 class Rank:
     """One rank's stages, each a collective step both ranks take in order."""
@@ -455,3 +491,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
