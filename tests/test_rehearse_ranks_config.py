@@ -152,3 +152,22 @@ def test_a_launched_config_that_is_not_fsdp_is_left_as_it_is(tmp_path):
     config.write_text("distributed_type: MULTI_GPU\nnum_processes: 8\n")
     argv = ["accelerate", "launch", "--config_file", str(config), "train.py"]
     assert ranks.cpu_launch(argv, tmp_path) == (argv, [])
+
+
+def test_a_crash_on_a_launched_scripts_other_rank_is_recorded_with_its_rank(tmp_path, monkeypatch):
+    """Under a launcher only rank 0 spoke: a rank 1 that crashed alone was heard only as the launcher's exit status
+    and last line."""
+    import json
+
+    from gemma_doctor.rehearse.hook import probe
+
+    events = tmp_path / "events.jsonl"
+    plan = {"root": str(tmp_path), "events": str(events)}
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    state = probe._State(plan)
+    state.write("setup", "ok", trainer="Trainer")  # rank 0 speaks for the run
+    state.error("train", RuntimeError("boom on this rank"))
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [(r["stage"], r["status"], r["rank"], r["line"]) for r in records] == \
+        [("train", "error", 1, "[rank 1] RuntimeError: boom on this rank")]
