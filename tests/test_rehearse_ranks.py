@@ -105,6 +105,8 @@ def test_a_sharded_checkpoint_that_from_pretrained_cannot_reload_is_found(cli, t
     assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD993"], doc["findings"]
     assert "no file named model.safetensors" in doc["findings"][0]["message"]
     assert "FULL_STATE_DICT" in doc["findings"][0]["fix"]
+    # the cure named is rehearsed: the shards merged by accelerate load as the trained model
+    assert "cure verified in this stack: accelerate merge-weights" in doc["findings"][0]["fix"]
 
 
 def test_a_launched_fsdp_config_runs_on_two_cpu_ranks_and_a_rank_that_hangs_is_killed_at_the_deadline(

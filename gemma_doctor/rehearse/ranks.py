@@ -140,7 +140,9 @@ def judge(by_rank: Mapping[int, list[Mapping[str, Any]]], ended: str | None, rto
                 out.append(Finding("GD993", Severity.ERROR, f"the {x.get('state_dict_type')} checkpoint the run saves "
                                    "does not reload on one process as the trained model: "
                                    f"{x.get('why') or f'logits differ by {diff:.4g} (largest {scale:.4g})'}",
-                                   key="fsdp_state_dict_type", fix=x.get("fix") or "report it upstream with `stack`",
+                                   key="fsdp_state_dict_type",
+                                   fix=(x.get("fix") or "report it upstream with `stack`")
+                                   + (f"; {x['cure']}" if x.get("cure") else ""),
                                    details=dict(x)))
     return out
 
@@ -420,6 +422,7 @@ class Rank:
 
                 self.events.write("reload", "ok", state_dict_type=kind_, max_abs_diff=None, scale=None,
                                   why=f"from_pretrained of the checkpoint folder fails: {_error(e)['line']}",
+                                  cure=self._merged(folder, ref, batch),
                                   fix="save the model with FULL_STATE_DICT (fsdp_state_dict_type, or "
                                       "trainer.accelerator.state.fsdp_plugin.set_state_dict_type('FULL_STATE_DICT') "
                                       "before save_model), or merge the shards: accelerate merge-weights "
@@ -430,6 +433,34 @@ class Rank:
                 self.events.write("reload", "ok", state_dict_type=kind_,
                                   max_abs_diff=float((ref - got).abs().max()), scale=float(ref.abs().max()))
         dist.barrier()
+
+
+    def _merged(self, folder: Path, ref: Any, batch: Any) -> str | None:
+        """The cure rehearsed: accelerate's merge of the sharded checkpoint (`accelerate merge-weights`) loaded into
+        the model; its verdict, or None where there is no sharded checkpoint to merge."""
+        import torch
+        from accelerate.utils import merge_fsdp_weights
+        from safetensors.torch import load_file
+
+        shards = folder / "pytorch_model_fsdp_0"
+        if not shards.is_dir():
+            return None
+        merged = self.work / "merged"
+        try:
+            merge_fsdp_weights(str(shards), str(merged), safe_serialization=True)
+            model = self._load(self.plan["repo_id"])
+            model.load_state_dict(load_file(str(merged / "model.safetensors")), strict=True)
+            with torch.no_grad():
+                got = model(**batch, use_cache=False).logits.float()
+        except Exception as e:  # noqa: BLE001 - a cure that fails is said, not raised
+            from gemma_doctor.rehearse.driver import _error
+
+            return f"the cure did not help in this stack: accelerate merge-weights then loading fails: {_error(e)['line']}"
+        diff, scale = float((ref - got).abs().max()), float(ref.abs().max())
+        if diff > 0.05 * max(scale, 1e-6):
+            return f"the cure did not help in this stack: the merged weights give logits {diff:.4g} away"
+        return (f"cure verified in this stack: accelerate merge-weights of pytorch_model_fsdp_0 loads with the trained "
+                f"model's logits (within {diff:.2g})")
 
 
 class _Recorded(Exception):
