@@ -136,7 +136,8 @@ def judge(by_rank: Mapping[int, list[Mapping[str, Any]]], ended: str | None, rto
     for x in by_rank.get(0, []):
         if x.get("stage") == "reload" and x.get("status") == "ok":
             diff, scale = x.get("max_abs_diff"), x.get("scale")
-            if diff is None or not math.isfinite(diff) or diff > rtol * max(scale or 0.0, 1e-6):
+            if x.get("adapter_tensors") == 0 or diff is None or not math.isfinite(diff) \
+                    or diff > rtol * max(scale or 0.0, 1e-6):
                 out.append(Finding("GD993", Severity.ERROR, f"the {x.get('state_dict_type')} checkpoint the run saves "
                                    "does not reload on one process as the trained model: "
                                    f"{x.get('why') or f'logits differ by {diff:.4g} (largest {scale:.4g})'}",
@@ -283,8 +284,22 @@ class Rank:
         import transformers
 
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.plan["repo_id"])
-        self.model = self._load(self.plan["repo_id"])
-        self.events.write("load", "ok", cls=type(self.model).__name__, dtype=str(self.model.dtype))
+        self.model = self._adapted(self._load(self.plan["repo_id"]))
+        self.events.write("load", "ok", cls=type(self.model).__name__, dtype=str(self.model.dtype),
+                          trainable=sum(p.numel() for p in self.model.parameters() if p.requires_grad))
+
+    def _adapted(self, model: Any) -> Any:
+        """``model`` with the training config's LoRA adapter (PEFT), as the run trains it; as it is without one."""
+        lora = (self.plan.get("settings") or {}).get("lora")
+        if not lora:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        kw: dict[str, Any] = dict(r=int(lora.get("r") or 8), lora_alpha=int(lora.get("alpha") or 16),
+                                  lora_dropout=0.0, task_type="CAUSAL_LM")
+        if lora.get("targets") is not None:
+            kw["target_modules"] = lora["targets"]
+        return get_peft_model(model, LoraConfig(**kw))
 
     def wrap(self) -> None:
         """accelerate's FSDP plugin from the config (its wrap policy included), then torch's FSDP1 or FSDP2."""
@@ -304,6 +319,12 @@ class Rank:
         classes = list(plugin.transformer_cls_names_to_wrap or [])
         layers = sorted({type(m).__name__ for m in self.model.modules() if type(m).__name__.endswith("DecoderLayer")})
         try:
+            if hasattr(self.model, "peft_config"):
+                # as the Trainer does for a PEFT model (transformers 5.23 distributed/fsdp.py update_fsdp_plugin_peft):
+                # PEFT's policy wraps the LoRA layers apart, so no flat parameter mixes frozen and trained tensors
+                from peft.utils.other import fsdp_auto_wrap_policy
+
+                plugin.auto_wrap_policy = fsdp_auto_wrap_policy(self.model)
             plugin.set_auto_wrap_policy(self.model)
         except ValueError as e:
             from gemma_doctor.rehearse.driver import _error
@@ -353,13 +374,16 @@ class Rank:
         from gemma_doctor.rehearse.rows import ROWS
 
         texts = [f"{q} {a}" for q, a in ROWS][self.rank::WORLD]
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-3)
         losses = []
+        # accelerate's prepare_model wraps the forward in autocast for mixed_precision bf16, FSDP or not
+        bf16 = os.environ.get("ACCELERATE_MIXED_PRECISION") == "bf16"
         self.model.train()
         for step in range(int(self.plan["steps"])):
             batch = self.tokenizer(texts[step % len(texts)], return_tensors="pt")
-            out = self.model(**batch, labels=batch["input_ids"], use_cache=False)
-            out.loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = self.model(**batch, labels=batch["input_ids"], use_cache=False)
+            out.loss.float().backward()
             optimizer.step()
             optimizer.zero_grad()
             losses.append(float(out.loss.detach()))
@@ -409,14 +433,19 @@ class Rank:
         full = self._full()
         if self.rank == 0:
             folder = self.work / "checkpoint"
-            reference = self._load(self.plan["repo_id"])
-            reference.load_state_dict({k: v for k, v in full.items()}, strict=False)
+            reference = self._adapted(self._load(self.plan["repo_id"]))
+            reference.load_state_dict(full, strict=True)
             batch = self.tokenizer("a probe", return_tensors="pt")
             with torch.no_grad():
                 ref = reference(**batch, use_cache=False).logits.float()
             kind_ = str(self.plugin.state_dict_type).split(".")[-1]
             try:
-                reloaded = self._load(str(folder))
+                if (folder / "adapter_config.json").is_file():
+                    from peft import PeftModel
+
+                    reloaded = PeftModel.from_pretrained(self._load(self.plan["repo_id"]), str(folder))
+                else:
+                    reloaded = self._load(str(folder))
             except Exception as e:  # noqa: BLE001 - the reload's failure is the invariant's finding
                 from gemma_doctor.rehearse.driver import _error
 
@@ -430,8 +459,23 @@ class Rank:
             else:
                 with torch.no_grad():
                     got = reloaded(**batch, use_cache=False).logits.float()
-                self.events.write("reload", "ok", state_dict_type=kind_,
-                                  max_abs_diff=float((ref - got).abs().max()), scale=float(ref.abs().max()))
+                adapter = _adapter_tensors(folder)
+                diff = float((ref - got).abs().max())
+                why = None
+                if adapter == 0:
+                    # PEFT 0.21.2 names the adapter's keys from the model's module names, which under FSDP1 or
+                    # activation checkpointing hold a wrapper's segment inside them; the full state's keys do not
+                    inside = sorted({w for n, _ in _unwrapped(self.model).named_modules() if "lora_" in n
+                                     for w in _WRAPPERS if f".{w}." in n})
+                    why = (f"the adapter saved holds no tensor (adapter_model.safetensors is empty; its module names "
+                           f"hold {', '.join(inside) or 'a wrapper'}): PeftModel.from_pretrained loads a fresh "
+                           f"adapter, logits {diff:.4g} away from the trained model's")
+                self.events.write("reload", "ok", state_dict_type=kind_, max_abs_diff=diff, scale=float(ref.abs().max()),
+                                  adapter_tensors=adapter, why=why,
+                                  fix="FSDP2 (fsdp_version: 2) without fsdp_activation_checkpointing saves the "
+                                      "adapter's tensors (rehearsed on this stack); otherwise save the adapter "
+                                      "yourself from the gathered full state, keyed as the model's own names"
+                                  if adapter == 0 else None)
         dist.barrier()
 
 
@@ -461,6 +505,21 @@ class Rank:
             return f"the cure did not help in this stack: the merged weights give logits {diff:.4g} away"
         return (f"cure verified in this stack: accelerate merge-weights of pytorch_model_fsdp_0 loads with the trained "
                 f"model's logits (within {diff:.2g})")
+
+
+# Module-name segments of torch's wrappers: FSDP1's units and activation checkpointing's.
+_WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def _adapter_tensors(folder: Path) -> int | None:
+    """How many tensors the adapter file of ``folder`` holds; None where the folder holds no adapter."""
+    path = folder / "adapter_model.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return len(list(f.keys()))
 
 
 class _Recorded(Exception):

@@ -29,8 +29,8 @@ def _rank_summary(s: dict[str, Any]) -> str:
     if stage == "save":
         return ", ".join(s.get("files") or []) or "nothing written"
     if stage == "reload":
-        if s.get("max_abs_diff") is None:
-            return str(s.get("why") or "")
+        if s.get("why"):
+            return str(s["why"])
         return (f"{s.get('state_dict_type')} reloaded on one process: logits within {_fmt(s.get('max_abs_diff'))} "
                 f"(largest {_fmt(s.get('scale'))})")
     return ""
