@@ -11,7 +11,8 @@ from gemma_doctor.rehearse import ranks
 
 FSDP = {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
         "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                        "fsdp_transformer_layer_cls_to_wrap": "Gemma3DecoderLayer", "fsdp_cpu_ram_efficient_loading": True,
+                        "fsdp_transformer_layer_cls_to_wrap": "Gemma3DecoderLayer",
+                        "fsdp_cpu_ram_efficient_loading": True,
                         "fsdp_sync_module_states": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}}
 
 

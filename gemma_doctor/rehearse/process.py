@@ -27,7 +27,8 @@ class Child:
         self.log = log
         self.token = uuid.uuid4().hex
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env={**env, _MARK: self.token}, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            self.proc = subprocess.Popen(argv, cwd=cwd, env={**env, _MARK: self.token}, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=out,
                                          start_new_session=True)
 
     def wait(self, timeout: float) -> int | None:

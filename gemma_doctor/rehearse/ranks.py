@@ -7,8 +7,10 @@ ignored), so the ranks are driven by this module's loop: the model is sharded by
 the config says) configured through accelerate's own FullyShardedDataParallelPlugin (its reading of the config keys,
 its wrap policy, its state-dict types and its save_fsdp_model); what a CPU cannot do is replaced and said.
 
-Each rank writes its own events file (events.rank<N>.jsonl); the parent judges them together (judge()). The parent
-side imports nothing heavy; the rank side (main) runs in the ranks only.
+The ranks run as a launched command (launch.run_script: the twin built or copied, one deadline, every process of
+the run killed past it). Each rank writes its records, tagged with its rank, to the rehearsal's events file; the
+parent judges them together (judge()). The parent side imports nothing heavy; the rank side (Rank, main) runs in the
+ranks only. `cpu_launch` readies a user's `accelerate launch --config_file fsdp.yaml` line for CPU ranks.
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
         return argv, []
     import yaml
 
-    fsdp = dict(config.get("fsdp_config") or {})
+    fsdp = dict(config["fsdp_config"]) if isinstance(config.get("fsdp_config"), Mapping) else {}
     fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
     copy = folder / "accelerate-cpu.yaml"
     copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
@@ -258,7 +260,7 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
     return out, notes
 
 
-# -- the ranks: run under torch.distributed.run, one process per rank ---------------------------------------------------
+# -- the ranks: run under torch.distributed.run, one process per rank -------------------------------------------------
 class Rank:
     """One rank's stages, each a collective step both ranks take in order."""
 
@@ -470,7 +472,8 @@ class Rank:
                     why = (f"the adapter saved holds no tensor (adapter_model.safetensors is empty; its module names "
                            f"hold {', '.join(inside) or 'a wrapper'}): PeftModel.from_pretrained loads a fresh "
                            f"adapter, logits {diff:.4g} away from the trained model's")
-                self.events.write("reload", "ok", state_dict_type=kind_, max_abs_diff=diff, scale=float(ref.abs().max()),
+                self.events.write("reload", "ok", state_dict_type=kind_, max_abs_diff=diff,
+                                  scale=float(ref.abs().max()),
                                   adapter_tensors=adapter, why=why,
                                   fix="FSDP2 (fsdp_version: 2) without fsdp_activation_checkpointing saves the "
                                       "adapter's tensors (rehearsed on this stack); otherwise save the adapter "
@@ -499,7 +502,8 @@ class Rank:
         except Exception as e:  # noqa: BLE001 - a cure that fails is said, not raised
             from gemma_doctor.rehearse.driver import _error
 
-            return f"the cure did not help in this stack: accelerate merge-weights then loading fails: {_error(e)['line']}"
+            return ("the cure did not help in this stack: accelerate merge-weights then loading fails: "
+                    f"{_error(e)['line']}")
         diff, scale = float((ref - got).abs().max()), float(ref.abs().max())
         if diff > 0.05 * max(scale, 1e-6):
             return f"the cure did not help in this stack: the merged weights give logits {diff:.4g} away"
