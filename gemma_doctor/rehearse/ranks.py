@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -565,8 +564,6 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     events = _RankEvents(Events(Path(plan["events"])), rank)
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(plan.get("collective_timeout", 600))))
-    if plan.get("hang_rank") == rank:  # tests/test_rehearse_ranks.py: a rank that stops answering its collectives
-        time.sleep(3600)
     r = Rank(plan, events, rank)
     for name in plan["rank_stages"]:
         try:
