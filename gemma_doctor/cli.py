@@ -508,6 +508,9 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
                    "config; "
                    "`python train.py ...` (or accelerate launch / torchrun of a script) runs the script unedited "
                    "against the twin, its Trainer probed.")
+@click.option("--accelerate-config", type=_FILE, default=None,
+              help="The run's accelerate config (FSDP1/FSDP2; DeepSpeed named when not installed): the twin is "
+                   "trained on 2 CPU (gloo) ranks with its sharding, what a CPU cannot do replaced and said.")
 @click.option("--steps", type=click.IntRange(min=1, max=50), default=3, show_default=True,
               help="Optimizer steps to rehearse.")
 @click.option("--timeout", type=float, callback=_seconds, default=300.0, show_default=True, metavar="SECONDS",
@@ -520,14 +523,15 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
                    "(the real kernels, cuda.max_memory_allocated), cpu keeps the child off every GPU.")
 @_outcome_format_option
 def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
-             launch: Optional[str], steps: int, timeout: float, real_weights: bool, device: str, fmt: str) -> int:
+             launch: Optional[str], accelerate_config: Optional[Path], steps: int, timeout: float, real_weights: bool,
+             device: str, fmt: str) -> int:
     """Rehearse the training run on a tiny twin of the model, through the libraries installed here, in a child
     process: load, a few train steps, evaluation, generation, save and reload, adapter merge. Writes only to a
     temporary folder."""
     from gemma_doctor.rehearse import rehearse_cli
 
     return rehearse_cli(target, cache_dir, revision, training_config, launch, steps, timeout, real_weights,
-                        fmt.lower(), _out, _hint, device)
+                        fmt.lower(), _out, _hint, device, accelerate_config)
 
 
 @app.command(context_settings=_CONTEXT)

@@ -247,6 +247,12 @@ _CODES = [
     Code("GD983", "real-peak-over-plan", "one training step of the real weights needs more than 1.1x the memory plan"),
     Code("GD984", "real-step-oom", "one training step of the real weights ran out of device memory"),
     Code("GD985", "real-fp16-headroom", "measured with the real weights: every activation and gradient fits fp16's range, by the figure given"),
+    # GD990-GD994: the rehearsal on 2 CPU ranks (gemma_doctor/rehearse/ranks.py, docs/rehearsal.md)
+    Code("GD990", "rank-did-not-finish", "a rank of the 2-rank rehearsal crashed (its own last line) or did not finish its stages before the deadline"),
+    Code("GD991", "rank-loss-not-finite", "the loss is NaN or infinite on a rank of the 2-rank rehearsal"),
+    Code("GD992", "ranks-disagree", "after the steps the full state gathered on each rank differs between the ranks"),
+    Code("GD993", "sharded-checkpoint-reload", "the checkpoint the sharded run saves (its state-dict type) does not reload on one process as the trained model"),
+    Code("GD994", "fsdp-wrap-class-matches-nothing", "the FSDP wrap classes match no module of the model: accelerate stops, or the run would not shard by layer"),
     # GD995-GD996: the rehearsal's GRPO loop (gemma_doctor/rehearse/grpo.py, docs/rehearsal.md)
     Code("GD995", "grpo-reward-not-finite", "a reward of the rehearsed GRPO run is infinite: TRL zeroes the advantages it poisons and the run learns nothing"),
     Code("GD996", "grpo-zero-advantages", "in every group of the rehearsed GRPO run the rewards are equal: every advantage is 0 and the run learns nothing"),

@@ -42,13 +42,20 @@ def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
 
 def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
                  launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str,
-                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto") -> int:
+                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto",
+                 accelerate_config: Optional[Path] = None) -> int:
     """The `rehearse` command: rehearse, print the view, return the exit code."""
+    import tempfile
+
+    from gemma_doctor.readers.gpu import nvidia_driver_present
     from gemma_doctor.render import rehearse as view
     from gemma_doctor.rehearse.runner import rehearse
 
     if training_config is not None and launch is not None:
         raise UsageError("give --training-config or --launch, not both")
+    if accelerate_config is not None and (real_weights or (launch is not None and trl_launch(launch) is None)):
+        raise UsageError("--accelerate-config rehearses the training config on 2 CPU ranks: not with --real-weights "
+                         "or a launched script (`accelerate launch --config_file` names it there)")
     trainer = script = None
     if launch is not None:
         found = trl_launch(launch)
@@ -58,8 +65,17 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
             from gemma_doctor.rehearse.launch import argv_of
 
             script = argv_of(launch, Path.cwd())[0]
-    result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config, steps=steps,
-                      timeout=timeout, real_weights=real_weights, trainer=trainer, script=script, device=device)
+    with tempfile.TemporaryDirectory(prefix="gemma-doctor-launch-") as tmp:
+        notes: list[str] = []
+        if script is not None and (device == "cpu" or not nvidia_driver_present()):
+            from gemma_doctor.rehearse.ranks import cpu_launch
+
+            # An FSDP config launched on CPU ranks: what stops accelerate before the script on a CPU is replaced
+            script, notes = cpu_launch(script, Path(tmp))
+        result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
+                          steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
+                          device=device, accelerate_config=accelerate_config)
+    result.notes += notes
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "

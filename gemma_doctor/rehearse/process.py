@@ -10,8 +10,14 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
+
+# Carried in the environment of the child and of every process it starts: torch's launcher (torchrun, accelerate
+# launch) starts each rank in a session of its own (torch 2.13 elastic subprocess_handler: start_new_session), out of
+# reach of a kill of the child's group, so the ranks are found by this mark instead.
+_MARK = "GEMMA_DOCTOR_CHILD"
 
 
 class Child:
@@ -19,8 +25,10 @@ class Child:
 
     def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
         self.log = log
+        self.token = uuid.uuid4().hex
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            self.proc = subprocess.Popen(argv, cwd=cwd, env={**env, _MARK: self.token}, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=out,
                                          start_new_session=True)
 
     def wait(self, timeout: float) -> int | None:
@@ -35,12 +43,37 @@ class Child:
             raise
 
     def kill(self) -> None:
-        """SIGKILL to the child's process group (its workers too), then reap it."""
+        """SIGKILL to the child's process group, and to every process carrying its mark (a launcher's ranks, in
+        sessions of their own), then reap it."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in _marked(self.token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours to kill
+                pass
         self.proc.wait()
+
+
+def _marked(token: str) -> list[int]:
+    """The processes whose environment carries ``token`` under _MARK (read from /proc; none where there is no /proc,
+    where the kill of the child's group is all there is)."""
+    needle = f"{_MARK}={token}".encode()
+    found = []
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:  # ended meanwhile, or another user's
+            continue
+    return found
 
 
 def _environment(root: Path, device: str = "cpu") -> dict[str, str]:

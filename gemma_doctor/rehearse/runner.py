@@ -235,11 +235,13 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
 def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "main",
              training_config: Path | None = None, steps: int = DEFAULT_STEPS,
              timeout: float = DEFAULT_TIMEOUT, cures: bool = True, real_weights: bool = False,
-             trainer: str | None = None, script: list[str] | None = None, device: str = "auto") -> Rehearsal:
+             trainer: str | None = None, script: list[str] | None = None, device: str = "auto",
+             accelerate_config: Path | None = None) -> Rehearsal:
     """Rehearse ``target``'s run through the installed stack on a twin; never raises for what the run does.
     ``script``: the user's own command (rehearse --launch, gemma_doctor/rehearse/launch.py) instead of the driver.
     ``device``: ``auto`` trains the twin (and measures the real step) on the GPU where torch sees one, ``cpu`` never
-    shows the child a GPU, ``cuda`` fails the load stage where there is none."""
+    shows the child a GPU, ``cuda`` fails the load stage where there is none.
+    ``accelerate_config``: the run's FSDP / DeepSpeed config, rehearsed on 2 CPU ranks (gemma_doctor/rehearse/ranks.py)."""
     from gemma_doctor import catalogue
     from gemma_doctor.rehearse import invariants
 
@@ -248,6 +250,12 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
                                               "script" if script else trainer, device)
     result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
     if any(f.code == "GD950" for f in findings):
+        result.seconds = time.monotonic() - started
+        return result
+    if accelerate_config is not None:
+        from gemma_doctor.rehearse import ranks
+
+        ranks.rehearse_ranks(result, {**plan, "device": "cpu"}, accelerate_config, timeout)
         result.seconds = time.monotonic() - started
         return result
     if script:

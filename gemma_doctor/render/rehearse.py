@@ -12,9 +12,35 @@ def _fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+def _rank_summary(s: dict[str, Any]) -> str:
+    """One line of figures for a stage of one rank (gemma_doctor/rehearse/ranks.py)."""
+    stage = s.get("stage")
+    if stage == "load":
+        return f"{s.get('cls')} {str(s.get('dtype', '')).removeprefix('torch.')}"
+    if stage == "wrap":
+        return (f"FSDP{s.get('version')} {s.get('policy')} ({', '.join(s.get('classes') or [])}: {s.get('wrapped')} "
+                f"units), {s.get('sharding')}, {str(s.get('state_dict_type')).split('.')[-1]}"
+                + (", activation checkpointing" if s.get("activation_checkpointing") else ""))
+    if stage == "train":
+        losses = s.get("losses") or []
+        return f"loss {_fmt(losses[0])} -> {_fmt(losses[-1])}" if losses else "no loss"
+    if stage == "agree":
+        return f"full state gathered: {s.get('tensors')} tensors, digest {s.get('digest')}"
+    if stage == "save":
+        return ", ".join(s.get("files") or []) or "nothing written"
+    if stage == "reload":
+        if s.get("why"):
+            return str(s["why"])
+        return (f"{s.get('state_dict_type')} reloaded on one process: logits within {_fmt(s.get('max_abs_diff'))} "
+                f"(largest {_fmt(s.get('scale'))})")
+    return ""
+
+
 def _summary(s: dict[str, Any]) -> str:
     """One line of figures for a stage that passed."""
     stage = s.get("stage")
+    if "rank" in s:
+        return _rank_summary(s)
     if stage == "twin":
         shrunk = s.get("shrunk") or {}
         return ", ".join(f"{k} {v}" for k, v in list(shrunk.items())[:3]) + (" ..." if len(shrunk) > 3 else "")
@@ -91,7 +117,8 @@ def render_text(rehearsal: Any) -> str:
     for s in rehearsal.stages:
         status = s.get("status")
         text = _summary(s) if status == "ok" else s.get("reason", "") if status == "skipped" else s.get("line", "")
-        lines.append(f"  {s.get('stage', '?'):<12} {status:<8} {printable(str(text))}")
+        name = f"{s.get('stage', '?')}" + (f" [{s['rank']}]" if "rank" in s else "")
+        lines.append(f"  {name:<12} {status:<8} {printable(str(text))}")
     if rehearsal.findings:
         lines.append("findings:")
         for f in rehearsal.findings:

@@ -34,16 +34,22 @@ class _State:
 
         self.plan = plan
         self.root = Path(plan["root"]).resolve()
-        # Under a launcher (accelerate, torchrun) every rank runs the script: rank 0 speaks for the run.
-        self.speaks = int(os.environ.get("RANK", "0") or 0) == 0
-        self.events = Events(Path(plan["events"])) if self.speaks else None
+        # Under a launcher (accelerate, torchrun) every rank runs the script: rank 0 speaks for the run, and every
+        # rank for its own crash (a rank that crashes alone is otherwise heard only as the launcher's exit status).
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.speaks = self.rank == 0
+        self.events = Events(Path(plan["events"]))
         self.trainers = 0
         self.evaluated = False
 
     def write(self, stage: str, status: str, **data: Any) -> None:
-        """One record, from rank 0 only."""
-        if self.events is not None:
-            self.events.write(stage, status, **data)
+        """One record: from rank 0, or a crash from any rank (its line then names the rank)."""
+        if status == "error" and self.world > 1:
+            data = {**data, "rank": self.rank, "line": f"[rank {self.rank}] {data.get('line', '')}"}
+        elif not self.speaks:
+            return
+        self.events.write(stage, status, **data)
 
     def error(self, stage: str, e: BaseException) -> None:
         """A stage that raised, recorded once (the wrappers nest: evaluation runs inside train)."""
@@ -264,7 +270,7 @@ def _run(trainer: Any) -> Any:
     architecture = type(base).__name__ if hasattr(transformers, type(base).__name__) else s.plan["architecture"]
     plan = {**s.plan, "architecture": architecture, "workdir": str(s.root / "work" / "rehearsal"),
             "settings": {"dtype": dtype or None, "completion_only": False}}
-    run = Run(plan, s.events if s.events is not None else _Silent())
+    run = Run(plan, s.events if s.speaks else _Silent())
     run.trainer, run.model = trainer, model
     tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     tok = getattr(tok, "tokenizer", tok)  # a processor holds its tokenizer
