@@ -257,6 +257,9 @@ class TrainingArguments(ConfigKind):
             return Chosen(Trainer.TRL_GRPO, "training config (TRL's GRPOConfig)", loop)
         if rl is not None:
             return Chosen(Trainer.TRL_RL, f"training config (TRL's {rl.upper()} trainer)", loop)
+        if "beta" in data:
+            # A key of TRL's preference configs (DPO, CPO, ORPO, KTO), which the reader could not pin to DPO.
+            return Chosen(Trainer.TRL_RL, "training config beta (a key of TRL's preference trainers' configs)", loop)
         if key is not None:
             return Chosen(Trainer.TRL_SFT, f"training config {key} (a key of TRL's SFTConfig, not TrainingArguments)",
                           loop)

@@ -28,6 +28,7 @@ LLAMA_FACTORY = "stage: sft\nfinetuning_type: lora\nbf16: true\n"  # tests/test_
     (TRAINING_ARGUMENTS, "transformers", Trainer.TRANSFORMERS),
     ("rl: dpo\nbeta: 0.1\nloss_type: sigmoid\n", "transformers", Trainer.TRL_DPO),  # tests/test_scan_speed.py's
     ("num_generations: 8\nper_device_train_batch_size: 8\nbf16: true\n", "transformers", Trainer.TRL_GRPO),
+    ('{"bf16": true, "beta": 0.1, "max_grad_norm": 1.0}', "transformers", Trainer.TRL_RL),  # the doc tests' dpo.json
     (AXOLOTL_AUTO, "axolotl", Trainer.AXOLOTL),
     (LLAMA_FACTORY, "llama-factory", Trainer.LLAMA_FACTORY),
     (ACCEL_FSDP, "accelerate", Trainer.SCRIPT),
@@ -37,7 +38,7 @@ LLAMA_FACTORY = "stage: sft\nfinetuning_type: lora\nbf16: true\n"  # tests/test_
     ("model: google/gemma-3-12b-it\ntensor-parallel-size: 2\nmax-model-len: 8192\ndtype: bfloat16\n", "vllm", None),
     ("model-path: google/gemma-3-12b-it\ntp-size: 2\nmem-fraction-static: 0.8\n", "sglang", None),
     ("trainer:\n  devices: 8\n  precision: bf16-mixed\nmodel:\n  micro_batch_size: 1\nexp_manager: {}\n", "nemo", None),
-], ids=["trl-sft", "training-arguments", "trl-dpo", "trl-grpo", "axolotl", "llama-factory", "accelerate-fsdp",
+], ids=["trl-sft", "training-arguments", "trl-dpo", "trl-grpo", "trl-preference", "axolotl", "llama-factory", "accelerate-fsdp",
         "accelerate-bf16", "deepspeed", "vllm", "sglang", "nemo"])
 def test_each_kind_is_recognised_and_decides_its_trainer(text, kind, trainer):
     tc = training_config.parse(text, "c.yaml", yaml_first=True)
