@@ -18,6 +18,7 @@ Pure and light: no files, no torch; imported by the training-config reader.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -310,8 +311,6 @@ def decide(kind: ConfigKind, data: Mapping[str, Any], rl: Any) -> Chosen | None:
 def named_by_launch(words: list[str]) -> Chosen | None:
     """The trainer a launch command names itself (`trl sft ...`, `axolotl train ...`, `llamafactory-cli train ...`), or
     None where the script decides (`python train.py`, `accelerate launch ...`)."""
-    import os
-
     head = os.path.basename(words[0]) if words else ""
     sub = words[1] if len(words) > 1 else ""
     if head == "trl" and sub in TRL_COMMANDS:

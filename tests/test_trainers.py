@@ -138,3 +138,16 @@ def test_the_kind_compare_finder_finds_one():
                  'ds.kind in ("deepspeed",)'):
         assert _compares_kind_to_text(ast.parse(text, mode="eval").body), text
     assert not _compares_kind_to_text(ast.parse('source.kind == "hub"', mode="eval").body)
+
+
+def test_gd650_counts_the_logits_a_plain_trainer_holds_and_names_the_trainer_that_would_not(cli, tmp_path):
+    """GD650 said "does not apply here: TRL computes SFT log-probs in chunks" for a file of TrainingArguments keys,
+    which a plain Trainer runs with its full logits; it now counts them, and names TRL's SFTTrainer as a way out."""
+    hub = HubCache(tmp_path / "hub")
+    hub.add("acme/gemma", {"config.json": gemma3_1b_config()})
+    path = tmp_path / "train.yaml"
+    path.write_text("per_device_train_batch_size: 2\nbf16: true\nmodel_max_length: 4096\n")
+    m = cli("check", "acme/gemma", "--cache-dir", hub.root, "--training-config", path, "--format", "json").json()
+    [gd650] = [f for f in m["models"][0]["findings"] if f["code"] == "GD650"]
+    assert (gd650["severity"], gd650["details"]["chunked"]) == ("warning", False)
+    assert "TRL >= 1.15 SFTTrainer" in gd650["fix"]

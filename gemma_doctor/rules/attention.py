@@ -13,6 +13,7 @@ from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.traits import PAIRED_TASKS, decoder_config, logits_bytes_per_logit, positive_int, positive_number
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import gib
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
@@ -239,7 +240,9 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     yield setting_finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
-        + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0") else "")
+        # TRL's SFTTrainer chunks them: worth naming where an older TRL or a plain Trainer (trainers.decide) runs it.
+        + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0")
+           or (tc.trainer is not None and tc.trainer.value is Trainer.TRANSFORMERS) else "")
         + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
         logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
 
