@@ -218,8 +218,9 @@ class Axolotl(ConfigKind):
         return "base_model" in data or "micro_batch_size" in data
 
     def decide(self, data: Mapping[str, Any], rl: str | None) -> Chosen | None:
-        loop = Trainer.TRL_SFT if sft_key(data) else Trainer.TRANSFORMERS
-        return Chosen(Trainer.AXOLOTL, "axolotl config (base_model / micro_batch_size)", loop)
+        # Its SFT loop is AxolotlTrainer, a transformers Trainer subclass (axolotl/core/trainers/base.py), never TRL's
+        # SFTTrainer, whatever TRL-like key the file holds.
+        return Chosen(Trainer.AXOLOTL, "axolotl config (base_model / micro_batch_size)", Trainer.TRANSFORMERS)
 
 
 class LlamaFactory(ConfigKind):
@@ -233,8 +234,10 @@ class LlamaFactory(ConfigKind):
         return "stage" in data and ("finetuning_type" in data or "template" in data)
 
     def decide(self, data: Mapping[str, Any], rl: str | None) -> Chosen | None:
-        loop = Trainer.TRL_SFT if sft_key(data) else Trainer.TRANSFORMERS
-        return Chosen(Trainer.LLAMA_FACTORY, "LLaMA-Factory config (stage with finetuning_type / template)", loop)
+        # Its SFT loop is CustomSeq2SeqTrainer, a transformers Seq2SeqTrainer (llamafactory/train/sft/trainer.py), and
+        # `packing` is its own data argument, not TRL's.
+        return Chosen(Trainer.LLAMA_FACTORY, "LLaMA-Factory config (stage with finetuning_type / template)",
+                      Trainer.TRANSFORMERS)
 
 
 class TrainingArguments(ConfigKind):

@@ -83,7 +83,9 @@ def test_the_launch_line_names_the_trainer_the_file_alone_does_not(tmp_path):
 @pytest.mark.parametrize("text, twin, chunked", [
     (TRAINING_ARGUMENTS, "transformers", False),
     (TRAINING_ARGUMENTS + "max_length: 1024\n", "trl-sft", True),
-], ids=["training-arguments", "trl-sft"])
+    # LLaMA-Factory's own `packing` is no TRL key: its Seq2SeqTrainer runs it (the twin was TRL's SFTTrainer)
+    (LLAMA_FACTORY + "packing: true\nper_device_train_batch_size: 8\n", "transformers", False),
+], ids=["training-arguments", "trl-sft", "llama-factory-packing"])
 def test_check_plans_the_loss_of_the_trainer_the_rehearsal_runs(cli, tmp_path, text, twin, chunked):
     """One config, one trainer: check planned a file of TrainingArguments keys as TRL's SFTTrainer (chunked log-probs,
     TRL >= 1.15 installed) while the rehearsal ran it under a plain Trainer, which holds the full logits."""
