@@ -153,3 +153,16 @@ def test_gd650_counts_the_logits_a_plain_trainer_holds_and_names_the_trainer_tha
     [gd650] = [f for f in m["models"][0]["findings"] if f["code"] == "GD650"]
     assert (gd650["severity"], gd650["details"]["chunked"]) == ("warning", False)
     assert "TRL >= 1.15 SFTTrainer" in gd650["fix"]
+
+
+def test_check_plans_chunked_log_probs_where_the_launch_line_runs_trl_sft(cli, tmp_path):
+    """The same file of TrainingArguments keys, launched with `trl sft --config`, is TRL's SFTTrainer's run: check
+    plans its chunked log-probs (TRL 1.16 in the test stack), and the source names the launch line."""
+    hub = HubCache(tmp_path / "hub")
+    hub.add("acme/gemma", {"config.json": gemma3_1b_config()})
+    path = tmp_path / "args.yaml"
+    path.write_text(TRAINING_ARGUMENTS)
+    args = ["check", "acme/gemma", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", path, "--format", "json"]
+    alone = cli(*args).json()["models"][0]["memory"]["run"]["sources"]
+    launched = cli(*args, "--launch", f"trl sft --config {path}").json()["models"][0]["memory"]["run"]["sources"]
+    assert "chunked_loss" not in alone and "chunked_loss" in launched
