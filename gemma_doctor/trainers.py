@@ -80,6 +80,42 @@ TRL_COMMANDS = {"sft": Trainer.TRL_SFT, "dpo": Trainer.TRL_DPO, "grpo": Trainer.
                 "rloo": Trainer.TRL_RL, "reward": Trainer.TRL_RL}
 
 
+# Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
+DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
+# Keys only TRL's GRPOConfig holds (TRL 1.16 trl/trainer/grpo_config.py, against its SFT and DPO configs and
+# TrainingArguments): a config with one of them is what `trl grpo --config` reads. Not max_completion_length (older
+# DPOConfigs hold it) nor use_vllm (online DPO's too).
+GRPO_ONLY_KEYS = ("num_generations", "reward_weights", "scale_rewards", "steps_per_generation",
+                  "generation_batch_size", "vllm_mode")
+# `beta` is shared by TRL's DPO, CPO, ORPO and KTO configs; with one of DPOConfig's loss types (TRL 0.8-0.2x
+# trl/trainer/dpo_config.py; a list of them since 0.20), or with max_prompt_length and no loss_type, it is DPO.
+DPO_LOSS_TYPES = frozenset({"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
+                            "aot", "aot_pair", "apo_zero", "apo_down", "discopop", "sft"})
+
+
+def rl_named_by_keys(data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(the key, "dpo" or "grpo") where a TRL config's own keys name its RL trainer without `rl:` / `stage:` (what
+    `trl dpo|grpo --config` reads), else None."""
+    key = next((k for k in DPO_ONLY_KEYS if k in data), None)
+    if key is not None:
+        return key, "dpo"
+    if _looks_like_dpo(data):
+        return "beta", "dpo"
+    key = next((k for k in GRPO_ONLY_KEYS if k in data), None)
+    return (key, "grpo") if key is not None else None
+
+
+def _looks_like_dpo(data: Mapping[str, Any]) -> bool:
+    """A TRL DPOConfig written as YAML/JSON without `rl:` (what `trl dpo --config` reads): beta with a DPO loss."""
+    if "beta" not in data:
+        return False
+    loss = data.get("loss_type")
+    if loss is None:
+        return "max_prompt_length" in data
+    losses = loss if isinstance(loss, list) else [loss]
+    return bool(losses) and all(isinstance(x, str) and x.lower() in DPO_LOSS_TYPES for x in losses)
+
+
 def sft_key(data: Mapping[str, Any]) -> str | None:
     """The first of TRL_SFT_KEYS at the top level of a config, or None."""
     return next((k for k in TRL_SFT_KEYS if k in data), None)

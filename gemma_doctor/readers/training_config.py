@@ -103,19 +103,6 @@ KEYS: dict[str, tuple[str, ...]] = {
     "chat_template": ("datasets.0.chat_template", "chat_template"),
 }
 
-# Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
-_DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
-# Keys only TRL's GRPOConfig holds (TRL 1.16 trl/trainer/grpo_config.py, against its SFT and DPO configs and
-# TrainingArguments): a config with one of them is what `trl grpo --config` reads. Not max_completion_length (older
-# DPOConfigs hold it) nor use_vllm (online DPO's too).
-_GRPO_ONLY_KEYS = ("num_generations", "reward_weights", "scale_rewards", "steps_per_generation",
-                   "generation_batch_size", "vllm_mode")
-# `beta` is shared by TRL's DPO, CPO, ORPO and KTO configs; with one of DPOConfig's loss types (TRL 0.8-0.2x
-# trl/trainer/dpo_config.py; a list of them since 0.20), or with max_prompt_length and no loss_type, it is DPO.
-_DPO_LOSS_TYPES = frozenset({"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
-                             "aot", "aot_pair", "apo_zero", "apo_down", "discopop", "sft"})
-
-
 @dataclass(frozen=True)
 class Setting:
     """One setting as written in the training config: its dotted key, value and (1-based) line."""
@@ -398,18 +385,9 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
-    if "rl" not in settings:
-        for key in _DPO_ONLY_KEYS:
-            if key in data:
-                settings["rl"] = Setting(key, "dpo", line_of(key))
-                break
-    if "rl" not in settings and _looks_like_dpo(data):
-        settings["rl"] = Setting("beta", "dpo", line_of("beta"))
-    if "rl" not in settings:
-        for key in _GRPO_ONLY_KEYS:
-            if key in data:
-                settings["rl"] = Setting(key, "grpo", line_of(key))
-                break
+    named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
+    if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
+        settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
     problems = _key_problems(data, line_of) if fmt.checks_trainer_keys else ()
     rl = settings.get("rl")
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
@@ -455,17 +433,6 @@ def _key_problems(data: dict[str, Any], line_of: Any) -> tuple[KeyProblem, ...]:
             if close:
                 out.append(KeyProblem("unknown-key", key, None, line_of(key), close[0]))
     return tuple(out)
-
-
-def _looks_like_dpo(data: dict[str, Any]) -> bool:
-    """A TRL DPOConfig written as YAML/JSON without `rl:` (what `trl dpo --config` reads): beta with a DPO loss."""
-    if "beta" not in data:
-        return False
-    loss = data.get("loss_type")
-    if loss is None:
-        return "max_prompt_length" in data
-    losses = loss if isinstance(loss, list) else [loss]
-    return bool(losses) and all(isinstance(x, str) and x.lower() in _DPO_LOSS_TYPES for x in losses)
 
 
 def read(path: str, follow: bool = True) -> TrainingConfig:
