@@ -69,15 +69,16 @@ class Chosen:
     default: bool = False  # nothing in the input named it: the format's default (a launch line may still name one)
 
 
-# Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold (TrainingArguments has none of them): a
+# Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold (TrainingArguments has none of them, checked against
+# transformers 5.23 and TRL 1.16; max_seq_length is older TRL's name of max_length): a
 # TrainingArguments / TRL config with one is what `trl sft --config` (or a TrlParser script) reads, so TRL's SFTTrainer
 # runs it. LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths: they decide
 # nothing.
 TRL_SFT_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
                 "assistant_only_loss", "model_name_or_path", "dataset_name", "padding_free", "dataset_kwargs")
-# `trl SUBCOMMAND` on a launch line -> the trainer it runs (TRL 1.16 trl/cli.py).
+# `trl SUBCOMMAND` on a launch line -> the trainer it runs (TRL 1.16 trl/cli/commands/__init__.py's training commands).
 TRL_COMMANDS = {"sft": Trainer.TRL_SFT, "dpo": Trainer.TRL_DPO, "grpo": Trainer.TRL_GRPO, "kto": Trainer.TRL_RL,
-                "rloo": Trainer.TRL_RL, "reward": Trainer.TRL_RL}
+                "rloo": Trainer.TRL_RL, "reward": Trainer.TRL_RL, "distillation": Trainer.TRL_RL}
 
 
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
