@@ -16,6 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "examples" / "gemma-4-E2B-it.train.yaml")
 OLD = ("--with", "transformers==4.50.3")  # the HybridCache window: the use_cache fix names the model
+# A file of TrainingArguments keys alone (written in the neutral folder the commands run in): the trainer decision
+# (gemma_doctor/trainers.py) plans it as a plain Trainer alone and as TRL's SFTTrainer under `trl sft`.
+ARGS_ONLY = ("args-only.yaml", "per_device_train_batch_size: 8\nbf16: true\ngradient_checkpointing: true\n")
 # Each command with the cache appended; together they show every text that names a model (fix, restore and recommend
 # commands, the way out, snippets and the YAML's base_model) in text, JSON, github and YAML.
 COMMANDS: list[tuple[str, ...]] = [
@@ -37,6 +40,9 @@ COMMANDS: list[tuple[str, ...]] = [
     ("recommend", "google/gemma-3-12b-it", "--gpu", "L4", "--format", "json", *OLD),
     ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "T4", "--format", "json"),
     ("recommend", "--family", "gemma3", "--size", "27b", "--gpu", "T4"),
+    ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0]),
+    ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0],
+     "--launch", f"trl sft --config {ARGS_ONLY[0]}", "--format", "json"),
 ]
 
 
@@ -55,6 +61,7 @@ def main() -> int:
         cache = Path(tmp) / "hub"
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                        capture_output=True)
+        (Path(tmp) / ARGS_ONLY[0]).write_text(ARGS_ONLY[1])
         differ = 0
         for args in COMMANDS:
             if run(str(ROOT), cache, args, tmp) != run(base, cache, args, tmp):

@@ -15,6 +15,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from gemma_doctor.trainers import Trainer
+
 T = TypeVar("T")
 
 
@@ -78,7 +80,7 @@ class Run:
     model: str | None  # the model_type (the repo name is filled in by the views, never kept in a judgement)
     stack: tuple[Sourced[str], ...]  # "transformers 5.23.0" / "transformers>=5.6.0", each with its source
     hardware: Hardware
-    trainer: Sourced[str]  # the kind of training config that describes it (transformers/TRL, axolotl, ...)
+    trainer: Sourced[Trainer]  # the trainer that executes it (trainers.decide: plain Trainer, TRL SFT, axolotl...)
     method: Sourced[Method]
     lora: Sourced[Lora] | None
     precision: Sourced[str]  # bf16 | fp16 | fp32 (the autocast of the run)
@@ -109,7 +111,7 @@ class Run:
                 "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory}
 
 
-def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[str]) -> Run:
+def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer]) -> Run:
     """The Run of a memory plan (plan.memory.MemoryPlan): its RunSpec's settings with their sources, the shape's LoRA
     targets resolved, the GPU the plan was judged against and the stack's libraries."""
     spec = plan.run

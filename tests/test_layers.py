@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gemma_doctor"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("gemma_doctor", "errors", "frozen", "units", "codes", "report", "family", "targets", "jsonedit", "guards",
               "parallel", "gpus")),
-    ("readers", ("fsafe", "locate", "source", "hub", "readers", "stack", "versioning", "horizon")),
+    ("readers", ("fsafe", "locate", "source", "hub", "readers", "stack", "versioning", "horizon", "trainers")),
     ("facts", ("facts", "run", "traits", "model", "adapters", "undo", "catalogue")),
     ("rules", ("rules",)),
     ("plan", ("plan",)),

@@ -341,11 +341,14 @@ def test_pad_equal_to_eos_in_the_tokenizer_or_the_training_config_warns(cli, hub
     assert "GD902" not in check(cli, hub, tmp_path, files, repo="acme/fine")
 
 
-@pytest.mark.parametrize("trl, severity", [("0.16.1", "warning"), ("0.17.0", "info")])
-def test_double_bos_is_said_with_a_training_config_and_warns_on_old_trl(cli, hub, tmp_path, trl, severity):
+@pytest.mark.parametrize("trl, training, severity", [
+    ("0.16.1", {"bf16": True, "max_length": 1024}, "warning"), ("0.17.0", {"bf16": True, "max_length": 1024}, "info"),
+    # Only TrainingArguments keys: a plain transformers Trainer runs it (trainers.decide), not TRL's data preparation.
+    ("0.16.1", {"bf16": True}, "info")], ids=["old-trl", "new-trl", "plain-trainer"])
+def test_double_bos_is_said_with_a_training_config_and_warns_on_old_trl(cli, hub, tmp_path, trl, training, severity):
     files = {"config.json": gemma3_1b_config(), "tokenizer_config.json": tokenizer_config()}
     assert "GD903" not in check(cli, hub, tmp_path, files)
-    got = check(cli, hub, tmp_path, files, {"bf16": True}, "--with", f"trl=={trl}", repo="acme/t")
+    got = check(cli, hub, tmp_path, files, training, "--with", f"trl=={trl}", repo="acme/t")
     assert [f["severity"] for f in got["GD903"]] == [severity]
     no_bos = check(cli, hub, tmp_path, {**files, "tokenizer_config.json": tokenizer_config(add_bos_token=False)},
                    {"bf16": True}, repo="acme/nobos")

@@ -401,13 +401,17 @@ def test_the_prescription_is_a_typed_run_whose_every_field_says_where_it_came_fr
 
 
 def test_the_run_module_sits_below_the_rules_and_views():
-    """Layers one way: run.py imports none of the rules, the plan's search, the views or the CLI."""
+    """Layers one way: run.py imports none of the rules, the plan's search, the views or the CLI, only what sits below
+    the rules (the trainer kinds its trainer field is, a reader's: tests/test_layers.py's table)."""
     import ast
+
+    from tests.test_layers import LAYERS, layer
 
     tree = ast.parse((ROOT / "gemma_doctor" / "run.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m.startswith("gemma_doctor")}, imported
+    rules = next(i for i, (name, _) in enumerate(LAYERS) if name == "rules")
+    assert all(layer(m) < rules for m in imported if m.startswith("gemma_doctor")), imported
 
 
 def test_what_blocks_a_prescription_is_read_from_the_codes_entry_as_list_reads_it():

@@ -43,7 +43,7 @@ def _reference_parse(text: str, path: str) -> TrainingConfig:
     lines = old_lines(text)
     # Every setting's line must be the line the two-pass reader gave it.
     return TrainingConfig(tc.path, tc.kind, {n: tc_reader.Setting(s.key, s.value, lines.get(s.key))
-                                             for n, s in tc.settings.items()}, tc.error)
+                                             for n, s in tc.settings.items()}, tc.error, trainer=tc.trainer)
 
 
 YAML_TEXTS = [

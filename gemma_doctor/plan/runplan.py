@@ -16,6 +16,7 @@ from gemma_doctor.plan import memory
 from gemma_doctor.errors import UsageError
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
@@ -149,7 +150,7 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
             put("method", _ADAPTERS.get(str(adapter.value).strip().lower()), where("adapter"))
-        elif getattr(tc, "kind", None) == "axolotl":
+        elif tc.format.full_without_adapter:
             # axolotl trains every weight unless `adapter` names lora/qlora: a config without one (as recommend writes
             # a full fine-tuning run) fixes the method as much as `adapter: lora` does.
             put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
@@ -205,9 +206,10 @@ def trl_chunks(stack: Any) -> bool:
 
 
 def sft_trainer_config(tc: Any) -> bool:
-    """The training config is one of TRL's SFTTrainer (transformers/TRL keys, no RL trainer named): the trainer whose
-    fused LM head computes log-probs in chunks from TRL 1.15 on (rules/attention.py's GD650 asks the same)."""
-    return getattr(tc, "kind", None) == "transformers" and tc.get("rl") is None
+    """TRL's SFTTrainer executes the training config (the reader's trainers.decide, which rules/attention.py's GD650
+    and the rehearsal's twin take too): the trainer whose fused LM head computes log-probs in chunks from TRL 1.15 on."""
+    chosen = getattr(tc, "trainer", None)
+    return chosen is not None and chosen.value is Trainer.TRL_SFT
 
 
 def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, int, str | None]:

@@ -11,11 +11,13 @@ launchers do: the config file, then the launcher's flags, then the script's argu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
 from typing import Any
 
+from gemma_doctor import trainers
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.training_config import Setting, TrainingConfig
 
@@ -81,7 +83,9 @@ def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConf
         return launch
     if not base.ok:
         return base
-    return TrainingConfig(base.path, base.kind, {**base.settings, **launch.settings})
+    # The trainer: the one the line names (`trl sft`) or its own config decides, else the file's.
+    trainer = launch.trainer if launch.trainer is not None and not launch.trainer.default else base.trainer
+    return TrainingConfig(base.path, base.kind, {**base.settings, **launch.settings}, trainer=trainer)
 
 
 def _parse(line: str, cwd: str | None) -> TrainingConfig:
@@ -141,15 +145,32 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
     for layer in layers:  # a file's settings keep its name: the line numbers are that file's
         name = os.path.basename(layer.path)
         settings.update({k: Setting(f"{name}: {s.key}", s.value) for k, s in layer.settings.items()})
+    script_trainer = None
     for label, data in ((f"{launcher} line: ", flags), ("script --", _nest(args))):
         own = tc_reader.parse(json.dumps(data), WHERE, yaml_first=False) if data else None
         if own is not None and not own.ok:
             raise _Bad(own.error or "unreadable")
         if own is not None:
             settings.update({k: Setting(label + s.key, s.value) for k, s in own.settings.items()})
+            if label == "script --":
+                script_trainer = own.trainer
     # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
     followed = tc_reader._with_deepspeed_file(TrainingConfig(os.path.join(cwd or ".", WHERE), kind, settings))
-    return TrainingConfig(WHERE, kind, followed.settings)
+    return TrainingConfig(WHERE, kind, followed.settings, trainer=_trainer(words, layers, script_trainer, kind, settings))
+
+
+def _trainer(words: list[str], layers: list[TrainingConfig], script: trainers.Chosen | None, kind: str,
+             settings: dict[str, Setting]) -> trainers.Chosen | None:
+    """The trainer a launch line runs: the one it names (`trl sft`, `axolotl train`), else the one the script's own
+    flags or its config file decide (the flags override the file, as they do its settings), else its kind's default."""
+    named = trainers.named_by_launch(words)
+    if named is not None:
+        return named
+    for chosen in (script, *(layer.trainer for layer in reversed(layers))):
+        if chosen is not None and not chosen.default:
+            return dataclasses.replace(chosen, source=f"--launch: {chosen.source}")
+    rl = settings.get("rl")
+    return trainers.decide(trainers.kind_named(kind), {}, rl.value if rl is not None else None)
 
 
 # The serving engines' command lines: they serve a model, they train nothing (vllm 0.x's CLI and its OpenAI server

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from gemma_doctor import trainers
 from gemma_doctor.errors import UsageError
 
 # Training configs are a few KiB; anything larger is not one and is not read whole (PyYAML parses ~1 MB/s).
@@ -102,19 +103,6 @@ KEYS: dict[str, tuple[str, ...]] = {
     "chat_template": ("datasets.0.chat_template", "chat_template"),
 }
 
-# Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
-_DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
-# Keys only TRL's GRPOConfig holds (TRL 1.16 trl/trainer/grpo_config.py, against its SFT and DPO configs and
-# TrainingArguments): a config with one of them is what `trl grpo --config` reads. Not max_completion_length (older
-# DPOConfigs hold it) nor use_vllm (online DPO's too).
-_GRPO_ONLY_KEYS = ("num_generations", "reward_weights", "scale_rewards", "steps_per_generation",
-                   "generation_batch_size", "vllm_mode")
-# `beta` is shared by TRL's DPO, CPO, ORPO and KTO configs; with one of DPOConfig's loss types (TRL 0.8-0.2x
-# trl/trainer/dpo_config.py; a list of them since 0.20), or with max_prompt_length and no loss_type, it is DPO.
-_DPO_LOSS_TYPES = frozenset({"sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
-                             "aot", "aot_pair", "apo_zero", "apo_down", "discopop", "sft"})
-
-
 @dataclass(frozen=True)
 class Setting:
     """One setting as written in the training config: its dotted key, value and (1-based) line."""
@@ -156,11 +144,25 @@ class TrainingConfig:
     error: str | None = None
     # Keys and values the trainer refuses (TRL / TrainingArguments configs only; trainer_keys.json): GD680, GD681.
     problems: tuple[KeyProblem, ...] = ()
+    # The trainer that executes the run (trainers.decide: made once, by the reader from the file's keys, or by the
+    # launch reader from the command line); a config built without one gets its kind's decision from its settings.
+    trainer: trainers.Chosen | None = None
+
+    def __post_init__(self) -> None:
+        if self.trainer is None and self.error is None:
+            rl = self.settings.get("rl")
+            chosen = trainers.decide(self.format, {}, rl.value if rl is not None else None)
+            object.__setattr__(self, "trainer", chosen)  # a frozen dataclass's own field, set once at construction
 
     @property
     def ok(self) -> bool:
         """True when the file was read and parsed to a mapping."""
         return self.error is None
+
+    @property
+    def format(self) -> trainers.ConfigKind:
+        """The kind of config this is (trainers.REGISTRY), the object the rules ask instead of comparing names."""
+        return trainers.kind_named(self.kind)
 
     def get(self, name: str) -> Setting | None:
         """The setting called ``name`` (a key of KEYS), or None when the file does not set it."""
@@ -259,57 +261,8 @@ def _json_value(v: Any) -> Any:
     return v
 
 
-# Files that are configs, but not of a training run gemma-doctor reads: vLLM's `vllm serve --config` (EngineArgs names,
-# dashes or underscores), SGLang's server args, NeMo's trainer/model/exp_manager (and NeMo-Automodel's recipes).
-# Read as training configs they said "trains in fp32" (GD609): they are recognised and refused in one line instead.
-_VLLM_KEYS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
-                        "served_model_name", "kv_cache_dtype", "enforce_eager", "max_num_seqs", "max_num_batched_tokens",
-                        "enable_prefix_caching", "swap_space", "enable_lora", "max_lora_rank", "limit_mm_per_prompt"})
-_SGLANG_KEYS = frozenset({"tp_size", "dp_size", "mem_fraction_static",
-                          "chunked_prefill_size", "max_running_requests", "schedule_policy"})
-# Keys only a training config has: a file with one of them is read as one, whatever else it holds.
-_TRAINING_ONLY = frozenset({"output_dir", "learning_rate", "per_device_train_batch_size", "num_train_epochs",
-                            "base_model", "micro_batch_size", "stage", "finetuning_type", "gradient_accumulation_steps"})
-NOT_TRAINING = {
-    "vllm": "a vLLM serving config (vllm serve --config), not a training config; to judge a served model, name the "
-            "engine: gemma-doctor check MODEL --with vllm==VERSION",
-    "sglang": "an SGLang server config (python -m sglang.launch_server --config), not a training config; to judge a "
-              "served model, name the engine: gemma-doctor check MODEL --with sglang==VERSION",
-    "nemo": "a NeMo config (trainer / model / exp_manager), which gemma-doctor does not read as a training config; "
-            "state the run with --batch-size, --seq-len, --gpu and --num-gpus, or pass a TRL / accelerate config",
-}
-
-
-def _other_kind(data: dict[str, Any]) -> str | None:
-    """"vllm", "sglang" or "nemo" for a config of another kind than a training run's; None otherwise."""
-    keys = {k.replace("-", "_") for k in data if isinstance(k, str)}
-    if keys & _TRAINING_ONLY:
-        return None
-    trainer = data.get("trainer")
-    if (isinstance(trainer, dict) and ({"precision", "devices", "num_nodes", "max_steps"} & set(trainer))
-            and (isinstance(data.get("model"), dict) or "exp_manager" in data)) or \
-            ("step_scheduler" in data and isinstance(data.get("model"), dict)):
-        return "nemo"
-    if keys & _SGLANG_KEYS:
-        return "sglang"
-    if keys & _VLLM_KEYS:
-        return "vllm"
-    return None
-
-
-def _kind(data: dict[str, Any]) -> str:
-    other = _other_kind(data)
-    if other is not None:
-        return other
-    if "compute_environment" in data or "distributed_type" in data:
-        return "accelerate"
-    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
-        return "deepspeed"
-    if "base_model" in data or "micro_batch_size" in data:
-        return "axolotl"
-    if "stage" in data and ("finetuning_type" in data or "template" in data):
-        return "llama-factory"
-    return "transformers"
+# Kind name -> why a config of that kind (vLLM, SGLang, NeMo: trainers.REGISTRY) is refused in one line.
+NOT_TRAINING = trainers.not_training()
 
 
 def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
@@ -412,8 +365,9 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     """The settings of a training config already parsed to a mapping (``line_of``: a dotted key's 1-based line, or
     None). ``parse`` reads a file's text with it; the search hands it the mapping a prescription's YAML is rendered
     from, so a candidate is judged without printing and re-reading that YAML (the same settings: a property test)."""
-    kind = _kind(data)
-    if kind in NOT_TRAINING:
+    fmt = trainers.recognise(data)
+    kind = fmt.name
+    if not fmt.trains:
         return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
     settings: dict[str, Setting] = {}
     for name, keys in KEYS.items():
@@ -431,20 +385,13 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
-    if "rl" not in settings:
-        for key in _DPO_ONLY_KEYS:
-            if key in data:
-                settings["rl"] = Setting(key, "dpo", line_of(key))
-                break
-    if "rl" not in settings and _looks_like_dpo(data):
-        settings["rl"] = Setting("beta", "dpo", line_of("beta"))
-    if "rl" not in settings:
-        for key in _GRPO_ONLY_KEYS:
-            if key in data:
-                settings["rl"] = Setting(key, "grpo", line_of(key))
-                break
-    problems = _key_problems(data, line_of) if kind == "transformers" else ()
-    return TrainingConfig(path, kind=kind, settings=settings, problems=problems)
+    named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
+    if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
+        settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
+    problems = _key_problems(data, line_of) if fmt.checks_trainer_keys else ()
+    rl = settings.get("rl")
+    return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
+                          trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
 
 
 @functools.lru_cache(maxsize=1)
@@ -486,17 +433,6 @@ def _key_problems(data: dict[str, Any], line_of: Any) -> tuple[KeyProblem, ...]:
             if close:
                 out.append(KeyProblem("unknown-key", key, None, line_of(key), close[0]))
     return tuple(out)
-
-
-def _looks_like_dpo(data: dict[str, Any]) -> bool:
-    """A TRL DPOConfig written as YAML/JSON without `rl:` (what `trl dpo --config` reads): beta with a DPO loss."""
-    if "beta" not in data:
-        return False
-    loss = data.get("loss_type")
-    if loss is None:
-        return "max_prompt_length" in data
-    losses = loss if isinstance(loss, list) else [loss]
-    return bool(losses) and all(isinstance(x, str) and x.lower() in _DPO_LOSS_TYPES for x in losses)
 
 
 def read(path: str, follow: bool = True) -> TrainingConfig:
@@ -551,7 +487,7 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     else:
         return tc
     ds = read(str(candidate), follow=False)
-    if not ds.ok or ds.kind != "deepspeed":
+    if not ds.ok or not isinstance(ds.format, trainers.DeepSpeed):
         return tc
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
              for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings

@@ -29,10 +29,6 @@ STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate"
 # A GRPO run's stages: its training step generates, scores and trains (grpo.py); no labels to read, and evaluation,
 # generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
 GRPO_STAGES = ("load", "setup", "train", "save")
-# Keys only TRL's SFTConfig / ModelConfig / ScriptArguments hold: a config with one of them is a TRL SFT run.
-# LoRA keys (use_peft, lora_r, lora_target_modules: TRL's ModelConfig) are read by both paths, so they decide nothing.
-_TRL_KEYS = ("max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss",
-             "assistant_only_loss", "model_name_or_path", "dataset_name", "padding_free", "dataset_kwargs")
 # Import name -> the name a user installs.
 _LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
               "accelerate": "accelerate"}
@@ -86,11 +82,12 @@ def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: P
     lora_wanted = adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter")) \
         or _setting(tc, "lora_r") is not None or targets is not None
     lora = None
-    if lora_wanted and tc is not None and tc.kind == "llama-factory" and targets in (None, "all", ["all"]):
+    own = tc is not None and tc.format.own_lora_targets
+    if lora_wanted and own and targets in (None, "all", ["all"]):
         # LLaMA-Factory's lora_target defaults to "all", its word for every linear layer: PEFT's "all-linear". Left
         # open, PEFT guesses per model type, and PEFT 0.11 knows no Gemma 3 (a crash the real run never meets).
         targets = "all-linear"
-    elif tc is not None and tc.kind == "llama-factory" and isinstance(targets, str):
+    elif own and isinstance(targets, str):
         # LLaMA-Factory splits lora_target at commas; PEFT would read "q_proj,v_proj" as one regular expression.
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     if lora_wanted:
@@ -199,9 +196,14 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     # `rl:` / `stage:`, DPOConfig's or GRPOConfig's own keys).
     rl = _setting(tc, "rl")
     rl = rl.lower() if isinstance(rl, str) and rl.lower() not in ("sft", "pt") else None  # LLaMA-Factory's stages
+    # The twin runs under the trainer check plans the run for (trainers.decide, the reader's one decision): its own
+    # loop where the driver has one, else DPO's or GRPO's for such a run, else the SFT loop the config's keys describe.
+    decided = tc.trainer if tc is not None else None
+    if trainer is None and decided is not None and decided.value.twin is not None:
+        trainer = decided.value.twin
     if trainer is None and rl in ("dpo", "grpo"):
         trainer = f"trl-{rl}"
-    trainer = trainer or ("trl-sft" if any(k in raw for k in _TRL_KEYS) else "transformers")
+    trainer = trainer or (decided.sft_loop.value if decided is not None else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
     needed = ["torch", "transformers", "accelerate"] + \

@@ -13,8 +13,9 @@ from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.traits import PAIRED_TASKS, decoder_config, logits_bytes_per_logit, positive_int, positive_number
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import gib
-from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES, TRL_CHUNKED_LOGPROBS,
+from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
 
 # flash-attn applies softcapping in the forward pass from 2.6.0 (transformers gates it with
@@ -180,7 +181,7 @@ def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
     if exposures[0] is not Exposure.SAFE:
         reasons.append(f"{tf.describe()}: eager and sdpa turn reset position_ids into a block-diagonal mask only from "
                        "4.53.1")
-    if tc.kind == "transformers":  # TRL's SFTTrainer builds the packed batches
+    if tc.format.packs_with_trl:  # TRL's SFTTrainer builds the packed batches
         exposures.append(stack.exposure(TRL_PACKING_NO_POSITION_IDS))
         if exposures[-1] is not Exposure.SAFE:
             reasons.append(f"{trl.describe()}: TRL before 0.23 gives a non-flash backend no per-sequence position_ids "
@@ -212,9 +213,8 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
         return
     stack = env.libraries
     trl = stack.get("trl")
-    rl = tc.get("rl")
-    sft = tc.kind == "transformers" and rl is None
-    chunked = sft and stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
+    # The trainer the run executes (trainers.decide, the one decision the memory plan and the rehearsal take).
+    chunked = tc.trainer is not None and tc.trainer.value.chunks_logprobs(stack)
     alive, per_logit, paired = _logits_at_loss(model, batch, seq)
     pairs = " x 2 (chosen and rejected)" if paired else ""
     numbers = (f"per_device_train_batch_size {batch}{pairs} x {s.key} {seq} x vocabulary {vocab:,} logits: "
@@ -240,7 +240,9 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     yield setting_finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
-        + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0") else "")
+        # TRL's SFTTrainer chunks them: worth naming where an older TRL or a plain Trainer (trainers.decide) runs it.
+        + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0")
+           or (tc.trainer is not None and tc.trainer.value is Trainer.TRANSFORMERS) else "")
         + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
         logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
 

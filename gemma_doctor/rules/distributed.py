@@ -55,7 +55,7 @@ def _wrap_without_classes(tc: TrainingConfig) -> tuple[str, bool] | None:
     policy = tc.get("fsdp_auto_wrap_policy")
     if policy is not None:
         return ("fsdp_auto_wrap_policy", False) if str(policy.value).strip().upper() == TRANSFORMER_WRAP else None
-    if tc.kind == "accelerate":
+    if not tc.format.fsdp_by_training_arguments:
         return None  # accelerate's plugin defaults to NO_WRAP when the launcher passes no policy
     # TrainingArguments (TRL, axolotl, LLaMA-Factory): `fsdp: "full_shard auto_wrap"` picks TRANSFORMER_BASED_WRAP
     # unless min_num_params > 0 (4.x-5.9 training_args.py); from 5.10 any `fsdp` does.
@@ -206,7 +206,7 @@ def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iter
     if not uses_fsdp(tc) or not _tied(model):
         return
     windows = [FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK]
-    if version is None and tc.kind != "accelerate":
+    if version is None and tc.format.fsdp_by_training_arguments:
         windows.append(TRAINER_FSDP2_DEFAULTS)  # TrainingArguments' FSDP version is 2 by default from 5.10
     elif version is None or str(version.value).strip() != "2":
         return

@@ -55,7 +55,7 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     setting = tc.get("lora_target_modules")
     linear = tc.get("lora_target_linear")
     if setting is None and not (linear is not None and truthy(linear.value)):
-        if tc.kind == "transformers":  # TRL's use_peft passes target_modules=None to LoraConfig: PEFT's default
+        if tc.format.lora_targets_peft_default:  # TRL's use_peft passes target_modules=None to LoraConfig: PEFT's default
             yield setting_finding(
                 "GD420", Severity.ERROR,
                 f"LoRA on a multimodal {name} checkpoint ({mt}) without target_modules: PEFT has no default targets for "

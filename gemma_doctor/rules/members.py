@@ -64,11 +64,12 @@ def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     if ur is not None and truthy(ur.value):
         # TrainingArguments / TRL / axolotl only checkpoint with gradient_checkpointing on; LLaMA-Factory always does
         # unless disable_gradient_checkpointing.
-        on = (gc is not None and truthy(gc.value)) if tc.kind != "llama-factory" else not (disabled and truthy(disabled.value))
+        on = (gc is not None and truthy(gc.value)) if not tc.format.checkpoints_by_default \
+            else not (disabled and truthy(disabled.value))
         if not on:
             return
         where, name = f"{ur.key} is true", "use_reentrant"
-    elif ur is None and tc.kind == "llama-factory" and not (disabled is not None and truthy(disabled.value)):
+    elif ur is None and tc.format.checkpoints_by_default and not (disabled is not None and truthy(disabled.value)):
         where, name = "LLaMA-Factory checkpoints with use_reentrant_gc: true unless told otherwise", None
     else:
         return
@@ -158,7 +159,7 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     all_linear = (linear is not None and truthy(linear.value)) or targets in (["all-linear"], ["all_linear"])
     towers = fam.model_type == "gemma4" and _has_towers(model)
     # LLaMA-Factory builds its own regex that leaves the vision tower out (freeze_vision_tower): not judged here.
-    judged = tc.kind != "llama-factory"
+    judged = not tc.format.own_lora_targets
     plain = [t for t in targets if t in _LINEAR_NAMES]
     if towers and judged and plain and len(plain) == len(targets):
         yield _finding(

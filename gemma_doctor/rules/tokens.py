@@ -147,7 +147,9 @@ def _bos(model: ModelFacts, env: Environment, tok: Any) -> Iterator[Finding]:
     if tc is None or not tc.ok or not tok.template_emits_bos or tok.add_bos_token is False:
         return
     trl = env.libraries.get("trl")
-    old_trl = tc.kind == "transformers" and env.libraries.exposure(TRL_CONVERSATIONAL_DOUBLE_BOS) is Exposure.AFFECTED
+    # TRL's own data preparation adds the second <bos>: only where one of TRL's trainers runs the loop.
+    old_trl = tc.trainer is not None and tc.trainer.value.runs_trl \
+        and env.libraries.exposure(TRL_CONVERSATIONAL_DOUBLE_BOS) is Exposure.AFFECTED
     yield Finding(
         "GD903", Severity.WARNING if old_trl else Severity.INFO,
         "the chat template writes <bos> itself and the tokenizer adds another: text rendered with "

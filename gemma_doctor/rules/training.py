@@ -123,7 +123,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     fp16_key = "fp16" if "fp16" in s and truthy(s["fp16"].value) else ("mixed_precision" if mp_value == "fp16" else None)
     bf16_key = "bf16" if "bf16" in s and truthy(s["bf16"].value) else ("mixed_precision" if mp_value == "bf16" else None)
     bf16_auto = "bf16" in s and isinstance(s["bf16"].value, str) and s["bf16"].value.strip().lower() == "auto" \
-        and tc.kind != "deepspeed"  # DeepSpeed's "auto" copies TrainingArguments, it does not probe the GPU
+        and not tc.format.auto_copies_training_arguments  # DeepSpeed's "auto" copies TrainingArguments
     on_cpu = "use_cpu" in s and truthy(s["use_cpu"].value)
     gpu = GpuView(None, False, "CPU") if on_cpu else gpu_view(env, options)
 
