@@ -150,14 +150,16 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
             if with_project:
                 subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
                 subprocess.run([*pip, *LIGHT], check=True)
+        (path / ".packages").write_text("\n".join(packages) + "\n")
         if pinned_text:
             # The build's shortcuts (one pip run, no byte-compiling) must not change what is installed: a venv that is
-            # not exactly its lock is not marked complete, so the next test that needs it builds it again.
+            # not exactly its lock is not marked complete, so the next test that needs it builds it again (a deliberate
+            # change, say a new light dependency, is frozen into the lock by --lock, which reads .packages).
             lock = sorted((line for line in pinned_text.splitlines() if line and not line.startswith("#")), key=str.lower)
             frozen = _frozen(python)
             if frozen != lock:
-                raise RuntimeError(f"{path} is not its lock {lock_path.name}: {sorted(set(frozen) ^ set(lock))}")
-        (path / ".packages").write_text("\n".join(packages) + "\n")
+                raise RuntimeError(f"{path} is not its lock {lock_path.name} (after a deliberate change: python -m "
+                                   f"tests.venvs --lock): {sorted(set(frozen) ^ set(lock))}")
         marker.write_text("ok\n")
     return python
 
