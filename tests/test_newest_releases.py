@@ -18,14 +18,31 @@ import newest_releases as nr  # noqa: E402
 sys.path.pop(0)
 
 
+def _wrong() -> tuple[nr.Probe, nr.Probe]:
+    """GD107's and GD640's probes with windows that claim the wrong thing: as if never fixed, as if it stopped at 5.21."""
+    kv = next(p for p in nr.PROBES if p.code == "GD107")
+    refuses = next(p for p in nr.PROBES if p.what.startswith("SDPA refuses"))
+    return (dataclasses.replace(kv, windows=(Window("transformers", ">=5.5.0"),)),
+            dataclasses.replace(refuses, windows=(Window("transformers", "<5.21.0"),)))
+
+
+def _broken() -> nr.Probe:
+    """GD107's probe naming a case its script does not have."""
+    return dataclasses.replace(next(p for p in nr.PROBES if p.code == "GD107"), case="no-such-case")
+
+
 @pytest.fixture(scope="module")
 def gd107_gd640():
-    """GD107 (a closed window: 5.5.0-5.5.1) and GD640 (a window still open from 5.21.0), run once on this venv."""
-    return nr.run_probes(sys.executable, only={"GD107", "GD640"})
+    """GD107 (a closed window: 5.5.0-5.5.1) and GD640 (a window still open from 5.21.0), run once on this venv; the
+    same runs judged against the wrong windows (_wrong); and a probe whose case does not exist (_broken). One
+    run_probes call runs each script once for all of them (each case once, a broken case beside the others), instead
+    of three runs of the same reproductions."""
+    versions, rows = nr.run_probes(sys.executable, only={"GD107", "GD640"}, probes=nr.PROBES + _wrong() + (_broken(),))
+    return versions, rows[:-3], rows[-3:-1], rows[-1]
 
 
 def test_the_installed_stack_keeps_every_window_it_was_run_on(gd107_gd640):
-    versions, rows = gd107_gd640
+    versions, rows, _, _ = gd107_gd640
     assert versions["transformers"] == pinned("transformers")
     by_what = {r["what"]: r for r in rows}
     kv = by_what["Gemma 4 KV sharing skipped without a cache (wrong loss)"]
@@ -34,21 +51,18 @@ def test_the_installed_stack_keeps_every_window_it_was_run_on(gd107_gd640):
     assert (refuses["expected"], refuses["observed"], refuses["verdict"]) == (True, True, "still right")  # still open
 
 
-def test_a_window_that_no_longer_holds_is_named_for_what_it_is():
+def test_a_window_that_no_longer_holds_is_named_for_what_it_is(gd107_gd640):
     """The same real runs against windows that claim the wrong thing: a fix is 'fixed upstream', a regression is
     'new failure' (what a newer release would show if it changed)."""
-    kv = next(p for p in nr.PROBES if p.code == "GD107")
-    refuses = next(p for p in nr.PROBES if p.what.startswith("SDPA refuses"))
-    wrong = (dataclasses.replace(kv, windows=(Window("transformers", ">=5.5.0"),)),  # as if never fixed
-             dataclasses.replace(refuses, windows=(Window("transformers", "<5.21.0"),)))  # as if it stopped at 5.21
-    _versions, rows = nr.run_probes(sys.executable, probes=wrong)
+    _versions, _, rows, _ = gd107_gd640
+    assert [(r["what"], r["window"]) for r in rows] == [(p.what, p.windows[0].spec) for p in _wrong()]
     assert [r["verdict"] for r in rows] == ["fixed upstream", "new failure"]
     assert nr.verdict(True, True) == nr.verdict(False, False) == "still right"
 
 
-def test_a_reproduction_that_cannot_run_says_so_and_is_not_a_verdict():
-    broken = dataclasses.replace(next(p for p in nr.PROBES if p.code == "GD107"), case="no-such-case")
-    _versions, (row,) = nr.run_probes(sys.executable, probes=(broken,))
+def test_a_reproduction_that_cannot_run_says_so_and_is_not_a_verdict(gd107_gd640):
+    _versions, _, _, row = gd107_gd640
+    assert row["what"] == _broken().what and "expected" not in row
     assert row["verdict"] == "could not run" and row["reason"]
 
 

@@ -6,6 +6,11 @@ shares through a .pth file (shared_torch): a venv then holds only its own stack 
 Seven full copies of torch filled the CI machine's disk (ENOSPC, stop 28). pip sees the shared torch as installed,
 so nothing reinstalls it; a package a venv pins differently (filelock, typing-extensions, ...) is installed into the
 venv and shadows the shared one, since the venv's own site-packages comes first on sys.path.
+
+Most of a build was pip's own work, not the download: installs skip byte-compiling (``--no-compile``: Python writes
+the bytecode of the modules a test imports when it first imports them, instead of pip compiling all of transformers
+in advance), and a locked venv is one pip run instead of three. What is installed is the same: a locked venv whose
+``pip freeze`` is not its lock is not marked complete (ensure_venv).
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ def lock_file(packages: tuple[str, ...]) -> Path:
     return LOCKS / f"{name}.txt"
 
 
+def _pip(python: str | Path) -> list[str]:
+    """The pip command line every build uses: quiet, no cache (the wheels are installed once, into the cached folder),
+    and without byte-compiling (Python writes the bytecode of what a test imports, on its first import)."""
+    return [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir", "--no-compile"]
+
+
 def _pip_target(prefix: str, keyed: tuple[str, ...], pip_args: tuple[str, ...]) -> Path:
     """A folder filled once by ``pip install --target`` with ``pip_args`` (the main interpreter's pip), cached under
     venv_root() by ``keyed`` and this Python's version; a half-built one (no .complete) is built again."""
@@ -82,8 +93,7 @@ def _pip_target(prefix: str, keyed: tuple[str, ...], pip_args: tuple[str, ...]) 
         if not (target / ".complete").exists():
             if target.exists():
                 shutil.rmtree(target)
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            "--no-cache-dir", "--target", str(target), *pip_args], check=True)
+            subprocess.run([*_pip(sys.executable), "--target", str(target), *pip_args], check=True)
             (target / ".complete").write_text("ok\n")
     return target
 
@@ -128,14 +138,28 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
             return python
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
         (_site_packages(python) / "_gemma_doctor_shared_torch.pth").write_text(f"{torch_dir}\n")
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir"]
+        pip = _pip(python)
         if pinned_text:
-            pip += ["-c", str(lock_path)]
-        subprocess.run([*pip, *packages], check=True)
-        if with_project:
-            subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
-            subprocess.run([*pip, *LIGHT], check=True)
+            # The lock names every package exactly, so nothing can move the pinned stack: one resolution and one
+            # install instead of three pip runs (the project's own dependencies are in the lock too).
+            subprocess.run([*pip, "-c", str(lock_path), *packages, *((*LIGHT, str(ROOT)) if with_project else ())],
+                           check=True)
+        else:
+            # No lock yet: the stack is resolved alone, then the project and its light dependencies beside it.
+            subprocess.run([*pip, *packages], check=True)
+            if with_project:
+                subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
+                subprocess.run([*pip, *LIGHT], check=True)
         (path / ".packages").write_text("\n".join(packages) + "\n")
+        if pinned_text:
+            # The build's shortcuts (one pip run, no byte-compiling) must not change what is installed: a venv that is
+            # not exactly its lock is not marked complete, so the next test that needs it builds it again (a deliberate
+            # change, say a new light dependency, is frozen into the lock by --lock, which reads .packages).
+            lock = sorted((line for line in pinned_text.splitlines() if line and not line.startswith("#")), key=str.lower)
+            frozen = _frozen(python)
+            if frozen != lock:
+                raise RuntimeError(f"{path} is not its lock {lock_path.name} (after a deliberate change: python -m "
+                                   f"tests.venvs --lock): {sorted(set(frozen) ^ set(lock))}")
         marker.write_text("ok\n")
     return python
 
@@ -155,10 +179,17 @@ def ensure_light_venv() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
         if not (path / ".complete").exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
-                            "-c", str(CONSTRAINTS), *deps], check=True)
+            subprocess.run([*_pip(python), "-c", str(CONSTRAINTS), *deps], check=True)
             (path / ".complete").write_text("ok\n")
     return python
+
+
+def _frozen(python: Path) -> list[str]:
+    """A venv's packages as its lock lists them: ``pip freeze`` without the project, torch's local ``+cpu`` dropped."""
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return sorted((line.replace("+cpu", "") for line in frozen
+                   if "==" in line and not line.lower().startswith(("gemma-doctor", "gemma_doctor"))), key=str.lower)
 
 
 def write_locks() -> list[Path]:
@@ -167,10 +198,7 @@ def write_locks() -> list[Path]:
     for marker in sorted(venv_root().glob("venv-*/.packages")):
         packages = tuple(marker.read_text().split())
         python = marker.parent / "bin" / "python"
-        frozen = subprocess.run([str(python), "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
-                                capture_output=True, text=True, check=True).stdout.splitlines()
-        lines = sorted((line.replace("+cpu", "") for line in frozen
-                        if "==" in line and not line.lower().startswith(("gemma-doctor", "gemma_doctor"))), key=str.lower)
+        lines = _frozen(python)
         path = lock_file(packages)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# The venv of tests/venvs.py for {' '.join(packages)}: every package, exact "
