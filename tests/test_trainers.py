@@ -95,10 +95,14 @@ def test_check_plans_the_loss_of_the_trainer_the_rehearsal_runs(cli, tmp_path, t
     hub.add("acme/gemma", {"config.json": gemma3_1b_config()})
     path = tmp_path / "train.yaml"
     path.write_text(text)
-    m = cli("check", "acme/gemma", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", path,
-            "--format", "json").json()["models"][0]
+    report = cli("check", "acme/gemma", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", path,
+                 "--format", "json").json()
+    m = report["models"][0]
     plan, _, _, _ = plan_for("acme/gemma", hub.root, "main", path, 1)
     assert plan["trainer"] == twin
+    # check's JSON says which trainer it planned for (LLaMA-Factory's own, whose loop the twin runs as a plain Trainer's)
+    assert report["environment"]["training_config"]["trainer"]["value"] == \
+        ("llama-factory" if text.startswith(LLAMA_FACTORY) else twin)
     assert ("chunked_loss" in m["memory"]["run"]["sources"]) is chunked is (twin == "trl-sft")
 
 

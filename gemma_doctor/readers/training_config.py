@@ -172,6 +172,8 @@ class TrainingConfig:
         """The `environment.training_config` block of the JSON report."""
         out = {"path": self.path, "kind": self.kind, "error": self.error,
                "settings": {k: v.to_json() for k, v in self.settings.items()}}
+        if self.trainer is not None:  # the one decision the memory plan, the rules and the rehearsal take
+            out["trainer"] = {"value": self.trainer.value.value, "source": self.trainer.source}
         if self.problems:
             out["problems"] = [p.to_json() for p in self.problems]
         return out
