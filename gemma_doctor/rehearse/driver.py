@@ -295,7 +295,8 @@ class Run:
                 if "lora_B" in n:
                     lora_b[n] = (float(before[n].float().norm()), float(p.detach().float().norm()))
         extra: dict[str, Any] = {}
-        if any(not math.isfinite(x) for x in [*losses, *norms]):
+        # A GRPO batch is prompts, not collated rows: the diagnosis steps an SFT run's own batches only.
+        if any(not math.isfinite(x) for x in [*losses, *norms]) and self.plan["trainer"] != "trl-grpo":
             # Where it comes from and which cure removes it, on a fresh twin (gemma_doctor/rehearse/nonfinite.py).
             from gemma_doctor.rehearse import nonfinite
 
