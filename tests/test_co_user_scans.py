@@ -67,9 +67,11 @@ def _marked(marker: str) -> list[psutil.Process]:
 
 def _scan(cache: Path, marker: str, **env: str) -> subprocess.Popen:
     full = {**os.environ, "GEMMA_DOCTOR_WORKERS": "2", "GD_TEST_SCAN": marker, **env}
+    # The scan starts as from a terminal: a suite run under nohup would hand it SIGHUP ignored, which the CLI keeps on
+    # purpose (cli.py), and the SIGHUP case would then test nohup.
     return subprocess.Popen([sys.executable, "-m", "gemma_doctor", "check", "--cache-dir", str(cache), "--format",
                              "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=full,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
 
 
 def _stop_a_worker(scan: subprocess.Popen) -> psutil.Process:
