@@ -145,7 +145,9 @@ def test_training_config_is_reported_once_in_the_environment(hub, cli, tmp_path)
     r, path, _ = _lint(hub, cli, tmp_path, "a.yaml", "fp16: true\n", "--gpu", "T4")
     env = r.json()["environment"]["training_config"]
     assert env == {"path": str(path), "kind": "transformers", "error": None,
-                   "settings": {"fp16": {"key": "fp16", "value": True, "line": 1}}}
+                   "settings": {"fp16": {"key": "fp16", "value": True, "line": 1}},
+                   "trainer": {"value": "transformers", "source": "training config (TrainingArguments keys only: a "
+                                                                  "plain transformers Trainer, unless --launch names TRL)"}}
 
 
 def test_fallback_gpu_reading():
