@@ -74,6 +74,22 @@ def _dtype_kw() -> str:
     return "dtype" if Version(_version("transformers") or "0").release >= (4, 56) else "torch_dtype"
 
 
+def lora_config(lora: dict[str, Any] | None) -> Any:
+    """PEFT's LoraConfig of a plan's LoRA settings (rank, alpha, targets, modules_to_save: runner.settings_of), or None
+    for a run without LoRA; the driver's trainer and the 2-rank rehearsal (ranks.py) adapt the twin with it."""
+    if not lora:
+        return None
+    from peft import LoraConfig
+
+    kw: dict[str, Any] = dict(r=int(lora.get("r") or 8), lora_alpha=int(lora.get("alpha") or 16), lora_dropout=0.0,
+                              task_type="CAUSAL_LM")
+    if lora.get("targets") is not None:
+        kw["target_modules"] = lora["targets"]
+    if lora.get("modules_to_save"):
+        kw["modules_to_save"] = lora["modules_to_save"]
+    return LoraConfig(**kw)
+
+
 def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
@@ -119,18 +135,7 @@ class Run:
         return made[:6], made[6:]
 
     def _lora(self) -> Any:
-        lora = self.s.get("lora")
-        if not lora:
-            return None
-        from peft import LoraConfig
-
-        kw: dict[str, Any] = dict(r=int(lora.get("r") or 8), lora_alpha=int(lora.get("alpha") or 16), lora_dropout=0.0,
-                                  task_type="CAUSAL_LM")
-        if lora.get("targets") is not None:
-            kw["target_modules"] = lora["targets"]
-        if lora.get("modules_to_save"):
-            kw["modules_to_save"] = lora["modules_to_save"]
-        return LoraConfig(**kw)
+        return lora_config(self.s.get("lora"))
 
     def _args(self, cls: type, output: Path, **over: Any) -> Any:
         raw = {k: v for k, v in (self.plan.get("raw") or {}).items() if k in _fields(cls) and k not in _DROPPED}

@@ -291,16 +291,14 @@ class Rank:
 
     def _adapted(self, model: Any) -> Any:
         """``model`` with the training config's LoRA adapter (PEFT), as the run trains it; as it is without one."""
-        lora = (self.plan.get("settings") or {}).get("lora")
-        if not lora:
-            return model
-        from peft import LoraConfig, get_peft_model
+        from gemma_doctor.rehearse.driver import lora_config
 
-        kw: dict[str, Any] = dict(r=int(lora.get("r") or 8), lora_alpha=int(lora.get("alpha") or 16),
-                                  lora_dropout=0.0, task_type="CAUSAL_LM")
-        if lora.get("targets") is not None:
-            kw["target_modules"] = lora["targets"]
-        return get_peft_model(model, LoraConfig(**kw))
+        config = lora_config((self.plan.get("settings") or {}).get("lora"))
+        if config is None:
+            return model
+        from peft import get_peft_model
+
+        return get_peft_model(model, config)
 
     def wrap(self) -> None:
         """accelerate's FSDP plugin from the config (its wrap policy included), then torch's FSDP1 or FSDP2."""
