@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from gemma_doctor import trainers
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.training_config import TrainingConfig, truthy
@@ -194,8 +195,7 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     raw = raw or {}
     # The RL trainer is the reader's decision, the one check's rules and memory plan take (readers/training_config:
     # `rl:` / `stage:`, DPOConfig's or GRPOConfig's own keys).
-    rl = _setting(tc, "rl")
-    rl = rl.lower() if isinstance(rl, str) and rl.lower() not in ("sft", "pt") else None  # LLaMA-Factory's stages
+    rl = trainers.rl_trainer(_setting(tc, "rl"))  # None for SFT and LLaMA-Factory's sft / pt stages
     # The twin runs under the trainer check plans the run for (trainers.decide, the reader's one decision): its own
     # loop where the driver has one, else DPO's or GRPO's for such a run, else the SFT loop the config's keys describe.
     decided = tc.trainer if tc is not None else None
