@@ -110,6 +110,19 @@ def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
 LEFT_PAD_SDPA = "gemma4-sdpa-left-padding-nan"
 
 
+def _worked(diagnosis: Mapping[str, Any]) -> list[str]:
+    """The cures that gave finite values on the fresh twin."""
+    return [name for name, got in (diagnosis.get("cures") or {}).items() if got.get("finite") is True]
+
+
+def _left_pad_sdpa(diagnosis: Mapping[str, Any] | None) -> bool:
+    """The diagnosis is LEFT_PAD_SDPA's mechanism: a left-padded batch cured by the kernel or by the padding."""
+    if not diagnosis or diagnosis.get("error") or not diagnosis.get("reproduced") or not diagnosis.get("left_padded"):
+        return False
+    worked = _worked(diagnosis)
+    return "SDPA without the cuDNN kernel" in worked or "padding on the right" in worked
+
+
 def nonfinite_cure(diagnosis: Mapping[str, Any] | None, default: str) -> str:
     """The cure of a non-finite loss or gradient, from the child's diagnosis on a fresh twin (rehearse/nonfinite.py):
     the cures that gave finite values in this stack, else where the non-finite values come from."""
@@ -119,14 +132,14 @@ def nonfinite_cure(diagnosis: Mapping[str, Any] | None, default: str) -> str:
         return (f"a fresh twin steps the run's first {diagnosis.get('stepped')} batches with finite values: the "
                 f"non-finite values grew during training, not from the data or a kernel ({default})")
     cures = diagnosis.get("cures") or {}
-    worked = [name for name, got in cures.items() if got.get("finite") is True]
+    worked = _worked(diagnosis)
     where = (f"a fresh twin reproduces it on batch {diagnosis.get('batch')} "
              f"({diagnosis.get('pads', 0)} pad tokens{', padded on the left' if diagnosis.get('left_padded') else ''})")
     if not worked:
         tried = ", ".join(cures) or "none could be tried here"
         return f"{where}; no cure tried gave finite values ({tried}): {default}"
     text = f"{where}; cure verified in this stack: {' or '.join(worked)} gives finite values"
-    if diagnosis.get("left_padded") and ("SDPA without the cuDNN kernel" in worked or "padding on the right" in worked):
+    if _left_pad_sdpa(diagnosis):
         text += (" (catalogue " + LEFT_PAD_SDPA + ": a left pad's query row attends to no key, and SDPA's cuDNN kernel "
                  "turns it into NaN in the backward; tokenizer.padding_side = \"right\", attn_implementation=\"eager\", "
                  "or torch.backends.cuda.enable_cudnn_sdp(False))")
@@ -141,7 +154,7 @@ def judge_train(record: Mapping[str, Any]) -> list[Finding]:
     diagnosis = record.get("nonfinite")
     if diagnosis:
         figures["nonfinite"] = diagnosis
-        if LEFT_PAD_SDPA in nonfinite_cure(diagnosis, ""):
+        if _left_pad_sdpa(diagnosis):
             figures["catalogue"] = LEFT_PAD_SDPA
     if any(not _finite(x) for x in losses):
         out.append(Finding("GD965", Severity.ERROR, f"the training loss is not finite: {losses}", key="train",
