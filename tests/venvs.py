@@ -139,17 +139,22 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
         (_site_packages(python) / "_gemma_doctor_shared_torch.pth").write_text(f"{torch_dir}\n")
         pip = _pip(python)
-        if pinned_text:
-            # The lock names every package exactly, so nothing can move the pinned stack: one resolution and one
-            # install instead of three pip runs (the project's own dependencies are in the lock too).
-            subprocess.run([*pip, "-c", str(lock_path), *packages, *((*LIGHT, str(ROOT)) if with_project else ())],
-                           check=True)
-        else:
-            # No lock yet: the stack is resolved alone, then the project and its light dependencies beside it.
-            subprocess.run([*pip, *packages], check=True)
+        # pip builds the project's wheel in the working tree's build/ folder: two venvs built at once (two xdist
+        # workers) collided there ("File exists: build/bdist.linux-x86_64/wheel/...dist-info"), so one at a time.
+        with open(root / "project-build.lock", "w") as building:
             if with_project:
-                subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
-                subprocess.run([*pip, *LIGHT], check=True)
+                fcntl.flock(building, fcntl.LOCK_EX)
+            if pinned_text:
+                # The lock names every package exactly, so nothing can move the pinned stack: one resolution and one
+                # install instead of three pip runs (the project's own dependencies are in the lock too).
+                subprocess.run([*pip, "-c", str(lock_path), *packages, *((*LIGHT, str(ROOT)) if with_project else ())],
+                               check=True)
+            else:
+                # No lock yet: the stack is resolved alone, then the project and its light dependencies beside it.
+                subprocess.run([*pip, *packages], check=True)
+                if with_project:
+                    subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
+                    subprocess.run([*pip, *LIGHT], check=True)
         (path / ".packages").write_text("\n".join(packages) + "\n")
         if pinned_text:
             # The build's shortcuts (one pip run, no byte-compiling) must not change what is installed: a venv that is
