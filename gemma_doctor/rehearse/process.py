@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ class Child:
             except OSError:  # gone meanwhile, or not ours to kill
                 pass
         self.proc.wait()
+        # SIGKILL is delivered when a process next runs (one in uninterruptible I/O on a loaded machine ends later):
+        # the rehearsal is over only when none of its processes is left.
+        deadline = time.monotonic() + 10
+        while _marked(self.token) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _marked(token: str) -> list[int]:
