@@ -61,6 +61,11 @@ def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dic
 
 def check(run: Any, setup: Callable[[Any], None]) -> None:
     """b x k against one batch of b*k: the "accumulation" stage's record (judged by the parent)."""
+    from gemma_doctor.rehearse.preference import NOT_ACCUMULABLE
+
+    if run.plan["trainer"] in NOT_ACCUMULABLE:
+        run.events.write("accumulation", "skipped", reason=NOT_ACCUMULABLE[run.plan["trainer"]])
+        return
     k = steps_of(run.s.get("accumulation"))
     accumulated = _one_step(run, MICRO, k, setup)
     whole = _one_step(run, MICRO * k, 1, setup) if accumulated is not None else None

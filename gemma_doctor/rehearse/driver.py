@@ -434,12 +434,12 @@ def _accumulation(run: Run) -> None:
 
 
 def _setup(run: Run) -> None:
-    """The trainer: TRL's DPOTrainer for a DPO run (gemma_doctor/rehearse/dpo.py), its GRPOTrainer for a GRPO run
-    (grpo.py), else Run.build_trainer."""
-    if run.plan["trainer"] == "trl-dpo":
-        from gemma_doctor.rehearse import dpo
+    """The trainer: TRL's DPO, KTO or ORPO trainer for such a run (gemma_doctor/rehearse/preference.py), its
+    GRPOTrainer for a GRPO run (grpo.py), else Run.build_trainer."""
+    from gemma_doctor.rehearse import preference
 
-        dpo.setup(run)
+    if run.plan["trainer"] in preference.LOOPS:
+        preference.setup(run)
     elif run.plan["trainer"] == "trl-grpo":
         from gemma_doctor.rehearse import grpo
 
@@ -449,11 +449,11 @@ def _setup(run: Run) -> None:
 
 
 def _labels(run: Run) -> None:
-    """What the collator trains; a DPO batch holds no labels (gemma_doctor/rehearse/dpo.py)."""
-    if run.plan["trainer"] == "trl-dpo":
-        from gemma_doctor.rehearse import dpo
+    """What the collator trains; a preference batch holds no labels (gemma_doctor/rehearse/preference.py)."""
+    from gemma_doctor.rehearse import preference
 
-        dpo.labels(run)
+    if run.plan["trainer"] in preference.LOOPS:
+        preference.labels(run)
     else:
         run.labels()
 

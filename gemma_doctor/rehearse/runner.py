@@ -30,6 +30,9 @@ STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate"
 # A GRPO run's stages: its training step generates, scores and trains (grpo.py); no labels to read, and evaluation,
 # generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
 GRPO_STAGES = ("load", "setup", "train", "save")
+# The RL loops the twin runs as themselves, through TRL's own trainer (preference.py: DPO, KTO, ORPO; grpo.py): any
+# other RL setting (PPO, RLOO, online DPO ...) gets GD951 and is rehearsed as the SFT loop its keys describe.
+TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", "trl-grpo")
 # Import name -> the name a user installs.
 _LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
               "accelerate": "accelerate"}
@@ -201,13 +204,13 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     decided = tc.trainer if tc is not None else None
     if trainer is None and decided is not None and decided.value.twin is not None:
         trainer = decided.value.twin
-    if trainer is None and rl in ("dpo", "grpo"):
+    if trainer is None and f"trl-{rl}" in TWIN_LOOPS:
         trainer = f"trl-{rl}"
     trainer = trainer or (decided.sft_loop.value if decided is not None else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
     needed = ["torch", "transformers", "accelerate"] + \
-             (["datasets", "trl"] if trainer in ("trl-sft", "trl-dpo", "trl-grpo") else []) + \
+             (["datasets", "trl"] if trainer == "trl-sft" or trainer in TWIN_LOOPS else []) + \
              (["peft"] if settings["lora"] else [])
     missing = _missing(needed)
     if missing:
@@ -215,12 +218,12 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
                                 f"{'is' if len(missing) == 1 else 'are'} not installed in this environment "
                                 f"({sys.executable})", key="stack",
                                 fix="run the rehearsal in the environment that trains (nothing is installed for you)"))
-    if rl and trainer not in ("trl-dpo", "trl-grpo", "script"):
+    if rl and trainer not in TWIN_LOOPS and trainer != "script":
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
                                 "generation, rewards and reference model); its model, adapter, precision and save are "
                                 f"rehearsed as a {trainer} run", key="trainer",
-                                fix="the RL loop itself is checked only by running it; DPO and GRPO are rehearsed as "
-                                    "themselves"))
+                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO and GRPO are "
+                                    "rehearsed as themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))

@@ -1,0 +1,102 @@
+"""TRL's preference trainers in the rehearsal (gemma_doctor/rehearse/preference.py): KTO (`trl kto --config`,
+`rl: kto`) and ORPO (`rl: orpo`, TRL's experimental ORPOTrainer) run as themselves on the twin, as DPO does
+(tests/test_rehearse_launch.py); other RL settings keep GD951. Real TRL 1.16 trainers on the tiny Gemma 3 text twin of
+tests/test_rehearse.py; each rehearsal is one child that imports the stack, so they are few and marked slow."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.test_rehearse import model_folder
+
+LORA = "use_peft: true\nlora_r: 8\nlora_target_modules: [q_proj, k_proj, v_proj, o_proj]\n"
+KTO = "bf16: true\nlearning_rate: 0.001\nmax_length: 128\nbeta: 0.1\n" + LORA
+
+
+def _plan_of(tmp_path: Path, text: str):
+    from gemma_doctor.rehearse.runner import plan_for
+
+    folder = tmp_path / "google--tiny"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}))
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    return plan_for(str(folder), None, "main", config, 3)
+
+
+@pytest.mark.parametrize("text, trainer", [
+    ("rl: kto\nadapter: lora\nmicro_batch_size: 2\n", "trl-kto"),  # axolotl
+    ("rl: orpo\nadapter: lora\nmicro_batch_size: 2\n", "trl-orpo"),  # axolotl
+    ("stage: kto\nfinetuning_type: lora\n", "trl-kto"),  # LLaMA-Factory
+])
+def test_a_kto_or_orpo_setting_runs_that_trainer_not_a_gd951_note(tmp_path, text, trainer):
+    # before: GD951 "not rehearsable here: a KTO run", and the twin ran the SFT loop
+    plan, findings, _, _ = _plan_of(tmp_path, text)
+    assert plan["trainer"] == trainer and not [f for f in findings if f.code == "GD951"]
+
+
+def test_an_rl_loop_the_twin_does_not_run_keeps_its_gd951_note(tmp_path):
+    plan, findings, _, _ = _plan_of(tmp_path, "stage: ppo\nfinetuning_type: lora\n")
+    assert [f.code for f in findings] == ["GD951"] and "PPO" in findings[0].message
+    assert "KTO, ORPO" in findings[0].fix and plan["trainer"] not in ("trl-kto", "trl-orpo")
+
+
+@pytest.mark.parametrize("line, found", [
+    ("trl kto --config k.yaml", (Path("k.yaml"), "trl-kto")),
+    ("accelerate launch -m trl kto --config=k.yaml", (Path("k.yaml"), "trl-kto")),
+    ("trl rloo --config r.yaml", None),  # RLOO's loop is not the twin's: a script line, as before
+])
+def test_a_trl_kto_line_names_its_config_and_trainer(line, found):
+    from gemma_doctor.rehearse import trl_launch
+
+    assert trl_launch(line) == found
+
+
+def _rehearse(cli, tmp_path: Path, *args: str) -> tuple[int, dict]:
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), *args, "--format", "json")
+    return got.code, got.json()["rehearsals"][0]
+
+
+@pytest.mark.slow
+def test_a_kto_config_rehearses_through_kto_trainer_and_its_micro_batch_of_one_is_caught(tmp_path, cli):
+    """Synthetic unpaired rows (each answer desirable, a refusal undesirable). With LoRA the reference is the base with
+    the adapter off, so at the first step the implied reward and the KL estimate are 0 and the loss is 1 - sigmoid(0).
+    KTO's loss is not a mean over rows (its KL term is estimated across each micro-batch), so the accumulation check is
+    skipped with that reason, not judged. A micro-batch of one is refused by TRL itself at setup: the rehearsal names
+    the stage and TRL's line, where check has nothing to say."""
+    config = tmp_path / "kto.yaml"
+    config.write_text("per_device_train_batch_size: 2\n" + KTO)
+    code, doc = _rehearse(cli, tmp_path, "--launch", f"trl kto --config {config}")
+    assert doc["findings"] == [] and code == 0 and doc["trainer"] == "trl-kto"
+    got = {s["stage"]: s for s in doc["stages"]}
+    assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
+        ("twin", "ok"), ("load", "ok"), ("setup", "ok"), ("labels", "skipped"), ("train", "ok"),
+        ("accumulation", "skipped"), ("eval", "ok"), ("generate", "ok"), ("save", "ok"), ("merge", "ok")]
+    assert got["setup"]["trainer"] == "KTOTrainer" and "KL term" in got["accumulation"]["reason"]
+    assert got["train"]["losses"][0] == pytest.approx(0.5, abs=1e-3) and got["train"]["moved"] == got["train"]["trainable"]
+
+    one = tmp_path / "kto1.yaml"
+    one.write_text("per_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n" + KTO)
+    code, doc = _rehearse(cli, tmp_path, "--launch", f"trl kto --config {one}", "--steps", "1")
+    assert code != 0 and doc["trainer"] == "trl-kto"
+    [crash] = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert crash["code"] == "GD956" and "batch size must be > 1" in crash["message"], crash  # the setup stage
+
+
+@pytest.mark.slow
+def test_an_axolotl_orpo_config_rehearses_through_orpo_trainer(tmp_path, cli):
+    """`rl: orpo` in an axolotl config: TRL's experimental ORPOTrainer (no reference model) on synthetic preference
+    pairs; its loss is a mean over rows, so the accumulation check judges it (and finds it equal)."""
+    config = tmp_path / "orpo.yml"
+    config.write_text("base_model: google/tiny-gemma3_text\nrl: orpo\nadapter: lora\nlora_r: 8\n"
+                      "lora_target_modules: [q_proj, k_proj, v_proj, o_proj]\nmicro_batch_size: 2\n"
+                      "gradient_accumulation_steps: 2\nlearning_rate: 0.001\nsequence_len: 128\nbf16: true\n")
+    code, doc = _rehearse(cli, tmp_path, "--training-config", str(config))
+    assert doc["findings"] == [] and code == 0 and doc["trainer"] == "trl-orpo"
+    got = {s["stage"]: s for s in doc["stages"]}
+    assert got["setup"]["trainer"] == "ORPOTrainer" and got["accumulation"]["status"] == "ok"
+    assert math.isfinite(got["train"]["losses"][0]) and got["train"]["moved"] == got["train"]["trainable"]
