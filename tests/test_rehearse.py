@@ -270,6 +270,33 @@ def test_an_unknown_crash_says_it_is_not_in_the_catalogue():
     assert f.code == "GD960" and "not in the catalogue" in f.fix and "modeling_utils.py" in f.fix
 
 
+def test_a_libraries_own_refusal_is_told_apart_from_a_failure_deeper_down():
+    """A ValueError raised by the innermost frame's `raise` (a library checking a setting: TRL's KTO refusing a
+    micro-batch of one) says "change the setting"; an error from below (a KeyError, a ValueError out of a call) says
+    "report it upstream"."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rehearse.driver import _error
+
+    def check(batch: int) -> None:
+        if batch <= 1:
+            raise ValueError("batch size must be > 1")
+
+    def lookup() -> None:
+        int("x")  # a ValueError raised inside int(), not by a check of the innermost frame's own
+
+    got = {}
+    for name, call in (("refusal", lambda: check(1)), ("below", lookup), ("key", lambda: {}["k"])):
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the records under test
+            got[name] = {"stage": "setup", "status": "error", **_error(e)}
+    assert [got[n]["refused"] for n in ("refusal", "below", "key")] == [True, False, False]
+    fixes = {n: invariants.judge([r], catalogue.entries())[0].fix for n, r in got.items()}
+    assert fixes["refusal"].startswith("not in the catalogue: the library refuses this setting") \
+        and "in check" in fixes["refusal"]
+    assert all(fixes[n].startswith("not in the catalogue: report it upstream") for n in ("below", "key"))
+
+
 @pytest.mark.parametrize("record, code", [
     ({"losses": [0.0, 0.0], "grad_norms": [1.0, 1.0], "trainable": 2, "moved": 2}, "GD966"),
     ({"losses": [1.0, float("nan")], "grad_norms": [1.0, 1.0], "trainable": 2, "moved": 2}, "GD965"),

@@ -54,8 +54,11 @@ def _error(e: BaseException) -> dict[str, Any]:
     message = " ".join(str(e).split())
     line = f"{type(e).__name__}: {message}" if message else type(e).__name__
     frames = traceback.extract_tb(e.__traceback__)[-3:]
+    # A ValueError raised by a `raise` statement of the innermost frame is the library checking its inputs (TRL's
+    # KTO refusing a micro-batch of one), not a failure deeper down: the parent's fix says so (invariants.crash).
+    refused = isinstance(e, ValueError) and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise ")
     return {"exception": type(e).__name__, "line": line if len(line) <= 400 else line[:397] + "...",
-            "frames": [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames]}
+            "frames": [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in frames], "refused": refused}
 
 
 def _version(name: str) -> str | None:

@@ -65,6 +65,10 @@ def crash(record: Mapping[str, Any], entries: Iterable[Mapping[str, Any]], cure:
     if entry is not None:
         details["catalogue"] = entry.get("id")
         fix = f"catalogue {entry.get('code') or entry.get('id')}: {entry.get('cure')}"
+    elif record.get("refused"):
+        fix = ("not in the catalogue: the library refuses this setting by a check of its own "
+               f"({', '.join(record.get('frames', [])[-1:])}): change what its message names; if the setting should "
+               "work, report it upstream with the versions in `stack` and this line")
     else:
         fix = ("not in the catalogue: report it upstream to the library of the innermost frame "
                f"({', '.join(record.get('frames', [])[-1:]) or 'see the traceback'}), with the versions in `stack` "
