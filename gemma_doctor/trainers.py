@@ -202,28 +202,32 @@ class Nemo(_NotTraining):
                     or ("step_scheduler" in data and isinstance(data.get("model"), dict)))
 
 
-class Sglang(_NotTraining):
+class _Serving(_NotTraining):
+    """A serving engine's config: one of the engine's own keys and no key only training configs hold."""
+
+    engine_keys: ClassVar[frozenset[str]] = frozenset()
+
+    def recognises(self, data: Mapping[str, Any]) -> bool:
+        keys = _keys(data)
+        return not keys & _TRAINING_ONLY and bool(keys & self.engine_keys)
+
+
+class Sglang(_Serving):
     """SGLang's server arguments (python -m sglang.launch_server --config)."""
 
     name = "sglang"
+    engine_keys = frozenset(_SGLANG_KEYS)
     refusal = ("an SGLang server config (python -m sglang.launch_server --config), not a training config; to judge a "
                "served model, name the engine: gemma-doctor check MODEL --with sglang==VERSION")
 
-    def recognises(self, data: Mapping[str, Any]) -> bool:
-        keys = _keys(data)
-        return not keys & _TRAINING_ONLY and bool(keys & _SGLANG_KEYS)
 
-
-class Vllm(_NotTraining):
+class Vllm(_Serving):
     """vLLM's engine arguments (vllm serve --config)."""
 
     name = "vllm"
+    engine_keys = frozenset(_VLLM_KEYS)
     refusal = ("a vLLM serving config (vllm serve --config), not a training config; to judge a served model, name the "
                "engine: gemma-doctor check MODEL --with vllm==VERSION")
-
-    def recognises(self, data: Mapping[str, Any]) -> bool:
-        keys = _keys(data)
-        return not keys & _TRAINING_ONLY and bool(keys & _VLLM_KEYS)
 
 
 class Accelerate(ConfigKind):
