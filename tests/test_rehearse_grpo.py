@@ -240,3 +240,23 @@ def test_a_constant_reward_is_found_with_its_figures(tmp_path, cli, monkeypatch)
     # the same function scored other completions of the same prompts (the row's solution, ...) alike too
     assert {r[0] for r in details["contrast"]["rewards"]} == {1.0} and "" in details["contrast"]["completions"]
     assert doc["stages"][2]["rewards"] == ["my_rewards.constant"] and code == 0
+
+
+@pytest.mark.slow
+def test_rloo_runs_through_rloo_trainer_and_a_constant_reward_is_found(tmp_path, cli, monkeypatch):
+    """`trl rloo --config`: TRL 1.16's RLOOTrainer is GRPO's loop with leave-one-out advantages (the same generation and
+    scoring steps, which the probes wrap), so it is rehearsed as itself, not as GD951 and an SFT loop. A reward that
+    gives every completion 1.0 leaves every leave-one-out advantage 0: GD996 with its figures."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_rewards.py").write_text("def constant(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "rloo.yaml").write_text("num_generations: 4\nper_device_train_batch_size: 4\nlearning_rate: 0.001\n"
+                                        "max_completion_length: 64\nbeta: 0.04\nreward_funcs: [my_rewards.constant]\n"
+                                        "use_peft: true\nlora_r: 8\nlora_target_modules: [q_proj, k_proj, v_proj, o_proj]\n")
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", "trl rloo --config rloo.yaml",
+              "--format", "json")
+    doc = got.json()["rehearsals"][0]
+    assert doc["trainer"] == "trl-rloo" and doc["stages"][2]["trainer"] == "RLOOTrainer"
+    assert [(s["stage"], s["status"]) for s in doc["stages"]] == [("twin", "ok"), ("load", "ok"), ("setup", "ok"),
+                                                                  ("train", "ok"), ("save", "ok")]
+    assert [(f["code"], f["severity"]) for f in doc["findings"]] == [("GD996", "warning")], doc["findings"]
+    assert doc["findings"][0]["details"]["groups"][0] == [1.0] * 4 and doc["stages"][3]["moved"] == 0

@@ -48,9 +48,10 @@ def test_an_rl_loop_the_twin_does_not_run_keeps_its_gd951_note(tmp_path):
 @pytest.mark.parametrize("line, found", [
     ("trl kto --config k.yaml", (Path("k.yaml"), "trl-kto")),
     ("accelerate launch -m trl kto --config=k.yaml", (Path("k.yaml"), "trl-kto")),
-    ("trl rloo --config r.yaml", None),  # RLOO's loop is not the twin's: a script line, as before
+    ("trl rloo --config r.yaml", (Path("r.yaml"), "trl-rloo")),  # GRPO's loop (grpo.py, tests/test_rehearse_grpo.py)
+    ("trl reward --config r.yaml", None),  # reward modelling's loop is not the twin's: a script line, as before
 ])
-def test_a_trl_kto_line_names_its_config_and_trainer(line, found):
+def test_a_trl_kto_or_rloo_line_names_its_config_and_trainer(line, found):
     from gemma_doctor.rehearse import trl_launch
 
     assert trl_launch(line) == found

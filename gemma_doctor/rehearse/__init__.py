@@ -17,20 +17,21 @@ from gemma_doctor.report import ExitCode
 
 
 def config_of_launch(launch: str) -> Optional[Path]:
-    """The training config a launch line runs: `trl sft|dpo|kto|grpo --config FILE` (also under accelerate launch); None for
+    """The training config a launch line runs: `trl sft|dpo|kto|grpo|rloo --config FILE` (also under accelerate launch); None for
     another line (a script of the user's: gemma_doctor/rehearse/launch.py)."""
     found = trl_launch(launch)
     return found[0] if found else None
 
 
 def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
-    """(the config, the trainer: trl-sft / trl-dpo / trl-kto / trl-grpo) of a `trl sft|dpo|kto|grpo --config FILE`
-    line; None for another line (`trl rloo|reward ...` included: their loops are not the twin's)."""
+    """(the config, the trainer: trl-sft / trl-dpo / trl-kto / trl-grpo / trl-rloo) of a `trl
+    sft|dpo|kto|grpo|rloo --config FILE` line; None for another line (`trl reward ...` included: its loop is not the
+    twin's)."""
     try:
         words = shlex.split(launch, comments=True)
     except ValueError as e:
         raise UsageError(f"--launch is not a command line: {e}") from None
-    command = next((c for c in ("sft", "dpo", "kto", "grpo") if c in words), None)
+    command = next((c for c in ("sft", "dpo", "kto", "grpo", "rloo") if c in words), None)
     if command and any(w == "trl" or w.endswith("/trl") for w in words):
         for i, w in enumerate(words):
             if w == "--config" and i + 1 < len(words):

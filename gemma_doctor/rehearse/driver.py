@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from gemma_doctor.rehearse.grpo import ONLINE_LOOPS
 from gemma_doctor.rehearse.rows import ROWS, _read_rows
 
 # Keys of a user's config that the rehearsal overrides or drops: where outputs go, how long it runs, what it
@@ -304,7 +305,7 @@ class Run:
                     lora_b[n] = (float(before[n].float().norm()), float(p.detach().float().norm()))
         extra: dict[str, Any] = {}
         # A GRPO batch is prompts, not collated rows: the diagnosis steps an SFT run's own batches only.
-        if any(not math.isfinite(x) for x in [*losses, *norms]) and self.plan["trainer"] != "trl-grpo":
+        if any(not math.isfinite(x) for x in [*losses, *norms]) and self.plan["trainer"] not in ONLINE_LOOPS:
             # Where it comes from and which cure removes it, on a fresh twin (gemma_doctor/rehearse/nonfinite.py).
             from gemma_doctor.rehearse import nonfinite
 
@@ -443,7 +444,7 @@ def _setup(run: Run) -> None:
 
     if run.plan["trainer"] in preference.LOOPS:
         preference.setup(run)
-    elif run.plan["trainer"] == "trl-grpo":
+    elif run.plan["trainer"] in ONLINE_LOOPS:
         from gemma_doctor.rehearse import grpo
 
         grpo.setup(run)

@@ -28,6 +28,11 @@ COMPLETION_CAP = 16
 BUILTIN_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward",
                    "get_soft_overlong_punishment")
 SYNTHETIC = "synthetic_reward"
+# The online RL loops this module runs (trainer -> TRL's config and trainer classes): RLOO is GRPO's loop with
+# leave-one-out advantages in TRL 1.16 (the same config keys, rewards, generation and scoring steps, which the probes
+# wrap).
+LOOPS = {"trl-grpo": ("GRPOConfig", "GRPOTrainer"), "trl-rloo": ("RLOOConfig", "RLOOTrainer")}
+ONLINE_LOOPS = tuple(LOOPS)
 
 
 # -- the parent side: the config as the rehearsal runs it (pure) ------------------------------------------------------
@@ -135,16 +140,17 @@ def rows(run: Any) -> list[dict[str, Any]]:
 
 def setup(run: Any) -> None:
     """GRPOTrainer from the user's GRPOConfig keys, the rewards, LoRA through peft_config; probes on its rollouts."""
+    import trl
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
 
+    config, trainer = LOOPS[run.plan["trainer"]]
     over, notes = translate(run.plan.get("raw") or {})
     run.notes.extend(notes)
     named = rewards(run)
-    args = run._args(GRPOConfig, run.work / "run", **over)
-    run.trainer = GRPOTrainer(model=run.model, reward_funcs=[f for _, f in named], args=args,
-                              train_dataset=Dataset.from_list(rows(run)), processing_class=run.tokenizer,
-                              peft_config=run._lora())
+    args = run._args(getattr(trl, config), run.work / "run", **over)
+    run.trainer = getattr(trl, trainer)(model=run.model, reward_funcs=[f for _, f in named], args=args,
+                                        train_dataset=Dataset.from_list(rows(run)), processing_class=run.tokenizer,
+                                        peft_config=run._lora())
     run.model = run.trainer.model
     names = [n for n, _ in named]
     run.rollouts = probe(run.trainer)  # the probe's own dict: it goes on filling it (rollouts, contrast) as it trains

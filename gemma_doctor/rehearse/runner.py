@@ -21,6 +21,7 @@ from gemma_doctor import trainers
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.training_config import TrainingConfig, truthy
+from gemma_doctor.rehearse.grpo import ONLINE_LOOPS
 from gemma_doctor.rehearse.process import Child, _environment, _records, _tail
 from gemma_doctor.report import Finding, Severity
 
@@ -30,9 +31,9 @@ STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate"
 # A GRPO run's stages: its training step generates, scores and trains (grpo.py); no labels to read, and evaluation,
 # generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
 GRPO_STAGES = ("load", "setup", "train", "save")
-# The RL loops the twin runs as themselves, through TRL's own trainer (preference.py: DPO, KTO, ORPO; grpo.py): any
-# other RL setting (PPO, RLOO, online DPO ...) gets GD951 and is rehearsed as the SFT loop its keys describe.
-TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", "trl-grpo")
+# The RL loops the twin runs as themselves, through TRL's own trainer (preference.py: DPO, KTO, ORPO; grpo.py: GRPO,
+# RLOO): any other RL setting (PPO, online DPO, reward modelling ...) gets GD951 and is rehearsed as the SFT loop its keys describe.
+TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", *ONLINE_LOOPS)
 # Import name -> the name a user installs.
 _LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
               "accelerate": "accelerate"}
@@ -222,8 +223,8 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
                                 "generation, rewards and reference model); its model, adapter, precision and save are "
                                 f"rehearsed as a {trainer} run", key="trainer",
-                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO and GRPO are "
-                                    "rehearsed as themselves"))
+                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO, GRPO and RLOO "
+                                    "are rehearsed as themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))
@@ -232,7 +233,7 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     repo_id = _repo_id(snap, raw, config)
     plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
             "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
-            "stages": list(GRPO_STAGES if trainer == "trl-grpo" else STAGES), "device": device,
+            "stages": list(GRPO_STAGES if trainer in ONLINE_LOOPS else STAGES), "device": device,
             "cwd": str(Path.cwd())}  # where a GRPO config's reward functions are imported from, as `trl grpo` does
     return plan, findings, notes, repo_id
 
