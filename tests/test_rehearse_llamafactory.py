@@ -71,11 +71,17 @@ def test_a_llamafactory_line_that_trains_nothing_is_one_line(line):
         llamafactory.config_of(line)
 
 
-def test_without_llamafactory_installed_the_launch_says_so_in_one_line(tmp_path):
-    # The project's own venv holds no LLaMA-Factory: nothing is installed for the run.
+def test_without_llamafactory_installed_the_rehearsal_names_it_and_runs_nothing(tmp_path, cli, monkeypatch):
+    # The project's own venv holds no LLaMA-Factory: GD950, as for any library the run needs, and no child.
     (tmp_path / "cfg.yaml").write_text(LORA_SFT)
-    with pytest.raises(UsageError, match="LLaMA-Factory is not installed"):
-        llamafactory.prepare(Path("cfg.yaml"), [], tmp_path / "out", 3, REPO, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", "llamafactory-cli train cfg.yaml",
+              "--format", "json")
+    assert got.code == 1
+    doc = got.json()["rehearsals"][0]
+    [f] = doc["findings"]
+    assert f["code"] == "GD950" and "LLaMA-Factory is not installed" in f["message"], f
+    assert doc["stages"] == [] and doc["repo_id"] == REPO
 
 
 def test_the_copy_replaces_only_what_the_rehearsal_owns_and_says_each(tmp_path):

@@ -75,20 +75,27 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
             script = argv_of(launch, Path.cwd())[0]
     with tempfile.TemporaryDirectory(prefix="gemma-doctor-launch-") as tmp:
         notes: list[str] = []
+        result = None
         if factory is not None:
-            from gemma_doctor.rehearse.runner import plan_for
+            from gemma_doctor.rehearse.runner import Rehearsal, plan_for
 
-            repo_id = plan_for(target, cache_dir, revision, training_config, steps, "script", device)[3]
-            script, notes = llamafactory.prepare(factory[0], factory[1], Path(tmp), steps, repo_id, Path.cwd())
+            _, found_first, _, repo_id = plan_for(target, cache_dir, revision, training_config, steps, "script",
+                                                  device)
+            if llamafactory.command() is None:
+                # Named like any library the run needs and this interpreter lacks (GD950), not silently skipped.
+                result = Rehearsal(target, repo_id, "script", findings=[*found_first, llamafactory.not_installed()])
+            else:
+                script, notes = llamafactory.prepare(factory[0], factory[1], Path(tmp), steps, repo_id, Path.cwd())
         if script is not None and (device == "cpu" or not nvidia_driver_present()):
             from gemma_doctor.rehearse.ranks import cpu_launch
 
             # An FSDP config launched on CPU ranks: what stops accelerate before the script on a CPU is replaced
             script, more = cpu_launch(script, Path(tmp))
             notes += more
-        result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
-                          steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
-                          device=device, accelerate_config=accelerate_config)
+        if result is None:
+            result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
+                              steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
+                              device=device, accelerate_config=accelerate_config)
     result.notes += notes
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_doctor.errors import UsageError
+from gemma_doctor.report import Finding, Severity
 
 COMMANDS = ("llamafactory-cli", "lmf")  # the console scripts LLaMA-Factory installs (`lmf` is its shortcut)
 ROWS = 8  # rows of data the rehearsal trains on: a few steps of a small batch
@@ -72,6 +73,13 @@ def command() -> list[str] | None:
     if importlib.util.find_spec("llamafactory") is not None:
         return [sys.executable, "-m", "llamafactory.cli"]
     return None
+
+
+def not_installed() -> Finding:
+    """GD950 for a `llamafactory-cli train` line where LLaMA-Factory is not installed: named, nothing rehearsed."""
+    return Finding("GD950", Severity.ERROR, f"not rehearsable: LLaMA-Factory is not installed in this environment "
+                   f"({sys.executable})", key="stack",
+                   fix="run the rehearsal in the environment that trains (nothing is installed for you)")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -179,8 +187,7 @@ def prepare(config: Path, overrides: list[str], folder: Path, steps: int, repo_i
     replaced). The copy and its data are written in ``folder``, which must outlive the run."""
     cli = command()
     if cli is None:
-        raise UsageError(f"--launch: LLaMA-Factory is not installed in this environment ({sys.executable}); "
-                         "rehearse where the run trains (nothing is installed for you)")
+        raise UsageError(f"--launch: LLaMA-Factory is not installed in this environment ({sys.executable})")
     copy, notes = copy_config(config, folder, steps, repo_id, cwd)
     return [*cli, "train", str(copy), *overrides], notes
 
