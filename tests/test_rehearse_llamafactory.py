@@ -123,6 +123,20 @@ def test_a_local_dataset_keeps_its_rows_and_a_hub_one_gets_rows_in_its_format(tm
     assert any(n.startswith("dataset hub (a hub dataset)") for n in notes), notes
 
 
+def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_traceback(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dataset_info.json").write_text(json.dumps({
+        "odd": {"file_name": "a\u0000b.json", "formatting": "sharegpt", "columns": ["messages"], "tags": {"x": [1]}}}))
+    (tmp_path / "cfg.yaml").write_text(LORA_SFT.replace("alpaca_en_demo", "odd").replace("max_samples: 1000",
+                                                                                          "max_samples: many"))
+    path, notes = llamafactory.copy_config(Path("cfg.yaml"), tmp_path / "out", 3, REPO, tmp_path)
+    info = json.loads((tmp_path / "out" / "llamafactory" / "dataset_info.json").read_text())
+    assert info["odd"]["formatting"] == "sharegpt" and "columns" not in info["odd"]
+    assert set(json.loads(Path(info["odd"]["file_name"]).read_text())[0]) == {"conversations"}
+    assert "max_samples: 8" in path.read_text()
+
+
 # -- LLaMA-Factory's own train on the twin ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def factory(tmp_path_factory) -> tuple[Path, dict[str, str]]:

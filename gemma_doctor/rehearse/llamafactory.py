@@ -108,6 +108,29 @@ def _names(value: Any) -> list[str]:
     return []
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name no file system can hold (a NUL, too long) names nothing."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _shape(entry: dict[str, Any]) -> dict[str, Any]:
+    """The format of a dataset_info.json entry (formatting, ranking, column and tag names), what is not a name
+    dropped, so that the synthetic rows and the copy's entry agree."""
+    shape: dict[str, Any] = {}
+    if entry.get("formatting") in ("alpaca", "sharegpt"):
+        shape["formatting"] = entry["formatting"]
+    for key in ("columns", "tags"):
+        names = entry.get(key)
+        if isinstance(names, dict) and any(isinstance(v, str) for v in names.values()):
+            shape[key] = {str(k): v for k, v in names.items() if isinstance(v, str)}
+    if entry.get("ranking") is True:
+        shape["ranking"] = True
+    return shape
+
+
 def _synthetic(entry: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """``n`` rows in the format a dataset_info.json entry names (alpaca columns, or sharegpt messages with its tags)."""
     columns = entry.get("columns") or {}
@@ -160,12 +183,12 @@ def _datasets(data: dict[str, Any], config_dir: Path, cwd: Path, out: Path, note
             entry = info.get(name) if isinstance(info.get(name), dict) else None
             file = entry.get("file_name") if entry else None
             if entry and isinstance(file, str) and not any(k in entry for k in _REMOTE) \
-                    and where is not None and (where / file).exists():
+                    and where is not None and _exists(where / file):
                 mine[name] = {**entry, "file_name": str((where / file).resolve())}
                 local = True
                 notes.append(f"dataset {name}: its first rows ({where / file}, max_samples {ROWS})")
                 continue
-            shape = {k: entry[k] for k in ("formatting", "columns", "tags", "ranking") if entry and k in entry}
+            shape = _shape(entry or {})
             rows_file = out / f"rehearsal-{len(mine)}.json"
             rows_file.write_text(json.dumps(_synthetic(shape, ROWS)), encoding="utf-8")
             mine[name] = {**shape, "file_name": str(rows_file)}
@@ -177,7 +200,7 @@ def _datasets(data: dict[str, Any], config_dir: Path, cwd: Path, out: Path, note
         return
     (out / "dataset_info.json").write_text(json.dumps(mine, indent=1), encoding="utf-8")
     data["dataset_dir"] = str(out)
-    if local or data.get("max_samples") is None or int(data.get("max_samples") or 0) > ROWS:
+    if local or not (isinstance(data.get("max_samples"), int) and 0 < data["max_samples"] <= ROWS):
         data["max_samples"] = ROWS
 
 
