@@ -135,6 +135,9 @@ def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_trace
     assert info["odd"]["formatting"] == "sharegpt" and "columns" not in info["odd"]
     assert set(json.loads(Path(info["odd"]["file_name"]).read_text())[0]) == {"conversations"}
     assert "max_samples: 8" in path.read_text()
+    (tmp_path / "long.yaml").write_text(LORA_SFT + f"dataset_dir: {'d' * 5000}\n")  # past any file name's length
+    path, notes = llamafactory.copy_config(Path("long.yaml"), tmp_path / "out2", 3, REPO, tmp_path)
+    assert any("(not in any dataset_info.json found)" in n for n in notes), notes
 
 
 # -- LLaMA-Factory's own train on the twin ----------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def _datasets(data: dict[str, Any], config_dir: Path, cwd: Path, out: Path, note
     """Point the copy's datasets at rows the rehearsal can read: a local file's first rows (``max_samples``), else
     synthetic rows in the format the user's dataset_info.json names; the copy's own dataset_info.json in ``out``."""
     named = str(data.get("dataset_dir") or "data")
-    where = next((d for d in (cwd / named, config_dir / named) if (d / "dataset_info.json").is_file()), None)
+    where = next((d for d in (cwd / named, config_dir / named) if _exists(d / "dataset_info.json")), None)
     info: dict[str, Any] = {}
     if where is not None:
         try:
