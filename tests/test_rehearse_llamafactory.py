@@ -140,6 +140,15 @@ def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_trace
     assert any("(not in any dataset_info.json found)" in n for n in notes), notes
 
 
+@pytest.mark.parametrize("name", ["missing.yaml", "d" * 5000 + ".yaml"])
+def test_a_config_that_cannot_be_read_is_one_line(tmp_path, cli, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", f"llamafactory-cli train {name}")
+    assert got.code == 2 and len(got.err.strip().splitlines()) == 1, got.err
+    with pytest.raises(UsageError, match="is not a file"):
+        llamafactory.copy_config(Path(name), tmp_path / "out", 3, REPO, tmp_path)
+
+
 # -- LLaMA-Factory's own train on the twin ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def factory(tmp_path_factory) -> tuple[Path, dict[str, str]]:

@@ -218,7 +218,7 @@ def prepare(config: Path, overrides: list[str], folder: Path, steps: int, repo_i
 def copy_config(config: Path, folder: Path, steps: int, repo_id: str | None, cwd: Path) -> tuple[Path, list[str]]:
     """(the rehearsal's copy of the user's LLaMA-Factory config, written in ``folder``, notes on what it replaced)."""
     path = (cwd / config).absolute()
-    if not path.is_file():
+    if not _exists(path) or not path.is_file():
         raise UsageError(f"--launch: the config {config} is not a file (looked in {cwd})")
     data = _read(path)
     notes: list[str] = []
