@@ -140,6 +140,18 @@ def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_trace
     assert any("(not in any dataset_info.json found)" in n for n in notes), notes
 
 
+def test_unchanged_parameters_are_not_judged_where_the_learning_rate_was_0_at_every_step():
+    """`--steps 1` with LLaMA-Factory's example (warmup_ratio 0.1, so the one step is warm-up at rate 0) left every
+    parameter of the 262k-vocabulary Gemma 3 twin unchanged: GD969 and GD970 on a healthy run, before."""
+    from gemma_doctor.rehearse.invariants import judge_train
+
+    record = {"losses": [12.56], "grad_norms": [2.293], "trainable": 84, "moved": 0,
+              "lora_b": {"count": 42, "moved": 0}}
+    assert [f.code for f in judge_train({**record, "learning_rates": [0.0]})] == []
+    assert [f.code for f in judge_train({**record, "learning_rates": [0.0, 1e-4]})] == ["GD969", "GD970"]
+    assert [f.code for f in judge_train(record)] == ["GD969", "GD970"]  # the driver records no rate
+
+
 @pytest.mark.parametrize("name", ["missing.yaml", "d" * 5000 + ".yaml"])
 def test_a_config_that_cannot_be_read_is_one_line(tmp_path, cli, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
@@ -204,4 +216,6 @@ def test_a_healthy_llamafactory_lora_sft_run_rehearses_clean(tmp_path, factory):
     setup, train = (next(s for s in doc["stages"] if s["stage"] == k) for k in ("setup", "train"))
     assert setup["trainer"] == "CustomSeq2SeqTrainer"  # LLaMA-Factory's own trainer, not the rehearsal's
     assert len(train["losses"]) == 3 and train["lora_b"]["moved"] > 0
+    # warmup_ratio 0.1 of 3 steps: the first step is warm-up at rate 0 (why `--steps 1` must not judge moving)
+    assert train["learning_rates"][0] == 0 and train["learning_rates"][-1] > 0, train["learning_rates"]
     assert any(n.startswith("dataset chat: its first rows") for n in doc["notes"]), doc["notes"]
