@@ -19,7 +19,9 @@ stage named by the report's `rehearsal.stage` in the corpus and is about the rep
 `rehearsal.codes`, and, when `rehearsal.shows` is given, its message holds that text (the report's own error). The
 catalogue's name for a crash (details.catalogue) is never looked at. *not caught* otherwise; *not here* (with why)
 when the report's failure lives in a serving engine, a GPU kernel, a trainer or converter the venvs do not hold, or a
-stack no venv provides. The expectation of each rehearsable report is written in the corpus before it is run.
+stack no venv provides. A LLaMA-Factory report (its config holds `template`, or its `--with` names llamafactory) runs
+through `llamafactory-cli train` in LLaMA-Factory's venv (tests/venvs.py ensure_llamafactory) when that stack provides
+its `--with`. The expectation of each rehearsable report is written in the corpus before it is run.
 
     python benchmarks/field_recall.py --rehearse [--only ID ...] [--rehearsal-docs docs/rehearsal.md]
 """
@@ -144,11 +146,22 @@ def stacks() -> list[tuple[str, tuple[str, ...] | None, dict[str, str]]]:
         return out
 
     found = [("pinned stack", None, locked(venvs.CONSTRAINTS))]
-    for label in ("LEGACY", "V4_PRE_LAYOUT", "V4_LATE", "V5_EARLY", "ACCEL_FSDP2_TIED"):
+    for label in ("LEGACY", "V4_PRE_LAYOUT", "V4_LATE", "V5_EARLY", "ACCEL_FSDP2_TIED", "LLAMAFACTORY_STACK"):
         packages = getattr(venvs, label)
         if venvs.lock_file(packages).exists():
-            found.append((label, packages, locked(venvs.lock_file(packages))))
+            versions = locked(venvs.lock_file(packages))
+            if label == "LLAMAFACTORY_STACK":  # LLaMA-Factory itself sits beside the stack (ensure_llamafactory)
+                for spec in venvs.LLAMAFACTORY_PACKAGES:
+                    name, version = spec.split("==")
+                    versions[_name(name)] = version
+            found.append((label, packages, versions))
     return found
+
+
+def llamafactory_report(report: dict) -> bool:
+    """A report of a LLaMA-Factory run: it names llamafactory, or its config holds LLaMA-Factory's `template` key."""
+    inputs = report["inputs"]
+    return "template" in inputs.get("training", {}) or any(_name(w) == "llamafactory" for w in inputs.get("with", []))
 
 
 def provides(versions: dict[str, str], specs: list[str]) -> bool:
@@ -185,9 +198,15 @@ def not_here(report: dict, found: list) -> str | None:
         return f"GPU kernel: {sorted(set(gpu))[0]} need a GPU"
     trainers = [TRAINERS[n] for n in names if n in TRAINERS] + (["axolotl"] if any(k in training for k in AXOLOTL_KEYS)
                                                                 else [])
+    if llamafactory_report(report):
+        # LLaMA-Factory's own train, through its CLI, in the venv of its stack (tests/venvs.py ensure_llamafactory)
+        if any(label == "LLAMAFACTORY_STACK" and provides(v, inputs.get("with", [])) for label, _, v in found):
+            return None
+        return "stack no venv here provides: " + ", ".join(inputs.get("with", [])) + " (LLaMA-Factory's venv: " \
+               "llamafactory 0.9.5, transformers 5.6.0)"
     if trainers:
         return f"trainer not in the stacks here: {trainers[0]}"
-    if not any(provides(v, inputs.get("with", [])) for _, _, v in found):
+    if not any(provides(v, inputs.get("with", [])) for label, _, v in found if label != "LLAMAFACTORY_STACK"):
         return "stack no venv here provides: " + ", ".join(inputs.get("with", []))
     return None
 
@@ -200,22 +219,40 @@ def rehearse_report(report: dict, tree: Path, found: list, work: Path, timeout: 
     plan = report.get("rehearsal")
     if not plan or not plan.get("stage") or not plan.get("codes"):
         raise SystemExit(f"{report['id']}: rehearsable here, but the corpus names no rehearsal.stage / codes for it")
-    label, packages, _ = next(f for f in found if provides(f[2], report["inputs"].get("with", [])))
+    factory = llamafactory_report(report)
+    label, packages, _ = next(f for f in found if provides(f[2], report["inputs"].get("with", []))
+                              and (f[0] == "LLAMAFACTORY_STACK") == factory)
     from tests import venvs
 
-    python = Path(sys.executable) if packages is None else venvs.ensure_venv(packages)
+    path = str(tree)
+    if factory:
+        python, folder = venvs.ensure_llamafactory()
+        path = os.pathsep.join((str(tree), str(folder)))
+    else:
+        python = Path(sys.executable) if packages is None else venvs.ensure_venv(packages)
     inputs = report["inputs"]
     model = work / "google--report-model"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(inputs["config"]))
     if "tokenizer_config" in inputs:
         (model / "tokenizer_config.json").write_text(json.dumps(inputs["tokenizer_config"]))
-    (work / "train.json").write_text(json.dumps(inputs.get("training", {})))
+    if factory:
+        import yaml
+
+        # The report's LLaMA-Factory keys as a YAML for `llamafactory-cli train` (a YAML: LLaMA-Factory 0.9.5 cannot
+        # read a JSON config, LlamaFactory#10316); what any such YAML must name and the report does not give (a
+        # training run, a dataset: synthetic rows in LLaMA-Factory's default format).
+        (work / "train.yaml").write_text(yaml.safe_dump({"do_train": True, "dataset": "report_rows",
+                                                         **inputs.get("training", {})}))
+        run = ["--launch", "llamafactory-cli train train.yaml"]
+    else:
+        (work / "train.json").write_text(json.dumps(inputs.get("training", {})))
+        run = ["--training-config", str(work / "train.json")]
     started = time.monotonic()
-    proc = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model), "--training-config",
-                           str(work / "train.json"), "--format", "json", "--timeout", f"{timeout:g}"],
+    proc = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model), *run, "--format", "json",
+                           "--timeout", f"{timeout:g}"],
                           capture_output=True, text=True, cwd=work, timeout=3 * timeout + 600,
-                          env=venvs.subprocess_env(PYTHONPATH=str(tree)))
+                          env=venvs.subprocess_env(PYTHONPATH=path))
     seconds = round(time.monotonic() - started, 1)
     try:
         doc = json.loads(proc.stdout)["rehearsals"][0]

@@ -221,6 +221,29 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# LLaMA-Factory 0.9.5's own window (its metadata: transformers>=4.55,<=5.6.0, trl<=0.24, peft<=0.18.1,
+# datasets<=4.0.0, accelerate<=1.11.0), newest inside it, for rehearsing `llamafactory-cli train` (issue 34). Its
+# other requirements (gradio, modelscope, av, ...) serve the web UI, the API and media: LLaMA-Factory itself goes in
+# with no dependencies (LLAMAFACTORY_PACKAGES) beside this stack and omegaconf, what its train path imports.
+LLAMAFACTORY_STACK = ("transformers==5.6.0", "trl==0.24.0", "peft==0.18.1", "datasets==4.0.0", "accelerate==1.11.0",
+                      "omegaconf==2.3.0")
+# torchaudio: LLaMA-Factory's data/mm_plugin.py imports it at the top (its train path calls it only for audio rows). No
+# torchaudio is built for torch 2.13 (PyPI's newest, 2.11.1, is built for torch 2.11.1), so its Python package goes in
+# without its compiled extension, which torchaudio supports (its _extension/utils.py: "False if the library file is not
+# found"); torch 2.13 cannot load the 2.11.1 libraries.
+LLAMAFACTORY_PACKAGES = ("llamafactory==0.9.5", "torchaudio==2.11.1")
+
+
+def ensure_llamafactory() -> tuple[Path, Path]:
+    """(the python of LLaMA-Factory's stack venv, the folder holding LLaMA-Factory and torchaudio for its PYTHONPATH),
+    built once and cached; LLaMA-Factory runs as ``python -m llamafactory.cli`` there."""
+    python = ensure_venv(LLAMAFACTORY_STACK)
+    packages = ensure_packages(LLAMAFACTORY_PACKAGES)
+    for library in (packages / "torchaudio" / "lib").glob("*.so"):
+        library.unlink(missing_ok=True)  # idempotent: the folder is shared by every run of the cache
+    return python, packages
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--lock"]:
         sys.exit("usage: python -m tests.venvs --lock   (writes tests/venv-locks/ from the venvs already built)")

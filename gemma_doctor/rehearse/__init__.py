@@ -58,25 +58,45 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
     if accelerate_config is not None and (real_weights or (launch is not None and trl_launch(launch) is None)):
         raise UsageError("--accelerate-config rehearses the training config on 2 CPU ranks: not with --real-weights "
                          "or a launched script (`accelerate launch --config_file` names it there)")
-    trainer = script = None
+    trainer = script = factory = None
     if launch is not None:
+        from gemma_doctor.rehearse import llamafactory
+
         found = trl_launch(launch)
+        factory = llamafactory.config_of(launch)
         if found is not None:
             training_config, trainer = found
+        elif factory is not None:
+            # LLaMA-Factory's own CLI on the twin; its YAML is also what the rehearsal reads (the repo id, LoRA, the
+            # GPU-only parts), as check reads it.
+            training_config = factory[0]
         else:
             from gemma_doctor.rehearse.launch import argv_of
 
             script = argv_of(launch, Path.cwd())[0]
     with tempfile.TemporaryDirectory(prefix="gemma-doctor-launch-") as tmp:
         notes: list[str] = []
+        result = None
+        if factory is not None:
+            from gemma_doctor.rehearse.runner import Rehearsal, plan_for
+
+            _, found_first, _, repo_id = plan_for(target, cache_dir, revision, training_config, steps, "script",
+                                                  device)
+            if llamafactory.command() is None:
+                # Named like any library the run needs and this interpreter lacks (GD950), not silently skipped.
+                result = Rehearsal(target, repo_id, "script", findings=[*found_first, llamafactory.not_installed()])
+            else:
+                script, notes = llamafactory.prepare(factory[0], factory[1], Path(tmp), steps, repo_id, Path.cwd())
         if script is not None and (device == "cpu" or not nvidia_driver_present()):
             from gemma_doctor.rehearse.ranks import cpu_launch
 
             # An FSDP config launched on CPU ranks: what stops accelerate before the script on a CPU is replaced
-            script, notes = cpu_launch(script, Path(tmp))
-        result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
-                          steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
-                          device=device, accelerate_config=accelerate_config)
+            script, more = cpu_launch(script, Path(tmp))
+            notes += more
+        if result is None:
+            result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
+                              steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
+                              device=device, accelerate_config=accelerate_config)
     result.notes += notes
     out(view.render_json([result]) if fmt == "json" else view.render_text(result))
     if result.failed:

@@ -176,6 +176,11 @@ def judge_train(record: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding("GD968", Severity.ERROR, f"the gradient norm is 0 at every step ({len(norms)} steps): "
                            "no parameter receives a gradient", key="train",
                            fix="check the labels (GD971), frozen parameters and the LoRA targets", details=figures))
+    # A learning rate of 0 at every rehearsed step (a warm-up from 0 over them, recorded by the launch probe) moves
+    # nothing in any correct stack: unchanged parameters say nothing then, and the record's note says so.
+    rates = record.get("learning_rates") or []
+    if rates and all(r == 0 for r in rates):
+        return out
     trainable, moved = record.get("trainable", 0), record.get("moved", 0)
     if trainable and moved == 0:
         out.append(Finding("GD969", Severity.ERROR, f"none of the {trainable} trainable tensors changed after "

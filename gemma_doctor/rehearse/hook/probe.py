@@ -289,6 +289,7 @@ def _probe_callback(module: Any) -> type:
             self.trainer = trainer
             self.before: dict[str, Any] = {}
             self.norms: list[float] = []
+            self.rates: list[float] = []
             self.logged: list[dict[str, Any]] = []
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -299,6 +300,10 @@ def _probe_callback(module: Any) -> type:
             sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in self.trainer.model.parameters()
                      if p.requires_grad and p.grad is not None)
             self.norms.append(math.sqrt(sq) if math.isfinite(sq) else sq)
+            # The rate this step applies (the logged learning_rate is the next step's): a warm-up can make it 0 at
+            # every rehearsed step, and then nothing can move.
+            groups = getattr(self.trainer.optimizer, "param_groups", None) or []
+            self.rates.append(max((float(g.get("lr", 0.0)) for g in groups), default=float("nan")))
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
@@ -314,7 +319,12 @@ def _probe_callback(module: Any) -> type:
                         lora_b[n] = (float(self.before[n].float().norm()), float(p.detach().float().norm()))
             # The trainer's logged norm (before clipping) where it logs one, else the probe's.
             norms = [float(x["grad_norm"]) for x in self.logged if x.get("grad_norm") is not None] or self.norms
+            idle = bool(self.rates) and all(r == 0 for r in self.rates)
+            notes = [f"the learning rate was 0 at each of the {len(self.rates)} rehearsed step(s) (a warm-up from 0 "
+                     "covers them): whether the parameters move is not judged; rehearse more steps (--steps)"
+                     ] if idle else []
             STATE.write("train", "ok", losses=[x["loss"] for x in self.logged], grad_norms=norms,
+                        learning_rates=self.rates, notes=notes,
                         trainable=len(self.before), moved=len(moved), unchanged=still[:10],
                         unchanged_count=len(still),
                         lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
