@@ -77,6 +77,21 @@ def test_a_healthy_lora_sft_run_rehearses_every_stage_without_a_finding(tmp_path
     assert doc["trainer"] == "trl-sft" and doc["stack"]["trl"]
     train = next(s for s in doc["stages"] if s["stage"] == "train")
     assert len(train["losses"]) == 3 and train["moved"] > 0
+    assert len(train["learning_rates"]) == 3 and all(r > 0 for r in train["learning_rates"])
+
+
+@pytest.mark.slow
+def test_a_warm_up_from_zero_over_every_rehearsed_step_is_a_note_not_a_false_alarm(tmp_path, cli):
+    """`--steps 1` of a run whose warm-up starts at 0 (warmup_steps 5): its one step applies a learning rate of 0, so
+    nothing moves in any correct stack. Before, GD969 and GD970 called that healthy run broken; the driver now records
+    the rate each step applies and the judgement leaves unchanged parameters unjudged, with a note."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(LORA_SFT + "warmup_steps: 5\n")
+    got, doc = rehearse(cli, model_folder(tmp_path, "gemma3_text"), "--training-config", config, "--steps", "1")
+    train = next(s for s in doc["stages"] if s["stage"] == "train")
+    assert train["learning_rates"] == [0.0] and train["moved"] == 0
+    assert doc["findings"] == [] and got.code == 0, doc["findings"]
+    assert any("learning rate was 0" in n for n in doc["notes"])
 
 
 @pytest.mark.slow

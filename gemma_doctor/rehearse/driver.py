@@ -277,13 +277,17 @@ class Run:
 
         before = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
         steps: list[dict[str, Any]] = []
-        model = self.model
+        model, trainer = self.model, self.trainer
 
         class Probe(transformers.TrainerCallback):
             def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in model.parameters()
                          if p.requires_grad and p.grad is not None)
-                steps.append({"grad_norm": math.sqrt(sq) if math.isfinite(sq) else sq})
+                # The rate this step applies (the logged learning_rate is the next step's): a warm-up from 0 can
+                # cover every rehearsed step (`--steps 1`), and then nothing can move (invariants.judge_train).
+                groups = getattr(trainer.optimizer, "param_groups", None) or []
+                steps.append({"grad_norm": math.sqrt(sq) if math.isfinite(sq) else sq,
+                              "rate": max((float(g.get("lr", 0.0)) for g in groups), default=float("nan"))})
 
             def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
                 if logs and "loss" in logs:
@@ -303,7 +307,11 @@ class Run:
                 (moved if delta > 0 else still).append(n)
                 if "lora_B" in n:
                     lora_b[n] = (float(before[n].float().norm()), float(p.detach().float().norm()))
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"learning_rates": [s["rate"] for s in steps if "rate" in s]}
+        if extra["learning_rates"] and all(r == 0 for r in extra["learning_rates"]):
+            extra["notes"] = [f"the learning rate was 0 at each of the {len(extra['learning_rates'])} rehearsed "
+                              "step(s) (a warm-up from 0 covers them): whether the parameters move is not judged; "
+                              "rehearse more steps (--steps)"]
         # A GRPO batch is prompts, not collated rows: the diagnosis steps an SFT run's own batches only.
         if any(not math.isfinite(x) for x in [*losses, *norms]) and self.plan["trainer"] not in ONLINE_LOOPS:
             # Where it comes from and which cure removes it, on a fresh twin (gemma_doctor/rehearse/nonfinite.py).
