@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
+from gemma_doctor import run as run_mod
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
@@ -207,13 +208,27 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions,
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
     extra["source"] = source.kind
     extra["remote"] = remote_block(facts, env) if source.kind == "hub" else None
+    run = check_run(facts, env)
     if facts.memory is not None:
         extra["memory"] = facts.memory.to_json()
+    if run is not None:
+        extra["run"] = run.to_json()
     if facts.decision is not None:
         extra.update(facts.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
-                       commit=snap.commit, family=family, findings=findings, extra=extra)
+                       commit=snap.commit, family=family, findings=findings, extra=extra, run=run,
+                       precision=facts.recommendation.head if facts.recommendation is not None else None)
+
+
+def check_run(facts: ModelFacts, env: Environment) -> run_mod.Run | None:
+    """check's own run as one Run: the memory plan check made of it (whose settings the options, the training config,
+    the launch line and the search filled in, each with its source), the GPU it was judged against, the stack, and
+    the trainer the readers decided. None where nothing was planned (not a Gemma, no shape, no precision)."""
+    if facts.memory is None:
+        return None
+    return run_mod.resolve(facts.memory.plan, model=facts.family.model_type, stack=env.libraries,
+                           trainer=run_mod.trainer_of(env.training_config))
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:

@@ -15,7 +15,9 @@ give it). For each:
 (c) the prescription passes `check --fail-on warning` with the same model, GPU and stack plus the pins it names (after
     the `first:` step it names, `gemma-doctor fix ... --inplace`, run on a copy of the model), with transformers named
     or not, and check plans the very run (memory figure and trainable parameters);
-(d) the prescription does not depend on the runs the process judged before.
+(d) the prescription does not depend on the runs the process judged before;
+(e) that check states, in its text and its JSON, the batch, accumulation, precision, checkpointing, attention, trainer
+    and memory of its own Run (the model's `run` block).
 
 Everything runs in this process (benchmarks/prescription_grid.in_process); Hypothesis in the derandomised CI profile
 (tests/conftest.py), so CI sees the same examples on every run. Each `@example` is a counterexample the properties
@@ -317,6 +319,40 @@ def check_prescription(world: World, case: Case, m: dict[str, Any], workdir: Pat
     assert code == 0 and not flagged, (code, flagged, p["fix_first"], gpu)
     assert checked["memory"]["summary"] == p["memory"]
     assert checked["memory"]["trainable_params"] == m["memory"]["trainable_params"]
+    code, text, err = world.run("check", *target, *stack, *pins, "--task", task, "--training-config", str(path),
+                                "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    assert_check_states_its_run(json.loads(out), text)
+
+
+def assert_check_states_its_run(doc: dict[str, Any], text: str) -> None:
+    """check of one run states, in its text and in its JSON, the batch, accumulation, precision, checkpointing,
+    attention, trainer and memory of its own Run (the model's `run` block)."""
+    checked = doc["models"][0]
+    run, mem, rec = checked["run"], checked["memory"], checked["recommendation"]
+    value = {k: run[k]["value"] for k in ("batch", "gradient_accumulation_steps", "precision", "gradient_checkpointing",
+                                          "attention", "method", "trainer")}
+    # The JSON: the memory block, the precision decision and the training config's trainer are that Run's.
+    assert (mem["run"]["batch_size"], mem["run"]["gradient_accumulation_steps"], mem["run"]["precision"],
+            mem["run"]["gradient_checkpointing"], mem["run"]["attention"], mem["method"]) == (
+        value["batch"], value["gradient_accumulation_steps"], value["precision"], value["gradient_checkpointing"],
+        value["attention"], value["method"]), (mem["run"], run)
+    assert rec["precision"] == value["precision"] and mem["summary"] == run["memory"]
+    assert doc["environment"]["training_config"]["trainer"] == run["trainer"]
+    # The text: the precision line, the trainer line (the training config decided it), the attention line where the
+    # attention is not transformers' default, and the memory line.
+    lines = [line.strip() for line in text.splitlines()]
+    head = next(line for line in lines if line.startswith("precision "))
+    assert head.split()[1] == value["precision"] + ":", head
+    acc = value["gradient_accumulation_steps"]
+    assert head.endswith(f"batch {value['batch']}" + (f" x{acc} accumulation" if acc > 1 else "")
+                         + (", gradient checkpointing" if value["gradient_checkpointing"] else "")), head
+    assert METHOD_WORDS[value["method"]] in head, head
+    assert f"trainer {value['trainer']}: {run['trainer']['source']}" in lines, lines
+    said = [line for line in lines if line.startswith("attention ")]
+    assert said == ([] if run["attention"]["source"] == "default" else
+                    [f"attention {value['attention']}: {run['attention']['source']}"]), (said, run["attention"])
+    assert f"memory {run['memory']}" in lines
 
 
 # A way-out line names one change to the command: the option it adds (or the GPU it swaps in).

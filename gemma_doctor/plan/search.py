@@ -27,7 +27,7 @@ from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.run import Run, Sourced
+from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced
 from gemma_doctor.run import resolve as resolve_run
 from gemma_doctor.trainers import Trainer
 
@@ -496,7 +496,7 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Ru
     on the stack it was judged with (pins included)."""
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
     return resolve_run(mem.plan, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, "prescription (the YAML recommend --format yaml prints)"))
+                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
