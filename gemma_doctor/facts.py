@@ -75,8 +75,6 @@ class ModelFacts:
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
     tokenizer: TokenizerFacts | None = None
-    # The prescription (gemma_doctor.plan.search.Decision): a run that passes check, or none and the way out.
-    decision: Any = field(default=None, compare=False)
     # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
     kind: Kind = Kind.MODEL
     adapter: AdapterFacts | None = None
