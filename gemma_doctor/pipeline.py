@@ -39,7 +39,7 @@ R = TypeVar("R")
 
 
 @dataclasses.dataclass(frozen=True)
-class Judged:
+class Judgement:
     """One model as the engine hands it on: its facts, the prescription beside them (plan.search.Decision: the facts
     sit below the plan, so they never hold it) and check's findings."""
 
@@ -60,7 +60,7 @@ def environment(options: CheckOptions) -> Environment:
     return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc), training_config=tc)
 
 
-def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judged:
+def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
     """Fill in a Gemma model's facts, in order: dtype census (headers only) and tokenizer_config.json, weights scan
     (--weights), recommendation."""
     return decide(read_more(facts, options), options, env)
@@ -85,10 +85,10 @@ def read_more(facts: ModelFacts, options: CheckOptions) -> ModelFacts:
     return facts
 
 
-def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judged:
+def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
     """A read Gemma model's recommendation, memory plan and prescription (facts only: no file is read)."""
     if not facts.family.is_gemma:
-        return Judged(facts)
+        return Judgement(facts)
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
@@ -97,7 +97,7 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judged
     return with_decision(facts, options, env, gpu, shape)
 
 
-def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judged:
+def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judgement:
     """A model read (read_more), decided and judged by check's rules: its facts, its decision and its findings. With
     ``remembered`` (the memo of a scan of several models, made with ``env`` and ``options``), the decision and the
     findings are shared across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
@@ -111,20 +111,20 @@ def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembere
         facts, (decision, findings) = judge(facts)
     else:
         facts, (decision, findings) = remembered.judged(facts, judge)
-    return named(Judged(facts, decision, findings))
+    return named(Judgement(facts, decision, findings))
 
 
-def named(judged: Judged) -> Judged:
+def named(judgement: Judgement) -> Judgement:
     """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
     report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
     engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
-    facts = judged.facts
+    facts = judgement.facts
     snap = facts.snapshot
     naming = Naming(snap.target, functools.partial(locate.command_args, snap),
                     functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap))
-    findings = tuple(naming.finding(f) for f in judged.findings)
+    findings = tuple(naming.finding(f) for f in judgement.findings)
     changes: dict[str, Any] = {}
-    d = decision = judged.decision
+    d = decision = judgement.decision
     if d is not None:
         d2 = dataclasses.replace(
             d, findings=tuple(naming.finding(f) for f in d.findings),
@@ -142,7 +142,7 @@ def named(judged: Judged) -> Judged:
         rec2 = _named_recommendation(rec, naming)
         if rec2 is not rec:
             changes["recommendation"] = rec2
-    return Judged(facts.with_(**changes) if changes else facts, decision, findings)
+    return Judgement(facts.with_(**changes) if changes else facts, decision, findings)
 
 
 def _quoted(text: str) -> str:
@@ -158,7 +158,7 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) 
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
-                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> Judged:
+                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> Judgement:
     """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out); the
     recommendation shown becomes the prescription's."""
     from gemma_doctor.plan import search
@@ -170,13 +170,13 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
-        return Judged(facts.with_(recommendation=decision.recommendation, memory=decision.memory), decision)
+        return Judgement(facts.with_(recommendation=decision.recommendation, memory=decision.memory), decision)
     if mem is not None and (mem.fixed or env.training_config is not None):
         # The user's own run: the precision line states the run the memory line plans (the prescription is its own
         # block), never the prescription's batch beside the user's memory figure.
-        return Judged(facts, decision)
+        return Judgement(facts, decision)
     rec = decision.recommendation if decision.ok else facts.recommendation
-    return Judged(facts.with_(recommendation=rec), decision)
+    return Judgement(facts.with_(recommendation=rec), decision)
 
 
 def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -200,9 +200,9 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     return facts.with_(memory=mem, recommendation=rec)
 
 
-def model_report(judged: Judged, env: Environment) -> ModelReport:
+def model_report(judgement: Judgement, env: Environment) -> ModelReport:
     """Findings and JSON blocks of one judged (and named) model."""
-    facts, findings = judged.facts, judged.findings
+    facts, findings = judgement.facts, judgement.findings
     extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
     if facts.adapter is not None:
@@ -224,8 +224,8 @@ def model_report(judged: Judged, env: Environment) -> ModelReport:
         extra["memory"] = facts.memory.to_json()
     if run is not None:
         extra["run"] = run.to_json()
-    if judged.decision is not None:
-        extra.update(judged.decision.to_json())
+    if judgement.decision is not None:
+        extra.update(judgement.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
                        commit=snap.commit, family=family, findings=findings, extra=extra, run=run,
@@ -535,9 +535,9 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
     return gpu, items, skipped + unplanned
 
 
-def _item(judged: Judged, target: str, planned: bool, model_id: str) -> advice.Item:
+def _item(judgement: Judgement, target: str, planned: bool, model_id: str) -> advice.Item:
     """One entry of `recommend`: the model and its decision (the prescription, or the nearest run and the way out)."""
-    facts, d = judged.facts, judged.decision
+    facts, d = judgement.facts, judgement.decision
     assert d is not None  # recommend plans Gemma models only: each has its decision
     s = facts.snapshot
     rec = d.recommendation if d.ok else d.nearest

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 NEVER: tuple[tuple[str, str], ...] = (("fixes", "rules"), ("fixes", "plan"))
 # Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): ModelFacts
 # carries check's Recommendation and MemoryFacts, which the rules read, and CheckOptions the memory plan's request.
-# The prescription is not among them: it travels beside the facts (pipeline.Judged).
+# The prescription is not among them: it travels beside the facts (pipeline.Judgement).
 ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset({("facts", "plan")})
 
 
