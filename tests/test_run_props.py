@@ -510,3 +510,18 @@ def test_check_without_a_prescription_states_its_run_in_the_precision_line(world
     code, text, err = world.run("check", *args, "--fail-on", "never")
     assert code == 0, err[-2000:]
     assert_check_states_its_run(doc, text)
+
+
+def test_check_of_a_launch_line_states_its_trainer_and_attention(world):
+    """A launch line names the trainer (`trl sft`) and the attention (`--attn_implementation eager`): the text view said
+    neither (the JSON's environment block alone had the trainer); both now come with their sources, from check's Run."""
+    args = (G3, "--cache-dir", str(world.examples), "--gpu", "A100", "--launch",
+            "trl sft --per_device_train_batch_size 2 --attn_implementation eager")
+    code, out, err = world.run("check", *args, "--format", "json", "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    doc = json.loads(out)
+    run = doc["models"][0]["run"]
+    assert (run["trainer"]["value"], run["attention"]["value"], run["batch"]["value"]) == ("trl-sft", "eager", 2)
+    code, text, err = world.run("check", *args, "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    assert_check_states_its_run(doc, text)
