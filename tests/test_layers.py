@@ -27,8 +27,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # or the decision (issue 32).
 NEVER: tuple[tuple[str, str], ...] = (("fixes", "rules"), ("fixes", "plan"))
 # Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): ModelFacts
-# carries check's Recommendation and MemoryFacts, which the rules read, and CheckOptions the memory plan's request.
-# The prescription is not among them: it travels beside the facts (pipeline.Judgement).
+# carries check's Recommendation and MemoryFacts, which the rules read. The prescription is not among them (it travels
+# beside the facts, pipeline.Judgement), nor the options' memory request (facts.MemoryRequest).
 ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset({("facts", "plan")})
 
 
