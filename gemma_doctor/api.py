@@ -363,4 +363,4 @@ def prescription_for(model: Any, gpu: str | None = None, task: str | None = None
 
         gpu_facts = gpu_reader.for_options(options)
     shape = runplan.shape_for(facts.config.data, None)
-    return pipeline.named(pipeline.with_decision(facts, options, env, gpu_facts, shape))[0].decision
+    return pipeline.named(pipeline.with_decision(facts, options, env, gpu_facts, shape)).decision

@@ -104,7 +104,7 @@ def _memory_request(method: Optional[str], batch_size: Optional[int], seq_len: O
                     gradient_checkpointing: Optional[bool], gpu_memory: Optional[str], num_gpus: Optional[int],
                     size: Optional[str] = None):  # noqa: ANN202 - a runplan.MemoryRequest
     from gemma_doctor.gpus import parse_memory
-    from gemma_doctor.plan.runplan import MemoryRequest
+    from gemma_doctor.facts import MemoryRequest
 
     return MemoryRequest(method=method.lower() if method else None, batch_size=batch_size, seq_len=seq_len,
                          gradient_checkpointing=gradient_checkpointing,

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class Site(str, enum.Enum):
@@ -42,6 +45,9 @@ class Code:
     unreadable: bool = False  # the model (or its repo) could not be read: nothing else about it was judged
     memory: bool = False  # a verdict of the memory plan: memory changes answer it (a larger GPU, a shorter sequence)
     outside_scope: bool = False  # the model is not one gemma-doctor judges (not a Gemma): reported, nothing else said
+    # Its findings name the transformers window (or minimum) they need: where the stack does not say which transformers
+    # will run, a version pin in the prescription resolves them (plan/search._pin; "transformers>=5.6.0" for GD105).
+    pins: bool = False
 
     @property
     def blocks_prescription(self) -> bool:
@@ -71,11 +77,11 @@ _CODES = [
     Code("GD102", "generation-use-cache", "generation_config.json lacks \"use_cache\": false", cure=Cure.FIX),
     Code("GD103", "transformers-hybridcache-bug", "installed transformers 4.50.0-4.50.3 crashes bf16/fp16 evaluation of this model", site=Site.NONE),
     Code("GD104", "top-level-use-cache-only", "use_cache is false at the top level only, which the text model does not read", cure=Cure.FIX),
-    Code("GD105", "token-type-ids-required", "multimodal Gemma 3 / PaliGemma: text-only training raises 'token_type_ids is required' on transformers 5.0-5.5 (PaliGemma: 5.0-5.8)"),
-    Code("GD106", "mm-token-type-ids-required", "Gemma 4 with vision-bidirectional attention: text-only training raises 'mm_token_type_ids is required' on transformers 5.5.x"),
-    Code("GD107", "kv-sharing-without-cache", "Gemma 4 KV sharing is skipped without a cache on transformers 5.5.0-5.5.1: wrong loss with use_cache=False", site=Site.RUN),
-    Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type"),
-    Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x"),
+    Code("GD105", "token-type-ids-required", "multimodal Gemma 3 / PaliGemma: text-only training raises 'token_type_ids is required' on transformers 5.0-5.5 (PaliGemma: 5.0-5.8)", pins=True),
+    Code("GD106", "mm-token-type-ids-required", "Gemma 4 with vision-bidirectional attention: text-only training raises 'mm_token_type_ids is required' on transformers 5.5.x", pins=True),
+    Code("GD107", "kv-sharing-without-cache", "Gemma 4 KV sharing is skipped without a cache on transformers 5.5.0-5.5.1: wrong loss with use_cache=False", site=Site.RUN, pins=True),
+    Code("GD108", "model-type-unknown-to-transformers", "the transformers that will run is older than the first release that knows this model_type", pins=True),
+    Code("GD109", "rope-parameters-unread", "RoPE scaling saved by transformers 5.x as rope_parameters is silently ignored by transformers 4.x", pins=True),
     Code("GD110", "gemma3n-needs-timm", "Gemma 3n's vision tower needs timm and Pillow, which are not installed"),
     # GD12x: the knowledge horizon
     Code("GD120", "newer-than-verified", "a library that will run is newer than the newest release the findings were verified on", site=Site.NONE),
@@ -259,4 +265,27 @@ _CODES = [
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}
+
+
+def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: bool = False) -> Callable[[F], F]:
+    """Declare, on a rule, the codes its findings have (``more``: those it reads from data, asked for only when wanted)
+    and whether it is one of the costly rules (the search tries a candidate with the cheap ones first). What a rule
+    emits is then data the search reads (which rules can give a finding a pin resolves), never a list of rule names;
+    tests/test_codes_data.py holds every rule's declaration to the codes in its module."""
+
+    def declare(rule: F) -> F:
+        def declared() -> frozenset[str]:
+            return frozenset(codes) | (frozenset(more()) if more is not None else frozenset())
+
+        rule.codes = declared  # type: ignore[attr-defined]
+        rule.costly = costly  # type: ignore[attr-defined]
+        return rule
+
+    return declare
+
+
+def codes_of(rule: Callable[..., object]) -> frozenset[str]:
+    """The codes a rule declared (emits); none for a function that is no declared rule."""
+    declared = getattr(rule, "codes", None)
+    return declared() if callable(declared) else frozenset()
 

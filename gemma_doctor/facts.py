@@ -16,6 +16,8 @@ from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
 from gemma_doctor import frozen, horizon
+from gemma_doctor.errors import UsageError
+from gemma_doctor.run import Method
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
@@ -26,8 +28,26 @@ if TYPE_CHECKING:  # annotations only: the readers import this module
     from gemma_doctor.readers.training_config import TrainingConfig
     from gemma_doctor.readers.weights import WeightsScan
     from gemma_doctor.plan.recommend import Recommendation
-    from gemma_doctor.plan.runplan import MemoryFacts, MemoryRequest
+    from gemma_doctor.plan.runplan import MemoryFacts
     from gemma_doctor.source import ModelSource
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    """What the command line asks of the memory plan (None = not said): part of the options, read by plan/runplan.py."""
+
+    method: str | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    gradient_checkpointing: bool | None = None
+    gpu_memory: int | None = None  # bytes, --gpu-memory
+    num_gpus: int | None = None
+    size: str | None = None  # --size for a --family plan
+
+    def __post_init__(self) -> None:
+        methods = tuple(m.value for m in Method)
+        if self.method is not None and self.method not in methods:
+            raise UsageError(f"--method {self.method!r} is not known; use one of: {', '.join(methods)}")
 
 
 @dataclass(frozen=True)
@@ -75,8 +95,6 @@ class ModelFacts:
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
     tokenizer: TokenizerFacts | None = None
-    # The prescription (gemma_doctor.plan.search.Decision): a run that passes check, or none and the way out.
-    decision: Any = field(default=None, compare=False)
     # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
     kind: Kind = Kind.MODEL
     adapter: AdapterFacts | None = None

@@ -144,7 +144,8 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
 def _row(facts: Any, options: CheckOptions, env: Any, remembered: Memo | None) -> Row:
     """One snapshot's row: check's findings (pipeline.model_report's own, without the JSON blocks a row does not
     show) and fix's plan."""
-    facts, findings = pipeline.judged(facts, options, env, remembered)
+    j = pipeline.judged(facts, options, env, remembered)
+    facts, findings = j.facts, j.findings
     counts = {"error": 0, "warning": 0, "info": 0}
     for f in findings:
         counts[f.severity.value] += 1

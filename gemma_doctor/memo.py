@@ -497,7 +497,8 @@ class Memo:
         return self._outside
 
     def judged(self, facts: T, judge: Callable[[T], tuple[T, Any]]) -> tuple[T, Any]:
-        """``judge(facts)`` -> (facts judged, findings), remembered across models whose canonical facts are equal."""
+        """``judge(facts)`` -> (facts judged, what else the judgement gives: the decision and check's findings),
+        remembered across models whose canonical facts are equal."""
         r = renaming_for(facts, self.tensors) if self.on else None
         if r is None or not self.outside_clean():
             return judge(facts)
@@ -519,14 +520,14 @@ class Memo:
                 hit = self.entries[key]
                 if hit is None:
                     hit = self.entries[key] = (canon, judge(canon), set())
-                judged_canon, (out_canon, findings), clean = hit
+                judged_canon, (out_canon, beside), clean = hit
                 # The fields the judgement filled in are renamed back; the others are the model's own objects.
                 changed = {}
                 for name in _fields(type(out_canon)):
                     x = getattr(out_canon, name)
                     if x is not getattr(judged_canon, name):
                         changed[name] = r.back(x, clean)
-                return facts.with_(**changed), r.back(findings, clean)
+                return facts.with_(**changed), r.back(beside, clean)
         except Unmemoisable:
             pass
         return judge(facts)

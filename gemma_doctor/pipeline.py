@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from gemma_doctor import adapters, fsafe, locate, parallel, rules
+from gemma_doctor import run as run_mod
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
 from gemma_doctor import stack as stack_mod
@@ -28,12 +29,23 @@ from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import Finding, ModelReport, Naming, Report
 from gemma_doctor.source import ModelSource
 
-if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it)
+if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it); the search by a Gemma's decision
     from gemma_doctor.memo import Memo
+    from gemma_doctor.plan.search import Decision
 
 # A snapshot and where its files are read from (the cache or a folder through LocalSource, or the Hub).
 Located = tuple[Snapshot, ModelSource]
 R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """One model as the engine hands it on: its facts, the prescription beside them (plan.search.Decision: the facts
+    sit below the plan, so they never hold it) and check's findings."""
+
+    facts: ModelFacts
+    decision: Decision | None = None
+    findings: tuple[Finding, ...] = ()
 
 
 def environment(options: CheckOptions) -> Environment:
@@ -48,7 +60,7 @@ def environment(options: CheckOptions) -> Environment:
     return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc), training_config=tc)
 
 
-def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
+def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
     """Fill in a Gemma model's facts, in order: dtype census (headers only) and tokenizer_config.json, weights scan
     (--weights), recommendation."""
     return decide(read_more(facts, options), options, env)
@@ -73,10 +85,10 @@ def read_more(facts: ModelFacts, options: CheckOptions) -> ModelFacts:
     return facts
 
 
-def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelFacts:
+def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
     """A read Gemma model's recommendation, memory plan and prescription (facts only: no file is read)."""
     if not facts.family.is_gemma:
-        return facts
+        return Judgement(facts)
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
@@ -85,32 +97,34 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> ModelF
     return with_decision(facts, options, env, gpu, shape)
 
 
-def judged(facts: ModelFacts, options: CheckOptions, env: Environment,
-           remembered: Memo | None = None) -> tuple[ModelFacts, tuple[Finding, ...]]:
-    """A model read (read_more), decided and judged by check's rules: (its facts, its findings). With ``remembered`` (the
-    memo of a scan of several models, made with ``env`` and ``options``), the decision and the findings are shared
-    across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
+def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judgement:
+    """A model read (read_more), decided and judged by check's rules: its facts, its decision and its findings. With
+    ``remembered`` (the memo of a scan of several models, made with ``env`` and ``options``), the decision and the
+    findings are shared across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
 
-    def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Finding, ...]]:
-        f = decide(f, options, env)
-        return f, rules.run(f, env, options)
+    def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Decision | None, tuple[Finding, ...]]]:
+        j = decide(f, options, env)
+        return j.facts, (j.decision, tuple(rules.run(j.facts, env, options)))
 
     facts = read_more(facts, options)
     if remembered is None or not facts.family.is_gemma:
-        return named(*judge(facts))
-    return named(*remembered.judged(facts, judge))
+        facts, (decision, findings) = judge(facts)
+    else:
+        facts, (decision, findings) = remembered.judged(facts, judge)
+    return named(Judgement(facts, decision, findings))
 
 
-def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelFacts, tuple[Finding, ...]]:
+def named(judgement: Judgement) -> Judgement:
     """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
     report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
     engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
+    facts = judgement.facts
     snap = facts.snapshot
     naming = Naming(snap.target, functools.partial(locate.command_args, snap),
                     functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap))
-    findings = tuple(naming.finding(f) for f in findings)
+    findings = tuple(naming.finding(f) for f in judgement.findings)
     changes: dict[str, Any] = {}
-    d = facts.decision
+    d = decision = judgement.decision
     if d is not None:
         d2 = dataclasses.replace(
             d, findings=tuple(naming.finding(f) for f in d.findings),
@@ -120,7 +134,7 @@ def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelF
             nearest=_named_recommendation(d.nearest, naming))
         if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out")) \
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
-            changes["decision"] = d2
+            decision = d2
             if facts.recommendation is d.recommendation:
                 changes["recommendation"] = d2.recommendation
     rec = facts.recommendation
@@ -128,7 +142,7 @@ def named(facts: ModelFacts, findings: tuple[Finding, ...] = ()) -> tuple[ModelF
         rec2 = _named_recommendation(rec, naming)
         if rec2 is not rec:
             changes["recommendation"] = rec2
-    return (facts.with_(**changes) if changes else facts), findings
+    return Judgement(facts.with_(**changes) if changes else facts, decision, findings)
 
 
 def _quoted(text: str) -> str:
@@ -144,7 +158,7 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) 
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
-                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> ModelFacts:
+                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> Judgement:
     """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out); the
     recommendation shown becomes the prescription's."""
     from gemma_doctor.plan import search
@@ -156,13 +170,13 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
-        return facts.with_(decision=decision, recommendation=decision.recommendation, memory=decision.memory)
+        return Judgement(facts.with_(recommendation=decision.recommendation, memory=decision.memory), decision)
     if mem is not None and (mem.fixed or env.training_config is not None):
         # The user's own run: the precision line states the run the memory line plans (the prescription is its own
         # block), never the prescription's batch beside the user's memory figure.
-        return facts.with_(decision=decision)
+        return Judgement(facts, decision)
     rec = decision.recommendation if decision.ok else facts.recommendation
-    return facts.with_(decision=decision, recommendation=rec)
+    return Judgement(facts.with_(recommendation=rec), decision)
 
 
 def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -186,11 +200,9 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     return facts.with_(memory=mem, recommendation=rec)
 
 
-def model_report(facts: ModelFacts, env: Environment, options: CheckOptions,
-                 findings: tuple[Finding, ...] | None = None) -> ModelReport:
-    """Findings (``findings`` when already judged) and JSON blocks of one model."""
-    if findings is None:
-        facts, findings = named(facts, tuple(rules.run(facts, env, options)))
+def model_report(judgement: Judgement, env: Environment) -> ModelReport:
+    """Findings and JSON blocks of one judged (and named) model."""
+    facts, findings = judgement.facts, judgement.findings
     extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
     if facts.adapter is not None:
@@ -207,13 +219,27 @@ def model_report(facts: ModelFacts, env: Environment, options: CheckOptions,
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
     extra["source"] = source.kind
     extra["remote"] = remote_block(facts, env) if source.kind == "hub" else None
+    run = check_run(facts, env)
     if facts.memory is not None:
         extra["memory"] = facts.memory.to_json()
-    if facts.decision is not None:
-        extra.update(facts.decision.to_json())
+    if run is not None:
+        extra["run"] = run.to_json()
+    if judgement.decision is not None:
+        extra.update(judgement.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
-                       commit=snap.commit, family=family, findings=findings, extra=extra)
+                       commit=snap.commit, family=family, findings=findings, extra=extra, run=run,
+                       precision=facts.recommendation.head if facts.recommendation is not None else None)
+
+
+def check_run(facts: ModelFacts, env: Environment) -> run_mod.Run | None:
+    """check's own run as one Run: the memory plan check made of it (whose settings the options, the training config,
+    the launch line and the search filled in, each with its source), the GPU it was judged against, the stack, and
+    the trainer the readers decided. None where nothing was planned (not a Gemma, no shape, no precision)."""
+    if facts.memory is None:
+        return None
+    return run_mod.resolve(facts.memory.plan, model=facts.family.model_type, stack=env.libraries,
+                           trainer=run_mod.trainer_of(env.training_config))
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:
@@ -298,8 +324,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
         remembered = Memo(env, options)
     reports = []
     for m in models:
-        facts, findings = judged(m, options, env, remembered)
-        reports.append(model_report(facts, env, options, findings))
+        reports.append(model_report(judged(m, options, env, remembered), env))
     return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
 
@@ -320,9 +345,8 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
             if m is None:
                 skipped.append(skip)
                 continue
-            facts, findings = judged(adapters.with_base(m, cache, hub=False), options, env,
-                                     remembered if len(located) > 1 else None)
-            report = model_report(facts, env, options, findings)
+            report = model_report(judged(adapters.with_base(m, cache, hub=False), options, env,
+                                         remembered if len(located) > 1 else None), env)
             reports.append(finish(report) if finish is not None else report)
         return reports, skipped
 
@@ -455,8 +479,8 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
                              + (", ".join(sizes) if sizes else "none (plan a downloaded model instead)"))
         model_id = advice.PLAN_MODEL_IDS[fam] if size is None else _published_id(fam, size)
         facts = advice.planned_facts(fam, size, model_id)
-        facts, _ = named(with_decision(facts, options, env, gpu, shape, quantization))
-        return gpu, [_item(facts, f"{fam} (planned)", True, model_id)], []
+        j = named(with_decision(facts, options, env, gpu, shape, quantization))
+        return gpu, [_item(j, f"{fam} (planned)", True, model_id)], []
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     try:
         located, notes = locate_targets(targets, cache, revision, False, remote)
@@ -498,11 +522,12 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         if not facts.family.is_gemma:
             skipped.append(f"{facts.snapshot.target}: not a Gemma-family model (or config.json unreadable); skipped")
             continue
-        facts = gather(facts, opts, env)  # the census first: the saved dtype and quantization come from it
+        j = gather(facts, opts, env)  # the census first: the saved dtype and quantization come from it
         if quantization is not None:  # --quantization is recommend's own: decide again with it
-            facts = with_decision(facts, opts, env, gpu, None, quantization)
-        facts, _ = named(facts)
-        items.append(_item(facts, facts.snapshot.target, False, facts.snapshot.repo_id or str(facts.snapshot.path)))
+            j = with_decision(j.facts, opts, env, gpu, None, quantization)
+        j = named(j)
+        s = j.facts.snapshot
+        items.append(_item(j, s.target, False, s.repo_id or str(s.path)))
     if not items:
         where = f"in {cache}" if not targets else "among the targets"
         raise UsageError("; ".join(unplanned) if unplanned else
@@ -510,9 +535,10 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
     return gpu, items, skipped + unplanned
 
 
-def _item(facts: ModelFacts, target: str, planned: bool, model_id: str) -> advice.Item:
+def _item(judgement: Judgement, target: str, planned: bool, model_id: str) -> advice.Item:
     """One entry of `recommend`: the model and its decision (the prescription, or the nearest run and the way out)."""
-    d = facts.decision
+    facts, d = judgement.facts, judgement.decision
+    assert d is not None  # recommend plans Gemma models only: each has its decision
     s = facts.snapshot
     rec = d.recommendation if d.ok else d.nearest
     mem = d.memory if d.ok else d.nearest_memory

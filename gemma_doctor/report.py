@@ -147,6 +147,11 @@ class ModelReport:
     # "json": its entry in the JSON document, render/jsonout.with_json), made where the model was judged (a
     # whole-cache scan's worker) so the scan does not make them one by one at the end; None elsewhere.
     block: tuple[str, str] | None = field(default=None, compare=False, repr=False)
+    # check's own run (gemma_doctor.run.Run: the one the user asked about, resolved once per model) and the precision
+    # decision's own clause (Recommendation.head): the text view's precision, trainer and memory lines render from
+    # them; the JSON view of the Run is extra["run"]. None where no run was planned (not a Gemma, no shape).
+    run: Any = field(default=None, compare=False, repr=False)
+    precision: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON shape of a model entry."""

@@ -4,7 +4,9 @@
 settings the options, the training config, the defaults and the search filled in, each with its source), the
 model's shape (LoRA targets resolved against its module names), the GPU (parsed once, by readers/gpu.py), the
 stack (each version with its source; a prescription's pins are part of it) and the trainer that reads the config.
-The prescription is a Run (``Decision.run``); its JSON view is ``prescription.run``.
+The prescription is a Run (``Decision.run``); its JSON view is ``prescription.run``. check's own run (the one the user
+asked about: options, training config, launch line, stack, GPU) is a Run too, resolved the same way from the memory plan
+check made of it, with the trainer the readers decided (``trainer_of``); its JSON view is each model's ``run``.
 
 Pure: no files, no torch; imports nothing above plan/ (docs/architecture.md, "layers one way").
 """
@@ -109,6 +111,22 @@ class Run:
                 "gradient_accumulation_steps": self.accumulation.to_json(), "seq_len": self.seq_len.to_json(),
                 "attention": self.attention.to_json(), "gradient_checkpointing": self.checkpointing.to_json(),
                 "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory}
+
+
+# The trainer of a run that no training config or launch line describes: what the memory plan counts (a plain
+# transformers Trainer, its loss upcasting the full logits; runplan.sft_trainer_config), said as an assumption.
+ASSUMED_TRAINER = "assumed: no training config or launch line names one (the memory plan counts a plain Trainer's logits)"
+# The prescription's trainer: the axolotl YAML recommend prints is the prescribed run, as check reads it back.
+PRESCRIBED_TRAINER = "prescription (the YAML recommend --format yaml prints)"
+
+
+def trainer_of(training_config: Any) -> Sourced[Trainer]:
+    """The trainer of check's own run: the one decision the readers took (``TrainingConfig.trainer``, from the file's
+    keys or the launch line), else the plain Trainer the memory plan assumes."""
+    chosen = getattr(training_config, "trainer", None)
+    if chosen is None:
+        return Sourced(Trainer.TRANSFORMERS, ASSUMED_TRAINER)
+    return Sourced(chosen.value, chosen.source)
 
 
 def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer]) -> Run:

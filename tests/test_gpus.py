@@ -171,6 +171,6 @@ def test_the_gpu_value_carries_the_runs_count_and_nodes(one_model, tmp_path, num
     gpu = env.gpu
     assert (gpu.count, gpu.num_nodes) == (count, nodes)
     models, _ = pipeline.select(locate.resolve(["google/gemma-3-12b-it"], one_model, "main", False), explicit=True)
-    facts, _ = pipeline.judged(models[0], options, env)
+    facts = pipeline.judged(models[0], options, env).facts
     run = facts.memory.plan.run
     assert (run.num_gpus, run.num_nodes) == (gpu.count, gpu.num_nodes)

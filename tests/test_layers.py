@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # or the decision (issue 32).
 NEVER: tuple[tuple[str, str], ...] = (("fixes", "rules"), ("fixes", "plan"))
 # Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): ModelFacts
-# carries the decision's Recommendation and MemoryFacts, filled in by the pipeline.
+# carries check's Recommendation and MemoryFacts, which the rules read. The prescription is not among them (it travels
+# beside the facts, pipeline.Judgement), nor the options' memory request (facts.MemoryRequest).
 ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset({("facts", "plan")})
 
 

@@ -4,6 +4,7 @@ any view, decision or caller meets them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -34,8 +35,8 @@ def _judged(root, name):
     options = CheckOptions(**OPTIONS)
     env = pipeline.environment(options)
     models, _ = pipeline.select(locate.resolve([name], root, "main", False), explicit=True)
-    facts = pipeline.decide(pipeline.read_more(models[0], options), options, env)
-    return facts, tuple(rules.run(facts, env, options))
+    j = pipeline.decide(pipeline.read_more(models[0], options), options, env)
+    return j, tuple(rules.run(j.facts, env, options))
 
 
 def test_equal_files_get_equal_findings_whatever_the_names(twins):
@@ -50,7 +51,7 @@ def test_equal_files_get_equal_findings_whatever_the_names(twins):
 
     assert all(mark in text for mark in (MODEL, MODEL_ARGS, MODEL_REPO, MODEL_WHERE))  # left for the engine
     for facts, found, name in ((a, found_a, NAMES[0]), (b, found_b, NAMES[1])):
-        _, named = pipeline.named(facts, found)
+        named = pipeline.named(dataclasses.replace(facts, findings=found)).findings
         fixes = " ".join(f.fix or "" for f in named)
         assert f"gemma-doctor recommend {name} --gpu T4" in fixes
         assert f"gemma-doctor fix {name} --cache-dir {twins} --with transformers==4.50.3 --inplace" in fixes

@@ -15,7 +15,9 @@ give it). For each:
 (c) the prescription passes `check --fail-on warning` with the same model, GPU and stack plus the pins it names (after
     the `first:` step it names, `gemma-doctor fix ... --inplace`, run on a copy of the model), with transformers named
     or not, and check plans the very run (memory figure and trainable parameters);
-(d) the prescription does not depend on the runs the process judged before.
+(d) the prescription does not depend on the runs the process judged before;
+(e) that check states, in its text and its JSON, the batch, accumulation, precision, checkpointing, attention, trainer
+    and memory of its own Run (the model's `run` block).
 
 Everything runs in this process (benchmarks/prescription_grid.in_process); Hypothesis in the derandomised CI profile
 (tests/conftest.py), so CI sees the same examples on every run. Each `@example` is a counterexample the properties
@@ -317,6 +319,43 @@ def check_prescription(world: World, case: Case, m: dict[str, Any], workdir: Pat
     assert code == 0 and not flagged, (code, flagged, p["fix_first"], gpu)
     assert checked["memory"]["summary"] == p["memory"]
     assert checked["memory"]["trainable_params"] == m["memory"]["trainable_params"]
+    code, text, err = world.run("check", *target, *stack, *pins, "--task", task, "--training-config", str(path),
+                                "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    assert_check_states_its_run(json.loads(out), text)
+
+
+def assert_check_states_its_run(doc: dict[str, Any], text: str) -> None:
+    """check of one run states, in its text and in its JSON, the batch, accumulation, precision, checkpointing,
+    attention, trainer and memory of its own Run (the model's `run` block)."""
+    checked = doc["models"][0]
+    run, mem, rec = checked["run"], checked["memory"], checked["recommendation"]
+    value = {k: run[k]["value"] for k in ("batch", "gradient_accumulation_steps", "precision", "gradient_checkpointing",
+                                          "attention", "method", "trainer")}
+    # The JSON: the memory block, the precision decision and the training config's trainer are that Run's.
+    assert (mem["run"]["batch_size"], mem["run"]["gradient_accumulation_steps"], mem["run"]["precision"],
+            mem["run"]["gradient_checkpointing"], mem["run"]["attention"], mem["method"]) == (
+        value["batch"], value["gradient_accumulation_steps"], value["precision"], value["gradient_checkpointing"],
+        value["attention"], value["method"]), (mem["run"], run)
+    assert rec["precision"] == value["precision"] and mem["summary"] == run["memory"]
+    config = doc["environment"].get("training_config")
+    if config is not None:
+        assert config["trainer"] == run["trainer"]
+    # The text: the precision line, the trainer line where a training config decided it, the attention line where the
+    # attention is not transformers' default, and the memory line.
+    lines = [line.strip() for line in text.splitlines()]
+    head = next(line for line in lines if line.startswith("precision "))
+    assert head.split()[1] == value["precision"] + ":", head
+    acc = value["gradient_accumulation_steps"]
+    assert head.endswith(f"batch {value['batch']}" + (f" x{acc} accumulation" if acc > 1 else "")
+                         + (", gradient checkpointing" if value["gradient_checkpointing"] else "")), head
+    assert METHOD_WORDS[value["method"]] in head, head
+    trainer = [line for line in lines if line.startswith("trainer ")]
+    assert trainer == ([f"trainer {value['trainer']}: {run['trainer']['source']}"] if config is not None else []), lines
+    said = [line for line in lines if line.startswith("attention ")]
+    assert said == ([] if run["attention"]["source"] == "default" else
+                    [f"attention {value['attention']}: {run['attention']['source']}"]), (said, run["attention"])
+    assert f"memory {run['memory']}" in lines
 
 
 # A way-out line names one change to the command: the option it adds (or the GPU it swaps in).
@@ -457,3 +496,32 @@ def test_lora_targets_that_match_no_layer_of_a_text_only_gemma_are_an_error(worl
     if flagged:
         assert code == 1 and found["GD425"]["severity"] == "error" and found["GD425"]["key"] == "lora_target_modules"
         assert "q_proj" in found["GD425"]["fix"]
+
+
+def test_check_without_a_prescription_states_its_run_in_the_precision_line(world):
+    """With no GPU memory known and no prescription (transformers 4.50.3 on a Gemma 4), the precision line said no
+    batch ("fp32: ... on no GPU") while the memory line planned batch 8: the precision line now renders from check's
+    own Run, as the memory line does."""
+    args = (G4, "--cache-dir", str(world.examples), "--gpu", "none", "--with", "transformers==4.50.3")
+    code, out, err = world.run("check", *args, "--format", "json", "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    doc = json.loads(out)
+    assert doc["models"][0]["prescription"] is None
+    code, text, err = world.run("check", *args, "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    assert_check_states_its_run(doc, text)
+
+
+def test_check_of_a_launch_line_states_its_trainer_and_attention(world):
+    """A launch line names the trainer (`trl sft`) and the attention (`--attn_implementation eager`): the text view said
+    neither (the JSON's environment block alone had the trainer); both now come with their sources, from check's Run."""
+    args = (G3, "--cache-dir", str(world.examples), "--gpu", "A100", "--launch",
+            "trl sft --per_device_train_batch_size 2 --attn_implementation eager")
+    code, out, err = world.run("check", *args, "--format", "json", "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    doc = json.loads(out)
+    run = doc["models"][0]["run"]
+    assert (run["trainer"]["value"], run["attention"]["value"], run["batch"]["value"]) == ("trl-sft", "eager", 2)
+    code, text, err = world.run("check", *args, "--fail-on", "never")
+    assert code == 0, err[-2000:]
+    assert_check_states_its_run(doc, text)

@@ -120,6 +120,9 @@ class Recommendation:
     inputs: dict[str, Any]
     notes: tuple[str, ...] = ()
     method: str = "full"  # full | lora | qlora
+    # The precision decision alone (precision, flags, GPU, quantization, task): the summary without the run's part,
+    # which check's text view renders from check's own Run (run_clause).
+    head: str = ""
 
     @property
     def training_arguments(self) -> dict[str, Any]:
@@ -266,21 +269,27 @@ def decide(i: Inputs) -> Recommendation:
     # 5. Memory: the plan of the prescribed run is its own line in every view (docs/memory.md), not a reason.
 
     frameworks = _frameworks(i, precision, load, quant, compute, rl, cast_needed, peft_ok)
-    summary = f"{precision}: " + {
+    head = f"{precision}: " + {
         "bf16": "bf16=True, fp16=False" + (", tf32=True" if "tf32" in frameworks["transformers"]["training_arguments"] else ""),
         "fp16": "fp16=True (loss scaling), bf16=False",
         "fp32": "bf16=False, fp16=False (no mixed precision)",
     }[precision] + f" on {i.gpu_label}" + (f", {quant} {'QLoRA' if quant == '4bit' else 'quantized'}" if quant else "") \
         + (f", {i.task}" if i.task != "sft" else "")
-    if mem is not None:
-        what = {"full": ", full fine-tuning", "lora": ", LoRA", "qlora": ""}.get(mem.method, "")  # QLoRA: said above
-        acc = f" x{mem.gradient_accumulation_steps} accumulation" if mem.gradient_accumulation_steps > 1 else ""
-        summary += f"{what}, batch {mem.batch_size}{acc}" + (", gradient checkpointing" if mem.gradient_checkpointing else "")
+    summary = head if mem is None else head + run_clause(mem.method, mem.batch_size, mem.gradient_accumulation_steps,
+                                                         mem.gradient_checkpointing)
     inputs = {"family": i.family, "saved_dtype": saved, "gpu": i.gpu_label, "gpu_backend": i.gpu_backend,
               "native_bf16": i.gpu_native_bf16, "quantization": quant, "quant_method": i.quant_method, "task": i.task}
     method = mem.method if mem is not None else ("qlora" if quant else "lora" if lora else "full")
     frameworks["serving"] = serving(i, unsafe, fam)
-    return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method)
+    return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head)
+
+
+def run_clause(method: str, batch: int, accumulation: int, checkpointing: bool) -> str:
+    """The run's part of the precision line: ", LoRA, batch 2 x4 accumulation, gradient checkpointing" (QLoRA is said
+    by the precision decision's own part, with its quantization)."""
+    what = {"full": ", full fine-tuning", "lora": ", LoRA", "qlora": ""}.get(method, "")
+    acc = f" x{accumulation} accumulation" if accumulation > 1 else ""
+    return f"{what}, batch {batch}{acc}" + (", gradient checkpointing" if checkpointing else "")
 
 
 # vLLM refuses float16 for these model types ("does not support float16. Reason: Numerical instability"), and its

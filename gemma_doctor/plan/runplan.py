@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from gemma_doctor import frozen
 from gemma_doctor.plan import memory
-from gemma_doctor.errors import UsageError
+from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.trainers import Trainer
@@ -25,23 +25,6 @@ TASK_METHODS = {"full": "full", "lora": "lora", "qlora": "qlora"}
 # A lora_target_modules string with one of these is a regex (PEFT's reading), not a comma list (LLaMA-Factory's lora_target).
 _REGEX_CHARS = re.compile(r"[*+?()\[\]|^$\\]")
 _ADAPTERS = {"lora": "lora", "qlora": "qlora", "full": "full", "freeze": "full", "true": "lora", "false": "full"}
-
-
-@dataclass(frozen=True)
-class MemoryRequest:
-    """What the command line asks of the memory plan (None = not said)."""
-
-    method: str | None = None
-    batch_size: int | None = None
-    seq_len: int | None = None
-    gradient_checkpointing: bool | None = None
-    gpu_memory: int | None = None  # bytes, --gpu-memory
-    num_gpus: int | None = None
-    size: str | None = None  # --size for a --family plan
-
-    def __post_init__(self) -> None:
-        if self.method is not None and self.method not in memory.METHODS:
-            raise UsageError(f"--method {self.method!r} is not known; use one of: {', '.join(memory.METHODS)}")
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from gemma_doctor import frozen, rules
-from gemma_doctor.codes import CODES, Cure
+from gemma_doctor.codes import CODES, Cure, codes_of
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.run import Run, Sourced
+from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced
 from gemma_doctor.run import resolve as resolve_run
 from gemma_doctor.trainers import Trainer
 
@@ -248,29 +248,26 @@ def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFa
     return _judge(facts, env, options, gpu, shape, plan, req, inputs)()
 
 
-# The rules that cost the most per call (measured on a whole-cache scan: the catalogue's ~50 conditions, the
-# horizon's version comparisons, the crash windows) run last when a candidate is only being tried: most candidates
-# are rejected by a cheaper rule first (GD650 at a batch too large), and the rest are never run for them.
-_COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon", "crashes.check")
-
-
-# The rules whose findings name a transformers window or minimum with an unknown exposure, the only ones _pin reads
-# (rules/crashes.py: GD105, GD107, GD108, GD109...): a rejected candidate is asked for these, not for every rule, when
-# the search decides a pin (tests/test_run_props.py holds the answer independent of the order rules are tried in).
-_PINNING_RULES = ("crashes.check",)
+# Which rules run last when a candidate is only being tried, and which a pin can answer, are data on the rules and
+# their codes (codes.emits; codes.Code.pins), never lists of rule names here:
+# - the rules that cost the most per call (measured on a whole-cache scan: the catalogue's ~50 conditions, the
+#   horizon's version comparisons, the crash windows) are declared costly: most candidates are rejected by a cheaper
+#   rule first (GD650 at a batch too large), and the rest are never run for them;
+# - the rules that declare a code whose findings name a transformers window or minimum (Code.pins), the only findings
+#   _pin reads: a rejected candidate is asked for these, not for every rule, when the search decides a pin
+#   (tests/test_run_props.py holds the answer independent of the order rules are tried in).
 
 
 @functools.lru_cache(maxsize=1)
 def _pinning_rules() -> tuple[int, ...]:
-    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
-    return tuple(i for i, n in enumerate(names) if n in _PINNING_RULES)
+    pins = frozenset(c.code for c in CODES.values() if c.pins)
+    return tuple(i for i, r in enumerate(rules.RULES) if codes_of(r) & pins)
 
 
 @functools.lru_cache(maxsize=1)
 def _quick_order() -> tuple[int, ...]:
-    names = [f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES]
-    return (tuple(i for i, n in enumerate(names) if n not in _COSTLY_LAST)
-            + tuple(i for i, n in enumerate(names) if n in _COSTLY_LAST))
+    costly = [bool(getattr(r, "costly", False)) for r in rules.RULES]
+    return tuple(i for i, c in enumerate(costly) if not c) + tuple(i for i, c in enumerate(costly) if c)
 
 
 _PLANS: dict[tuple[Any, ...], Any] = {}
@@ -348,7 +345,7 @@ class _Rejected(Judged):
     """A candidate a rule flagged, judged no further (yet): ``findings`` holds that rule's alone."""
 
     finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
-    # The findings of the rules whose findings a pin can resolve (_PINNING_RULES), run on demand.
+    # The findings of the rules whose findings a pin can resolve (_pinning_rules: Code.pins), run on demand.
     pinnable: Callable[[], tuple[Finding, ...]] = lambda: ()
 
     def __call__(self) -> Judged:
@@ -496,7 +493,7 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Ru
     on the stack it was judged with (pins included)."""
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
     return resolve_run(mem.plan, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, "prescription (the YAML recommend --format yaml prints)"))
+                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).

@@ -32,14 +32,30 @@ def _model_lines(m: ModelReport) -> list[str]:
     lines.extend(f"  [dim]{escape(line)}[/dim]" for line in remote_lines(m.extra) + adapter_lines(m.extra)
                  + census_lines(m.extra))
     rec = m.extra.get("recommendation")
-    if isinstance(rec, dict) and rec.get("summary"):
+    run = m.run
+    if run is not None and m.precision:
+        # check's own Run: the precision decision's clause, then the run it is for (method, batch, accumulation,
+        # checkpointing).
+        from gemma_doctor.plan.recommend import run_clause
+
+        clause = run_clause(run.method.value, run.batch.value, run.accumulation.value, run.checkpointing.value)
+        lines.append(f"  [bold]precision[/bold] {escape(m.precision + clause)}")
+    elif isinstance(rec, dict) and rec.get("summary"):
         lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")
-    mem = m.extra.get("memory")
-    if isinstance(mem, dict) and mem.get("summary"):
+    if run is not None:
+        from gemma_doctor import run as run_mod
         from gemma_doctor.plan.memory import components_line
 
-        lines.append(f"  [bold]memory[/bold] {escape(mem['summary'])}")
-        lines.append(f"  [dim]  {escape(components_line(mem.get('components') or {}))}[/dim]")
+        # The trainer that executes the run, where the user's training config or launch line decided it (an assumed
+        # or prescribed one is the JSON's to state).
+        if run.trainer.source not in (run_mod.ASSUMED_TRAINER, run_mod.PRESCRIBED_TRAINER):
+            lines.append(f"  [bold]trainer[/bold] {escape(run.trainer.value.value + ': ' + run.trainer.source)}")
+        if run.attention.source != "default":  # SDPA, transformers' own default, goes without saying
+            lines.append(f"  [bold]attention[/bold] {escape(run.attention.value + ': ' + run.attention.source)}")
+        mem = m.extra.get("memory")
+        components = mem.get("components") if isinstance(mem, dict) else None
+        lines.append(f"  [bold]memory[/bold] {escape(run.memory)}")
+        lines.append(f"  [dim]  {escape(components_line(components or {}))}[/dim]")
     if not m.findings:
         lines.append("  [green]no findings[/green]")
     for f in m.findings:

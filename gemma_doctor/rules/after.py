@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.adapter import LAYOUT_NEW, LAYOUT_OLD, AdapterFacts
 from gemma_doctor.report import MODEL_ARGS, Finding, Severity
@@ -30,6 +31,8 @@ MERGE_KEEPS_TIE = Window("peft", "<0.19.0", "0.19.0")
 RELOAD_TIES = Window("transformers", "<5.0.0", "5.0.0")
 
 
+@emits("GD741", "GD742", "GD743", "GD750", "GD751", "GD752", "GD760", "GD761", "GD770", "GD771", "GD772", "GD773",
+       "GD774", "GD775")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD70x for adapters and checkpoints, GD750 for a model folder that saves an untied head under a tied config."""
     if model.adapter is not None:

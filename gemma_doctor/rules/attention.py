@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
@@ -32,6 +33,7 @@ LOGITS_WARN_BYTES = 2 * 1024**3
 GEMMA_VOCAB = 262_144  # Gemma 3's vocabulary when config.json does not say
 
 
+@emits("GD640", "GD641", "GD645", "GD650", "GD683", "GD684")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD640, GD641, GD645, GD650 from the training config (or what is assumed without one) and the libraries."""
     if not model.family.is_gemma or not model.config.ok:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator, Mapping
 
+from gemma_doctor.codes import emits
 from gemma_doctor.catalogue import MISSING as _MISSING, match  # noqa: F401 (the matcher language is the catalogue's)
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
@@ -22,6 +23,14 @@ CORE = frozenset({"transformers", "torch"})
 _LOWER = {Severity.ERROR: Severity.WARNING, Severity.WARNING: Severity.INFO, Severity.INFO: Severity.INFO}
 
 
+def _catalogue_codes() -> tuple[str, ...]:
+    """The codes of the catalogue's entries (read from field.json only when asked: the search asks once)."""
+    from gemma_doctor import catalogue
+
+    return tuple(e["code"] for e in catalogue.coded())
+
+
+@emits(more=_catalogue_codes, costly=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """A finding for every catalogue entry whose condition the model, its stack and its training config meet."""
     if not model.family.is_gemma:

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Mapping
 
 from packaging.version import Version
 
+from gemma_doctor.codes import emits
 from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
@@ -83,6 +84,7 @@ def _where(tf: Any, exposure: Exposure, window: Window) -> str:
             f"is affected; name it with --with transformers==VERSION")
 
 
+@emits("GD105", "GD106", "GD107", "GD108", "GD109", "GD110", "GD620", costly=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD105-GD110 and GD620 for one model, each only where the libraries that will run can show it."""
     if not model.config.ok or not model.family.is_gemma:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.report import Finding, Severity
@@ -20,6 +21,7 @@ GEMMA4_VISION_CLASSES = ("Gemma4VisionEncoderLayer", "Gemma4VisionPatchEmbedder"
 GEMMA4_AUDIO_CLASSES = ("Gemma4AudioLayer",)
 
 
+@emits("GD660", "GD661", "GD662", "GD682")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the sharding settings of the --training-config file against this model and the libraries."""
     tc = env.training_config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import MODEL_REPO, MODEL_WHERE, Finding, Severity
 
@@ -38,6 +39,7 @@ def _download(model: ModelFacts, file: str) -> str:
     return f"hf download {MODEL_REPO}{names}{MODEL_WHERE} --force-download"
 
 
+@emits("GD201", "GD202", "GD203", "GD204", "GD205", "GD206")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD201-GD206: dtype mismatch, fp16 Gemma 2/3, missing/corrupt shards, bad index, quantized."""
     c = model.census

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.jsonfile import JsonFile
 from gemma_doctor.report import MODEL_ARGS, Finding, Severity
@@ -18,6 +19,7 @@ def _file_problem(code_read: str, code_shape: str, jf: JsonFile, name: str) -> F
                    fix=f"repair {name} by hand or download it again; gemma-doctor will not rewrite a file it cannot parse")
 
 
+@emits("GD001", "GD002", "GD003", "GD004", "GD005", "GD006", "GD007", "GD080", "GD020", "GD021", "GD022")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """File-level findings; every other rule assumes config.json parsed."""
     problem = model.snapshot.problem

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from gemma_doctor.codes import emits
 from gemma_doctor import horizon
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import MODEL, Finding, Severity
@@ -12,6 +13,7 @@ from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse
 _HALF = ("bfloat16", "float16")
 
 
+@emits("GD401", "GD402")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """PEFT < 0.12 on a half-precision base; bitsandbytes bf16 compute on a GPU without native bf16."""
     if not model.family.is_gemma:
@@ -59,6 +61,7 @@ def _bnb_quantization(model: ModelFacts) -> Mapping[str, Any] | None:
     return None
 
 
+@emits("GD120", costly=True)
 def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD120: a library that will run is newer than the newest release the findings were verified on."""
     if not model.family.is_gemma:
@@ -76,6 +79,7 @@ def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -
                      "verified": b.verified, "verified_on": horizon.VERIFIED_ON})
 
 
+@emits("GD480")
 def unknown_names(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD480: a package in --with or the requirements file that gemma-doctor does not know, most likely misspelt: the
     version meant for the known package is not used, and the run is judged with another one."""

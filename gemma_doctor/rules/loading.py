@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
@@ -32,6 +33,7 @@ def _severity(exposure: Exposure, affected: Severity, unknown: Severity) -> Seve
     return {Exposure.AFFECTED: affected, Exposure.UNKNOWN: unknown}.get(exposure)
 
 
+@emits("GD420", "GD421", "GD422", "GD423", "GD424", "GD425")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD420-GD425 for a Gemma model: from config.json, the training config and the libraries that will run."""
     if not model.family.is_gemma or not model.config.ok:

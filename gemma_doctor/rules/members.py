@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
@@ -42,6 +43,7 @@ def _has_towers(model: ModelFacts) -> bool:
     return any(isinstance(data.get(k), dict) for k in ("vision_config", "audio_config"))
 
 
+@emits("GD130", "GD131", "GD132", "GD133", "GD440", "GD441", "GD442", "GD443")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings for the training config against the member's data (attention limits, towers) and traits."""
     tc = env.training_config

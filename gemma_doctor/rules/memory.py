@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.units import gib
@@ -14,6 +15,7 @@ def _where(env: Environment, fixed_by_config: bool) -> tuple[str | None, str | N
     return (tc.path, None) if tc is not None and fixed_by_config else (None, None)
 
 
+@emits("GD801", "GD802", "GD803", "GD804")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD801 the configured run does not fit; GD802 it is tight; GD803 nothing fits this GPU; GD804 towers unused."""
     mem = model.memory

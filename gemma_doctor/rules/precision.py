@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import MODEL, Finding, Severity
 from gemma_doctor.rules.dtypes import embedding_note
@@ -73,6 +74,7 @@ def _unsloth_fp32_note(model: ModelFacts, env: Environment) -> str | None:
             f"(GD714){'' if exposure is Exposure.AFFECTED else ', if the unsloth-zoo that runs is older'}")
 
 
+@emits("GD301", "GD302", "GD303", "GD304")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings about the GPU the run will use, for a Gemma model."""
     gpu = env.gpu

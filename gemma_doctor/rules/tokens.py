@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.tokenizer import FILE as TOKENIZER_CONFIG
 from gemma_doctor.report import Finding, Severity
@@ -28,6 +29,7 @@ def embedding_rows(model: ModelFacts) -> tuple[str, str, int] | None:
     return None
 
 
+@emits("GD505", "GD901", "GD902", "GD903")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD505 and GD901-GD903 for a Gemma model whose tokenizer_config.json was read."""
     tok = model.tokenizer

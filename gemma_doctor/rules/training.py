@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers import gpu as gpu_reader
@@ -104,6 +105,7 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
 
 
+@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD680", "GD681")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.locate import command_args
 from gemma_doctor.report import MODEL_ARGS, Finding, Severity
@@ -34,6 +35,7 @@ def _describe(value: Any) -> str:
     return f"is {value!r}, not a boolean"
 
 
+@emits("GD002", "GD101", "GD102", "GD103", "GD104")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings for the use_cache settings of a model whose text model builds a HybridCache.
 

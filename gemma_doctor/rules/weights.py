@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
 
@@ -50,6 +51,7 @@ def _without(ranges: tuple[tuple[int, int], ...], row: int | None) -> tuple[tupl
     return tuple(out)
 
 
+@emits("GD501", "GD502", "GD503", "GD504")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD501-GD504 from ModelFacts.weights_scan; nothing without --weights."""
     scan = model.weights_scan

@@ -1,0 +1,123 @@
+"""What a finding is lives on its code's entry and on the rule that emits it (issue 32, item 4): which rules a version pin
+can answer, which rules run last, fixable by `fix`, needs a re-download, concerns memory, sits in a training config are
+read from codes.py's entries and the rules' declarations (codes.emits), never from literals in the views, the CLI or the
+search."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor import rules
+from gemma_doctor.codes import CODES, codes_of
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "gemma_doctor"
+# The modules that decide what a finding is when they show or weigh it.
+DECIDERS = ("listing.py", "render/github.py", "cli.py", "plan/search.py")
+CODE = re.compile(r"^GD\d{3}$")
+CODE_OR_RANGE = re.compile(r"^GD\d{0,3}x*$")  # "GD601", and "GD6" / "GD6xx" as a range's prefix
+RULE_NAMES = {f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES}  # "crashes.check"
+
+
+def _strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def literal_decisions(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each place ``source`` decides by a literal code, code range or rule name: a collection literal
+    holding one, a comparison with one, a ``startswith`` of one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            elements = node.keys if isinstance(node, ast.Dict) else node.elts
+            for e in elements:
+                if isinstance(e, ast.Constant) and isinstance(e.value, str) and (
+                        CODE.match(e.value) or e.value in RULE_NAMES):
+                    found.append((node.lineno, f"a literal collection holding {e.value!r}"))
+        elif isinstance(node, ast.Compare):
+            for s in _strings(ast.Module(body=[ast.Expr(c) for c in node.comparators] + [ast.Expr(node.left)],
+                                         type_ignores=[])):
+                if CODE_OR_RANGE.match(s) or s in RULE_NAMES:
+                    found.append((node.lineno, f"a comparison with {s!r}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "startswith", "endswith"):
+            for s in _strings(ast.Module(body=[ast.Expr(a) for a in node.args], type_ignores=[])):
+                if CODE_OR_RANGE.match(s):
+                    found.append((node.lineno, f"{node.func.attr}({s!r})"))
+    return found
+
+
+@pytest.mark.parametrize("module", DECIDERS)
+def test_no_view_cli_or_search_decides_by_a_literal_code_or_rule_name(module):
+    found = literal_decisions((PACKAGE / module).read_text())
+    assert not found, f"{module}: {found} (declare it on the code's entry in codes.py or with codes.emits on the rule)"
+
+
+@pytest.mark.parametrize("source, flagged", [
+    ('_PINNING_RULES = ("crashes.check",)\n', True),  # what plan/search.py held
+    ('_COSTLY_LAST = ("catalogue.check", "libraries.beyond_horizon")\n', True),
+    ('if f.code in ("GD203", "GD204"):\n    pass\n', True),
+    ('if f.code.startswith("GD6"):\n    pass\n', True),
+    ('if "GD600" <= f.code < "GD700":\n    pass\n', True),
+    ('x = Finding("GD601", Severity.ERROR, "...")\n', False),  # emitting a finding decides nothing about it
+    ('"""GD640 without a training config names config.json."""\n', False),
+])
+def test_the_literal_finder_finds_what_it_is_for(source, flagged):
+    assert bool(literal_decisions(source)) is flagged
+
+
+def test_every_rule_declares_the_codes_it_emits():
+    """Each rule's declaration (codes.emits) names known codes, and covers every code its module writes (after.py's
+    rule emits serving.py's); every code a pin resolves is some rule's, so the search asks that rule for pins."""
+    declared: dict[str, frozenset[str]] = {}
+    for rule in rules.RULES:
+        codes = codes_of(rule)
+        assert codes, f"{rule.__module__}.{rule.__name__} declares no codes (codes.emits)"
+        assert codes <= set(CODES), sorted(codes - set(CODES))
+        module = rule.__module__.rsplit(".", 1)[-1]
+        declared[module] = declared.get(module, frozenset()) | codes
+    declared["serving"] = declared["after"]
+    for path in sorted((PACKAGE / "rules").glob("*.py")):
+        if path.stem in ("__init__", "common"):
+            continue
+        written = {s for s in _strings(ast.parse(path.read_text())) if CODE.match(s)}
+        assert written <= declared[path.stem], f"{path.name} writes {sorted(written - declared[path.stem])}, undeclared"
+    pins = {c.code for c in CODES.values() if c.pins}
+    assert pins and pins <= frozenset().union(*declared.values())
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("codes") / "hub"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
+@pytest.mark.parametrize("options", [
+    {"gpu": "T4", "with_packages": ("transformers==4.50.3",)},
+    {"gpu": "A100", "training_config": str(ROOT / "examples" / "gemma-4-E2B-it.train.yaml")},
+    {"gpu": "none", "with_packages": ("transformers==5.5.0", "trasformers==5.5.0")},
+])
+def test_every_finding_a_rule_gives_has_a_code_it_declared(examples, options):
+    """The declarations as the rules run: on the example cache's models, each rule's findings are of its own codes."""
+    from gemma_doctor import locate, pipeline
+    from gemma_doctor.facts import CheckOptions
+
+    opts = CheckOptions(**options)
+    env = pipeline.environment(opts)
+    models, _ = pipeline.select(locate.resolve([], examples, "main", False), explicit=False)
+    seen = 0
+    for m in models:
+        facts = pipeline.decide(pipeline.read_more(m, opts), opts, env).facts
+        for rule in rules.RULES:
+            for f in rule(facts, env, opts):
+                seen += 1
+                assert f.code in codes_of(rule), (f"{rule.__module__}.{rule.__name__}", f.code)
+    assert seen
