@@ -60,6 +60,11 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
     trainer = script = None
     if launch is not None:
         found = trl_launch(launch)
+        if found is None:
+            from gemma_doctor.rehearse.axolotl import axolotl_launch
+
+            config = axolotl_launch(launch)  # `axolotl train CFG`: that config, through axolotl's data path
+            found = (config, "axolotl") if config is not None else None
         if found is not None:
             training_config, trainer = found
         else:
