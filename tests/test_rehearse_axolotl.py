@@ -92,7 +92,7 @@ def test_the_plan_carries_the_dataset_entry_and_the_keys_axolotl_s_strategy_read
     assert part["cfg"] == {"sequence_len": 128, "train_on_inputs": True}
     assert part["rows"] == str(tmp_path / "chats.jsonl") and part["eot_missing"] is True
     assert part["completion_only"] is False and plan["settings"]["completion_only"] is False
-    assert notes[0] == "labels from axolotl 0.19.0's `chat_template` prompt strategy on the first rows of chats.jsonl"
+    assert notes == []  # the child says where its labels came from, once it has built them
 
 
 @pytest.mark.parametrize("line, config", [
@@ -133,3 +133,32 @@ def test_gd972_of_axolotl_rows_names_the_catalogue_entry_only_where_its_setting_
     assert "catalogue" not in set_.details and "train_on_eot" in set_.fix
     [plain] = invariants.judge_labels({"per_sample": rows})
     assert "catalogue" not in plain.details
+
+
+@pytest.mark.slow
+def test_a_dataset_type_whose_axolotl_handler_does_not_import_falls_back_to_the_rehearsal_s_rows(tmp_path):
+    """`type: alpaca` is not in axolotl's strategy registry: its dataset wrapper handles it, and that module imports
+    axolotl's whole data stack (posthog, ...), absent here. The rows are then the rehearsal's own, said in a note: not
+    a crash at setup (GD956), nor a prompt-masking judgement (GD973) on rows axolotl did not make."""
+    script = """
+import json, sys
+from pathlib import Path
+from transformers import AutoTokenizer
+from gemma_doctor.rehearse import axolotl
+from gemma_doctor.rehearse.twin import synthetic_tokenizer
+folder = Path(sys.argv[1])
+for name, data in synthetic_tokenizer({"model_type": "gemma3_text", "vocab_size": 256}, 256).items():
+    (folder / name).write_bytes(data)
+part, note = axolotl.plan_part({"datasets": [{"path": "x.jsonl", "type": "alpaca"}]}, None, "gemma3_text")
+class Run:
+    plan, notes, tokenizer = {"axolotl": part}, [], AutoTokenizer.from_pretrained(str(folder))
+print(json.dumps({"data": axolotl.data(Run), "plan": Run.plan, "notes": Run.notes}))
+"""
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{subprocess_env()['PYTHONPATH']}")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["data"] is None and got["plan"] == {}
+    assert got["notes"] == ["axolotl's data path for dataset type 'alpaca' does not import here (ModuleNotFoundError: "
+                            "No module named 'posthog'): the labels are the rehearsal's own, not axolotl's"]

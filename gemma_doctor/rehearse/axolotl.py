@@ -69,9 +69,10 @@ def axolotl_launch(launch: str) -> Path | None:
         return None
 
 
-def plan_part(raw: Mapping[str, Any], config_dir: Path | None, model_type: str) -> tuple[dict[str, Any] | None, str]:
-    """(what the child needs to build the rows through axolotl, or None; a note for the report): the first `datasets:`
-    entry, the top-level keys its strategy reads, the local dataset file where the entry names one."""
+def plan_part(raw: Mapping[str, Any], config_dir: Path | None,
+              model_type: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(what the child needs to build the rows through axolotl, or None with the note that says why): the first
+    `datasets:` entry, the top-level keys its strategy reads, the local dataset file where the entry names one."""
     version = importable()
     if version is None:
         return None, ("axolotl is not importable in this environment: its prompt strategy did not build the labels; "
@@ -90,11 +91,9 @@ def plan_part(raw: Mapping[str, Any], config_dir: Path | None, model_type: str) 
                 data = str(candidate.absolute())
                 break
     cfg = {**_DEFAULTS, **{k: raw[k] for k in _KEYS if raw.get(k) is not None}}
-    note = (f"labels from axolotl {version}'s `{kind}` prompt strategy on "
-            f"{'the first rows of ' + Path(data).name if data else 'synthetic rows in its format'}")
     part = {"version": version, "dataset": entry, "cfg": cfg, "rows": data, "terminator": terminator(model_type),
             "completion_only": not bool(cfg["train_on_inputs"])}
-    return {**part, "eot_missing": eot_missing(part)}, note
+    return {**part, "eot_missing": eot_missing(part)}, None
 
 
 def eot_missing(part: Mapping[str, Any]) -> bool:
@@ -168,12 +167,18 @@ def tokenized(part: Mapping[str, Any], tokenizer: Any, rows: list[dict[str, Any]
 
     cfg = DictDefault({**part["cfg"], **(overrides or {})})
     entry = DictDefault(dict(part["dataset"]))
+    dataset = Dataset.from_list(rows)
     strategy = load(entry.type, tokenizer, cfg, entry)
     if strategy is None:
-        raise ValueError(f"axolotl {part['version']} has no prompt strategy for dataset type {entry.type!r}")
-    dataset = Dataset.from_list(rows)
-    done = strategy.wrap_dataset(dataset) if isinstance(strategy, DatasetWrappingStrategy) \
-        else TokenizedPromptDataset(strategy, dataset)
+        # Not in the registry (alpaca, sharegpt-era names...): axolotl's dataset wrapper has a handler for it. It
+        # imports axolotl's whole data stack (a telemetry client, datasets' extras), which the strategies do not.
+        from axolotl.utils.data.wrappers import get_dataset_wrapper
+
+        base, _, style = str(entry.type).partition(":")
+        done, _ = get_dataset_wrapper(entry, tokenizer, cfg, base, dataset, style or None)
+    else:
+        done = strategy.wrap_dataset(dataset) if isinstance(strategy, DatasetWrappingStrategy) \
+            else TokenizedPromptDataset(strategy, dataset)
     keep = ("input_ids", "attention_mask", "labels")
     return [{k: list(r[k]) for k in keep if k in r} for r in done]
 
@@ -187,9 +192,20 @@ def collator(tokenizer: Any) -> Any:
     return DataCollatorForSeq2Seq(tokenizer, padding=True, return_tensors="pt")
 
 
-def data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+def data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any] | None:
     """(train rows, eval rows, collator) of an axolotl run: the local dataset's first rows, else synthetic rows in its
-    format, tokenized and labelled by axolotl's own strategy with the twin's tokenizer."""
+    format, tokenized and labelled by axolotl's own strategy with the twin's tokenizer. None, with a note on the run
+    and the plan's axolotl part dropped, where the part of axolotl that type needs does not import here."""
+    try:
+        return _data(run)
+    except ImportError as e:
+        run.notes.append(f"axolotl's data path for dataset type {run.plan['axolotl']['dataset'].get('type')!r} does "
+                         f"not import here ({type(e).__name__}: {e}): the labels are the rehearsal's own, not axolotl's")
+        run.plan.pop("axolotl")
+        return None
+
+
+def _data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     from gemma_doctor.rehearse.rows import _read_rows
 
     part = run.plan["axolotl"]
@@ -198,5 +214,8 @@ def data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     train, evaluation = (rows[:8], rows[8:] or rows[:2]) if rows else (_synthetic(part["dataset"])[:6],
                                                                       _synthetic(part["dataset"])[6:])
     overrides = part.get("overrides")
-    return (tokenized(part, run.tokenizer, train, overrides), tokenized(part, run.tokenizer, evaluation, overrides),
-            collator(run.tokenizer))
+    got = (tokenized(part, run.tokenizer, train, overrides), tokenized(part, run.tokenizer, evaluation, overrides),
+           collator(run.tokenizer))
+    run.notes.append(f"labels from axolotl {part['version']}'s `{part['dataset'].get('type')}` prompt strategy on "
+                     f"{'the first rows of ' + Path(part['rows']).name if rows else 'synthetic rows in its format'}")
+    return got

@@ -236,11 +236,14 @@ class Run:
                 # A list is a map-style dataset to the Trainer: the plain path needs no `datasets` library.
                 return [dict(encode(r)) for r in rows]
 
+            axolotl_data = None
             if self.plan.get("axolotl"):
                 # An axolotl run: its own prompt strategy labels the rows, its collator pads them (rehearse/axolotl.py).
                 from gemma_doctor.rehearse import axolotl
 
-                train_set, eval_set, collate = axolotl.data(self)
+                axolotl_data = axolotl.data(self)
+            if axolotl_data is not None:
+                train_set, eval_set, collate = axolotl_data
             else:
                 train_set, eval_set = prepare(train), prepare(evaluation)
                 collate = transformers.DataCollatorForLanguageModeling(tok, mlm=False)
@@ -275,7 +278,9 @@ class Run:
                          "prompt_masked": int(((labels[r] == -100) & real).sum())})
         # An axolotl run's rows are its prompt strategy's: the judge names its catalogue entry (rehearse/axolotl.py).
         about = {"axolotl": {k: part[k] for k in ("version", "terminator", "eot_missing") if k in part}} if part else {}
-        self.events.write("labels", "ok", per_sample=rows, completion_only=bool(self.s.get("completion_only")),
+        # axolotl masks the prompt unless train_on_inputs (its part of the plan; absent where its rows were not used).
+        completion_only = part.get("completion_only", bool(self.s.get("completion_only")))
+        self.events.write("labels", "ok", per_sample=rows, completion_only=completion_only,
                           keys=sorted(batch.keys()), **about)
 
     def train(self) -> None:

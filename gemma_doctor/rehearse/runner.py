@@ -239,10 +239,10 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
 
         part, note = axolotl.plan_part(raw, training_config.parent if training_config else None,
                                        str(config.get("model_type") or ""))
-        notes.append(note)
         if part is not None:
             plan["axolotl"] = part
-            settings["completion_only"] = part["completion_only"]  # train_on_inputs: false masks the prompt
+        else:
+            notes.append(str(note))
     return plan, findings, notes, repo_id
 
 
