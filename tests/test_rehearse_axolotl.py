@@ -162,3 +162,19 @@ print(json.dumps({"data": axolotl.data(Run), "plan": Run.plan, "notes": Run.note
     assert got["data"] is None and got["plan"] == {}
     assert got["notes"] == ["axolotl's data path for dataset type 'alpaca' does not import here (ModuleNotFoundError: "
                             "No module named 'posthog'): the labels are the rehearsal's own, not axolotl's"]
+
+
+def test_the_terminator_is_the_one_in_the_template_the_rows_are_rendered_with():
+    """A Gemma 4 target without tokenizer files gets the twin's synthetic tokenizer, whose template ends turns with
+    <end_of_turn>: the cure must add that, not Gemma 4's <turn|> (axolotl drops an eot token its template lacks, and
+    the cure would 'not help'). Measured by hand on the tiny Gemma 4 twin: GD972, cure verified with <end_of_turn>."""
+    from types import SimpleNamespace
+
+    from gemma_doctor.rehearse import axolotl
+
+    part = {"terminator": "<turn|>", "cfg": {}, "dataset": {"type": "chat_template"}}
+    gemma3_style = SimpleNamespace(chat_template="{{ '<start_of_turn>' + role }}{{ '<end_of_turn>\n' }}")
+    gemma4_style = SimpleNamespace(chat_template="{{ '<|turn>' + role }}{{ '<turn|>\n' }}")
+    assert axolotl._template_terminator(part, gemma3_style) == "<end_of_turn>"
+    assert axolotl._template_terminator(part, gemma4_style) == "<turn|>"
+    assert axolotl._template_terminator(part, SimpleNamespace(chat_template=None)) == "<turn|>"

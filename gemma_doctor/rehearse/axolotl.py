@@ -118,13 +118,12 @@ def rehearse_cure(finding: Finding, plan: dict[str, Any],
     from gemma_doctor.rehearse.invariants import judge_labels
 
     part = plan["axolotl"]
-    if not part.get("eot_missing"):
-        return finding  # the catalogue's cure is set already: no change to rehearse
-    change = cure(part)
     stages = [s for s in plan["stages"] if s in ("load", "setup", "labels")]
-    records, ended = run_child({**plan, "axolotl": {**part, "overrides": change}, "stages": stages})
+    # The child adds the terminator of the template axolotl renders with (``_data``): the twin's may be another's.
+    records, ended = run_child({**plan, "axolotl": {**part, "cure": True}, "stages": stages})
     labels = [r for r in records if r.get("stage") == "labels" and r.get("status") == "ok"]
-    setting = f"eot_tokens: {json.dumps(change['eot_tokens'])}"
+    change = (labels[-1].get("axolotl") or {}).get("cured_with") if labels else None
+    setting = f"eot_tokens: {json.dumps(change or cure(part)['eot_tokens'])}"
     if ended is None and labels and not any(f.code == "GD972" for f in judge_labels(labels[-1])):
         verdict = f"cure verified in this stack: with {setting} axolotl {part['version']} trains the turn end"
     else:
@@ -205,6 +204,20 @@ def data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any] | N
         return None
 
 
+def _template_terminator(part: Mapping[str, Any], tokenizer: Any) -> str:
+    """The turn terminator found in the chat template axolotl renders the rows with (the plan's guess first)."""
+    try:
+        from axolotl.utils.chat_templates import get_chat_template_from_config
+        from axolotl.utils.dict import DictDefault
+
+        template = get_chat_template_from_config(DictDefault(dict(part["cfg"])), dict(part["dataset"]), tokenizer)
+    except (ImportError, ValueError):  # no template axolotl can name: the tokenizer's own
+        template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    return next((t for t in (part["terminator"], *_TERMINATORS.values(), "<end_of_turn>") if t in template),
+                part["terminator"])
+
+
 def _data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     from gemma_doctor.rehearse.rows import _read_rows
 
@@ -213,7 +226,12 @@ def _data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     # The split the driver makes of the same rows (Run._rows): 8 + 4 of a local file, 6 + 2 synthetic.
     train, evaluation = (rows[:8], rows[8:] or rows[:2]) if rows else (_synthetic(part["dataset"])[:6],
                                                                       _synthetic(part["dataset"])[6:])
-    overrides = part.get("overrides")
+    # The terminator is the one of the template axolotl renders with; the plan's guess is the model type's.
+    part["terminator"] = _template_terminator(part, run.tokenizer)
+    part["eot_missing"] = eot_missing(part)
+    overrides = cure(part) if part.get("cure") else None
+    if overrides:
+        part["cured_with"] = overrides["eot_tokens"]
     got = (tokenized(part, run.tokenizer, train, overrides), tokenized(part, run.tokenizer, evaluation, overrides),
            collator(run.tokenizer))
     run.notes.append(f"labels from axolotl {part['version']}'s `{part['dataset'].get('type')}` prompt strategy on "

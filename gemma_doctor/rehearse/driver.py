@@ -277,7 +277,7 @@ class Run:
                          "eot_trained": any(int(t) in eot for t in labels[r][trained].tolist()),
                          "prompt_masked": int(((labels[r] == -100) & real).sum())})
         # An axolotl run's rows are its prompt strategy's: the judge names its catalogue entry (rehearse/axolotl.py).
-        about = {"axolotl": {k: part[k] for k in ("version", "terminator", "eot_missing") if k in part}} if part else {}
+        about = {"axolotl": {k: part[k] for k in ("version", "terminator", "eot_missing", "cured_with") if k in part}} if part else {}
         # axolotl masks the prompt unless train_on_inputs (its part of the plan; absent where its rows were not used).
         completion_only = part.get("completion_only", bool(self.s.get("completion_only")))
         self.events.write("labels", "ok", per_sample=rows, completion_only=completion_only,
