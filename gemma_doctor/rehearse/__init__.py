@@ -55,6 +55,13 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
 
     if training_config is not None and launch is not None:
         raise UsageError("give --training-config or --launch, not both")
+    if launch is not None:
+        from gemma_doctor.rehearse.axolotl import axolotl_launch
+
+        # `axolotl train CFG`: that config (axolotl's by its keys), its rows through axolotl's data path.
+        axolotl_config = axolotl_launch(launch)
+        if axolotl_config is not None:
+            training_config, launch = axolotl_config, None
     if accelerate_config is not None and (real_weights or (launch is not None and trl_launch(launch) is None)):
         raise UsageError("--accelerate-config rehearses the training config on 2 CPU ranks: not with --real-weights "
                          "or a launched script (`accelerate launch --config_file` names it there)")

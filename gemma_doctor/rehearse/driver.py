@@ -240,10 +240,20 @@ class Run:
                 # A list is a map-style dataset to the Trainer: the plain path needs no `datasets` library.
                 return [dict(encode(r)) for r in rows]
 
+            axolotl_data = None
+            if self.plan.get("axolotl"):
+                # An axolotl run: its own prompt strategy labels the rows, its collator pads them (rehearse/axolotl.py).
+                from gemma_doctor.rehearse import axolotl
+
+                axolotl_data = axolotl.data(self)
+            if axolotl_data is not None:
+                train_set, eval_set, collate = axolotl_data
+            else:
+                train_set, eval_set = prepare(train), prepare(evaluation)
+                collate = transformers.DataCollatorForLanguageModeling(tok, mlm=False)
             args = self._args(transformers.TrainingArguments, output, remove_unused_columns=False)
-            self.trainer = transformers.Trainer(
-                model=model, args=args, train_dataset=prepare(train), eval_dataset=prepare(evaluation),
-                data_collator=transformers.DataCollatorForLanguageModeling(tok, mlm=False))
+            self.trainer = transformers.Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
+                                                data_collator=collate)
         self.model = self.trainer.model
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.events.write("setup", "ok", trainer=type(self.trainer).__name__, trainable=trainable, notes=self.notes)
@@ -256,7 +266,9 @@ class Run:
             self.events.write("labels", "ok", per_sample=None, note="the batch has no labels")
             return
         mask = batch.get("attention_mask")
-        eot = [i for i in {self.tokenizer.convert_tokens_to_ids("<end_of_turn>"), self.tokenizer.eos_token_id}
+        part = self.plan.get("axolotl") or {}
+        ends = {"<end_of_turn>", part.get("terminator") or "<end_of_turn>"}
+        eot = [i for i in {*map(self.tokenizer.convert_tokens_to_ids, ends), self.tokenizer.eos_token_id}
                if isinstance(i, int) and i >= 0 and i != self.tokenizer.unk_token_id]
         # The labels of row r are shifted inside the model: a trained position holds the token to predict.
         rows = []
@@ -268,8 +280,12 @@ class Run:
                          "eot_present": any(t in eot for t in seen),
                          "eot_trained": any(int(t) in eot for t in labels[r][trained].tolist()),
                          "prompt_masked": int(((labels[r] == -100) & real).sum())})
-        self.events.write("labels", "ok", per_sample=rows, completion_only=bool(self.s.get("completion_only")),
-                          keys=sorted(batch.keys()))
+        # An axolotl run's rows are its prompt strategy's: the judge names its catalogue entry (rehearse/axolotl.py).
+        about = {"axolotl": {k: part[k] for k in ("version", "terminator", "eot_missing", "cured_with") if k in part}} if part else {}
+        # axolotl masks the prompt unless train_on_inputs (its part of the plan; absent where its rows were not used).
+        completion_only = part.get("completion_only", bool(self.s.get("completion_only")))
+        self.events.write("labels", "ok", per_sample=rows, completion_only=completion_only,
+                          keys=sorted(batch.keys()), **about)
 
     def train(self) -> None:
         """A few optimizer steps with probes: loss, gradient norm, which parameters moved."""

@@ -31,6 +31,8 @@ LOGITS_RTOL = 0.05
 # Loss and gradient norm of b x k micro-batches against one batch of b*k: the same up to rounding; the accumulation
 # bug of GD739 scales them by k (at least 2).
 ACCUMULATION_RTOL = 0.10
+# The field record of axolotl's untrained turn end (gemma_doctor/rehearse/axolotl.py rehearses its cure).
+AXOLOTL_EOT = "axolotl-gemma-eot-untrained"
 # Catalogue entry -> the change to the twin's config.json that its cure claims fixes the failure (rehearsed).
 CURE_PATCHES: dict[str, dict[str, Any]] = {
     "hybridcache-float": {"text_config.use_cache": False},
@@ -94,11 +96,23 @@ def judge_labels(record: Mapping[str, Any]) -> list[Finding]:
                                "than max_length leaves no completion token)", details={"rows": rows}))
     missed = [i for i, r in enumerate(rows) if r["trained"] and r["eot_present"] and not r["eot_trained"]]
     if missed:
+        fix, details = ("train the turn terminator (<end_of_turn> / eos): axolotl eot_tokens, or a template whose "
+                        "generation block includes it"), {"rows": rows}
+        axolotl = record.get("axolotl")
+        if isinstance(axolotl, Mapping):
+            # The rows are axolotl's own prompt strategy's (rehearse/axolotl.py): its setting is the cure.
+            end = axolotl.get("terminator") or "<end_of_turn>"
+            if axolotl.get("eot_missing"):
+                details["catalogue"] = AXOLOTL_EOT
+                fix = (f"catalogue {AXOLOTL_EOT} (GD780): axolotl {axolotl.get('version')} labels the turn end only "
+                       f"for the tokens in eot_tokens (default: the eos token, which Gemma's template never emits): "
+                       f"set eot_tokens: [\"{end}\"]")
+            else:
+                fix = (f"eot_tokens names {end}, yet axolotl {axolotl.get('version')} leaves it untrained: check the "
+                       "dataset's train_on_eot / train_on_eos (\"none\" masks every turn end)")
         out.append(Finding("GD972", Severity.WARNING,
                            f"{len(missed)} of {len(rows)} samples hold the end-of-turn token but do not train it: "
-                           "the model never learns to stop", key="labels",
-                           fix="train the turn terminator (<end_of_turn> / eos): axolotl eot_tokens, or a template "
-                               "whose generation block includes it", details={"rows": rows}))
+                           "the model never learns to stop", key="labels", fix=fix, details=details))
     if record.get("completion_only"):
         open_ = [i for i, r in enumerate(rows) if r["trained"] and r["prompt_masked"] == 0]
         if open_:

@@ -203,6 +203,9 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     # The twin runs under the trainer check plans the run for (trainers.decide, the reader's one decision): its own
     # loop where the driver has one, else DPO's or GRPO's for such a run, else the SFT loop the config's keys describe.
     decided = tc.trainer if tc is not None else None
+    # axolotl runs its own prompt strategy over the data: where it is importable, the twin's rows are its (axolotl.py).
+    axolotl_run = trainer == "axolotl" or (decided is not None and decided.value is trainers.Trainer.AXOLOTL)
+    trainer = None if trainer == "axolotl" else trainer
     if trainer is None and decided is not None and decided.value.twin is not None:
         trainer = decided.value.twin
     if trainer is None and f"trl-{rl}" in TWIN_LOOPS:
@@ -235,6 +238,15 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
             "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
             "stages": list(GRPO_STAGES if trainer in ONLINE_LOOPS else STAGES), "device": device,
             "cwd": str(Path.cwd())}  # where a GRPO config's reward functions are imported from, as `trl grpo` does
+    if axolotl_run and trainer == "transformers":
+        from gemma_doctor.rehearse import axolotl
+
+        part, note = axolotl.plan_part(raw, training_config.parent if training_config else None,
+                                       str(config.get("model_type") or ""))
+        if part is not None:
+            plan["axolotl"] = part
+        else:
+            notes.append(str(note))
     return plan, findings, notes, repo_id
 
 
@@ -254,7 +266,9 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
     started = time.monotonic()
     plan, findings, notes, repo_id = plan_for(target, cache_dir, revision, training_config, steps,
                                               "script" if script else trainer, device)
-    result = Rehearsal(target, repo_id, plan["trainer"], findings=findings, notes=notes)
+    # An axolotl run whose rows axolotl's own strategy makes is named so (its loop is still transformers' Trainer).
+    result = Rehearsal(target, repo_id, "axolotl" if plan.get("axolotl") else plan["trainer"], findings=findings,
+                       notes=notes)
     if any(f.code == "GD950" for f in findings):
         result.seconds = time.monotonic() - started
         return result
@@ -345,6 +359,10 @@ def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entri
     from gemma_doctor.rehearse import invariants
 
     entry_id = finding.details.get("catalogue") if finding.details else None
+    if entry_id == invariants.AXOLOTL_EOT and plan.get("axolotl"):
+        from gemma_doctor.rehearse import axolotl  # its cure is a config key of axolotl's, rehearsed on its labels
+
+        return axolotl.rehearse_cure(finding, plan, lambda p: _run_child(p, timeout))
     patch = invariants.CURE_PATCHES.get(entry_id or "")
     if not patch:
         return finding
