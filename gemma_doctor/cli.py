@@ -500,14 +500,14 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
 @click.argument("target")
 @_cache_options(all_revisions=False)
 @click.option("--training-config", type=_FILE, default=None,
-              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads; a DPO or GRPO config is "
-                   "rehearsed as DPO or GRPO) or TrainingArguments JSON/YAML; LoRA from use_peft / lora_r / "
-                   "lora_target_modules.")
+              help="The run's TRL SFT config (SFTConfig keys, as `trl sft --config` reads; a DPO, KTO, ORPO or GRPO "
+                   "config is rehearsed as itself), an axolotl or LLaMA-Factory config, or TrainingArguments "
+                   "JSON/YAML; LoRA from use_peft / lora_r / lora_target_modules.")
 @click.option("--launch", default=None, metavar="COMMAND",
-              help="The command that launches the run, quoted: `trl sft|dpo|grpo --config FILE` is rehearsed as that "
-                   "config; "
-                   "`python train.py ...` (or accelerate launch / torchrun of a script) runs the script unedited "
-                   "against the twin, its Trainer probed.")
+              help="The command that launches the run, quoted: `trl sft|dpo|kto|grpo|rloo --config FILE` and "
+                   "`axolotl train FILE` are rehearsed as that config; `llamafactory-cli train FILE` runs "
+                   "LLaMA-Factory's own train on the twin; `python train.py ...` (or accelerate launch / torchrun of "
+                   "a script) runs the script unedited against the twin, its Trainer probed.")
 @click.option("--accelerate-config", type=_FILE, default=None,
               help="The run's accelerate config (FSDP1/FSDP2; DeepSpeed named when not installed): the twin is "
                    "trained on 2 CPU (gloo) ranks with its sharding, what a CPU cannot do replaced and said.")
