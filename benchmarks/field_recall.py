@@ -164,6 +164,13 @@ def llamafactory_report(report: dict) -> bool:
     return "template" in inputs.get("training", {}) or any(_name(w) == "llamafactory" for w in inputs.get("with", []))
 
 
+def axolotl_report(report: dict) -> bool:
+    """A report of an axolotl run: it names axolotl, or its config holds axolotl's own keys."""
+    inputs = report["inputs"]
+    return any(k in inputs.get("training", {}) for k in AXOLOTL_KEYS) \
+        or any(_name(w) == "axolotl" for w in inputs.get("with", []))
+
+
 def provides(versions: dict[str, str], specs: list[str]) -> bool:
     """True when every requirement of ``specs`` is installed at a version it allows."""
     from packaging.requirements import Requirement
@@ -204,8 +211,13 @@ def not_here(report: dict, found: list) -> str | None:
             return None
         return "stack no venv here provides: " + ", ".join(inputs.get("with", [])) + " (LLaMA-Factory's venv: " \
                "llamafactory 0.9.5, transformers 5.6.0)"
-    if trainers:
+    if trainers and trainers != ["axolotl"]:
         return f"trainer not in the stacks here: {trainers[0]}"
+    if trainers and not provides(found[0][2], inputs.get("with", [])):  # found[0]: the pinned stack
+        # axolotl's data path (its prompt strategies and collator) runs beside the pinned stack only: axolotl 0.19.0
+        # without its dependencies, as tests/test_rehearse_axolotl.py runs it (gemma_doctor/rehearse/axolotl.py)
+        return "stack no venv here provides: " + ", ".join(inputs.get("with", [])) + " (axolotl's data path: " \
+               "axolotl 0.19.0 beside the pinned stack)"
     if not any(provides(v, inputs.get("with", [])) for label, _, v in found if label != "LLAMAFACTORY_STACK"):
         return "stack no venv here provides: " + ", ".join(inputs.get("with", []))
     return None
@@ -228,6 +240,11 @@ def rehearse_report(report: dict, tree: Path, found: list, work: Path, timeout: 
     if factory:
         python, folder = venvs.ensure_llamafactory()
         path = os.pathsep.join((str(tree), str(folder)))
+    elif axolotl_report(report):
+        # axolotl's own data path where axolotl is importable (rehearse/axolotl.py): its package, no dependencies
+        from tests.test_catalogue import AXOLOTL
+
+        python, path = Path(sys.executable), os.pathsep.join((str(tree), str(venvs.ensure_packages(AXOLOTL))))
     else:
         python = Path(sys.executable) if packages is None else venvs.ensure_venv(packages)
     inputs = report["inputs"]
