@@ -168,11 +168,12 @@ def _lock_covers(lock: list[str], specs: tuple[str, ...], lock_path: Path) -> No
     """Refuse a lock that does not satisfy every package asked for (a pin or a light dependency changed since --lock):
     installed without resolving, it would build a venv of other versions than the ones asked for."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     pins = dict(_pin(line) for line in lock)
     for spec in specs:
         wanted = Requirement(spec)
-        have = pins.get(_pin(f"{wanted.name}==0")[0])
+        have = pins.get(canonicalize_name(wanted.name))
         if have is None or not wanted.specifier.contains(have, prereleases=True):
             raise RuntimeError(f"the lock {lock_path.name} does not satisfy {spec} (it has {have}; after a deliberate "
                                "change: python -m tests.venvs --lock)")
