@@ -62,6 +62,44 @@ def _pin_hypothesis_constants() -> None:
 _pin_hypothesis_constants()
 
 
+# The modules that took longest in a whole-suite run (junit times of the 28 Nov clean-clone run, docs/ci.md "Suite
+# time"), longest first. xdist's --dist loadfile hands whole modules to the workers in collection order (with
+# --no-loadscope-reorder, pyproject.toml); its default order is by number of tests, which can start a few-test,
+# minute-long module (a rehearsal, a venv build) last, and the run then ends with one worker in it and the other
+# idle. Started first, the many short modules fill in behind them. A module missing here only starts later.
+LONGEST_FIRST = (
+    "tests/test_distributed.py",
+    "tests/test_hub_hostile.py",
+    "tests/test_prescription.py",
+    "tests/test_hub.py",
+    "tests/test_rehearse.py",
+    "tests/test_attacker.py",
+    "tests/test_rehearse_launch.py",
+    "tests/test_rehearse_llamafactory.py",  # added after the ranking run: its own venv, then two LLaMA-Factory runs
+    "tests/test_rehearse_axolotl.py",  # added after the ranking run: three rehearsals, 96-150 s loaded
+    "tests/test_crashes_venvs.py",
+    "tests/test_pitfalls_repro.py",
+    "tests/test_after_training_repro.py",
+    "tests/test_twin.py",
+    "tests/test_catalogue.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Run the known-long modules first, then the rest by number of tests (xdist's own default), each module whole."""
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    count: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        count[module] = count.get(module, 0) + 1
+
+    def key(item) -> tuple[int, int, str]:
+        module = item.nodeid.split("::", 1)[0]
+        return rank.get(module, len(rank)), -count[module], module
+
+    items.sort(key=key)  # stable: a module's own tests keep their order (module-scoped fixtures, parametrize)
+
+
 @pytest.fixture
 def hub(tmp_path) -> HubCache:
     """An empty hub cache in a temporary folder."""

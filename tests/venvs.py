@@ -9,8 +9,11 @@ venv and shadows the shared one, since the venv's own site-packages comes first 
 
 Most of a build was pip's own work, not the download: installs skip byte-compiling (``--no-compile``: Python writes
 the bytecode of the modules a test imports when it first imports them, instead of pip compiling all of transformers
-in advance), and a locked venv is one pip run instead of three. What is installed is the same: a locked venv whose
-``pip freeze`` is not its lock is not marked complete (ensure_venv).
+in advance), and a locked venv is one install instead of three pip runs. A locked venv is installed by uv (a test
+dependency) from its lock's exact versions without resolving again, and the project from one wheel built once
+(project_wheel): two workers then build their venvs at once. What is installed is the same: a locked venv whose
+``pip freeze`` is not its lock, or that fails ``pip check``, is not marked complete (ensure_venv); without uv, pip
+installs it as before.
 """
 
 from __future__ import annotations
@@ -111,6 +114,71 @@ def ensure_packages(packages: tuple[str, ...]) -> Path:
     return _pip_target("pkgs", packages, ("--no-deps", *packages))
 
 
+def project_wheel() -> Path:
+    """The project's wheel, built once per cache and source (pyproject.toml and gemma_doctor/), for every venv to install.
+
+    ``pip install <checkout>`` builds in the working tree's build/ folder: two venvs built at once (two xdist workers)
+    collided there ("File exists: build/bdist.linux-x86_64/wheel/...dist-info"), and serialising those pip runs held
+    one venv's whole install back behind the other's. One wheel, built under a lock, lets the venvs install at once."""
+    sources = [ROOT / "pyproject.toml", *sorted(p for p in (ROOT / "gemma_doctor").rglob("*")
+                                                 if p.is_file() and "__pycache__" not in p.parts)]
+    digest = hashlib.sha256(sys.version.split()[0].encode())
+    for source in sources:
+        digest.update(str(source.relative_to(ROOT)).encode() + b"\0" + source.read_bytes() + b"\0")
+    root = venv_root()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f"wheel-{digest.hexdigest()[:12]}"
+    with open(root / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
+        if not (folder / ".complete").exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-cache-dir",
+                            "--no-deps", "-w", str(folder), str(ROOT)], check=True)
+            (folder / ".complete").write_text("ok\n")
+    (wheel,) = folder.glob("gemma_doctor-*.whl")
+    return wheel
+
+
+def _uv() -> str | None:
+    """The uv binary of the test stack (tests/constraints.txt), or None where this interpreter has none (pip builds)."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    return find_uv_bin()
+
+
+def _pin(line: str) -> tuple[str, str]:
+    """A lock line ``name==version`` as (normalised name, version without torch's local ``+cpu``)."""
+    from packaging.utils import canonicalize_name
+
+    name, version = line.split("==", 1)
+    return canonicalize_name(name), version.strip().replace("+cpu", "")
+
+
+def _distributions(folder: Path) -> set[tuple[str, str]]:
+    """Every distribution installed in ``folder``, as _pin gives a lock line."""
+    from importlib.metadata import distributions
+
+    return {_pin(f"{d.metadata['Name']}=={d.version}") for d in distributions(path=[str(folder)])}
+
+
+def _lock_covers(lock: list[str], specs: tuple[str, ...], lock_path: Path) -> None:
+    """Refuse a lock that does not satisfy every package asked for (a pin or a light dependency changed since --lock):
+    installed without resolving, it would build a venv of other versions than the ones asked for."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = dict(_pin(line) for line in lock)
+    for spec in specs:
+        wanted = Requirement(spec)
+        have = pins.get(canonicalize_name(wanted.name))
+        if have is None or not wanted.specifier.contains(have, prereleases=True):
+            raise RuntimeError(f"the lock {lock_path.name} does not satisfy {spec} (it has {have}; after a deliberate "
+                               "change: python -m tests.venvs --lock)")
+
+
 def _site_packages(python: Path) -> Path:
     out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()
@@ -139,32 +207,50 @@ def ensure_venv(packages: tuple[str, ...] = LEGACY, with_project: bool = True) -
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
         (_site_packages(python) / "_gemma_doctor_shared_torch.pth").write_text(f"{torch_dir}\n")
         pip = _pip(python)
-        # pip builds the project's wheel in the working tree's build/ folder: two venvs built at once (two xdist
-        # workers) collided there ("File exists: build/bdist.linux-x86_64/wheel/...dist-info"), so one at a time.
-        with open(root / "project-build.lock", "w") as building:
+        project = (str(project_wheel()),) if with_project else ()
+        pins = sorted((line for line in pinned_text.splitlines() if line and not line.startswith("#")), key=str.lower)
+        uv = _uv()
+        if pins and uv:
+            # The lock is the whole resolution already (pip's, frozen by --lock): uv installs exactly its wheels, in
+            # parallel and without resolving again, less what the shared torch folder holds at the same version (uv,
+            # unlike pip, does not see a .pth folder as installed). Its cache sits beside the venvs, so a wheel two
+            # venvs share is downloaded once, and the venvs' files are hard links into it (uv's default here).
+            _lock_covers(pins, (*packages, *(LIGHT if with_project else ())), lock_path)
+            shared = _distributions(torch_dir)
+            wanted = [line for line in pins if _pin(line) not in shared]
+            # The venv's own setuptools (65.5.0, from venv's ensurepip) shadows the shared folder's, which torch needs
+            # (>=77.0.3): pip's resolution installed the shared version into the venv, so this build does too. A lock
+            # leaves setuptools out (pip freeze does), so only `pip freeze --all` sees the difference.
+            own = dict(_distributions(_site_packages(python)))
+            wanted += [f"{name}=={version}" for name, version in sorted(shared) if own.get(name, version) != version]
+            subprocess.run([uv, "pip", "install", "--quiet", "--python", str(python), "--no-deps",
+                            "--cache-dir", str(root / "uv-cache"), *wanted, *project], check=True)
+        elif pins:
+            # The lock names every package exactly, so nothing can move the pinned stack: one resolution and one
+            # install instead of three pip runs (the project's own dependencies are in the lock too).
+            subprocess.run([*pip, "-c", str(lock_path), *packages, *((*LIGHT, *project) if with_project else ())],
+                           check=True)
+        else:
+            # No lock yet: the stack is resolved alone, then the project and its light dependencies beside it.
+            subprocess.run([*pip, *packages], check=True)
             if with_project:
-                fcntl.flock(building, fcntl.LOCK_EX)
-            if pinned_text:
-                # The lock names every package exactly, so nothing can move the pinned stack: one resolution and one
-                # install instead of three pip runs (the project's own dependencies are in the lock too).
-                subprocess.run([*pip, "-c", str(lock_path), *packages, *((*LIGHT, str(ROOT)) if with_project else ())],
-                               check=True)
-            else:
-                # No lock yet: the stack is resolved alone, then the project and its light dependencies beside it.
-                subprocess.run([*pip, *packages], check=True)
-                if with_project:
-                    subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
-                    subprocess.run([*pip, *LIGHT], check=True)
+                subprocess.run([*pip, "--no-deps", *project], check=True)
+                subprocess.run([*pip, *LIGHT], check=True)
         (path / ".packages").write_text("\n".join(packages) + "\n")
         if pinned_text:
             # The build's shortcuts (one pip run, no byte-compiling) must not change what is installed: a venv that is
             # not exactly its lock is not marked complete, so the next test that needs it builds it again (a deliberate
             # change, say a new light dependency, is frozen into the lock by --lock, which reads .packages).
-            lock = sorted((line for line in pinned_text.splitlines() if line and not line.startswith("#")), key=str.lower)
             frozen = _frozen(python)
-            if frozen != lock:
+            if frozen != pins:
                 raise RuntimeError(f"{path} is not its lock {lock_path.name} (after a deliberate change: python -m "
-                                   f"tests.venvs --lock): {sorted(set(frozen) ^ set(lock))}")
+                                   f"tests.venvs --lock): {sorted(set(frozen) ^ set(pins))}")
+            # Installed without resolving (uv --no-deps): every requirement of what is there must be met, as pip's
+            # resolution made it (the lock omits setuptools, which torch needs at >=77.0.3).
+            checked = subprocess.run([str(python), "-m", "pip", "check", "--disable-pip-version-check"],
+                                     capture_output=True, text=True)
+            if checked.returncode:
+                raise RuntimeError(f"{path}: pip check: {checked.stdout.strip()}")
         marker.write_text("ok\n")
     return python
 
