@@ -84,21 +84,27 @@ def _pip(python: str | Path) -> list[str]:
     return [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir", "--no-compile"]
 
 
-def _pip_target(prefix: str, keyed: tuple[str, ...], pip_args: tuple[str, ...]) -> Path:
-    """A folder filled once by ``pip install --target`` with ``pip_args`` (the main interpreter's pip), cached under
-    venv_root() by ``keyed`` and this Python's version; a half-built one (no .complete) is built again."""
+def _built_once(name: str, command: list[str]) -> Path:
+    """venv_root()/``name``, filled once by ``command`` (which names the folder itself) under a lock, so pytest-xdist
+    workers or parallel sessions build it once; a half-built one (no .complete) is built again."""
     root = venv_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256("\n".join((sys.version.split()[0], *keyed)).encode()).hexdigest()[:12]
-    target = root / f"{prefix}-{key}"
-    with open(root / f"{prefix}-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
-        if not (target / ".complete").exists():
-            if target.exists():
-                shutil.rmtree(target)
-            subprocess.run([*_pip(sys.executable), "--target", str(target), *pip_args], check=True)
-            (target / ".complete").write_text("ok\n")
-    return target
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            subprocess.run(command, check=True)
+            (folder / ".complete").write_text("ok\n")
+    return folder
+
+
+def _pip_target(prefix: str, keyed: tuple[str, ...], pip_args: tuple[str, ...]) -> Path:
+    """A folder filled once by ``pip install --target`` with ``pip_args`` (the main interpreter's pip), cached under
+    venv_root() by ``keyed`` and this Python's version."""
+    name = f"{prefix}-{hashlib.sha256(chr(10).join((sys.version.split()[0], *keyed)).encode()).hexdigest()[:12]}"
+    return _built_once(name, [*_pip(sys.executable), "--target", str(venv_root() / name), *pip_args])
 
 
 def shared_torch() -> Path:
@@ -125,17 +131,9 @@ def project_wheel() -> Path:
     digest = hashlib.sha256(sys.version.split()[0].encode())
     for source in sources:
         digest.update(str(source.relative_to(ROOT)).encode() + b"\0" + source.read_bytes() + b"\0")
-    root = venv_root()
-    root.mkdir(parents=True, exist_ok=True)
-    folder = root / f"wheel-{digest.hexdigest()[:12]}"
-    with open(root / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
-        if not (folder / ".complete").exists():
-            if folder.exists():
-                shutil.rmtree(folder)
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-cache-dir",
-                            "--no-deps", "-w", str(folder), str(ROOT)], check=True)
-            (folder / ".complete").write_text("ok\n")
+    name = f"wheel-{digest.hexdigest()[:12]}"
+    folder = _built_once(name, [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
+                                "--no-cache-dir", "--no-deps", "-w", str(venv_root() / name), str(ROOT)])
     (wheel,) = folder.glob("gemma_doctor-*.whl")
     return wheel
 
