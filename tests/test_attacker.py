@@ -637,7 +637,7 @@ def test_a_shard_swapped_for_a_link_out_between_census_and_scan_is_not_scanned(w
     world.freeze()
     facts = read_model(resolve([REPO], world.hub.root)[0])
     options = CheckOptions(weights=True)
-    scanned = gather(facts, options, environment(options)).weights_scan
+    scanned = gather(facts, options, environment(options)).facts.weights_scan
     assert scanned.tensors == () and scanned.unreadable == (
         ("model.safetensors", f"a link leads out of the repo folder ({world.victim / 'model.safetensors'})"),)
     world.untouched()
