@@ -186,19 +186,21 @@ def read(source: ModelSource) -> AdapterFacts:
 
 # --- a saved lm_head beside a tied embedding (merged models) ------------------------------------------------
 
-_HEAD = r"(^|\.)lm_head\.weight$"
-_EMBED = r"(^|\.)embed_tokens\.weight$"
-
-
 def head_pair(headers: tuple[SafetensorsHeader, ...]) -> tuple[tuple[SafetensorsHeader, Any] | None,
                                                                 tuple[SafetensorsHeader, Any] | None]:
-    """(header, tensor) of the saved ``lm_head.weight`` and of the language model's ``embed_tokens.weight``."""
+    """(header, tensor) of the saved ``lm_head.weight`` and of the language model's ``embed_tokens.weight`` (a
+    tensor named so, or whose module path ends so)."""
+    # String tests, not regexes: the prescription search asks this of every tensor for each candidate run it judges.
     head = embed = None
     for h in headers:
         for t in h.tensors:
-            if head is None and re.search(_HEAD, t.name):
+            name = t.name
+            if not name.endswith("weight"):
+                continue
+            if head is None and (name == "lm_head.weight" or name.endswith(".lm_head.weight")):
                 head = (h, t)
-            elif embed is None and re.search(_EMBED, t.name) and "vision" not in t.name and "audio" not in t.name:
+            elif (embed is None and (name == "embed_tokens.weight" or name.endswith(".embed_tokens.weight"))
+                  and "vision" not in name and "audio" not in name):
                 embed = (h, t)
     return head, embed
 
