@@ -67,11 +67,9 @@ def measure(tree: Path, imports: float) -> dict:
                                      "--training-config", str(config), "--format", "json"], tree)
     doc = json.loads(done.stdout)["rehearsals"][0] if done.stdout.strip() else {}
     stages = {s["stage"]: s.get("elapsed") for s in doc.get("stages", [])}
-    labels = next((s for s in doc.get("stages", []) if s["stage"] == "labels"), {})
     return {"tree": str(tree), "wall_s": round(wall, 1), "peak_rss_bytes": peak, "imports_only_s": round(imports, 1),
             "wall_over_imports": round(wall / imports, 2), "status": doc.get("status"),
             "findings": [f["code"] for f in doc.get("findings", [])], "stage_elapsed_s": stages,
-            "tokens_per_row": [r.get("tokens") for r in labels.get("per_sample") or []],
             "stack": doc.get("stack"), "cpus": os.cpu_count(), "load_average_before": load,
             "load_average_after": os.getloadavg(), "returncode": done.returncode,
             "stderr": done.stderr[-500:] if done.returncode not in (0, 1) else ""}
@@ -93,8 +91,7 @@ def main() -> int:
         print(f"{label}: rehearsal of gemma-3-12b-it (twin, LoRA SFT, {r['status']}): {r['wall_s']:.1f} s wall "
               f"(target {TARGET_SECONDS:.0f} s), peak RSS {r['peak_rss_bytes'] / 1024**3:.2f} GiB (target "
               f"{TARGET_BYTES / 1024**3:.0f} GiB); rehearsal / imports = {r['wall_over_imports']:.2f}; load average "
-              f"{r['load_average_before'][0]:.1f} -> {r['load_average_after'][0]:.1f}; tokens per row "
-              f"{r['tokens_per_row']}")
+              f"{r['load_average_before'][0]:.1f} -> {r['load_average_after'][0]:.1f}")
         print("  seconds since the child started, per stage: "
               + ", ".join(f"{k} {v}" for k, v in r["stage_elapsed_s"].items()))
     return 0 if all(r["returncode"] in (0, 1) for r in results.values()) else 1
