@@ -230,9 +230,10 @@ def test_old_layout_lora_regex_matches_nothing_on_current_transformers():
     assert "language_model.model.layers" in gd730["examples"]["positive"]["training"]["lora_target_modules"]
 
 
-# axolotl 0.19.0 (the newest release) without its dependencies' stack: its chat_template module needs only these two
-# beside transformers.
-AXOLOTL = ("axolotl==0.19.0", "colorama==0.4.6", "addict==2.4.0")
+# axolotl 0.19.0 (the newest release) without its dependencies' stack: its chat_template module needs only colorama
+# and addict beside transformers; its config validation (the rehearsal runs it first, as `axolotl train` does) also
+# pillow, which its multimodal schema imports.
+AXOLOTL = ("axolotl==0.19.0", "colorama==0.4.6", "addict==2.4.0", "pillow==13.0.0")
 
 
 @pytest.mark.slow

@@ -149,7 +149,8 @@ from gemma_doctor.rehearse.twin import synthetic_tokenizer
 folder = Path(sys.argv[1])
 for name, data in synthetic_tokenizer({"model_type": "gemma3_text", "vocab_size": 256}, 256).items():
     (folder / name).write_bytes(data)
-part, note = axolotl.plan_part({"datasets": [{"path": "x.jsonl", "type": "alpaca"}]}, None, "gemma3_text")
+part, note = axolotl.plan_part({"base_model": "google/tiny-gemma3_text", "learning_rate": 0.001,
+                                "datasets": [{"path": "x.jsonl", "type": "alpaca"}]}, None, "gemma3_text")
 class Run:
     plan, notes, tokenizer = {"axolotl": part}, [], AutoTokenizer.from_pretrained(str(folder))
 print(json.dumps({"data": axolotl.data(Run), "plan": Run.plan, "notes": Run.notes}))
@@ -178,3 +179,51 @@ def test_the_terminator_is_the_one_in_the_template_the_rows_are_rendered_with():
     assert axolotl._template_terminator(part, gemma3_style) == "<end_of_turn>"
     assert axolotl._template_terminator(part, gemma4_style) == "<turn|>"
     assert axolotl._template_terminator(part, SimpleNamespace(chat_template=None)) == "<turn|>"
+
+
+@pytest.mark.slow
+def test_a_config_axolotl_refuses_stops_the_rehearsal_at_setup_with_axolotl_s_own_message(tmp_path):
+    """`batch_size` beside `gradient_accumulation_steps` (each decides the other): `axolotl train` stops at its config
+    validation (axolotl 0.19.0, reproduced). Before, the rehearsal never ran axolotl's validation and trained the twin
+    on a config axolotl would not start with."""
+    (tmp_path / "axolotl.yaml").write_text(CURED + "batch_size: 16\ngradient_accumulation_steps: 4\n")
+    doc = _rehearse(tmp_path, "--training-config", "axolotl.yaml")
+    [f] = doc["findings"]
+    assert f["code"] == "GD956" and f["key"] == "setup", f
+    assert f["message"].endswith("Refused: axolotl 0.19.0 refuses the config: please set only one of "
+                                 "gradient_accumulation_steps or batch_size"), f["message"]
+    assert "the library refuses this setting by a check of its own" in f["fix"], f["fix"]
+    assert [s["stage"] for s in doc["stages"]][-1] == "setup"
+
+
+def test_axolotl_s_validation_refuses_warns_and_gives_its_defaults():
+    """axolotl's own validate_config on the whole config, as `axolotl train` runs it first (axolotl 0.19.0): mutually
+    exclusive keys and a wrong type are refusals in axolotl's words; what it only warns about is returned to be said;
+    the keys the prompt strategy reads come back with the schema's values."""
+    script = """
+import json
+from gemma_doctor.rehearse import axolotl
+base = {"base_model": "google/tiny-gemma3_text", "adapter": "lora", "lora_r": 8, "micro_batch_size": 2,
+        "sequence_len": 128, "learning_rate": 0.001, "datasets": [{"path": "c.jsonl", "type": "chat_template"}]}
+out = {}
+for name, extra in {"clean": {}, "packing": {"sample_packing": True}, "warmup": {"warmup_steps": 10, "warmup_ratio": 0.1},
+                    "rate": {"learning_rate": "fast"}}.items():
+    part, _ = axolotl.plan_part({**base, **extra}, None, "gemma3_text")
+    try:
+        checked, said = axolotl.validated(part)
+        out[name] = {"train_on_inputs": checked.get("train_on_inputs"), "said": said}
+    except axolotl.Refused as e:
+        out[name] = {"refused": str(e)}
+print(json.dumps(out))
+"""
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{subprocess_env()['PYTHONPATH']}")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["clean"] == {"train_on_inputs": False, "said": []}
+    assert any(m.startswith("`sample_packing` without an attention backend does not handle cross-sample "
+                            "decontamination") for m in got["packing"]["said"]), got["packing"]
+    assert got["warmup"] == {"refused": "axolotl 0.19.0 refuses the config: warmup_steps and warmup_ratio are "
+                                        "mutually exclusive"}
+    assert got["rate"] == {"refused": "axolotl 0.19.0 refuses the config: could not convert string to float: 'fast' "
+                                      "(learning_rate)"}

@@ -5,9 +5,11 @@ The parent side (``plan_part``, ``launch_config``, ``rehearse_cure``) imports no
 it looks axolotl up in the environment that rehearses (the user's; nothing is installed). The child side (``data``)
 runs in the rehearsal's child with the twin's tokenizer: ``axolotl.prompt_strategies.load`` (the registry axolotl's
 dataset wrapper calls for a `type:`), ``TokenizedPromptDataset`` (its wrapper) and its ``DataCollatorForSeq2Seq``.
-What is not axolotl's here: the trainer (transformers' Trainer: AxolotlTrainer is a subclass of it), the tokenizer's
-loading (axolotl's `load_tokenizer` needs the whole validated config and its GPU probe), and the config's validation
-(its pydantic schema): the defaults that schema gives the keys the strategy reads are applied below.
+Before the rows, the whole config goes through axolotl's own validation (``validate_config``: its pydantic schema and
+validators, what `axolotl train` runs first): a config axolotl refuses stops the rehearsal at setup with axolotl's
+message, what it warns about is a note, and the keys the strategy reads take the values the schema gives them.
+What is not axolotl's here: the trainer (transformers' Trainer: AxolotlTrainer is a subclass of it) and the
+tokenizer's loading (axolotl's `load_tokenizer` needs the normalised config and its GPU probe).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def plan_part(raw: Mapping[str, Any], config_dir: Path | None,
                 break
     cfg = {**_DEFAULTS, **{k: raw[k] for k in _KEYS if raw.get(k) is not None}}
     part = {"version": version, "dataset": entry, "cfg": cfg, "rows": data, "terminator": terminator(model_type),
-            "completion_only": not bool(cfg["train_on_inputs"])}
+            "completion_only": not bool(cfg["train_on_inputs"]), "config": json.loads(json.dumps(dict(raw), default=str))}
     return {**part, "eot_missing": eot_missing(part)}, None
 
 
@@ -218,10 +220,61 @@ def _template_terminator(part: Mapping[str, Any], tokenizer: Any) -> str:
                 part["terminator"])
 
 
+class Refused(ValueError):
+    """axolotl's validation refused the config (its schema's message, as `axolotl train` would stop with it)."""
+
+
+def validated(part: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, list[str]]:
+    """(the config as axolotl's ``validate_config`` returns it, what axolotl warned while validating) — (None, []) where
+    its validation does not import here. Raises ``Refused`` with axolotl's own messages where it refuses the config."""
+    import copy
+    import logging
+    import warnings
+
+    try:
+        from axolotl.utils.config import validate_config
+        from axolotl.utils.dict import DictDefault
+    except ImportError:
+        return None, []
+    said: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(" ".join(record.getMessage().split()))
+
+    heard, logger = Heard(logging.WARNING), logging.getLogger("axolotl")
+    logger.addHandler(heard)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            checked = validate_config(DictDefault(copy.deepcopy(dict(part.get("config") or {}))))
+    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError (a ValueError) and the validators' own
+        errors = getattr(e, "errors", None)
+        if type(e).__module__.split(".")[0] not in ("pydantic", "pydantic_core") or not callable(errors):
+            raise
+        # pydantic words a validator's ValueError "Value error, <its message>": the message is axolotl's.
+        why = "; ".join(" ".join(str(err.get("msg", "")).removeprefix("Value error, ").split())
+                        + (f" ({'.'.join(map(str, err['loc']))})" if err.get("loc") else "") for err in errors())
+        raise Refused(f"axolotl {part.get('version')} refuses the config: {why}") from None
+    finally:
+        logger.removeHandler(heard)
+    said += [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, (DeprecationWarning, UserWarning,
+                                                                                         FutureWarning))]
+    return checked, list(dict.fromkeys(m for m in said if m))
+
+
 def _data(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     from gemma_doctor.rehearse.rows import _read_rows
 
     part = run.plan["axolotl"]
+    checked, said = validated(part)
+    if checked is None:
+        run.notes.append(f"axolotl {part['version']}'s config validation does not import here: the config was not "
+                         "validated by axolotl")
+    else:
+        # The values axolotl's schema gives the keys its strategy reads (defaults included), as axolotl passes them.
+        part["cfg"] = {**part["cfg"], **{k: checked[k] for k in _KEYS if checked.get(k) is not None}}
+        run.notes += [f"axolotl {part['version']} warns while validating the config: {m}" for m in said]
     rows = _read_rows(Path(part["rows"]), 12) if part.get("rows") else []
     # The split the driver makes of the same rows (Run._rows): 8 + 4 of a local file, 6 + 2 synthetic.
     train, evaluation = (rows[:8], rows[8:] or rows[:2]) if rows else (_synthetic(part["dataset"])[:6],
