@@ -206,8 +206,9 @@ from gemma_doctor.rehearse import axolotl
 base = {"base_model": "google/tiny-gemma3_text", "adapter": "lora", "lora_r": 8, "micro_batch_size": 2,
         "sequence_len": 128, "learning_rate": 0.001, "datasets": [{"path": "c.jsonl", "type": "chat_template"}]}
 out = {}
-for name, extra in {"clean": {}, "packing": {"sample_packing": True}, "warmup": {"warmup_steps": 10, "warmup_ratio": 0.1},
-                    "rate": {"learning_rate": "fast"}}.items():
+cases = {"clean": {}, "packing": {"sample_packing": True}, "warmup": {"warmup_steps": 10, "warmup_ratio": 0.1},
+         "rate": {"learning_rate": "fast"}}
+for name, extra in cases.items():
     part, _ = axolotl.plan_part({**base, **extra}, None, "gemma3_text")
     try:
         checked, said = axolotl.validated(part)

@@ -94,7 +94,10 @@ def plan_part(raw: Mapping[str, Any], config_dir: Path | None,
                 break
     cfg = {**_DEFAULTS, **{k: raw[k] for k in _KEYS if raw.get(k) is not None}}
     part = {"version": version, "dataset": entry, "cfg": cfg, "rows": data, "terminator": terminator(model_type),
-            "completion_only": not bool(cfg["train_on_inputs"]), "config": json.loads(json.dumps(dict(raw), default=str))}
+            "completion_only": not bool(cfg["train_on_inputs"]),
+            # The whole config, for axolotl's own validation in the child (JSON: what YAML holds that JSON cannot, a
+            # date or a key that is not a string, is written as text or left out).
+            "config": json.loads(json.dumps(dict(raw), default=str, skipkeys=True))}
     return {**part, "eot_missing": eot_missing(part)}, None
 
 
@@ -258,8 +261,8 @@ def validated(part: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, list[s
         raise Refused(f"axolotl {part.get('version')} refuses the config: {why}") from None
     finally:
         logger.removeHandler(heard)
-    said += [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, (DeprecationWarning, UserWarning,
-                                                                                         FutureWarning))]
+    said += [" ".join(str(w.message).split()) for w in caught
+             if issubclass(w.category, (DeprecationWarning, UserWarning, FutureWarning))]
     return checked, list(dict.fromkeys(m for m in said if m))
 
 
