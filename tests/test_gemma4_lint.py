@@ -119,6 +119,35 @@ def test_a_language_model_regex_is_fine_and_all_linear_warns(hub, cli, tmp_path)
     assert "GD440" not in f and f["GD441"]["severity"] == "warning"
 
 
+def _with_tower_weights(hub) -> None:
+    """The E2B config with a real safetensors file holding one language-model projection and one vision-tower
+    Gemma4ClippableLinear projection under the checkpoint's own names (its .linear weight and clip bounds)."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    w, bound = np.zeros((4, 4), dtype=np.float32), np.zeros((), dtype=np.float32)
+    tower = "model.vision_tower.encoder.layers.0.self_attn.q_proj"
+    tensors = {"model.language_model.layers.0.self_attn.q_proj.weight": w, f"{tower}.linear.weight": w,
+               **{f"{tower}.{b}": bound for b in ("input_min", "input_max", "output_min", "output_max")}}
+    hub.add("google/gemma-4-E2B-it", {"config.json": E2B, "model.safetensors": save(tensors)})
+
+
+@pytest.mark.parametrize("regex, hits", [("'.*(q|k|v|o)_proj'", True), ("'.*_proj'", True),
+                                         ("'.*language_model.*\\.(q_proj|o_proj)'", False),
+                                         ("'model\\.language_model\\..*q_proj'", False)])
+def test_a_regex_lora_target_that_matches_a_tower_s_clippable_linear_is_an_error(hub, cli, tmp_path, regex, hits):
+    """A rehearsal of '.*(q|k|v|o)_proj' on the Gemma 4 twin met PEFT's refusal while check passed it: PEFT wraps every
+    module whose whole name a regex matches, a tower's Gemma4ClippableLinear included. Judged on the checkpoint's own
+    module names (its safetensors headers)."""
+    _with_tower_weights(hub)
+    f = _lint(hub, cli, tmp_path, f"bf16: true\nlora_target_modules: {regex}\n")
+    assert ("GD440" in f) is hits, f.get("GD440")
+    if hits:
+        assert f["GD440"]["severity"] == "error" and "(a regex) matches 1 of the vision/audio towers' projections" \
+            in f["GD440"]["message"]
+        assert f["GD440"]["details"]["matched"] == ["model.vision_tower.encoder.layers.0.self_attn.q_proj"]
+
+
 def test_gemma4_text_only_checkpoint_has_no_towers_to_hit(hub, cli, tmp_path):
     text_only = {**E2B["text_config"], "architectures": ["Gemma4ForCausalLM"]}
     f = _lint(hub, cli, tmp_path, "bf16: true\nlora_target_modules: [q_proj, v_proj]\n", text_only)

@@ -153,6 +153,18 @@ def _ddp_towers(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
         "ddp_find_unused_parameters: true (slower)", tc, "distributed_type" if dist is not None else "num_processes")
 
 
+def _clippable(model: ModelFacts) -> list[str]:
+    """The module names of the checkpoint's Gemma4ClippableLinear projections (a tower's ``..._proj`` module whose
+    ``nn.Linear`` is saved as ``..._proj.linear.weight`` beside its clip bounds), from its safetensors headers; empty
+    where no header was read."""
+    census = model.census
+    if census is None:
+        return []
+    suffix = ".linear.weight"
+    return sorted({t.name[: -len(suffix)] for h in census.headers for t in h.tensors
+                   if t.name.endswith("_proj" + suffix) and ("vision_tower" in t.name or "audio_tower" in t.name)})
+
+
 def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     fam = model.family
     setting = tc.get("lora_target_modules")
@@ -163,14 +175,28 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     # LLaMA-Factory builds its own regex that leaves the vision tower out (freeze_vision_tower): not judged here.
     judged = not tc.format.own_lora_targets
     plain = [t for t in targets if t in _LINEAR_NAMES]
+    cause = ("which are Gemma4ClippableLinear, not nn.Linear: PEFT stops with \"Target module "
+             "Gemma4ClippableLinear(...) is not supported\" (PEFT #3129; reproduced with PEFT 0.18.1 and 0.21.2 on every "
+             "transformers 5.5.0-5.23.0)")
+    cure = f"target the language model only: target_modules: '{LANGUAGE_MODEL_REGEX}' (a regex string)"
     if towers and judged and plain and len(plain) == len(targets):
-        yield _finding(
-            "GD440", Severity.ERROR,
-            f"LoRA target_modules {plain} also match the vision/audio towers' projections, which are "
-            "Gemma4ClippableLinear, not nn.Linear: PEFT stops with \"Target module Gemma4ClippableLinear(...) is not "
-            "supported\" (PEFT #3129; reproduced with PEFT 0.18.1 and 0.21.2 on every transformers 5.5.0-5.23.0)",
-            f"target the language model only: target_modules: '{LANGUAGE_MODEL_REGEX}' (a regex string)", tc,
-            "lora_target_modules")
+        yield _finding("GD440", Severity.ERROR,
+                       f"LoRA target_modules {plain} also match the vision/audio towers' projections, {cause}", cure, tc,
+                       "lora_target_modules")
+    elif towers and judged and setting is not None and isinstance(setting.value, str) and not all_linear:
+        # A regex string: PEFT wraps every module whose whole name it matches (re.fullmatch), a tower's
+        # Gemma4ClippableLinear included. Judged on the checkpoint's own module names (found by a rehearsal of
+        # '.*(q|k|v|o)_proj' on the Gemma 4 twin, which PEFT refused while this rule passed it).
+        try:
+            pattern = re.compile(setting.value)
+        except re.error:
+            pattern = None  # GD425 says the regex does not compile
+        hit = [m for m in _clippable(model) if pattern is not None and pattern.fullmatch(m)]
+        if hit:
+            yield _finding("GD440", Severity.ERROR,
+                           f"LoRA target_modules '{setting.value}' (a regex) matches {len(hit)} of the vision/audio "
+                           f"towers' projections (e.g. {hit[0]}), {cause}", cure, tc, "lora_target_modules",
+                           matched=hit[:5])
     if towers and judged and all_linear:
         key = "lora_target_linear" if linear is not None and truthy(linear.value) else "lora_target_modules"
         yield _finding(
