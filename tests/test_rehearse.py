@@ -343,3 +343,25 @@ def test_labels_invariants():
             {"tokens": 40, "trained": 40, "eot_present": True, "eot_trained": True, "prompt_masked": 0}]
     codes = [f.code for f in invariants.judge_labels({"per_sample": rows, "completion_only": True})]
     assert codes == ["GD971", "GD972", "GD973"]
+
+
+def test_peft_s_refusal_names_the_entry_of_the_rehearsed_member():
+    """PEFT words its refusal of a module it cannot wrap the same way for every member, and Gemma 3n's timm modules
+    came first in the catalogue: a Gemma 4 twin's refusal (benchmarks/rehearse_members.py, PEFT 0.21.2) was named
+    "gemma3n-lora-timm-modules" with Gemma 3n's cure (GD421). An entry naming its members matches those only."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rehearse import invariants
+
+    tail = (") is not supported. Currently, only the following modules are supported: `torch.nn.Linear`, "
+            "`torch.nn.Embedding`, `torch.nn.Conv1d`, `torch.nn.Conv2d`, `torch.nn.Conv3d`, "
+            "`transformers.pytorch_utils.Conv1D`, `torch.nn.MultiheadAttention.`.")
+    record = {"stage": "setup", "exception": "ValueError",
+              "line": "ValueError: Target module Gemma4ClippableLinear( (linear): Linear(in_features=32, "
+                      "out_features=32, bias=False) " + tail}
+    gemma4 = invariants.crash(record, catalogue.entries(), model_type="gemma4")
+    assert gemma4.details["catalogue"] == "peft-gemma4-clippable-linear" and "(GD440)" in gemma4.fix, gemma4.fix
+    timm = dict(record, line="ValueError: Target module TimmWrapperModel( (timm_model): MobileNetV5Encoder() " + tail)
+    gemma3n = invariants.crash(timm, catalogue.entries(), model_type="gemma3n")
+    assert gemma3n.details["catalogue"] == "gemma3n-lora-timm-modules"
+    other = invariants.crash(timm, catalogue.entries(), model_type="gemma3")
+    assert "catalogue" not in other.details and other.fix.startswith("not in the catalogue")

@@ -43,10 +43,16 @@ def _norm(text: str) -> str:
     return re.sub(r"[\s`'\"]+", " ", text).strip().lower()
 
 
-def catalogue_match(line: str, stage: str, entries: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The catalogue entry whose symptom is this exception line (the symptom's text before any '...' holds in it)."""
+def catalogue_match(line: str, stage: str, entries: Iterable[Mapping[str, Any]],
+                    model_type: str | None = None) -> Mapping[str, Any] | None:
+    """The catalogue entry whose symptom is this exception line (the symptom's text before any '...' holds in it). An
+    entry that names the members it is about (``model_types``) matches those only: one library message (PEFT's refusal
+    of a module it cannot wrap) has a cause per member."""
     got = _norm(line)
     for e in entries:
+        scope = e.get("model_types")
+        if model_type and isinstance(scope, list) and model_type not in scope:
+            continue
         symptom = _norm(str(e.get("symptom", "")).split("...")[0])
         if len(symptom) >= 12 and (symptom in got or (len(got) >= 12 and got in symptom)):
             return e
@@ -57,11 +63,12 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def crash(record: Mapping[str, Any], entries: Iterable[Mapping[str, Any]], cure: str | None = None) -> Finding:
-    """The finding of a stage that raised."""
+def crash(record: Mapping[str, Any], entries: Iterable[Mapping[str, Any]], cure: str | None = None,
+          model_type: str | None = None) -> Finding:
+    """The finding of a stage that raised (``model_type``: the rehearsed model's, which scopes the catalogue match)."""
     stage = record["stage"]
     line = str(record.get("line", record.get("exception", "error")))
-    entry = catalogue_match(line, stage, entries)
+    entry = catalogue_match(line, stage, entries, model_type)
     details: dict[str, Any] = {"stage": stage, "exception": record.get("exception"), "line": line,
                                "frames": record.get("frames", [])}
     if entry is not None:
@@ -226,14 +233,15 @@ def _logits_finding(code: str, diff: Mapping[str, Any], what: str, fix: str, key
     return []
 
 
-def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]) -> list[Finding]:
+def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]],
+          model_type: str | None = None) -> list[Finding]:
     """Every finding of one rehearsal's records (a crash ends the records, so it comes last)."""
     entries = list(entries)
     out: list[Finding] = []
     for r in records:
         stage, status = r.get("stage"), r.get("status")
         if status == "error":
-            out.append(crash(r, entries, r.get("cure")))
+            out.append(crash(r, entries, r.get("cure"), model_type))
             continue
         if status != "ok":
             continue

@@ -215,7 +215,7 @@ def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float
             by_rank.setdefault(r["rank"], []).append(r)
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
     found = invariants.judge([r for r in records if "rank" not in r and r.get("stage") != "stack"],
-                             catalogue.entries())
+                             catalogue.entries(), plan.get("model_type"))
     if ended is not None and ended.startswith("timeout"):
         found.append(Finding("GD952", Severity.ERROR, f"the rehearsal did not finish ({ended}): the process group "
                              "of both ranks was killed", key="ranks",

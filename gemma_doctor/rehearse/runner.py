@@ -235,7 +235,7 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
     repo_id = _repo_id(snap, raw, config)
     plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
-            "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
+            "model_type": str(config.get("model_type") or ""), "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
             "stages": list(GRPO_STAGES if trainer in ONLINE_LOOPS else STAGES), "device": device,
             "cwd": str(Path.cwd())}  # where a GRPO config's reward functions are imported from, as `trl grpo` does
     if axolotl_run and trainer == "transformers":
@@ -303,7 +303,7 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
                          for r in records if r.get("stage") == "stack"), {})
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
     entries = catalogue.entries()
-    found = invariants.judge(result.stages, entries)
+    found = invariants.judge(result.stages, entries, plan.get("model_type"))
     for r in result.stages:
         if r.get("status") == "ok" and r.get("notes"):
             result.notes += list(r["notes"])
