@@ -365,3 +365,32 @@ def test_peft_s_refusal_names_the_entry_of_the_rehearsed_member():
     assert gemma3n.details["catalogue"] == "gemma3n-lora-timm-modules"
     other = invariants.crash(timm, catalogue.entries(), model_type="gemma3")
     assert "catalogue" not in other.details and other.fix.startswith("not in the catalogue")
+
+
+@pytest.mark.parametrize("model_type, architecture, stage, line, instead", [
+    ("embedding_gemma2_text", "EmbeddingGemma2TextModel", "setup",
+     "AttributeError: 'EmbeddingGemma2TextModel' object has no attribute 'prepare_inputs_for_generation'",
+     "sentence-transformers"),
+    ("shieldgemma2", "ShieldGemma2ForImageClassification", "setup",
+     "AttributeError: 'ShieldGemma2ForImageClassification' object has no attribute 'prepare_inputs_for_generation'",
+     "classification loss"),
+    ("t5gemma", "T5GemmaForConditionalGeneration", "train",
+     "ValueError: You must specify exactly one of input_ids or inputs_embeds", "Seq2SeqTrainer"),
+])
+def test_a_crash_of_a_member_that_is_not_a_causal_lm_says_so_instead_of_report_upstream(model_type, architecture,
+                                                                                        stage, line, instead):
+    """Met rehearsing every member's tiny checkpoint with a LoRA SFT config (benchmarks/rehearse_members.py): the
+    embedding models, ShieldGemma 2 and T5Gemma crash under TRL's SFTTrainer, and the fix said "report it upstream to
+    the library of the innermost frame". It is the run's mismatch; the fix names what trains that kind."""
+    from gemma_doctor import catalogue
+    from gemma_doctor.rehearse import invariants, runner
+
+    plan = {"model_type": model_type, "architecture": architecture, "trainer": "trl-sft"}
+    [f] = invariants.judge([{"stage": stage, "status": "error", "exception": line.split(":")[0], "line": line}],
+                           catalogue.entries(), model_type)
+    assert f.fix.startswith("not in the catalogue: report it upstream")
+    told = runner._of_another_kind(f, plan)
+    assert "report it upstream" not in told.fix and instead in told.fix and architecture in told.fix, told.fix
+    assert told.code == f.code and told.message == f.message
+    # A causal LM's crash keeps its own fix.
+    assert runner._of_another_kind(f, {**plan, "model_type": "gemma3_text"}) == f

@@ -303,7 +303,7 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
                          for r in records if r.get("stage") == "stack"), {})
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
     entries = catalogue.entries()
-    found = invariants.judge(result.stages, entries, plan.get("model_type"))
+    found = [_of_another_kind(f, plan) for f in invariants.judge(result.stages, entries, plan.get("model_type"))]
     for r in result.stages:
         if r.get("status") == "ok" and r.get("notes"):
             result.notes += list(r["notes"])
@@ -350,6 +350,41 @@ def _measurable(memory: dict[str, Any] | None) -> tuple[dict[str, Any] | None, s
         return None, "TRL's chunked log-probs, which one forward of the model does not compute"
     return {k: run.get(k) for k in ("method", "batch_size", "seq_len", "lora_r", "lora_targets",
                                     "gradient_checkpointing", "load_dtype")}, None
+
+
+# A member that is not a causal language model, by its role (family.py), and what trains it instead. Each was met as a
+# crash of the rehearsal's LoRA SFT run on the member's tiny checkpoint with TRL 1.16.0, PEFT 0.21.2 and transformers
+# 5.23.0 (benchmarks/rehearse_members.py; docs/rehearsal.md "Every member"): the embedding models and ShieldGemma 2 at
+# setup (PEFT's causal-LM wrapper: "object has no attribute 'prepare_inputs_for_generation'"), T5Gemma and T5Gemma 2 at
+# the first step ("You must specify exactly one of input_ids or inputs_embeds": TRL's SFTTrainer passes no decoder
+# inputs; the same without PEFT).
+_OTHER_KINDS = {
+    "embedding": ("an embedding model (no language-model head)",
+                  "fine-tune it as an embedding model, with sentence-transformers' SentenceTransformerTrainer"),
+    "classifier": ("an image classifier", "fine-tune it as a classifier (a Trainer with its classification loss)"),
+    "encoder-decoder": ("an encoder-decoder model",
+                        "train it with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq (TRL's trainers train "
+                        "decoder-only models)"),
+}
+
+
+def _of_another_kind(finding: Finding, plan: dict[str, Any]) -> Finding:
+    """A crash at setup or at a training step of a member that is not a causal language model (an embedding model, a
+    classifier, an encoder-decoder) under a trainer of causal language models: said as the run's mismatch, with what
+    trains that kind, instead of "report it upstream"."""
+    from dataclasses import replace
+
+    from gemma_doctor.family import member
+
+    m = member(plan.get("model_type"))
+    kind = _OTHER_KINDS.get(m.role) if m is not None else None
+    stage = (finding.details or {}).get("stage")
+    if kind is None or stage not in ("setup", "train") or plan.get("trainer") == "reward":
+        return finding
+    what, instead = kind
+    fix = (f"{m.name} ({plan.get('architecture')}) is {what}, and the rehearsed run trains it as a causal "
+           f"language model ({plan.get('trainer')}): the crash is the run's, not a library's; {instead}")
+    return replace(finding, fix=fix, details={**finding.details, "model_role": m.role})
 
 
 def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any]) -> Finding:
