@@ -43,12 +43,25 @@ COMMANDS: list[tuple[str, ...]] = [
     ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0]),
     ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0],
      "--launch", f"trl sft --config {ARGS_ONLY[0]}", "--format", "json"),
+    # Every other format of every command that runs in seconds (fix and restore without writing; the rehearsal's
+    # views have their own tests: a rehearsal trains for minutes).
+    ("fix", *OLD),
+    ("fix", "--format", "json", *OLD),
+    ("restore", "--dry-run"),
+    ("restore", "--dry-run", "--format", "json"),
+    ("list", "--format", "quiet"),
+    ("list", "-q", "--format", "json"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "T4", "--format", "python"),
+    ("recommend", "--family", "gemma3", "--size", "27b", "--gpu", "T4", "--format", "yaml"),
+    ("completion", "bash"),
+    ("check", "--help"),
 ]
 
 
 def run(tree: str, cache: Path, args: tuple[str, ...], neutral: str) -> tuple[int, bytes, bytes]:
     """One command of gemma-doctor from ``tree``: (exit code, stdout, stderr)."""
-    full = list(args) if args[0] == "recommend" and "--family" in args else [*args, "--cache-dir", str(cache)]
+    alone = (args[0] == "recommend" and "--family" in args) or args[0] == "completion" or "--help" in args
+    full = list(args) if alone else [*args, "--cache-dir", str(cache)]
     env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-m", "gemma_doctor", *full], capture_output=True, cwd=neutral, env=env)
     return p.returncode, p.stdout, p.stderr

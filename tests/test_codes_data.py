@@ -18,8 +18,8 @@ from gemma_doctor.codes import CODES, codes_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gemma_doctor"
-# The modules that decide what a finding is when they show or weigh it.
-DECIDERS = ("listing.py", "render/github.py", "cli.py", "plan/search.py")
+# The modules that decide what a finding is when they show or weigh it (a folder: each of its modules).
+DECIDERS = ("listing.py", "render/github.py", "cli", "plan/search.py")
 CODE = re.compile(r"^GD\d{3}$")
 CODE_OR_RANGE = re.compile(r"^GD\d{0,3}x*$")  # "GD601", and "GD6" / "GD6xx" as a range's prefix
 RULE_NAMES = {f"{r.__module__.rsplit('.', 1)[-1]}.{r.__name__}" for r in rules.RULES}  # "crashes.check"
@@ -55,7 +55,10 @@ def literal_decisions(source: str) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("module", DECIDERS)
 def test_no_view_cli_or_search_decides_by_a_literal_code_or_rule_name(module):
-    found = literal_decisions((PACKAGE / module).read_text())
+    path = PACKAGE / module
+    files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    assert files, module
+    found = [(f"{f.relative_to(PACKAGE)}:{line}", what) for f in files for line, what in literal_decisions(f.read_text())]
     assert not found, f"{module}: {found} (declare it on the code's entry in codes.py or with codes.emits on the rule)"
 
 

@@ -13,9 +13,10 @@ from gemma_doctor.listing import ListFormat
 from gemma_doctor.render import OutputFormat
 from gemma_doctor.render.formats import OUTCOMES, RENDERERS, REPORT, ROWS, VIEWS, Renderer, formats, renderer
 
-CLI = Path(__file__).resolve().parent.parent / "gemma_doctor" / "cli.py"
-# The commands whose output format comes from the registry (recommend's and rehearse's views are their own modules').
-COMMANDS = ("check", "_print_outcomes", "list_models")
+CLI = Path(__file__).resolve().parent.parent / "gemma_doctor" / "cli"
+# The commands whose output format comes from the registry (recommend's and rehearse's views are their own modules'),
+# each in its module of the CLI package.
+COMMANDS = ("check", "fix", "restore", "list_models")
 NAMES = {name for r in RENDERERS.values() for name in (r.name,)} | {f.value for f in OutputFormat} | \
     {f.value for f in ListFormat}
 
@@ -27,7 +28,7 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_the_commands_compare_no_format_name(command: str) -> None:
     """No if/elif on a format: no enum member of a format and no comparison with a format's name in the command."""
-    body = _function(ast.parse(CLI.read_text(encoding="utf-8")), command)
+    body = _function(ast.parse((CLI / f"{command}.py").read_text(encoding="utf-8")), command)
     wrong = []
     for node in ast.walk(body):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in (
