@@ -29,11 +29,24 @@ def _strings(node: ast.AST) -> list[str]:
     return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
+def _reads_a_key(node: ast.AST) -> bool:
+    """Whether ``node`` reads some object's ``key`` (a finding's key: the setting it points at)."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "key" for n in ast.walk(node))
+
+
 def literal_decisions(source: str) -> list[tuple[int, str]]:
     """(line, what) for each place ``source`` decides by a literal code, code range or rule name: a collection literal
-    holding one, a comparison with one, a ``startswith`` of one."""
+    holding one, a comparison with one, a ``startswith`` of one; or by a finding's key: a ``startswith`` /
+    ``endswith`` of a key, a key compared with a string (what a finding is about is its code's entry: Code.accumulation,
+    not a key's suffix)."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "startswith", "endswith") and _reads_a_key(node.func.value):
+            found.append((node.lineno, f"{node.func.attr} of a finding's key"))
+        if isinstance(node, ast.Compare) and any(_reads_a_key(c) for c in (node.left, *node.comparators)) and any(
+                isinstance(c, ast.Constant) and isinstance(c.value, str) for c in (node.left, *node.comparators)):
+            found.append((node.lineno, "a finding's key compared with a string"))
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
             elements = node.keys if isinstance(node, ast.Dict) else node.elts
             for e in elements:
@@ -68,7 +81,13 @@ def test_no_view_cli_or_search_decides_by_a_literal_code_or_rule_name(module):
     ('if f.code in ("GD203", "GD204"):\n    pass\n', True),
     ('if f.code.startswith("GD6"):\n    pass\n', True),
     ('if "GD600" <= f.code < "GD700":\n    pass\n', True),
+    # What plan/search.py held: a finding was about the run's accumulation when its key ended so (Code.accumulation now).
+    ('_ACCUMULATION = "gradient_accumulation_steps"\n'
+     'def _on_accumulation(findings):\n    return any((f.key or "").endswith(_ACCUMULATION) for f in findings)\n', True),
+    ('if f.key == "gradient_accumulation_steps":\n    pass\n', True),
+    ('if "per_device_train_batch_size" in (f.key or ""):\n    pass\n', True),
     ('x = Finding("GD601", Severity.ERROR, "...")\n', False),  # emitting a finding decides nothing about it
+    ('x = Finding("GD739", Severity.WARNING, "...", key=setting.key)\n', False),  # pointing at a key decides nothing
     ('"""GD640 without a training config names config.json."""\n', False),
 ])
 def test_the_literal_finder_finds_what_it_is_for(source, flagged):
@@ -95,6 +114,10 @@ def test_every_rule_declares_the_codes_it_emits():
     assert pins and pins <= frozenset().union(*declared.values())
 
 
+ACCUMULATES = "<a run that accumulates>"
+ACCUMULATES_YAML = "per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\nbf16: true\n"
+
+
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("codes") / "hub"
@@ -107,20 +130,31 @@ def examples(tmp_path_factory) -> Path:
     {"gpu": "T4", "with_packages": ("transformers==4.50.3",)},
     {"gpu": "A100", "training_config": str(ROOT / "examples" / "gemma-4-E2B-it.train.yaml")},
     {"gpu": "none", "with_packages": ("transformers==5.5.0", "trasformers==5.5.0")},
+    # A run that accumulates where Gemma 3's multimodal loss is scaled by the steps (GD739).
+    {"gpu": "A100", "with_packages": ("transformers==4.51.0",), "training_config": ACCUMULATES},
 ])
-def test_every_finding_a_rule_gives_has_a_code_it_declared(examples, options):
-    """The declarations as the rules run: on the example cache's models, each rule's findings are of its own codes."""
+def test_every_finding_a_rule_gives_has_a_code_it_declared(examples, options, tmp_path):
+    """The declarations as the rules run: on the example cache's models, each rule's findings are of its own codes,
+    and a finding at the run's accumulation setting is of a code whose entry says it is about accumulation (what the
+    search reads, Code.accumulation; the entries' side is generated from the catalogue's conditions)."""
     from gemma_doctor import locate, pipeline
     from gemma_doctor.facts import CheckOptions
 
+    if options.get("training_config") == ACCUMULATES:
+        (tmp_path / "run.yaml").write_text(ACCUMULATES_YAML)
+        options = {**options, "training_config": str(tmp_path / "run.yaml")}
     opts = CheckOptions(**options)
     env = pipeline.environment(opts)
     models, _ = pipeline.select(locate.resolve([], examples, "main", False), explicit=False)
-    seen = 0
+    seen, accumulation_seen = 0, False
     for m in models:
         facts = pipeline.decide(pipeline.read_more(m, opts), opts, env).facts
         for rule in rules.RULES:
             for f in rule(facts, env, opts):
                 seen += 1
                 assert f.code in codes_of(rule), (f"{rule.__module__}.{rule.__name__}", f.code)
+                at_accumulation = (f.key or "").split(".")[-1] == "gradient_accumulation_steps"
+                assert at_accumulation <= CODES[f.code].accumulation, (f.code, f.key)
+                accumulation_seen |= CODES[f.code].accumulation
     assert seen
+    assert accumulation_seen is (options.get("with_packages") == ("transformers==4.51.0",))
