@@ -19,6 +19,8 @@ OLD = ("--with", "transformers==4.50.3")  # the HybridCache window: the use_cach
 # A file of TrainingArguments keys alone (written in the neutral folder the commands run in): the trainer decision
 # (gemma_doctor/trainers.py) plans it as a plain Trainer alone and as TRL's SFTTrainer under `trl sft`.
 ARGS_ONLY = ("args-only.yaml", "per_device_train_batch_size: 8\nbf16: true\ngradient_checkpointing: true\n")
+FACTORY = ("factory.yaml", "model_name_or_path: google/gemma-3-12b-it\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+                           "template: gemma3\ndataset: alpaca_en_demo\noutput_dir: out\nbf16: true\n")
 # Each command with the cache appended; together they show every text that names a model (fix, restore and recommend
 # commands, the way out, snippets and the YAML's base_model) in text, JSON, github and YAML.
 COMMANDS: list[tuple[str, ...]] = [
@@ -55,6 +57,14 @@ COMMANDS: list[tuple[str, ...]] = [
     ("recommend", "--family", "gemma3", "--size", "27b", "--gpu", "T4", "--format", "yaml"),
     ("completion", "bash"),
     ("check", "--help"),
+    # --rehearse of a --family plan: no twin to build (said per model), the verdicts in each view without a child.
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "json"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "python"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "yaml"),
+    # The rehearse view without a child: LLaMA-Factory's CLI is not installed here (GD950). Text only: the JSON holds
+    # the seconds the rehearsal took.
+    ("rehearse", "google/gemma-3-12b-it", "--launch", f"llamafactory-cli train {FACTORY[0]}"),
 ]
 
 
@@ -74,7 +84,8 @@ def main() -> int:
         cache = Path(tmp) / "hub"
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                        capture_output=True)
-        (Path(tmp) / ARGS_ONLY[0]).write_text(ARGS_ONLY[1])
+        for name, text in (ARGS_ONLY, FACTORY):
+            (Path(tmp) / name).write_text(text)
         differ = 0
         for args in COMMANDS:
             if run(str(ROOT), cache, args, tmp) != run(base, cache, args, tmp):

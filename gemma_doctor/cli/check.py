@@ -11,7 +11,7 @@ import click
 
 from gemma_doctor.cli import common
 from gemma_doctor.errors import UsageError
-from gemma_doctor.render.formats import REPORT, renderer
+from gemma_doctor.render.formats import CHECK, Checked, renderer
 from gemma_doctor.report import ExitCode, FailOn
 
 
@@ -35,7 +35,7 @@ def _import_numpy_without_blas_threads() -> None:
 @click.command(context_settings=common.CONTEXT)
 @common.targets
 @common.cache_options()
-@common.format_option(REPORT, "Output format (github: GitHub Actions annotations).")
+@common.format_option(CHECK, "Output format (github: GitHub Actions annotations).")
 @click.option("--fail-on", type=common.choice(FailOn), default="error", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--weights", is_flag=True, help="Also read every tensor: NaN/Inf, fp16 overflow, zero embedding rows.")
@@ -68,7 +68,7 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
 
     if weights:
         _import_numpy_without_blas_threads()
-    view, fail_on_ = renderer(fmt, REPORT), FailOn(fail_on.lower())
+    view, fail_on_ = renderer(CHECK, fmt), FailOn(fail_on.lower())
     options = CheckOptions(fail_on=fail_on_, weights=weights, gpu=gpu, task=task,
                            training_config=str(training_config) if training_config else None, launch=launch,
                            jobs=jobs, with_packages=tuple(with_packages), requirements=requirements, remote=remote,
@@ -106,7 +106,7 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
         said = "; ".join(f"{m.target}: {f.message.removesuffix('; left alone')}"
                          for m in not_gemma for f in m.findings if outside(f))
         raise UsageError(f"nothing to check: {said}; gemma-doctor checks Gemma-family models only")
-    common.out(view.report(report, fail_on_, common.color()))
+    common.out(view.render(Checked(report, fail_on_), common.color()))
     for note in report.notes:
         common.hint(note)
     return ExitCode.FINDINGS if report.failed(fail_on_) else ExitCode.OK

@@ -56,12 +56,12 @@ def cache_options(all_revisions: bool = True) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def format_option(view: str, help: str = "Output format.") -> Callable[[Callable], Callable]:  # noqa: A002
-    """--format / -f with the formats that offer ``view`` as its choices, in the registry's order (render/formats.py)."""
+def format_option(command: str, help: str = "Output format.") -> Callable[[Callable], Callable]:  # noqa: A002
+    """--format / -f with ``command``'s formats as its choices, in the registry's order (render/formats.py)."""
     from gemma_doctor.render.formats import formats
 
     def decorate(f: Callable) -> Callable:
-        return click.option("--format", "-f", "fmt", type=choice(formats(view)), default="text", show_default=True,
+        return click.option("--format", "-f", "fmt", type=choice(formats(command)), default="text", show_default=True,
                             help=help)(f)
 
     return decorate

@@ -9,7 +9,7 @@ import click
 
 from gemma_doctor.cli import common
 from gemma_doctor.errors import LockTimeout, WriteError
-from gemma_doctor.render.formats import OUTCOMES, renderer
+from gemma_doctor.render.formats import FIX, Outcomes, renderer
 from gemma_doctor.report import ExitCode
 
 
@@ -17,7 +17,7 @@ from gemma_doctor.report import ExitCode
 @common.targets
 @click.option("--inplace", is_flag=True, help="Apply the changes (default: print the diff only).")
 @common.cache_options()
-@common.format_option(OUTCOMES)
+@common.format_option(FIX)
 @common.lock_option
 @common.stack_options
 def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revision: str, all_revisions: bool, fmt: str,
@@ -55,7 +55,7 @@ def fix(targets: tuple[str, ...], inplace: bool, cache_dir: Optional[Path], revi
                 outcome.messages.append(str(e))
                 failed = True
         outcomes.append(outcome)
-    common.out(renderer(fmt, OUTCOMES).outcomes("fix", outcomes, not inplace, not (failed or refused), common.color()))
+    common.out(renderer(FIX, fmt).render(Outcomes(FIX, outcomes, not inplace, not (failed or refused)), common.color()))
     pending = sum(len(o.changes) for o in outcomes if o.status is Status.WOULD_CHANGE)
     if not inplace and pending:
         common.hint(f"{pending} file(s) would change; run again with --inplace to apply")

@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from gemma_doctor.cli import common
-from gemma_doctor.render.formats import ROWS, renderer
+from gemma_doctor.render.formats import LIST, Rows, renderer
 from gemma_doctor.report import ExitCode
 
 
@@ -19,7 +19,7 @@ from gemma_doctor.report import ExitCode
                    "dtype=bfloat16, name=google/*. Repeatable (all must hold).")
 @click.option("--sort", default=None, help="name, size, family or status, optionally :asc or :desc (size defaults to desc).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show only the first N rows after sorting.")
-@common.format_option(ROWS)
+@common.format_option(LIST)
 @click.option("--quiet", "-q", is_flag=True, help="One repo id per line (same as --format quiet).")
 @common.stack_options
 def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, filters: tuple[str, ...], sort: Optional[str],
@@ -29,13 +29,13 @@ def list_models(cache_dir: Optional[Path], revision: str, all_revisions: bool, f
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.locate import default_cache_dir
 
-    view = renderer("quiet" if quiet else fmt, ROWS)  # --quiet is --format quiet
+    view = renderer(LIST, "quiet" if quiet else fmt)  # --quiet is --format quiet
 
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     rows, skipped = listing.collect(cache, revision, all_revisions,
                                     CheckOptions(with_packages=tuple(with_packages), requirements=requirements))
     shown = listing.select_rows(rows, list(filters), sort, limit)
-    common.out(view.rows(shown, skipped, common.color()))
+    common.out(view.render(Rows(shown, skipped), common.color()))
     if not rows:
         common.hint(f"no Gemma-family model in {cache}; download one with: hf download google/gemma-3-1b-it")
     pending = [r for r in shown if r.status is listing.RowStatus.NEEDS_FIX]

@@ -9,10 +9,8 @@ import click
 
 from gemma_doctor.cli import common
 from gemma_doctor.errors import UsageError
+from gemma_doctor.render.formats import RECOMMEND, Prescriptions, renderer
 from gemma_doctor.report import ExitCode
-
-# Choices as plain strings so that start-up imports no renderer; converted to enums inside the command.
-_FORMATS = ("text", "python", "yaml", "json")
 
 
 @click.command(context_settings=common.CONTEXT)
@@ -24,8 +22,8 @@ _FORMATS = ("text", "python", "yaml", "json")
 @click.option("--quantization", default=None, help="4bit, 8bit or none (default: from the checkpoint's quantization_config).")
 @click.option("--qlora", is_flag=True, help="Shorthand for --quantization 4bit.")
 @common.cache_options(all_revisions=False)
-@click.option("--format", "-f", "fmt", type=common.choice(_FORMATS), default="text", show_default=True,
-              help="text (reasons + Python), python, yaml (the training config check --training-config reads) or json.")
+@common.format_option(RECOMMEND, "text (reasons + Python), python, yaml (the training config check --training-config "
+                                 "reads) or json.")
 @common.stack_options
 @common.remote_option
 @common.memory_options
@@ -46,14 +44,12 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
               rehearse_run: bool = False, rehearse_timeout: float = 300.0) -> int:
     """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
     from gemma_doctor.pipeline import recommend_items
-    from gemma_doctor.render import recommend as view
-    from gemma_doctor.render.recommend import RecommendFormat
 
     if qlora:
         if quantization not in (None, "4bit"):
             raise UsageError("--qlora means --quantization 4bit; drop one of them")
         quantization = "4bit"
-    fmt_ = RecommendFormat(fmt.lower())
+    view = renderer(RECOMMEND, fmt)
     request = common.memory_request(method, batch_size, seq_len, gradient_checkpointing, gpu_memory, num_gpus, size)
     with common.hub_deadline(hub_deadline):
         gpu_facts, items, skipped = recommend_items(list(targets), cache_dir, revision, family, gpu, task,
@@ -61,29 +57,14 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
                                                     str(training_config) if training_config else None)
     for line in skipped:
         common.hint(line)
-    rehearsed: list[Optional[tuple[str, str]]] = []
+    rehearsed: Optional[list[Optional[tuple[str, str]]]] = None
     if rehearse_run:
-        from gemma_doctor.rehearse import rehearsal_json, rehearse_prescriptions
+        from gemma_doctor.rehearse import rehearse_prescriptions
         from gemma_doctor.rehearse.runner import DEFAULT_STEPS
 
         items, rehearsed = rehearse_prescriptions(list(items), rehearse_timeout, DEFAULT_STEPS)
     task_name = next((i.recommendation.inputs["task"] for i in items if i.recommendation is not None), task or "sft")
-    # Comment lines in the python and yaml views keep them pasteable.
-    said = "".join(f"{'' if fmt_ is RecommendFormat.TEXT else '# '}{name}: {verdict}\n"
-                   for name, verdict in filter(None, rehearsed))
-
-    def shown(text: str) -> str:
-        return text if not said else text.rstrip("\n") + "\n" + said
-
-    if fmt_ is RecommendFormat.JSON:
-        text = view.render_json(items, gpu_facts, task_name)
-        common.out(rehearsal_json(text, rehearsed) if rehearse_run else text)
-    elif fmt_ is RecommendFormat.PYTHON:
-        common.out(shown(view.render_python(items, gpu_facts)))
-    elif fmt_ is RecommendFormat.YAML:
-        common.out(shown(view.render_yaml(items, gpu_facts)))
-    else:
-        common.out(shown(view.render_text(items, gpu_facts, common.color())))
+    common.out(view.render(Prescriptions(list(items), gpu_facts, task_name, rehearsed), common.color()))
     if gpu_facts.source == "probe" and gpu_facts.backend == "none":
         common.hint(f"{gpu_facts.reason}; planning for CPU training")
     missing = [i for i in items if not i.prescribed]

@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from gemma_doctor.cli import common
-from gemma_doctor.render.formats import OUTCOMES
+from gemma_doctor.render.formats import REHEARSE, Rehearsals, renderer
 
 
 @click.command(context_settings=common.CONTEXT)
@@ -36,7 +36,7 @@ from gemma_doctor.render.formats import OUTCOMES
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where the twin trains and the real step is measured: auto takes the GPU where torch sees one "
                    "(the real kernels, cuda.max_memory_allocated), cpu keeps the child off every GPU.")
-@common.format_option(OUTCOMES)
+@common.format_option(REHEARSE)
 def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
              launch: Optional[str], accelerate_config: Optional[Path], steps: int, timeout: float, real_weights: bool,
              device: str, fmt: str) -> int:
@@ -45,5 +45,7 @@ def rehearse(target: str, cache_dir: Optional[Path], revision: str, training_con
     temporary folder."""
     from gemma_doctor.rehearse import rehearse_cli
 
+    view = renderer(REHEARSE, fmt)
     return rehearse_cli(target, cache_dir, revision, training_config, launch, steps, timeout, real_weights,
-                        fmt.lower(), common.out, common.hint, device, accelerate_config)
+                        lambda rehearsal: view.render(Rehearsals([rehearsal]), False), common.out, common.hint, device,
+                        accelerate_config)

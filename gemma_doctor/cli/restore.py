@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from gemma_doctor.cli import common
-from gemma_doctor.render.formats import OUTCOMES, renderer
+from gemma_doctor.render.formats import RESTORE, Outcomes, renderer
 from gemma_doctor.report import ExitCode
 
 
@@ -18,7 +18,7 @@ from gemma_doctor.report import ExitCode
 @click.option("--force", is_flag=True, help="Also restore files edited since the fix; your edited version is kept in "
                                             ".gemma-doctor/kept/ (the message says where).")
 @common.cache_options()
-@common.format_option(OUTCOMES)
+@common.format_option(RESTORE)
 @common.lock_option
 def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Optional[Path], revision: str,
             all_revisions: bool, fmt: str, lock_timeout: float) -> int:
@@ -32,6 +32,6 @@ def restore(targets: tuple[str, ...], dry_run: bool, force: bool, cache_dir: Opt
         conflicted |= conflict
         failed |= fail
         outcomes.append(outcome)
-    common.out(renderer(fmt, OUTCOMES).outcomes("restore", outcomes, dry_run, not (failed or conflicted),
-                                                common.color()))
+    common.out(renderer(RESTORE, fmt).render(Outcomes(RESTORE, outcomes, dry_run, not (failed or conflicted)),
+                                             common.color()))
     return ExitCode.WRITE_FAILED if failed else ExitCode.FINDINGS if conflicted else ExitCode.OK
