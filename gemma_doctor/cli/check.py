@@ -103,9 +103,9 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
     not_gemma = [m for m in report.models if any(outside(f) for f in m.findings)]
     if len(not_gemma) == len(report.models):
         # Named explicitly, a non-Gemma model is reported (GD003) beside the Gemma ones; alone, nothing was checked.
-        said = "; ".join(f"{m.target}: {f.message.removesuffix('; left alone')}"
-                         for m in not_gemma for f in m.findings if outside(f))
-        raise UsageError(f"nothing to check: {said}; gemma-doctor checks Gemma-family models only")
+        # Each finding's message is said as the rule wrote it, never cut by its wording.
+        said = "; ".join(f"{m.target}: {f.message}" for m in not_gemma for f in m.findings if outside(f))
+        raise UsageError(f"nothing to check: gemma-doctor checks Gemma-family models only; {said}")
     common.out(view.render(Checked(report, fail_on_), common.color()))
     for note in report.notes:
         common.hint(note)

@@ -518,6 +518,9 @@ def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, 
     if not (current.absent or current.source == _PINNED):
         return None  # the user's own version or range: theirs to change (the way out says how)
     for f in blocking(findings):
+        code = CODES.get(f.code)
+        if code is None or not code.pins:  # which findings a pin answers is their code's entry, not their details
+            continue
         d = f.details or {}
         if d.get("exposure") != "unknown":
             continue
