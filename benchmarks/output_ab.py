@@ -43,6 +43,24 @@ COMMANDS: list[tuple[str, ...]] = [
     ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0]),
     ("check", "google/gemma-3-12b-it", "--fail-on", "never", "--gpu", "A100", "--training-config", ARGS_ONLY[0],
      "--launch", f"trl sft --config {ARGS_ONLY[0]}", "--format", "json"),
+    # Every other format of every command that runs without a child (fix and restore without writing).
+    ("fix", *OLD),
+    ("fix", "--format", "json", *OLD),
+    ("restore", "--dry-run"),
+    ("restore", "--dry-run", "--format", "json"),
+    ("list", "--format", "quiet"),
+    ("list", "-q", "--format", "json"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "T4", "--format", "python"),
+    ("recommend", "--family", "gemma3", "--size", "27b", "--gpu", "T4", "--format", "yaml"),
+    ("check", "--help"),
+    # --rehearse of a --family plan: no twin to build (said per model), the verdicts in each view without a child.
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "json"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "python"),
+    ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "yaml"),
+    # The rehearse view without a child: LLaMA-Factory's CLI is not installed here (GD950). Text only: the JSON holds
+    # the seconds the rehearsal took.
+    ("rehearse", "google/gemma-4-E2B-it", "--launch", f"llamafactory-cli train {TRAIN}"),
 ]
 
 

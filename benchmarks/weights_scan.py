@@ -185,7 +185,9 @@ t = time.perf_counter()
 import gemma_doctor.pipeline as pipeline
 spent["import gemma_doctor.pipeline (rules, plans)"] = time.perf_counter() - t
 import os
-if "OPENBLAS_NUM_THREADS" in open(sys.modules["gemma_doctor.cli"].__file__).read():
+from pathlib import Path
+_cli = Path(sys.modules["gemma_doctor.cli"].__file__)  # cli.py, or the cli/ package of one module per command
+if any("OPENBLAS_NUM_THREADS" in f.read_text() for f in ([_cli] if _cli.name == "cli.py" else _cli.parent.glob("*.py"))):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as this tree's check --weights does before numpy is imported
 t = time.perf_counter()
 import numpy

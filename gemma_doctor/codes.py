@@ -48,6 +48,10 @@ class Code:
     # Its findings name the transformers window (or minimum) they need: where the stack does not say which transformers
     # will run, a version pin in the prescription resolves them (plan/search._pin; "transformers>=5.6.0" for GD105).
     pins: bool = False
+    # Its findings are about the run's gradient accumulation: the same run without accumulation does not meet them, so
+    # where every accumulating run is refused for one, the search prescribes the run without it and says why
+    # (plan/search._on_accumulation; GD739). Generated for the catalogue's codes from their conditions.
+    accumulation: bool = False
 
     @property
     def blocks_prescription(self) -> bool:
@@ -182,7 +186,7 @@ _CODES = [
     Code("GD736", "llama-cpp-python-lacks-gemma3", "llama.cpp builds before Gemma 3 support (llama-cpp-python before 0.3.8) reject its GGUF", site=Site.NONE),
     Code("GD737", "llama-cpp-python-lacks-gemma3n", "llama.cpp bindings with an older vendored llama.cpp (llama-cpp-python before 0.3.10) do not know Gemma 3n", site=Site.NONE),
     Code("GD738", "llama-cpp-python-lacks-gemma4", "llama.cpp builds before Gemma 4 support (llama-cpp-python before 0.3.20) reject its GGUF", site=Site.NONE),
-    Code("GD739", "gemma3-grad-accum-loss-scaled", "Gemma 3's multimodal class under the Trainer with gradient accumulation: the logged loss, the gradients and the update are multiplied by the accumulation steps (transformers before 4.57)", site=Site.RUN),
+    Code("GD739", "gemma3-grad-accum-loss-scaled", "Gemma 3's multimodal class under the Trainer with gradient accumulation: the logged loss, the gradients and the update are multiplied by the accumulation steps (transformers before 4.57)", site=Site.RUN, accumulation=True),
     Code("GD780", "axolotl-gemma-turn-end-untrained", "axolotl's chat_template strategy on Gemma without eot_tokens: the turn terminator (<end_of_turn>, Gemma 4's <turn|>) is masked, so the model never learns to stop", site=Site.RUN),
     # END field catalogue
 

@@ -74,7 +74,7 @@ class FailOn(str, enum.Enum):
 
 
 class ExitCode(enum.IntEnum):
-    """Documented process exit codes (docs/usage.md); only cli.py turns them into exits."""
+    """Documented process exit codes (docs/usage.md); only the CLI (gemma_doctor/cli) turns them into exits."""
 
     OK = 0
     FINDINGS = 1

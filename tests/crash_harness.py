@@ -224,7 +224,7 @@ def _sigint_outcome(code: int, err: str, delay: float, exp: Expected) -> str:
     if "Traceback" in err:
         # Before gemma_doctor/__main__.py runs (runpy importing the package) only Python can answer;
         # once it runs, every Ctrl-C is caught.
-        if "gemma_doctor/__main__.py" not in err and "gemma_doctor/cli.py" not in err and lines and lines[-1] == "KeyboardInterrupt":
+        if "gemma_doctor/__main__.py" not in err and "gemma_doctor/cli" not in err and lines and lines[-1] == "KeyboardInterrupt":
             return "during interpreter start"
         raise AssertionError(f"Ctrl-C after {delay:.3f}s gave a traceback: {err[-500:]!r}")
     if code == -signal.SIGINT and not err:

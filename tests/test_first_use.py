@@ -70,6 +70,18 @@ def test_check_on_a_cache_without_gemma_models_is_a_usage_error_not_a_pass(hub, 
     assert ("1 other repo(s) skipped" in r.err) is (content == "llama-only")
 
 
+def test_check_of_a_named_model_that_is_not_a_gemma_says_what_its_finding_says(hub, cli):
+    """Named alone, a model that is not a Gemma is a usage error that quotes its GD003 finding whole (what a finding
+    is comes from its code's entry, its text as the rule wrote it: tests/test_codes_data.py)."""
+    from tests.builders import llama_config
+
+    hub.add("meta/llama", {"config.json": llama_config()})
+    r = cli("check", "meta/llama", "--cache-dir", hub.root)
+    assert r.code == 2 and r.out == "" and r.err.count("\n") == 1
+    assert r.err == ("gemma-doctor: error: nothing to check: gemma-doctor checks Gemma-family models only; meta/llama: "
+                     "not a Gemma-family model (model_type 'llama'); left alone\n")
+
+
 def test_check_on_a_cache_with_a_gemma_model_still_passes(hub, cli):
     hub.add("google/gemma-3-4b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
     r = cli("check", "--cache-dir", hub.root)

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from gemma_doctor import __version__, cli as cli_mod
+from gemma_doctor import __version__
+from gemma_doctor.cli import common
 from tests.builders import gemma3_12b_config, generation_config
 
 
@@ -19,16 +20,16 @@ class _Tty(io.StringIO):
 
 
 def test_color_needs_a_terminal_and_no_no_color(monkeypatch):
-    assert cli_mod._color(_Tty()) is True
-    assert cli_mod._color(io.StringIO()) is False
+    assert common.color(_Tty()) is True
+    assert common.color(io.StringIO()) is False
     monkeypatch.setenv("NO_COLOR", "1")
-    assert cli_mod._color(_Tty()) is False
+    assert common.color(_Tty()) is False
 
 
 @pytest.mark.parametrize("command", [["check", "google/gemma-3-12b-it"], ["list"], ["fix", "google/gemma-3-12b-it"]])
 def test_terminal_output_is_coloured_unless_no_color(hub, cli, monkeypatch, command):
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
-    monkeypatch.setattr(cli_mod, "_color", lambda stream=None: not os.environ.get("NO_COLOR") and True)
+    monkeypatch.setattr(common, "color", lambda stream=None: not os.environ.get("NO_COLOR") and True)
     coloured = cli(*command, "--cache-dir", hub.root)
     assert "\x1b[" in coloured.out
     monkeypatch.setenv("NO_COLOR", "1")
@@ -60,6 +61,16 @@ def test_shell_completion_is_offered(cli):
     done = subprocess.run([sys.executable, "-c", "from gemma_doctor.cli import main; main()"], capture_output=True, text=True,
                           env=env)
     assert "plain,check" in done.stdout.split()  # click 8 bash protocol: type,value per line
+
+
+def test_a_misspelt_command_is_answered_with_the_one_meant(cli):
+    """The group finds each command's module when it is asked for, and still names the close ones (click >= 8.4)."""
+    import click
+
+    r = cli("chek")
+    assert r.code == 2 and r.err.count("\n") == 1 and "No such command 'chek'" in r.err
+    if hasattr(click.exceptions, "NoSuchCommand"):
+        assert "Did you mean 'check'?" in r.err
 
 
 def test_missing_model_names_the_download_command(hub, cli):

@@ -202,3 +202,17 @@ def test_the_walk_sees_every_kind_of_import(source: str, expected: list[str]) ->
     found = [t for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom))
              for t in _targets(name, is_pkg, node)]
     assert found == expected
+
+
+def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
+    """A command's module imports what the commands share (cli.common) and no other command's, and the group names
+    them without importing them (cli.COMMANDS): running one command loads no other (docs/architecture.md)."""
+    from gemma_doctor.cli import COMMANDS
+
+    commands = {f"gemma_doctor.cli.{module}" for module, _ in COMMANDS.values()}
+    assert commands <= set(MODULES) and {"gemma_doctor.cli", "gemma_doctor.cli.common"} <= set(MODULES)
+    assert set(MODULES) & {n for n in MODULES if n.startswith("gemma_doctor.cli.")} == commands | {
+        "gemma_doctor.cli.common"}, "a module of cli/ that is neither a command nor common.py"
+    wrong = [f"{name} imports {target}" for name in commands | {"gemma_doctor.cli", "gemma_doctor.cli.common"}
+             for target, _, _ in GRAPH[name] if target in commands and target != name]
+    assert not wrong, "\n".join(wrong)

@@ -128,3 +128,16 @@ def test_check_of_one_repo_counts_its_tensors_once(cached):
     res = subprocess.run([sys.executable, "-c", code, "check", "google/gemma-3-12b-it", "--cache-dir", str(cached.root),
                           "--format", "json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert res.stderr.strip().splitlines()[-1] == "[2]"  # the fixture's two tensors, counted once
+
+
+def test_check_imports_no_other_command(cached):
+    """The CLI is one module per command and the group imports a command's module when it runs: check builds none of
+    the other commands' options and loads neither the recommend nor the rehearse views (nor the rehearsal)."""
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA_DOCTOR_PROGRESS"}
+    res = subprocess.run([sys.executable, "-c", LATE_PROBE, "check", "google/gemma-3-12b-it", "--cache-dir",
+                          str(cached.root)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    mods = set(json.loads(res.stderr.strip().splitlines()[-1])["modules"])
+    assert {"gemma_doctor.cli.check", "gemma_doctor.pipeline"} <= mods  # the probe saw the check run
+    others = {f"gemma_doctor.cli.{m}" for m in ("fix", "restore", "recommend", "list_models", "rehearse", "completion")}
+    assert not mods & (others | {"gemma_doctor.render.recommend", "gemma_doctor.render.rehearse"})
+    assert not [m for m in mods if m == "gemma_doctor.rehearse" or m.startswith("gemma_doctor.rehearse.")]

@@ -229,13 +229,25 @@ def _site(when: Mapping[str, Any]) -> str:
     return "RUN" if when.get("training") else "NONE"
 
 
+# The run setting (a key of a condition's "training" clause) that says how many micro-batches a step accumulates.
+ACCUMULATION = "gradient_accumulation_steps"
+
+
+def _on_accumulation(when: Mapping[str, Any]) -> bool:
+    """Whether an entry's condition needs the run to accumulate: a run of one micro-batch per step does not meet it
+    (codes.Code.accumulation)."""
+    training = when.get("training") or {}
+    return ACCUMULATION in training and not match(training[ACCUMULATION], 1)
+
+
 def render_codes() -> str:
     """The GD7xx lines of gemma_doctor/codes.py."""
     lines = [CODES_BEGIN, "    # GD7xx: the field catalogue (gemma_doctor/catalogue/field.json)"]
     for e in sorted(coded(), key=lambda e: e["code"]):
         args = ", ".join(json.dumps(e[k], ensure_ascii=False) for k in ("code", "name", "title"))
         site = _site(e["when"])
-        lines.append(f"    Code({args}{'' if site == 'MODEL' else ', site=Site.' + site}),")
+        accumulation = ", accumulation=True" if _on_accumulation(e["when"]) else ""
+        lines.append(f"    Code({args}{'' if site == 'MODEL' else ', site=Site.' + site}{accumulation}),")
     lines.append(CODES_END)
     return "\n".join(lines)
 

@@ -518,6 +518,9 @@ def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, 
     if not (current.absent or current.source == _PINNED):
         return None  # the user's own version or range: theirs to change (the way out says how)
     for f in blocking(findings):
+        code = CODES.get(f.code)
+        if code is None or not code.pins:  # which findings a pin answers is their code's entry, not their details
+            continue
         d = f.details or {}
         if d.get("exposure") != "unknown":
             continue
@@ -558,17 +561,20 @@ def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, 
     return replace(rec, notes=rec.notes + (note,)), mem
 
 
-_ACCUMULATION = "gradient_accumulation_steps"
+def _about_accumulation(f: Finding) -> bool:
+    """Whether ``f`` is about the run's gradient accumulation, as its code's entry says (codes.Code.accumulation)."""
+    code = CODES.get(f.code)
+    return code is not None and code.accumulation
 
 
 def _on_accumulation(findings: tuple[Finding, ...]) -> bool:
     """A finding on the run's gradient accumulation is among ``findings``."""
-    return any((f.key or "").endswith(_ACCUMULATION) for f in findings)
+    return any(_about_accumulation(f) for f in findings)
 
 
 def _without_accumulation(rec: recommend.Recommendation, full: list[Judged]) -> recommend.Recommendation:
     """The prescription found without accumulation, saying why the effective batch is smaller."""
-    why = next(f for j in full for f in j.blocking if (f.key or "").endswith(_ACCUMULATION))
+    why = next(f for j in full for f in j.blocking if _about_accumulation(f))
     return replace(rec, notes=rec.notes + (f"no gradient accumulation, so a smaller effective batch: every run that "
                                            f"accumulates was refused ({why.code}: {why.fix or why.message})",))
 

@@ -43,14 +43,14 @@ def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
 
 
 def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
-                 launch: Optional[str], steps: int, timeout: float, real_weights: bool, fmt: str,
-                 out: Callable[[str], None], hint: Callable[[str], None], device: str = "auto",
-                 accelerate_config: Optional[Path] = None) -> int:
-    """The `rehearse` command: rehearse, print the view, return the exit code."""
+                 launch: Optional[str], steps: int, timeout: float, real_weights: bool,
+                 render: Callable[[Any], str], out: Callable[[str], None], hint: Callable[[str], None],
+                 device: str = "auto", accelerate_config: Optional[Path] = None) -> int:
+    """The `rehearse` command: rehearse, print the view ``render`` draws of it (the --format's renderer,
+    render/formats.py), return the exit code."""
     import tempfile
 
     from gemma_doctor.readers.gpu import nvidia_driver_present
-    from gemma_doctor.render import rehearse as view
     from gemma_doctor.rehearse.runner import rehearse
 
     if training_config is not None and launch is not None:
@@ -105,7 +105,7 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
                               steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
                               device=device, accelerate_config=accelerate_config)
     result.notes += notes
-    out(view.render_json([result]) if fmt == "json" else view.render_text(result))
+    out(render(result))
     if result.failed:
         hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "
              "before the GPU hour; see docs/rehearsal.md")
@@ -189,15 +189,3 @@ def rehearse_prescriptions(items: list[Any], timeout: float,
                                                                      if f.severity.value == "error")))
         out.append(dataclasses.replace(item, decision=failed))
     return out, lines
-
-
-def rehearsal_json(text: str, verdicts: list[tuple[str, str] | None]) -> str:
-    """recommend's JSON with each model's rehearsal verdict under "rehearsal" (null where nothing was prescribed)."""
-    import json
-
-    from gemma_doctor.render.jsonout import dumps
-
-    doc = json.loads(text)
-    for model, verdict in zip(doc["models"], verdicts):
-        model["rehearsal"] = verdict[1].removeprefix("rehearsed: ") if verdict else None
-    return dumps(doc)

@@ -1,4 +1,4 @@
-"""Renderers turn reports and outcomes into strings; only cli.py prints."""
+"""Renderers turn reports and outcomes into strings; only the CLI (gemma_doctor/cli) prints."""
 
 from __future__ import annotations
 

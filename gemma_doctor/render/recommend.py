@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 SECTION_TITLES = {
     "transformers": "transformers Trainer: TrainingArguments",
@@ -84,8 +84,17 @@ def render_yaml(items: Sequence[Any], gpu: Any) -> str:
     return "---\n".join(docs)
 
 
-def render_json(items: Sequence[Any], gpu: Any, task: str) -> str:
-    """The stable JSON document (docs/precision.md)."""
+def with_verdicts(text: str, rehearsed: Optional[Sequence[Optional[tuple[str, str]]]], prefix: str) -> str:
+    """``text`` and after it each rehearsal's verdict (``recommend --rehearse``), one line each behind ``prefix`` (a
+    comment mark keeps the Python and YAML views pasteable); ``text`` as it is where nothing was rehearsed."""
+    said = "".join(f"{prefix}{name}: {verdict}\n" for name, verdict in filter(None, rehearsed or ()))
+    return text if not said else text.rstrip("\n") + "\n" + said
+
+
+def render_json(items: Sequence[Any], gpu: Any, task: str,
+                rehearsed: Optional[Sequence[Optional[tuple[str, str]]]] = None) -> str:
+    """The stable JSON document (docs/precision.md); rehearsed (``recommend --rehearse``): each model's verdict under
+    "rehearsal" (null where nothing was prescribed)."""
     from gemma_doctor.render.jsonout import dumps
 
     # check-jsonschema's shape: the outcome first, as the exit code tells it (0 ok, 1 no prescription for some model).
@@ -95,6 +104,9 @@ def render_json(items: Sequence[Any], gpu: Any, task: str) -> str:
         entry = i.to_json()
         entry["status"] = "prescribed" if i.prescribed else "no-prescription"
         models.append(entry)
+    if rehearsed is not None:
+        for entry, verdict in zip(models, rehearsed):
+            entry["rehearsal"] = verdict[1].removeprefix("rehearsed: ") if verdict else None
     return dumps({"schema_version": 1, "command": "recommend", "status": status, "task": task, "gpu": gpu.to_json(),
                   "models": models})
 
