@@ -374,6 +374,9 @@ def test_peft_s_refusal_names_the_entry_of_the_rehearsed_member():
     ("shieldgemma2", "ShieldGemma2ForImageClassification", "setup",
      "AttributeError: 'ShieldGemma2ForImageClassification' object has no attribute 'prepare_inputs_for_generation'",
      "classification loss"),
+    ("diffusion_gemma", "DiffusionGemmaForBlockDiffusion", "setup",
+     "AttributeError: 'DiffusionGemmaForBlockDiffusion' object has no attribute 'prepare_inputs_for_generation'",
+     "diffusion objective"),
     ("t5gemma", "T5GemmaForConditionalGeneration", "train",
      "ValueError: You must specify exactly one of input_ids or inputs_embeds", "Seq2SeqTrainer"),
 ])

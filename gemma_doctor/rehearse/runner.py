@@ -354,14 +354,16 @@ def _measurable(memory: dict[str, Any] | None) -> tuple[dict[str, Any] | None, s
 
 # A member that is not a causal language model, by its role (family.py), and what trains it instead. Each was met as a
 # crash of the rehearsal's LoRA SFT run on the member's tiny checkpoint with TRL 1.16.0, PEFT 0.21.2 and transformers
-# 5.23.0 (benchmarks/rehearse_members.py; docs/rehearsal.md "Every member"): the embedding models and ShieldGemma 2 at
-# setup (PEFT's causal-LM wrapper: "object has no attribute 'prepare_inputs_for_generation'"), T5Gemma and T5Gemma 2 at
-# the first step ("You must specify exactly one of input_ids or inputs_embeds": TRL's SFTTrainer passes no decoder
-# inputs; the same without PEFT).
+# 5.23.0 (benchmarks/rehearse_members.py; docs/rehearsal.md "Every member"): the embedding models, ShieldGemma 2 and
+# DiffusionGemma at setup (PEFT's causal-LM wrapper: "object has no attribute 'prepare_inputs_for_generation'"),
+# T5Gemma and T5Gemma 2 at the first step ("You must specify exactly one of input_ids or inputs_embeds": TRL's
+# SFTTrainer passes no decoder inputs; the same without PEFT).
 _OTHER_KINDS = {
     "embedding": ("an embedding model (no language-model head)",
                   "fine-tune it as an embedding model, with sentence-transformers' SentenceTransformerTrainer"),
     "classifier": ("an image classifier", "fine-tune it as a classifier (a Trainer with its classification loss)"),
+    "diffusion": ("a block-diffusion language model (it denoises blocks of tokens: no next-token objective)",
+                  "train it with the diffusion objective its own training recipe gives, not a causal-LM trainer"),
     "encoder-decoder": ("an encoder-decoder model",
                         "train it with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq (TRL's trainers train "
                         "decoder-only models)"),
