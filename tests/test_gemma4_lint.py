@@ -119,9 +119,10 @@ def test_a_language_model_regex_is_fine_and_all_linear_warns(hub, cli, tmp_path)
     assert "GD440" not in f and f["GD441"]["severity"] == "warning"
 
 
-def _with_tower_weights(hub) -> None:
-    """The E2B config with a real safetensors file holding one language-model projection and one vision-tower
-    Gemma4ClippableLinear projection under the checkpoint's own names (its .linear weight and clip bounds)."""
+def _with_tower_weights(hub, config: dict | None = None) -> None:
+    """The E2B config (or ``config``) with a real safetensors file holding one language-model projection and one
+    vision-tower Gemma4ClippableLinear projection under the checkpoint's own names (its .linear weight and clip
+    bounds)."""
     import numpy as np
     from safetensors.numpy import save
 
@@ -129,7 +130,7 @@ def _with_tower_weights(hub) -> None:
     tower = "model.vision_tower.encoder.layers.0.self_attn.q_proj"
     tensors = {"model.language_model.layers.0.self_attn.q_proj.weight": w, f"{tower}.linear.weight": w,
                **{f"{tower}.{b}": bound for b in ("input_min", "input_max", "output_min", "output_max")}}
-    hub.add("google/gemma-4-E2B-it", {"config.json": E2B, "model.safetensors": save(tensors)})
+    hub.add("google/gemma-4-E2B-it", {"config.json": config or E2B, "model.safetensors": save(tensors)})
 
 
 @pytest.mark.parametrize("regex, hits", [("'.*(q|k|v|o)_proj'", True), ("'.*_proj'", True),
@@ -146,6 +147,21 @@ def test_a_regex_lora_target_that_matches_a_tower_s_clippable_linear_is_an_error
         assert f["GD440"]["severity"] == "error" and "(a regex) matches 1 of the vision/audio towers' projections" \
             in f["GD440"]["message"]
         assert f["GD440"]["details"]["matched"] == ["model.vision_tower.encoder.layers.0.self_attn.q_proj"]
+
+
+def test_a_member_built_on_gemma4_s_towers_is_judged_by_its_checkpoint_s_projections(hub, cli, tmp_path):
+    """DiffusionGemma (and EmbeddingGemma 2) carry Gemma 4's towers: their twins met PEFT's Gemma4ClippableLinear
+    refusal under plain target names (benchmarks/rehearse_members.py) while GD440 looked at model_type gemma4 only."""
+    diffusion = {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+                 "text_config": {**E2B["text_config"], "model_type": "diffusion_gemma_text"},
+                 "vision_config": {**E2B["vision_config"]}}
+    _with_tower_weights(hub, diffusion)
+    (tmp_path / "train.yaml").write_text("bf16: true\nlora_target_modules: [q_proj, v_proj]\n")
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config",
+            tmp_path / "train.yaml", "--format", "json")
+    [model] = r.json()["models"]
+    f = {x["code"]: x for x in model["findings"]}
+    assert model["family"] == "diffusion_gemma" and f["GD440"]["severity"] == "error", model["findings"]
 
 
 def test_gemma4_text_only_checkpoint_has_no_towers_to_hit(hub, cli, tmp_path):

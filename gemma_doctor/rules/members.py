@@ -171,9 +171,13 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     linear = tc.get("lora_target_linear")
     targets = _targets(setting.value) if setting is not None else []
     all_linear = (linear is not None and truthy(linear.value)) or targets in (["all-linear"], ["all_linear"])
-    towers = fam.model_type == "gemma4" and _has_towers(model)
     # LLaMA-Factory builds its own regex that leaves the vision tower out (freeze_vision_tower): not judged here.
     judged = not tc.format.own_lora_targets
+    # The checkpoint's own Gemma4ClippableLinear projections where its headers were read (Gemma 4, and the members
+    # built on its towers: DiffusionGemma, EmbeddingGemma 2, whose twins PEFT refused alike); else Gemma 4's towers by
+    # its config. Read only where targets are given: the search judges every candidate run with this rule.
+    clippable = _clippable(model) if judged and (setting is not None or linear is not None) else []
+    towers = bool(clippable) or (fam.model_type == "gemma4" and _has_towers(model))
     plain = [t for t in targets if t in _LINEAR_NAMES]
     cause = ("which are Gemma4ClippableLinear, not nn.Linear: PEFT stops with \"Target module "
              "Gemma4ClippableLinear(...) is not supported\" (PEFT #3129; reproduced with PEFT 0.18.1 and 0.21.2 on every "
@@ -191,7 +195,7 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
             pattern = re.compile(setting.value)
         except re.error:
             pattern = None  # GD425 says the regex does not compile
-        hit = [m for m in _clippable(model) if pattern is not None and pattern.fullmatch(m)]
+        hit = [m for m in clippable if pattern is not None and pattern.fullmatch(m)]
         if hit:
             yield _finding("GD440", Severity.ERROR,
                            f"LoRA target_modules '{setting.value}' (a regex) matches {len(hit)} of the vision/audio "
@@ -201,7 +205,8 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
         key = "lora_target_linear" if linear is not None and truthy(linear.value) else "lora_target_modules"
         yield _finding(
             "GD441", Severity.WARNING,
-            "all-linear LoRA on Gemma 4 also puts adapters inside the vision and audio towers (on the inner .linear of "
+            f"all-linear LoRA on {fam.display_name} also puts adapters inside the vision and audio towers (on the inner "
+            ".linear of "
             "every Gemma4ClippableLinear): adapters a text-only run never trains, which also leave DDP with unused "
             "parameters",
             f"for text-only training target the language model only: target_modules: '{LANGUAGE_MODEL_REGEX}'", tc, key)
