@@ -134,10 +134,15 @@ def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch
     code, doc = launch(cli, tmp_path, line)
     assert doc["findings"] == [] and code == 0
     assert stages(doc) == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"),
-                           ("save", "ok")]
-    setup, train = doc["stages"][1], doc["stages"][4]
+                           ("save", "ok"), ("generate", "ok"), ("merge", "ok")]
+    setup, train, generate, merge = (doc["stages"][i] for i in (1, 4, 6, 7))
     assert setup["trainer"] == trainer
     assert len(train["losses"]) == 3 and train["moved"] == train["trainable"] > 0  # 50 epochs capped at 3 steps
+    # After train(), on the checkpoint the save stage reloaded: generation with and without the KV cache, the adapter
+    # merged, saved and reloaded from the merged folder.
+    assert generate["cached"] == generate["uncached"] and len(generate["cached"]) > generate["prompt"]
+    assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]
+    assert merge["reloaded"]["max_abs_diff"] < 0.05 * merge["reloaded"]["scale"]
     assert not Path("/tmp/gemma-doctor-launch-test-never-written").exists()
 
 
@@ -190,6 +195,36 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
     pid = int(pid_file.read_text())  # the script did start within the deadline
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+# -- after train(): the reloaded copy generated from and merged -------------------------------------------------------
+def launch_in(python: Path, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
+    """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS; twins
+    kept in tmp_path/twins."""
+    import subprocess
+
+    from tests.venvs import subprocess_env
+
+    done = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model_folder(tmp_path, "gemma3_text")),
+                           "--launch", line, "--format", "json", *extra], cwd=SCRIPTS, capture_output=True, text=True,
+                          timeout=900, env=subprocess_env(**{kept.ENV: str(tmp_path / "twins")}))
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)["rehearsals"][0]
+
+
+@pytest.mark.slow
+def test_a_scripts_modules_to_save_adapter_merged_on_peft_0171_loses_the_head(tmp_path):
+    """PEFT 0.17.1 (facts.md section 13): LoRA with modules_to_save [embed_tokens, lm_head] on tied embeddings. The
+    script saves and trains as it is; the merge stage, on the checkpoint the rehearsal reloaded, finds the merged folder
+    reloading as another model (the head tied back). Before the merge stage existed a launched script passed clean."""
+    from tests.venvs import V4_LATE, ensure_venv
+
+    code, doc = launch_in(ensure_venv(V4_LATE), tmp_path, f"python train_hf.py {REPO} --modules-to-save", "--steps", "5")
+    assert doc["stack"]["peft"] == "0.17.1" and doc["stack"]["transformers"] == "4.57.6"
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD977"], doc["findings"]
+    assert stages(doc)[-3:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok")]
+    [merge] = [s for s in doc["stages"] if s["stage"] == "merge"]
+    assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]  # the merge itself is base + adapter
 
 
 # -- gradient accumulation (the driver's accumulation stage) ---------------------------------------------------------

@@ -231,9 +231,11 @@ def _wrap(module: Any) -> None:
             s.error("train", e)
             raise
         try:
-            run.save()
+            reloaded = run.save()
         except Exception as e:  # noqa: BLE001 - the save stage's failure is a finding, the script goes on
             s.error("save", e)
+        else:
+            on_the_copy(run, reloaded)
         return out
 
     @functools.wraps(evaluate)
@@ -253,6 +255,24 @@ def _wrap(module: Any) -> None:
 
 
 _WRAPS = {_MODULE: _wrap, _ARGS_MODULE: _wrap_args}
+
+
+def on_the_copy(run: Any, reloaded: Any) -> None:
+    """The driver's generate and merge stages on the copy the save stage reloaded: the script's own model, which it
+    goes on using after train(), is never generated from nor merged. Rank 0 only (these stages run no collective)."""
+    if not STATE.speaks:
+        return
+    model = run.model
+    run.model = reloaded
+    try:
+        for name, stage in (("generate", run.generate), ("merge", run.merge)):
+            try:
+                stage()
+            except Exception as e:  # noqa: BLE001 - each stage's failure is a finding; the copy's next stage and
+                # the script go on (the merge needs no generation, and the script never sees this copy)
+                STATE.error(name, e)
+    finally:
+        run.model = model
 
 
 def _run(trainer: Any) -> Any:
