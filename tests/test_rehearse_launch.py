@@ -197,7 +197,7 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
         os.kill(pid, 0)
 
 
-# -- after train(): the reloaded copy generated from and merged -------------------------------------------------------
+# -- after train(): the reloaded copy generated from and merged; a catalogue cure rerun -------------------------------
 def launch_in(python: Path, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
     """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS; twins
     kept in tmp_path/twins."""
@@ -225,6 +225,39 @@ def test_a_scripts_modules_to_save_adapter_merged_on_peft_0171_loses_the_head(tm
     assert stages(doc)[-3:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok")]
     [merge] = [s for s in doc["stages"] if s["stage"] == "merge"]
     assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]  # the merge itself is base + adapter
+
+
+@pytest.mark.slow
+def test_a_scripts_hybridcache_crash_is_cured_by_the_catalogues_config_change_rerun_once(tmp_path):
+    """transformers 4.50.0 (facts.md section 1): the script's bf16 evaluation of Gemma 3 crashes in accelerate's
+    convert_to_fp32. Its catalogue cure is a change of config.json (use_cache false on a text-only model): the command
+    runs once more on the twin so changed, and its evaluation passes. The rerun's twin is the first run's, kept, with
+    the change made to its copy: one twin built."""
+    from tests.venvs import LEGACY, ensure_venv
+
+    code, doc = launch_in(ensure_venv(LEGACY), tmp_path, f"python train_hf.py {REPO} --bf16")
+    assert doc["stack"]["transformers"] == "4.50.0"
+    [f] = doc["findings"]
+    assert code == 1 and f["code"] == "GD958" and f["details"]["catalogue"] == "hybridcache-float", f
+    assert f["details"]["cure"] == "cure verified in this stack: with use_cache: false in config.json the eval stage " \
+                                   "passes", f
+    assert stages(doc)[-1] == ("eval", "error")
+    assert len(list((tmp_path / "twins").iterdir())) == 1
+
+
+def test_a_catalogue_cure_a_launched_script_cannot_take_is_said_not_rehearsed(tmp_path):
+    """A cure that is not a change of the twin (token_type_ids: a collator change or an upgrade) is not applied to a
+    launched script, and the report says so; the driver's run says nothing more, as before. No child runs."""
+    from gemma_doctor.rehearse.runner import _rehearse_cure
+    from gemma_doctor.report import Finding, Severity
+
+    found = Finding("GD957", Severity.ERROR, "the rehearsal crashed at training", key="train", fix="catalogue X",
+                    details={"stage": "train", "catalogue": "token-type-ids-required"})
+    plan = {"target_dir": str(model_folder(tmp_path, "gemma3_text")), "stages": ["train"]}
+    said = _rehearse_cure(found, plan, 1, [], ["python", "train.py"])
+    assert said.details["cure"].startswith("its cure is not rehearsed: the launched command runs with its script")
+    assert said.fix.startswith("catalogue X; its cure is not rehearsed")
+    assert _rehearse_cure(found, plan, 1, []) is found
 
 
 # -- gradient accumulation (the driver's accumulation stage) ---------------------------------------------------------
@@ -334,6 +367,31 @@ def test_a_kept_twin_is_the_twin_the_build_child_writes(twins, tmp_path):
     copied = Path({r["stage"]: r for r in found}["twin"]["snapshot"])
     assert copied.is_relative_to(tmp_path / "hub")
     assert (copied / "model.safetensors").read_bytes() == (snapshot / "model.safetensors").read_bytes()
+
+
+def test_a_cures_rerun_takes_the_kept_twin_less_the_cure_with_the_change_made_to_its_copy(tmp_path):
+    """kept.find_patched: the twin kept under the inputs without the cure, copied, its config.json changed as the build
+    child changes it; the kept twin itself unchanged. Nothing kept: None (the rerun builds its twin)."""
+    folder = model_folder(tmp_path, "gemma3_text")
+    plan = {"target_dir": str(folder), "repo_id": REPO}
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--google--tiny-gemma3_text" / "snapshots" / "abc"
+    blobs = hub / "models--google--tiny-gemma3_text" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "c0").write_text(json.dumps({"model_type": "gemma3_text", "use_cache": True}))
+    (snapshot / "config.json").symlink_to(os.path.relpath(blobs / "c0", snapshot))
+    twins = tmp_path / "twins"
+    kept.keep(twins, kept.key(plan), hub, [{"stage": "twin", "status": "ok", "snapshot": str(snapshot)}])
+    cured = {**plan, "config_patch": {"use_cache": False, "text_config.x": 1}}
+    assert kept.find_patched(tmp_path / "none", cured, tmp_path / "empty") is None
+    records = kept.find_patched(twins, cured, tmp_path / "copy")
+    [twin] = records
+    assert twin["patched"] == {"use_cache": False, "text_config.x": 1}
+    assert json.loads((Path(twin["snapshot"]) / "config.json").read_text()) == \
+        {"model_type": "gemma3_text", "use_cache": False, "text_config": {"x": 1}}
+    [entry] = twins.iterdir()
+    assert json.loads((entry / "hub" / "models--google--tiny-gemma3_text" / "blobs" / "c0").read_text())["use_cache"]
 
 
 def test_a_twin_folder_that_cannot_be_used_is_passed_over(tmp_path):
