@@ -5,8 +5,9 @@ parent judges a launched script with the same invariants (gemma_doctor/rehearse/
 
 The user's script is never edited. What the wrapper changes on the Trainer's arguments: a few steps (max_steps),
 evaluation and saving every step where the script configured them, logging every step, outputs under the
-temporary folder, no reporting or pushing anywhere. Runs in the child only: it imports transformers, never the
-parent.
+temporary folder, no reporting or pushing anywhere. After train() returns, the checkpoint is saved and reloaded
+into a copy, and the driver's generate and merge stages run on that copy (the script goes on with its own model).
+Runs in the child only: it imports transformers, never the parent.
 """
 
 from __future__ import annotations
