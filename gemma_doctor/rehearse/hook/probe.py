@@ -277,7 +277,8 @@ def on_the_copy(run: Any, reloaded: Any) -> None:
 
 
 def _run(trainer: Any) -> Any:
-    """The driver's stages (labels, save and reload) bound to the script's trainer instead of the driver's own."""
+    """The driver's stages (labels, save and reload, then generate and merge on the reloaded copy) bound to the
+    script's trainer instead of the driver's own."""
     import transformers
 
     from gemma_doctor.rehearse.driver import Run
