@@ -232,7 +232,7 @@ def _wrap(module: Any) -> None:
             s.error("train", e)
             raise
         try:
-            reloaded = run.save()
+            reloaded = run.save(reload=s.speaks)
         except Exception as e:  # noqa: BLE001 - the save stage's failure is a finding, the script goes on
             s.error("save", e)
         else:
