@@ -134,10 +134,15 @@ def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch
     code, doc = launch(cli, tmp_path, line)
     assert doc["findings"] == [] and code == 0
     assert stages(doc) == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"),
-                           ("save", "ok")]
-    setup, train = doc["stages"][1], doc["stages"][4]
+                           ("save", "ok"), ("generate", "ok"), ("merge", "ok")]
+    setup, train, generate, merge = (doc["stages"][i] for i in (1, 4, 6, 7))
     assert setup["trainer"] == trainer
     assert len(train["losses"]) == 3 and train["moved"] == train["trainable"] > 0  # 50 epochs capped at 3 steps
+    # After train(), on the checkpoint the save stage reloaded: generation with and without the KV cache, the adapter
+    # merged, saved and reloaded from the merged folder.
+    assert generate["cached"] == generate["uncached"] and len(generate["cached"]) > generate["prompt"]
+    assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]
+    assert merge["reloaded"]["max_abs_diff"] < 0.05 * merge["reloaded"]["scale"]
     assert not Path("/tmp/gemma-doctor-launch-test-never-written").exists()
 
 
@@ -190,6 +195,69 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
     pid = int(pid_file.read_text())  # the script did start within the deadline
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+# -- after train(): the reloaded copy generated from and merged; a catalogue cure rerun -------------------------------
+def launch_in(python: Path, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
+    """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS; twins
+    kept in tmp_path/twins."""
+    import subprocess
+
+    from tests.venvs import subprocess_env
+
+    done = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model_folder(tmp_path, "gemma3_text")),
+                           "--launch", line, "--format", "json", *extra], cwd=SCRIPTS, capture_output=True, text=True,
+                          timeout=900, env=subprocess_env(**{kept.ENV: str(tmp_path / "twins")}))
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)["rehearsals"][0]
+
+
+@pytest.mark.slow
+def test_a_scripts_modules_to_save_adapter_merged_on_peft_0171_loses_the_head(tmp_path):
+    """PEFT 0.17.1 (facts.md section 13): LoRA with modules_to_save [embed_tokens, lm_head] on tied embeddings. The
+    script saves and trains as it is; the merge stage, on the checkpoint the rehearsal reloaded, finds the merged folder
+    reloading as another model (the head tied back). Before the merge stage existed a launched script passed clean."""
+    from tests.venvs import V4_LATE, ensure_venv
+
+    code, doc = launch_in(ensure_venv(V4_LATE), tmp_path, f"python train_hf.py {REPO} --modules-to-save", "--steps", "5")
+    assert doc["stack"]["peft"] == "0.17.1" and doc["stack"]["transformers"] == "4.57.6"
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD977"], doc["findings"]
+    assert stages(doc)[-3:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok")]
+    [merge] = [s for s in doc["stages"] if s["stage"] == "merge"]
+    assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]  # the merge itself is base + adapter
+
+
+@pytest.mark.slow
+def test_a_scripts_hybridcache_crash_is_cured_by_the_catalogues_config_change_rerun_once(tmp_path):
+    """transformers 4.50.0 (facts.md section 1): the script's bf16 evaluation of Gemma 3 crashes in accelerate's
+    convert_to_fp32. Its catalogue cure is a change of config.json (use_cache false on a text-only model): the command
+    runs once more on the twin so changed, and its evaluation passes. The rerun's twin is the first run's, kept, with
+    the change made to its copy: one twin built."""
+    from tests.venvs import LEGACY, ensure_venv
+
+    code, doc = launch_in(ensure_venv(LEGACY), tmp_path, f"python train_hf.py {REPO} --bf16")
+    assert doc["stack"]["transformers"] == "4.50.0"
+    [f] = doc["findings"]
+    assert code == 1 and f["code"] == "GD958" and f["details"]["catalogue"] == "hybridcache-float", f
+    assert f["details"]["cure"] == "cure verified in this stack: with use_cache: false in config.json the eval stage " \
+                                   "passes", f
+    assert stages(doc)[-1] == ("eval", "error")
+    assert len(list((tmp_path / "twins").iterdir())) == 1
+
+
+def test_a_catalogue_cure_a_launched_script_cannot_take_is_said_not_rehearsed(tmp_path):
+    """A cure that is not a change of the twin (token_type_ids: a collator change or an upgrade) is not applied to a
+    launched script, and the report says so; the driver's run says nothing more, as before. No child runs."""
+    from gemma_doctor.rehearse.runner import _rehearse_cure
+    from gemma_doctor.report import Finding, Severity
+
+    found = Finding("GD957", Severity.ERROR, "the rehearsal crashed at training", key="train", fix="catalogue X",
+                    details={"stage": "train", "catalogue": "token-type-ids-required"})
+    plan = {"target_dir": str(model_folder(tmp_path, "gemma3_text")), "stages": ["train"]}
+    said = _rehearse_cure(found, plan, 1, [], ["python", "train.py"])
+    assert said.details["cure"].startswith("its cure is not rehearsed: the launched command runs with its script")
+    assert said.fix.startswith("catalogue X; its cure is not rehearsed")
+    assert _rehearse_cure(found, plan, 1, []) is found
 
 
 # -- gradient accumulation (the driver's accumulation stage) ---------------------------------------------------------
@@ -299,6 +367,31 @@ def test_a_kept_twin_is_the_twin_the_build_child_writes(twins, tmp_path):
     copied = Path({r["stage"]: r for r in found}["twin"]["snapshot"])
     assert copied.is_relative_to(tmp_path / "hub")
     assert (copied / "model.safetensors").read_bytes() == (snapshot / "model.safetensors").read_bytes()
+
+
+def test_a_cures_rerun_takes_the_kept_twin_less_the_cure_with_the_change_made_to_its_copy(tmp_path):
+    """kept.find_patched: the twin kept under the inputs without the cure, copied, its config.json changed as the build
+    child changes it; the kept twin itself unchanged. Nothing kept: None (the rerun builds its twin)."""
+    folder = model_folder(tmp_path, "gemma3_text")
+    plan = {"target_dir": str(folder), "repo_id": REPO}
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--google--tiny-gemma3_text" / "snapshots" / "abc"
+    blobs = hub / "models--google--tiny-gemma3_text" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "c0").write_text(json.dumps({"model_type": "gemma3_text", "use_cache": True}))
+    (snapshot / "config.json").symlink_to(os.path.relpath(blobs / "c0", snapshot))
+    twins = tmp_path / "twins"
+    kept.keep(twins, kept.key(plan), hub, [{"stage": "twin", "status": "ok", "snapshot": str(snapshot)}])
+    cured = {**plan, "config_patch": {"use_cache": False, "text_config.x": 1}}
+    assert kept.find_patched(tmp_path / "none", cured, tmp_path / "empty") is None
+    records = kept.find_patched(twins, cured, tmp_path / "copy")
+    [twin] = records
+    assert twin["patched"] == {"use_cache": False, "text_config.x": 1}
+    assert json.loads((Path(twin["snapshot"]) / "config.json").read_text()) == \
+        {"model_type": "gemma3_text", "use_cache": False, "text_config": {"x": 1}}
+    [entry] = twins.iterdir()
+    assert json.loads((entry / "hub" / "models--google--tiny-gemma3_text" / "blobs" / "c0").read_text())["use_cache"]
 
 
 def test_a_twin_folder_that_cannot_be_used_is_passed_over(tmp_path):

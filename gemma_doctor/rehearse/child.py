@@ -23,6 +23,15 @@ def _patch(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+def patch_config(path: Path, patch: dict[str, Any]) -> None:
+    """Make a cure's change (dotted keys -> values) to the twin's config.json at ``path``; the build and a kept twin's
+    copy (kept.find_patched) both make it this way."""
+    config = json.loads(path.read_text())
+    for dotted, value in patch.items():
+        _patch(config, dotted, value)
+    path.write_text(json.dumps(config, indent=2))
+
+
 def build(plan: dict[str, Any], events: Any) -> bool:
     """Lay out the twin in the private cache; apply the plan's config patch (a cure being rehearsed)."""
     from gemma_doctor.rehearse.driver import _error
@@ -36,11 +45,7 @@ def build(plan: dict[str, Any], events: Any) -> bool:
         return False
     patch = plan.get("config_patch") or {}
     if patch:
-        path = twin.snapshot / "config.json"
-        config = json.loads(path.read_text())
-        for dotted, value in patch.items():
-            _patch(config, dotted, value)
-        path.write_text(json.dumps(config, indent=2))
+        patch_config(twin.snapshot / "config.json", patch)
     events.write("twin", "ok", snapshot=str(twin.snapshot), shrunk={k: str(v) for k, v in twin.shrunk.items()},
                  patched=patch, notes=list(getattr(twin, "notes", ())))
     return True

@@ -361,11 +361,16 @@ class Run:
             plain = model.generate(**batch, use_cache=False, **kw)[0].tolist()
         self.events.write("generate", "ok", cached=cached, uncached=plain, prompt=int(batch["input_ids"].shape[1]))
 
-    def save(self) -> None:
-        """Save as the trainer saves, reload from the folder, compare logits."""
+    def save(self, reload: bool = True) -> Any:
+        """Save as the trainer saves, reload from the folder, compare logits; the reloaded copy is returned (a launched
+        script's probe generates and merges on it, never on the script's own model). ``reload`` false: a launched
+        run's rank other than 0, which takes part in the save and the forward (collectives of a sharded model) only."""
         folder = self.work / "checkpoint"
         self.trainer.save_model(str(folder))
         ref = self._logits(self.model)
+        if not reload:
+            # The folder is rank 0's to write: another rank reading it at once met it half written (FSDP, 2 ranks).
+            return None
         if (folder / "adapter_config.json").exists():
             from peft import PeftModel
 
@@ -375,6 +380,7 @@ class Run:
         reloaded.to(self.device)
         got = self._logits(reloaded)
         self.events.write("save", "ok", **_compare(ref, got), files=sorted(p.name for p in folder.iterdir()))
+        return reloaded
 
     def merge(self) -> None:
         """Merge the adapter, compare with base + adapter; save the merged folder, reload, compare (head kept)."""

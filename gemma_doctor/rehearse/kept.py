@@ -78,6 +78,28 @@ def find(folder: Path, digest: str, hub: Path) -> list[dict[str, Any]] | None:
     return records
 
 
+def find_patched(folder: Path, plan: dict[str, Any], hub: Path) -> list[dict[str, Any]] | None:
+    """For a cure's rerun (``plan`` with a config_patch): the kept twin of the same inputs less the cure, copied into
+    ``hub`` with the cure's change made to its config.json, as the build child makes it after building the twin
+    (child.build); its records then name the change. None when no such twin is kept."""
+    from gemma_doctor.rehearse.child import patch_config
+
+    patch = plan.get("config_patch") or {}
+    digest = key({**plan, "config_patch": None}) if patch else None
+    found = find(folder, digest, hub) if digest else None
+    twin = next((r for r in found or [] if r.get("stage") == "twin" and isinstance(r.get("snapshot"), str)), None)
+    if twin is None:
+        return None
+    try:
+        patch_config(Path(twin["snapshot"]) / "config.json", patch)  # the copy's own file (copytree copies blobs)
+    except (OSError, ValueError):
+        shutil.rmtree(hub, ignore_errors=True)
+        hub.mkdir(exist_ok=True)
+        return None
+    twin["patched"] = patch
+    return found
+
+
 def keep(folder: Path, digest: str, hub: Path, records: list[dict[str, Any]]) -> None:
     """Keep the twin just built in ``hub`` under ``digest``: copied whole into a folder of its own, then renamed into
     place in one step (a rehearsal beside this one finds all of it or none). Never raises."""

@@ -123,6 +123,9 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
         twins = os.environ.get(kept.ENV)
         digest = kept.key(plan) if twins else None
         found = kept.find(Path(twins), digest, root / "hub") if twins and digest else None
+        if found is None and twins and plan.get("config_patch"):
+            # A cure's rerun: the first run's twin, kept, with the cure's change made to the copy's config.json.
+            found = kept.find_patched(Path(twins), plan, root / "hub")
         if found is not None:
             # A twin of the same inputs was kept (kept.py): the same files, without a child importing the stack.
             with open(root / "events.jsonl", "a", encoding="utf-8") as events:

@@ -285,7 +285,6 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
         # A script that ended by itself without a Trainer rehearsed its load and exit only: said, not passed over.
         if ended is None and not any(r.get("stage") in ("setup", "script", "load") for r in records):
             result.findings.append(no_trainer(ran))
-        cures = False  # a cure is rehearsed by rerunning the driver's stages, not the user's script
     else:
         records, ended = _run_child(plan, timeout)
     if real_weights and ended is None:
@@ -313,7 +312,7 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
         found.append(Finding(code, Severity.ERROR, f"the rehearsal did not finish ({ended}); last stage reached: {last}",
                              key=last, fix="raise --timeout on a slow machine; otherwise report the child's last line"))
     if cures:
-        found = [_rehearse_cure(f, plan, timeout, entries) for f in found]
+        found = [_rehearse_cure(f, plan, timeout, entries, script) for f in found]
     result.findings += found
     result.seconds = time.monotonic() - started
     return result
@@ -389,8 +388,15 @@ def _of_another_kind(finding: Finding, plan: dict[str, Any]) -> Finding:
     return replace(finding, fix=fix, details={**finding.details, "model_role": m.role})
 
 
-def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any]) -> Finding:
-    """Apply the matched catalogue entry's cure to the twin and rerun up to the failed stage; say whether it helped."""
+# A launched script's stages that leave a record only when they crash (hook/probe.py): passed when the rerun records no
+# crash there and the script ends by itself.
+_SILENT_WHEN_PASSED = ("load", "script")
+
+
+def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any],
+                   script: list[str] | None = None) -> Finding:
+    """Apply the matched catalogue entry's cure to the twin and rerun up to the failed stage (a launched script: its
+    whole command once more, under a deadline of its own as the first run had); say whether it helped."""
     from dataclasses import replace
 
     from gemma_doctor.rehearse import invariants
@@ -402,16 +408,31 @@ def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entri
         return axolotl.rehearse_cure(finding, plan, lambda p: _run_child(p, timeout))
     patch = invariants.CURE_PATCHES.get(entry_id or "")
     if not patch:
+        if script and entry_id:
+            # The driver applies a cure to the twin or the run's config; a launched command runs with its script and
+            # files unedited, and the rehearsal never installs anything: a cure there is the user's to try.
+            note = ("its cure is not rehearsed: the launched command runs with its script and files as they are and "
+                    "nothing is installed, so a change to them or to a library is yours to try")
+            return replace(finding, fix=f"{finding.fix}; {note}", details={**finding.details, "cure": note})
         return finding
     text_only = "text_config" not in json.loads((Path(plan["target_dir"]) / "config.json").read_text())
     patch = {(k.removeprefix("text_config.") if text_only else k): v for k, v in patch.items()}
     stage = finding.details["stage"]
-    stages = list(plan["stages"][: plan["stages"].index(stage) + 1])
-    records, ended = _run_child({**plan, "config_patch": patch, "stages": stages}, timeout)
+    if script:
+        from gemma_doctor.rehearse.launch import run_script
+
+        records, ended, _ = run_script({**plan, "config_patch": patch}, script, timeout)
+    else:
+        stages = list(plan["stages"][: plan["stages"].index(stage) + 1])
+        records, ended = _run_child({**plan, "config_patch": patch, "stages": stages}, timeout)
     again = [r for r in records if r.get("stage") == stage]
     change = ", ".join(f"{k}: {json.dumps(v)}" for k, v in patch.items())
-    if ended is None and again and again[-1].get("status") == "ok":
+    reached = bool(again) or (script is not None and stage in _SILENT_WHEN_PASSED)
+    if ended is None and reached and all(r.get("status") == "ok" for r in again):
         verdict = f"cure verified in this stack: with {change} in config.json the {stage} stage passes"
+    elif ended is None and not reached:
+        verdict = (f"the cure could not be judged in this stack: with {change} the run no longer reaches the {stage} "
+                   "stage")
     else:
         verdict = f"the cure did not help in this stack: with {change} the {stage} stage still fails"
     return replace(finding, fix=f"{finding.fix}; {verdict}", details={**finding.details, "cure": verdict})

@@ -5,8 +5,9 @@ parent judges a launched script with the same invariants (gemma_doctor/rehearse/
 
 The user's script is never edited. What the wrapper changes on the Trainer's arguments: a few steps (max_steps),
 evaluation and saving every step where the script configured them, logging every step, outputs under the
-temporary folder, no reporting or pushing anywhere. Runs in the child only: it imports transformers, never the
-parent.
+temporary folder, no reporting or pushing anywhere. After train() returns, the checkpoint is saved and reloaded
+into a copy, and the driver's generate and merge stages run on that copy (the script goes on with its own model).
+Runs in the child only: it imports transformers, never the parent.
 """
 
 from __future__ import annotations
@@ -231,9 +232,11 @@ def _wrap(module: Any) -> None:
             s.error("train", e)
             raise
         try:
-            run.save()
+            reloaded = run.save(reload=s.speaks)
         except Exception as e:  # noqa: BLE001 - the save stage's failure is a finding, the script goes on
             s.error("save", e)
+        else:
+            on_the_copy(run, reloaded)
         return out
 
     @functools.wraps(evaluate)
@@ -255,8 +258,27 @@ def _wrap(module: Any) -> None:
 _WRAPS = {_MODULE: _wrap, _ARGS_MODULE: _wrap_args}
 
 
+def on_the_copy(run: Any, reloaded: Any) -> None:
+    """The driver's generate and merge stages on the copy the save stage reloaded: the script's own model, which it
+    goes on using after train(), is never generated from nor merged. Rank 0 only (these stages run no collective)."""
+    if not STATE.speaks:
+        return
+    model = run.model
+    run.model = reloaded
+    try:
+        for name, stage in (("generate", run.generate), ("merge", run.merge)):
+            try:
+                stage()
+            except Exception as e:  # noqa: BLE001 - each stage's failure is a finding; the copy's next stage and
+                # the script go on (the merge needs no generation, and the script never sees this copy)
+                STATE.error(name, e)
+    finally:
+        run.model = model
+
+
 def _run(trainer: Any) -> Any:
-    """The driver's stages (labels, save and reload) bound to the script's trainer instead of the driver's own."""
+    """The driver's stages (labels, save and reload, then generate and merge on the reloaded copy) bound to the
+    script's trainer instead of the driver's own."""
     import transformers
 
     from gemma_doctor.rehearse.driver import Run

@@ -1,22 +1,30 @@
 """A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
 
-python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp]: LoRA on the model loaded by repo id, chat rows, evaluation
-and saving each epoch for 50 epochs, an output_dir outside the rehearsal's folder. --mask-all: a collator bug that
-masks every label (no exception, nothing trained); --bad-labels: a collator bug that cuts the labels one short
-(the loss crashes at the first step).
+python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp] [--bf16] [--modules-to-save]: LoRA on the model
+loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs, an output_dir outside the rehearsal's
+folder. --mask-all: a collator bug that masks every label (no exception, nothing trained); --bad-labels: a collator
+bug that cuts the labels one short (the loss crashes at the first step); --bf16: bf16 weights and bf16 mixed
+precision; --modules-to-save: the embeddings and the head trained whole beside the adapter (modules_to_save), at a
+learning rate of 0.01. Runs on transformers 4.50 and later (the reproduction venvs of tests/venvs.py).
 """
 
 import sys
 
 import torch
+import transformers
 from peft import LoraConfig, get_peft_model
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
                           TrainingArguments)
 
 REPO = sys.argv[1]
+bf16 = "--bf16" in sys.argv
 tok = AutoTokenizer.from_pretrained(REPO)
-model = AutoModelForCausalLM.from_pretrained(REPO, dtype=torch.float32)
-model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+# from_pretrained's dtype keyword is `dtype` from transformers 4.56, `torch_dtype` before.
+dtype_kw = "torch_dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (4, 56) else "dtype"
+model = AutoModelForCausalLM.from_pretrained(REPO, **{dtype_kw: torch.bfloat16 if bf16 else torch.float32})
+saved = dict(modules_to_save=["embed_tokens", "lm_head"]) if "--modules-to-save" in sys.argv else {}
+model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                                         **saved))
 rows = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} plus {i}?"},
                                  {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}], tokenize=False)
         for i in range(8)]
@@ -37,8 +45,8 @@ class Collator(DataCollatorForLanguageModeling):
 sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["Gemma3DecoderLayer"]}) \
     if "--fsdp" in sys.argv else {}
 args = TrainingArguments(output_dir="/tmp/gemma-doctor-launch-test-never-written", per_device_train_batch_size=2,
-                         learning_rate=1e-3, num_train_epochs=50, eval_strategy="epoch", save_strategy="epoch",
-                         report_to="none", use_cpu=True, **sharded)
+                         learning_rate=1e-2 if saved else 1e-3, num_train_epochs=50, eval_strategy="epoch",
+                         save_strategy="epoch", report_to="none", use_cpu=True, bf16=bf16, **sharded)
 trainer = Trainer(model=model, args=args, train_dataset=data[:6], eval_dataset=data[6:],
                   data_collator=Collator(tok, mlm=False))
 trainer.train()
