@@ -158,11 +158,11 @@ def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
                          h.ident, h.root) for h in made)
         changes["census"] = dataclasses.replace(census, headers=tuple(made))
     neutral = facts.with_(**changes)
-    # The key's parts: the facts but the headers (each by its digest) and the source (its kind is in the snapshot's
-    # place: pickling the neutral source would ask it for attributes).
+    # The key's parts: the facts but the snapshot (the same neutral one for all, but for these fields), the source (its
+    # kind: pickling the neutral source would ask it for attributes) and the headers (each by its digest).
     keyed = neutral.with_(census=dataclasses.replace(neutral.census, headers=()) if headers else neutral.census,
-                          source=None)
-    return neutral, (facts.source.kind, keyed, headers)
+                          snapshot=None, source=None)
+    return neutral, ((snap.revision, snap.cache_dir, snap.remote, snap.problem), facts.source.kind, keyed, headers)
 
 
 def key_of(parts: tuple[Any, ...], facts: Any) -> bytes:
@@ -174,7 +174,7 @@ def key_of(parts: tuple[Any, ...], facts: Any) -> bytes:
     snap = facts.snapshot
     if snap.repo_dir.name.encode() in blob or snap.commit.encode() in blob:
         raise Unmemoisable("a per-repo name is left in the facts")
-    if _MARK.encode() in blob.replace(MODEL_ID.encode(), b"").replace(MODEL.encode(), b""):
+    if _MARK.encode() in blob:
         raise Unmemoisable("a place for a name is written in the model's files")
     return hashlib.sha256(blob).digest()
 

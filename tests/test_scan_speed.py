@@ -521,6 +521,22 @@ def test_a_name_in_the_models_files_is_a_fact(text_keyed):
     assert len({keys[r] for r in ("d/names-itself", "e/names-itself", "i/escaped-slash", "f/blobs", "a/plain-1")}) == 5
 
 
+def test_a_place_for_a_name_in_the_models_files_is_judged_directly(tmp_path):
+    """A config value written like the place the engine fills with a model's name would be filled in (with another
+    model's name, once shared): such a model makes no key, and is judged as it is."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.report import MODEL_ID
+    from tests.builders import HubCache, gemma3_1b_config, variant
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("a/marked", {"config.json": variant(gemma3_1b_config(), note=f"trained from {MODEL_ID}")})
+    models, _ = pipeline.select(locate.resolve([], hub.root, "main", False), explicit=False)
+    f = pipeline.read_more(models[0], CheckOptions())
+    with pytest.raises(memo.Unmemoisable):
+        memo.key_of(memo.name_free(f)[1], f)
+
+
 def test_a_name_in_the_models_files_keeps_its_judgement_apart(cli, text_keyed, monkeypatch):
     """Two repos whose configs name each repo itself: each judged on its own, and the scan is the scan without the
     memo."""
