@@ -15,7 +15,8 @@ scan whose name-free facts are equal: most of a shared cache is fine-tunes of a 
   read from a hub cache; name-free facts that hold none of its folder or commit names (a name left in them) and no
   place for a name (report's marks: named() would fill a value of the model's files); a judgement that reads nothing
   through the source (the neutral source refuses every read) and leaves no neutral path, commit, blob or
-  ``_name_or_path`` in what it gives (looked for once per entry). ``GEMMA_DOCTOR_NO_MEMO=1`` judges every model directly.
+  ``_name_or_path`` in what it gives (looked for once per entry). ``GEMMA_DOCTOR_NO_MEMO=1`` judges every model
+  directly.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from gemma_doctor.locate import Snapshot
-from gemma_doctor.report import _MARK, MODEL, MODEL_ID
+from gemma_doctor.report import MODEL, MODEL_ID, PLACE
 from gemma_doctor.source import LocalSource
 
 T = TypeVar("T")
@@ -42,7 +43,8 @@ COMMIT = "\u27e8commit\u27e9"
 BLOB = "../../blobs/\u27e8blob\u27e9"
 NAME = "\u27e8name-or-path\u27e9"
 # What a shared result may not hold: a neutral name that nothing fills in, as it is or as JSON escapes it (in a YAML).
-_NEUTRAL = tuple(t.encode() for s in ("\u27e8repo\u27e9", COMMIT, "\u27e8blob\u27e9", NAME) for t in (s, json.dumps(s)[1:-1]))
+_NEUTRAL = tuple(t.encode() for s in ("\u27e8repo\u27e9", COMMIT, "\u27e8blob\u27e9", NAME)
+                 for t in (s, json.dumps(s)[1:-1]))
 MAX_ENTRIES = 1024
 # A config.json larger than this is judged directly: its text is in the key's digest, and a megabyte's pickle and
 # digest cost more than the judgement they would save (issue 33).
@@ -148,7 +150,8 @@ def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
     headers: tuple[Any, ...] = ()
     census = facts.census
     if census is not None and census.headers:
-        idents: dict[Any, tuple[int, int]] = {}  # a file's identity as its order of meeting: the same file twice is seen
+        # A file's identity as its order of meeting: the same file met twice is still seen as one.
+        idents: dict[Any, tuple[int, int]] = {}
         made = []
         for h in census.headers:
             ident = None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents)))
@@ -174,7 +177,7 @@ def key_of(parts: tuple[Any, ...], facts: Any) -> bytes:
     snap = facts.snapshot
     if snap.repo_dir.name.encode() in blob or snap.commit.encode() in blob:
         raise Unmemoisable("a per-repo name is left in the facts")
-    if _MARK.encode() in blob:
+    if PLACE.encode() in blob:
         raise Unmemoisable("a place for a name is written in the model's files")
     return hashlib.sha256(blob).digest()
 

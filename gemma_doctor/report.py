@@ -17,6 +17,7 @@ MODEL_REPO = "\u27e8model-repo\u27e9"  # the repo id, quoted for a shell: hf dow
 MODEL_WHERE = "\u27e8model-where\u27e9"  # hf download's " --revision .. --cache-dir .." for it, or nothing
 MODEL_ID = "\u27e8model-id\u27e9"  # the repo id as it is (the recommendation's model_id: axolotl's base_model)
 _MARK = "\u27e8model"
+PLACE = _MARK  # what every place for a name begins with (memo.py: a model's files holding one are judged directly)
 _YAML_ID = json.dumps(MODEL_ID)  # MODEL_ID in a YAML scalar: "\\u27e8model-id\\u27e9"
 
 

@@ -451,8 +451,8 @@ def read_header(path: Path, root: Path | None = None, area: fsafe.Area | None = 
 
 
 # parse_header is a function of the header's bytes and the file's size (the path only names the file): within a
-# whole-cache scan, fine-tunes of one base hold the same header in every repo, parsed once (the digest of its bytes, taken
-# with the parse, then keys it in memo.py without a walk of its tensors); gemma_doctor/readers/parsed.py.
+# whole-cache scan, fine-tunes of one base hold the same header in every repo, parsed once (the digest of its bytes,
+# taken with the parse, then keys it in memo.py without a walk of its tensors); gemma_doctor/readers/parsed.py.
 _PARSED = parsed.Cache(64 * 1024 * 1024)
 
 
