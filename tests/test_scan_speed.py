@@ -521,6 +521,28 @@ def test_a_name_in_the_models_files_is_a_fact(text_keyed):
     assert len({keys[r] for r in ("d/names-itself", "e/names-itself", "i/escaped-slash", "f/blobs", "a/plain-1")}) == 5
 
 
+def test_a_judgement_that_reads_the_models_files_is_not_shared(fine_tunes):
+    """A judgement that reads a file through the model's source (as a rule opening a file during the judgement would)
+    is not a function of the facts read before: the neutral source refuses the read, and every model is judged on its
+    own facts, its own folder answering."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import parsed
+
+    options = CheckOptions()
+    remembered = memo.Memo(pipeline.environment(options), options)
+
+    def judge(facts):
+        return facts, (facts.source.has("model.safetensors"), facts.snapshot.repo_id)
+
+    with parsed.sharing():
+        models, _ = pipeline.select(locate.resolve([], fine_tunes, "main", False), explicit=False)
+        got = [remembered.judged(pipeline.read_more(m, options), judge)[1] for m in models if m.family.is_gemma]
+    assert got == [(True, m.snapshot.repo_id) for m in models if m.family.is_gemma]
+    assert (remembered.judgements, remembered.served) == (0, 0)
+    assert remembered.entries and all(v is memo._DIRECT for v in remembered.entries.values())  # tried, refused
+
+
 def test_a_place_for_a_name_in_the_models_files_is_judged_directly(tmp_path):
     """A config value written like the place the engine fills with a model's name would be filled in (with another
     model's name, once shared): such a model makes no key, and is judged as it is."""
