@@ -1,6 +1,8 @@
 """Every view of check, list and recommend on the bundled example cache, this tree against another checkout, compared
 byte for byte (stdout, stderr and exit code): the proof that a change of where names or judgements are made changed
-no output (issue 32). Prints each command that differs; exits 1 when one does.
+no output (issue 32). Each command runs with the scan's shared judgements on and off (GEMMA_DOCTOR_NO_MEMO=1), on the
+example cache and on an alike one (each example repo and two copies of it under other names, whose judgements a scan
+shares); within this tree, on and off must agree too. Prints each command that differs; exits 1 when one does.
 
     .venv/bin/python benchmarks/output_ab.py BASELINE_TREE
 """
@@ -8,6 +10,7 @@ no output (issue 32). Prints each command that differs; exits 1 when one does.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,12 +67,25 @@ COMMANDS: list[tuple[str, ...]] = [
 ]
 
 
-def run(tree: str, cache: Path, args: tuple[str, ...], neutral: str) -> tuple[int, bytes, bytes]:
+def run(tree: str, cache: Path, args: tuple[str, ...], neutral: str, memo: bool = True) -> tuple[int, bytes, bytes]:
     """One command of gemma-doctor from ``tree``: (exit code, stdout, stderr)."""
     full = list(args) if args[0] == "recommend" and "--family" in args else [*args, "--cache-dir", str(cache)]
     env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
+    env.pop("GEMMA_DOCTOR_NO_MEMO", None)
+    if not memo:
+        env["GEMMA_DOCTOR_NO_MEMO"] = "1"
     p = subprocess.run([sys.executable, "-m", "gemma_doctor", *full], capture_output=True, cwd=neutral, env=env)
     return p.returncode, p.stdout, p.stderr
+
+
+def alike(example: Path, dest: Path) -> Path:
+    """The example cache with two copies of each repo under other names (blobs hard-linked: the same bytes, no disk)."""
+    shutil.copytree(example, dest, symlinks=True, copy_function=os.link)
+    for repo in sorted(example.glob("models--*")):
+        for owner in ("org-a", "org-b"):
+            shutil.copytree(repo, dest / repo.name.replace("models--google--", f"models--{owner}--"), symlinks=True,
+                            copy_function=os.link)
+    return dest
 
 
 def main() -> int:
@@ -79,13 +95,23 @@ def main() -> int:
         cache = Path(tmp) / "hub"
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                        capture_output=True)
+        caches = {"example": cache, "alike": alike(cache, Path(tmp) / "alike")}
         (Path(tmp) / ARGS_ONLY[0]).write_text(ARGS_ONLY[1])
-        differ = 0
-        for args in COMMANDS:
-            if run(str(ROOT), cache, args, tmp) != run(base, cache, args, tmp):
-                differ += 1
-                print("differs: gemma-doctor " + " ".join(args))
-        print(f"{len(COMMANDS)} commands, {differ} differ")
+        differ = runs = 0
+        for name, where in caches.items():
+            for args in COMMANDS:
+                mine = {}
+                for memo in (True, False):
+                    runs += 1
+                    mine[memo] = run(str(ROOT), where, args, tmp, memo)
+                    if mine[memo] != run(base, where, args, tmp, memo):
+                        differ += 1
+                        print(f"differs from the baseline ({name}, memo {'on' if memo else 'off'}): gemma-doctor "
+                              + " ".join(args))
+                if mine[True] != mine[False]:
+                    differ += 1
+                    print(f"memo on and off differ ({name}): gemma-doctor " + " ".join(args))
+        print(f"{len(COMMANDS)} commands x {len(caches)} caches x memo on/off: {runs} runs, {differ} differ")
         return 1 if differ else 0
 
 

@@ -100,7 +100,7 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgem
 def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judgement:
     """A model read (read_more), decided and judged by check's rules: its facts, its decision and its findings. With
     ``remembered`` (the memo of a scan of several models, made with ``env`` and ``options``), the decision and the
-    findings are shared across models whose facts are equal but for their names (gemma_doctor/memo.py)."""
+    findings are shared across models whose name-free facts are equal (gemma_doctor/memo.py)."""
 
     def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Decision | None, tuple[Finding, ...]]]:
         j = decide(f, options, env)
@@ -121,7 +121,8 @@ def named(judgement: Judgement) -> Judgement:
     facts = judgement.facts
     snap = facts.snapshot
     naming = Naming(snap.target, functools.partial(locate.command_args, snap),
-                    functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap))
+                    functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap),
+                    functools.partial(_model_id, snap))
     findings = tuple(naming.finding(f) for f in judgement.findings)
     changes: dict[str, Any] = {}
     d = decision = judgement.decision
@@ -131,8 +132,8 @@ def named(judgement: Judgement) -> Judgement:
             blocking=tuple(naming.finding(f) for f in d.blocking),
             way_out=tuple(naming.text(w) for w in d.way_out),
             recommendation=_named_recommendation(d.recommendation, naming),
-            nearest=_named_recommendation(d.nearest, naming))
-        if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out")) \
+            nearest=_named_recommendation(d.nearest, naming), training_config=naming.yaml(d.training_config))
+        if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out", "training_config")) \
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
             decision = d2
             if facts.recommendation is d.recommendation:
@@ -151,10 +152,19 @@ def _quoted(text: str) -> str:
     return shlex.quote(text)
 
 
+def _model_id(snap: Snapshot) -> str:
+    """The recommendation's model id for ``snap`` (advice.inputs_for writes it so for a model judged as it is)."""
+    return snap.repo_id or str(snap.path)
+
+
 def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) -> recommend.Recommendation | None:
-    if rec is None or not any(naming.text(n) is not n for n in rec.notes):
+    if rec is None:
         return rec
-    return dataclasses.replace(rec, notes=tuple(naming.text(n) for n in rec.notes))
+    notes = tuple(naming.text(n) for n in rec.notes)
+    frameworks = naming.value(rec.frameworks)  # axolotl's base_model: the model id (report.MODEL_ID when shared)
+    if frameworks is rec.frameworks and all(a is b for a, b in zip(notes, rec.notes)):
+        return rec
+    return dataclasses.replace(rec, notes=notes, frameworks=frameworks)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,

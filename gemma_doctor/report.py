@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,10 @@ MODEL = "\u27e8model\u27e9"  # the target as typed: gemma-doctor recommend TARGE
 MODEL_ARGS = "\u27e8model-args\u27e9"  # the target and its --revision / --cache-dir when not the defaults (command_args)
 MODEL_REPO = "\u27e8model-repo\u27e9"  # the repo id, quoted for a shell: hf download REPO
 MODEL_WHERE = "\u27e8model-where\u27e9"  # hf download's " --revision .. --cache-dir .." for it, or nothing
+MODEL_ID = "\u27e8model-id\u27e9"  # the repo id as it is (the recommendation's model_id: axolotl's base_model)
 _MARK = "\u27e8model"
+PLACE = _MARK  # what every place for a name begins with (memo.py: a model's files holding one are judged directly)
+_YAML_ID = json.dumps(MODEL_ID)  # MODEL_ID in a YAML scalar: "\\u27e8model-id\\u27e9"
 
 
 @dataclass(frozen=True)
@@ -25,15 +29,37 @@ class Naming:
     args: Any  # Callable[[], str]
     repo: Any = None  # Callable[[], str]
     where: Any = None  # Callable[[], str]
+    ident: Any = None  # Callable[[], str]
 
     def text(self, s: str) -> str:
-        """``s`` with the model's names in place of MODEL, MODEL_ARGS, MODEL_REPO and MODEL_WHERE."""
+        """``s`` with the model's names in place of MODEL, MODEL_ARGS, MODEL_REPO, MODEL_WHERE and MODEL_ID."""
         if _MARK not in s:
             return s
-        for mark, made in ((MODEL_ARGS, self.args), (MODEL_REPO, self.repo), (MODEL_WHERE, self.where)):
+        for mark, made in ((MODEL_ARGS, self.args), (MODEL_REPO, self.repo), (MODEL_WHERE, self.where),
+                           (MODEL_ID, self.ident)):
             if mark in s and made is not None:
                 s = s.replace(mark, made())
         return s.replace(MODEL, self.target)
+
+    def value(self, v: Any) -> Any:
+        """``v`` (strings in dicts, lists and tuples: a snippet's settings) naming the model; the same object when it
+        names none."""
+        if isinstance(v, str):
+            return self.text(v)
+        if isinstance(v, dict):
+            pairs = [(k, self.value(x)) for k, x in v.items()]
+            return v if all(x is v[k] for k, x in pairs) else dict(pairs)
+        if isinstance(v, (list, tuple)):
+            items = [self.value(x) for x in v]
+            return v if all(a is b for a, b in zip(items, v)) else type(v)(items)
+        return v
+
+    def yaml(self, text: str | None) -> str | None:
+        """A prescription's YAML naming the model: it writes a string as JSON does (plan.recommend._yaml_scalar), so
+        the place for the model id is there as JSON escaped it."""
+        if text is None or self.ident is None or _YAML_ID not in text:
+            return text
+        return text.replace(_YAML_ID, json.dumps(self.ident()))
 
     def finding(self, f: Finding) -> Finding:
         """``f`` naming the model (the same object when it names none)."""

@@ -26,13 +26,14 @@ def _judgements(value: Any, depth: int = 0) -> bool:
 
 def test_a_scan_leaves_no_judgement_in_the_memo_module(cli, fine_tunes, monkeypatch):  # noqa: F811
     from gemma_doctor import memo
+    from gemma_doctor.report import MODEL_ID
 
     judged = _decisions(monkeypatch)
     for command in (("check", "--format", "json", "--fail-on", "never"), ("list", "--format", "json")):
         judged.clear()
         got = cli(*command, "--cache-dir", fine_tunes)
         assert got.code == 0, got.err
-        assert memo.REPO in judged  # the memo did share a judgement in this scan
+        assert MODEL_ID in judged  # the memo did share a judgement in this scan
         held = [name for name, v in vars(memo).items() if isinstance(v, (dict, set, list)) and _judgements(v)]
         assert not held, f"judgements kept by the memo module after the scan: {held}"
 

@@ -353,8 +353,8 @@ def fine_tunes(tmp_path):
 
 
 def _decisions(monkeypatch) -> list[str]:
-    """The repos judged (pipeline.decide): the first model of some config text and the first of some facts as they
-    are, the next of those facts on the stand-ins (its judgement then kept), any further one not at all."""
+    """The repos judged (pipeline.decide): the first model of some config text as it is, the first of some name-free
+    facts as "this model" (report.MODEL_ID, its judgement then kept), any further one not at all."""
     from gemma_doctor import pipeline
 
     judged: list[str] = []
@@ -370,16 +370,16 @@ def _decisions(monkeypatch) -> list[str]:
 
 def test_models_equal_but_for_their_names_share_one_judgement_and_no_other(cli, fine_tunes, monkeypatch):
     judged = _decisions(monkeypatch)
-    from gemma_doctor import memo
+    from gemma_doctor.report import MODEL_ID
 
     got = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
-    # tune-1 and tune-2 judged as they are, tune-5 on the stand-ins, tune-6 served that; tune-3 (one config value) and
-    # tune-4 (one dtype) judged on their own.
-    assert sorted(judged) == sorted(["org-a/tune-1", "org-b/tune-2", memo.REPO, "org-a/tune-3", "org-c/tune-4"])
+    # tune-1 judged as it is (the first of its config text), tune-2 as "this model" (the judgement kept), tune-5 and
+    # tune-6 served that; tune-3 (one config value) judged on its own, tune-4 (one dtype) as "this model" of its own.
+    assert sorted(judged) == sorted(["org-a/tune-1", MODEL_ID, "org-a/tune-3", MODEL_ID])
     monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
     judged.clear()
     want = cli("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never")
-    assert len(judged) == 6 and "gdmemo" not in want.out
+    assert len(judged) == 6 and "\u27e8" not in want.out and "\u27e8" not in got.out
     assert (got.code, got.out) == (want.code, want.out)
     import json
 
@@ -391,26 +391,51 @@ def test_models_equal_but_for_their_names_share_one_judgement_and_no_other(cli, 
     assert models["org-c/tune-4"]["dtypes"] != models["org-a/tune-1"]["dtypes"]
 
 
-def test_one_fact_apart_is_another_key(fine_tunes):
-    """The memo key of each fine-tune: equal for tune-1 and tune-2 only (names renamed), different for one config
-    value, one tensor dtype, and a config that names the repo itself against one that names a folder."""
+def _keys(root, revisions: bool = False) -> dict[tuple[str, str], bytes]:
+    """Each model's memo key (its name-free facts' digest), read as a scan reads them (headers digested)."""
     from gemma_doctor import locate, memo, pipeline
     from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import parsed
 
-    snaps = locate.resolve([], fine_tunes, "main", True)
-    models, _ = pipeline.select(snaps, explicit=False)
     keys = {}
-    tensors = memo.Tensors()  # one scan's tokens, as its Memo holds them
-    for m in models:
-        f = pipeline.read_more(m, CheckOptions())
-        r = memo.renaming_for(f, tensors)
-        assert r is not None, m.snapshot.target
-        keys[(m.snapshot.repo_id, m.snapshot.revision)] = memo._canonical(f, r)[1]
+    with parsed.sharing():
+        models, _ = pipeline.select(locate.resolve([], root, "main", revisions), explicit=False)
+        for m in models:
+            f = pipeline.read_more(m, CheckOptions())
+            assert memo.shareable(f), m.snapshot.target
+            keys[(m.snapshot.repo_id, m.snapshot.revision)] = memo.key_of(memo.name_free(f)[1], f)
+    return keys
+
+
+def test_one_fact_apart_is_another_key(fine_tunes):
+    """The memo key of each fine-tune: equal for the four equal but for their names (whatever their configs' own
+    _name_or_path says: a name, which no rule reads), different for one config value and one tensor dtype."""
+    keys = _keys(fine_tunes, revisions=True)
     one = keys[("org-a/tune-1", "main")]
     assert keys[("org-b/tune-2", "main")] == one == keys[("org-d/tune-5", "main")] == keys[("org-d/tune-6", "main")]
     assert keys[("org-a/tune-3", "main")] != one
     assert keys[("org-c/tune-4", "main")] != one
-    assert keys[("org-a/tune-1", "v1")] != one  # "_name_or_path" names the repo itself, not another folder
+    # Another revision: the ref a scan names stays in the key (named() writes it into commands; kept rather than proven
+    # unread), whatever the config's own _name_or_path says (the repo itself there, a folder on main).
+    assert keys[("org-a/tune-1", "v1")] != one
+
+
+def test_one_judgement_is_made_for_models_equal_but_for_their_names(fine_tunes):
+    """Counted by the scan's memo itself: of the six fine-tunes, tune-2, tune-5 and tune-6 (equal to tune-1 but for
+    their names) get one judgement, made once and served twice; tune-4 (one dtype apart) one of its own."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import parsed
+
+    options = CheckOptions()
+    env = pipeline.environment(options)
+    remembered = memo.Memo(env, options)
+    with parsed.sharing():
+        models, _ = pipeline.select(locate.resolve([], fine_tunes, "main", False), explicit=False)
+        got = {m.snapshot.repo_id: pipeline.judged(m, options, env, remembered) for m in models}
+    assert (remembered.judgements, remembered.served) == (2, 2)
+    direct = {m.snapshot.repo_id: pipeline.judged(m, options, env) for m in models}
+    assert got == direct  # the same findings, decision and facts as each judged on its own
 
 
 MEMO_SCENARIOS = [
@@ -438,25 +463,25 @@ def test_memoised_scan_is_the_scan_without_the_memo(cli, request, monkeypatch, a
             assert len(scanned) == 2 and sum(scanned) > 30 * 10**9, scanned
 
 
-def test_stand_in_written_in_the_training_config_is_not_renamed_back(cli, fine_tunes, monkeypatch, tmp_path):
-    """A stand-in that the environment holds (a training config value, quoted in the plan and the prescription) is the
-    user's own text: renaming the judgement back must not turn it into the model's repo id."""
+def test_neutral_names_written_in_the_training_config_are_the_users_own(cli, fine_tunes, monkeypatch, tmp_path):
+    """A neutral name that the environment holds (a training config value, quoted in the plan and the prescription) is
+    the user's own text: a judgement holding it is not shared, and the scan says what the scan without the memo says."""
     from gemma_doctor import memo
 
     tc = tmp_path / "train.yaml"
-    tc.write_text(f"optim: {memo.REPO}\nlr_scheduler_type: {memo.COMMIT}\n")
+    tc.write_text(f"optim: {memo.COMMIT}\nlr_scheduler_type: {memo.NAME}\n")
     args = ("check", "--cache-dir", fine_tunes, "--format", "json", "--fail-on", "never", "--training-config", tc)
     got = cli(*args)
     monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
     want = cli(*args)
-    assert memo.REPO in want.out
+    assert memo.COMMIT in want.out
     assert (got.code, got.out) == (want.code, want.out)
 
 
 @pytest.fixture
 def text_keyed(tmp_path):
-    """Fine-tunes whose config texts test the memo's key-by-text shortcut (_Renaming._keyed_by_text): equal texts,
-    one value apart, the repo's own id written as a value (plain and escaped), a link-like value, an escape."""
+    """Fine-tunes whose config texts test the memo's key: equal texts, one value apart, the repo's own id written as a
+    value (plain and escaped), a link-like value, an escape."""
     from tests.builders import HubCache, gemma3_1b_config, variant
 
     hub = HubCache(tmp_path / "hub")
@@ -468,6 +493,8 @@ def text_keyed(tmp_path):
         "f/blobs": variant(cfg, note="../../blobs/" + "a" * 40),
         "g/escaped": variant(cfg, note="caf\u00e9"),
         "h/escaped": variant(cfg, note="caf\u00e9"),
+        "j/own-name": variant(cfg, _name_or_path="j/own-name"),
+        "k/folder-name": variant(cfg, _name_or_path="/home/me/runs/k"),
     }
     for repo, config in configs.items():
         hub.add(repo, {"config.json": config})
@@ -483,49 +510,64 @@ def json_text(config) -> bytes:
     return dumps(config)
 
 
-def test_keys_by_text_are_keys_by_walk(text_keyed, monkeypatch):
-    """Two models get equal memo keys with the config keyed by its text exactly when they get equal keys with the
-    config walked (and the shortcut is really taken for the plain configs, not for the others)."""
+def test_a_name_in_the_models_files_is_a_fact(text_keyed):
+    """Keys are equal exactly where the name-free facts are: the repo's own id written as another value of its
+    config (finetuned_from) is a fact of its files, so two repos naming themselves there do not share; the config's
+    own _name_or_path is a name, so a repo naming itself there shares with one naming the folder it was saved from."""
+    keys = {repo: k for (repo, _), k in _keys(text_keyed).items()}
+    assert keys["a/plain-1"] == keys["b/plain-2"] != keys["c/plain-3"]
+    assert keys["j/own-name"] == keys["k/folder-name"] != keys["a/plain-1"]
+    assert keys["g/escaped"] == keys["h/escaped"] != keys["a/plain-1"]
+    assert len({keys[r] for r in ("d/names-itself", "e/names-itself", "i/escaped-slash", "f/blobs", "a/plain-1")}) == 5
+
+
+def test_a_judgement_that_reads_the_models_files_is_not_shared(fine_tunes):
+    """A judgement that reads a file through the model's source (as a rule opening a file during the judgement would)
+    is not a function of the facts read before: the neutral source refuses the read, and every model is judged on its
+    own facts, its own folder answering."""
     from gemma_doctor import locate, memo, pipeline
     from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import parsed
 
-    models, _ = pipeline.select(locate.resolve([], text_keyed, "main", False), explicit=False)
-    facts = [pipeline.read_more(m, CheckOptions()) for m in models]
-    taken: list[str] = []
-    real = memo._Renaming._keyed_by_text
+    options = CheckOptions()
+    remembered = memo.Memo(pipeline.environment(options), options)
 
-    def spy(self, v):
-        got = real(self, v)
-        if got and v.path.name == "config.json":
-            taken.append(str(v.path).split("models--")[1].split("/")[0])
-        return got
+    def judge(facts):
+        return facts, (facts.source.has("model.safetensors"), facts.snapshot.repo_id)
 
-    declined: set[str] = set()
+    with parsed.sharing():
+        models, _ = pipeline.select(locate.resolve([], fine_tunes, "main", False), explicit=False)
+        got = [remembered.judged(pipeline.read_more(m, options), judge)[1] for m in models if m.family.is_gemma]
+    assert got == [(True, m.snapshot.repo_id) for m in models if m.family.is_gemma]
+    assert (remembered.judgements, remembered.served) == (0, 0)
+    assert remembered.entries and all(v is memo._DIRECT for v in remembered.entries.values())  # tried, refused
 
-    def keys() -> dict[str, object]:
-        out = {}
-        tensors = memo.Tensors()  # one scan's tokens, as its Memo holds them
-        for f in facts:
-            r = memo.renaming_for(f, tensors)
-            assert r is not None
-            try:
-                out[f.snapshot.repo_id] = memo._canonical(f, r)[1]
-            except memo.Unmemoisable:  # its files name the model itself: judged directly, never renamed (issue 33)
-                declined.add(f.snapshot.repo_id)
-        return out
 
-    monkeypatch.setattr(memo._Renaming, "_keyed_by_text", spy)
-    fast = keys()
-    monkeypatch.setattr(memo._Renaming, "_keyed_by_text", lambda self, v: False)
-    walked = keys()
-    names = sorted(fast)
-    for a in names:
-        for b in names:
-            assert (fast[a] == fast[b]) == (walked[a] == walked[b]), (a, b)
-    assert fast["a/plain-1"] == fast["b/plain-2"] != fast["c/plain-3"]
-    assert declined == {"d/names-itself", "e/names-itself", "i/escaped-slash"}  # declined by text and by walk alike
-    assert {"a--plain-1", "b--plain-2", "c--plain-3"} <= set(taken)
-    assert not {"d--names-itself", "f--blobs", "g--escaped", "i--escaped-slash"} & set(taken)
+def test_a_place_for_a_name_in_the_models_files_is_judged_directly(tmp_path):
+    """A config value written like the place the engine fills with a model's name would be filled in (with another
+    model's name, once shared): such a model makes no key, and is judged as it is."""
+    from gemma_doctor import locate, memo, pipeline
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.report import MODEL_ID
+    from tests.builders import HubCache, gemma3_1b_config, variant
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("a/marked", {"config.json": variant(gemma3_1b_config(), note=f"trained from {MODEL_ID}")})
+    models, _ = pipeline.select(locate.resolve([], hub.root, "main", False), explicit=False)
+    f = pipeline.read_more(models[0], CheckOptions())
+    with pytest.raises(memo.Unmemoisable):
+        memo.key_of(memo.name_free(f)[1], f)
+
+
+def test_a_name_in_the_models_files_keeps_its_judgement_apart(cli, text_keyed, monkeypatch):
+    """Two repos whose configs name each repo itself: each judged on its own, and the scan is the scan without the
+    memo."""
+    judged = _decisions(monkeypatch)
+    got = cli("check", "--cache-dir", text_keyed, "--format", "json", "--fail-on", "never")
+    assert {"d/names-itself", "e/names-itself"} <= set(judged)  # each judged as itself, neither served the other
+    monkeypatch.setenv("GEMMA_DOCTOR_NO_MEMO", "1")
+    want = cli("check", "--cache-dir", text_keyed, "--format", "json", "--fail-on", "never")
+    assert (got.code, got.out) == (want.code, want.out)
 
 
 def test_a_header_parsed_once_is_the_header_parsed_again(tmp_path):
@@ -567,19 +609,19 @@ def test_a_config_text_is_parsed_once_in_a_scan_and_never_shared_outside_one(tmp
     assert (a.path, a.raw, a.error) == (a2.path, a2.raw, a2.error)
 
 
-def test_tensors_keyed_by_token_are_keyed_by_content():
-    from gemma_doctor import memo
-    from gemma_doctor.readers.safetensors_header import TensorInfo
+def test_a_header_is_keyed_by_the_digest_of_its_bytes(tmp_path):
+    """In a scan, a header read carries the digest of its bytes: equal for equal bytes, another for one dtype apart;
+    outside a scan none is taken (no judgement is shared there, and check's start-up imports no hashlib for it)."""
+    from gemma_doctor.readers import parsed
+    from gemma_doctor.readers.safetensors_header import read_header
 
-    a = (TensorInfo("w", "BF16", (2, 2), 0, 8), TensorInfo("b", "BF16", (2,), 8, 12))
-    same = tuple(TensorInfo(t.name, t.dtype, t.shape, t.begin, t.end) for t in a)
-    other = (TensorInfo("w", "F32", (2, 2), 0, 16), a[1])
-    tensors = memo.Tensors()
-    assert tensors.key(a) == tensors.key(same) == tensors.key(a)
-    assert tensors.key(other) != tensors.key(a)
-    assert tensors.key((a[0], "not a tensor")) is None
-    with pytest.raises(memo.Unmemoisable):
-        tensors.key((TensorInfo("gdmemo-x", "BF16", (1,), 0, 2),))
+    for name, dtype in (("a", "BF16"), ("b", "BF16"), ("c", "F32")):
+        (tmp_path / f"{name}.safetensors").write_bytes(_weights(dtype))
+    with parsed.sharing():
+        a, b, c = (read_header(tmp_path / f"{n}.safetensors") for n in "abc")
+    assert a.digest is not None and a.digest == b.digest != c.digest
+    assert a.tensors == b.tensors != c.tensors
+    assert read_header(tmp_path / "a.safetensors").digest is None
 
 
 def test_judging_the_candidates_needs_no_yaml(hub):

@@ -47,6 +47,11 @@ _SHARING = [False]
 _CACHES: list[Cache] = []
 
 
+def active() -> bool:
+    """True while a scan shares its parses (and its judgements: gemma_doctor/memo.py)."""
+    return _SHARING[0]
+
+
 @contextlib.contextmanager
 def sharing() -> Iterator[None]:
     """Parses shared for the length of a scan, forgotten at its start and at its end."""

@@ -5,6 +5,7 @@ No numpy and no safetensors import here: the census runs on every `check` and mu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -82,6 +83,9 @@ class SafetensorsHeader:
     # same file again the same way and checks it is the same one (not a link swapped in meanwhile).
     ident: tuple[int, int] | None = field(default=None, compare=False)
     root: Path | None = field(default=None, compare=False)
+    # A digest of the header's bytes, of which (with the file's size) ``tensors`` and ``metadata`` are a function: a
+    # scan keys the shared judgements by it instead of by every tensor (gemma_doctor/memo.py). None where not parsed.
+    digest: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -443,22 +447,32 @@ def read_header(path: Path, root: Path | None = None, area: fsafe.Area | None = 
         return _bad(path, size, "file shrank while being read")
     h = _parsed(raw, size, path)
     return SafetensorsHeader(h.path, h.exists, h.file_size, h.header_len, h.tensors, h.metadata, h.error,
-                             ident=opened.ident, root=root)
+                             ident=opened.ident, root=root, digest=h.digest)
 
 
 # parse_header is a function of the header's bytes and the file's size (the path only names the file): within a
-# whole-cache scan, fine-tunes of one base hold the same header in every repo, parsed once (memo.py then meets the same
-# tensors tuple again and keys it without a walk); gemma_doctor/readers/parsed.py.
+# whole-cache scan, fine-tunes of one base hold the same header in every repo, parsed once (the digest of its bytes,
+# taken with the parse, then keys it in memo.py without a walk of its tensors); gemma_doctor/readers/parsed.py.
 _PARSED = parsed.Cache(64 * 1024 * 1024)
 
 
+def _digested(raw: bytes, size: int, path: Path) -> SafetensorsHeader:
+    h = parse_header(raw, size, path)
+    if not parsed.active():
+        return h  # no scan, no judgement shared: the digest is a scan's key only (and hashlib stays off check's path)
+    import hashlib
+
+    # 16 bytes of BLAKE2b: a key never holds a header's text, and its size is in the key beside it (file_size).
+    return dataclasses.replace(h, digest=hashlib.blake2b(raw, digest_size=16).digest())
+
+
 def _parsed(raw: bytes, size: int, path: Path) -> SafetensorsHeader:
-    hit, kept = _PARSED.get((raw, size), len(raw), lambda: parse_header(raw, size, path))
+    hit, kept = _PARSED.get((raw, size), len(raw), lambda: _digested(raw, size, path))
     if not kept:
         return hit
     # the tensors (an immutable tuple) are shared; the metadata dict is the caller's own copy
     return SafetensorsHeader(path, hit.exists, hit.file_size, hit.header_len, hit.tensors, dict(hit.metadata),
-                             hit.error)
+                             hit.error, digest=hit.digest)
 
 
 def _lexists(path: Path) -> bool:
