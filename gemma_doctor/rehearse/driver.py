@@ -110,6 +110,8 @@ class Run:
         self.trainer: Any = None
         self.notes: list[str] = []
         self.rollouts: dict[str, Any] | None = None  # a GRPO run's rollouts, filled by its probe (grpo.py)
+        # A loop's own figures for the train record, filled by its probe as it trains (a reward model's: reward.py).
+        self.train_extra: dict[str, Any] = {}
         self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -120,6 +122,11 @@ class Run:
         cls = getattr(transformers, self.plan["architecture"])
         dtype = self.s.get("dtype") or "auto"
         kw: dict[str, Any] = {_dtype_kw(): dtype if dtype == "auto" else getattr(torch, dtype)}
+        if self.plan.get("reward"):
+            # A reward model is the checkpoint as a sequence classifier with one score, as `trl reward` loads it
+            # (RewardTrainer: AutoModelForSequenceClassification, num_labels=1); the head is new unless the folder
+            # was saved with one (a reload).
+            cls, kw["num_labels"] = transformers.AutoModelForSequenceClassification, 1
         if attn:
             kw["attn_implementation"] = attn
         return cls.from_pretrained(where, **kw)
@@ -340,13 +347,15 @@ class Run:
         self.events.write("train", "ok", losses=losses, grad_norms=norms, trainable=len(before), moved=len(moved),
                           unchanged=still[:10], unchanged_count=len(still), **extra,
                           lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
-                          dtype=str(next(self.model.parameters()).dtype),
+                          dtype=str(next(self.model.parameters()).dtype), **self.train_extra,
                           **({"rollouts": self.rollouts} if self.rollouts is not None else {}))
 
     def evaluate(self) -> None:
         """The trainer's evaluation loop (where the HybridCache crash struck)."""
         out = self.trainer.evaluate()
-        self.events.write("eval", "ok", eval_loss=out.get("eval_loss"))
+        # A reward model's evaluation also gives TRL's chosen/rejected margin and accuracy (reward.py).
+        self.events.write("eval", "ok", eval_loss=out.get("eval_loss"),
+                          **{k: out[k] for k in ("eval_margin", "eval_accuracy") if k in out})
 
     def generate(self) -> None:
         """Greedy generation with and without the KV cache: the same tokens."""
@@ -463,10 +472,12 @@ def _accumulation(run: Run) -> None:
 
 def _setup(run: Run) -> None:
     """The trainer: TRL's DPO, KTO or ORPO trainer for such a run (gemma_doctor/rehearse/preference.py), its
-    GRPOTrainer for a GRPO run (grpo.py), else Run.build_trainer."""
-    from gemma_doctor.rehearse import preference
+    GRPOTrainer for a GRPO run (grpo.py), its RewardTrainer for reward modelling (reward.py), else Run.build_trainer."""
+    from gemma_doctor.rehearse import preference, reward
 
-    if run.plan["trainer"] in preference.LOOPS:
+    if run.plan["trainer"] == reward.LOOP:
+        reward.setup(run)
+    elif run.plan["trainer"] in preference.LOOPS:
         preference.setup(run)
     elif run.plan["trainer"] in ONLINE_LOOPS:
         from gemma_doctor.rehearse import grpo
@@ -477,10 +488,11 @@ def _setup(run: Run) -> None:
 
 
 def _labels(run: Run) -> None:
-    """What the collator trains; a preference batch holds no labels (gemma_doctor/rehearse/preference.py)."""
-    from gemma_doctor.rehearse import preference
+    """What the collator trains; a preference batch holds no labels (gemma_doctor/rehearse/preference.py), nor does a
+    reward model's (reward.py)."""
+    from gemma_doctor.rehearse import preference, reward
 
-    if run.plan["trainer"] in preference.LOOPS:
+    if run.plan["trainer"] in preference.LOOPS or run.plan["trainer"] == reward.LOOP:
         preference.labels(run)
     else:
         run.labels()
