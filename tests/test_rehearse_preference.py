@@ -32,6 +32,9 @@ def _plan_of(tmp_path: Path, text: str):
     ("rl: kto\nadapter: lora\nmicro_batch_size: 2\n", "trl-kto"),  # axolotl
     ("rl: orpo\nadapter: lora\nmicro_batch_size: 2\n", "trl-orpo"),  # axolotl
     ("stage: kto\nfinetuning_type: lora\n", "trl-kto"),  # LLaMA-Factory
+    # LLaMA-Factory's ORPO switch under stage: dpo (before: rehearsed as DPO, the switch not read)
+    ("stage: dpo\nfinetuning_type: lora\npref_loss: orpo\n", "trl-orpo"),
+    ("stage: dpo\nfinetuning_type: lora\npref_loss: sigmoid\n", "trl-dpo"),
     # reward modelling (before: GD951 "not rehearsable here: a RM run" and the SFT loop)
     ("stage: rm\nfinetuning_type: lora\n", "trl-reward"),  # LLaMA-Factory
     ("base_model: google/tiny\nreward_model: true\nadapter: lora\nmicro_batch_size: 2\n", "trl-reward"),  # axolotl

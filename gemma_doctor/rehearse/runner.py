@@ -210,6 +210,9 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     trainer = None if trainer == "axolotl" else trainer
     if trainer is None and decided is not None and decided.value.twin is not None:
         trainer = decided.value.twin
+    if trainer is None and rl == "dpo" and str(raw.get("pref_loss", "")).strip().lower() == "orpo":
+        # LLaMA-Factory's stage: dpo with pref_loss: orpo runs ORPO's loss (no reference model): TRL's ORPO loop
+        trainer = "trl-orpo"
     if trainer is None and f"trl-{rl}" in TWIN_LOOPS:
         trainer = f"trl-{rl}"
     if trainer is None and (rl in reward.NAMES or (axolotl_run and truthy(raw.get("reward_model")))):
