@@ -38,6 +38,8 @@ def _plan_of(tmp_path: Path, text: str):
     # reward modelling (before: GD951 "not rehearsable here: a RM run" and the SFT loop)
     ("stage: rm\nfinetuning_type: lora\n", "trl-reward"),  # LLaMA-Factory
     ("base_model: google/tiny\nreward_model: true\nadapter: lora\nmicro_batch_size: 2\n", "trl-reward"),  # axolotl
+    # online DPO (before: GD951 "not rehearsable here: a ONLINE_DPO run"): TRL's experimental OnlineDPOTrainer
+    ("rl: online_dpo\nper_device_train_batch_size: 2\nbeta: 0.1\n", "trl-online-dpo"),
 ])
 def test_a_kto_or_orpo_setting_runs_that_trainer_not_a_gd951_note(tmp_path, text, trainer):
     # before: GD951 "not rehearsable here: a KTO run", and the twin ran the SFT loop
@@ -195,3 +197,34 @@ def test_a_trl_reward_run_rehearses_through_reward_trainer_and_its_default_lora_
     assert cure["stages"] == [[s, "ok"] for s in ("twin", "load", "setup")] + [["labels", "skipped"]] + \
         [[s, "ok"] for s in ("train", "accumulation", "eval", "save", "merge")]
     assert "the score head moved" in found["details"]["cure"] and "scores after reload differ by 0" in found["details"]["cure"]
+
+
+# -- online DPO (gemma_doctor/rehearse/grpo.py: an online loop) --------------------------------------------------------
+def test_online_dpo_s_completion_length_is_capped_under_its_own_key_and_vllm_is_off():
+    from gemma_doctor.rehearse import grpo
+
+    over, notes = grpo.translate({"use_vllm": True, "max_new_tokens": 256, "mask_truncated_completions": True},
+                                 grpo.ONLINE_DPO)
+    assert over == {"use_vllm": False, "max_new_tokens": grpo.COMPLETION_CAP} and len(notes) == 2
+    # OnlineDPOConfig's default (64) is capped too; GRPO's key is not its
+    assert grpo.translate({"max_completion_length": 8}, grpo.ONLINE_DPO)[0] == {"max_new_tokens": grpo.COMPLETION_CAP}
+
+
+@pytest.mark.slow
+def test_an_online_dpo_config_rehearses_through_online_dpo_trainer(tmp_path, cli):
+    """`rl: online_dpo`: TRL 1.16's experimental OnlineDPOTrainer generates two completions per prompt with
+    transformers' generate() (no vLLM on a CPU), the synthetic reward (grpo.py) scores them and DPO's loss trains the
+    pair; at the first step the policy is the reference, so the loss is log 2. A reward model the config names is not
+    loaded (said); the save reloads the adapter alike."""
+    config = tmp_path / "online.yaml"
+    config.write_text("rl: online_dpo\nper_device_train_batch_size: 2\nlearning_rate: 0.001\nmax_new_tokens: 64\n"
+                      "beta: 0.1\nreward_model_path: org/rm\nbf16: true\n" + LORA)
+    code, doc = _rehearse(cli, tmp_path, "--training-config", str(config), "--steps", "2")  # each step generates
+    assert doc["findings"] == [] and code == 0 and doc["trainer"] == "trl-online-dpo"
+    got = {s["stage"]: s for s in doc["stages"]}
+    assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
+        ("twin", "ok"), ("load", "ok"), ("setup", "ok"), ("train", "ok"), ("save", "ok")]
+    assert got["setup"]["trainer"] == "OnlineDPOTrainer" and got["setup"]["max_new_tokens"] == 16
+    assert got["setup"]["rewards"] == ["synthetic_reward for org/rm"]
+    assert got["train"]["losses"][0] == pytest.approx(math.log(2), abs=1e-3)
+    assert got["train"]["moved"] == got["train"]["trainable"] and got["train"]["lora_b"]["moved"] > 0

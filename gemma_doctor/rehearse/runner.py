@@ -33,7 +33,7 @@ STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate"
 # generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
 GRPO_STAGES = ("load", "setup", "train", "save")
 # The RL loops the twin runs as themselves, through TRL's own trainer (preference.py: DPO, KTO, ORPO; grpo.py: GRPO,
-# RLOO; reward.py: reward modelling): any other RL setting (PPO, online DPO ...) gets GD951 and is rehearsed as the SFT
+# RLOO, online DPO; reward.py: reward modelling): any other RL setting (PPO ...) gets GD951 and is rehearsed as the SFT
 # loop its keys describe.
 TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", *ONLINE_LOOPS, reward.LOOP)
 # Import name -> the name a user installs.
@@ -213,8 +213,8 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     if trainer is None and rl == "dpo" and str(raw.get("pref_loss", "")).strip().lower() == "orpo":
         # LLaMA-Factory's stage: dpo with pref_loss: orpo runs ORPO's loss (no reference model): TRL's ORPO loop
         trainer = "trl-orpo"
-    if trainer is None and f"trl-{rl}" in TWIN_LOOPS:
-        trainer = f"trl-{rl}"
+    if trainer is None and rl and f"trl-{rl.replace('_', '-')}" in TWIN_LOOPS:
+        trainer = f"trl-{rl.replace('_', '-')}"  # `rl: online_dpo`: TRL's experimental OnlineDPOTrainer (grpo.py)
     if trainer is None and (rl in reward.NAMES or (axolotl_run and truthy(raw.get("reward_model")))):
         # LLaMA-Factory's stage: rm, axolotl's reward_model: true: a reward model (reward.py)
         trainer = reward.LOOP
@@ -234,8 +234,8 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
                                 "generation, rewards and reference model); its model, adapter, precision and save are "
                                 f"rehearsed as a {trainer} run", key="trainer",
-                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO, GRPO, RLOO "
-                                    "and reward modelling are rehearsed as themselves"))
+                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO, GRPO, RLOO, "
+                                    "online DPO and reward modelling are rehearsed as themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))
