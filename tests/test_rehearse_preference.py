@@ -154,6 +154,15 @@ def test_the_score_head_of_a_reward_model_must_train(score, found):
     assert [f.code for f in _reward_findings([_reward_train(score)])] == found
 
 
+def test_a_reload_that_differs_after_a_frozen_score_head_names_the_head_not_a_library_bug():
+    """Measured (`trl reward` with lora_task_type: FEATURE_EXTRACTION): the loss falls, nothing raises, the adapter is
+    saved without the frozen random head, and the reload scores otherwise (0.309 -> 0.168)."""
+    frozen = _reward_train({"names": ["base_model.model.score.weight"], "trainable": [], "moved": []})
+    save = {"stage": "save", "status": "ok", "max_abs_diff": 0.062, "scale": 0.075}
+    got = {f.code: f for f in _reward_findings([frozen, save])}
+    assert sorted(got) == ["GD975", "GD989"] and "GD989" in got["GD975"].fix and "upstream" not in got["GD975"].fix
+
+
 def test_an_unmoved_score_head_under_a_learning_rate_of_0_is_not_judged():
     still = {"names": ["score.weight"], "trainable": ["score.weight"], "moved": []}
     assert _reward_findings([_reward_train(still, rates=(0.0, 0.0))]) == []
