@@ -195,7 +195,8 @@ def test_a_trl_reward_run_rehearses_through_reward_trainer_and_its_default_lora_
     head trains and is saved with the adapter, the reload scores alike, the merge keeps it). Two children."""
     config = tmp_path / "reward.yaml"
     config.write_text("per_device_train_batch_size: 2\nlearning_rate: 0.001\nmax_length: 128\nbf16: true\n" + LORA)
-    code, doc = _rehearse(cli, tmp_path, "--launch", f"trl reward --config {config}")
+    # one step: the cure's run is the whole healthy reward run, every stage of it (CI's time)
+    code, doc = _rehearse(cli, tmp_path, "--launch", f"trl reward --config {config}", "--steps", "1")
     assert code != 0 and doc["trainer"] == "trl-reward"
     assert [(s["stage"], s["status"]) for s in doc["stages"]] == [("twin", "ok"), ("load", "ok"), ("setup", "error")]
     assert next(s for s in doc["stages"] if s["stage"] == "load")["cls"] == "Gemma3TextForSequenceClassification"
