@@ -123,6 +123,25 @@ def test_a_local_dataset_keeps_its_rows_and_a_hub_one_gets_rows_in_its_format(tm
     assert any(n.startswith("dataset hub (a hub dataset)") for n in notes), notes
 
 
+@pytest.mark.parametrize("stage, pairs", [("rm", True), ("dpo", True), ("sft", False)])
+def test_an_unseen_dataset_of_a_pairwise_stage_gets_pairs_with_their_columns_named(tmp_path, stage, pairs):
+    """LLaMA-Factory's own demo datasets (dpo_en_demo) live in its repo's data/ folder, not beside a user's config.
+    Before, the rehearsal wrote plain alpaca rows for them, and LLaMA-Factory 0.9.5 refused the rm stage ("The dataset
+    is not applicable in the current training stage": a false alarm); ranking rows whose entry names no chosen /
+    rejected columns then stopped in its formatter (KeyError: None). Both met through `llamafactory-cli train`."""
+    (tmp_path / "cfg.yaml").write_text(LORA_SFT.replace("stage: sft", f"stage: {stage}")
+                                       .replace("alpaca_en_demo", "dpo_en_demo"))
+    _, notes = llamafactory.copy_config(Path("cfg.yaml"), tmp_path / "out", 3, REPO, tmp_path)
+    entry = json.loads((tmp_path / "out" / "llamafactory" / "dataset_info.json").read_text())["dpo_en_demo"]
+    row = json.loads(Path(entry["file_name"]).read_text())[0]
+    if pairs:
+        assert entry["ranking"] is True and entry["columns"] == {"chosen": "chosen", "rejected": "rejected"}
+        assert set(row) == {"instruction", "input", "chosen", "rejected"}
+        assert any("(alpaca, ranking)" in n for n in notes), notes
+    else:
+        assert "ranking" not in entry and set(row) == {"instruction", "input", "output"}
+
+
 def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_traceback(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
