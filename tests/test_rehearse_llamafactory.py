@@ -238,3 +238,21 @@ def test_a_healthy_llamafactory_lora_sft_run_rehearses_clean(tmp_path, factory):
     # warmup_ratio 0.1 of 3 steps: the first step is warm-up at rate 0 (why `--steps 1` must not judge moving)
     assert train["learning_rates"][0] == 0 and train["learning_rates"][-1] > 0, train["learning_rates"]
     assert any(n.startswith("dataset chat: its first rows") for n in doc["notes"]), doc["notes"]
+
+
+@pytest.mark.slow
+def test_llamafactory_s_dpo_stage_on_its_demo_dataset_rehearses_clean_through_its_own_trainer(tmp_path, factory):
+    """`stage: dpo` on LLaMA-Factory's demo dataset (dpo_en_demo, not beside the config): the rehearsal's pairs in its
+    ranking format, LLaMA-Factory's CustomDPOTrainer trains them. Before: 'The dataset is not applicable in the current
+    training stage' (a false alarm of the rehearsal's plain rows). At the first step the policy is the reference: log 2."""
+    config = LORA_SFT.replace("template: gemma3", "template: gemma").replace("stage: sft", "stage: dpo")
+    (tmp_path / "lf.yaml").write_text(config.replace("alpaca_en_demo", "dpo_en_demo"))
+    code, doc = rehearse(factory, model_folder(tmp_path, "gemma3_text"), tmp_path / "lf.yaml")
+    assert doc["findings"] == [] and code == 0, doc["findings"]
+    assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
+        ("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("train", "ok"), ("save", "ok")]
+    setup, train = (next(s for s in doc["stages"] if s["stage"] == k) for k in ("setup", "train"))
+    assert setup["trainer"] == "CustomDPOTrainer" and train["losses"][0] == pytest.approx(0.6931, abs=1e-3)
+    assert train["lora_b"]["moved"] > 0
+    assert any("dpo_en_demo (not in any dataset_info.json found): 8 synthetic rows in its format (alpaca, ranking)"
+               in n for n in doc["notes"]), doc["notes"]
