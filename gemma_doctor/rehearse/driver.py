@@ -374,6 +374,12 @@ class Run:
         """Save as the trainer saves, reload from the folder, compare logits."""
         folder = self.work / "checkpoint"
         self.trainer.save_model(str(folder))
+        if hasattr(self.model, "v_head"):
+            # TRL's value-head wrapper (LLaMA-Factory's rm stage): a tuple for output and the head in a file of its
+            # own beside the adapter; reloading a language model would compare what the run never saved as one.
+            self.events.write("save", "skipped", reason="a value-head reward model (the head saved beside the "
+                              "adapter): its reload is not rehearsed", files=sorted(p.name for p in folder.iterdir()))
+            return
         ref = self._logits(self.model)
         if (folder / "adapter_config.json").exists():
             from peft import PeftModel
