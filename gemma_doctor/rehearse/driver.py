@@ -30,6 +30,9 @@ _DROPPED = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token"
             "deepspeed", "fsdp", "fsdp_config", "max_steps", "num_train_epochs", "eval_steps", "save_steps",
             "evaluation_strategy", "eval_strategy", "do_eval", "local_rank", "tf32", "bf16_full_eval", "fp16_full_eval",
             "use_liger_kernel", "dataset_num_proc", "model_init_kwargs")
+# Why generation and the merge have no model: the save stage reloaded no copy to run them on (a value-head reward
+# model's, whose head is saved beside the adapter: Run.save), and a launched script's own model is never used.
+_NO_COPY = "no reloaded copy of the checkpoint to run it on (the save stage did not reload one)"
 # Optimizers whose kernels need bitsandbytes on a GPU: replaced by AdamW here, and said so.
 _GPU_OPTIMIZERS = ("8bit", "paged", "bnb", "galore", "lomo", "apollo")
 
@@ -362,6 +365,9 @@ class Run:
         import torch
 
         model = self.model
+        if model is None:
+            self.events.write("generate", "skipped", reason=_NO_COPY)
+            return
         model.eval()
         batch = self._batch()
         kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
@@ -393,6 +399,9 @@ class Run:
 
     def merge(self) -> None:
         """Merge the adapter, compare with base + adapter; save the merged folder, reload, compare (head kept)."""
+        if self.model is None:
+            self.events.write("merge", "skipped", reason=_NO_COPY)
+            return
         if not hasattr(self.model, "merge_and_unload"):
             self.events.write("merge", "skipped", reason="not an adapter run")
             return
