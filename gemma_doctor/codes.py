@@ -257,6 +257,9 @@ _CODES = [
     Code("GD983", "real-peak-over-plan", "one training step of the real weights needs more than 1.1x the memory plan"),
     Code("GD984", "real-step-oom", "one training step of the real weights ran out of device memory"),
     Code("GD985", "real-fp16-headroom", "measured with the real weights: every activation and gradient fits fp16's range, by the figure given"),
+    # GD988-GD989, GD997: the rehearsal's reward modelling loop (gemma_doctor/rehearse/reward.py, docs/rehearsal.md)
+    Code("GD988", "reward-lora-causal-task", "the reward model's LoRA is PEFT's causal-LM kind on a sequence classifier: PEFT fails building it (TRL's default lora_task_type)"),
+    Code("GD989", "reward-score-head-untrained", "the rehearsed reward model's score head is frozen or did not move: it keeps its random weights"),
     # GD990-GD994: the rehearsal on 2 CPU ranks (gemma_doctor/rehearse/ranks.py, docs/rehearsal.md)
     Code("GD990", "rank-did-not-finish", "a rank of the 2-rank rehearsal crashed (its own last line) or did not finish its stages before the deadline"),
     Code("GD991", "rank-loss-not-finite", "the loss is NaN or infinite on a rank of the 2-rank rehearsal"),
@@ -266,6 +269,7 @@ _CODES = [
     # GD995-GD996: the rehearsal's GRPO loop (gemma_doctor/rehearse/grpo.py, docs/rehearsal.md)
     Code("GD995", "grpo-reward-not-finite", "a reward of the rehearsed GRPO run is infinite: TRL zeroes the advantages it poisons and the run learns nothing"),
     Code("GD996", "grpo-zero-advantages", "in every group of the rehearsed GRPO run the rewards are equal: every advantage is 0 and the run learns nothing"),
+    Code("GD997", "reward-no-classifier-class", "the installed transformers has no sequence-classification class for this model: no reward model of it can be built as TRL builds one"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

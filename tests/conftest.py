@@ -77,6 +77,8 @@ LONGEST_FIRST = (
     "tests/test_rehearse_launch.py",
     "tests/test_rehearse_llamafactory.py",  # added after the ranking run: its own venv, then two LLaMA-Factory runs
     "tests/test_rehearse_axolotl.py",  # added after the ranking run: three rehearsals, 96-150 s loaded
+    "tests/test_rehearse_preference.py",  # added after the ranking run: six children (KTO x2, ORPO, reward x2,
+    #                                       online DPO), 233 s at load 4-5 with -n0
     "tests/test_crashes_venvs.py",
     "tests/test_pitfalls_repro.py",
     "tests/test_after_training_repro.py",

@@ -123,6 +123,25 @@ def test_a_local_dataset_keeps_its_rows_and_a_hub_one_gets_rows_in_its_format(tm
     assert any(n.startswith("dataset hub (a hub dataset)") for n in notes), notes
 
 
+@pytest.mark.parametrize("stage, pairs", [("rm", True), ("dpo", True), ("sft", False)])
+def test_an_unseen_dataset_of_a_pairwise_stage_gets_pairs_with_their_columns_named(tmp_path, stage, pairs):
+    """LLaMA-Factory's own demo datasets (dpo_en_demo) live in its repo's data/ folder, not beside a user's config.
+    Before, the rehearsal wrote plain alpaca rows for them, and LLaMA-Factory 0.9.5 refused the rm stage ("The dataset
+    is not applicable in the current training stage": a false alarm); ranking rows whose entry names no chosen /
+    rejected columns then stopped in its formatter (KeyError: None). Both met through `llamafactory-cli train`."""
+    (tmp_path / "cfg.yaml").write_text(LORA_SFT.replace("stage: sft", f"stage: {stage}")
+                                       .replace("alpaca_en_demo", "dpo_en_demo"))
+    _, notes = llamafactory.copy_config(Path("cfg.yaml"), tmp_path / "out", 3, REPO, tmp_path)
+    entry = json.loads((tmp_path / "out" / "llamafactory" / "dataset_info.json").read_text())["dpo_en_demo"]
+    row = json.loads(Path(entry["file_name"]).read_text())[0]
+    if pairs:
+        assert entry["ranking"] is True and entry["columns"] == {"chosen": "chosen", "rejected": "rejected"}
+        assert set(row) == {"instruction", "input", "chosen", "rejected"}
+        assert any("(alpaca, ranking)" in n for n in notes), notes
+    else:
+        assert "ranking" not in entry and set(row) == {"instruction", "input", "output"}
+
+
 def test_a_broken_dataset_info_or_max_samples_ends_in_synthetic_rows_not_a_traceback(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -219,3 +238,26 @@ def test_a_healthy_llamafactory_lora_sft_run_rehearses_clean(tmp_path, factory):
     # warmup_ratio 0.1 of 3 steps: the first step is warm-up at rate 0 (why `--steps 1` must not judge moving)
     assert train["learning_rates"][0] == 0 and train["learning_rates"][-1] > 0, train["learning_rates"]
     assert any(n.startswith("dataset chat: its first rows") for n in doc["notes"]), doc["notes"]
+
+
+@pytest.mark.slow
+def test_llamafactory_s_rm_stage_on_its_demo_dataset_trains_through_its_own_trainer_without_a_false_alarm(tmp_path,
+                                                                                                       factory):
+    """`stage: rm` on LLaMA-Factory's demo dataset (dpo_en_demo, not beside the config): the rehearsal's pairs in its
+    ranking format, LLaMA-Factory's PairwiseTrainer trains the value head and the adapter. Before: 'The dataset is not
+    applicable in the current training stage' (the rehearsal's plain rows), then, with pairs, GD960 from the
+    rehearsal's own reload (the value-head wrapper returns a tuple; the head is saved beside the adapter): both false
+    alarms. Its save is now skipped with why. (`stage: dpo` the same way: clean, measured in docs/rehearsal.md.)"""
+    config = LORA_SFT.replace("template: gemma3", "template: gemma").replace("stage: sft", "stage: rm")
+    (tmp_path / "lf.yaml").write_text(config.replace("alpaca_en_demo", "dpo_en_demo"))
+    code, doc = rehearse(factory, model_folder(tmp_path, "gemma3_text"), tmp_path / "lf.yaml")
+    assert doc["findings"] == [] and code == 0, doc["findings"]
+    got = [(s["stage"], s["status"]) for s in doc["stages"]]
+    # after the save, whatever would run on its reloaded copy (generation, the merge) is skipped too: there is none
+    assert got[:5] == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("train", "ok"), ("save", "skipped")], got
+    assert all(status == "skipped" for _, status in got[5:]), got
+    setup, train, save = (next(s for s in doc["stages"] if s["stage"] == k) for k in ("setup", "train", "save"))
+    assert setup["trainer"] == "PairwiseTrainer" and train["lora_b"]["moved"] > 0
+    assert "value-head" in save["reason"]
+    assert any("dpo_en_demo (not in any dataset_info.json found): 8 synthetic rows in its format (alpaca, ranking)"
+               in n for n in doc["notes"]), doc["notes"]

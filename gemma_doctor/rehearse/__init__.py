@@ -1,6 +1,6 @@
 """The rehearsal (issue 34): the user's run, for a few steps, through the installed stack, on a tiny twin of the model,
-in a child process; invariant probes turn what it shows into findings GD950-GD979, GD990-GD994 (2 ranks) and
-GD995-GD996 (GRPO) (docs/rehearsal.md).
+in a child process; invariant probes turn what it shows into findings GD950-GD979, GD990-GD994 (2 ranks),
+GD995-GD996 (GRPO), GD988-GD989 and GD997 (reward models) (docs/rehearsal.md).
 
 Never imported on `check`'s start-up path; imports nothing heavy itself (torch and transformers are imported by the
 child only: gemma_doctor/rehearse/child.py, driver.py, and the twin's builder).
@@ -17,21 +17,20 @@ from gemma_doctor.report import ExitCode
 
 
 def config_of_launch(launch: str) -> Optional[Path]:
-    """The training config a launch line runs: `trl sft|dpo|kto|grpo|rloo --config FILE` (also under accelerate launch); None for
+    """The training config a launch line runs: `trl sft|dpo|kto|grpo|rloo|reward --config FILE` (also under accelerate launch); None for
     another line (a script of the user's: gemma_doctor/rehearse/launch.py)."""
     found = trl_launch(launch)
     return found[0] if found else None
 
 
 def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
-    """(the config, the trainer: trl-sft / trl-dpo / trl-kto / trl-grpo / trl-rloo) of a `trl
-    sft|dpo|kto|grpo|rloo --config FILE` line; None for another line (`trl reward ...` included: its loop is not the
-    twin's)."""
+    """(the config, the trainer: trl-sft / trl-dpo / trl-kto / trl-grpo / trl-rloo / trl-reward) of a `trl
+    sft|dpo|kto|grpo|rloo|reward --config FILE` line; None for another line."""
     try:
         words = shlex.split(launch, comments=True)
     except ValueError as e:
         raise UsageError(f"--launch is not a command line: {e}") from None
-    command = next((c for c in ("sft", "dpo", "kto", "grpo", "rloo") if c in words), None)
+    command = next((c for c in ("sft", "dpo", "kto", "grpo", "rloo", "reward") if c in words), None)
     if command and any(w == "trl" or w.endswith("/trl") for w in words):
         for i, w in enumerate(words):
             if w == "--config" and i + 1 < len(words):

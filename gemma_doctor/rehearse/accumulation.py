@@ -38,6 +38,8 @@ def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dic
     raw = {**(run.plan.get("raw") or {}), "per_device_train_batch_size": micro, "gradient_accumulation_steps": k,
            "learning_rate": 0.0, "warmup_steps": 0, "warmup_ratio": 0.0, "seed": 0}
     sub = type(run)({**run.plan, "raw": raw, "steps": 1, "workdir": str(run.work / f"accumulation-{micro}x{k}")}, _Quiet())
+    # A head the checkpoint lacks (a reward model's score head) is drawn at load: the same in both runs too.
+    torch.manual_seed(0)
     sub.load()
     torch.manual_seed(0)  # the LoRA matrices the trainer (or the driver) creates are the same in both runs
     setup(sub)

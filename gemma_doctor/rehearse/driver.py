@@ -30,6 +30,9 @@ _DROPPED = ("output_dir", "logging_dir", "run_name", "hub_model_id", "hub_token"
             "deepspeed", "fsdp", "fsdp_config", "max_steps", "num_train_epochs", "eval_steps", "save_steps",
             "evaluation_strategy", "eval_strategy", "do_eval", "local_rank", "tf32", "bf16_full_eval", "fp16_full_eval",
             "use_liger_kernel", "dataset_num_proc", "model_init_kwargs")
+# Why generation and the merge have no model: the save stage reloaded no copy to run them on (a value-head reward
+# model's, whose head is saved beside the adapter: Run.save), and a launched script's own model is never used.
+_NO_COPY = "no reloaded copy of the checkpoint to run it on (the save stage did not reload one)"
 # Optimizers whose kernels need bitsandbytes on a GPU: replaced by AdamW here, and said so.
 _GPU_OPTIMIZERS = ("8bit", "paged", "bnb", "galore", "lomo", "apollo")
 
@@ -110,6 +113,8 @@ class Run:
         self.trainer: Any = None
         self.notes: list[str] = []
         self.rollouts: dict[str, Any] | None = None  # a GRPO run's rollouts, filled by its probe (grpo.py)
+        # A loop's own figures for the train record, filled by its probe as it trains (a reward model's: reward.py).
+        self.train_extra: dict[str, Any] = {}
         self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -120,6 +125,11 @@ class Run:
         cls = getattr(transformers, self.plan["architecture"])
         dtype = self.s.get("dtype") or "auto"
         kw: dict[str, Any] = {_dtype_kw(): dtype if dtype == "auto" else getattr(torch, dtype)}
+        if self.plan.get("reward"):
+            # A reward model is the checkpoint as a sequence classifier with one score, as `trl reward` loads it
+            # (RewardTrainer: AutoModelForSequenceClassification, num_labels=1); the head is new unless the folder
+            # was saved with one (a reload).
+            cls, kw["num_labels"] = transformers.AutoModelForSequenceClassification, 1
         if attn:
             kw["attn_implementation"] = attn
         return cls.from_pretrained(where, **kw)
@@ -340,19 +350,24 @@ class Run:
         self.events.write("train", "ok", losses=losses, grad_norms=norms, trainable=len(before), moved=len(moved),
                           unchanged=still[:10], unchanged_count=len(still), **extra,
                           lora_b={"count": len(lora_b), "moved": sum(1 for a, b in lora_b.values() if a != b)},
-                          dtype=str(next(self.model.parameters()).dtype),
+                          dtype=str(next(self.model.parameters()).dtype), **self.train_extra,
                           **({"rollouts": self.rollouts} if self.rollouts is not None else {}))
 
     def evaluate(self) -> None:
         """The trainer's evaluation loop (where the HybridCache crash struck)."""
         out = self.trainer.evaluate()
-        self.events.write("eval", "ok", eval_loss=out.get("eval_loss"))
+        # A reward model's evaluation also gives TRL's chosen/rejected margin and accuracy (reward.py).
+        self.events.write("eval", "ok", eval_loss=out.get("eval_loss"),
+                          **{k: out[k] for k in ("eval_margin", "eval_accuracy") if k in out})
 
     def generate(self) -> None:
         """Greedy generation with and without the KV cache: the same tokens."""
         import torch
 
         model = self.model
+        if model is None:
+            self.events.write("generate", "skipped", reason=_NO_COPY)
+            return
         model.eval()
         batch = self._batch()
         kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
@@ -367,6 +382,12 @@ class Run:
         run's rank other than 0, which takes part in the save and the forward (collectives of a sharded model) only."""
         folder = self.work / "checkpoint"
         self.trainer.save_model(str(folder))
+        if hasattr(self.model, "v_head"):
+            # TRL's value-head wrapper (LLaMA-Factory's rm stage): a tuple for output and the head in a file of its
+            # own beside the adapter; reloading a language model would compare what the run never saved as one.
+            self.events.write("save", "skipped", reason="a value-head reward model (the head saved beside the "
+                              "adapter): its reload is not rehearsed", files=sorted(p.name for p in folder.iterdir()))
+            return
         ref = self._logits(self.model)
         if not reload:
             # The folder is rank 0's to write: another rank reading it at once met it half written (FSDP, 2 ranks).
@@ -384,6 +405,9 @@ class Run:
 
     def merge(self) -> None:
         """Merge the adapter, compare with base + adapter; save the merged folder, reload, compare (head kept)."""
+        if self.model is None:
+            self.events.write("merge", "skipped", reason=_NO_COPY)
+            return
         if not hasattr(self.model, "merge_and_unload"):
             self.events.write("merge", "skipped", reason="not an adapter run")
             return
@@ -469,10 +493,12 @@ def _accumulation(run: Run) -> None:
 
 def _setup(run: Run) -> None:
     """The trainer: TRL's DPO, KTO or ORPO trainer for such a run (gemma_doctor/rehearse/preference.py), its
-    GRPOTrainer for a GRPO run (grpo.py), else Run.build_trainer."""
-    from gemma_doctor.rehearse import preference
+    GRPOTrainer for a GRPO run (grpo.py), its RewardTrainer for reward modelling (reward.py), else Run.build_trainer."""
+    from gemma_doctor.rehearse import preference, reward
 
-    if run.plan["trainer"] in preference.LOOPS:
+    if run.plan["trainer"] == reward.LOOP:
+        reward.setup(run)
+    elif run.plan["trainer"] in preference.LOOPS:
         preference.setup(run)
     elif run.plan["trainer"] in ONLINE_LOOPS:
         from gemma_doctor.rehearse import grpo
@@ -483,10 +509,11 @@ def _setup(run: Run) -> None:
 
 
 def _labels(run: Run) -> None:
-    """What the collator trains; a preference batch holds no labels (gemma_doctor/rehearse/preference.py)."""
-    from gemma_doctor.rehearse import preference
+    """What the collator trains; a preference batch holds no labels (gemma_doctor/rehearse/preference.py), nor does a
+    reward model's (reward.py)."""
+    from gemma_doctor.rehearse import preference, reward
 
-    if run.plan["trainer"] in preference.LOOPS:
+    if run.plan["trainer"] in preference.LOOPS or run.plan["trainer"] == reward.LOOP:
         preference.labels(run)
     else:
         run.labels()

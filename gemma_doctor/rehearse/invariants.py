@@ -1,5 +1,6 @@
 """The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979; a GRPO run's
-GD995-GD996 in grpo.py). Pure: no torch, no file system; the thresholds of every invariant are here.
+GD995-GD996 in grpo.py; a reward model's GD988-GD989, GD997 in reward.py). Pure: no torch, no file system; the
+thresholds of every invariant are here.
 
 A stage that raised becomes a finding naming the stage and the exception's last line, with the field catalogue's
 entry when its symptom matches (gemma_doctor/catalogue/field.json), else "not in the catalogue" and what to report

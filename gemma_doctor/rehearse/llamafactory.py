@@ -161,9 +161,15 @@ def _synthetic(entry: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return rows
 
 
+# The stages that train on pairs (LLaMA-Factory's loader refuses other rows there: "The dataset is not applicable in
+# the current training stage"): a dataset the rehearsal cannot see gets ranking rows for them.
+_PAIRWISE = ("rm", "dpo")
+
+
 def _datasets(data: dict[str, Any], config_dir: Path, cwd: Path, out: Path, notes: list[str]) -> None:
     """Point the copy's datasets at rows the rehearsal can read: a local file's first rows (``max_samples``), else
-    synthetic rows in the format the user's dataset_info.json names; the copy's own dataset_info.json in ``out``."""
+    synthetic rows in the format the user's dataset_info.json names (pairs for a pairwise stage where no entry names
+    it); the copy's own dataset_info.json in ``out``."""
     named = str(data.get("dataset_dir") or "data")
     where = next((d for d in (cwd / named, config_dir / named) if _exists(d / "dataset_info.json")), None)
     info: dict[str, Any] = {}
@@ -189,6 +195,14 @@ def _datasets(data: dict[str, Any], config_dir: Path, cwd: Path, out: Path, note
                 notes.append(f"dataset {name}: its first rows ({where / file}, max_samples {ROWS})")
                 continue
             shape = _shape(entry or {})
+            if entry is None and str(data.get("stage") or "sft") in _PAIRWISE:
+                # an unseen dataset (LLaMA-Factory's own demo entries live in its repo's data/ folder) of a stage that
+                # trains on pairs: ranking rows, as the run's own dataset must be
+                shape["ranking"] = True
+            if shape.get("ranking"):
+                # LLaMA-Factory reads a pair's columns only where the entry names them (its DatasetAttr has no default
+                # for chosen / rejected: KeyError None): the synthetic rows' entry names the ones they hold
+                shape["columns"] = {"chosen": "chosen", "rejected": "rejected", **shape.get("columns", {})}
             rows_file = out / f"rehearsal-{len(mine)}.json"
             rows_file.write_text(json.dumps(_synthetic(shape, ROWS)), encoding="utf-8")
             mine[name] = {**shape, "file_name": str(rows_file)}

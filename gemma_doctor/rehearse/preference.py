@@ -57,7 +57,8 @@ def rows(run: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         got = _read_rows(Path(path), 12)
         if got:
             return got[:8], got[8:] or got[:2]
-    made = LOOPS[run.plan["trainer"]][3](ROWS)
+    # A reward model (reward.py) compares DPO's pairs.
+    made = LOOPS[run.plan["trainer"]][3](ROWS) if run.plan["trainer"] in LOOPS else _pairs(ROWS)
     return made[:6], made[6:]
 
 

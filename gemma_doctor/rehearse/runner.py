@@ -21,6 +21,7 @@ from gemma_doctor import trainers
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.training_config import TrainingConfig, truthy
+from gemma_doctor.rehearse import reward
 from gemma_doctor.rehearse.grpo import ONLINE_LOOPS
 from gemma_doctor.rehearse.process import Child, _environment, _records, _tail
 from gemma_doctor.report import Finding, Severity
@@ -32,8 +33,9 @@ STAGES = ("load", "setup", "labels", "train", "accumulation", "eval", "generate"
 # generation, accumulation and the merge are the SFT run's stages, trainer-independent past the save.
 GRPO_STAGES = ("load", "setup", "train", "save")
 # The RL loops the twin runs as themselves, through TRL's own trainer (preference.py: DPO, KTO, ORPO; grpo.py: GRPO,
-# RLOO): any other RL setting (PPO, online DPO, reward modelling ...) gets GD951 and is rehearsed as the SFT loop its keys describe.
-TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", *ONLINE_LOOPS)
+# RLOO, online DPO; reward.py: reward modelling): any other RL setting (PPO ...) gets GD951 and is rehearsed as the SFT
+# loop its keys describe.
+TWIN_LOOPS = ("trl-dpo", "trl-kto", "trl-orpo", *ONLINE_LOOPS, reward.LOOP)
 # Import name -> the name a user installs.
 _LIBRARIES = {"torch": "torch", "transformers": "transformers", "peft": "PEFT", "trl": "TRL", "datasets": "datasets",
               "accelerate": "accelerate"}
@@ -208,8 +210,14 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     trainer = None if trainer == "axolotl" else trainer
     if trainer is None and decided is not None and decided.value.twin is not None:
         trainer = decided.value.twin
-    if trainer is None and f"trl-{rl}" in TWIN_LOOPS:
-        trainer = f"trl-{rl}"
+    if trainer is None and rl == "dpo" and str(raw.get("pref_loss", "")).strip().lower() == "orpo":
+        # LLaMA-Factory's stage: dpo with pref_loss: orpo runs ORPO's loss (no reference model): TRL's ORPO loop
+        trainer = "trl-orpo"
+    if trainer is None and rl and f"trl-{rl.replace('_', '-')}" in TWIN_LOOPS:
+        trainer = f"trl-{rl.replace('_', '-')}"  # `rl: online_dpo`: TRL's experimental OnlineDPOTrainer (grpo.py)
+    if trainer is None and (rl in reward.NAMES or (axolotl_run and truthy(raw.get("reward_model")))):
+        # LLaMA-Factory's stage: rm, axolotl's reward_model: true: a reward model (reward.py)
+        trainer = reward.LOOP
     trainer = trainer or (decided.sft_loop.value if decided is not None else "transformers")
     settings = settings_of(tc, raw, training_config.parent if training_config else None)
     findings, notes = [], []
@@ -226,8 +234,8 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable here: a {rl.upper()} run (its trainer's "
                                 "generation, rewards and reference model); its model, adapter, precision and save are "
                                 f"rehearsed as a {trainer} run", key="trainer",
-                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO, GRPO and RLOO "
-                                    "are rehearsed as themselves"))
+                                fix="the RL loop itself is checked only by running it; DPO, KTO, ORPO, GRPO, RLOO, "
+                                    "online DPO and reward modelling are rehearsed as themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
                                 fix="rehearse on the training machine to cover this part"))
@@ -235,9 +243,15 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
         notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
     repo_id = _repo_id(snap, raw, config)
     plan = {"target_dir": str(snap.path), "repo_id": repo_id, "architecture": config["architectures"][0],
-            "model_type": str(config.get("model_type") or ""), "trainer": trainer, "settings": settings, "raw": raw, "steps": steps,
-            "stages": list(GRPO_STAGES if trainer in ONLINE_LOOPS else STAGES), "device": device,
+            "model_type": str(config.get("model_type") or ""), "trainer": trainer, "settings": settings, "raw": raw,
+            "steps": steps, "stages": list(GRPO_STAGES if trainer in ONLINE_LOOPS else reward.STAGES
+                                           if trainer == reward.LOOP else STAGES), "device": device,
             "cwd": str(Path.cwd())}  # where a GRPO config's reward functions are imported from, as `trl grpo` does
+    if trainer == reward.LOOP:
+        source = "axolotl" if axolotl_run else "llama-factory" if tc is not None and tc.format.own_lora_targets \
+            else "trl"
+        plan["reward"], more = reward.plan_part(raw, source)
+        notes += more
     if axolotl_run and trainer == "transformers":
         from gemma_doctor.rehearse import axolotl
 
@@ -303,6 +317,8 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
     result.stages = [r for r in records if r.get("stage") not in ("stack", "done")]
     entries = catalogue.entries()
     found = [_of_another_kind(f, plan) for f in invariants.judge(result.stages, entries, plan.get("model_type"))]
+    if plan.get("reward"):
+        found = reward.judge(result.stages, found, plan)
     for r in result.stages:
         if r.get("status") == "ok" and r.get("notes"):
             result.notes += list(r["notes"])
@@ -380,7 +396,7 @@ def _of_another_kind(finding: Finding, plan: dict[str, Any]) -> Finding:
     m = member(plan.get("model_type"))
     kind = _OTHER_KINDS.get(m.role) if m is not None else None
     stage = (finding.details or {}).get("stage")
-    if kind is None or stage not in ("setup", "train") or plan.get("trainer") == "reward":
+    if kind is None or stage not in ("setup", "train") or plan.get("trainer") == reward.LOOP:
         return finding
     what, instead = kind
     fix = (f"{m.name} ({plan.get('architecture')}) is {what}, and the rehearsed run trains it as a causal "
@@ -401,6 +417,10 @@ def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entri
 
     from gemma_doctor.rehearse import invariants
 
+    if finding.code == "GD988" and plan.get("reward"):
+        # its cure is the adapter's task type, rehearsed through every stage (reward.py)
+        return reward.rehearse_cure(finding, plan, lambda p: _run_child(p, timeout),
+                                    lambda stages: reward.judge(stages, invariants.judge(stages, entries), plan))
     entry_id = finding.details.get("catalogue") if finding.details else None
     if entry_id == invariants.AXOLOTL_EOT and plan.get("axolotl"):
         from gemma_doctor.rehearse import axolotl  # its cure is a config key of axolotl's, rehearsed on its labels
