@@ -58,8 +58,10 @@ def test_validation_catches_a_broken_entry():
     bad["when"]["training"]["no_such_setting"] = True
     bad["when"]["training"]["assistant_only_loss"] = {"approximately": True}
     bad["triage"] = "guessed"
+    doc["entries"][1]["model_types"] = ["gemma5"]  # a member no registry knows: a crash could never match it
     out = "\n".join(catalogue.problems(doc))
     assert "disagree" in out and "no_such_setting" in out and "guessed" in out and "not a matcher" in out
+    assert "model_types must be a non-empty list of known model types" in out
 
 
 def test_every_code_is_in_codes_py_and_docs_are_generated():

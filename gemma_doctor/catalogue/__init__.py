@@ -98,6 +98,12 @@ def problems(doc: Mapping[str, Any] | None = None) -> list[str]:
         when, code = e.get("when"), e.get("code")
         if bool(when) != bool(code):
             out.append(f"{where}: an entry has a condition and a code, or neither")
+        scope = e.get("model_types")
+        if scope is not None:
+            from gemma_doctor.family import known_model_types
+
+            if not (isinstance(scope, list) and scope and all(t in known_model_types() for t in scope)):
+                out.append(f"{where}: model_types must be a non-empty list of known model types")
         for cover in e.get("covered_by") or []:
             if not re.fullmatch(r"GD\d{3}", cover):
                 out.append(f"{where}: covered_by {cover!r} is not a code")
