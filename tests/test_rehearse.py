@@ -81,6 +81,22 @@ def test_a_healthy_lora_sft_run_rehearses_every_stage_without_a_finding(tmp_path
 
 
 @pytest.mark.slow
+def test_lora_targets_that_reach_gemma4_s_towers_crash_at_setup_and_gd440_s_cure_is_verified(tmp_path, cli):
+    """'.*(q|k|v|o)_proj' also matches the towers' Gemma4ClippableLinear projections: PEFT 0.21.2 refuses them when the
+    trainer is built (met by benchmarks/rehearse_members.py). The crash names the Gemma 4 entry (not Gemma 3n's, whose
+    refusal PEFT words alike), and its cure, the language model's projections, reruns the stages to setup."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(LORA_SFT.replace("[q_proj, k_proj, v_proj, o_proj]", "'.*(q|k|v|o)_proj'"))
+    got, doc = rehearse(cli, model_folder(tmp_path, "gemma4"), "--training-config", config, "--steps", "1")
+    [f] = doc["findings"]
+    assert (f["code"], f["key"]) == ("GD956", "setup") and "Gemma4ClippableLinear" in f["message"], f
+    assert f["details"]["catalogue"] == "peft-gemma4-clippable-linear"
+    assert f["details"]["cure"].startswith("cure verified in this stack: with target_modules: "
+                                           '".*language_model.*'), f["details"]["cure"]
+    assert got.code == 1
+
+
+@pytest.mark.slow
 def test_a_warm_up_from_zero_over_every_rehearsed_step_is_a_note_not_a_false_alarm(tmp_path, cli):
     """`--steps 1` of a run whose warm-up starts at 0 (warmup_steps 5): its one step applies a learning rate of 0, so
     nothing moves in any correct stack. Before, GD969 and GD970 called that healthy run broken; the driver now records

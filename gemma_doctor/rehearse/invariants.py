@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
+from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.report import Finding, Severity
 
 # Stage -> the code of its crash.
@@ -37,6 +38,11 @@ AXOLOTL_EOT = "axolotl-gemma-eot-untrained"
 # Catalogue entry -> the change to the twin's config.json that its cure claims fixes the failure (rehearsed).
 CURE_PATCHES: dict[str, dict[str, Any]] = {
     "hybridcache-float": {"text_config.use_cache": False},
+}
+# Catalogue entry -> the change to the run's LoRA settings that its cure claims fixes the failure (rehearsed by the
+# driver's runs; a launched script's own config is not edited). GD440's cure: the language model's projections only.
+CURE_LORA: dict[str, dict[str, Any]] = {
+    "peft-gemma4-clippable-linear": {"targets": LANGUAGE_MODEL_REGEX},
 }
 
 

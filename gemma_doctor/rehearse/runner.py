@@ -409,6 +409,24 @@ def _of_another_kind(finding: Finding, plan: dict[str, Any]) -> Finding:
 _SILENT_WHEN_PASSED = ("load", "script")
 
 
+def _rehearse_lora_cure(finding: Finding, plan: dict[str, Any], lora: dict[str, Any], timeout: float) -> Finding:
+    """A cure that is a change of the run's LoRA settings (its targets): the stages up to the failed one rerun with it."""
+    from dataclasses import replace
+
+    stage = finding.details["stage"]
+    settings = {**plan["settings"], "lora": {**plan["settings"]["lora"], **lora}}
+    stages = list(plan["stages"][: plan["stages"].index(stage) + 1])
+    records, ended = _run_child({**plan, "settings": settings, "stages": stages}, timeout)
+    again = [r for r in records if r.get("stage") == stage]
+    change = ", ".join(f"target_modules: {json.dumps(v)}" if k == "targets" else f"{k}: {json.dumps(v)}"
+                       for k, v in lora.items())
+    if ended is None and again and all(r.get("status") == "ok" for r in again):
+        verdict = f"cure verified in this stack: with {change} the {stage} stage passes"
+    else:
+        verdict = f"the cure did not help in this stack: with {change} the {stage} stage still fails"
+    return replace(finding, fix=f"{finding.fix}; {verdict}", details={**finding.details, "cure": verdict})
+
+
 def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entries: list[Any],
                    script: list[str] | None = None) -> Finding:
     """Apply the matched catalogue entry's cure to the twin and rerun up to the failed stage (a launched script: its
@@ -426,6 +444,9 @@ def _rehearse_cure(finding: Finding, plan: dict[str, Any], timeout: float, entri
         from gemma_doctor.rehearse import axolotl  # its cure is a config key of axolotl's, rehearsed on its labels
 
         return axolotl.rehearse_cure(finding, plan, lambda p: _run_child(p, timeout))
+    lora = invariants.CURE_LORA.get(entry_id or "")
+    if lora and not script and (plan.get("settings") or {}).get("lora"):
+        return _rehearse_lora_cure(finding, plan, lora, timeout)
     patch = invariants.CURE_PATCHES.get(entry_id or "")
     if not patch:
         if script and entry_id:
