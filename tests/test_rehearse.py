@@ -413,3 +413,16 @@ def test_a_crash_of_a_member_that_is_not_a_causal_lm_says_so_instead_of_report_u
     assert told.code == f.code and told.message == f.message
     # A causal LM's crash keeps its own fix.
     assert runner._of_another_kind(f, {**plan, "model_type": "gemma3_text"}) == f
+
+
+def test_a_part_this_machine_cannot_rehearse_is_named_as_data_not_by_its_wording(tmp_path):
+    """recommend --rehearse lists what was not rehearsable here from each finding's `not_here`; it cut the message's
+    wording before (a prefix that a reworded message would have silently kept)."""
+    from gemma_doctor.rehearse.runner import plan_for
+
+    (tmp_path / "q.yaml").write_text(LORA_SFT + "load_in_4bit: true\n")
+    _plan, findings, _notes, _ = plan_for(str(model_folder(tmp_path, "gemma3_text")), None, "main", tmp_path / "q.yaml",
+                                          1)
+    parts = [f.details["not_here"] for f in findings if (f.details or {}).get("not_here")]
+    assert parts == ["bitsandbytes quantization (QLoRA / 8-bit loading): rehearsed unquantized"], findings
+    assert all(f.message.endswith(p) for f, p in zip([f for f in findings if f.details.get("not_here")], parts))

@@ -167,8 +167,8 @@ def rehearse_prescriptions(items: list[Any], timeout: float,
             config = Path(tmp) / "prescription.yaml"
             config.write_text(decision.training_config, encoding="utf-8")
             result = rehearse(item.path, training_config=config, steps=steps, timeout=timeout)
-        skipped = [f.message.removeprefix("not rehearsable on this machine: ") for f in result.findings
-                   if f.code == "GD951"]
+        # The parts of the run this machine cannot rehearse (a GPU-only kernel...), as the planner named them.
+        skipped = [str(f.details["not_here"]) for f in result.findings if (f.details or {}).get("not_here")]
         if not result.failed:
             from gemma_doctor.render.rehearse import NOT_LIBRARIES, where
 

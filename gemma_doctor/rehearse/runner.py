@@ -238,7 +238,7 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
                                     "online DPO and reward modelling are rehearsed as themselves"))
     for part in _gpu_parts(tc, raw):
         findings.append(Finding("GD951", Severity.INFO, f"not rehearsable on this machine: {part}", key="gpu",
-                                fix="rehearse on the training machine to cover this part"))
+                                fix="rehearse on the training machine to cover this part", details={"not_here": part}))
     if settings["dataset_named"] and not settings["dataset"]:
         notes.append(f"dataset {settings['dataset_named']} is not a local file: synthetic chat rows used")
     repo_id = _repo_id(snap, raw, config)
