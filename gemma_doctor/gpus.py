@@ -176,6 +176,27 @@ _CC = re.compile(r"^(?:sm_?|compute_?|cc)?(\d{1,2})\.(\d)$|^(?:sm_?|compute_?)(\
 _NONE = {"none", "cpu", "no", "nogpu", "no-gpu", "off"}
 
 
+# "2xA100", "8 x H100", "4*T4", "A100-80GB x 2": a count written into the GPU's name.
+_COUNTED = (re.compile(r"^(\d{1,3})\s*[x×*]\s*(.+)$", re.I), re.compile(r"^(.+?)\s*[x×*]\s*(\d{1,3})$", re.I))
+
+
+def _refuse_a_count(raw: str) -> None:
+    """A known GPU with a count in its name is refused with both options: the nearest name alone (what difflib offers)
+    would plan one GPU where the user has several."""
+    for i, pattern in enumerate(_COUNTED):
+        m = pattern.match(raw)
+        if m is None:
+            continue
+        count, name = (m.group(1), m.group(2)) if i == 0 else (m.group(2), m.group(1))
+        try:
+            parse_gpu_spec(name)
+        except UsageError:
+            continue
+        spec = f"'{name}'" if " " in name else name
+        raise UsageError(f"--gpu {raw!r} names {int(count)} GPUs: the count is its own option, "
+                         f"--gpu {spec} --num-gpus {int(count)}")
+
+
 def parse_gpu_spec(text: str) -> GpuPlan:
     """Parse a --gpu value: a compute capability, a known GPU name, or none. Raises UsageError otherwise."""
     raw = (text or "").strip()
@@ -190,6 +211,7 @@ def parse_gpu_spec(text: str) -> GpuPlan:
         if not (3 <= major <= 15):
             raise UsageError(f"--gpu {raw!r}: compute capability {major}.{minor} is not a CUDA GPU's; use {ACCEPTED_FORMS}")
         return GpuPlan(spec=raw, backend="cuda", compute_capability=cc, native_bf16=cuda_native_bf16(cc))
+    _refuse_a_count(raw)  # before the lookup: "A100-80GB x 2" was read as one A100-80GB
     size = _SIZE.search(raw)
     gpu = lookup(_SIZE.sub(" ", raw) if size else raw)
     if gpu is None:

@@ -174,3 +174,13 @@ def test_the_gpu_value_carries_the_runs_count_and_nodes(one_model, tmp_path, num
     facts = pipeline.judged(models[0], options, env).facts
     run = facts.memory.plan.run
     assert (run.num_gpus, run.num_nodes) == (gpu.count, gpu.num_nodes)
+
+
+@pytest.mark.parametrize("text, name, count", [("2xA100", "A100", 2), ("8 x H100", "H100", 8), ("4*T4", "T4", 4),
+                                               ("A100-80GB x 2", "A100-80GB", 2), ("L4x4", "L4", 4)])
+def test_a_count_in_the_gpu_name_points_to_num_gpus(text, name, count):
+    """`--gpu 2xA100` was answered "did you mean A100?": followed, that plans one GPU, not the two the user has. The
+    count is its own option: the message says so, with both values."""
+    with pytest.raises(UsageError) as caught:
+        parse_gpu_spec(text)
+    assert f"--gpu {name} --num-gpus {count}" in str(caught.value) and "did you mean" not in str(caught.value)

@@ -467,3 +467,45 @@ def test_gd804_names_a_class_that_loads_the_member_and_spares_a_run_on_images(cl
     else:
         assert len(found) == 1 and fix_words in found[0]["fix"]
         assert "Gemma3ForCausalLM" not in found[0]["fix"] or "gemma-3" in model
+
+
+@pytest.mark.parametrize("text, gpu, precision, source", [
+    ("bf16: false\nfp16: false\n", "L4", "fp32", "training config bf16"),
+    ("bf16: true\n", "T4", "bf16", "training config bf16"),  # GD603: emulated bf16 still holds bf16 tensors
+    ("fp16: true\n", "A100", "fp16", "training config fp16"),
+    ("bf16: auto\n", "T4", "fp32", "recommended"),  # the launcher's machine decides: the recommendation stands
+    ("bf16: ture\n", "L4", "bf16", "recommended"),  # GD681: the trainer refuses it, the run does not start
+])
+def test_the_memory_plan_trains_in_the_precision_the_training_config_sets(cli, hub, tmp_path, text, gpu, precision,
+                                                                           source):
+    """`bf16: false` on an L4 trains in fp32 (GD609 says so), yet check planned the memory, the precision line and the
+    Run in the recommended bf16 (LoRA on Gemma 4 E2B: "16.4 GiB of 22.5: fits" for an fp32 run that needs more): the
+    config's own precision is the run's, with its key as the source, in every view."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "sft.yaml"
+    tc.write_text(text + "per_device_train_batch_size: 1\nmax_length: 1024\nuse_peft: true\n")
+    args = ["check", "--cache-dir", hub.root, "--gpu", gpu, "--training-config", tc, "--fail-on", "never"]
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["run"]["precision"] == {"value": precision, "source": source}
+    assert m["memory"]["run"]["precision"] == precision and f", {precision}, " in m["memory"]["summary"]
+    line = next(ln for ln in cli(*args).out.splitlines() if ln.startswith("  precision "))
+    assert line.startswith(f"  precision {precision}"), line
+
+
+def test_the_larger_gpu_gd801_names_trains_as_check_would_judge_it_there(cli, hub, tmp_path):
+    """A bf16 run that fits nowhere here was told "use a larger GPU: T4 (LoRA r=16, bf16, ...: fits)": bf16 on a T4 is
+    the doctor's own GD603. On a GPU without native bf16 the run it names trains in fp32, as `--gpu T4` would plan it;
+    and a tight run is said to be tight, not to need "more than" the GPU has."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "sft.yaml"
+    tc.write_text("bf16: true\nper_device_train_batch_size: 1\nmax_length: 1024\nuse_peft: true\n")
+    args = ["check", "--cache-dir", hub.root, "--gpu", "L4", "--training-config", tc, "--format", "json"]
+    m = cli(*args, "--gpu-memory", "1").json()["models"][0]
+    gd801 = next(f for f in m["findings"] if f["code"] == "GD801")
+    assert "use a larger GPU: T4 " in gd801["fix"] and ", fp32, " in gd801["fix"] and "bf16" not in gd801["fix"]
+    # Tight even with the checkpointing the plan may choose (the config leaves it open): GD801, as nothing fits.
+    needs = cli(*args, "--gradient-checkpointing", "--gpu-memory", "100").json()["models"][0]["memory"]["per_gpu_bytes"]
+    tight = cli(*args, "--gpu-memory", f"{needs / memory.GIB / 0.95:.2f}").json()["models"][0]
+    assert tight["memory"]["verdict"] == "tight", tight["memory"]["summary"]
+    (f,) = [f for f in tight["findings"] if f["code"] in ("GD801", "GD802")]
+    assert "more than" not in f["message"] and "above 90%" in f["message"], f["message"]

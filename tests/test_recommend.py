@@ -224,6 +224,19 @@ def test_loading_and_peft_snippets_run_on_a_real_tiny_model(tiny_gemma3, native,
     assert trainable and all(p.dtype == torch.float32 for p in trainable)  # adapters in fp32 either way
 
 
+def test_the_peft_snippet_runs_after_the_language_model_alone_loading(tiny_gemma3):
+    """A multimodal Gemma 3's snippets load the language model alone (Gemma3ForCausalLM) as one way, then the PEFT
+    section: its language_model regex matched no module of that model (model.layers.N...) and PEFT stopped with
+    "Target modules ... not found in the base model" (reproduced with PEFT 0.21.2). Both loadings, real PEFT."""
+    rec = decide(inputs("gemma3", True, task="lora", nested=True))
+    snippets = python_snippets(rec, str(tiny_gemma3))
+    ns: dict = {}
+    exec(compile(snippets["loading_text_only"], "<loading_text_only>", "exec"), ns)
+    exec(compile(snippets["peft"], "<peft>", "exec"), ns)
+    wrapped = {n for n, m in ns["model"].named_modules() if hasattr(m, "lora_A")}
+    assert any(n.endswith("self_attn.q_proj") for n in wrapped) and any(n.endswith("mlp.down_proj") for n in wrapped)
+
+
 def test_every_python_output_compiles(cli, hub):
     hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
     for gpu in ("T4", "A100", "none", "MI300X"):

@@ -909,6 +909,9 @@ def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tup
         alt = base
         if native and bf16_elsewhere and base.precision == "fp32":
             alt = replace(base, precision="bf16", load_dtype="bfloat16")
+        elif not native and base.precision == "bf16":
+            # bf16 there is GD603: that GPU trains in fp32, as --gpu with its name plans it.
+            alt = replace(base, precision="fp32", load_dtype=load_dtype_for("fp32", base.method))
         other, _ = _search(shape, alt, size, methods, batch_fixed, ckpt_fixed, name)
         if other is not None:
             return Choice(tried[-1] if tried else None, False, tuple(tried), smallest_gpu=name, smallest_gpu_plan=other,

@@ -558,6 +558,14 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
         peft.append("# Multimodal checkpoint: LoRA on the language model only (PEFT has no default targets for it, and")
         peft.append("# \"all-linear\" or bare names like q_proj would also wrap the vision tower).")
     target = repr(targets) if isinstance(targets, list) else f"r\"{targets}\"" if targets != "all-linear" else "\"all-linear\""
+    if text_only and isinstance(targets, str) and "language_model" in targets:
+        # The language model loaded alone names its modules model.layers.N...: the regex would match none of them
+        # (PEFT stops with "Target modules ... not found in the base model"), and all-linear reaches it only.
+        peft += ["# Loaded the language model alone (the section above)? Its modules have no language_model in their",
+                 "# names: all-linear reaches them, and only them.",
+                 f"target_modules = {target} if any(\"language_model\" in name for name, _ in model.named_modules()) "
+                 "else \"all-linear\""]
+        target = "target_modules"
     r = fw["peft"].get("r", 16)
     peft += [f"lora_config = LoraConfig(r={r}, lora_alpha={fw['peft'].get('lora_alpha', 2 * r)}, target_modules={target}, "
              "task_type=\"CAUSAL_LM\")",

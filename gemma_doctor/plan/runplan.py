@@ -163,6 +163,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
                 put("lora_targets", tuple(v), where("lora_target_modules"))
         if "lora_target_linear" in s and truthy(s["lora_target_linear"].value):
             put("lora_targets", "all-linear", where("lora_target_linear"))
+        switch = _config_precision(s)
+        if switch is not None:
+            put("precision", switch[0], where(switch[1]))
         stage, key = _zero_stage(tc)
         if key is not None:
             put("zero_stage", stage, f"training config {key}")
@@ -178,6 +181,36 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
         put("gradient_checkpointing", True, f"--task {task} (the stable setting)")
     return values, src
+
+
+_OFF = ("false", "no", "0", "off", "none", "fp32")
+
+
+def _config_precision(s: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(autocast, setting) where the training config's own switches set the run's precision (transformers' Trainer
+    reads bf16/fp16, accelerate mixed_precision): fp32 where they are set and all off. None where the config leaves it
+    to the launcher (no switch: GD609's "unless the launcher adds it"; `auto`: the machine decides), sets a value the
+    trainer refuses (GD681: the run does not start), or turns both on (GD604)."""
+    names = [n for n in ("bf16", "fp16", "mixed_precision") if n in s]
+    if not names:
+        return None
+    on: list[tuple[str, str]] = []
+    for name in names:
+        v = s[name].value
+        text = v.strip().lower() if isinstance(v, str) else None
+        if name == "mixed_precision":
+            if text in ("bf16", "fp16"):
+                on.append((text, name))
+            elif text not in _OFF:
+                return None
+        elif isinstance(v, bool) or v in (0, 1) or text in ("true", "yes", "1", "on") or text in _OFF:
+            if truthy(v):
+                on.append((name, name))
+        else:
+            return None  # `auto`, or a value the trainer refuses
+    if len({p for p, _ in on}) > 1:
+        return None
+    return on[0] if on else ("fp32", names[0])
 
 
 def trl_chunks(stack: Any) -> bool:
@@ -228,11 +261,17 @@ class RunRequest:
 
 def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
-                 trl_chunks: bool = False) -> RunRequest:
+                 trl_chunks: bool = False, config_precision: bool = True) -> RunRequest:
     """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
     memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
-    ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS)."""
+    ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
+    ``config_precision``: the precision the training config sets is the run's (check's plan of the user's run), not
+    ``precision`` (False: the search, whose candidates each write their own)."""
     values, src = run_request(training_config, request, task)
+    if config_precision and "precision" in values:
+        precision = values["precision"]
+    else:
+        src.pop("precision", None)
     tc = training_config
     if trl_chunks and tc is not None and getattr(tc, "ok", False) and sft_trainer_config(tc):
         # The same condition as GD650's "does not apply here": the plan then holds no b*s*V logits either.
@@ -289,27 +328,30 @@ _REQUESTS: dict[tuple[Any, ...], Any] = {}
 
 def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None,
                   task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False,
-                  config_key: str | None = None) -> RunRequest:
+                  config_key: str | None = None, config_precision: bool = True) -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape), remembered per process when ``config_key``
     stands for the training config's content (the search's candidates: the text their config is made from): the search
     plans check's memory of each candidate's training config for every model, and models of other shapes ask for the
     same requests. The user's own config (no key) is read afresh."""
     def make() -> RunRequest:
         return request_spec(precision=precision, gpu=gpu, request=request, training_config=training_config, task=task,
-                            lora_targets=lora_targets, trl_chunks=trl_chunks)
+                            lora_targets=lora_targets, trl_chunks=trl_chunks, config_precision=config_precision)
 
     if config_key is None:
         return make()
-    return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks, config_key), make)
+    return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks, config_key,
+                                  config_precision), make)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
                 lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False,
-                config_key: str | None = None) -> MemoryFacts:
+                config_key: str | None = None, config_precision: bool = True) -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
-    stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of)."""
-    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks, config_key)
+    stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of;
+    ``config_precision``: request_spec's)."""
+    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks, config_key,
+                        config_precision)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)

@@ -282,7 +282,10 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
     return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key),
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
-                                                          trl_chunks=trl_chunks, config_key=key))
+                                                          trl_chunks=trl_chunks, config_key=key,
+                                                          # the candidate's config writes ``precision``: the
+                                                          # prescription's precision stays the recommended one
+                                                          config_precision=False))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -415,7 +418,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
     req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                               task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries))
+                               task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries),
+                               config_precision=False)  # each candidate writes the precision it is planned in
     req = _with_targets(_with_quantization(req, first), first)
     judged = 0
     under = _Under(env, options)  # this search's: what every candidate is judged under

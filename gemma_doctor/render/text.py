@@ -39,7 +39,12 @@ def _model_lines(m: ModelReport) -> list[str]:
         from gemma_doctor.plan.recommend import run_clause
 
         clause = run_clause(run.method.value, run.batch.value, run.accumulation.value, run.checkpointing.value)
-        lines.append(f"  [bold]precision[/bold] {escape(m.precision + clause)}")
+        head = m.precision
+        if isinstance(rec, dict) and rec.get("precision") not in (None, run.precision.value):
+            # The training config sets another precision than the one recommended: the run trains in the config's
+            # (the memory line plans it), and the recommendation is named beside it, not in its place.
+            head = f"{run.precision.value} ({run.precision.source}; recommended {m.precision})"
+        lines.append(f"  [bold]precision[/bold] {escape(head + clause)}")
     elif isinstance(rec, dict) and rec.get("summary"):
         lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")
     if run is not None:

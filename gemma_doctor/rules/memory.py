@@ -31,9 +31,11 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_plan.summary()})"
                if alt is not None and alt.smallest_gpu and alt.smallest_gpu_plan is not None else
                "shard over several GPUs (ZeRO-3 / FSDP) or use a larger GPU")
+        # A tight plan is within the GPU's memory, above the 90% that leaves room for fragmentation.
+        than = "above 90% of what" if plan.verdict == "tight" else "more than"
         yield Finding("GD801", Severity.ERROR,
                       f"the training run as configured ({', '.join(mem.fixed)} fixed) needs {gib(plan.per_gpu_bytes)} per "
-                      f"GPU, more than {plan.gpu_name or 'the GPU'} has ({gib(plan.gpu_bytes)}): {plan.summary()}",
+                      f"GPU, {than} {plan.gpu_name or 'the GPU'} has ({gib(plan.gpu_bytes)}): {plan.summary()}",
                       file=file, key=key, fix=fix, details=details)
     elif plan.verdict == "tight" and mem.choice.fits:
         yield Finding("GD802", Severity.WARNING,
