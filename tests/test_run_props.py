@@ -202,10 +202,25 @@ def _recommend(world: World, args: tuple[str, ...], fmt: str) -> tuple[int, str,
 
 
 def called(code: str, name: str) -> dict[str, Any]:
-    """The keyword arguments of the first call of ``name`` in a snippet, as values."""
-    for node in ast.walk(ast.parse(code)):
+    """The keyword arguments of the first call of ``name`` in a snippet, as values. An argument given as a variable is
+    its assignment's value; a conditional one (the PEFT snippet's targets: the language-model regex where the model's
+    module names hold language_model, else all-linear after its own "load the language model alone" snippet) is the
+    branch for the checkpoint as prescribed, its other branch held to all-linear."""
+    tree = ast.parse(code)
+    assigned = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.Name) and node.id in assigned:
+            return value(assigned[node.id])
+        if isinstance(node, ast.IfExp):
+            assert ast.literal_eval(node.orelse) == "all-linear", ast.unparse(node)
+            return value(node.body)
+        return ast.literal_eval(node)
+
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
-            return {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+            return {k.arg: value(k.value) for k in node.keywords if k.arg is not None}
     raise AssertionError(f"no {name}(...) in {code}")
 
 
