@@ -331,8 +331,14 @@ def test_every_search_is_bounded_whatever_the_numbers_in_the_config(cli, tmp_pat
     plans made for 10**60 are no more than for a batch of 4096."""
     from tests.builders import HubCache, gemma3_12b_config
 
+    from gemma_doctor.plan import search
+
     hub = HubCache(tmp_path / "hub")
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    # The count of a cold process: the process-wide plan caches start empty (under xdist, earlier tests filled them,
+    # and a full cache is cleared mid-test: 7,172 plans cold, 10,624 in one clean-clone run's worker).
+    monkeypatch.setattr(search, "_PLANS", {})
+    monkeypatch.setattr(runplan, "_REQUESTS", {})
     made = []
     real = memory.plan
     monkeypatch.setattr(memory, "plan", lambda *a, **k: made.append(1) or real(*a, **k))
