@@ -203,7 +203,8 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                               task=str(rec.inputs.get("task") or "sft"),
                               lora_targets=tuple(targets) if isinstance(targets, list) else targets,
-                              trl_chunks=runplan.trl_chunks(env.libraries))
+                              trl_chunks=runplan.trl_chunks(env.libraries),
+                              defaults=runplan.trainer_defaults(env.training_config, env.libraries))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)

@@ -82,6 +82,18 @@ TRL_PACKING_NO_POSITION_IDS = Window("trl", ">=0.19.0,<0.20.0", "0.20.0")
 TRL_CHUNKED_LOGPROBS = Window("trl", ">=1.15.0")
 # TRL adds a second <bos> to a conversational dataset before 0.17.0 (TRL PR #3328).
 TRL_CONVERSATIONAL_DOUBLE_BOS = Window("trl", "<0.17.0", "0.17.0")
+# TRL's trainers load a model id in float32 unless model_init_kwargs (or `trl <command>`'s ModelConfig) gives a dtype:
+# create_model_from_path's `kwargs.get("dtype", "float32")` and ModelConfig.dtype's default "float32" from 0.27.0 (read
+# from the wheels: 0.24.0 and 0.25.1 pass None, 0.26.2 "auto"; 0.27.0-1.16.0 "float32"; reproduced with TRL 1.16.0 on a
+# tiny bf16 Gemma 3: float32 parameters, bfloat16 with dtype: bfloat16 or auto). Before 0.27 the load follows
+# from_pretrained's own default, which is float32 before transformers 5.0 (5.x reads the checkpoint's dtype).
+TRL_LOADS_FP32 = Window("trl", ">=0.27.0")
+FROM_PRETRAINED_FP32 = Window("transformers", "<5.0.0", "5.0.0")
+# TRL's configs turn gradient checkpointing on unless told otherwise (TrainingArguments: off), read from the wheels:
+# SFTConfig from 0.21.0 (0.20.0 keeps TrainingArguments' False), DPOConfig and GRPOConfig from 0.22 (read on 0.22.2;
+# 0.21.0 has no override), every trainer's config from 0.29.0 (trl/trainer/base_config.py _BaseConfig).
+TRL_CHECKPOINTING_DEFAULT = {"trl-sft": Window("trl", ">=0.21.0"), "trl-dpo": Window("trl", ">=0.22.0"),
+                             "trl-grpo": Window("trl", ">=0.22.0"), "trl-rl": Window("trl", ">=0.29.0")}
 
 
 # --- distributed runs (rules/distributed.py; docs/findings.md GD66x) -----------------------------------------------

@@ -310,8 +310,9 @@ def test_the_logits_term_follows_the_trainer_the_stack_runs(cli, tmp_path, trl, 
     hub = HubCache(tmp_path / "hub")
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
     tc = tmp_path / "sft.yaml"
+    # dtype: TRL otherwise loads the 12B in float32 (44 GiB: more than the A100 has, whatever the logits)
     tc.write_text("per_device_train_batch_size: 8\nmax_length: 1024\nbf16: true\ngradient_checkpointing: true\n"
-                  "use_peft: true\n")
+                  "use_peft: true\ndtype: bfloat16\n")
     args = ["check", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc, "--format", "json"]
     m = cli(*args, *(("--with", trl) if trl else ())).json()["models"][0]
     gd650 = next(f for f in m["findings"] if f["code"] == "GD650")
@@ -493,7 +494,9 @@ def test_the_memory_plan_trains_in_the_precision_the_training_config_sets(cli, h
     args = ["check", "--cache-dir", hub.root, "--gpu", gpu, "--training-config", tc, "--fail-on", "never"]
     m = cli(*args, "--format", "json").json()["models"][0]
     assert m["run"]["precision"] == {"value": precision, "source": source}
-    assert m["memory"]["run"]["precision"] == precision and f", {precision}, " in m["memory"]["summary"]
+    # TRL loads the weights in float32 (no dtype in the config): the summary says so beside the precision
+    assert m["memory"]["run"]["precision"] == precision and (f", {precision}, " in m["memory"]["summary"] or
+                                                             f", {precision} with float32 weights, " in m["memory"]["summary"])
     line = next(ln for ln in cli(*args).out.splitlines() if ln.startswith("  precision "))
     assert line.startswith(f"  precision {precision}"), line
 
@@ -515,3 +518,72 @@ def test_the_larger_gpu_gd801_names_trains_as_check_would_judge_it_there(cli, hu
     assert tight["memory"]["verdict"] == "tight", tight["memory"]["summary"]
     (f,) = [f for f in tight["findings"] if f["code"] in ("GD801", "GD802")]
     assert "more than" not in f["message"] and "above 90%" in f["message"], f["message"]
+
+
+@pytest.mark.parametrize("text, load, source", [
+    ("", "float32", "default of TRL's trainers with trl >=0.27.0"),  # tests/scripts/trl_load_dtype.py: float32
+    ("dtype: bfloat16\n", "bfloat16", "training config dtype"),
+    ("model_init_kwargs:\n  dtype: bfloat16\n", "bfloat16", "training config model_init_kwargs.dtype"),
+    ("dtype: auto\n", "bfloat16", None),  # the checkpoint's dtype: the precision's load
+])
+def test_a_trl_config_without_dtype_is_planned_with_the_float32_weights_trl_loads(cli, hub, tmp_path, text, load,
+                                                                                 source):
+    """TRL 1.16's SFTTrainer loads a model id in float32 unless a dtype is given (tests/scripts/trl_load_dtype.py: a
+    bf16 checkpoint's parameters come back float32), yet check planned bf16 weights (1.9 GiB for Gemma 3 1B, TRL holds
+    3.7 GiB). The plan counts what TRL loads and says so, with the cure."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "sft.yaml"
+    tc.write_text("per_device_train_batch_size: 1\nmax_length: 1024\nuse_peft: true\n" + text)
+    args = ["check", "--cache-dir", hub.root, "--gpu", "L4", "--training-config", tc, "--fail-on", "never"]
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["run"]["load_dtype"] == load and m["memory"]["run"]["load_dtype"] == load
+    line = next(a for a in m["memory"]["assumptions"] if "weights loaded in" in a)
+    weights = m["memory"]["components"]["weights"]
+    if source is None:
+        assert "load_dtype" not in m["memory"]["run"]["sources"] and weights < 2.1e9
+        return
+    assert m["memory"]["run"]["sources"]["load_dtype"].startswith(source), line
+    if load == "float32":
+        assert "`dtype: bfloat16`" in line and "model_init_kwargs" in line, line  # the cure
+        assert weights > 3.9e9 and ", bf16 with float32 weights, " in m["memory"]["summary"]
+    else:
+        assert weights < 2.1e9 and "float32 weights" not in m["memory"]["summary"]
+
+
+@pytest.mark.parametrize("text, on, source", [
+    ("max_length: 2048\n", True, "default of TRL SFTConfig (trl >=0.21.0)"),
+    ("learning_rate: 0.0001\n", False, "default of transformers TrainingArguments"),
+    ("max_length: 2048\ngradient_checkpointing: false\n", False, "training config gradient_checkpointing"),
+    ("base_model: google/gemma-3-1b-it\nmicro_batch_size: 4\nsequence_len: 2048\n", False, "default of axolotl"),
+    ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\n", True, "default of LLaMA-Factory"),
+    ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\ndisable_gradient_checkpointing: true\n", False,
+     "training config disable_gradient_checkpointing"),
+])
+def test_checkpointing_a_config_leaves_open_is_the_trainers_default_not_chosen_to_fit(cli, hub, tmp_path, text, on,
+                                                                                      source):
+    """A training config without gradient_checkpointing was planned "chosen to fit" (off on a GPU where the run fits
+    without it), yet the trainer that runs it decides: TrainingArguments and axolotl leave it off, TRL's configs
+    (trl/trainer/base_config.py) and LLaMA-Factory turn it on. check plans that run, with the default's source."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "run.yaml"
+    tc.write_text("per_device_train_batch_size: 1\n" * ("stage" not in text and "base_model" not in text) + text)
+    args = ["check", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc, "--fail-on", "never"]
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["run"]["gradient_checkpointing"]["value"] is on
+    assert m["run"]["gradient_checkpointing"]["source"].startswith(source), m["run"]["gradient_checkpointing"]
+    assert m["memory"]["run"]["gradient_checkpointing"] is on
+
+
+def test_a_run_that_does_not_fit_at_the_trainers_default_names_the_setting(cli, hub, tmp_path):
+    """TrainingArguments leaves checkpointing off: a run that fits only with it is GD801, and the way out says to set
+    it (before, the search turned it on silently and called the run "chosen to fit")."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "run.yaml"
+    tc.write_text("per_device_train_batch_size: 4\nlearning_rate: 0.0001\nbf16: true\n")
+    args = ["check", "--cache-dir", hub.root, "--gpu", "L4", "--seq-len", "2048", "--training-config", tc,
+            "--format", "json"]
+    found = [f for f in cli(*args).json()["models"][0]["findings"] if f["code"] == "GD801"]
+    assert len(found) == 1, found
+    assert found[0]["fix"].startswith("set gradient_checkpointing: true (off by the default of transformers "
+                                      "TrainingArguments); it would fit as: "), found[0]["fix"]
+    assert "gradient checkpointing" in found[0]["fix"]

@@ -592,7 +592,11 @@ class MemoryPlan:
         acc = f" (x{r.gradient_accumulation_steps} accumulation)" if r.gradient_accumulation_steps > 1 else ""
         gpus = f" per GPU ({r.num_gpus} GPUs, ZeRO-{r.zero_stage})" if r.num_gpus > 1 else ""
         of = f" of {gib(self.gpu_bytes)}" + (f" ({self.gpu_name})" if self.gpu_name else "") if self.gpu_bytes else ""
-        return (f"{how}, {r.precision}, batch {r.batch_size}{acc} x {r.seq_len} tokens{ck}: "
+        # Weights the trainer loads in another dtype than the precision's (TRL's float32 default) are said: they are
+        # what a reader of the line would otherwise take for bf16.
+        loaded = (f" with {r.load_dtype} weights" if "load_dtype" in dict(r.sources) and self.method != "qlora"
+                  and r.load_dtype != load_dtype_for(r.precision, self.method) else "")
+        return (f"{how}, {r.precision}{loaded}, batch {r.batch_size}{acc} x {r.seq_len} tokens{ck}: "
                 f"{gib(self.per_gpu_bytes)}{gpus}{of}: {self.verdict}")
 
 
@@ -819,11 +823,15 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
 
 def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> list[str]:
     out = [f"parameter counts from {shape.source}"]
+    loaded = dict(run.sources).get("load_dtype") if run.method != "qlora" else None
+    # A load dtype the trainer fixes (TRL's float32 default) has its own source: the precision's is not the load's.
+    precision = (f"{run.precision} ({run.source('precision')}), weights loaded in {run.load_dtype}" if loaded else
+                 f"{run.precision}, weights loaded in {run.load_dtype}")
     for name, what in (("method", f"method {run.method}"), ("batch_size", f"batch size {run.batch_size}"),
                        ("seq_len", f"sequence length {run.seq_len}"),
                        ("gradient_checkpointing", "gradient checkpointing " + ("on" if run.gradient_checkpointing else "off")),
-                       ("optimizer", f"optimizer {run.optimizer}"), ("precision", f"{run.precision}, weights loaded in {run.load_dtype}")):
-        src = run.source(name)
+                       ("optimizer", f"optimizer {run.optimizer}"), ("precision", precision)):
+        src = loaded if name == "precision" and loaded else run.source(name)
         out.append(f"{what} ({src})")
     if run.method != "full":
         targets = ", ".join(run.lora_targets) if isinstance(run.lora_targets, tuple) else run.lora_targets
@@ -922,13 +930,21 @@ def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tup
                          "(ZeRO-3 / FSDP)")
 
 
+def _load_for(base: RunSpec, method: str) -> str:
+    """The dtype ``method`` loads the weights in: the precision's (load_dtype_for), unless --precision or the trainer
+    fixed it (TRL's float32 default, a config's dtype: runplan.trainer_defaults), which QLoRA's quantized load is not."""
+    if base.source("precision") == "option" or (method != "qlora" and "load_dtype" in dict(base.sources)):
+        return base.load_dtype
+    return load_dtype_for(base.precision, method)
+
+
 def _search(shape: ModelShape, base: RunSpec, gpu_bytes: int, methods: tuple[str, ...], batch_fixed: bool,
             ckpt_fixed: bool, gpu_name: str | None) -> tuple[MemoryPlan | None, list[MemoryPlan]]:
     tried: list[MemoryPlan] = []
     target = base.batch_size * base.gradient_accumulation_steps
     for method in methods:
         run = replace(base, method=method, quant_bits=(base.quant_bits or 4) if method == "qlora" else None,
-                      load_dtype=load_dtype_for(base.precision, method) if base.source("precision") != "option" else base.load_dtype)
+                      load_dtype=_load_for(base, method))
         options: list[tuple[bool, int]] = []
         ckpts = (base.gradient_checkpointing,) if ckpt_fixed else (False, True)
         batches = [base.batch_size] if batch_fixed else batch_sizes(target)

@@ -213,6 +213,66 @@ def _config_precision(s: Mapping[str, Any]) -> tuple[str, str] | None:
     return on[0] if on else ("fp32", names[0])
 
 
+# The dtype words TRL's create_model_from_path takes (a config's dtype / torch_dtype / model_init_kwargs.dtype).
+_LOAD_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                "float32": "float32", "fp32": "float32"}
+# The config class whose defaults each of TRL's trainers reads (for the source of a default).
+_TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trainer.TRL_GRPO: "GRPOConfig",
+                Trainer.TRL_RL: "trainer config"}
+Default = tuple[str, Any, str]  # (setting, the trainer's default value, where that default comes from)
+
+
+def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
+    """The settings a training config leaves open that the trainer executing it fixes by its own default, each with
+    that default's source: gradient checkpointing (TrainingArguments and axolotl: off; TRL's configs and LLaMA-Factory:
+    on) and the dtype TRL's trainers load a model id in (float32 unless a dtype is given: versioning.TRL_LOADS_FP32).
+    check plans the run that will execute: an open setting is the trainer's default, not the search's choice. Where
+    the stack's TRL version is unknown, what depends on it stays open."""
+    if tc is None or not getattr(tc, "ok", False) or getattr(tc, "trainer", None) is None:
+        return ()
+    from gemma_doctor import versioning
+    from gemma_doctor.stack import Exposure
+
+    def affected(window: Any) -> Exposure:
+        return stack.exposure(window) if stack is not None else Exposure.UNKNOWN
+
+    trainer, s = tc.trainer.value, tc.settings
+    out: list[Default] = []
+    if "gradient_checkpointing" not in s:
+        off = s.get("disable_gradient_checkpointing")
+        if trainer is Trainer.TRANSFORMERS:
+            out.append(("gradient_checkpointing", False, "default of transformers TrainingArguments"))
+        elif trainer is Trainer.AXOLOTL:
+            out.append(("gradient_checkpointing", False, "default of axolotl (0.19.0 schema: gradient_checkpointing "
+                                                         "false)"))
+        elif trainer is Trainer.LLAMA_FACTORY:
+            on = off is None or not truthy(off.value)
+            out.append(("gradient_checkpointing", on, f"training config {off.key}" if off is not None else
+                        "default of LLaMA-Factory (disable_gradient_checkpointing: false)"))
+        elif trainer.runs_trl:
+            window = versioning.TRL_CHECKPOINTING_DEFAULT[trainer.value]
+            seen = affected(window)
+            if seen is not Exposure.UNKNOWN:
+                on = seen is Exposure.AFFECTED
+                out.append(("gradient_checkpointing", on, f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()})"
+                            if on else f"default of transformers TrainingArguments (TRL {_TRL_CONFIGS[trainer]} "
+                                       f"before {window.spec.lstrip('>=')})"))
+    if trainer.runs_trl:
+        given = s.get("torch_dtype")
+        word = given.value.strip().lower().replace("torch.", "") if given is not None and isinstance(
+            given.value, str) else None
+        if word in _LOAD_DTYPES:
+            out.append(("load_dtype", _LOAD_DTYPES[word], f"training config {given.key}"))
+        elif given is None:
+            why = next((w for w in (versioning.TRL_LOADS_FP32, versioning.FROM_PRETRAINED_FP32)
+                        if affected(w) is Exposure.AFFECTED), None)
+            if why is not None:
+                out.append(("load_dtype", "float32", f"default of TRL's trainers with {why.describe()}: no dtype in "
+                                                     "model_init_kwargs; `dtype: bfloat16` (trl CLI) or "
+                                                     "`model_init_kwargs: {dtype: bfloat16}` loads them in bf16"))
+    return tuple(out)
+
+
 def trl_chunks(stack: Any) -> bool:
     """The TRL that will run computes SFT log-probs in chunks (every version it may be is in TRL_CHUNKED_LOGPROBS)."""
     from gemma_doctor.stack import Exposure
@@ -261,13 +321,19 @@ class RunRequest:
 
 def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
-                 trl_chunks: bool = False, config_precision: bool = True) -> RunRequest:
+                 trl_chunks: bool = False, config_precision: bool = True,
+                 defaults: tuple[Default, ...] = ()) -> RunRequest:
     """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
     memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
     ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
     ``config_precision``: the precision the training config sets is the run's (check's plan of the user's run), not
-    ``precision`` (False: the search, whose candidates each write their own)."""
+    ``precision`` (False: the search, whose candidates each write their own); ``defaults``: trainer_defaults, what
+    the trainer fixes where the options and the config leave a setting open."""
     values, src = run_request(training_config, request, task)
+    for name, value, where in defaults:
+        if name not in values:
+            values[name] = value
+            src[name] = where
     if config_precision and "precision" in values:
         precision = values["precision"]
     else:
@@ -289,7 +355,13 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
         sources["num_gpus"] = "GPUs visible"
     if "lora_r" in src or "lora_targets" in src:
         sources["lora"] = src.get("lora_targets") or src.get("lora_r", "default")
-    base = RunSpec(method=method, precision=precision, load_dtype=memory.load_dtype_for(precision, method),
+    # The dtype the trainer loads the weights in (TRL's float32 default, a config's dtype), except for QLoRA, whose
+    # plan counts quantized weights.
+    load = values["load_dtype"] if "load_dtype" in values and method != "qlora" else memory.load_dtype_for(
+        precision, method)
+    if method == "qlora":
+        sources.pop("load_dtype", None)
+    base = RunSpec(method=method, precision=precision, load_dtype=load,
                    optimizer=values.get("optimizer", memory.DEFAULT_OPTIMIZER),
                    batch_size=values.get("batch_size", memory.DEFAULT_BATCH),
                    seq_len=values.get("seq_len", memory.DEFAULT_SEQ_LEN),
@@ -328,30 +400,33 @@ _REQUESTS: dict[tuple[Any, ...], Any] = {}
 
 def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None,
                   task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False,
-                  config_key: str | None = None, config_precision: bool = True) -> RunRequest:
+                  config_key: str | None = None, config_precision: bool = True,
+                  defaults: tuple[Default, ...] = ()) -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape), remembered per process when ``config_key``
     stands for the training config's content (the search's candidates: the text their config is made from): the search
     plans check's memory of each candidate's training config for every model, and models of other shapes ask for the
     same requests. The user's own config (no key) is read afresh."""
     def make() -> RunRequest:
         return request_spec(precision=precision, gpu=gpu, request=request, training_config=training_config, task=task,
-                            lora_targets=lora_targets, trl_chunks=trl_chunks, config_precision=config_precision)
+                            lora_targets=lora_targets, trl_chunks=trl_chunks, config_precision=config_precision,
+                            defaults=defaults)
 
     if config_key is None:
         return make()
     return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks, config_key,
-                                  config_precision), make)
+                                  config_precision, defaults), make)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
                 lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False,
-                config_key: str | None = None, config_precision: bool = True) -> MemoryFacts:
+                config_key: str | None = None, config_precision: bool = True,
+                defaults: tuple[Default, ...] = ()) -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
     stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of;
-    ``config_precision``: request_spec's)."""
+    ``config_precision`` and ``defaults``: request_spec's)."""
     req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks, config_key,
-                        config_precision)
+                        config_precision, defaults)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)
@@ -360,7 +435,14 @@ def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryR
                            ckpt_fixed="gradient_checkpointing" in values or base.source("gradient_checkpointing").endswith(
                                "(the stable setting)"), gpu_name=gpu_name)
     unconstrained = None
-    if not choice.fits and fixed and gpu_bytes:
+    if not choice.fits and fixed and gpu_bytes and not base.gradient_checkpointing \
+            and base.source("gradient_checkpointing").startswith("default of"):
+        # Checkpointing is off only as the trainer's default: the way out that names the setting is the same run with
+        # it on (GD801 then says to set it), before one that changes what the user wrote.
+        on = memory.choose(shape, replace(base, gradient_checkpointing=True), gpu_bytes, methods,
+                           batch_fixed="batch_size" in values, ckpt_fixed=True, gpu_name=gpu_name)
+        unconstrained = on if on.fits else None
+    if not choice.fits and fixed and gpu_bytes and unconstrained is None:
         unconstrained = memory.choose(shape, replace(base, method="full"), gpu_bytes, memory.METHODS, gpu_name=gpu_name)
     plan = choice.plan if choice.plan is not None else memory.plan(shape, base, gpu_bytes, gpu_name)
     return _finish(shape, plan, choice, fixed, unconstrained, gpu_bytes, gpu_name, gpu_note)

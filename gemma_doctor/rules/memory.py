@@ -27,7 +27,12 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     file, key = _where(env, by_config)
     if plan.gpu_bytes and not mem.choice.fits and mem.fixed:
         alt = mem.unconstrained
-        fix = (f"it would fit as: {alt.plan.summary()}" if alt is not None and alt.fits and alt.plan is not None else
+        ckpt = dict(plan.run.sources).get("gradient_checkpointing", "")
+        # Checkpointing off by the trainer's default, on in the run that fits: the way out names the setting.
+        turn_on = ("set gradient_checkpointing: true (off by the " + ckpt + "); " if ckpt.startswith("default of")
+                   and not plan.run.gradient_checkpointing and alt is not None and alt.plan is not None
+                   and alt.plan.run.gradient_checkpointing else "")
+        fix = (f"{turn_on}it would fit as: {alt.plan.summary()}" if alt is not None and alt.fits and alt.plan is not None else
                f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_plan.summary()})"
                if alt is not None and alt.smallest_gpu and alt.smallest_gpu_plan is not None else
                "shard over several GPUs (ZeRO-3 / FSDP) or use a larger GPU")
