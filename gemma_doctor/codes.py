@@ -141,6 +141,7 @@ _CODES = [
     Code("GD683", "flash-attention-needs-ampere", "FlashAttention-2 on a GPU before Ampere (T4, V100): flash-attn 2 refuses it at the first forward", site=Site.RUN),
     Code("GD684", "flash-attention-fp32", "FlashAttention-2 on fp32 weights without mixed precision: flash-attn refuses fp32 inputs", site=Site.RUN),
     Code("GD680", "training-config-key-unknown", "a key of a TRL / TrainingArguments config is no setting of its trainer but close to one (a misspelling): the trainer refuses it", site=Site.RUN),
+    Code("GD986", "axolotl-config-key-unknown", "a key of an axolotl config is no field of axolotl's schema but close to one (a misspelling): axolotl drops it and trains with the default", site=Site.RUN),
     Code("GD681", "training-config-value-not-boolean", "a boolean setting of a TRL / TrainingArguments config holds a value its parser does not read as one (bf16: ture)", site=Site.RUN),
     Code("GD640", "gemma2-softcap-dropped", "Gemma 2 on a backend that drops attn_logit_softcapping (SDPA, or flash-attn < 2.6)", site=Site.RUN),
     Code("GD641", "fa2-head-dim-backward", "FlashAttention-2 < 2.5.5 refuses the backward of head_dim > 192 outside A100/H100", site=Site.RUN),

@@ -147,9 +147,10 @@ class ConfigKind:
     fsdp_by_training_arguments: ClassVar[bool] = True
     # Without `adapter`, every weight trains: the config fixes full fine-tuning (axolotl).
     full_without_adapter: ClassVar[bool] = False
-    # Its top-level keys are TrainingArguments / TRL dataclass fields: unknown keys and non-boolean switches are
-    # judged against readers/trainer_keys.json (GD680, GD681).
-    checks_trainer_keys: ClassVar[bool] = False
+    # The table of the keys its trainer accepts (readers/<name>.json), where it has one: a key close to one of them but
+    # not one is a misspelling (GD680 for TRL / TrainingArguments, whose non-boolean switches are GD681; GD986 for
+    # axolotl).
+    key_table: ClassVar[str | None] = None
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         """A parsed config (a mapping) is of this kind."""
@@ -255,6 +256,9 @@ class Axolotl(ConfigKind):
 
     name = "axolotl"
     full_without_adapter = True
+    # axolotl's schema drops a key it has no field for (pydantic's extra="ignore"): a misspelt key trains with the
+    # field's default without a word (axolotl 0.19.0, reproduced), GD986.
+    key_table = "axolotl_keys"
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         return "base_model" in data or "micro_batch_size" in data
@@ -289,7 +293,7 @@ class TrainingArguments(ConfigKind):
     name = "transformers"
     packs_with_trl = True
     lora_targets_peft_default = True
-    checks_trainer_keys = True
+    key_table = "trainer_keys"  # its top-level keys are TrainingArguments / TRL dataclass fields
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         return True

@@ -478,3 +478,31 @@ def test_on_a_t4_gd302_offers_no_fp32_for_awq_and_warns_of_unsloth_s_fp16_narrow
     assert "Unsloth" not in new["message"]
     plain = check(cli, hub, tmp_path, files, None, "--gpu", "T4", repo="acme/plain")["GD302"][0]
     assert "Unsloth" not in plain["message"] and "fp32 settings" in plain["fix"]
+
+
+@pytest.mark.parametrize("text, gpu, code, words", [
+    # GD650 named TrainingArguments' per_device_train_batch_size on an axolotl config, whose key is micro_batch_size
+    ("base_model: x\nadapter: lora\nmicro_batch_size: 8\nsequence_len: 4096\nbf16: true\n", "A100", "GD650",
+     ("micro_batch_size 8 x sequence_len 4096",)),
+    ("stage: sft\nfinetuning_type: lora\nper_device_train_batch_size: 8\ncutoff_len: 4096\nbf16: true\n", "A100",
+     "GD650", ("per_device_train_batch_size 8 x cutoff_len 4096",)),
+    # GD683's fix said attn_implementation="sdpa" to axolotl (flash_attention) and LLaMA-Factory (flash_attn) configs
+    ("base_model: x\nflash_attention: true\nmicro_batch_size: 1\n", "T4", "GD683",
+     ("flash_attention: false with sdp_attention: true",)),
+    ("stage: sft\nfinetuning_type: lora\nflash_attn: fa2\nper_device_train_batch_size: 1\n", "T4", "GD683",
+     ("flash_attn: sdpa",)),
+    ("attn_implementation: flash_attention_2\nbf16: true\nper_device_train_batch_size: 1\n", "T4", "GD683",
+     ("attn_implementation: sdpa",)),
+])
+def test_a_finding_names_the_key_of_the_config_s_own_format(cli, hub, tmp_path, text, gpu, code, words):
+    """A finding that names a key names it as the config's own format writes it: the user searches their file for it."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "run.yaml"
+    tc.write_text(text)
+    m = cli("check", "--cache-dir", hub.root, "--gpu", gpu, "--training-config", tc, "--with", "flash-attn==2.6.3",
+            "--format", "json", "--fail-on", "never").json()["models"][0]
+    [f] = [f for f in m["findings"] if f["code"] == code]
+    said = f["message"] + " " + f["fix"]
+    assert all(w in said for w in words), said
+    wrong = {"GD650": "per_device_train_batch_size", "GD683": 'attn_implementation="sdpa"'}[code]
+    assert ("per_device_train_batch_size" in text) or wrong not in said, said

@@ -101,3 +101,43 @@ def test_a_serving_launch_line_is_no_unreadable_training_run(hub, cli, line):
             "--fail-on", "never")
     codes = {f["code"] for f in r.json()["models"][0]["findings"]}
     assert not {c for c in codes if c.startswith("GD6")}, codes
+
+
+AXOLOTL_TYPOS = ("base_model: google/gemma-3-12b-it\nadapter: lora\nmicro_batch_sze: 2\ngradient_acumulation_steps: 4\n"
+                 "sequence_len: 2048\nbf16: true\n")
+
+
+def test_a_misspelt_axolotl_key_is_named_with_the_field_meant(hub, cli, tmp_path):
+    """axolotl 0.19.0's schema drops a key it has no field for (pydantic's extra="ignore": `micro_batch_sze: 2`
+    validates and trains with micro_batch_size 1, reproduced), and check passed it silently; TRL's typos were already
+    GD680. GD986 names each with its line and the field meant, from axolotl's own schema (axolotl_keys.json)."""
+    code, found = _findings(hub, cli, tmp_path, AXOLOTL_TYPOS, "axolotl.yaml")
+    gd986 = {f["key"]: f for f in found if f["code"] == "GD986"}
+    assert set(gd986) == {"micro_batch_sze", "gradient_acumulation_steps"}, found
+    assert gd986["micro_batch_sze"]["severity"] == "warning" and gd986["micro_batch_sze"]["details"]["line"] == 3
+    assert "did you mean micro_batch_size?" in gd986["micro_batch_sze"]["message"]
+    assert gd986["gradient_acumulation_steps"]["fix"] == "rename gradient_acumulation_steps to gradient_accumulation_steps"
+    assert gd986["micro_batch_sze"]["details"]["read_from"] == {"axolotl": "0.19.0"}
+    assert not [f for f in found if f["code"] in ("GD680", "GD681")]  # TRL's table is not axolotl's
+
+
+def test_the_axolotl_yaml_recommend_writes_has_no_key_axolotl_drops(hub, cli, tmp_path):
+    """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate), for
+    LoRA, QLoRA, preference and sharded runs."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    for extra in (("--gpu", "L4"), ("--gpu", "L4", "--task", "qlora"), ("--gpu", "A100", "--task", "dpo"),
+                  ("--gpu", "A100", "--num-gpus", "4")):
+        text = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, *extra, "--format", "yaml").out
+        tc = parse(text, "rec.yaml", True)
+        assert tc.kind == "axolotl" and tc.problems == (), (extra, tc.problems)
+
+
+def test_the_axolotl_key_table_is_read_from_axolotl_s_schema():
+    """The table names its source and release, and holds the keys axolotl's configs are made of (its aliases too)."""
+    from gemma_doctor.readers.training_config import key_table
+
+    table = key_table("axolotl_keys")
+    assert table["read_from"] == {"axolotl": "0.19.0"} and "AxolotlInputConfig" in table["schema"]
+    assert {"base_model", "micro_batch_size", "gradient_accumulation_steps", "sequence_len", "adapter",
+            "lora_target_linear", "datasets", "model_type", "model_config"} <= set(table["keys"])
+    assert table["keys"] == sorted(set(table["keys"]))

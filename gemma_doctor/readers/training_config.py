@@ -390,17 +390,24 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
-    problems = _key_problems(data, line_of) if fmt.checks_trainer_keys else ()
+    problems = _key_problems(data, line_of, fmt.key_table) if fmt.key_table else ()
     rl = settings.get("rl")
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
 
 
-@functools.lru_cache(maxsize=1)
 def trainer_keys() -> dict[str, Any]:
     """trainer_keys.json (docs/gen_trainer_keys.py): the fields TRL's trainers accept in a config file, its booleans,
-    and the TRL / transformers versions they were read from. Read once per process: it is package data."""
-    return json.loads((Path(__file__).parent / "trainer_keys.json").read_text(encoding="utf-8"))
+    and the TRL / transformers versions they were read from."""
+    return key_table("trainer_keys")
+
+
+@functools.lru_cache(maxsize=2)
+def key_table(name: str) -> dict[str, Any]:
+    """readers/<name>.json: the keys a trainer accepts in its config file, its booleans, and the release they were read
+    from (trainer_keys: TRL's, docs/gen_trainer_keys.py; axolotl_keys: axolotl's schema, docs/gen_axolotl_keys.py).
+    Read once per process: it is package data."""
+    return json.loads((Path(__file__).parent / f"{name}.json").read_text(encoding="utf-8"))
 
 
 # How close an unknown key must be to a field to be taken for its misspelling (difflib's ratio):
@@ -410,18 +417,21 @@ MISSPELT_KEY_RATIO = 0.85
 _BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
 
 
-def _key_problems(data: dict[str, Any], line_of: Any) -> tuple[KeyProblem, ...]:
-    """The unknown keys and non-boolean values of a TRL / TrainingArguments config, against trainer_keys.json.
+def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer_keys") -> tuple[KeyProblem, ...]:
+    """The unknown keys (and, for TRL / TrainingArguments, the non-boolean values) of a config, against its trainer's
+    key table (trainer_keys.json, axolotl_keys.json).
 
     A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
-    keys, and keys of older TRL releases that the table (read from one release) no longer lists. Keys gemma-doctor
-    reads itself (KEYS) are never unknown."""
+    keys, and keys of older releases that the table (read from one release) no longer lists. Keys gemma-doctor
+    reads itself (KEYS) are never unknown, except where the table is axolotl's (its keys are all it reads)."""
     import difflib
 
-    table = trainer_keys()
+    table = key_table(table_name)
     fields = frozenset(table["keys"])
-    booleans = frozenset(table["booleans"])
-    own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys}
+    # axolotl's booleans are pydantic's (it refuses `ture` itself, with a message): only TRL's parser is judged here.
+    booleans = frozenset(table["booleans"]) if table_name == "trainer_keys" else frozenset()
+    # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
+    own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []
     for key, value in data.items():
         if not isinstance(key, str):

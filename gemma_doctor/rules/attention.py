@@ -153,8 +153,8 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
             f"FlashAttention-2 on {gpu.label}: flash-attn 2 runs only on Ampere "
             "or newer (8.0+) and stops at the first forward with \"FlashAttention only supports Ampere GPUs or "
             "newer.\" (flash_api.cpp)",
-            'attn_implementation="sdpa" (Gemma 3 and later) or "eager" (Gemma 2), or a GPU of compute capability 8.0+',
-            tc, setting, compute_capability=list(cc))
+            _other_backend(tc, setting, "sdpa (Gemma 3 and later) or eager (Gemma 2)")
+            + ", or a GPU of compute capability 8.0+", tc, setting, compute_capability=list(cc))
     mixed = [s for s in ("fp16", "bf16") if tc.get(s) is not None and truthy(tc.get(s).value)]
     mp = tc.get("mixed_precision")
     if mixed or (mp is not None and str(mp.value).strip().lower() in ("fp16", "bf16")):
@@ -167,8 +167,19 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
         f"FlashAttention-2 with {dtype.key}: {dtype.value} and no mixed precision: transformers hands flash-attn the "
         "fp32 queries (no autocast dtype to cast them to), and flash-attn stops with \"FlashAttention only support "
         "fp16 and bf16 data type\"",
-        "bf16: true (on a GPU with native bf16), or attn_implementation=\"sdpa\" / \"eager\" for an fp32 run",
+        "bf16: true (on a GPU with native bf16), or " + _other_backend(tc, setting, "sdpa or eager") + " for an fp32 run",
         tc, setting, torch_dtype=str(dtype.value))
+
+
+def _other_backend(tc: Any, setting: str, which: str) -> str:
+    """How the config's own format turns FlashAttention-2 into ``which`` ("sdpa or eager"), in the key it is set by:
+    axolotl's flash_attention switch, LLaMA-Factory's flash_attn, else attn_implementation (TRL, TrainingArguments)."""
+    if setting == "flash_attention":  # axolotl: sdp_attention is its SDPA switch; neither switch is eager
+        return "flash_attention: false with sdp_attention: true (sdpa), or neither (eager)"
+    key = tc.get("attn_implementation").key
+    if key == "flash_attn":  # LLaMA-Factory: auto | disabled | sdpa | fa2 (disabled is eager)
+        return "flash_attn: sdpa, or flash_attn: disabled (eager)"
+    return f"{key}: {which}"
 
 
 def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
@@ -219,7 +230,9 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     chunked = tc.trainer is not None and tc.trainer.value.chunks_logprobs(stack)
     alive, per_logit, paired = _logits_at_loss(model, batch, seq)
     pairs = " x 2 (chosen and rejected)" if paired else ""
-    numbers = (f"per_device_train_batch_size {batch}{pairs} x {s.key} {seq} x vocabulary {vocab:,} logits: "
+    # The keys as the config's own format writes them (axolotl's micro_batch_size, DeepSpeed's
+    # train_micro_batch_size_per_gpu), as every finding that names a key.
+    numbers = (f"{b.key} {batch}{pairs} x {s.key} {seq} x vocabulary {vocab:,} logits: "
                f"{gib(upcast * (2 if paired else 1))} in fp32 (the loss upcasts them), {gib(alive)} alive at the loss "
                f"({per_logit:g} bytes per logit: the fp32 log-probabilities, their gradient and the incoming gradient"
                f"{', the soft-capped logits' if per_logit > 12 else ''}; the memory plan's logits component)")

@@ -79,14 +79,23 @@ def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name:
 
 
 def _key_problems(tc: Any) -> Iterator[Finding]:
-    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses."""
-    from gemma_doctor.readers.training_config import trainer_keys
+    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses; GD986: a key of
+    an axolotl config that its schema drops."""
+    from gemma_doctor.readers.training_config import key_table
 
-    read = trainer_keys()["read_from"]
-    source = f"TRL {read['trl']} / transformers {read['transformers']}"
+    table = tc.format.key_table or "trainer_keys"
+    read = key_table(table)["read_from"]
     for p in tc.problems:
         details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
                                                                                             "read_from": dict(read)}
+        if table == "axolotl_keys":
+            yield Finding(
+                "GD986", Severity.WARNING,
+                f"{p.key} is not a setting of axolotl {read['axolotl']}'s config; did you mean {p.suggestion}? "
+                f"axolotl's schema drops a key it does not know without a word, so the run trains with the default "
+                f"{p.suggestion}", file=tc.path, key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
+            continue
+        source = f"TRL {read['trl']} / transformers {read['transformers']}"
         if p.kind == "unknown-key":
             yield Finding(
                 "GD680", Severity.ERROR,
@@ -105,7 +114,8 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
 
 
-@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD680", "GD681")
+@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD680", "GD681",
+       "GD986")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config

@@ -1,0 +1,50 @@
+"""Write gemma_doctor/readers/axolotl_keys.json: the top-level keys axolotl's config schema accepts (every field of
+AxolotlInputConfig, axolotl/utils/schemas/config.py, and their aliases), which of them are booleans, and the release
+they were read from. axolotl's schema ignores a key it has no field for (pydantic's default, extra="ignore"), so a
+misspelt key trains with the field's default without a word: GD986 names it. axolotl is imported from a folder of
+its own (its install pins a stack of its own; tests/venvs.py ensure_packages).
+Usage: PYTHONPATH=<a folder with axolotl==0.19.0 colorama addict pillow> python docs/gen_axolotl_keys.py [--check]"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "gemma_doctor" / "readers" / "axolotl_keys.json"
+
+
+def _is_bool(tp: typing.Any) -> bool:
+    """bool, or Optional[bool]."""
+    if tp is bool:
+        return True
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)) \
+        and args == [bool]
+
+
+def render() -> str:
+    """The table as the importable axolotl defines it."""
+    import axolotl
+    from axolotl.utils.schemas.config import AxolotlInputConfig
+
+    keys: set[str] = set()
+    booleans: set[str] = set()
+    for name, field in AxolotlInputConfig.model_fields.items():
+        for key in (name, field.alias):
+            if key:
+                keys.add(key)
+                if _is_bool(field.annotation):
+                    booleans.add(key)
+    table = {"read_from": {"axolotl": axolotl.__version__},
+             "schema": "axolotl/utils/schemas/config.py AxolotlInputConfig (fields and aliases)",
+             "keys": sorted(keys), "booleans": sorted(booleans)}
+    return json.dumps(table, indent=1) + "\n"
+
+
+if __name__ == "__main__":
+    text = render()
+    if "--check" in sys.argv:
+        sys.exit(0 if OUT.read_text() == text else f"out of date: {OUT.name} (run python docs/gen_axolotl_keys.py)")
+    OUT.write_text(text)
