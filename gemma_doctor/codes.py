@@ -52,11 +52,15 @@ class Code:
     # where every accumulating run is refused for one, the search prescribes the run without it and says why
     # (plan/search._on_accumulation; GD739). Generated for the catalogue's codes from their conditions.
     accumulation: bool = False
+    # Its findings are about the command line's own input, not the run (a misspelt --with name): no run the search
+    # could prescribe answers them, so they never reject one, and the run planned is the one without the typo.
+    about_input: bool = False
 
     @property
     def blocks_prescription(self) -> bool:
-        """At warning or error it rejects a prescribed run: what `fix` cures on disk is done first, not prescribed."""
-        return self.cure is not Cure.FIX
+        """At warning or error it rejects a prescribed run: what `fix` cures on disk is done first, not prescribed, and
+        a finding about the command line's input is answered by correcting it, not by another run."""
+        return self.cure is not Cure.FIX and not self.about_input
 
     def at_training_config(self, file: str | None, training_config: str | None) -> bool:
         """Whether a finding of this code naming ``file`` points at the training config ``training_config``."""
@@ -119,7 +123,7 @@ _CODES = [
     Code("GD441", "peft-all-linear-towers", "all-linear LoRA on Gemma 4 puts adapters in the vision/audio towers", site=Site.RUN),
     Code("GD442", "peft-moe-experts-untargeted", "the MoE experts are 3-D parameters no target_modules reaches (target_parameters needed)", site=Site.RUN),
     Code("GD443", "peft-kv-shared-no-kv-proj", "KV-shared Gemma 4 layers have no k_proj/v_proj, so they get no adapters there", site=Site.RUN),
-    Code("GD480", "package-name-unknown", "a package named in --with or the requirements file is not one gemma-doctor knows (a misspelling is an error, with the name it most likely means)", site=Site.NONE),
+    Code("GD480", "package-name-unknown", "a package named in --with or the requirements file is not one gemma-doctor knows (a misspelling is an error, with the name it most likely means)", site=Site.NONE, about_input=True),
     # GD5xx: the weights scan (check --weights)
     Code("GD501", "weights-nan-inf", "tensors hold NaN or Inf values"),
     Code("GD502", "weights-beyond-fp16", "tensors hold finite values beyond fp16's range (|x| > 65504)"),

@@ -242,10 +242,15 @@ def test_axolotl_sample_packing_is_judged_on_transformers_only(cli, hub, tmp_pat
 
 def test_logits_memory_warns_with_the_number_unless_trl_chunks_it(cli, hub, tmp_path):
     training = {"per_device_train_batch_size": 1, "max_length": 4096, "bf16": True}
-    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.14.0")
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.14.0",
+                "--gpu", "T4")
     [f] = got["GD650"]
     assert f["severity"] == "warning" and f["details"]["logits_fp32_bytes"] == 4096 * 262144 * 4
     assert "4.0 GiB" in f["message"]
+    # Without a GPU nothing limits memory: the plan counts them, and GD650 says so as information
+    free = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.14.0",
+                 repo="acme/d")
+    assert [g["severity"] for g in free["GD650"]] == ["info"] and "no GPU is named" in free["GD650"][0]["message"]
     chunked = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--with", "trl==1.15.0", repo="acme/b")
     assert [g["severity"] for g in chunked["GD650"]] == ["info"] and "does not apply" in chunked["GD650"][0]["message"]
     small = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, {**training, "max_length": 1024},

@@ -546,3 +546,15 @@ def test_recommend_json_says_its_status_as_the_exit_code_does(cli, tmp_path):
     assert doc["status"] == "no-prescription" and [m["status"] for m in doc["models"]] == ["no-prescription"]
     r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--cache-dir", tmp_path, "--format", "json")
     assert r.code == 0 and r.json()["status"] == "ok" and r.json()["models"][0]["status"] == "prescribed"
+
+
+@pytest.mark.parametrize("gpu", [(), ("--gpu", "none")])
+def test_a_batch_without_a_gpu_is_prescribed_as_asked(cli, hub, gpu):
+    """`recommend --batch-size 4` with no GPU named gave "no prescription" (exit 1): GD650 warned of the fp32 logits
+    against a memory verdict of "unknown" and rejected every candidate. Nothing limits memory without a GPU: the run
+    asked for is prescribed, its logits counted in the plan and said as information."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    r = cli("recommend", "google/gemma-3-1b-it", "--cache-dir", hub.root, "--batch-size", "4", *gpu, "--format", "json")
+    m = r.json()["models"][0]
+    assert r.code == 0 and m["status"] == "prescribed" and m["blocking"] == [], m["blocking"]
+    assert m["memory"]["run"]["batch_size"] == 4 and m["memory"]["verdict"] == "unknown"

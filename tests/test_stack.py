@@ -234,3 +234,22 @@ def test_the_first_release_out_of_a_window(spec, bound):
     from gemma_doctor.stack import upper_bound
 
     assert upper_bound(spec) == bound
+
+
+@pytest.mark.parametrize("gpu", ["none", "L4"])
+def test_a_misspelt_with_changes_no_planned_run(stock, cli, gpu):
+    """GD480 rejected every candidate of the search: with `--with transfomers==4.50.3` check fell back to another run
+    ("batch 8" where the same command without the typo planned "batch 1 x8 accumulation") and recommend had none. The
+    typo is said, and the run is the one planned without it (judged with the installed transformers, as GD480 says)."""
+    args = ["check", REPO, "--cache-dir", stock.root, "--gpu", gpu, "--format", "json", "--fail-on", "never"]
+    plain = cli(*args).json()["models"][0]
+    typo = cli(*args, "--with", "transfomers==4.50.3").json()["models"][0]
+    assert "GD480" in {f["code"] for f in typo["findings"]}
+    assert typo["prescription"] is not None
+
+    def run(prescription: dict) -> dict:  # the Run's stack names the typo'd package among its unknowns: all else equal
+        return {**prescription, "run": {k: v for k, v in prescription["run"].items() if k != "stack"}}
+
+    assert run(typo["prescription"]) == run(plain["prescription"])
+    assert typo["memory"]["summary"] == plain["memory"]["summary"]
+    assert typo["recommendation"]["summary"] == plain["recommendation"]["summary"]

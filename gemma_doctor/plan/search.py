@@ -112,8 +112,10 @@ def _on_memory(f: Finding) -> bool:
 
 
 def blocking(findings: tuple[Finding, ...]) -> tuple[Finding, ...]:
-    """What makes `check` fail or warn on a run, other than what `fix` cures on disk."""
-    return tuple(f for f in findings if f.severity in (Severity.ERROR, Severity.WARNING) and not cured_by_fix(f))
+    """What makes `check` fail or warn on a run, other than what `fix` cures on disk and what is about the command
+    line's own input (GD480: a misspelt --with name changes no run; codes.Code.blocks_prescription)."""
+    return tuple(f for f in findings if f.severity in (Severity.ERROR, Severity.WARNING)
+                 and (f.code not in CODES or CODES[f.code].blocks_prescription))
 
 
 # --- candidates ----------------------------------------------------------------------------------------------------

@@ -252,6 +252,15 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
             "nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
             tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
         return
+    if plan is not None and not plan.gpu_bytes and plan.run.batch_size == batch and plan.run.seq_len == seq:
+        # No GPU named: nothing limits memory, and the plan of this very run counts them. A warning here rejected every
+        # candidate of `recommend --batch-size 4` without a GPU ("no prescription" for a run nothing stops).
+        yield setting_finding(
+            "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them ({plan.summary()}), and "
+                                              "no GPU is named to judge it against",
+            "nothing to do here; on a GPU, lower the batch and raise gradient_accumulation_steps if the plan does not "
+            "fit there (check --gpu NAME)", tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+        return
     yield setting_finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
