@@ -50,6 +50,17 @@ class Trainer(str, enum.Enum):
 
         return stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
 
+    def bf16_by_default(self, stack: Any) -> Any:
+        """Whether a config of this trainer that sets no bf16 trains in bf16 (TRL's configs: `bf16 = not fp16`,
+        versioning.TRL_BF16_DEFAULT), as a stack.Exposure: AFFECTED, SAFE (TrainingArguments' fp32), or UNKNOWN where
+        the stack's TRL version is not known."""
+        from gemma_doctor.stack import Exposure
+        from gemma_doctor.versioning import TRL_BF16_DEFAULT
+
+        if not self.runs_trl:
+            return Exposure.SAFE
+        return stack.exposure(TRL_BF16_DEFAULT[self.value]) if stack is not None else Exposure.UNKNOWN
+
     @property
     def twin(self) -> str | None:
         """The loop the rehearsal's driver runs for this trainer ("trl-sft", "trl-dpo", "trl-grpo", "transformers"), or

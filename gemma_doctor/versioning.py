@@ -94,6 +94,14 @@ FROM_PRETRAINED_FP32 = Window("transformers", "<5.0.0", "5.0.0")
 # 0.21.0 has no override), every trainer's config from 0.29.0 (trl/trainer/base_config.py _BaseConfig).
 TRL_CHECKPOINTING_DEFAULT = {"trl-sft": Window("trl", ">=0.21.0"), "trl-dpo": Window("trl", ">=0.22.0"),
                              "trl-grpo": Window("trl", ">=0.22.0"), "trl-rl": Window("trl", ">=0.29.0")}
+# TRL's configs train in bf16 unless told otherwise (TrainingArguments: fp32): their __post_init__ sets
+# `self.bf16 = not (self.fp16) if self.bf16 is None else self.bf16`, so a config that sets no bf16 trains in bf16, and
+# one that sets only `fp16: false` too. Read from the wheels: SFTConfig, DPOConfig, GRPOConfig, KTOConfig, ORPOConfig and
+# RewardConfig from 0.19.0 (0.18.2's keep TrainingArguments' False), RLOOConfig from 0.22 (rewritten), every trainer's
+# config from 0.29.0 (trl/trainer/base_config.py _BaseConfig). Reproduced on TRL 1.16.0: SFTConfig(), DPOConfig(),
+# GRPOConfig() have bf16 True, SFTConfig(fp16=False) too (tests/scripts/trl_load_dtype.py).
+TRL_BF16_DEFAULT = {"trl-sft": Window("trl", ">=0.19.0"), "trl-dpo": Window("trl", ">=0.19.0"),
+                    "trl-grpo": Window("trl", ">=0.19.0"), "trl-rl": Window("trl", ">=0.29.0")}
 
 
 # --- distributed runs (rules/distributed.py; docs/findings.md GD66x) -----------------------------------------------

@@ -482,6 +482,9 @@ def test_gd804_names_a_class_that_loads_the_member_and_spares_a_run_on_images(cl
     ("fp16: true\n", "A100", "fp16", "training config fp16"),
     ("bf16: auto\n", "T4", "fp32", "recommended"),  # the launcher's machine decides: the recommendation stands
     ("bf16: ture\n", "L4", "bf16", "recommended"),  # GD681: the trainer refuses it, the run does not start
+    # TRL's configs set bf16 = not fp16 where bf16 is unset (the pinned TRL 1.16): bf16 by the trainer's default
+    ("", "L4", "bf16", "default of TRL SFTConfig (trl >=0.19.0: bf16 = not fp16)"),
+    ("fp16: false\n", "L4", "bf16", "default of TRL SFTConfig (trl >=0.19.0: bf16 = not fp16)"),
 ])
 def test_the_memory_plan_trains_in_the_precision_the_training_config_sets(cli, hub, tmp_path, text, gpu, precision,
                                                                            source):

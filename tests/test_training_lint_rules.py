@@ -33,7 +33,7 @@ def _rocm_unknown_arch() -> gpu_reader.GpuFacts:
     return gpu_reader.combine([dev], "rocm", "probe", "sysfs")
 
 
-def lint(settings, model="gemma3", gpu="A100", task=None, transformers="5.23.0"):
+def lint(settings, model="gemma3", gpu="A100", task=None, transformers="5.23.0", trl=None):
     """Findings of the training rule alone: [(code, severity, key)] in order, and the findings themselves."""
     text = json.dumps(settings, indent=2) if isinstance(settings, dict) else settings
     tc = training_config.parse(text, "train.json" if isinstance(settings, dict) else "train.yaml",
@@ -44,7 +44,8 @@ def lint(settings, model="gemma3", gpu="A100", task=None, transformers="5.23.0")
     facts = ModelFacts(Snapshot("x", folder), JsonFile(folder / "config.json", True, data=cfg),
                        JsonFile(folder / "generation_config.json", False), detect(cfg))
     gpu_facts = gpu if isinstance(gpu, gpu_reader.GpuFacts) else gpu_reader.resolve(gpu)
-    env = Environment(Versions({"transformers": transformers}), gpu=gpu_facts, training_config=tc)
+    versions = {"transformers": transformers} | ({"trl": trl} if trl else {})
+    env = Environment(Versions(versions), gpu=gpu_facts, training_config=tc)
     found = list(training.check(facts, env, CheckOptions(gpu=None, task=task)))
     return [(f.code, f.severity.value, f.key) for f in found], found
 
@@ -78,6 +79,27 @@ FP32 = ("GD609", "info", None)
 ])
 def test_precision_decisions(settings, model, gpu, expected):
     assert lint(settings, model, gpu)[0] == expected
+
+
+@pytest.mark.parametrize("settings, trl, gpu, expected", [
+    ("max_length: 1024\n", "1.16.0", "A100", []),  # SFTConfig sets bf16 = not fp16: a bf16 run, not fp32
+    ("max_length: 1024\nfp16: false\n", "1.16.0", "A100", []),  # fp16 off alone: bf16 too
+    ("max_length: 1024\n", "1.16.0", "T4", [("GD603", "error", None)]),  # bf16 by TRL's default on a T4
+    ("max_length: 1024\nbf16: false\n", "1.16.0", "T4", [FP32]),  # the cure: fp32 said outright
+    ("max_length: 1024\nfp16: true\n", "1.16.0", "A100", [("GD602", "error", "fp16")]),
+    ("max_length: 1024\n", "0.18.2", "A100", [FP32]),  # before 0.19 TRL kept TrainingArguments' fp32
+    ("max_length: 1024\n", None, "A100", [FP32]),  # TRL's version unknown: GD609 names both
+])
+def test_a_trl_config_that_sets_no_bf16_trains_in_bf16_by_trls_default(settings, trl, gpu, expected):
+    """GD609 said a TRL config without bf16 "trains in fp32 unless the launcher adds it", yet TRL >= 0.19's configs set
+    `bf16 = not fp16` where bf16 is unset (TRL 1.16: SFTConfig().bf16 is True): the run trains in bf16, and on a T4
+    that is GD603's emulated bf16, which passed silently."""
+    got, found = lint(settings, "gemma3", gpu, trl=trl)
+    assert got == expected
+    if expected and expected[0][0] == "GD603":
+        assert "unset: TRL's config turns it on" in found[0].message and "trl 1.16.0" in found[0].message
+    if trl is None:
+        assert "TRL >= 0.19 turns bf16 on" in found[0].message and "bf16: false" in found[0].fix
 
 
 def test_a_deepspeed_config_is_read_as_deepspeed():

@@ -257,6 +257,13 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
                 out.append(("gradient_checkpointing", on, f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()})"
                             if on else f"default of transformers TrainingArguments (TRL {_TRL_CONFIGS[trainer]} "
                                        f"before {window.spec.lstrip('>=')})"))
+    if trainer.runs_trl and "bf16" not in s and "mixed_precision" not in s \
+            and not ("fp16" in s and truthy(s["fp16"].value)) \
+            and trainer.bf16_by_default(stack) is Exposure.AFFECTED:
+        # TRL's config sets `bf16 = not fp16` where bf16 is unset: bf16, also beside an `fp16: false`.
+        window = versioning.TRL_BF16_DEFAULT[trainer.value]
+        out.append(("precision", "bf16", f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()}: bf16 = not "
+                                         "fp16)"))
     if trainer.runs_trl:
         given = s.get("torch_dtype")
         word = given.value.strip().lower().replace("torch.", "") if given is not None and isinstance(
@@ -331,7 +338,9 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     the trainer fixes where the options and the config leave a setting open."""
     values, src = run_request(training_config, request, task)
     for name, value, where in defaults:
-        if name not in values:
+        # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
+        # is unset), so it stands over what the switches alone say (`fp16: false` alone is bf16 under TRL, not fp32).
+        if name not in values or name == "precision":
             values[name] = value
             src[name] = where
     if config_precision and "precision" in values:

@@ -141,10 +141,23 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
 
     # A switch whose value the trainer refuses (GD681) does not make the run train in fp32: it does not start.
     refused = {p.key for p in tc.problems if p.kind == "not-boolean"}
-    if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"}:
+    # TRL's configs set `bf16 = not fp16` where bf16 is unset (versioning.TRL_BF16_DEFAULT): such a config trains in
+    # bf16 by the trainer's default, not in fp32.
+    trl_bf16 = (tc.trainer.value.bf16_by_default(env.libraries) if tc.trainer is not None else Exposure.SAFE) \
+        if "bf16" not in s and "mixed_precision" not in s and fp16_key is None else Exposure.SAFE
+    if trl_bf16 is Exposure.AFFECTED:
+        bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
+    else:
+        bf16_default = None
+    if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"} \
+            and bf16_default is None:
+        unless = ("unless the launcher adds it, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
+                  "stack's TRL version is not known)" if trl_bf16 is Exposure.UNKNOWN else "unless the launcher adds it")
         yield _finding("GD609", Severity.INFO,
                        f"{tc.path} ({tc.kind}) sets no mixed precision (fp16/bf16/mixed_precision): the run trains in fp32 "
-                       "unless the launcher adds it", "nothing to do if fp32 is intended", tc, None)
+                       + unless, "nothing to do if fp32 is intended" + (
+                           "; set bf16: false to be sure of fp32, or bf16: true for bf16" if trl_bf16 is Exposure.UNKNOWN
+                           else ""), tc, None)
     if fp16_key and bf16_key:
         yield _finding("GD604", Severity.ERROR, "both fp16 and bf16 are enabled: transformers refuses to start "
                        "(or one silently wins, depending on the launcher)",
@@ -156,10 +169,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        + embedding_note(model),
                        "use bf16 where the GPU has native bf16 (compute capability >= 8.0), otherwise train in fp32",
                        tc, fp16_key)
-    if bf16_key and gpu.native_bf16 is False:
+    if (bf16_key or bf16_default) and gpu.native_bf16 is False:
         yield _finding("GD603", Severity.ERROR,
-                       f"bf16 is enabled but {gpu.label} has no native bf16 (needs compute capability >= 8.0): torch "
-                       "emulates it, slowly, or the run fails",
+                       f"{'bf16 is enabled' if bf16_key else bf16_default} but {gpu.label} has no native bf16 (needs "
+                       "compute capability >= 8.0): torch emulates it, slowly, or the run fails",
                        "set bf16 to false and train in fp32" + (" (never fp16 for this model)" if fp16_unsafe else "")
                        + ", or use an A100/L4/H100-class GPU", tc, bf16_key)
     if bf16_auto and (gpu.emulated_trap or gpu.native_bf16 is False):

@@ -3,7 +3,8 @@ Gemma 3 text model; run inside a venv with TRL (versioning.TRL_LOADS_FP32, docs/
 
 Usage: python trl_load_dtype.py
 Measured with TRL 1.16.0 / transformers 5.23.0: from_pretrained(path) bfloat16; SFTTrainer(model=path) float32;
-model_init_kwargs {"dtype": "bfloat16"} or {"dtype": "auto"} bfloat16; SFTConfig's gradient_checkpointing True."""
+model_init_kwargs {"dtype": "bfloat16"} or {"dtype": "auto"} bfloat16; SFTConfig's gradient_checkpointing True; its bf16
+True where the config sets none (versioning.TRL_BF16_DEFAULT), also beside fp16=False."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def main() -> None:
                          model_init_kwargs=kwargs)
         trainer = SFTTrainer(model=path, args=args, train_dataset=data, processing_class=tok)
         print(f"model_init_kwargs={kwargs}: parameters {next(trainer.model.parameters()).dtype}; "
-              f"gradient_checkpointing={args.gradient_checkpointing}")
+              f"gradient_checkpointing={args.gradient_checkpointing}; bf16={args.bf16}")
+    print("SFTConfig(fp16=False).bf16:", SFTConfig(output_dir=tempfile.mkdtemp(), use_cpu=True, fp16=False).bf16)
 
 
 if __name__ == "__main__":
