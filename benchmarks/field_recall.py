@@ -142,7 +142,8 @@ def _name(spec: str) -> str:
 # Stacks built for reports whose `--with` no venv of tests/venvs.py provides: the report's own pins, and beside them
 # what the rehearsal needs to run (accelerate, huggingface_hub<1.0 for transformers 4.x; PEFT, TRL and datasets where
 # the report names them or the trainer imports them), each the release of the report's date, or the one its own
-# system info lists. Built through tests/venvs.py's ensure_venv (cached, locked in tests/venv-locks/ like the others:
+# system info lists (pyarrow of the date where TRL 0.9.6 holds numpy below 2.0, which today's pyarrow refuses at import).
+# Built through tests/venvs.py's ensure_venv (cached, locked in tests/venv-locks/ like the others:
 # `--build-stacks`); only this benchmark uses them, no test builds them. Each: (label, packages, packages beside the
 # venv on PYTHONPATH (LLaMA-Factory, installed without its dependencies as ensure_llamafactory does), the report's
 # requirements a release stands in for (name -> what the row says), what the row says was added).
@@ -158,20 +159,30 @@ FIELD_STACKS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], dict[str, str],
      "added accelerate 1.5.2, huggingface_hub<1.0"),
     # peft#2128 (2024-10-04): the transformers, accelerate and datasets releases of its date beside PEFT 0.12.0 / TRL 0.9.6.
     ("PEFT_0_12_TRL_0_9", ("transformers==4.45.1", "accelerate==0.34.2", "huggingface_hub<1.0", "peft==0.12.0",
-                           "trl==0.9.6", "datasets==3.0.1"), (), {},
-     "added transformers 4.45.1, accelerate 0.34.2, datasets 3.0.1 (of the report's date), huggingface_hub<1.0"),
+                           "trl==0.9.6", "datasets==3.0.1", "pyarrow==17.0.0"), (), {},
+     "added transformers 4.45.1, accelerate 0.34.2, datasets 3.0.1, pyarrow 17.0.0 (of the report's date), "
+     "huggingface_hub<1.0"),
     # axolotl#2834 (2025-06-26): PEFT, accelerate and datasets of its date; axolotl 0.19.0's data path beside it.
     ("TRANSFORMERS_4_52_4", ("transformers==4.52.4", "accelerate==1.7.0", "huggingface_hub<1.0", "peft==0.15.2",
                              "datasets==3.6.0"), (), {},
      "added accelerate 1.7.0, peft 0.15.2, datasets 3.6.0 (of the report's date), huggingface_hub<1.0"),
+    # axolotl#2850 (2025-06-30): the report's transformers 4.53.0 and timm (Gemma 3n's vision tower), the PEFT,
+    # accelerate and datasets of its date; torchvision 0.28.0, timm's requirement, the one built for torch 2.13.
+    ("TRANSFORMERS_4_53_TIMM", ("transformers==4.53.0", "accelerate==1.8.1", "huggingface_hub<1.0", "peft==0.15.2",
+                                "datasets==3.6.0", "timm==1.0.16", "torchvision==0.28.0"), (), {},
+     "added timm 1.0.16 (the report installed timm), torchvision 0.28.0 (timm's, built for torch 2.13), accelerate "
+     "1.8.1, peft 0.15.2, datasets 3.6.0 (of the report's date), huggingface_hub<1.0"),
     # LlamaFactory#7427: the report's system info (transformers 4.50.0, datasets 3.3.2, accelerate 1.4.0, TRL 0.9.6)
     # beside LLaMA-Factory 0.9.3, the nearest release with the gemma3 template (0.9.3.dev0 is not on PyPI; 0.9.2 has no
     # gemma3 template); its dependency check wants peft>=0.14.0, so peft 0.14.0 for the report's 0.12.0.
     ("LLAMAFACTORY_0_9_3", ("transformers==4.50.0", "accelerate==1.4.0", "huggingface_hub<1.0", "peft==0.14.0",
-                            "trl==0.9.6", "datasets==3.3.2", "omegaconf==2.3.0"), ("llamafactory==0.9.3",),
+                            "trl==0.9.6", "datasets==3.3.2", "pyarrow==19.0.1", "omegaconf==2.3.0",
+                            "pydantic==2.10.6"),
+     ("llamafactory==0.9.3",),
      {"llamafactory": "llamafactory 0.9.3 for 0.9.3.dev0 (not on PyPI; 0.9.2 has no gemma3 template)"},
      "added accelerate 1.4.0, datasets 3.3.2, trl 0.9.6 (the report's), peft 0.14.0 (LLaMA-Factory 0.9.3's floor; "
-     "the report's 0.12.0), omegaconf 2.3.0, huggingface_hub<1.0"),
+     "the report's 0.12.0), pyarrow 19.0.1 (of its date: TRL 0.9.6 holds numpy below 2), omegaconf 2.3.0 and "
+     "pydantic 2.10.6 (LLaMA-Factory's train path imports them), huggingface_hub<1.0"),
 )
 
 
