@@ -43,3 +43,14 @@ def test_a_nearest_release_stands_in_only_for_the_name_its_stack_says():
     assert field_recall.not_here(REPORTS["hiyouga/LlamaFactory#7427"], found) is None
     assert not field_recall.stack_provides(next(f for f in found if f[0] == "LLAMAFACTORY_STACK"),
                                            ["llamafactory==0.9.3.dev0"])
+
+
+def test_each_field_stack_is_locked_and_its_lock_satisfies_its_pins():
+    # A locked venv is installed without resolving: its lock must hold every pin and the project's light dependencies.
+    from tests import venvs
+
+    for label, packages, *_ in field_recall.FIELD_STACKS:
+        lock = venvs.lock_file(packages)
+        assert lock.exists(), label
+        pins = [line for line in lock.read_text().splitlines() if line and not line.startswith("#")]
+        venvs._lock_covers(pins, (*packages, *venvs.LIGHT), lock)
