@@ -273,6 +273,10 @@ def test_recommend_rehearse_of_a_family_plan_says_it_was_not_rehearsed(cli):
     # not LLaMA-Factory's: left as written (PEFT's own default, or the regex the user wrote)
     ("use_peft: true\nlora_r: 8\n", None),
     ("use_peft: true\nlora_target_modules: q_proj,v_proj\n", "q_proj,v_proj"),
+    # axolotl's lora_target_linear: every linear layer (it was ignored: PEFT's per-model default targets instead)
+    ("base_model: google/gemma-3-1b-it\nadapter: lora\nlora_target_linear: true\n", "all-linear"),
+    ("base_model: google/gemma-3-1b-it\nadapter: lora\nlora_target_linear: true\nlora_target_modules: [q_proj]\n",
+     "all-linear"),  # axolotl adds every linear layer to the modules named
 ])
 def test_llama_factory_lora_targets_are_read_as_llama_factory_reads_them(tmp_path, lines, targets):
     from gemma_doctor.readers import training_config

@@ -86,6 +86,12 @@ def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: P
     """The run's settings the driver needs, through the project's reader (batch, precision, method, data...)."""
     adapter = str(_setting(tc, "adapter") or "").lower()
     targets = _setting(tc, "lora_target_modules")
+    if truthy(_setting(tc, "lora_target_linear")):
+        # axolotl's lora_target_linear: every linear layer added to lora_target_modules (0.19.0 loaders/adapter.py
+        # _build_peft_lora_config takes the union), PEFT's "all-linear", as check's plan reads it. Ignored, PEFT fell
+        # back to its own default targets for the model type, and refuses a member it has none for ("Please specify
+        # `target_modules`"), a crash the real run never meets.
+        targets = "all-linear"
     lora_wanted = adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter")) \
         or _setting(tc, "lora_r") is not None or targets is not None
     lora = None
