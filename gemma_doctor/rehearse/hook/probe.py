@@ -43,6 +43,9 @@ class _State:
         self.events = Events(Path(plan["events"]))
         self.trainers = 0
         self.evaluated = False
+        # True while the probe's own copies of the script's Trainer are built and trained (the accumulation check,
+        # the resume): the wrappers then pass straight through (no caps, no probe, no record of theirs).
+        self.quiet = False
 
     def write(self, stage: str, status: str, **data: Any) -> None:
         """One record: from rank 0, or a crash from any rank (its line then names the rank)."""
@@ -192,6 +195,11 @@ def _wrap(module: Any) -> None:
     @functools.wraps(init)
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         s = STATE
+        if s.quiet:
+            init(self, *a, **kw)
+            return
+        # The script's own constructor arguments: the probe's copies of this trainer are built from them (copy_of).
+        self._gemma_doctor_init = (a, dict(kw))
         args = kw.get("args", a[1] if len(a) > 1 else None)
         notes = cap(args, s.plan["steps"], s.root / "work" / "output", s.root) if args is not None else []
         try:
@@ -210,6 +218,8 @@ def _wrap(module: Any) -> None:
     @functools.wraps(train)
     def _train(self: Any, *a: Any, **kw: Any) -> Any:
         s = STATE
+        if s.quiet:
+            return train(self, *a, **kw)
         if kw.pop("resume_from_checkpoint", None) or (a and a[0]):
             a = (None, *a[1:])
             s.write("resume", "skipped", reason="resume_from_checkpoint: the rehearsal starts from the twin")
@@ -237,11 +247,14 @@ def _wrap(module: Any) -> None:
             s.error("save", e)
         else:
             on_the_copy(run, reloaded)
+        accumulation(self)
         return out
 
     @functools.wraps(evaluate)
     def _evaluate(self: Any, *a: Any, **kw: Any) -> Any:
         s = STATE
+        if s.quiet:
+            return evaluate(self, *a, **kw)
         try:
             out = evaluate(self, *a, **kw)
         except Exception as e:
@@ -274,6 +287,137 @@ def on_the_copy(run: Any, reloaded: Any) -> None:
                 STATE.error(name, e)
     finally:
         run.model = model
+
+
+# TRL's trainers whose batches the check cannot split: KTO's KL term is estimated across each micro-batch; the online
+# loops generate their own batches (the driver runs no accumulation stage for them either).
+_NOT_SPLIT = {"KTOTrainer": "KTO estimates its KL term across the rows of each micro-batch: b x k and one batch of b*k "
+                            "differ by design",
+              **{name: "an online loop generates and scores its own batches: b x k and one batch of b*k are other "
+                       "rollouts" for name in ("GRPOTrainer", "RLOOTrainer", "OnlineDPOTrainer")}}
+# Rows of the script's training set the accumulation check's copies are built on (their constructor prepares them
+# again: a TRL trainer tokenizes its dataset): enough for b*k after packing, few enough to cost nothing.
+_CHECK_ROWS = 32
+
+
+def _constructor_arguments(trainer: Any) -> dict[str, Any]:
+    """The script's arguments to ``trainer``'s constructor, every one by name."""
+    import inspect
+
+    a, kw = trainer._gemma_doctor_init
+    names = [p.name for p in list(inspect.signature(type(trainer).__init__).parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return {**dict(zip(names, a)), **kw}
+
+
+def copy_of(trainer: Any, output: Path, rows: int | None = None, **changes: Any) -> Any:
+    """The script's Trainer built again, by its own class from its own constructor arguments, on its model as trained,
+    with its (capped) arguments copied and ``changes`` made to the copy: the probe's runs go through the script's own
+    compute_loss, collator and model. Its callbacks, evaluation set and optimizer are not taken (the copy writes no
+    report and builds its own optimizer); an adapter it already wrapped is not wrapped again. Call while STATE.quiet."""
+    import copy
+
+    args = copy.copy(trainer.args)  # no __post_init__ again: the arguments stay exactly as the script's trainer had them
+    for name, value in {"output_dir": str(output), "logging_steps": 1, "do_eval": False, **changes}.items():
+        if hasattr(args, name):
+            setattr(args, name, value)
+    # The copies neither evaluate nor save: what they check is the training step.
+    for strategy in ("eval_strategy", "evaluation_strategy", "save_strategy"):
+        if getattr(args, strategy, None) is not None:
+            setattr(args, strategy, _strategy(getattr(args, strategy), "no"))
+    kw = _constructor_arguments(trainer)
+    kw.update(model=trainer.model, args=args)
+    for name in ("callbacks", "eval_dataset", "model_init", "peft_config"):
+        if name in kw:
+            kw[name] = None
+    kw.pop("optimizers", None)
+    data = kw.get("train_dataset")
+    if rows is not None and data is not None and hasattr(data, "__len__"):
+        kw["train_dataset"] = data.select(range(min(rows, len(data)))) if hasattr(data, "select") else data[:rows]
+    import torch
+
+    torch.manual_seed(0)
+    return type(trainer)(**kw)
+
+
+class _Kept:
+    """The script's model exactly as it was after train(), put back after the probe's runs on it: its parameters (the
+    runs' optimizer steps, a checkpoint loaded into it), the forward accelerate wraps at each Trainer's preparation,
+    its dropout (off for the check, whose two runs must see the same model) and its train/eval mode."""
+
+    def __init__(self, model: Any, dropout: bool = True) -> None:
+        self.model, self.dropout = model, dropout
+
+    def __enter__(self) -> None:
+        import torch
+
+        model = self.model
+        self.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.attrs = {name: vars(model).get(name) for name in ("forward", "_original_forward")}
+        self.training = model.training
+        self.rates = [(m, m.p) for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+        if not self.dropout:
+            for m, _ in self.rates:
+                m.p = 0.0
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        model = self.model
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in self.params and p.shape == self.params[n].shape:
+                    p.copy_(self.params[n])
+                p.grad = None
+        for name, value in self.attrs.items():
+            if value is None:
+                vars(model).pop(name, None)
+            else:
+                setattr(model, name, value)
+        for m, rate in self.rates:
+            m.p = rate
+        model.train(self.training)
+
+
+def accumulation(trainer: Any) -> None:
+    """The gradient accumulation check (gemma_doctor/rehearse/accumulation.py) on copies of the script's Trainer, after
+    its training: b x k against one batch of b*k, learning rate 0, dropout off. Never stops the script."""
+    from gemma_doctor.rehearse import accumulation as check
+    from gemma_doctor.rehearse.driver import _error
+
+    s = STATE
+    why = next((_NOT_SPLIT[c.__name__] for c in type(trainer).__mro__ if c.__name__ in _NOT_SPLIT), None)
+    if s.world > 1:
+        why = "the check runs on one process: a run on several ranks is checked by rehearsing it on one"
+    if why is None and not hasattr(trainer, "_gemma_doctor_init"):
+        why = "the trainer was built before the probe was armed"
+    if why is not None:
+        s.write("accumulation", "skipped", reason=why)
+        return
+
+    def copy(micro: int, k: int) -> Any:
+        try:
+            return copy_of(trainer, s.root / "work" / f"accumulation-{micro}x{k}", _CHECK_ROWS,
+                           per_device_train_batch_size=micro, gradient_accumulation_steps=k, learning_rate=0.0,
+                           warmup_steps=0, warmup_ratio=0.0, seed=0, max_steps=1)
+        except Exception as e:  # noqa: BLE001 - the probe could not build the script's trainer again (its own
+            # constructor's needs): the check's trouble, said, not a failure of the run
+            raise _NotBuilt(_error(e)["line"]) from e
+
+    s.quiet = True
+    try:
+        with _Kept(trainer.model, dropout=False):
+            check.check_launched(trainer, copy, s)
+    except _NotBuilt as e:
+        s.write("accumulation", "skipped", reason=f"the script's trainer could not be built again: {e}")
+    except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the script goes on
+        s.error("accumulation", e)
+    finally:
+        s.quiet = False
+
+
+class _NotBuilt(Exception):
+    """The probe's copy of the script's trainer could not be built."""
 
 
 def _run(trainer: Any) -> Any:
