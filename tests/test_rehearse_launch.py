@@ -131,15 +131,16 @@ def test_the_caps_on_a_real_trainingarguments(tmp_path):
 # -- the user's scripts, rehearsed ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("line, trainer", [
-    (f"python train_hf.py {REPO}", "Trainer"),
+    (f"python train_hf.py {REPO} --resume", "Trainer"),  # train(resume_from_checkpoint=True)
     (f"python train_trl.py {REPO}", "SFTTrainer"),  # bf16, written for a GPU: rehearsed on the CPU
 ])
 def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch, line, trainer):
     monkeypatch.chdir(SCRIPTS)
     code, doc = launch(cli, tmp_path, line)
     assert doc["findings"] == [] and code == 0
+    resumes = [("resume", "ok")] if "--resume" in line else []
     assert stages(doc) == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"),
-                           ("save", "ok"), ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok")]
+                           ("save", "ok"), ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok"), *resumes]
     setup, train, generate, merge, acc = (doc["stages"][i] for i in (1, 4, 6, 7, 8))
     assert setup["trainer"] == trainer
     assert len(train["losses"]) == 3 and train["moved"] == train["trainable"] > 0  # 50 epochs capped at 3 steps
@@ -151,7 +152,30 @@ def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch
     # The script's own trainer built again (its collator, compute_loss and model): 1 x 2 and one batch of 2 agree.
     assert acc["k"] == 2 and acc["accumulated_loss"] == pytest.approx(acc["whole_loss"], rel=1e-3), acc
     assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=1e-3), acc
+    if resumes:
+        # A copy of the script's trainer resumed from checkpoint-2 and trained step 3 as the uninterrupted run did:
+        # its optimizer's state restored, the same rate and loss, the same parameters at the end.
+        resume = doc["stages"][9]
+        assert (resume["checkpoint"], resume["steps"], resume["losses"], resume["learning_rates"]) == \
+            (2, [3], resume["expected_losses"], resume["expected_rates"]), resume
+        assert resume["optimizer_restored"]["with_state"] == resume["optimizer_restored"]["params"] > 0
+        assert resume["params_max_abs_diff"] == 0.0 and resume["params_compared"] > 0, resume
     assert not Path("/tmp/gemma-doctor-launch-test-never-written").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_from_checkpoints_saved_without_the_optimizer_restarts_it_silently(tmp_path, cli, monkeypatch):
+    """save_only_model: the checkpoints hold the weights only, and transformers (5.23.0 here) resumes from one without a
+    word: a fresh optimizer and the learning-rate schedule from its start (the loss of the resumed step is still the
+    same: the weights were restored). Before the resume was rehearsed, resume_from_checkpoint was dropped unchecked."""
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"python train_hf.py {REPO} --resume --save-only-model")
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD999"], doc["findings"]
+    [f] = doc["findings"]
+    assert "the optimizer held a state for 0 of its 8 parameters" in f["message"], f["message"]
+    assert "the learning rate at step 3 was 0.001 against 0.0003333" in f["message"], f["message"]
+    assert "save_only_model: false" in f["fix"] and "optimizer.pt" not in f["details"]["files"]
+    assert f["details"]["losses"] == f["details"]["expected_losses"]
 
 
 @pytest.mark.slow
@@ -330,6 +354,28 @@ def test_accumulation_on_the_pinned_stack_is_equivalent(tmp_path):
     assert invariants.judge_accumulation(acc) == []
     for what in ("loss", "grad_norm"):
         assert acc[f"accumulated_{what}"] == pytest.approx(acc[f"whole_{what}"], rel=0.02), acc
+
+
+# -- resume_from_checkpoint (hook/probe.py: resume) ------------------------------------------------------------------
+RESUMED = {"checkpoint": 2, "last": 3, "files": ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt"],
+           "steps": [3], "losses": [5.6], "expected_losses": [5.6], "learning_rates": [3.3e-4],
+           "expected_rates": [3.3e-4], "optimizer_restored": {"params": 8, "with_state": 8},
+           "params_max_abs_diff": 0.0, "params_scale": 0.18}
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"steps": [1, 2, 3]}, "it trained steps [1, 2, 3] where the steps after checkpoint-2 are [3]"),
+    ({"losses": [12.4]}, "the loss at step 3 was 12.4 against 5.6 without the stop"),
+    ({"params_max_abs_diff": 0.01}, "differ from the uninterrupted run's by 0.01"),
+])
+def test_a_resume_that_does_not_continue_the_run_is_one_finding_naming_what_broke(change, said):
+    from gemma_doctor.rehearse import invariants
+
+    assert invariants.judge([{"stage": "resume", "status": "ok", **RESUMED}], []) == []
+    [f] = invariants.judge([{"stage": "resume", "status": "ok", **RESUMED, **change}], [])
+    assert f.code == "GD999" and said in f.message and f.fix.startswith("not in the catalogue"), f.message
+    crash = invariants.judge([{"stage": "resume", "status": "error", "line": "ValueError: x"}], [])
+    assert [(c.code, c.key) for c in crash] == [("GD998", "resume")]
 
 
 # -- trl dpo --config (the driver, TRL's DPOTrainer) ------------------------------------------------------------------

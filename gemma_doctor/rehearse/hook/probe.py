@@ -191,6 +191,7 @@ def _wrap(module: Any) -> None:
         return
     trainer_cls._gemma_doctor_probe = True
     init, train, evaluate = trainer_cls.__init__, trainer_cls.train, trainer_cls.evaluate
+    _INIT[:] = [init]
 
     @functools.wraps(init)
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
@@ -207,10 +208,14 @@ def _wrap(module: Any) -> None:
         except Exception as e:
             s.error("setup", e)
             raise
+        # What transformers' __init__ left: what a subclass (or the script) changes after it is told apart from it
+        # (copy_of puts those changes back on its copies).
+        self._gemma_doctor_base = dict(vars(self))
         if args is None:  # the trainer made its own arguments
             notes = cap(self.args, s.plan["steps"], s.root / "work" / "output", s.root)
         s.trainers += 1
-        self.add_callback(_probe_callback(module)(self))
+        self._gemma_doctor_probe = _probe_callback(module)(self)
+        self.add_callback(self._gemma_doctor_probe)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
                 ranks=int(os.environ.get("WORLD_SIZE", "1") or 1))
@@ -220,9 +225,15 @@ def _wrap(module: Any) -> None:
         s = STATE
         if s.quiet:
             return train(self, *a, **kw)
-        if kw.pop("resume_from_checkpoint", None) or (a and a[0]):
+        self._gemma_doctor_at_train = dict(vars(self))
+        resumed = bool(kw.pop("resume_from_checkpoint", None) or (a and a[0])
+                       or getattr(self.args, "resume_from_checkpoint", None))
+        if a:
             a = (None, *a[1:])
-            s.write("resume", "skipped", reason="resume_from_checkpoint: the rehearsal starts from the twin")
+        if resumed:
+            # The user's checkpoint is the real model's: the twin trains from the start, saving a checkpoint at every
+            # step, and after train() a copy of the trainer resumes from one of them (resume()).
+            _saves_every_step(self.args)
         run = _run(self)
         try:
             next(iter(self.get_train_dataloader()))  # the user's collator on the first batch, as train will call it
@@ -248,6 +259,8 @@ def _wrap(module: Any) -> None:
         else:
             on_the_copy(run, reloaded)
         accumulation(self)
+        if resumed:
+            resume(self)
         return out
 
     @functools.wraps(evaluate)
@@ -295,27 +308,19 @@ _NOT_SPLIT = {"KTOTrainer": "KTO estimates its KL term across the rows of each m
                             "differ by design",
               **{name: "an online loop generates and scores its own batches: b x k and one batch of b*k are other "
                        "rollouts" for name in ("GRPOTrainer", "RLOOTrainer", "OnlineDPOTrainer")}}
-# Rows of the script's training set the accumulation check's copies are built on (their constructor prepares them
-# again: a TRL trainer tokenizes its dataset): enough for b*k after packing, few enough to cost nothing.
-_CHECK_ROWS = 32
 
 
-def _constructor_arguments(trainer: Any) -> dict[str, Any]:
-    """The script's arguments to ``trainer``'s constructor, every one by name."""
+def copy_of(trainer: Any, output: Path, **changes: Any) -> Any:
+    """The script's Trainer made again: an object of its own class holding its attributes (a subclass's own settings:
+    TRL's, LLaMA-Factory's), on which transformers' Trainer.__init__ runs afresh with the arguments the script's trainer
+    gave it (its model as trained, collator, prepared training rows, compute_loss_func ...) and a copy of its (capped)
+    TrainingArguments with ``changes`` made. The probe's runs then go through the script's own compute_loss, collator
+    and model; nothing is prepared or wrapped twice. Its callbacks, evaluation set and optimizer are not taken (the copy
+    writes no report and builds its own optimizer). Call while STATE.quiet."""
+    import copy
     import inspect
 
-    a, kw = trainer._gemma_doctor_init
-    names = [p.name for p in list(inspect.signature(type(trainer).__init__).parameters.values())[1:]
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return {**dict(zip(names, a)), **kw}
-
-
-def copy_of(trainer: Any, output: Path, rows: int | None = None, **changes: Any) -> Any:
-    """The script's Trainer built again, by its own class from its own constructor arguments, on its model as trained,
-    with its (capped) arguments copied and ``changes`` made to the copy: the probe's runs go through the script's own
-    compute_loss, collator and model. Its callbacks, evaluation set and optimizer are not taken (the copy writes no
-    report and builds its own optimizer); an adapter it already wrapped is not wrapped again. Call while STATE.quiet."""
-    import copy
+    import torch
 
     args = copy.copy(trainer.args)  # no __post_init__ again: the arguments stay exactly as the script's trainer had them
     for name, value in {"output_dir": str(output), "logging_steps": 1, "do_eval": False, **changes}.items():
@@ -325,19 +330,33 @@ def copy_of(trainer: Any, output: Path, rows: int | None = None, **changes: Any)
     for strategy in ("eval_strategy", "evaluation_strategy", "save_strategy"):
         if getattr(args, strategy, None) is not None:
             setattr(args, strategy, _strategy(getattr(args, strategy), "no"))
-    kw = _constructor_arguments(trainer)
-    kw.update(model=trainer.model, args=args)
-    for name in ("callbacks", "eval_dataset", "model_init", "peft_config"):
-        if name in kw:
-            kw[name] = None
+    a, kw = trainer._gemma_doctor_init
+    names = [p.name for p in list(inspect.signature(_INIT[0]).parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kw = {**dict(zip(names, a)), **kw, "model": trainer.model, "args": args}
+    for name in ("callbacks", "eval_dataset", "model_init"):
+        kw.pop(name, None)
     kw.pop("optimizers", None)
-    data = kw.get("train_dataset")
-    if rows is not None and data is not None and hasattr(data, "__len__"):
-        kw["train_dataset"] = data.select(range(min(rows, len(data)))) if hasattr(data, "select") else data[:rows]
-    import torch
-
+    again = object.__new__(type(trainer))
+    vars(again).update(vars(trainer))  # a subclass's attributes set before it called Trainer.__init__
     torch.manual_seed(0)
-    return type(trainer)(**kw)
+    _INIT[0](again, **kw)
+    # What the subclass's __init__ (or the script) changed after Trainer.__init__ and before train(): TRL's
+    # model_accepts_loss_kwargs, a loss of its own ... The copy's own arguments, model and runtime stay its.
+    base, at_train = trainer._gemma_doctor_base, getattr(trainer, "_gemma_doctor_at_train", {})
+    vars(again).update({k: v for k, v in at_train.items()
+                        if k not in _FRESH and (k not in base or base[k] is not v)})
+    return again
+
+
+# A Trainer's attributes that its copy keeps from its own Trainer.__init__ (copy_of).
+_FRESH = frozenset(("args", "model", "model_wrapped", "callback_handler", "optimizer", "lr_scheduler", "state",
+                    "control", "accelerator", "train_dataset", "eval_dataset", "_gemma_doctor_base",
+                    "_gemma_doctor_at_train", "_gemma_doctor_probe"))
+
+
+# transformers' own Trainer.__init__, unwrapped (copy_of runs it on a copy).
+_INIT: list[Any] = []
 
 
 class _Kept:
@@ -397,9 +416,9 @@ def accumulation(trainer: Any) -> None:
 
     def copy(micro: int, k: int) -> Any:
         try:
-            return copy_of(trainer, s.root / "work" / f"accumulation-{micro}x{k}", _CHECK_ROWS,
-                           per_device_train_batch_size=micro, gradient_accumulation_steps=k, learning_rate=0.0,
-                           warmup_steps=0, warmup_ratio=0.0, seed=0, max_steps=1)
+            return copy_of(trainer, s.root / "work" / f"accumulation-{micro}x{k}", per_device_train_batch_size=micro,
+                           gradient_accumulation_steps=k, learning_rate=0.0, warmup_steps=0, warmup_ratio=0.0, seed=0,
+                           max_steps=1)
         except Exception as e:  # noqa: BLE001 - the probe could not build the script's trainer again (its own
             # constructor's needs): the check's trouble, said, not a failure of the run
             raise _NotBuilt(_error(e)["line"]) from e
@@ -414,6 +433,95 @@ def accumulation(trainer: Any) -> None:
         s.error("accumulation", e)
     finally:
         s.quiet = False
+
+
+def _saves_every_step(args: Any) -> None:
+    """A checkpoint at every step, none rotated away: the resume needs one saved before the last step."""
+    args.save_strategy = _strategy(args.save_strategy, "steps")
+    args.save_steps = 1
+    if hasattr(args, "save_total_limit"):
+        args.save_total_limit = None
+
+
+def _step_of(folder: Path) -> int:
+    tail = folder.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def resume(trainer: Any) -> None:
+    """resume_from_checkpoint rehearsed: a copy of the script's trainer (copy_of) resumes from the last checkpoint its
+    train() saved before the last step and trains to that step again. Recorded: the steps it trains, whether the
+    optimizer's state was restored, the rate and loss of each resumed step against the first run's at that step, and how
+    far the parameters at the end are from the first run's. Never stops the script."""
+    s = STATE
+    probe = getattr(trainer, "_gemma_doctor_probe", None)
+    last = trainer.state.global_step
+    saved = sorted((p for p in Path(str(trainer.args.output_dir)).glob("checkpoint-*") if 0 < _step_of(p) < last),
+                   key=_step_of)
+    why = None
+    if s.world > 1:
+        why = "the resume runs on one process: a run on several ranks is rehearsed on one"
+    elif probe is None or not hasattr(trainer, "_gemma_doctor_init"):
+        why = "the trainer was built before the probe was armed"
+    elif any(x is not None for x in trainer._gemma_doctor_init[1].get("optimizers") or ()):
+        # The copy builds the Trainer's own optimizer: another's saved state would not load into it, a crash of ours.
+        why = "the script passes its own optimizer or scheduler (optimizers=...): its resume is not rehearsed"
+    elif not saved:
+        why = f"no checkpoint was saved before the last step ({last}): rehearse more steps (--steps 2 or more)"
+    if why is not None:
+        s.write("resume", "skipped", reason=why)
+        return
+    checkpoint = saved[-1]
+    start = _step_of(checkpoint)
+    seen: dict[str, Any] = {"steps": [], "losses": [], "rates": [], "restored": None}
+    model = trainer.model
+    s.quiet = True
+    try:
+        with _Kept(model):
+            after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            again = copy_of(trainer, s.root / "work" / "resume", max_steps=last)
+            again.add_callback(_resume_callback(again, seen))
+            again.train(resume_from_checkpoint=str(checkpoint))
+            got = {n: p.detach() for n, p in again.model.named_parameters() if n in after}
+            diff = max((float((got[n].float() - after[n].float()).abs().max()) for n in got), default=None)
+            scale = max((float(after[n].float().abs().max()) for n in got), default=None)
+    except Exception as e:  # noqa: BLE001 - the resume's crash is a finding (its stage: resume); the script goes on
+        s.error("resume", e)
+        return
+    finally:
+        s.quiet = False
+    first = probe.logged
+    s.write("resume", "ok", checkpoint=start, last=last, files=sorted(p.name for p in checkpoint.iterdir()),
+            steps=seen["steps"], losses=seen["losses"],
+            expected_losses=[first[t - 1]["loss"] if 0 < t <= len(first) else None for t in seen["steps"]],
+            learning_rates=seen["rates"],
+            expected_rates=[probe.rates[t - 1] if 0 < t <= len(probe.rates) else None for t in seen["steps"]],
+            optimizer_restored=seen["restored"], params_max_abs_diff=diff, params_scale=scale,
+            params_compared=len(got))
+
+
+def _resume_callback(trainer: Any, seen: dict[str, Any]) -> Any:
+    """What the resumed copy does: the global step of each step it trains, its loss and rate, and whether the
+    optimizer held a state for its parameters when training began (restored from the checkpoint)."""
+    base = sys.modules["transformers.trainer_callback"].TrainerCallback
+
+    class Resumed(base):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+            params = [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]]
+            held = getattr(optimizer, "state", {})
+            seen["restored"] = {"params": len(params), "with_state": sum(1 for p in params if held.get(p))}
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            groups = getattr(trainer.optimizer, "param_groups", None) or []
+            seen["rates"].append(max((float(g.get("lr", 0.0)) for g in groups), default=float("nan")))
+            seen["steps"].append(state.global_step + 1)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                seen["losses"].append(float(logs["loss"]))
+
+    return Resumed()
 
 
 class _NotBuilt(Exception):
