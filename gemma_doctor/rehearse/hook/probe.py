@@ -473,6 +473,9 @@ def resume(trainer: Any) -> None:
         return
     checkpoint = saved[-1]
     start = _step_of(checkpoint)
+    # The parameters the uninterrupted run's optimizer holds a state for: one whose gradient is never set (a LoRA of
+    # a tower the text rows never run) has none there either, so none to restore.
+    expected = _with_state(trainer.optimizer)[1]
     seen: dict[str, Any] = {"steps": [], "losses": [], "rates": [], "restored": None}
     model = trainer.model
     s.quiet = True
@@ -496,8 +499,16 @@ def resume(trainer: Any) -> None:
             expected_losses=[first[t - 1]["loss"] if 0 < t <= len(first) else None for t in seen["steps"]],
             learning_rates=seen["rates"],
             expected_rates=[probe.rates[t - 1] if 0 < t <= len(probe.rates) else None for t in seen["steps"]],
-            optimizer_restored=seen["restored"], params_max_abs_diff=diff, params_scale=scale,
+            optimizer_restored={**(seen["restored"] or {}), "uninterrupted": expected}, params_max_abs_diff=diff, params_scale=scale,
             params_compared=len(got))
+
+
+def _with_state(optimizer: Any) -> tuple[int, int]:
+    """(parameters of ``optimizer``, those it holds a state for)."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    params = [p for g in getattr(optimizer, "param_groups", None) or [] for p in g["params"]]
+    held = getattr(optimizer, "state", {})
+    return len(params), sum(1 for p in params if held.get(p))
 
 
 def _resume_callback(trainer: Any, seen: dict[str, Any]) -> Any:
@@ -507,10 +518,8 @@ def _resume_callback(trainer: Any, seen: dict[str, Any]) -> Any:
 
     class Resumed(base):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
-            params = [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]]
-            held = getattr(optimizer, "state", {})
-            seen["restored"] = {"params": len(params), "with_state": sum(1 for p in params if held.get(p))}
+            params, held = _with_state(trainer.optimizer)
+            seen["restored"] = {"params": params, "with_state": held}
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             groups = getattr(trainer.optimizer, "param_groups", None) or []
