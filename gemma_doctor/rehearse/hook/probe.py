@@ -349,10 +349,12 @@ def copy_of(trainer: Any, output: Path, **changes: Any) -> Any:
     return again
 
 
-# A Trainer's attributes that its copy keeps from its own Trainer.__init__ (copy_of).
+# A Trainer's attributes that its copy keeps from its own Trainer.__init__ (copy_of). The training rows are not among
+# them: a script that sets trainer.train_dataset after building it trains on those, and so must the resumed copy (the
+# same rows in the same order, or its loss is another's).
 _FRESH = frozenset(("args", "model", "model_wrapped", "callback_handler", "optimizer", "lr_scheduler", "state",
-                    "control", "accelerator", "train_dataset", "eval_dataset", "_gemma_doctor_base",
-                    "_gemma_doctor_at_train", "_gemma_doctor_probe"))
+                    "control", "accelerator", "eval_dataset", "_gemma_doctor_base", "_gemma_doctor_at_train",
+                    "_gemma_doctor_probe"))
 
 
 # transformers' own Trainer.__init__, unwrapped (copy_of runs it on a copy).
