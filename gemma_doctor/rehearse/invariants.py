@@ -39,9 +39,9 @@ ACCUMULATION_RTOL = 0.10
 # afresh changes the rate and the parameters the step leaves (a fresh Adam moves each by about the learning rate).
 RESUME_RTOL = 0.01
 # A checkpoint written with the weights only (save_only_model): what a resume from it then starts afresh.
-_WEIGHTS_ONLY_FIX = ("save the optimizer and scheduler with each checkpoint (save_only_model: false) or do not resume from "
-                  "these checkpoints: transformers resumes from a checkpoint without optimizer.pt and scheduler.pt "
-                  "without a word, with a fresh optimizer and the learning-rate schedule from its start")
+_WEIGHTS_ONLY_FIX = ("save the optimizer and scheduler with each checkpoint (save_only_model: false) or do not resume "
+                     "from these checkpoints: transformers resumes from a checkpoint without optimizer.pt and "
+                     "scheduler.pt without a word, with a fresh optimizer and the learning-rate schedule from its start")
 # The field record of axolotl's untrained turn end (gemma_doctor/rehearse/axolotl.py rehearses its cure).
 AXOLOTL_EOT = "axolotl-gemma-eot-untrained"
 # Catalogue entry -> the change to the twin's config.json that its cure claims fixes the failure (rehearsed).
@@ -326,7 +326,8 @@ def judge_resume(record: Mapping[str, Any]) -> list[Finding]:
         broken.append(f"the optimizer held a state for {restored['with_state']} of its {restored.get('params')} "
                       f"parameters when training resumed, against {want} without the stop (its state was not "
                       "restored)")
-    for what, got, want in (("learning rate", "learning_rates", "expected_rates"), ("loss", "losses", "expected_losses")):
+    for what, got, want in (("learning rate", "learning_rates", "expected_rates"),
+                            ("loss", "losses", "expected_losses")):
         for step, a, b in zip(steps, record.get(got) or [], record.get(want) or []):
             if _finite(a) and _finite(b) and abs(a - b) > RESUME_RTOL * max(abs(b), 1e-12):
                 broken.append(f"the {what} at step {step} was {a:.4g} against {b:.4g} without the stop")
@@ -341,5 +342,5 @@ def judge_resume(record: Mapping[str, Any]) -> list[Finding]:
     weights_only = isinstance(files, list) and not any(str(f).startswith("optimizer.") for f in files)
     fix = _WEIGHTS_ONLY_FIX if weights_only else ("not in the catalogue: report it upstream (transformers' Trainer) "
                                                   "with the versions in `stack` and these figures")
-    return [Finding("GD999", Severity.ERROR, f"resume_from_checkpoint does not continue the run from checkpoint-{start}: "
-                    + "; ".join(broken), key="resume", fix=fix, details=dict(record))]
+    return [Finding("GD999", Severity.ERROR, "resume_from_checkpoint does not continue the run from "
+                    f"checkpoint-{start}: " + "; ".join(broken), key="resume", fix=fix, details=dict(record))]

@@ -322,7 +322,8 @@ def copy_of(trainer: Any, output: Path, **changes: Any) -> Any:
 
     import torch
 
-    args = copy.copy(trainer.args)  # no __post_init__ again: the arguments stay exactly as the script's trainer had them
+    # A shallow copy, no __post_init__ again: the arguments stay exactly as the script's trainer had them.
+    args = copy.copy(trainer.args)
     for name, value in {"output_dir": str(output), "logging_steps": 1, "do_eval": False, **changes}.items():
         if hasattr(args, name):
             setattr(args, name, value)
@@ -501,7 +502,8 @@ def resume(trainer: Any) -> None:
             expected_losses=[first[t - 1]["loss"] if 0 < t <= len(first) else None for t in seen["steps"]],
             learning_rates=seen["rates"],
             expected_rates=[probe.rates[t - 1] if 0 < t <= len(probe.rates) else None for t in seen["steps"]],
-            optimizer_restored={**(seen["restored"] or {}), "uninterrupted": expected}, params_max_abs_diff=diff, params_scale=scale,
+            optimizer_restored={**(seen["restored"] or {}), "uninterrupted": expected}, params_max_abs_diff=diff,
+            params_scale=scale,
             params_compared=len(got))
 
 
