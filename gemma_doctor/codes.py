@@ -275,6 +275,9 @@ _CODES = [
     Code("GD995", "grpo-reward-not-finite", "a reward of the rehearsed GRPO run is infinite: TRL zeroes the advantages it poisons and the run learns nothing"),
     Code("GD996", "grpo-zero-advantages", "in every group of the rehearsed GRPO run the rewards are equal: every advantage is 0 and the run learns nothing"),
     Code("GD997", "reward-no-classifier-class", "the installed transformers has no sequence-classification class for this model: no reward model of it can be built as TRL builds one"),
+    # GD998-GD999: a launched script's resume (gemma_doctor/rehearse/hook/probe.py, docs/rehearsal.md)
+    Code("GD998", "resume-crashed", "the rehearsal crashed resuming from the checkpoint the first steps saved"),
+    Code("GD999", "resume-not-continued", "the run resumed from a checkpoint does not continue the uninterrupted run: step counter, optimizer state, learning rate, loss or parameters differ"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _CODES}

@@ -131,16 +131,17 @@ def test_the_caps_on_a_real_trainingarguments(tmp_path):
 # -- the user's scripts, rehearsed ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("line, trainer", [
-    (f"python train_hf.py {REPO}", "Trainer"),
+    (f"python train_hf.py {REPO} --resume", "Trainer"),  # train(resume_from_checkpoint=True)
     (f"python train_trl.py {REPO}", "SFTTrainer"),  # bf16, written for a GPU: rehearsed on the CPU
 ])
 def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch, line, trainer):
     monkeypatch.chdir(SCRIPTS)
     code, doc = launch(cli, tmp_path, line)
     assert doc["findings"] == [] and code == 0
+    resumes = [("resume", "ok")] if "--resume" in line else []
     assert stages(doc) == [("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"),
-                           ("save", "ok"), ("generate", "ok"), ("merge", "ok")]
-    setup, train, generate, merge = (doc["stages"][i] for i in (1, 4, 6, 7))
+                           ("save", "ok"), ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok"), *resumes]
+    setup, train, generate, merge, acc = (doc["stages"][i] for i in (1, 4, 6, 7, 8))
     assert setup["trainer"] == trainer
     assert len(train["losses"]) == 3 and train["moved"] == train["trainable"] > 0  # 50 epochs capped at 3 steps
     # After train(), on the checkpoint the save stage reloaded: generation with and without the KV cache, the adapter
@@ -148,7 +149,34 @@ def test_a_healthy_script_rehearses_without_a_finding(tmp_path, cli, monkeypatch
     assert generate["cached"] == generate["uncached"] and len(generate["cached"]) > generate["prompt"]
     assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]
     assert merge["reloaded"]["max_abs_diff"] < 0.05 * merge["reloaded"]["scale"]
+    # The script's own trainer built again (its collator, compute_loss and model): 1 x 2 and one batch of 2 agree.
+    assert acc["k"] == 2 and acc["accumulated_loss"] == pytest.approx(acc["whole_loss"], rel=1e-3), acc
+    assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=1e-3), acc
+    if resumes:
+        # A copy of the script's trainer resumed from checkpoint-2 and trained step 3 as the uninterrupted run did:
+        # its optimizer's state restored, the same rate and loss, the same parameters at the end.
+        resume = doc["stages"][9]
+        assert (resume["checkpoint"], resume["steps"], resume["losses"], resume["learning_rates"]) == \
+            (2, [3], resume["expected_losses"], resume["expected_rates"]), resume
+        restored = resume["optimizer_restored"]
+        assert restored["with_state"] == restored["uninterrupted"] == restored["params"] > 0, restored
+        assert resume["params_max_abs_diff"] == 0.0 and resume["params_compared"] > 0, resume
     assert not Path("/tmp/gemma-doctor-launch-test-never-written").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_from_checkpoints_saved_without_the_optimizer_restarts_it_silently(tmp_path, cli, monkeypatch):
+    """save_only_model: the checkpoints hold the weights only, and transformers (5.23.0 here) resumes from one without a
+    word: a fresh optimizer and the learning-rate schedule from its start (the loss of the resumed step is still the
+    same: the weights were restored). Before the resume was rehearsed, resume_from_checkpoint was dropped unchecked."""
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"python train_hf.py {REPO} --resume --save-only-model")
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD999"], doc["findings"]
+    [f] = doc["findings"]
+    assert "the optimizer held a state for 0 of its 8 parameters" in f["message"], f["message"]
+    assert "the learning rate at step 3 was 0.001 against 0.0003333" in f["message"], f["message"]
+    assert "save_only_model: false" in f["fix"] and "optimizer.pt" not in f["details"]["files"]
+    assert f["details"]["losses"] == f["details"]["expected_losses"]
 
 
 @pytest.mark.slow
@@ -205,14 +233,15 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
 
 
 # -- after train(): the reloaded copy generated from and merged; a catalogue cure rerun -------------------------------
-def launch_in(python: Path, tmp_path: Path, line: str, *extra: str) -> tuple[int, dict]:
-    """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS; twins
-    kept in tmp_path/twins."""
+def launch_in(python: Path, tmp_path: Path, line: str, *extra: str, folder: Path | None = None) -> tuple[int, dict]:
+    """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS, on
+    ``folder`` (the gemma3_text model by default); twins kept in tmp_path/twins."""
     import subprocess
 
     from tests.venvs import subprocess_env
 
-    done = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(model_folder(tmp_path, "gemma3_text")),
+    folder = folder or model_folder(tmp_path, "gemma3_text")
+    done = subprocess.run([str(python), "-m", "gemma_doctor", "rehearse", str(folder),
                            "--launch", line, "--format", "json", *extra], cwd=SCRIPTS, capture_output=True, text=True,
                           timeout=900, env=subprocess_env(**{kept.ENV: str(tmp_path / "twins")}))
     assert done.returncode in (0, 1), done.stderr[-3000:]
@@ -229,7 +258,7 @@ def test_a_scripts_modules_to_save_adapter_merged_on_peft_0171_loses_the_head(tm
     code, doc = launch_in(ensure_venv(V4_LATE), tmp_path, f"python train_hf.py {REPO} --modules-to-save", "--steps", "5")
     assert doc["stack"]["peft"] == "0.17.1" and doc["stack"]["transformers"] == "4.57.6"
     assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD977"], doc["findings"]
-    assert stages(doc)[-3:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok")]
+    assert stages(doc)[-4:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok")]
     [merge] = [s for s in doc["stages"] if s["stage"] == "merge"]
     assert merge["merged"]["max_abs_diff"] < 0.05 * merge["merged"]["scale"]  # the merge itself is base + adapter
 
@@ -251,6 +280,26 @@ def test_a_scripts_hybridcache_crash_is_cured_by_the_catalogues_config_change_re
     assert stages(doc)[-1] == ("eval", "error")
     # The one twin a build child wrote, kept by run_script (the rerun found it: no second entry).
     assert_kept_as_built(tmp_path / "twins")
+
+
+@pytest.mark.slow
+def test_a_scripts_loss_scaled_by_accumulation_on_transformers_450_is_caught_on_its_own_trainer(tmp_path):
+    """GD739's window (Gemma 3's multimodal class under the Trainer, transformers before 4.57) in a launched script:
+    after its train(), the script's own Trainer is built again from its constructor arguments, at 1 x 2 and at one
+    batch of 2, learning rate 0. The loss and gradient norm of 1 x 2 are twice those of the batch. Before the check
+    ran for launched scripts this script rehearsed without a finding. fp32: no HybridCache crash at its evaluation."""
+    from tests.venvs import LEGACY, ensure_venv
+
+    folder = model_folder(tmp_path, "gemma3")
+    code, doc = launch_in(ensure_venv(LEGACY), tmp_path, "python train_hf.py google/tiny-gemma3 --image-text",
+                          folder=folder)
+    assert doc["stack"]["transformers"] == "4.50.0"
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD978", "GD978"], doc["findings"]
+    assert stages(doc)[-4:] == [("save", "ok"), ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok")]
+    [acc] = [s for s in doc["stages"] if s["stage"] == "accumulation"]
+    assert acc["k"] == 2  # the script's own gradient_accumulation_steps
+    assert acc["accumulated_loss"] / acc["whole_loss"] == pytest.approx(2.0, rel=0.01), acc
+    assert acc["accumulated_grad_norm"] / acc["whole_grad_norm"] == pytest.approx(2.0, rel=0.05), acc
 
 
 def test_a_catalogue_cure_a_launched_script_cannot_take_is_said_not_rehearsed(tmp_path):
@@ -306,6 +355,32 @@ def test_accumulation_on_the_pinned_stack_is_equivalent(tmp_path):
     assert invariants.judge_accumulation(acc) == []
     for what in ("loss", "grad_norm"):
         assert acc[f"accumulated_{what}"] == pytest.approx(acc[f"whole_{what}"], rel=0.02), acc
+
+
+# -- resume_from_checkpoint (hook/probe.py: resume) ------------------------------------------------------------------
+RESUMED = {"checkpoint": 2, "last": 3, "files": ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt"],
+           "steps": [3], "losses": [5.6], "expected_losses": [5.6], "learning_rates": [3.3e-4],
+           "expected_rates": [3.3e-4], "optimizer_restored": {"params": 8, "with_state": 8},
+           "params_max_abs_diff": 0.0, "params_scale": 0.18}
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"steps": [1, 2, 3]}, "it trained steps [1, 2, 3] where the steps after checkpoint-2 are [3]"),
+    ({"losses": [12.4]}, "the loss at step 3 was 12.4 against 5.6 without the stop"),
+    ({"params_max_abs_diff": 0.01}, "differ from the uninterrupted run's by 0.01"),
+])
+def test_a_resume_that_does_not_continue_the_run_is_one_finding_naming_what_broke(change, said):
+    from gemma_doctor.rehearse import invariants
+
+    assert invariants.judge([{"stage": "resume", "status": "ok", **RESUMED}], []) == []
+    # LoRA on Gemma 3's vision tower, which text rows never run: no gradient, no optimizer state without the stop
+    # either (pinned stack, the multimodal class: 8 of 12). Once judged against all 12: a false GD999.
+    towers = {**RESUMED, "optimizer_restored": {"params": 12, "with_state": 8, "uninterrupted": 8}}
+    assert invariants.judge([{"stage": "resume", "status": "ok", **towers}], []) == []
+    [f] = invariants.judge([{"stage": "resume", "status": "ok", **RESUMED, **change}], [])
+    assert f.code == "GD999" and said in f.message and f.fix.startswith("not in the catalogue"), f.message
+    crash = invariants.judge([{"stage": "resume", "status": "error", "line": "ValueError: x"}], [])
+    assert [(c.code, c.key) for c in crash] == [("GD998", "resume")]
 
 
 # -- trl dpo --config (the driver, TRL's DPOTrainer) ------------------------------------------------------------------

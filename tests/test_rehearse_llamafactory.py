@@ -230,10 +230,11 @@ def test_a_healthy_llamafactory_lora_sft_run_rehearses_clean(tmp_path, factory):
     code, doc = rehearse(factory, model_folder(tmp_path, "gemma3_text"), tmp_path / "lf.yaml")
     assert doc["findings"] == [], doc["findings"]
     assert code == 0
-    # after train(), generation and the merge run on the copy the save stage reloaded (as for any launched script)
+    # after train(), generation and the merge run on the copy the save stage reloaded, and the accumulation check on
+    # copies of LLaMA-Factory's own trainer (as for any launched script)
     assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
         ("twin", "ok"), ("setup", "ok"), ("labels", "ok"), ("eval", "ok"), ("train", "ok"), ("save", "ok"),
-        ("generate", "ok"), ("merge", "ok")]
+        ("generate", "ok"), ("merge", "ok"), ("accumulation", "ok")]
     setup, train = (next(s for s in doc["stages"] if s["stage"] == k) for k in ("setup", "train"))
     assert setup["trainer"] == "CustomSeq2SeqTrainer"  # LLaMA-Factory's own trainer, not the rehearsal's
     assert len(train["losses"]) == 3 and train["lora_b"]["moved"] > 0

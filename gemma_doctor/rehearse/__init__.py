@@ -1,6 +1,6 @@
 """The rehearsal (issue 34): the user's run, for a few steps, through the installed stack, on a tiny twin of the model,
 in a child process; invariant probes turn what it shows into findings GD950-GD979, GD990-GD994 (2 ranks),
-GD995-GD996 (GRPO), GD988-GD989 and GD997 (reward models) (docs/rehearsal.md).
+GD995-GD996 (GRPO), GD988-GD989 and GD997 (reward models), GD998-GD999 (a launched script's resume) (docs/rehearsal.md).
 
 Never imported on `check`'s start-up path; imports nothing heavy itself (torch and transformers are imported by the
 child only: gemma_doctor/rehearse/child.py, driver.py, and the twin's builder).

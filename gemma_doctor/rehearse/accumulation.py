@@ -33,7 +33,6 @@ def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dic
     """The logged loss and gradient norm of one optimizer step of micro x k rows through the run's trainer; None
     when the run's data has fewer rows."""
     import torch
-    import transformers
 
     raw = {**(run.plan.get("raw") or {}), "per_device_train_batch_size": micro, "gradient_accumulation_steps": k,
            "learning_rate": 0.0, "warmup_steps": 0, "warmup_ratio": 0.0, "seed": 0}
@@ -43,10 +42,16 @@ def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dic
     sub.load()
     torch.manual_seed(0)  # the LoRA matrices the trainer (or the driver) creates are the same in both runs
     setup(sub)
-    trainer = sub.trainer
+    return logged_step(sub.trainer, micro * k)
+
+
+def logged_step(trainer: Any, n: int) -> dict[str, Any] | None:
+    """The logged loss and gradient norm (before clipping) of ``trainer``'s one optimizer step over the first ``n`` of
+    its training rows; None when it has fewer rows."""
+    import transformers
+
     rows = trainer.train_dataset
-    n = micro * k
-    if len(rows) < n:
+    if rows is None or not hasattr(rows, "__len__") or len(rows) < n:
         return None
     trainer.train_dataset = rows.select(range(n)) if hasattr(rows, "select") else rows[:n]
     logged: dict[str, Any] = {}
@@ -61,6 +66,27 @@ def _one_step(run: Any, micro: int, k: int, setup: Callable[[Any], None]) -> dic
     return logged
 
 
+def record(events: Any, k: int, accumulated: dict[str, Any] | None, whole: dict[str, Any] | None) -> None:
+    """The "accumulation" stage's record of the two steps (judged by the parent: invariants.judge_accumulation)."""
+    if accumulated is None or whole is None:
+        # Too few rows is the data's size, not a failure of the run: said, not judged.
+        events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k} training rows")
+        return
+    grad = {f"{name}_grad_norm": float(got["grad_norm"]) if got.get("grad_norm") is not None else None
+            for name, got in (("accumulated", accumulated), ("whole", whole))}
+    events.write("accumulation", "ok", micro=MICRO, k=k, accumulated_loss=accumulated.get("loss"),
+                 whole_loss=whole.get("loss"), **grad)
+
+
+def check_launched(trainer: Any, copy: Callable[[int, int], Any], events: Any) -> None:
+    """b x k against one batch of b*k on a launched script's own Trainer (hook/probe.py): ``copy(micro, k)`` builds
+    the script's trainer again, from its own constructor arguments and model, at that batch and accumulation."""
+    k = steps_of(getattr(trainer.args, "gradient_accumulation_steps", None))
+    accumulated = logged_step(copy(MICRO, k), MICRO * k)
+    whole = logged_step(copy(MICRO * k, 1), MICRO * k) if accumulated is not None else None
+    record(events, k, accumulated, whole)
+
+
 def check(run: Any, setup: Callable[[Any], None]) -> None:
     """b x k against one batch of b*k: the "accumulation" stage's record (judged by the parent)."""
     from gemma_doctor.rehearse.preference import NOT_ACCUMULABLE
@@ -71,11 +97,4 @@ def check(run: Any, setup: Callable[[Any], None]) -> None:
     k = steps_of(run.s.get("accumulation"))
     accumulated = _one_step(run, MICRO, k, setup)
     whole = _one_step(run, MICRO * k, 1, setup) if accumulated is not None else None
-    if accumulated is None or whole is None:
-        # Too few rows is the data's size, not a failure of the run: said, not judged.
-        run.events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k} training rows")
-        return
-    grad = {f"{name}_grad_norm": float(got["grad_norm"]) if got.get("grad_norm") is not None else None
-            for name, got in (("accumulated", accumulated), ("whole", whole))}
-    run.events.write("accumulation", "ok", micro=MICRO, k=k, accumulated_loss=accumulated.get("loss"),
-                     whole_loss=whole.get("loss"), **grad)
+    record(run.events, k, accumulated, whole)

@@ -1,6 +1,6 @@
 """The rehearsal's judgement: the child's stage records in, findings out (codes GD950-GD979; a GRPO run's
-GD995-GD996 in grpo.py; a reward model's GD988-GD989, GD997 in reward.py). Pure: no torch, no file system; the
-thresholds of every invariant are here.
+GD995-GD996 in grpo.py; a reward model's GD988-GD989, GD997 in reward.py; a launched script's resume GD998-GD999).
+Pure: no torch, no file system; the thresholds of every invariant are here.
 
 A stage that raised becomes a finding naming the stage and the exception's last line, with the field catalogue's
 entry when its symptom matches (gemma_doctor/catalogue/field.json), else "not in the catalogue" and what to report
@@ -19,13 +19,14 @@ from gemma_doctor.report import Finding, Severity
 # Stage -> the code of its crash.
 CRASH_CODES = {"twin": "GD954", "load": "GD955", "setup": "GD956", "labels": "GD962", "train": "GD957",
                "eval": "GD958", "generate": "GD959", "save": "GD960", "merge": "GD961", "accumulation": "GD963",
-               "real-weights": "GD964", "script": "GD956"}
+               "real-weights": "GD964", "script": "GD956", "resume": "GD998"}
 STAGE_TEXT = {"twin": "building the twin", "load": "loading the model", "setup": "building the trainer",
               "labels": "collating the first batch", "train": "training", "eval": "evaluation",
               "generate": "generation", "save": "saving and reloading the checkpoint", "merge": "merging the adapter",
               "accumulation": "the gradient accumulation check",
               "real-weights": "the measured step of the real checkpoint",
-              "script": "the launched script, outside the Trainer"}
+              "script": "the launched script, outside the Trainer",
+              "resume": "resuming from the checkpoint the first steps saved"}
 # Logits of a reloaded or merged model against the one in memory: equal up to rounding of the saved dtype. bf16 keeps
 # 8 bits of mantissa (relative step 2**-8 = 0.4%); a merge adds a rounded delta to every weight, so the tolerance is a
 # few steps of the logits' own scale. A lost head or a dropped delta moves logits by their whole scale.
@@ -33,6 +34,14 @@ LOGITS_RTOL = 0.05
 # Loss and gradient norm of b x k micro-batches against one batch of b*k: the same up to rounding; the accumulation
 # bug of GD739 scales them by k (at least 2).
 ACCUMULATION_RTOL = 0.10
+# A resumed step against the same step of the uninterrupted run (hook/probe.py: resume): the same weights, rows, random
+# state, optimizer and scheduler give the same loss and rate (on the CPU, exactly); an optimizer or scheduler started
+# afresh changes the rate and the parameters the step leaves (a fresh Adam moves each by about the learning rate).
+RESUME_RTOL = 0.01
+# A checkpoint written with the weights only (save_only_model): what a resume from it then starts afresh.
+_WEIGHTS_ONLY_FIX = ("save the optimizer and scheduler with each checkpoint (save_only_model: false) or do not resume "
+                     "from these checkpoints: transformers resumes from a checkpoint without optimizer.pt and "
+                     "scheduler.pt without a word, with a fresh optimizer and the learning-rate schedule from its start")
 # The field record of axolotl's untrained turn end (gemma_doctor/rehearse/axolotl.py rehearses its cure).
 AXOLOTL_EOT = "axolotl-gemma-eot-untrained"
 # Catalogue entry -> the change to the twin's config.json that its cure claims fixes the failure (rehearsed).
@@ -276,6 +285,8 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
                                    "tied embeddings, or untie (tie_word_embeddings: false)", "merge")
         elif stage == "accumulation":
             out += judge_accumulation(r)
+        elif stage == "resume":
+            out += judge_resume(r)
         elif stage == "real-weights":
             from gemma_doctor.rehearse.realweights import judge as judge_real  # pure; imports no torch
 
@@ -297,3 +308,39 @@ def judge_accumulation(record: Mapping[str, Any]) -> list[Finding]:
                                key="accumulation", fix="see the catalogue (GD739): upgrade transformers",
                                details=dict(record)))
     return out
+
+
+def judge_resume(record: Mapping[str, Any]) -> list[Finding]:
+    """The resumed run continues the first: it trains the steps after the checkpoint, with the optimizer's state
+    restored, each step's rate and loss those of the uninterrupted run, and ends at its parameters."""
+    start, last = record.get("checkpoint"), record.get("last")
+    broken = []
+    steps = list(record.get("steps") or [])
+    if isinstance(start, int) and isinstance(last, int) and steps != list(range(start + 1, last + 1)):
+        broken.append(f"it trained steps {steps} where the steps after checkpoint-{start} are "
+                      f"{list(range(start + 1, last + 1))} (the step counter was not restored)")
+    restored = record.get("optimizer_restored") or {}
+    # Against the parameters the uninterrupted run's optimizer held a state for (one never given a gradient has none).
+    want = restored.get("uninterrupted", restored.get("params"))
+    if isinstance(want, int) and isinstance(restored.get("with_state"), int) and restored["with_state"] < want:
+        broken.append(f"the optimizer held a state for {restored['with_state']} of its {restored.get('params')} "
+                      f"parameters when training resumed, against {want} without the stop (its state was not "
+                      "restored)")
+    for what, got, want in (("learning rate", "learning_rates", "expected_rates"),
+                            ("loss", "losses", "expected_losses")):
+        for step, a, b in zip(steps, record.get(got) or [], record.get(want) or []):
+            if _finite(a) and _finite(b) and abs(a - b) > RESUME_RTOL * max(abs(b), 1e-12):
+                broken.append(f"the {what} at step {step} was {a:.4g} against {b:.4g} without the stop")
+                break
+    diff, scale = record.get("params_max_abs_diff"), record.get("params_scale")
+    if _finite(diff) and _finite(scale) and diff > RESUME_RTOL * scale:
+        broken.append(f"the parameters at step {last} differ from the uninterrupted run's by {diff:.3g} (largest "
+                      f"{scale:.3g})")
+    if not broken:
+        return []
+    files = record.get("files")
+    weights_only = isinstance(files, list) and not any(str(f).startswith("optimizer.") for f in files)
+    fix = _WEIGHTS_ONLY_FIX if weights_only else ("not in the catalogue: report it upstream (transformers' Trainer) "
+                                                  "with the versions in `stack` and these figures")
+    return [Finding("GD999", Severity.ERROR, "resume_from_checkpoint does not continue the run from "
+                    f"checkpoint-{start}: " + "; ".join(broken), key="resume", fix=fix, details=dict(record))]

@@ -43,6 +43,9 @@ class _State:
         self.events = Events(Path(plan["events"]))
         self.trainers = 0
         self.evaluated = False
+        # True while the probe's own copies of the script's Trainer are built and trained (the accumulation check,
+        # the resume): the wrappers then pass straight through (no caps, no probe, no record of theirs).
+        self.quiet = False
 
     def write(self, stage: str, status: str, **data: Any) -> None:
         """One record: from rank 0, or a crash from any rank (its line then names the rank)."""
@@ -188,10 +191,16 @@ def _wrap(module: Any) -> None:
         return
     trainer_cls._gemma_doctor_probe = True
     init, train, evaluate = trainer_cls.__init__, trainer_cls.train, trainer_cls.evaluate
+    _INIT[:] = [init]
 
     @functools.wraps(init)
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         s = STATE
+        if s.quiet:
+            init(self, *a, **kw)
+            return
+        # The script's own constructor arguments: the probe's copies of this trainer are built from them (copy_of).
+        self._gemma_doctor_init = (a, dict(kw))
         args = kw.get("args", a[1] if len(a) > 1 else None)
         notes = cap(args, s.plan["steps"], s.root / "work" / "output", s.root) if args is not None else []
         try:
@@ -199,10 +208,14 @@ def _wrap(module: Any) -> None:
         except Exception as e:
             s.error("setup", e)
             raise
+        # What transformers' __init__ left: what a subclass (or the script) changes after it is told apart from it
+        # (copy_of puts those changes back on its copies).
+        self._gemma_doctor_base = dict(vars(self))
         if args is None:  # the trainer made its own arguments
             notes = cap(self.args, s.plan["steps"], s.root / "work" / "output", s.root)
         s.trainers += 1
-        self.add_callback(_probe_callback(module)(self))
+        self._gemma_doctor_probe = _probe_callback(module)(self)
+        self.add_callback(self._gemma_doctor_probe)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
                 ranks=int(os.environ.get("WORLD_SIZE", "1") or 1))
@@ -210,9 +223,17 @@ def _wrap(module: Any) -> None:
     @functools.wraps(train)
     def _train(self: Any, *a: Any, **kw: Any) -> Any:
         s = STATE
-        if kw.pop("resume_from_checkpoint", None) or (a and a[0]):
+        if s.quiet:
+            return train(self, *a, **kw)
+        self._gemma_doctor_at_train = dict(vars(self))
+        resumed = bool(kw.pop("resume_from_checkpoint", None) or (a and a[0])
+                       or getattr(self.args, "resume_from_checkpoint", None))
+        if a:
             a = (None, *a[1:])
-            s.write("resume", "skipped", reason="resume_from_checkpoint: the rehearsal starts from the twin")
+        if resumed:
+            # The user's checkpoint is the real model's: the twin trains from the start, saving a checkpoint at every
+            # step, and after train() a copy of the trainer resumes from one of them (resume()).
+            _saves_every_step(self.args)
         run = _run(self)
         try:
             next(iter(self.get_train_dataloader()))  # the user's collator on the first batch, as train will call it
@@ -237,11 +258,16 @@ def _wrap(module: Any) -> None:
             s.error("save", e)
         else:
             on_the_copy(run, reloaded)
+        accumulation(self)
+        if resumed:
+            resume(self)
         return out
 
     @functools.wraps(evaluate)
     def _evaluate(self: Any, *a: Any, **kw: Any) -> Any:
         s = STATE
+        if s.quiet:
+            return evaluate(self, *a, **kw)
         try:
             out = evaluate(self, *a, **kw)
         except Exception as e:
@@ -274,6 +300,245 @@ def on_the_copy(run: Any, reloaded: Any) -> None:
                 STATE.error(name, e)
     finally:
         run.model = model
+
+
+# TRL's trainers whose batches the check cannot split: KTO's KL term is estimated across each micro-batch; the online
+# loops generate their own batches (the driver runs no accumulation stage for them either).
+_NOT_SPLIT = {"KTOTrainer": "KTO estimates its KL term across the rows of each micro-batch: b x k and one batch of b*k "
+                            "differ by design",
+              **{name: "an online loop generates and scores its own batches: b x k and one batch of b*k are other "
+                       "rollouts" for name in ("GRPOTrainer", "RLOOTrainer", "OnlineDPOTrainer")}}
+
+
+def copy_of(trainer: Any, output: Path, **changes: Any) -> Any:
+    """The script's Trainer made again: an object of its own class holding its attributes (a subclass's own settings:
+    TRL's, LLaMA-Factory's), on which transformers' Trainer.__init__ runs afresh with the arguments the script's trainer
+    gave it (its model as trained, collator, prepared training rows, compute_loss_func ...) and a copy of its (capped)
+    TrainingArguments with ``changes`` made. The probe's runs then go through the script's own compute_loss, collator
+    and model; nothing is prepared or wrapped twice. Its callbacks, evaluation set and optimizer are not taken (the copy
+    writes no report and builds its own optimizer). Call while STATE.quiet."""
+    import copy
+    import inspect
+
+    import torch
+
+    # A shallow copy, no __post_init__ again: the arguments stay exactly as the script's trainer had them.
+    args = copy.copy(trainer.args)
+    for name, value in {"output_dir": str(output), "logging_steps": 1, "do_eval": False, **changes}.items():
+        if hasattr(args, name):
+            setattr(args, name, value)
+    # The copies neither evaluate nor save: what they check is the training step.
+    for strategy in ("eval_strategy", "evaluation_strategy", "save_strategy"):
+        if getattr(args, strategy, None) is not None:
+            setattr(args, strategy, _strategy(getattr(args, strategy), "no"))
+    a, kw = trainer._gemma_doctor_init
+    names = [p.name for p in list(inspect.signature(_INIT[0]).parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kw = {**dict(zip(names, a)), **kw, "model": trainer.model, "args": args}
+    for name in ("callbacks", "eval_dataset", "model_init"):
+        kw.pop(name, None)
+    kw.pop("optimizers", None)
+    again = object.__new__(type(trainer))
+    vars(again).update(vars(trainer))  # a subclass's attributes set before it called Trainer.__init__
+    torch.manual_seed(0)
+    _INIT[0](again, **kw)
+    # What the subclass's __init__ (or the script) changed after Trainer.__init__ and before train(): TRL's
+    # model_accepts_loss_kwargs, a loss of its own ... The copy's own arguments, model and runtime stay its.
+    base, at_train = trainer._gemma_doctor_base, getattr(trainer, "_gemma_doctor_at_train", {})
+    vars(again).update({k: v for k, v in at_train.items()
+                        if k not in _FRESH and (k not in base or base[k] is not v)})
+    return again
+
+
+# A Trainer's attributes that its copy keeps from its own Trainer.__init__ (copy_of). The training rows are not among
+# them: a script that sets trainer.train_dataset after building it trains on those, and so must the resumed copy (the
+# same rows in the same order, or its loss is another's).
+_FRESH = frozenset(("args", "model", "model_wrapped", "callback_handler", "optimizer", "lr_scheduler", "state",
+                    "control", "accelerator", "eval_dataset", "_gemma_doctor_base", "_gemma_doctor_at_train",
+                    "_gemma_doctor_probe"))
+
+
+# transformers' own Trainer.__init__, unwrapped (copy_of runs it on a copy).
+_INIT: list[Any] = []
+
+
+class _Kept:
+    """The script's model exactly as it was after train(), put back after the probe's runs on it: its parameters (the
+    runs' optimizer steps, a checkpoint loaded into it), the forward accelerate wraps at each Trainer's preparation,
+    its dropout (off for the check, whose two runs must see the same model) and its train/eval mode."""
+
+    def __init__(self, model: Any, dropout: bool = True) -> None:
+        self.model, self.dropout = model, dropout
+
+    def __enter__(self) -> None:
+        import torch
+
+        model = self.model
+        self.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.attrs = {name: vars(model).get(name) for name in ("forward", "_original_forward")}
+        self.training = model.training
+        self.rates = [(m, m.p) for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+        if not self.dropout:
+            for m, _ in self.rates:
+                m.p = 0.0
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        model = self.model
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in self.params and p.shape == self.params[n].shape:
+                    p.copy_(self.params[n])
+                p.grad = None
+        for name, value in self.attrs.items():
+            if value is None:
+                vars(model).pop(name, None)
+            else:
+                setattr(model, name, value)
+        for m, rate in self.rates:
+            m.p = rate
+        model.train(self.training)
+
+
+def accumulation(trainer: Any) -> None:
+    """The gradient accumulation check (gemma_doctor/rehearse/accumulation.py) on copies of the script's Trainer, after
+    its training: b x k against one batch of b*k, learning rate 0, dropout off. Never stops the script."""
+    from gemma_doctor.rehearse import accumulation as check
+    from gemma_doctor.rehearse.driver import _error
+
+    s = STATE
+    why = next((_NOT_SPLIT[c.__name__] for c in type(trainer).__mro__ if c.__name__ in _NOT_SPLIT), None)
+    if s.world > 1:
+        why = "the check runs on one process: a run on several ranks is checked by rehearsing it on one"
+    if why is None and not hasattr(trainer, "_gemma_doctor_init"):
+        why = "the trainer was built before the probe was armed"
+    if why is not None:
+        s.write("accumulation", "skipped", reason=why)
+        return
+
+    def copy(micro: int, k: int) -> Any:
+        try:
+            return copy_of(trainer, s.root / "work" / f"accumulation-{micro}x{k}", per_device_train_batch_size=micro,
+                           gradient_accumulation_steps=k, learning_rate=0.0, warmup_steps=0, warmup_ratio=0.0, seed=0,
+                           max_steps=1)
+        except Exception as e:  # noqa: BLE001 - the probe could not build the script's trainer again (its own
+            # constructor's needs): the check's trouble, said, not a failure of the run
+            raise _NotBuilt(_error(e)["line"]) from e
+
+    s.quiet = True
+    try:
+        with _Kept(trainer.model, dropout=False):
+            check.check_launched(trainer, copy, s)
+    except _NotBuilt as e:
+        s.write("accumulation", "skipped", reason=f"the script's trainer could not be built again: {e}")
+    except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the script goes on
+        s.error("accumulation", e)
+    finally:
+        s.quiet = False
+
+
+def _saves_every_step(args: Any) -> None:
+    """A checkpoint at every step, none rotated away: the resume needs one saved before the last step."""
+    args.save_strategy = _strategy(args.save_strategy, "steps")
+    args.save_steps = 1
+    if hasattr(args, "save_total_limit"):
+        args.save_total_limit = None
+
+
+def _step_of(folder: Path) -> int:
+    tail = folder.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def resume(trainer: Any) -> None:
+    """resume_from_checkpoint rehearsed: a copy of the script's trainer (copy_of) resumes from the last checkpoint its
+    train() saved before the last step and trains to that step again. Recorded: the steps it trains, whether the
+    optimizer's state was restored, the rate and loss of each resumed step against the first run's at that step, and how
+    far the parameters at the end are from the first run's. Never stops the script."""
+    s = STATE
+    probe = getattr(trainer, "_gemma_doctor_probe", None)
+    last = trainer.state.global_step
+    saved = sorted((p for p in Path(str(trainer.args.output_dir)).glob("checkpoint-*") if 0 < _step_of(p) < last),
+                   key=_step_of)
+    why = None
+    if s.world > 1:
+        why = "the resume runs on one process: a run on several ranks is rehearsed on one"
+    elif probe is None or not hasattr(trainer, "_gemma_doctor_init"):
+        why = "the trainer was built before the probe was armed"
+    elif any(x is not None for x in trainer._gemma_doctor_init[1].get("optimizers") or ()):
+        # The copy builds the Trainer's own optimizer: another's saved state would not load into it, a crash of ours.
+        why = "the script passes its own optimizer or scheduler (optimizers=...): its resume is not rehearsed"
+    elif not saved:
+        why = f"no checkpoint was saved before the last step ({last}): rehearse more steps (--steps 2 or more)"
+    if why is not None:
+        s.write("resume", "skipped", reason=why)
+        return
+    checkpoint = saved[-1]
+    start = _step_of(checkpoint)
+    # The parameters the uninterrupted run's optimizer holds a state for: one whose gradient is never set (a LoRA of
+    # a tower the text rows never run) has none there either, so none to restore.
+    expected = _with_state(trainer.optimizer)[1]
+    seen: dict[str, Any] = {"steps": [], "losses": [], "rates": [], "restored": None}
+    model = trainer.model
+    s.quiet = True
+    try:
+        with _Kept(model):
+            after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            again = copy_of(trainer, s.root / "work" / "resume", max_steps=last)
+            again.add_callback(_resume_callback(again, seen))
+            again.train(resume_from_checkpoint=str(checkpoint))
+            got = {n: p.detach() for n, p in again.model.named_parameters() if n in after}
+            diff = max((float((got[n].float() - after[n].float()).abs().max()) for n in got), default=None)
+            scale = max((float(after[n].float().abs().max()) for n in got), default=None)
+    except Exception as e:  # noqa: BLE001 - the resume's crash is a finding (its stage: resume); the script goes on
+        s.error("resume", e)
+        return
+    finally:
+        s.quiet = False
+    first = probe.logged
+    s.write("resume", "ok", checkpoint=start, last=last, files=sorted(p.name for p in checkpoint.iterdir()),
+            steps=seen["steps"], losses=seen["losses"],
+            expected_losses=[first[t - 1]["loss"] if 0 < t <= len(first) else None for t in seen["steps"]],
+            learning_rates=seen["rates"],
+            expected_rates=[probe.rates[t - 1] if 0 < t <= len(probe.rates) else None for t in seen["steps"]],
+            optimizer_restored={**(seen["restored"] or {}), "uninterrupted": expected}, params_max_abs_diff=diff,
+            params_scale=scale,
+            params_compared=len(got))
+
+
+def _with_state(optimizer: Any) -> tuple[int, int]:
+    """(parameters of ``optimizer``, those it holds a state for)."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    params = [p for g in getattr(optimizer, "param_groups", None) or [] for p in g["params"]]
+    held = getattr(optimizer, "state", {})
+    return len(params), sum(1 for p in params if held.get(p))
+
+
+def _resume_callback(trainer: Any, seen: dict[str, Any]) -> Any:
+    """What the resumed copy does: the global step of each step it trains, its loss and rate, and whether the
+    optimizer held a state for its parameters when training began (restored from the checkpoint)."""
+    base = sys.modules["transformers.trainer_callback"].TrainerCallback
+
+    class Resumed(base):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            params, held = _with_state(trainer.optimizer)
+            seen["restored"] = {"params": params, "with_state": held}
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            groups = getattr(trainer.optimizer, "param_groups", None) or []
+            seen["rates"].append(max((float(g.get("lr", 0.0)) for g in groups), default=float("nan")))
+            seen["steps"].append(state.global_step + 1)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                seen["losses"].append(float(logs["loss"]))
+
+    return Resumed()
+
+
+class _NotBuilt(Exception):
+    """The probe's copy of the script's trainer could not be built."""
 
 
 def _run(trainer: Any) -> Any:

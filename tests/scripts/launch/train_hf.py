@@ -1,11 +1,14 @@
 """A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
 
-python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp] [--bf16] [--modules-to-save]: LoRA on the model
-loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs, an output_dir outside the rehearsal's
-folder. --mask-all: a collator bug that masks every label (no exception, nothing trained); --bad-labels: a collator
-bug that cuts the labels one short (the loss crashes at the first step); --bf16: bf16 weights and bf16 mixed
-precision; --modules-to-save: the embeddings and the head trained whole beside the adapter (modules_to_save), at a
-learning rate of 0.01. Runs on transformers 4.50 and later (the reproduction venvs of tests/venvs.py).
+python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp] [--bf16] [--modules-to-save] [--image-text] [--resume]
+[--save-only-model]: LoRA on the model loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs,
+an output_dir outside the rehearsal's folder. --mask-all: a collator bug that masks every label (no exception, nothing
+trained); --bad-labels: a collator bug that cuts the labels one short (the loss crashes at the first step); --bf16:
+bf16 weights and bf16 mixed precision; --modules-to-save: the embeddings and the head trained whole beside the adapter
+(modules_to_save), at a learning rate of 0.01; --image-text: the model loaded as an image-text-to-text model (Gemma
+3's multimodal class), gradient accumulation 2; --resume: train(resume_from_checkpoint=True), as a run restarted after
+a stop; --save-only-model: checkpoints hold the weights only (no optimizer or scheduler state). Runs on transformers
+4.50 and later (the reproduction venvs of tests/venvs.py).
 """
 
 import sys
@@ -21,7 +24,9 @@ bf16 = "--bf16" in sys.argv
 tok = AutoTokenizer.from_pretrained(REPO)
 # from_pretrained's dtype keyword is `dtype` from transformers 4.56, `torch_dtype` before.
 dtype_kw = "torch_dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (4, 56) else "dtype"
-model = AutoModelForCausalLM.from_pretrained(REPO, **{dtype_kw: torch.bfloat16 if bf16 else torch.float32})
+image_text = "--image-text" in sys.argv
+loader = transformers.AutoModelForImageTextToText if image_text else AutoModelForCausalLM
+model = loader.from_pretrained(REPO, **{dtype_kw: torch.bfloat16 if bf16 else torch.float32})
 saved = dict(modules_to_save=["embed_tokens", "lm_head"]) if "--modules-to-save" in sys.argv else {}
 model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
                                          **saved))
@@ -46,8 +51,10 @@ sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_
     if "--fsdp" in sys.argv else {}
 args = TrainingArguments(output_dir="/tmp/gemma-doctor-launch-test-never-written", per_device_train_batch_size=2,
                          learning_rate=1e-2 if saved else 1e-3, num_train_epochs=50, eval_strategy="epoch",
-                         save_strategy="epoch", report_to="none", use_cpu=True, bf16=bf16, **sharded)
+                         save_strategy="epoch", report_to="none", use_cpu=True, bf16=bf16,
+                         gradient_accumulation_steps=2 if image_text else 1,
+                         save_only_model="--save-only-model" in sys.argv, **sharded)
 trainer = Trainer(model=model, args=args, train_dataset=data[:6], eval_dataset=data[6:],
                   data_collator=Collator(tok, mlm=False))
-trainer.train()
+trainer.train(resume_from_checkpoint=True if "--resume" in sys.argv else None)
 trainer.save_model("final")
