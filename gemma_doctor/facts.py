@@ -17,7 +17,7 @@ from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
 from gemma_doctor import frozen, horizon
 from gemma_doctor.errors import UsageError
-from gemma_doctor.run import Method
+from gemma_doctor.run import Method, Run
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
@@ -94,6 +94,9 @@ class ModelFacts:
     weights_scan: WeightsScan | None = None
     recommendation: Recommendation | None = None
     memory: MemoryFacts | None = None
+    # check's run of this model (run.resolve: the options, the training config, the launch line, the stack, the GPU,
+    # what the search chose, the memory plan's verdict and figures), the one value the rules read it from.
+    run: Run | None = None
     tokenizer: TokenizerFacts | None = None
     # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
     kind: Kind = Kind.MODEL

@@ -180,13 +180,28 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
-        return Judgement(facts.with_(recommendation=decision.recommendation, memory=decision.memory), decision)
+        return Judgement(with_run(facts.with_(recommendation=decision.recommendation, memory=decision.memory), env),
+                         decision)
     if mem is not None and (mem.fixed or env.training_config is not None):
         # The user's own run: the precision line states the run the memory line plans (the prescription is its own
         # block), never the prescription's batch beside the user's memory figure.
-        return Judgement(facts, decision)
+        return Judgement(with_run(facts, env), decision)
     rec = decision.recommendation if decision.ok else facts.recommendation
-    return Judgement(facts.with_(recommendation=rec), decision)
+    return Judgement(with_run(facts.with_(recommendation=rec), env), decision)
+
+
+def with_run(facts: ModelFacts, env: Environment) -> ModelFacts:
+    """The facts with check's Run: the memory plan check made of it (whose settings the options, the training config,
+    the launch line and the search filled in, each with its source), the GPU it was judged against, its verdict and
+    figures, the stack, the trainer the readers decided and the quantization the recommendation loads with. None
+    where nothing was planned (not a Gemma, no shape, no precision)."""
+    mem, rec = facts.memory, facts.recommendation
+    if mem is None:
+        return facts.with_(run=None) if facts.run is not None else facts
+    quantization = rec.inputs.get("quantization") if rec is not None else None
+    return facts.with_(run=run_mod.resolve(mem, model=facts.family.model_type, stack=env.libraries,
+                                           trainer=run_mod.trainer_of(env.training_config),
+                                           quantization=quantization))
 
 
 def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -229,7 +244,7 @@ def model_report(judgement: Judgement, env: Environment) -> ModelReport:
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
     extra["source"] = source.kind
     extra["remote"] = remote_block(facts, env) if source.kind == "hub" else None
-    run = check_run(facts, env)
+    run = facts.run
     if facts.memory is not None:
         extra["memory"] = facts.memory.to_json()
     if run is not None:
@@ -240,16 +255,6 @@ def model_report(judgement: Judgement, env: Environment) -> ModelReport:
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
                        commit=snap.commit, family=family, findings=findings, extra=extra, run=run,
                        precision=facts.recommendation.head if facts.recommendation is not None else None)
-
-
-def check_run(facts: ModelFacts, env: Environment) -> run_mod.Run | None:
-    """check's own run as one Run: the memory plan check made of it (whose settings the options, the training config,
-    the launch line and the search filled in, each with its source), the GPU it was judged against, the stack, and
-    the trainer the readers decided. None where nothing was planned (not a Gemma, no shape, no precision)."""
-    if facts.memory is None:
-        return None
-    return run_mod.resolve(facts.memory.plan, model=facts.family.model_type, stack=env.libraries,
-                           trainer=run_mod.trainer_of(env.training_config))
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:
