@@ -307,7 +307,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
     run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries,
                       trainer=trainer_of(env2.training_config), quantization=rec.inputs.get("quantization"))
-    judged_facts = facts.with_(recommendation=rec, memory=mem, run=run)
+    judged_facts = facts.with_(run=run)
     done: dict[int, tuple[Finding, ...]] = {}
 
     def finish() -> Judged:
