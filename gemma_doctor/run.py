@@ -181,29 +181,35 @@ def trainer_of(training_config: Any) -> Sourced[Trainer]:
     return Sourced(chosen.value, chosen.source)
 
 
+def libraries(stack: Any) -> tuple[Sourced[str], ...]:
+    """The libraries of a stack (stack.Stack) as a Run states them: each version, or a prescription's pin, with its
+    source, by name."""
+    return tuple(Sourced(f"{p.name} {p.version}" if p.version else f"{p.name}{p.specifier}", p.source)
+                 for p in sorted(stack.packages.values(), key=lambda p: p.name) if p.version or p.specifier)
+
+
 def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer],
-            quantization: str | None = None) -> Run:
+            quantization: str | None = None, stated: tuple[Sourced[str], ...] | None = None) -> Run:
     """The Run of a memory plan (plan.runplan.MemoryFacts): its RunSpec's settings with their sources, the shape's LoRA
-    targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries."""
+    targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries
+    (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack)."""
     plan = memory.plan
     spec = plan.run
+    sources = dict(spec.sources)  # RunSpec.source's own lookup, made once for the fields below
 
     def src(name: str) -> str:
-        return spec.source(name)
+        return sources.get(name, "default")
 
     method = Method(spec.method)
     lora = None
     if method is not Method.FULL:
         lora = Sourced(Lora(spec.lora_r, spec.lora_targets, plan.trainable_params, src("lora_targets")), src("lora"))
-    libraries = tuple(
-        Sourced(f"{p.name} {p.version}" if p.version else f"{p.name}{p.specifier}", p.source)
-        for p in sorted(stack.packages.values(), key=lambda p: p.name) if p.version or p.specifier)
     shape = plan.shape
     figures = Memory(plan.summary(), plan.verdict, plan.per_gpu_bytes, plan.gpu_bytes, plan.gpu_name,
                      tuple(plan.components.items()), memory.fixed, Alternative.of(memory.choice),
                      Alternative.of(memory.unconstrained) if memory.unconstrained is not None else None)
     return Run(
-        model=model, stack=libraries,
+        model=model, stack=stated if stated is not None else libraries(stack),
         hardware=Hardware(plan.gpu_name, plan.gpu_bytes, Sourced(spec.num_gpus, src("num_gpus")),
                           Sourced(spec.num_nodes, src("num_nodes"))),
         trainer=trainer, method=Sourced(method, src("method")), lora=lora,

@@ -28,6 +28,7 @@ from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced, trainer_of
+from gemma_doctor.run import libraries as run_libraries
 from gemma_doctor.run import resolve as resolve_run
 from gemma_doctor.trainers import Trainer
 
@@ -305,8 +306,8 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
-    run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries,
-                      trainer=trainer_of(env2.training_config), quantization=rec.inputs.get("quantization"))
+    run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
+                      quantization=rec.inputs.get("quantization"), stated=under.libraries)
     judged_facts = facts.with_(run=run)
     done: dict[int, tuple[Finding, ...]] = {}
 
@@ -367,6 +368,8 @@ class _Under:
         self.options = replace(options, training_config=PRESCRIPTION, memory=runplan.MemoryRequest(
             gpu_memory=options.memory.gpu_memory) if options.memory else None)
         self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_as_read_key): by value
+        # The stack's libraries as each candidate's Run states them: one stack for every candidate judged under it.
+        self.libraries = run_libraries(env.libraries)
 
     def env_for(self, key: str, tc: tc_reader.TrainingConfig) -> Environment:
         """The environment with the candidate's training config (``tc``, as_read's for ``key``)."""
