@@ -88,13 +88,15 @@ class Alternative:
     smallest_gpu: str | None
     smallest_gpu_summary: str | None  # the plan's line on smallest_gpu
     reason: str
+    checkpointing: bool | None = None  # whether its plan checkpoints gradients (None: no plan)
 
     @classmethod
     def of(cls, choice: Any) -> Alternative:
         """The figures of a plan.memory.Choice."""
-        small = choice.smallest_gpu_plan
-        return cls(choice.fits, choice.plan.summary() if choice.plan is not None else None, choice.smallest_gpu,
-                   small.summary() if small is not None else None, choice.reason)
+        small, plan = choice.smallest_gpu_plan, choice.plan
+        return cls(choice.fits, plan.summary() if plan is not None else None, choice.smallest_gpu,
+                   small.summary() if small is not None else None, choice.reason,
+                   plan.run.gradient_checkpointing if plan is not None else None)
 
 
 @dataclass(frozen=True)
