@@ -17,7 +17,7 @@ from gemma_doctor.readers.versions import Versions
 from gemma_doctor.report import FailOn
 from gemma_doctor import frozen, horizon
 from gemma_doctor.errors import UsageError
-from gemma_doctor.run import Method
+from gemma_doctor.run import Method, Run
 from gemma_doctor.stack import Stack
 
 if TYPE_CHECKING:  # annotations only: the readers import this module
@@ -27,8 +27,6 @@ if TYPE_CHECKING:  # annotations only: the readers import this module
     from gemma_doctor.readers.tokenizer import TokenizerFacts
     from gemma_doctor.readers.training_config import TrainingConfig
     from gemma_doctor.readers.weights import WeightsScan
-    from gemma_doctor.plan.recommend import Recommendation
-    from gemma_doctor.plan.runplan import MemoryFacts
     from gemma_doctor.source import ModelSource
 
 
@@ -92,8 +90,10 @@ class ModelFacts:
     source: ModelSource | None = field(default=None, compare=False)
     census: DtypeCensus | None = None
     weights_scan: WeightsScan | None = None
-    recommendation: Recommendation | None = None
-    memory: MemoryFacts | None = None
+    # check's run of this model (run.resolve: the options, the training config, the launch line, the stack, the GPU,
+    # what the search chose, the memory plan's verdict and figures), the one value the rules read it from. The
+    # precision decision and the memory plan it was resolved from travel beside the facts (pipeline.Judgement).
+    run: Run | None = None
     tokenizer: TokenizerFacts | None = None
     # What the folder is (readers/adapter.py: model | adapter | checkpoint); an adapter's files and its base.
     kind: Kind = Kind.MODEL

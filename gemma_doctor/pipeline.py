@@ -31,6 +31,8 @@ from gemma_doctor.source import ModelSource
 
 if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it); the search by a Gemma's decision
     from gemma_doctor.memo import Memo
+    from gemma_doctor.plan.recommend import Recommendation
+    from gemma_doctor.plan.runplan import MemoryFacts
     from gemma_doctor.plan.search import Decision
 
 # A snapshot and where its files are read from (the cache or a folder through LocalSource, or the Hub).
@@ -40,12 +42,16 @@ R = TypeVar("R")
 
 @dataclasses.dataclass(frozen=True)
 class Judgement:
-    """One model as the engine hands it on: its facts, the prescription beside them (plan.search.Decision: the facts
-    sit below the plan, so they never hold it) and check's findings."""
+    """One model as the engine hands it on: its facts (with check's Run, ``facts.run``, which the rules read), and
+    beside them what the plan made (the facts sit below the plan, so they never hold it): the prescription
+    (plan.search.Decision), check's precision decision and the memory plan its Run was resolved from, and check's
+    findings."""
 
     facts: ModelFacts
     decision: Decision | None = None
     findings: tuple[Finding, ...] = ()
+    recommendation: Recommendation | None = None  # the precision line's decision
+    memory: MemoryFacts | None = None  # the memory plan of check's run (its JSON `memory` block)
 
 
 def environment(options: CheckOptions) -> Environment:
@@ -90,11 +96,11 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgem
     if not facts.family.is_gemma:
         return Judgement(facts)
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
-    facts = facts.with_(recommendation=advice.recommendation_for(facts, gpu, options.task, env.libraries))
+    rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
-    facts = with_memory(facts, options, env, gpu, shape)
-    return with_decision(facts, options, env, gpu, shape)
+    rec, mem = with_memory(facts, rec, options, env, gpu, shape)
+    return with_decision(facts, options, env, gpu, shape, recommendation=rec, memory=mem)
 
 
 def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judgement:
@@ -102,16 +108,16 @@ def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembere
     ``remembered`` (the memo of a scan of several models, made with ``env`` and ``options``), the decision and the
     findings are shared across models whose name-free facts are equal (gemma_doctor/memo.py)."""
 
-    def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Decision | None, tuple[Finding, ...]]]:
+    def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Any, ...]]:
         j = decide(f, options, env)
-        return j.facts, (j.decision, tuple(rules.run(j.facts, env, options)))
+        return j.facts, (j.decision, tuple(rules.run(j.facts, env, options)), j.recommendation, j.memory)
 
     facts = read_more(facts, options)
     if remembered is None or not facts.family.is_gemma:
-        facts, (decision, findings) = judge(facts)
+        facts, (decision, findings, rec, mem) = judge(facts)
     else:
-        facts, (decision, findings) = remembered.judged(facts, judge)
-    return named(Judgement(facts, decision, findings))
+        facts, (decision, findings, rec, mem) = remembered.judged(facts, judge)
+    return named(Judgement(facts, decision, findings, rec, mem))
 
 
 def named(judgement: Judgement) -> Judgement:
@@ -124,7 +130,7 @@ def named(judgement: Judgement) -> Judgement:
                     functools.partial(_quoted, snap.repo_id or ""), functools.partial(locate.download_where, snap),
                     functools.partial(_model_id, snap))
     findings = tuple(naming.finding(f) for f in judgement.findings)
-    changes: dict[str, Any] = {}
+    rec = judgement.recommendation
     d = decision = judgement.decision
     if d is not None:
         d2 = dataclasses.replace(
@@ -136,14 +142,11 @@ def named(judgement: Judgement) -> Judgement:
         if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out", "training_config")) \
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
             decision = d2
-            if facts.recommendation is d.recommendation:
-                changes["recommendation"] = d2.recommendation
-    rec = facts.recommendation
-    if "recommendation" not in changes and rec is not None:
-        rec2 = _named_recommendation(rec, naming)
-        if rec2 is not rec:
-            changes["recommendation"] = rec2
-    return Judgement(facts.with_(**changes) if changes else facts, decision, findings)
+            if rec is d.recommendation:
+                return dataclasses.replace(judgement, decision=d2, findings=findings, recommendation=d2.recommendation)
+    if rec is not None:
+        rec = _named_recommendation(rec, naming)
+    return dataclasses.replace(judgement, decision=decision, findings=findings, recommendation=rec)
 
 
 def _quoted(text: str) -> str:
@@ -168,36 +171,53 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) 
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
-                  shape: memory.ModelShape | None = None, quantization: str | None = None) -> Judgement:
-    """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out); the
-    recommendation shown becomes the prescription's."""
+                  shape: memory.ModelShape | None = None, quantization: str | None = None, *,
+                  recommendation: recommend.Recommendation | None = None,
+                  memory: runplan.MemoryFacts | None = None) -> Judgement:
+    """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out) beside
+    check's ``recommendation`` and ``memory`` plan (with_memory); where the user described no run, check's run becomes
+    the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read."""
     from gemma_doctor.plan import search
 
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     decision = search.prescribe(facts, env, options, gpu, shape, quantization)
-    mem = facts.memory
+    rec, mem = recommendation, memory
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
-        return Judgement(facts.with_(recommendation=decision.recommendation, memory=decision.memory), decision)
-    if mem is not None and (mem.fixed or env.training_config is not None):
-        # The user's own run: the precision line states the run the memory line plans (the prescription is its own
-        # block), never the prescription's batch beside the user's memory figure.
-        return Judgement(facts, decision)
-    rec = decision.recommendation if decision.ok else facts.recommendation
-    return Judgement(facts.with_(recommendation=rec), decision)
+        rec, mem = decision.recommendation, decision.memory
+    elif not (mem is not None and (mem.fixed or env.training_config is not None)) and decision.ok:
+        # Otherwise the user's own run stays (the precision line states the run the memory line plans; the
+        # prescription is its own block, never the prescription's batch beside the user's memory figure); with
+        # nothing of it planned, the precision line is the prescription's.
+        rec = decision.recommendation
+    return Judgement(with_run(facts, env, rec, mem), decision, recommendation=rec, memory=mem)
 
 
-def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
-                shape: memory.ModelShape | None = None) -> ModelFacts:
-    """The memory plan (after the recommendation, whose precision it plans for), then the recommendation again with
-    the method and batch the plan chose."""
-    rec = facts.recommendation
+def with_run(facts: ModelFacts, env: Environment, rec: recommend.Recommendation | None,
+             mem: runplan.MemoryFacts | None) -> ModelFacts:
+    """The facts with check's Run: the memory plan ``mem`` made of it (whose settings the options, the training config,
+    the launch line and the search filled in, each with its source), the GPU it was judged against, its verdict and
+    figures, the stack, the trainer the readers decided and the quantization ``rec`` loads with. None where nothing was
+    planned (not a Gemma, no shape, no precision)."""
+    if mem is None:
+        return facts.with_(run=None) if facts.run is not None else facts
+    quantization = rec.inputs.get("quantization") if rec is not None else None
+    return facts.with_(run=run_mod.resolve(mem, model=facts.family.model_type, stack=env.libraries,
+                                           trainer=run_mod.trainer_of(env.training_config),
+                                           quantization=quantization))
+
+
+def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: CheckOptions, env: Environment,
+                gpu: GpuFacts, shape: memory.ModelShape | None = None,
+                ) -> tuple[recommend.Recommendation, runplan.MemoryFacts | None]:
+    """The memory plan of check's run (after the recommendation ``rec``, whose precision it plans for), and the
+    recommendation again with the method and batch the plan chose."""
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
-    if shape is None or rec is None:
-        return facts
+    if shape is None:
+        return rec, None
     targets = rec.frameworks.get("peft", {}).get("target_modules")
     mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu,
                               request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
@@ -208,7 +228,7 @@ def with_memory(facts: ModelFacts, options: CheckOptions, env: Environment, gpu:
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)
-    return facts.with_(memory=mem, recommendation=rec)
+    return rec, mem
 
 
 def model_report(judgement: Judgement, env: Environment) -> ModelReport:
@@ -225,14 +245,15 @@ def model_report(judgement: Judgement, env: Environment) -> ModelReport:
         extra["dtypes"] = facts.census.to_json()
     if facts.weights_scan is not None:
         extra["weights_scan"] = facts.weights_scan.to_json()
-    if facts.recommendation is not None:
-        extra["recommendation"] = facts.recommendation.to_json()
+    rec = judgement.recommendation
+    if rec is not None:
+        extra["recommendation"] = rec.to_json()
     source = facts.source if facts.source is not None else source_of(facts.snapshot)
     extra["source"] = source.kind
     extra["remote"] = remote_block(facts, env) if source.kind == "hub" else None
-    run = check_run(facts, env)
-    if facts.memory is not None:
-        extra["memory"] = facts.memory.to_json()
+    run = facts.run
+    if judgement.memory is not None:
+        extra["memory"] = judgement.memory.to_json()
     if run is not None:
         extra["run"] = run.to_json()
     if judgement.decision is not None:
@@ -240,17 +261,7 @@ def model_report(judgement: Judgement, env: Environment) -> ModelReport:
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
                        commit=snap.commit, family=family, findings=findings, extra=extra, run=run,
-                       precision=facts.recommendation.head if facts.recommendation is not None else None)
-
-
-def check_run(facts: ModelFacts, env: Environment) -> run_mod.Run | None:
-    """check's own run as one Run: the memory plan check made of it (whose settings the options, the training config,
-    the launch line and the search filled in, each with its source), the GPU it was judged against, the stack, and
-    the trainer the readers decided. None where nothing was planned (not a Gemma, no shape, no precision)."""
-    if facts.memory is None:
-        return None
-    return run_mod.resolve(facts.memory.plan, model=facts.family.model_type, stack=env.libraries,
-                           trainer=run_mod.trainer_of(env.training_config))
+                       precision=rec.head if rec is not None else None)
 
 
 def remote_block(facts: ModelFacts, env: Environment) -> dict:
@@ -535,7 +546,8 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
             continue
         j = gather(facts, opts, env)  # the census first: the saved dtype and quantization come from it
         if quantization is not None:  # --quantization is recommend's own: decide again with it
-            j = with_decision(j.facts, opts, env, gpu, None, quantization)
+            j = with_decision(j.facts, opts, env, gpu, None, quantization, recommendation=j.recommendation,
+                              memory=j.memory)
         j = named(j)
         s = j.facts.snapshot
         items.append(_item(j, s.target, False, s.repo_id or str(s.path)))

@@ -6,9 +6,11 @@ model's shape (LoRA targets resolved against its module names), the GPU (parsed 
 stack (each version with its source; a prescription's pins are part of it) and the trainer that reads the config.
 The prescription is a Run (``Decision.run``); its JSON view is ``prescription.run``. check's own run (the one the user
 asked about: options, training config, launch line, stack, GPU) is a Run too, resolved the same way from the memory plan
-check made of it, with the trainer the readers decided (``trainer_of``); its JSON view is each model's ``run``.
+check made of it, with the trainer the readers decided (``trainer_of``); it is ``ModelFacts.run``, the one value the
+rules read the run from (its memory verdict and figures included: ``Memory``), and its JSON view is each model's ``run``.
 
-Pure: no files, no torch; imports nothing above plan/ (docs/architecture.md, "layers one way").
+Pure: no files, no torch; imports nothing of plan/ or above (docs/architecture.md, "Layers"): the plan's objects it is
+resolved from are read by their fields.
 """
 
 from __future__ import annotations
@@ -68,11 +70,59 @@ class Lora:
     r: int
     targets: str | tuple[str, ...]
     trainable: int
+    targets_source: str = "default"  # where the targets came from (the rank may come from elsewhere)
 
     def to_json(self) -> dict[str, Any]:
         """JSON view."""
         return {"r": self.r, "targets": list(self.targets) if isinstance(self.targets, tuple) else self.targets,
                 "trainable_params": self.trainable}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A run the memory search weighed for this run's GPU (plan.memory.Choice, as the rules judge it): whether it
+    fits, its plan's line, and where nothing fits the smallest common GPU where one does, or why not."""
+
+    fits: bool
+    summary: str | None  # its plan's line (None: no plan, no GPU memory known)
+    smallest_gpu: str | None
+    smallest_gpu_summary: str | None  # the plan's line on smallest_gpu
+    reason: str
+    checkpointing: bool | None = None  # whether its plan checkpoints gradients (None: no plan)
+
+    @classmethod
+    def of(cls, choice: Any) -> Alternative:
+        """The figures of a plan.memory.Choice."""
+        small, plan = choice.smallest_gpu_plan, choice.plan
+        return cls(choice.fits, plan.summary() if plan is not None else None, choice.smallest_gpu,
+                   small.summary() if small is not None else None, choice.reason,
+                   plan.run.gradient_checkpointing if plan is not None else None)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The memory plan of the run against its GPU: the verdict and the figures every view states and the rules
+    judge (GD80x, GD650), taken once from the plan (plan.runplan.MemoryFacts) so no rule reaches into plan/."""
+
+    summary: str  # "LoRA r=16, bf16, batch 8 x 1024 tokens: 13.2 GiB of 15.0 GiB (T4): fits"
+    verdict: str  # fits | tight | does-not-fit | unknown
+    per_gpu_bytes: int
+    gpu_bytes: int | None
+    gpu_name: str | None
+    components: tuple[tuple[str, int], ...]  # bytes per GPU by component, in the plan's order
+    fixed: tuple[str, ...]  # what the user fixed of method, batch_size, gradient_checkpointing (the search kept them)
+    choice: Alternative  # the search for this GPU with those fixed
+    unconstrained: Alternative | None  # the search with nothing fixed, where the fixed run does not fit
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory plan counted of the model (plan.memory.ModelShape), as the rules read it."""
+
+    vocab: int
+    final_logit_softcapping: float | None
+    towers: int  # vision / audio tower parameters
+    linear_names: tuple[str, ...]  # the kinds of linear layer (q_proj, ...), sorted: what LoRA targets must match
 
 
 @dataclass(frozen=True)
@@ -94,7 +144,11 @@ class Run:
     checkpointing: Sourced[bool]
     zero_stage: Sourced[int]
     loss: Sourced[str]  # "full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)
-    memory: str  # the memory plan of this very run, as every view prints it
+    memory: Memory  # the memory plan of this very run: its line (as every view prints it), verdict and figures
+    task: str  # sft | dpo | orpo | ...: what the trainer optimises (a paired task holds two sequences per example)
+    text_only: bool  # no image or audio input trained on
+    quantization: str | None  # the checkpoint's or the prescription's quantization (4bit, 8bit, awq...), None: none
+    shape: Shape
 
     @property
     def effective_batch(self) -> int:
@@ -110,7 +164,7 @@ class Run:
                 "precision": self.precision.to_json(), "load_dtype": self.load_dtype, "batch": self.batch.to_json(),
                 "gradient_accumulation_steps": self.accumulation.to_json(), "seq_len": self.seq_len.to_json(),
                 "attention": self.attention.to_json(), "gradient_checkpointing": self.checkpointing.to_json(),
-                "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory}
+                "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory.summary}
 
 
 # The trainer of a run that no training config or launch line describes: what the memory plan counts (a plain
@@ -129,23 +183,35 @@ def trainer_of(training_config: Any) -> Sourced[Trainer]:
     return Sourced(chosen.value, chosen.source)
 
 
-def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer]) -> Run:
-    """The Run of a memory plan (plan.memory.MemoryPlan): its RunSpec's settings with their sources, the shape's LoRA
-    targets resolved, the GPU the plan was judged against and the stack's libraries."""
+def libraries(stack: Any) -> tuple[Sourced[str], ...]:
+    """The libraries of a stack (stack.Stack) as a Run states them: each version, or a prescription's pin, with its
+    source, by name."""
+    return tuple(Sourced(f"{p.name} {p.version}" if p.version else f"{p.name}{p.specifier}", p.source)
+                 for p in sorted(stack.packages.values(), key=lambda p: p.name) if p.version or p.specifier)
+
+
+def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer],
+            quantization: str | None = None, stated: tuple[Sourced[str], ...] | None = None) -> Run:
+    """The Run of a memory plan (plan.runplan.MemoryFacts): its RunSpec's settings with their sources, the shape's LoRA
+    targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries
+    (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack)."""
+    plan = memory.plan
     spec = plan.run
+    sources = dict(spec.sources)  # RunSpec.source's own lookup, made once for the fields below
 
     def src(name: str) -> str:
-        return spec.source(name)
+        return sources.get(name, "default")
 
     method = Method(spec.method)
     lora = None
     if method is not Method.FULL:
-        lora = Sourced(Lora(spec.lora_r, spec.lora_targets, plan.trainable_params), src("lora"))
-    libraries = tuple(
-        Sourced(f"{p.name} {p.version}" if p.version else f"{p.name}{p.specifier}", p.source)
-        for p in sorted(stack.packages.values(), key=lambda p: p.name) if p.version or p.specifier)
+        lora = Sourced(Lora(spec.lora_r, spec.lora_targets, plan.trainable_params, src("lora_targets")), src("lora"))
+    shape = plan.shape
+    figures = Memory(plan.summary(), plan.verdict, plan.per_gpu_bytes, plan.gpu_bytes, plan.gpu_name,
+                     tuple(plan.components.items()), memory.fixed, Alternative.of(memory.choice),
+                     Alternative.of(memory.unconstrained) if memory.unconstrained is not None else None)
     return Run(
-        model=model, stack=libraries,
+        model=model, stack=stated if stated is not None else libraries(stack),
         hardware=Hardware(plan.gpu_name, plan.gpu_bytes, Sourced(spec.num_gpus, src("num_gpus")),
                           Sourced(spec.num_nodes, src("num_nodes"))),
         trainer=trainer, method=Sourced(method, src("method")), lora=lora,
@@ -157,4 +223,6 @@ def resolve(plan: Any, *, model: str | None, stack: Any, trainer: Sourced[Traine
         zero_stage=Sourced(spec.zero_stage if spec.num_gpus > 1 else 0, src("zero_stage")),
         loss=Sourced("chunked log-probs", src("chunked_loss")) if spec.chunked_loss else
         Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)"),
-        memory=plan.summary())
+        memory=figures, task=spec.task, text_only=spec.text_only, quantization=quantization,
+        shape=Shape(shape.vocab, shape.final_logit_softcapping, shape.params.towers,
+                    tuple(sorted({k.name for k in shape.linears}))))

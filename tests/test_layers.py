@@ -26,10 +26,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Imports that a layer order allows but the design does not: applying a fix reads the facts, never a rule's opinion
 # or the decision (issue 32).
 NEVER: tuple[tuple[str, str], ...] = (("fixes", "rules"), ("fixes", "plan"))
-# Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): ModelFacts
-# carries check's Recommendation and MemoryFacts, which the rules read. The prescription is not among them (it travels
-# beside the facts, pipeline.Judgement), nor the options' memory request (facts.MemoryRequest).
-ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset({("facts", "plan")})
+# Imports against the order that are allowed only under `if TYPE_CHECKING:` (annotations, never executed): none. The
+# rules read check's run as a Run (run.py, on ModelFacts.run); the plan's objects (the precision decision, the memory
+# plan, the prescription) travel beside the facts (pipeline.Judgement).
+ANNOTATION_ONLY: frozenset[tuple[str, str]] = frozenset()
+# What never imports the plan, not even for annotations: the rules and the facts and Run they read (issue 32).
+PLAN_FREE = ("facts", "run", "rules")
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -151,9 +153,20 @@ def test_fixes_never_read_the_rules_or_the_plan() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_rules_and_the_facts_import_nothing_of_the_plan() -> None:
+    """rules/, facts.py and run.py name no module of plan/, under TYPE_CHECKING included: the rules judge the Run and
+    never reach into the plan's objects (on main before this rule, facts.py named Recommendation and MemoryFacts for
+    the annotations of the fields the rules read)."""
+    wrong = [f"{MODULES[name][0].relative_to(PACKAGE.parent)}:{line} imports {target}"
+             + (" (under TYPE_CHECKING)" if typing_only else "")
+             for name, found in GRAPH.items() if unit(name).split(".")[0] in PLAN_FREE
+             for target, line, typing_only in found if unit(target).split(".")[0] == "plan"]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_import_cycle() -> None:
-    # Tarjan's strongly connected components over every import, annotation-only ones included but for the one
-    # exemption ANNOTATION_ONLY lists (with it, ModelFacts's annotations would close facts -> plan -> traits -> facts).
+    # Tarjan's strongly connected components over every import, annotation-only ones included but for the exemptions
+    # ANNOTATION_ONLY lists (none now).
     edges = {name: sorted({t for t, _, typing_only in found if not (typing_only and _exempt(name, t))})
              for name, found in GRAPH.items()}
     index: dict[str, int] = {}

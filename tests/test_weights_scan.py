@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -176,6 +175,19 @@ def test_cli_weights_json_and_findings(cli, hub, dtype):
         assert "GD502" not in by_code  # fp16 files cannot hold finite values beyond fp16
 
 
+def test_gd502_follows_the_precision_the_run_trains_in(cli, hub, tmp_path):
+    """The precision of the run check judges is the training config's where it sets one: bf16 weights with values
+    beyond fp16, on an H100 (bf16 recommended), trained with `fp16: true` overflow; before, GD502 read the recommended
+    precision and said "only if cast to fp16" beside a run in fp16."""
+    repo = sharded_repo(hub, "BF16")
+    config = tmp_path / "args.yaml"
+    config.write_text("fp16: true\nper_device_train_batch_size: 1\n", encoding="utf-8")
+    m = run_json(cli, hub, repo, "--training-config", str(config))
+    assert m["run"]["precision"] == {"value": "fp16", "source": "training config fp16"}
+    [gd502] = [f for f in m["findings"] if f["code"] == "GD502"]
+    assert gd502["severity"] == "warning" and "(fp16 is planned)" in gd502["message"]
+
+
 def test_results_do_not_depend_on_jobs(cli, hub):
     repo = sharded_repo(hub, "BF16")
     one = run_json(cli, hub, repo, "--jobs", "1")
@@ -231,9 +243,19 @@ def _weights_findings(tmp_path: Path, tensors, precision: str | None = None, dom
     facts = ModelFacts(Snapshot("x", tmp_path), JsonFile(tmp_path / "config.json", True, data=cfg),
                        JsonFile(tmp_path / "generation_config.json", False), detect(cfg),
                        weights_scan=WeightsScan(tuple(tensors), 16),
-                       census=DtypeCensus(declared=None, dominant=dominant) if dominant else None,
-                       recommendation=SimpleNamespace(precision=precision) if precision else None)
-    return list(weights.check(facts, Environment(installed()), CheckOptions(weights=True)))
+                       census=DtypeCensus(declared=None, dominant=dominant) if dominant else None)
+    env = Environment(installed())
+    if precision is not None:  # the Run the pipeline puts on the facts: this model planned in ``precision``
+        from gemma_doctor import run
+        from gemma_doctor.plan import runplan
+        from gemma_doctor.readers.gpu import resolve
+
+        mem = runplan.plan_memory(runplan.shape_for(cfg, None), precision=precision, gpu=resolve(None),
+                                  request=runplan.MemoryRequest(), training_config=None, task="sft")
+        facts = facts.with_(run=run.resolve(mem, model=facts.family.model_type, stack=env.libraries,
+                                            trainer=run.trainer_of(None)))
+        assert facts.run.precision.value == precision
+    return list(weights.check(facts, env, CheckOptions(weights=True)))
 
 
 @pytest.mark.parametrize("precision, dominant, severity, why", [

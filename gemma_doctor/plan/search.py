@@ -27,7 +27,8 @@ from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced
+from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced, trainer_of
+from gemma_doctor.run import libraries as run_libraries
 from gemma_doctor.run import resolve as resolve_run
 from gemma_doctor.trainers import Trainer
 
@@ -306,7 +307,10 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     env2, opts = under.env_for(key, tc), under.options
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
-    judged_facts = facts.with_(recommendation=rec, memory=mem)
+    # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
+    run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
+                      quantization=rec.inputs.get("quantization"), stated=under.libraries)
+    judged_facts = facts.with_(run=run)
     done: dict[int, tuple[Finding, ...]] = {}
 
     def finish() -> Judged:
@@ -366,6 +370,8 @@ class _Under:
         self.options = replace(options, training_config=PRESCRIPTION, memory=runplan.MemoryRequest(
             gpu_memory=options.memory.gpu_memory) if options.memory else None)
         self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_as_read_key): by value
+        # The stack's libraries as each candidate's Run states them: one stack for every candidate judged under it.
+        self.libraries = run_libraries(env.libraries)
 
     def env_for(self, key: str, tc: tc_reader.TrainingConfig) -> Environment:
         """The environment with the candidate's training config (``tc``, as_read's for ``key``)."""
@@ -463,7 +469,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     if relax:
                         rec, mem = _relaxed(j, rec, req, strict, shape)
                     return Decision(rec, mem, j.yaml, j.findings, (), judged, versions=_versions(inputs),
-                                    pins=tuple(pins), run=_run_of(mem, facts, env))
+                                    pins=tuple(pins), run=_run_of(mem, facts, env, rec))
                 rejected.append(tried)
                 if not relax:
                     strict.append(tried)
@@ -483,7 +489,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
-                            versions=_versions(inputs), pins=tuple(pins), run=_run_of(nearest.memory, facts, env))
+                            versions=_versions(inputs), pins=tuple(pins),
+                            run=_run_of(nearest.memory, facts, env, nearest.recommendation))
     # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
     # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
     # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets
@@ -494,12 +501,12 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     pins=tuple(pins))
 
 
-def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment) -> Run:
+def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment, rec: recommend.Recommendation) -> Run:
     """The prescribed run as a typed Run: the plan check made of the prescription's YAML (read by the axolotl reader),
     on the stack it was judged with (pins included)."""
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
-    return resolve_run(mem.plan, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER))
+    return resolve_run(mem, model=facts.family.model_type, stack=env.libraries,
+                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).

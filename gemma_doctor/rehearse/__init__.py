@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gemma_doctor.errors import UsageError
-from gemma_doctor.report import ExitCode
 
 
 def config_of_launch(launch: str) -> Optional[Path]:
@@ -39,76 +38,6 @@ def trl_launch(launch: str) -> Optional[tuple[Path, str]]:
                 return Path(w.split("=", 1)[1]), f"trl-{command}"
         raise UsageError(f"--launch: `trl {command}` without --config FILE; name the config the run reads")
     return None
-
-
-def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training_config: Optional[Path],
-                 launch: Optional[str], steps: int, timeout: float, real_weights: bool,
-                 render: Callable[[Any], str], out: Callable[[str], None], hint: Callable[[str], None],
-                 device: str = "auto", accelerate_config: Optional[Path] = None) -> int:
-    """The `rehearse` command: rehearse, print the view ``render`` draws of it (the --format's renderer,
-    render/formats.py), return the exit code."""
-    import tempfile
-
-    from gemma_doctor.readers.gpu import nvidia_driver_present
-    from gemma_doctor.rehearse.runner import rehearse
-
-    if training_config is not None and launch is not None:
-        raise UsageError("give --training-config or --launch, not both")
-    if launch is not None:
-        from gemma_doctor.rehearse.axolotl import axolotl_launch
-
-        # `axolotl train CFG`: that config (axolotl's by its keys), its rows through axolotl's data path.
-        axolotl_config = axolotl_launch(launch)
-        if axolotl_config is not None:
-            training_config, launch = axolotl_config, None
-    if accelerate_config is not None and (real_weights or (launch is not None and trl_launch(launch) is None)):
-        raise UsageError("--accelerate-config rehearses the training config on 2 CPU ranks: not with --real-weights "
-                         "or a launched script (`accelerate launch --config_file` names it there)")
-    trainer = script = factory = None
-    if launch is not None:
-        from gemma_doctor.rehearse import llamafactory
-
-        found = trl_launch(launch)
-        factory = llamafactory.config_of(launch)
-        if found is not None:
-            training_config, trainer = found
-        elif factory is not None:
-            # LLaMA-Factory's own CLI on the twin; its YAML is also what the rehearsal reads (the repo id, LoRA, the
-            # GPU-only parts), as check reads it.
-            training_config = factory[0]
-        else:
-            from gemma_doctor.rehearse.launch import argv_of
-
-            script = argv_of(launch, Path.cwd())[0]
-    with tempfile.TemporaryDirectory(prefix="gemma-doctor-launch-") as tmp:
-        notes: list[str] = []
-        result = None
-        if factory is not None:
-            from gemma_doctor.rehearse.runner import Rehearsal, plan_for
-
-            _, found_first, _, repo_id = plan_for(target, cache_dir, revision, training_config, steps, "script",
-                                                  device)
-            if llamafactory.command() is None:
-                # Named like any library the run needs and this interpreter lacks (GD950), not silently skipped.
-                result = Rehearsal(target, repo_id, "script", findings=[*found_first, llamafactory.not_installed()])
-            else:
-                script, notes = llamafactory.prepare(factory[0], factory[1], Path(tmp), steps, repo_id, Path.cwd())
-        if script is not None and (device == "cpu" or not nvidia_driver_present()):
-            from gemma_doctor.rehearse.ranks import cpu_launch
-
-            # An FSDP config launched on CPU ranks: what stops accelerate before the script on a CPU is replaced
-            script, more = cpu_launch(script, Path(tmp))
-            notes += more
-        if result is None:
-            result = rehearse(target, cache_dir=cache_dir, revision=revision, training_config=training_config,
-                              steps=steps, timeout=timeout, real_weights=real_weights, trainer=trainer, script=script,
-                              device=device, accelerate_config=accelerate_config)
-    result.notes += notes
-    out(render(result))
-    if result.failed:
-        hint(f"the rehearsal found {sum(1 for f in result.findings if f.severity.value == 'error')} error(s) "
-             "before the GPU hour; see docs/rehearsal.md")
-    return ExitCode.FINDINGS if result.failed else ExitCode.OK
 
 
 def with_rehearsals(report: Any, training_config: Optional[Path], real_weights: bool) -> Any:

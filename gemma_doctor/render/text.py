@@ -59,7 +59,7 @@ def _model_lines(m: ModelReport) -> list[str]:
             lines.append(f"  [bold]attention[/bold] {escape(run.attention.value + ': ' + run.attention.source)}")
         mem = m.extra.get("memory")
         components = mem.get("components") if isinstance(mem, dict) else None
-        lines.append(f"  [bold]memory[/bold] {escape(run.memory)}")
+        lines.append(f"  [bold]memory[/bold] {escape(run.memory.summary)}")
         lines.append(f"  [dim]  {escape(components_line(components or {}))}[/dim]")
     if not m.findings:
         lines.append("  [green]no findings[/green]")

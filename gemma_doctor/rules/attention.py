@@ -12,6 +12,7 @@ from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
 from gemma_doctor.rules.training import setting_finding
+from gemma_doctor.run import ASSUMED_TRAINER
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.traits import PAIRED_TASKS, decoder_config, logits_bytes_per_logit, positive_int, positive_number
 from gemma_doctor.trainers import Trainer
@@ -227,7 +228,8 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     stack = env.libraries
     trl = stack.get("trl")
     # The trainer the run executes (trainers.decide, the one decision the memory plan and the rehearsal take).
-    chunked = tc.trainer is not None and tc.trainer.value.chunks_logprobs(stack)
+    trainer = _trainer(model, tc)
+    chunked = trainer is not None and trainer.chunks_logprobs(stack)
     alive, per_logit, paired = _logits_at_loss(model, batch, seq)
     pairs = " x 2 (chosen and rejected)" if paired else ""
     # The keys as the config's own format writes them (axolotl's micro_batch_size, DeepSpeed's
@@ -243,20 +245,20 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
                               logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True)
         return
     trl_v = parse(trl.version)
-    plan = model.memory.plan if model.memory is not None else None
-    if plan is not None and plan.verdict == "fits" and plan.run.batch_size == batch and plan.run.seq_len == seq:
+    run = model.run
+    if run is not None and run.memory.verdict == "fits" and run.batch.value == batch and run.seq_len.value == seq:
         # The memory plan of this very run counts the logits and their copies, and the run fits with margin: a fact.
         yield setting_finding(
             "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them and the run fits "
-                                              f"({plan.summary()})",
+                                              f"({run.memory.summary})",
             "nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
             tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
         return
-    if plan is not None and not plan.gpu_bytes and plan.run.batch_size == batch and plan.run.seq_len == seq:
+    if run is not None and not run.memory.gpu_bytes and run.batch.value == batch and run.seq_len.value == seq:
         # No GPU named: nothing limits memory, and the plan of this very run counts them. A warning here rejected every
         # candidate of `recommend --batch-size 4` without a GPU ("no prescription" for a run nothing stops).
         yield setting_finding(
-            "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them ({plan.summary()}), and "
+            "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them ({run.memory.summary}), and "
                                               "no GPU is named to judge it against",
             "nothing to do here; on a GPU, lower the batch and raise gradient_accumulation_steps if the plan does not "
             "fit there (check --gpu NAME)", tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
@@ -266,18 +268,27 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
         "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
         # TRL's SFTTrainer chunks them: worth naming where an older TRL or a plain Trainer (trainers.decide) runs it.
         + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0")
-           or (tc.trainer is not None and tc.trainer.value is Trainer.TRANSFORMERS) else "")
+           or trainer is Trainer.TRANSFORMERS else "")
         + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
         logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+
+
+def _trainer(model: ModelFacts, tc: Any) -> Trainer | None:
+    """The trainer the readers decided for the run (the Run's, where one was resolved), None where no training config
+    or launch line names one (the Run's trainer is then the plan's assumption, not a decision)."""
+    run = model.run
+    if run is not None:
+        return run.trainer.value if run.trainer.source != ASSUMED_TRAINER else None
+    return tc.trainer.value if tc.trainer is not None else None
 
 
 def _logits_at_loss(model: ModelFacts, batch: int, seq: int) -> tuple[int, float, bool]:
     """(bytes, bytes per logit, paired) of the logits alive at the loss: the memory plan's own formula and run
     (traits.logits_bytes_per_logit; a paired task such as DPO doubles the batch), so GD650 and the plan agree."""
-    plan = model.memory.plan if model.memory is not None else None
-    if plan is not None:
-        vocab, softcap, precision, task = (plan.shape.vocab, plan.shape.final_logit_softcapping, plan.run.precision,
-                                           plan.run.task)
+    run = model.run
+    if run is not None:
+        vocab, softcap, precision, task = (run.shape.vocab, run.shape.final_logit_softcapping, run.precision.value,
+                                           run.task)
     else:  # no plan (no shape could be read): the same formula on config.json's text config and the default run (SFT
         # in bf16), as memory.shape_from_config reads them
         text = decoder_config(model.config.data if model.config.ok else {})

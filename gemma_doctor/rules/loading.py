@@ -88,21 +88,21 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
 def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     """GD425: the training config's LoRA targets wrap no linear layer of a text-only Gemma: PEFT refuses the model.
 
-    Read from the memory plan, which matches the targets as PEFT does against the model's module names. A multimodal
-    checkpoint is left out: its tensor names are the saved layout, not always the one transformers builds (GD730 and
-    GD731 judge a regex written for the other layout), so "no match" there is not certain."""
-    mem = model.memory
-    if mem is None or model.family.nested or not adapter_enabled(tc):
+    Read from the Run, whose LoRA block the memory plan counted by matching the targets as PEFT does against the
+    model's module names. A multimodal checkpoint is left out: its tensor names are the saved layout, not always the
+    one transformers builds (GD730 and GD731 judge a regex written for the other layout), so "no match" there is not
+    certain."""
+    run = model.run
+    if run is None or model.family.nested or not adapter_enabled(tc):
         return
-    plan = mem.plan
-    run = plan.run
-    if run.method == "full" or plan.trainable_params or not run.source("lora_targets").startswith("training config"):
+    lora = run.lora.value if run.lora is not None else None
+    if lora is None or lora.trainable or not lora.targets_source.startswith("training config"):
         return
-    if not plan.shape.linears:
+    if not run.shape.linear_names:
         # No linear layer known at all (safetensors headers that list only some tensors, a config the counts could
         # not be derived from): "no match" would then be a statement about the facts, not about the targets.
         return
-    targets = run.lora_targets
+    targets = lora.targets
     shown = targets if isinstance(targets, str) else list(targets)
     invalid = False
     if isinstance(targets, str) and targets != "all-linear":
@@ -113,7 +113,7 @@ def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     what = ("is not a valid regular expression: PEFT raises re.error" if invalid else
             "match no linear layer of this model: get_peft_model raises \"ValueError: Target modules ... not found in "
             "the base model\" (PEFT's NoMatchingPeftModuleError)")
-    names = sorted({k.name for k in plan.shape.linears})
+    names = list(run.shape.linear_names)
     yield setting_finding(
         "GD425", Severity.ERROR, f"LoRA targets {shown!r} {what}",
         f"name the model's own linear layers, e.g. target_modules={names!r}, or \"all-linear\"", tc,

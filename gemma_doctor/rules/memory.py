@@ -1,4 +1,5 @@
-"""Memory findings (GD8xx): the planned run against the GPU's memory (gemma_doctor/plan/memory.py, docs/memory.md)."""
+"""Memory findings (GD8xx): check's Run against the GPU's memory, its plan's verdict and figures (run.Memory, made by
+gemma_doctor/plan/memory.py; docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Iterator
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.run import Method
 from gemma_doctor.units import gib
 
 
@@ -18,55 +20,55 @@ def _where(env: Environment, fixed_by_config: bool) -> tuple[str | None, str | N
 @emits("GD801", "GD802", "GD803", "GD804")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD801 the configured run does not fit; GD802 it is tight; GD803 nothing fits this GPU; GD804 towers unused."""
-    mem = model.memory
-    if mem is None:
+    run = model.run
+    if run is None:
         return
-    plan = mem.plan
-    details = {"per_gpu_bytes": plan.per_gpu_bytes, "gpu_bytes": plan.gpu_bytes, "components": dict(plan.components)}
-    by_config = any(str(dict(plan.run.sources).get(k, "")).startswith("training config") for k in mem.fixed)
+    mem = run.memory
+    details = {"per_gpu_bytes": mem.per_gpu_bytes, "gpu_bytes": mem.gpu_bytes, "components": dict(mem.components)}
+    setting = {"method": run.method, "batch_size": run.batch, "gradient_checkpointing": run.checkpointing}
+    by_config = any(setting[k].source.startswith("training config") for k in mem.fixed)
     file, key = _where(env, by_config)
-    if plan.gpu_bytes and not mem.choice.fits and mem.fixed:
+    if mem.gpu_bytes and not mem.choice.fits and mem.fixed:
         alt = mem.unconstrained
-        ckpt = dict(plan.run.sources).get("gradient_checkpointing", "")
+        ckpt = run.checkpointing.source
         # Checkpointing off by the trainer's default, on in the run that fits: the way out names the setting.
         turn_on = ("set gradient_checkpointing: true (off by the " + ckpt + "); " if ckpt.startswith("default of")
-                   and not plan.run.gradient_checkpointing and alt is not None and alt.plan is not None
-                   and alt.plan.run.gradient_checkpointing else "")
-        fix = (f"{turn_on}it would fit as: {alt.plan.summary()}" if alt is not None and alt.fits and alt.plan is not None else
-               f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_plan.summary()})"
-               if alt is not None and alt.smallest_gpu and alt.smallest_gpu_plan is not None else
+                   and not run.checkpointing.value and alt is not None and alt.checkpointing else "")
+        fix = (f"{turn_on}it would fit as: {alt.summary}" if alt is not None and alt.fits and alt.summary is not None else
+               f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_summary})"
+               if alt is not None and alt.smallest_gpu and alt.smallest_gpu_summary is not None else
                "shard over several GPUs (ZeRO-3 / FSDP) or use a larger GPU")
         # A tight plan is within the GPU's memory, above the 90% that leaves room for fragmentation.
-        than = "above 90% of what" if plan.verdict == "tight" else "more than"
+        than = "above 90% of what" if mem.verdict == "tight" else "more than"
         yield Finding("GD801", Severity.ERROR,
-                      f"the training run as configured ({', '.join(mem.fixed)} fixed) needs {gib(plan.per_gpu_bytes)} per "
-                      f"GPU, {than} {plan.gpu_name or 'the GPU'} has ({gib(plan.gpu_bytes)}): {plan.summary()}",
+                      f"the training run as configured ({', '.join(mem.fixed)} fixed) needs {gib(mem.per_gpu_bytes)} per "
+                      f"GPU, {than} {mem.gpu_name or 'the GPU'} has ({gib(mem.gpu_bytes)}): {mem.summary}",
                       file=file, key=key, fix=fix, details=details)
-    elif plan.verdict == "tight" and mem.choice.fits:
+    elif mem.verdict == "tight" and mem.choice.fits:
         yield Finding("GD802", Severity.WARNING,
-                      f"the run fits only tightly: {plan.summary()} (above {90}% of the GPU: allocator fragmentation or a "
+                      f"the run fits only tightly: {mem.summary} (above {90}% of the GPU: allocator fragmentation or a "
                       "longer batch can run out of memory)", file=file, key=key,
                       fix="lower the batch size (raise gradient_accumulation_steps), turn on gradient checkpointing, or "
                           "shorten the sequences", details=details)
-    elif plan.gpu_bytes and not mem.choice.fits:
+    elif mem.gpu_bytes and not mem.choice.fits:
         c = mem.choice
         # A GPU someone named (--gpu, the probe, --gpu-memory) that no run fits is a run that cannot start: an error.
         named = env.gpu is not None and env.gpu.source in ("--gpu", "probe") or bool(options.memory and options.memory.gpu_memory)
         yield Finding("GD803", Severity.ERROR if named else Severity.WARNING,
-                      f"no fine-tuning method fits {plan.gpu_name or 'this GPU'} ({gib(plan.gpu_bytes)}): even "
-                      f"{plan.summary()}", fix=(f"train on a {c.smallest_gpu} or larger ({c.smallest_gpu_plan.summary()})"
-                                                if c.smallest_gpu and c.smallest_gpu_plan else c.reason),
+                      f"no fine-tuning method fits {mem.gpu_name or 'this GPU'} ({gib(mem.gpu_bytes)}): even "
+                      f"{mem.summary}", fix=(f"train on a {c.smallest_gpu} or larger ({c.smallest_gpu_summary})"
+                                             if c.smallest_gpu and c.smallest_gpu_summary else c.reason),
                       details={**details, "smallest_gpu": c.smallest_gpu})
-    towers = plan.shape.params.towers
+    towers = run.shape.towers
     # Only for a run the user describes (a training config, a method or batch): a bare check is not a training plan.
     described = env.training_config is not None or bool(mem.fixed)
     tc = env.training_config
     images = tc is not None and tc.ok and tc.get("vision_data") is not None
-    if towers and described and plan.run.text_only and plan.method == "full" and not images:
-        wb = {"float32": 4}.get(plan.run.load_dtype, 2)
+    if towers and described and run.text_only and run.method.value is Method.FULL and not images:
+        wb = {"float32": 4}.get(run.load_dtype, 2)
         yield Finding("GD804", Severity.INFO,
                       f"text-only training of a multimodal checkpoint loads its vision/audio towers for nothing: "
-                      f"{towers:,} parameters, {gib(towers * wb)} in {plan.run.load_dtype}",
+                      f"{towers:,} parameters, {gib(towers * wb)} in {run.load_dtype}",
                       fix=_text_only_cure(model.family.family), details={"tower_params": towers})
 
 

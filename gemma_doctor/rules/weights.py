@@ -70,7 +70,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                       details={"tensors": [t.name for t in rest]})
     over = [t for t in scan.tensors if t.beyond_fp16]
     if over:
-        planned = model.recommendation is not None and model.recommendation.precision == "fp16"
+        planned = model.run is not None and model.run.precision.value == "fp16"
         saved_fp16 = model.census is not None and model.census.dominant == "F16"
         sev = Severity.WARNING if planned or saved_fp16 else Severity.INFO
         why = "fp16 is planned" if planned else ("the weights are saved in fp16" if saved_fp16 else "only if cast to fp16")
