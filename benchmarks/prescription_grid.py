@@ -4,13 +4,15 @@ the training config it prints (`snippets.yaml`, the same text `--format yaml` pr
 other than those `gemma-doctor fix` cures in the model files, or when recommend exits 1 with `prescription: null`
 and a non-empty `way_out`.
 
-    python benchmarks/prescription_grid.py [--cache DIR]     (builds the bundled example cache when not given)
+    python benchmarks/prescription_grid.py [--cache DIR] [--dump FILE]     (builds the example cache when not given)
 
 prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
 violation. tests/test_prescription.py runs the same points (GRID below) through the same function. The grid also
 holds a stack that names no transformers (the prescription's pins are handed to check), 1-8 GPUs on every GPU, every
 GPU of gemma_doctor's table, and LoRA targets (list, regex, all-linear) in a user's axolotl or TRL config; a point also
-fails when check's memory line differs from the prescription's.
+fails when check's memory line differs from the prescription's. ``--dump`` writes every command's exit code and
+stdout, in order (the temporary folder's name blanked): two trees' dumps of one cache are byte-equal when their
+searches give the same answers in one process, whatever each remembers between points.
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ def in_process(argv_prefix: tuple[str, ...] = ()) -> Runner:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", help="a hub cache holding the bundled examples (built when not given)")
+    ap.add_argument("--dump", help="write every command's exit code and stdout here, in order")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
@@ -191,7 +194,18 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
                            capture_output=True)
         run = in_process()
+        dumped: list[str] = []
+        if args.dump:
+            plain = run
+
+            def run(*argv: str) -> tuple[int, str, str]:
+                code, out, err = plain(*argv)
+                dumped.append(f"{code}\n{out}".replace(tmp, "<tmp>"))
+                return code, out, err
+
         outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache) + extended_points(cache, Path(tmp))]
+        if args.dump:
+            Path(args.dump).write_text("\n".join(dumped))
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
     print(f"{len(outcomes)} points: {kinds['prescribed']} prescriptions pass check, {kinds['none']} honest 'none' "
           f"with a way out, {kinds['violation']} violations")

@@ -130,6 +130,19 @@ def _isolated_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _way_outs_per_module():
+    """Each test module starts with no way out remembered (plan/search.py's _WAY_OUTS, a process-wide cache): what a
+    module's tests see never depends on the modules an xdist worker ran before it, and a module that changes what a
+    search reads (a patched rule or table) cannot meet another module's answer. A module's own tests share it."""
+    import sys
+
+    search = sys.modules.get("gemma_doctor.plan.search")  # not imported here: a module that never searches pays nothing
+    if search is not None:
+        search._WAY_OUTS.clear()
+    yield
+
+
 # cli.py's exit code for an exception nothing else handled (EX_SOFTWARE).
 INTERNAL_ERROR = 70
 

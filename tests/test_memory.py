@@ -340,6 +340,8 @@ def test_every_search_is_bounded_whatever_the_numbers_in_the_config(cli, tmp_pat
     # and a full cache is cleared mid-test: 7,172 plans cold, 10,624 in one clean-clone run's worker).
     monkeypatch.setattr(search, "_PLANS", {})
     monkeypatch.setattr(runplan, "_REQUESTS", {})
+    monkeypatch.setattr(search, "_WAY_OUTS", {})  # a way out remembered from an earlier test would plan nothing
+    monkeypatch.setattr(search, "_CANDIDATES", {})  # nor would candidates an earlier test's searches made
     made = []
     real = memory.plan
     monkeypatch.setattr(memory, "plan", lambda *a, **k: made.append(1) or real(*a, **k))

@@ -428,3 +428,30 @@ def test_what_blocks_a_prescription_is_read_from_the_codes_entry_as_list_reads_i
     invalid = Finding("GD002", Severity.ERROR, 'use_cache is "yes"', file="config.json", key="use_cache",
                       fix="gemma-doctor fix org/m --inplace (writes false)")
     assert CODES["GD002"].cure is not Cure.FIX and search.blocking((invalid,)) == (invalid,)
+
+
+def test_a_way_out_remembered_is_the_way_out_searched_afresh(cli, examples, monkeypatch):
+    """The way out's searches are remembered by their inputs (plan/search.py's _WAY_OUTS): a larger GPU asked from a
+    V100 is the search a T4's way out made already, though check's own judgement of the two runs (the facts'
+    recommendation and memory plan) differs. Served from the cache, recommend prints what a fresh search prints."""
+    from gemma_doctor.plan import search
+
+    searched: list[tuple] = []  # each search's GPU and memory options
+    real = search.prescribe
+    monkeypatch.setattr(search, "prescribe", lambda *a, **k: searched.append((a[2].gpu, a[2].memory)) or real(*a, **k))
+    monkeypatch.setattr(search, "_WAY_OUTS", {})
+
+    def way_out(gpu: str) -> tuple[str, list[tuple]]:
+        searched.clear()
+        r = cli("recommend", G4, "--cache-dir", examples, "--gpu", gpu, "--with", "transformers==5.23.0", "--format",
+                "json")
+        assert r.code == 1 and r.json()["models"][0]["way_out"], r
+        return r.out, list(searched)
+
+    way_out("T4")
+    served, some = way_out("V100")
+    search._WAY_OUTS.clear()
+    fresh, every = way_out("V100")
+    assert served == fresh
+    # the V100's own search and the way-out searches no T4 asked were made; the larger GPUs' came from the cache
+    assert len(some) < len(every) and some[0] == every[0], (some, every)

@@ -5,10 +5,11 @@ tests/test_rehearse.py's Gemma 3 text model, loaded by its repo id from the priv
 
 The launch-line parsing and the argument caps are tested without a child; each rehearsal is a child that imports
 the stack (most of its seconds), so they are few and marked slow. The twin is built once for the module, in this
-process, by the rehearsal's own builder (as tests/test_rehearse_ranks.py builds its own: this process has imported
-transformers for the caps' test already, where a build child imported it again), and kept (GEMMA_DOCTOR_TWIN_CACHE,
-gemma_doctor/rehearse/kept.py): each launched script gets a copy of it in its own private cache. What a build child
-writes and run_script keeps is asserted where a build child runs anyway, in the LEGACY venv's launch below.
+process, by the rehearsal's own builder (tests/kept_twins.py, which tests/test_rehearse_ranks.py shares: this process
+has imported transformers for the caps' test already, where a build child imported it again), and kept
+(GEMMA_DOCTOR_TWIN_CACHE, gemma_doctor/rehearse/kept.py): each launched script gets a copy of it in its own private
+cache. What a build child writes and run_script keeps is asserted where a build child runs anyway, in the LEGACY
+venv's launch below.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from gemma_doctor.rehearse import kept
 from gemma_doctor.rehearse.launch import argv_of, script_of
+from tests.kept_twins import kept_twin
 from tests.test_rehearse import CONFIGS, model_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "launch"
@@ -29,24 +31,8 @@ REPO = "google/tiny-gemma3_text"  # model_folder's folder google--tiny-gemma3_te
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory) -> Path:
-    """The module's twin folder, with the twin of model_folder's gemma3_text in it: built here by the build child's own
-    steps (the stack record, then child.build) and kept under the key run_script looks it up by."""
-    from gemma_doctor.rehearse import child
-    from gemma_doctor.rehearse.driver import Events, stack
-    from gemma_doctor.rehearse.runner import plan_for
-
-    folder, root = tmp_path_factory.mktemp("twins"), tmp_path_factory.mktemp("build")
-    plan, _, _, _ = plan_for(str(model_folder(tmp_path_factory.mktemp("target"), "gemma3_text")), None, "main", None,
-                             3, "script")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_CACHE", str(root / "hub"))
-        events = Events(root / "events.jsonl")
-        stack(events, "cpu")
-        assert child.build(plan, events)
-    records = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()]
-    kept.keep(folder, kept.key(plan), root / "hub", records)
-    assert len(list(folder.iterdir())) == 1, records
-    return folder
+    """The module's twin folder, with the twin of model_folder's gemma3_text in it (tests/kept_twins.py)."""
+    return kept_twin(tmp_path_factory, model_folder(tmp_path_factory.mktemp("target"), "gemma3_text"), 3)
 
 
 @pytest.fixture(autouse=True)

@@ -8,12 +8,12 @@ slow. The twin is built once for the module, in this process, and kept (GEMMA_DO
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from gemma_doctor.rehearse import kept
+from tests.kept_twins import kept_twin
 from tests.test_rehearse import model_folder
 
 pytestmark = pytest.mark.slow
@@ -51,21 +51,9 @@ def target(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def twins(tmp_path_factory, target) -> Path:
-    """The module's twin folder with the twin of ``target`` kept in it, built here by the rehearsal's own builder."""
-    from gemma_doctor.rehearse import child
-    from gemma_doctor.rehearse.driver import Events, stack
-    from gemma_doctor.rehearse.runner import plan_for
-
-    folder, root = tmp_path_factory.mktemp("twins"), tmp_path_factory.mktemp("build")
-    plan, _, _, _ = plan_for(str(target), None, "main", None, 2, "script")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_CACHE", str(root / "hub"))
-        events = Events(root / "events.jsonl")
-        stack(events, "cpu")
-        assert child.build(plan, events)
-    records = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()]
-    kept.keep(folder, kept.key(plan), root / "hub", records)
-    assert len(list(folder.iterdir())) == 1
+    """The module's twin folder with the twin of ``target`` kept in it, built here by the rehearsal's own builder
+    (tests/kept_twins.py)."""
+    folder = kept_twin(tmp_path_factory, target, 2)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(kept.ENV, str(folder))
         yield folder

@@ -140,6 +140,7 @@ def test_quick_judge_prescribes_what_every_rule_on_every_candidate_did(cli, exam
         return lambda: j
 
     monkeypatch.setattr(search, "_judge", every_rule)
+    monkeypatch.setattr(search, "_WAY_OUTS", {})  # the way out searched again with every rule, not remembered
     want = cli(*args, "--cache-dir", examples, *fmt, *extra)
     assert (got.code, got.out) == (want.code, want.out)
     if args[0] != "list":
@@ -289,6 +290,7 @@ def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples,
         return texts[-1]
 
     monkeypatch.setattr(recommend, "training_config_yaml", record)
+    monkeypatch.setattr(search, "_WAY_OUTS", {})  # every way out searched here, each rendering its configs
     for args in SCENARIOS:
         extra = ("--fail-on", "never") if args[0] == "check" else ()
         cli(*args, "--cache-dir", examples, "--format", "json", *extra)

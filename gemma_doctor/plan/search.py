@@ -653,16 +653,67 @@ class _Ask:
     options: CheckOptions
     quantization: str | None
 
-    def prescribe(self, shape: ModelShape, gpu_name: str | None = None, **memory_options: Any) -> Decision:
-        """The prescription with ``memory_options`` (--method, --seq-len, --num-gpus) or another GPU (--gpu): what the
-        command line with that change prescribes, so the line passes check when followed."""
+    def plan(self, shape: ModelShape, gpu_name: str | None = None, **memory_options: Any) -> MemoryPlan | None:
+        """The memory plan of the prescription with ``memory_options`` (--method, --seq-len, --num-gpus) or another GPU
+        (--gpu), None when there is none: what the command line with that change prescribes, so the line passes check
+        when followed. Remembered per process by the search's inputs (_WAY_OUTS)."""
+        import hashlib
+        import pickle
+
+        args = self._inputs(shape, gpu_name, memory_options)
+
+        def find() -> tuple[MemoryPlan | None]:
+            d = prescribe(*args, limit=WAY_OUT_JUDGED, explain=False)
+            return (d.memory.plan if d.ok and d.memory is not None else None,)  # a tuple: None is an answer too
+
+        try:
+            key = (self._facts_key, hashlib.blake2b(pickle.dumps((args[1:], WAY_OUT_JUDGED), protocol=5)).digest())
+        except Exception:  # a fact that does not pickle: searched as it is, every time
+            return find()[0]
+        return runplan.remembered(_WAY_OUTS, key, find)[0]
+
+    @functools.cached_property
+    def _facts_key(self) -> bytes:
+        """A digest of the model's facts as every search of this way out reads them (_inputs), made once per way out:
+        each safetensors header by the digest of its bytes where the read took one (its tensors, a function of those
+        bytes, are most of the pickle: 185 KB of Gemma 4 E2B's 201 KB)."""
+        import dataclasses
+        import hashlib
+        import pickle
+
+        facts = self._facts
+        census = facts.census
+        if census is not None and census.headers:
+            # A header's pickle holds every field (its digest too): equal digests are equal bytes, so equal tensors.
+            headers = tuple(dataclasses.replace(h, tensors=()) if h.digest is not None else h for h in census.headers)
+            facts = facts.with_(census=dataclasses.replace(census, headers=headers))
+        return hashlib.blake2b(pickle.dumps(facts, protocol=5)).digest()
+
+    @functools.cached_property
+    def _facts(self) -> ModelFacts:
+        """The model's facts without check's judgement of the run asked about (its recommendation and memory plan, made
+        for the original GPU and options): a search reads neither, each candidate is judged with its own."""
+        return self.facts.with_(recommendation=None, memory=None)
+
+    def _inputs(self, shape: ModelShape, gpu_name: str | None, memory_options: dict[str, Any]) -> tuple[Any, ...]:
+        """prescribe()'s arguments for the command line with the change."""
         from gemma_doctor.readers import gpu as gpu_reader
 
         mem = replace(self.options.memory or runplan.MemoryRequest(), **memory_options)
         options = replace(self.options, memory=mem, gpu=gpu_name or self.options.gpu)
         gpu = gpu_reader.resolve(options.gpu) if gpu_name else (self.env.gpu or gpu_reader.for_options(self.options))
         env = replace(self.env, gpu=gpu)
-        return prescribe(self.facts, env, options, gpu, shape, self.quantization, limit=WAY_OUT_JUDGED, explain=False)
+        return self._facts, env, options, gpu, shape, self.quantization
+
+
+# The way out's searches (their memory plans, or None), remembered per process: the one process-wide cache of the way
+# out, bounded (runplan.remembered: cleared when full). Keyed by digests of every input the search reads, pickled (the
+# facts' once per way out, _Ask._facts_key; types included: 1, 1.0 and True differ), so an entry is that search's own
+# answer: prescribe is a pure function of its inputs (the rule tried first changes only the order of trying; a pin is
+# decided on every rule a pin can answer).
+# Points that ask the same change share it: a larger GPU asked from a T4 and from a V100 is one search (548 of the
+# prescription grid's 970 way-out searches, tests/test_prescription.py).
+_WAY_OUTS: dict[tuple[bytes, bytes], tuple[MemoryPlan | None]] = {}
 
 
 def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _Ask) -> list[str]:
@@ -695,15 +746,10 @@ def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> Me
 def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
     out: list[str] = []
     base, fixed = req.base, req.fixed
-
-    def prescribed(gpu_name: str | None = None, **changes: Any) -> MemoryPlan | None:
-        d = ask.prescribe(shape, gpu_name, **changes)
-        return d.memory.plan if d.ok and d.memory is not None else None
-
     if "method" in fixed:
         for method in METHODS:
             if method != base.method and _fits_with(shape, req, method=method) is not None:
-                p = prescribed(method=method)
+                p = ask.plan(shape, method=method)
                 if p is not None:
                     out.append(f"--method {method}: {p.summary()}")
                     break
@@ -712,14 +758,14 @@ def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> li
         if seq < 128:
             break
         if _fits_with(shape, req, seq_len=seq) is not None:
-            p = prescribed(seq_len=seq)
+            p = ask.plan(shape, seq_len=seq)
             if p is not None:
                 out.append(f"a shorter sequence, --seq-len {seq}: {p.summary()}")
                 break
         seq //= 2
     for n in (2, 4, 8):
         if n > base.num_gpus and _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage")):
-            p = prescribed(num_gpus=n)
+            p = ask.plan(shape, num_gpus=n)
             if p is not None:
                 out.append(f"{n} GPUs with ZeRO-{p.run.zero_stage} (--num-gpus {n}): {p.summary()}")
                 break
@@ -734,7 +780,7 @@ def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> li
         if _fits_with(shape, replace(req, gpu_name=g.name), gpu_bytes=size, precision=precision,
                       load_dtype=memory.load_dtype_for(precision, base.method)) is None:
             continue
-        p = prescribed(g.name)
+        p = ask.plan(shape, g.name)
         if p is not None:
             out.append(f"a GPU with {size / memory.GIB:.1f} GiB usable, e.g. {g.name} (--gpu \"{g.name}\"): {p.summary()}")
             break
