@@ -691,9 +691,9 @@ class _Ask:
 
     @functools.cached_property
     def _facts(self) -> ModelFacts:
-        """The model's facts without check's judgement of the run asked about (its recommendation and memory plan, made
-        for the original GPU and options): a search reads neither, each candidate is judged with its own."""
-        return self.facts.with_(recommendation=None, memory=None)
+        """The model's facts without check's judgement of the run asked about (its Run, with the memory plan's verdict,
+        made for the original GPU and options): a search reads none of it, each candidate is judged with its own."""
+        return self.facts.with_(run=None)
 
     def _inputs(self, shape: ModelShape, gpu_name: str | None, memory_options: dict[str, Any]) -> tuple[Any, ...]:
         """prescribe()'s arguments for the command line with the change."""
