@@ -8,20 +8,11 @@ Usage: PYTHONPATH=<a folder with axolotl==0.19.0 colorama addict pillow> python 
 from __future__ import annotations
 
 import json
-import sys
-import typing
 from pathlib import Path
 
+from gen_trainer_keys import _is_bool, write_or_check  # docs/: the same boolean test and --check as TRL's table
+
 OUT = Path(__file__).resolve().parent.parent / "gemma_doctor" / "readers" / "axolotl_keys.json"
-
-
-def _is_bool(tp: typing.Any) -> bool:
-    """bool, or Optional[bool]."""
-    if tp is bool:
-        return True
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)) \
-        and args == [bool]
 
 
 def render() -> str:
@@ -44,7 +35,4 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    text = render()
-    if "--check" in sys.argv:
-        sys.exit(0 if OUT.read_text() == text else f"out of date: {OUT.name} (run python docs/gen_axolotl_keys.py)")
-    OUT.write_text(text)
+    write_or_check(OUT, render(), "gen_axolotl_keys.py")

@@ -48,8 +48,12 @@ def render() -> str:
     return json.dumps(table, indent=1) + "\n"
 
 
-if __name__ == "__main__":
-    text = render()
+def write_or_check(out: Path, text: str, script: str) -> None:
+    """Write ``text`` to ``out``, or with --check exit 1 where the file differs from it (docs/gen_*_keys.py)."""
     if "--check" in sys.argv:
-        sys.exit(0 if OUT.read_text() == text else f"out of date: {OUT.name} (run python docs/gen_trainer_keys.py)")
-    OUT.write_text(text)
+        sys.exit(0 if out.read_text() == text else f"out of date: {out.name} (run python docs/{script})")
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    write_or_check(OUT, render(), "gen_trainer_keys.py")
