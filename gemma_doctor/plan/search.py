@@ -407,7 +407,7 @@ def _as_read(key: str, rec: recommend.Recommendation) -> tc_reader.TrainingConfi
         if len(_AS_READ) >= 512:
             _AS_READ.clear()
         data, lines = recommend.training_config_data(rec)
-        tc = _AS_READ[key] = tc_reader.from_data(data, PRESCRIPTION, lines.get)
+        tc = _AS_READ[key] = tc_reader.from_data(data, PRESCRIPTION, lines.get, lint_keys=False)
     return tc
 
 

@@ -50,17 +50,25 @@ class Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for pid in _marked(self.token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:  # gone meanwhile, or not ours to kill
-                pass
+        _kill(_marked(self.token))
         self.proc.wait()
-        # SIGKILL is delivered when a process next runs (one in uninterruptible I/O on a loaded machine ends later):
-        # the rehearsal is over only when none of its processes is left.
+        # SIGKILL is delivered when a process next runs (one in uninterruptible I/O on a loaded machine ends later),
+        # and a rank the launcher was starting as it was killed appears after the first look: the rehearsal is over
+        # only when none of its processes is left, each one seen killed (a clean-clone CI run met a rank started
+        # after the first look, left sleeping).
         deadline = time.monotonic() + 10
-        while _marked(self.token) and time.monotonic() < deadline:
+        while (left := _marked(self.token)) and time.monotonic() < deadline:
+            _kill(left)
             time.sleep(0.05)
+
+
+def _kill(pids: list[int]) -> None:
+    """SIGKILL to each of ``pids``."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to kill
+            pass
 
 
 def _marked(token: str) -> list[int]:
