@@ -257,9 +257,7 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
                 out.append(("gradient_checkpointing", on, f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()})"
                             if on else f"default of transformers TrainingArguments (TRL {_TRL_CONFIGS[trainer]} "
                                        f"before {window.spec.lstrip('>=')})"))
-    if trainer.runs_trl and "bf16" not in s and "mixed_precision" not in s \
-            and not ("fp16" in s and truthy(s["fp16"].value)) \
-            and trainer.bf16_by_default(stack) is Exposure.AFFECTED:
+    if tc.bf16_by_trainer(stack) is Exposure.AFFECTED:
         # TRL's config sets `bf16 = not fp16` where bf16 is unset: bf16, also beside an `fp16: false`.
         window = versioning.TRL_BF16_DEFAULT[trainer.value]
         out.append(("precision", "bf16", f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()}: bf16 = not "

@@ -168,6 +168,17 @@ class TrainingConfig:
         """The setting called ``name`` (a key of KEYS), or None when the file does not set it."""
         return self.settings.get(name)
 
+    def bf16_by_trainer(self, stack: Any) -> Any:
+        """Whether the run trains in bf16 by its trainer's default, as a stack.Exposure: a config that sets no bf16, no
+        mixed_precision and no fp16 on, run by one of TRL's trainers (their configs set `bf16 = not fp16` where bf16 is
+        unset: Trainer.bf16_by_default); SAFE where the config sets its precision or the trainer keeps fp32."""
+        from gemma_doctor.stack import Exposure
+
+        s = self.settings
+        if self.trainer is None or "bf16" in s or "mixed_precision" in s or ("fp16" in s and truthy(s["fp16"].value)):
+            return Exposure.SAFE
+        return self.trainer.value.bf16_by_default(stack)
+
     def to_json(self) -> dict[str, Any]:
         """The `environment.training_config` block of the JSON report."""
         out = {"path": self.path, "kind": self.kind, "error": self.error,

@@ -143,8 +143,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     refused = {p.key for p in tc.problems if p.kind == "not-boolean"}
     # TRL's configs set `bf16 = not fp16` where bf16 is unset (versioning.TRL_BF16_DEFAULT): such a config trains in
     # bf16 by the trainer's default, not in fp32.
-    trl_bf16 = (tc.trainer.value.bf16_by_default(env.libraries) if tc.trainer is not None else Exposure.SAFE) \
-        if "bf16" not in s and "mixed_precision" not in s and fp16_key is None else Exposure.SAFE
+    trl_bf16 = tc.bf16_by_trainer(env.libraries)
     if trl_bf16 is Exposure.AFFECTED:
         bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
     else:
