@@ -162,6 +162,9 @@ class ConfigKind:
     # not one is a misspelling (GD680 for TRL / TrainingArguments, whose non-boolean switches are GD681; GD986 for
     # axolotl).
     key_table: ClassVar[str | None] = None
+    # The trainer loads the weights in the dtype its precision switches say, never in a library's default: the reader
+    # states that dtype where the config names none (axolotl's normalize_config).
+    load_dtype_from_precision: ClassVar[bool] = False
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         """A parsed config (a mapping) is of this kind."""
@@ -270,6 +273,7 @@ class Axolotl(ConfigKind):
     # axolotl's schema drops a key it has no field for (pydantic's extra="ignore"): a misspelt key trains with the
     # field's default without a word (axolotl 0.19.0, reproduced), GD986.
     key_table = "axolotl_keys"
+    load_dtype_from_precision = True
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         return "base_model" in data or "micro_batch_size" in data

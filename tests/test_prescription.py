@@ -455,3 +455,24 @@ def test_a_way_out_remembered_is_the_way_out_searched_afresh(cli, examples, monk
     assert served == fresh
     # the V100's own search and the way-out searches no T4 asked were made; the larger GPUs' came from the cache
     assert len(some) < len(every) and some[0] == every[0], (some, every)
+
+
+# --- the YAML is axolotl's own (issue 32) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model,gpu,transformers,task,extra", [
+    (G3, "T4", "5.23.0", "sft", ("--num-gpus", "8")),  # num_processes was written: axolotl has no such key
+    (G3, "A100", "5.23.0", "full", ("--num-gpus", "4")),
+    (G3, "L4", "4.50.3", "qlora", ()),  # torch_dtype and bnb_4bit_compute_dtype were written
+    (G3, "A100", "5.23.0", "sft", ("--quantization", "8bit")),  # an 8-bit run's YAML had no adapter at all
+], ids=["T4-8gpus", "A100-full-4gpus", "L4-qlora-4.50.3", "A100-8bit"])
+def test_the_yaml_writes_only_keys_axolotls_schema_has_and_passes_check(cli, examples, tmp_path, model, gpu,
+                                                                       transformers, task, extra):
+    where = (model, "--cache-dir", str(examples))
+    o = grid.judge_point(_runner(cli), grid.Point(where, where, gpu, transformers, task, extra), tmp_path)
+    assert o.kind == "prescribed", o.detail
+
+
+def test_an_8bit_prescription_says_lora_on_8bit_in_its_yaml(cli, examples):
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--quantization", "8bit", "--format", "yaml")
+    data = yaml.safe_load(r.out)
+    assert (data.get("adapter"), data.get("load_in_8bit")) == ("lora", True), data

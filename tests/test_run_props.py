@@ -262,7 +262,7 @@ def assert_views_agree(world: World, case: Case, args: tuple[str, ...], m: dict[
     assert (_yaml_flag(y, "bf16"), _yaml_flag(y, "fp16")) == (precision == "bf16", precision == "fp16")
     assert y.get("adapter") == (None if method == "full" else method)
     assert bool(y.get("gradient_checkpointing")) is p["gradient_checkpointing"]
-    assert y.get("num_processes", 1) == p["num_gpus"]
+    assert y.get("world_size", 1) == p["num_gpus"]  # axolotl's key for the process count (its schema has no num_processes)
     if method != "full":
         # axolotl spells all-linear lora_target_linear: true.
         said = "all-linear" if y.get("lora_target_linear") is True else y["lora_target_modules"]

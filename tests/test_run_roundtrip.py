@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 import json
 
+import yaml
+
 from gemma_doctor.plan import recommend, runplan, search
 from gemma_doctor.readers import training_config as tc_reader
 
@@ -45,6 +47,9 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
     text = recommend.training_config_yaml(rec)
     tc = tc_reader.parse(text, "prescription.yaml", yaml_first=True)
     assert tc.error is None, text
+    # Every key is one of axolotl's schema, which drops any other without a word (GD986's table): num_processes,
+    # torch_dtype and a bare bnb_4bit_compute_dtype were written.
+    assert not set(yaml.safe_load(text)) - set(tc_reader.key_table("axolotl_keys")["keys"]), text
     # The rules read a training config and nothing else of the file: the one built from the run is the one read back
     # (repr tells True from 1 and 1.0 from 1, which == does not).
     direct = search.as_read(rec)

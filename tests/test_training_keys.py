@@ -122,14 +122,22 @@ def test_a_misspelt_axolotl_key_is_named_with_the_field_meant(hub, cli, tmp_path
 
 
 def test_the_axolotl_yaml_recommend_writes_has_no_key_axolotl_drops(hub, cli, tmp_path):
-    """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate), for
-    LoRA, QLoRA, preference and sharded runs."""
+    """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate) and is a
+    field of axolotl's schema (GD986 flags only near-misspellings: num_processes, torch_dtype and a bare
+    bnb_4bit_compute_dtype passed it while axolotl dropped them), for LoRA, QLoRA, 8-bit, preference and sharded runs."""
+    import yaml
+
+    from gemma_doctor.readers.training_config import key_table
+
+    axolotl = set(key_table("axolotl_keys")["keys"])
     hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
     for extra in (("--gpu", "L4"), ("--gpu", "L4", "--task", "qlora"), ("--gpu", "A100", "--task", "dpo"),
-                  ("--gpu", "A100", "--num-gpus", "4")):
+                  ("--gpu", "A100", "--num-gpus", "4"), ("--gpu", "T4", "--num-gpus", "8"),
+                  ("--gpu", "A100", "--quantization", "8bit")):
         text = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, *extra, "--format", "yaml").out
         tc = parse(text, "rec.yaml", True)
         assert tc.kind == "axolotl" and tc.problems == (), (extra, tc.problems)
+        assert sorted(set(yaml.safe_load(text)) - axolotl) == [], extra
 
 
 def test_the_axolotl_key_table_is_read_from_axolotl_s_schema():

@@ -428,13 +428,13 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     adapter = "qlora" if quant == "4bit" else "lora" if (quant == "8bit" or i.task in ("lora", "qlora") or (
         mem is not None and mem.method in ("lora", "qlora"))) else None
     axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}
+    # Only keys of axolotl's schema (readers/axolotl_keys.json): it drops any other without a word (GD986). No dtype
+    # key: axolotl loads in the dtype bf16 / fp16 / load_in_8bit say (normalize_config), which is always explicit, so
+    # transformers 4.x's float16 default for bitsandbytes loading (GD705) never applies; the reader derives it alike.
     if quant == "4bit":
         axolotl.update({"adapter": "qlora", "load_in_4bit": True})
-        if compute:  # overrides a checkpoint's own quantization_config (GD402 reads it back)
-            axolotl["bnb_4bit_compute_dtype"] = compute
-    if quant:
-        # An explicit dtype: transformers 4.x overrides a missing one to float16 for bitsandbytes loading (GD705).
-        axolotl["torch_dtype"] = load
+        if compute:  # axolotl's compute dtype is its torch_dtype unless bnb_config_kwargs says (GD402 reads it back)
+            axolotl["bnb_config_kwargs"] = {"bnb_4bit_compute_dtype": compute}
     elif quant == "8bit":
         axolotl.update({"adapter": "lora", "load_in_8bit": True})
     elif adapter:
@@ -465,7 +465,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     sharding: dict[str, Any] | None = None
     if mem is not None and mem.num_gpus > 1:
         sharding = {"num_processes": mem.num_gpus, "zero_stage": mem.zero_stage}
-        axolotl["num_processes"] = mem.num_gpus
+        # axolotl's own name for the process count; it takes the value from the launcher's WORLD_SIZE
+        # (normalize_config), so the YAML states the run the launcher must start (the accelerate line below)
+        axolotl["world_size"] = mem.num_gpus
         if mem.zero_stage:
             suffix = {"bf16": "_bf16", "fp16": "_fp16"}.get(precision, "")
             axolotl["deepspeed"] = f"deepspeed_configs/zero{mem.zero_stage}{suffix}.json"

@@ -33,7 +33,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "adapter": ("adapter", "finetuning_type", "use_peft"),
     "load_in_4bit": ("load_in_4bit", "quantization_config.load_in_4bit", "model_init_kwargs.quantization_config.load_in_4bit",
                      "quantization_bit"),
-    "compute_dtype": ("bnb_4bit_compute_dtype", "quantization_config.bnb_4bit_compute_dtype",
+    "compute_dtype": ("bnb_4bit_compute_dtype", "bnb_config_kwargs.bnb_4bit_compute_dtype",  # axolotl's own key
+                      "quantization_config.bnb_4bit_compute_dtype",
                       "model_init_kwargs.quantization_config.bnb_4bit_compute_dtype"),
     "torch_dtype": ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype"),
     "use_cpu": ("use_cpu", "no_cuda"),
@@ -52,7 +53,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     # add_config_arguments). accelerate's deepspeed_config is a mapping, which is not a setting (skipped).
     "deepspeed": ("deepspeed", "deepspeed_config"),
     "fsdp": ("fsdp", "fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy", "fsdp_sharding_strategy"),
-    "num_processes": ("num_processes",),
+    # axolotl's world_size (its schema has no num_processes; the launcher's WORLD_SIZE sets it at run time)
+    "num_processes": ("num_processes", "world_size"),
     # How the run is sharded (rules/distributed.py): accelerate's fsdp_config (fsdp_-prefixed keys), TrainingArguments'
     # / TRL's / axolotl's fsdp_config (prefix optional: transformers strips it), DeepSpeed's offload, the node count.
     "num_machines": ("num_machines",),
@@ -401,6 +403,10 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
+    if fmt.load_dtype_from_precision and "torch_dtype" not in settings:
+        derived = _derived_load_dtype(settings)
+        if derived is not None:
+            settings["torch_dtype"] = derived
     named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
@@ -408,6 +414,26 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     rl = settings.get("rl")
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
+
+
+def _derived_load_dtype(settings: dict[str, Setting]) -> Setting | None:
+    """The dtype axolotl loads a quantized model in where its config names none: normalize_config's (0.19.0) bf16 ->
+    bfloat16, else load_in_8bit or fp16 -> float16, else float32, stated at the key it follows from. Quantized loading
+    only: it is where a rule asks whether the dtype is named (GD705: transformers 4.x's float16 default), and axolotl
+    always names it; elsewhere the rules judge axolotl's bf16 / fp16 switches themselves. None where bf16 is `auto`
+    (the GPU decides) or nothing is quantized."""
+    quantized = [k for k in ("load_in_4bit", "load_in_8bit") if k in settings and truthy(settings[k].value)]
+    bf16, fp16 = settings.get("bf16"), settings.get("fp16")
+    if not quantized or (bf16 is not None and str(bf16.value).strip().lower() == "auto"):
+        return None
+    if bf16 is not None and truthy(bf16.value):
+        return Setting(bf16.key, "bfloat16", bf16.line)
+    if fp16 is not None and truthy(fp16.value):
+        return Setting(fp16.key, "float16", fp16.line)
+    if "load_in_8bit" in quantized:
+        return Setting(settings["load_in_8bit"].key, "float16", settings["load_in_8bit"].line)
+    at = bf16 or fp16 or settings[quantized[0]]
+    return Setting(at.key, "float32", at.line)
 
 
 def trainer_keys() -> dict[str, Any]:
