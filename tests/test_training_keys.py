@@ -149,3 +149,26 @@ def test_the_axolotl_key_table_is_read_from_axolotl_s_schema():
     assert {"base_model", "micro_batch_size", "gradient_accumulation_steps", "sequence_len", "adapter",
             "lora_target_linear", "datasets", "model_type", "model_config"} <= set(table["keys"])
     assert table["keys"] == sorted(set(table["keys"]))
+
+
+@pytest.mark.parametrize("switches, dtype, key", [("bf16: true\n", "bfloat16", "bf16"), ("fp16: true\n", "float16", "fp16"),
+                                                  ("", "float32", "load_in_4bit")])
+def test_a_quantized_axolotl_config_loads_in_the_dtype_its_precision_says(switches, dtype, key):
+    """axolotl's normalize_config sets torch_dtype from bf16 / fp16 / load_in_8bit (else float32) and loads with it
+    (0.19.0, run on the real package: bf16 -> torch.bfloat16, fp16 / load_in_8bit -> torch.float16, none ->
+    torch.float32): the reader states that dtype where the config names none."""
+    tc = parse(f"base_model: m\nadapter: qlora\nload_in_4bit: true\n{switches}", "ax.yaml", True)
+    got = tc.get("torch_dtype")
+    assert (got.key, got.value) == (key, dtype)
+
+
+def test_a_qlora_axolotl_config_without_a_dtype_is_no_gd705(hub, cli, tmp_path):
+    """GD705 (transformers 4.x loads bitsandbytes weights in float16 where no dtype is named) called every axolotl
+    QLoRA config without torch_dtype an error: axolotl always names the dtype (above), and torch_dtype is no key of its
+    schema (the prescription wrote it, axolotl dropped it)."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    path = tmp_path / "ax.yaml"
+    path.write_text("base_model: google/gemma-3-12b-it\nadapter: qlora\nload_in_4bit: true\nbf16: true\nmicro_batch_size: 1\n")
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--with", "transformers==4.50.3",
+            "--training-config", path, "--format", "json", "--fail-on", "never")
+    assert "GD705" not in {f["code"] for f in r.json()["models"][0]["findings"]}
