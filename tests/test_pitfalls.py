@@ -485,6 +485,39 @@ def test_on_a_t4_gd302_offers_no_fp32_for_awq_and_warns_of_unsloth_s_fp16_narrow
     assert "Unsloth" not in plain["message"] and "fp32 settings" in plain["fix"]
 
 
+def test_lora_on_an_awq_checkpoint_is_not_quantized_again_and_is_planned_at_awq_s_bytes(cli, hub, tmp_path):
+    """Issue 32: `recommend` prescribed "4bit QLoRA" on an AWQ checkpoint, its axolotl YAML and Unsloth snippet asking
+    bitsandbytes to quantize the quantized weights again (`load_in_4bit`); a config's `adapter: lora` on it was planned
+    with 16-bit weights. Now LoRA on the weights as saved, planned at AWQ's bytes, in the prescription and in check."""
+    awq = variant(gemma3_12b_config(), quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    hub.add("acme/awq", {"config.json": awq, "generation_config.json": generation_config()})
+    r = cli("recommend", "acme/awq", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json")
+    assert r.code == 0, r
+    [model] = r.json()["models"]
+    assert "LoRA on the awq 4-bit checkpoint" in model["recommendation"]["summary"]
+    assert "QLoRA" not in model["recommendation"]["summary"]
+    assert "load_in_4bit=False" in model["snippets"]["python"]["unsloth"]
+    y = cli("recommend", "acme/awq", "--cache-dir", hub.root, "--gpu", "A100", "--format", "yaml")
+    assert "load_in_4bit" not in y.out and 'adapter: "lora"' in y.out
+    path = tmp_path / "awq.yaml"
+    path.write_text(y.out)
+    c = cli("check", "acme/awq", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", path, "--format", "json",
+            "--fail-on", "warning")
+    assert c.code == 0, c
+    [checked] = c.json()["models"]
+    plan = checked["memory"]
+    assert plan["run"]["method"] == "qlora" and "quantization_config (awq 4-bit)" in str(plan)
+    assert any("checkpoint's own awq 4-bit quantization" in a for a in plan["assumptions"])
+    assert plan["summary"] == model["memory"]["summary"]
+    # A plain `adapter: lora` axolotl config of the user's own is planned on the quantized weights too.
+    own = tmp_path / "own.yaml"
+    own.write_text("base_model: acme/awq\nadapter: lora\nbf16: true\nmicro_batch_size: 4\nsequence_len: 1024\n")
+    o = cli("check", "acme/awq", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", own, "--format", "json",
+            "--fail-on", "never")
+    [mine] = o.json()["models"]
+    assert mine["memory"]["run"]["method"] == "qlora" and mine["memory"]["components"]["weights"] < 10 * 2**30
+
+
 @pytest.mark.parametrize("text, gpu, code, words", [
     # GD650 named TrainingArguments' per_device_train_batch_size on an axolotl config, whose key is micro_batch_size
     ("base_model: x\nadapter: lora\nmicro_batch_size: 8\nsequence_len: 4096\nbf16: true\n", "A100", "GD650",

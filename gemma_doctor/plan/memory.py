@@ -50,6 +50,8 @@ CUDA_ALLOCATOR_SLACK = 0.05
 # bitsandbytes NF4 with double quantization: 4 bits per weight + an 8-bit absmax per 64 weights + an fp32 absmax
 # per 256 of those; 8-bit LLM.int8: 1 byte per weight + an fp32 scale per output row (ignored: < 0.1%).
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# Quantizers whose models PEFT's prepare_model_for_kbit_training does not upcast to fp32 (PEFT 0.21.2, utils/other.py).
+KBIT_NOT_UPCAST = frozenset({"gptq", "aqlm", "eetq", "torchao", "hqq"})
 INT8_BYTES = 1.0
 REFERENCE_TASKS = frozenset({"dpo", "kto"})  # full fine-tuning loads a frozen reference copy of the model
 
@@ -133,6 +135,9 @@ class ModelShape:
     tied_embeddings: bool = True
     source: str = "config.json"  # "safetensors headers" when the counts are exact
     model_type: str | None = None
+    # The checkpoint is saved quantized (its quantization_config): (method, bits, group size), e.g. ("awq", 4, 128).
+    # Its weights train only through adapters, and they take the bytes of that quantization, not of a load dtype.
+    saved_quantization: tuple[str, int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `model` block of a memory plan."""
@@ -644,7 +649,24 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
         trainable_shapes = shapes
         train_bytes = 4  # PEFT >= 0.12 keeps adapters in fp32 (autocast_adapter_dtype=True)
         adapters = trainable * 4
-        if run.method == "qlora":
+        saved = shape.saved_quantization
+        if run.method == "qlora" and saved is not None and saved[0] != "bitsandbytes":
+            # Saved by another quantizer (AWQ, GPTQ...): its packed weights as saved, not bitsandbytes'.
+            qmethod, bits, group = saved
+            qb = bits / 8 + (2 + bits / 8) / group  # per group of weights: an fp16 scale and a packed zero point
+            quantized = p.linear + p.tower_linear
+            rest = p.total - quantized
+            # PEFT's prepare_model_for_kbit_training casts the other bf16/fp16 parameters to fp32 except for the
+            # quantizers it names (PEFT 0.21.2 utils/other.py: gptq, aqlm, eetq, torchao, hqq).
+            kept = qmethod in KBIT_NOT_UPCAST
+            weights = int(quantized * qb) + rest * (wbytes if kept else 4)
+            tower_bytes = 0  # counted with the rest
+            notes.append(f"LoRA on the checkpoint's own {qmethod} {bits}-bit quantization: {quantized:,} Linear "
+                         f"weights at {qb:.3f} bytes each (an fp16 scale and a {bits}-bit zero point per {group}); the "
+                         f"other {rest:,} (embeddings, norms) in " + (f"{run.load_dtype}, as loaded (PEFT's "
+                         f"prepare_model_for_kbit_training leaves {qmethod} models' dtypes)" if kept else
+                         "fp32, as prepare_model_for_kbit_training casts them"))
+        elif run.method == "qlora":
             bits = run.quant_bits or 4
             qb = NF4_BYTES if bits == 4 else INT8_BYTES
             quantized = p.linear + p.tower_linear

@@ -273,7 +273,9 @@ def decide(i: Inputs) -> Recommendation:
         "bf16": "bf16=True, fp16=False" + (", tf32=True" if "tf32" in frameworks["transformers"]["training_arguments"] else ""),
         "fp16": "fp16=True (loss scaling), bf16=False",
         "fp32": "bf16=False, fp16=False (no mixed precision)",
-    }[precision] + f" on {i.gpu_label}" + (f", {quant} {'QLoRA' if quant == '4bit' else 'quantized'}" if quant else "") \
+    }[precision] + f" on {i.gpu_label}" + (
+        f", LoRA on the {i.quant_method} {quant.replace('bit', '-bit')} checkpoint" if _saved_by_another(i, quant)
+        else f", {quant} {'QLoRA' if quant == '4bit' else 'quantized'}" if quant else "") \
         + (f", {i.task}" if i.task != "sft" else "")
     summary = head if mem is None else head + run_clause(mem.method, mem.batch_size, mem.gradient_accumulation_steps,
                                                          mem.gradient_checkpointing)
@@ -431,7 +433,13 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     # Only keys of axolotl's schema (readers/axolotl_keys.json): it drops any other without a word (GD986). No dtype
     # key: axolotl loads in the dtype bf16 / fp16 / load_in_8bit say (normalize_config), which is always explicit, so
     # transformers 4.x's float16 default for bitsandbytes loading (GD705) never applies; the reader derives it alike.
-    if quant == "4bit":
+    if _saved_by_another(i, quant):
+        # Saved by another quantizer (AWQ, GPTQ): loaded as saved, LoRA on top; bitsandbytes must not quantize it
+        # again (axolotl's qlora adapter requires load_in_4bit; its GPTQ loading is `gptq: true`).
+        axolotl["adapter"] = "lora"
+        if i.quant_method == "gptq":
+            axolotl["gptq"] = True
+    elif quant == "4bit":
         axolotl.update({"adapter": "qlora", "load_in_4bit": True})
         if compute:  # axolotl's compute dtype is its torch_dtype unless bnb_config_kwargs says (GD402 reads it back)
             axolotl["bnb_config_kwargs"] = {"bnb_4bit_compute_dtype": compute}
@@ -477,15 +485,23 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
                          "text_only": text_only_loading(i.family, i.nested, i.versions.get("transformers"))},
         "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
                 "config": trl_config},
-        "peft": {"bitsandbytes_config": bnb, "prepare_model_for_kbit_training": bnb is not None,
+        "peft": {"bitsandbytes_config": bnb,
+                 "prepare_model_for_kbit_training": bnb is not None or _saved_by_another(i, quant),
                  "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed,
                  "target_modules": targets, "r": lora_r, "lora_alpha": 2 * lora_r},
         "axolotl": axolotl,
         "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision],
                        **({"num_processes": sharding["num_processes"]} if sharding else {}),
                        **({"zero_stage": sharding["zero_stage"]} if sharding and sharding["zero_stage"] else {})},
-        "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit", "load_in_8bit": quant == "8bit"}},
+        "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit" and not _saved_by_another(i, quant),
+                                        "load_in_8bit": quant == "8bit" and not _saved_by_another(i, quant)}},
     }
+
+
+def _saved_by_another(i: Inputs, quant: str | None) -> bool:
+    """The checkpoint is saved quantized by another quantizer than bitsandbytes (AWQ, GPTQ...): LoRA trains on its
+    weights as saved, and nothing may quantize them again."""
+    return bool(quant and i.quant_method and i.quant_method != "bitsandbytes")
 
 
 # --- snippets ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from gemma_doctor import frozen
 from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
@@ -57,7 +58,40 @@ def shape_for(config: Mapping[str, Any] | None, census: Any | None) -> ModelShap
         return memory.shape_from_config(config, memory.counts_from_names(shapes))
     shape = memory.shape_from_config(config)
     why = "a quantized checkpoint's packed headers" if shapes else "no safetensors headers"
-    return replace(shape, source=f"config.json (derived; {why})")
+    return replace(shape, source=f"config.json (derived; {why})",
+                   saved_quantization=saved_quantization(config, getattr(census, "quantization", None)))
+
+
+def saved_quantization(config: Mapping[str, Any], found: Any) -> tuple[str, int, int] | None:
+    """(method, bits, group size) of a checkpoint saved quantized: the census's finding (``found``), else config.json's
+    quantization_config (readers/dtypes.quantization); None where it is not quantized. Bits default to 4 and the
+    group to 128 (AWQ's and GPTQ's usual) where the config does not say."""
+    q = found if isinstance(found, Mapping) else dtypes.quantization(config, [], None)
+    if not isinstance(q, Mapping) or not q.get("method"):
+        return None
+    qc = config.get("quantization_config")
+    qc = qc if isinstance(qc, Mapping) else {}
+    bits, group = q.get("bits"), qc.get("group_size", qc.get("q_group_size"))
+    bits = bits if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0 else 4
+    group = group if isinstance(group, int) and not isinstance(group, bool) and group > 0 else 128
+    return str(q["method"]), bits, group
+
+
+def _on_saved_quantization(req: RunRequest, shape: ModelShape) -> RunRequest:
+    """A checkpoint saved quantized trains through adapters on its quantized weights, whatever the config's `adapter`
+    says (LoRA on an AWQ checkpoint is QLoRA in the plan: the weights are the quantizer's, not the load dtype's).
+    Full fine-tuning the user asked for is left as asked (transformers refuses it: not this plan's to change)."""
+    saved = shape.saved_quantization
+    base = req.base
+    if saved is None or base.method == "full" and "method" in req.fixed:
+        return req
+    where = f"the checkpoint's quantization_config ({saved[0]} {saved[1]}-bit)"
+    sources = dict(base.sources)
+    if base.method != "qlora" or "method" not in sources:
+        sources["method"] = where
+    sources.setdefault("quant_bits", where)
+    base = replace(base, method="qlora", quant_bits=saved[1], sources=tuple(sorted(sources.items())))
+    return replace(req, base=base, fixed=req.fixed if "method" in req.fixed else req.fixed + ("method",))
 
 
 def _zero_stage(tc: Any) -> tuple[int, str | None]:
@@ -432,8 +466,8 @@ def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryR
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
     stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of;
     ``config_precision`` and ``defaults``: request_spec's)."""
-    req = _request_spec(precision, gpu, request, training_config, task, lora_targets, trl_chunks, config_key,
-                        config_precision, defaults)
+    req = _on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
+                                               trl_chunks, config_key, config_precision, defaults), shape)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)
