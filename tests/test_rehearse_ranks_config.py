@@ -147,6 +147,17 @@ def test_a_deepspeed_launch_line_where_deepspeed_is_not_installed_is_gd950_and_r
     assert "DeepSpeed is not installed" in doc["findings"][0]["message"]
 
 
+def test_a_deepspeed_line_runs_its_script_on_two_cpu_ranks_under_torchs_launcher(tmp_path):
+    import sys
+
+    argv = ["/venv/bin/deepspeed", "--num_gpus", "8", "--master_port=29600", "--bind_cores_to_rank", "train.py",
+            "--deepspeed", "ds.json", "--lr", "1"]
+    out, notes = ranks.cpu_launch(argv, tmp_path)
+    assert out == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                   "--deepspeed", "ds.json", "--lr", "1"]
+    assert len(notes) == 1 and "--num_gpus 8 --master_port=29600 --bind_cores_to_rank" in notes[0]
+
+
 def codes_of(doc: dict) -> list[str]:
     return [f["code"] for f in doc["findings"]]
 
