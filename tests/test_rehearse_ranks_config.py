@@ -158,6 +158,22 @@ def test_a_deepspeed_line_runs_its_script_on_two_cpu_ranks_under_torchs_launcher
     assert len(notes) == 1 and "--num_gpus 8 --master_port=29600 --bind_cores_to_rank" in notes[0]
 
 
+def test_a_launched_deepspeed_accelerate_config_is_a_copy_on_two_ranks_and_nothing_else_changed(tmp_path):
+    """`--num_processes 8` on 2 cores started 8 ranks, each importing the stack (measured: killed after a minute)."""
+    import yaml
+
+    config = tmp_path / "ds.yaml"
+    settings = {"distributed_type": "DEEPSPEED", "num_processes": 8, "mixed_precision": "bf16",
+                "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": False}}
+    config.write_text(yaml.safe_dump(settings))
+    out, notes = ranks.cpu_launch(["accelerate", "launch", "--config_file", str(config), "--num_processes", "8",
+                                   "train.py"], tmp_path)
+    copy = tmp_path / "accelerate-cpu.yaml"
+    assert out == ["accelerate", "launch", "--config_file", str(copy), "--num_processes", "2", "train.py"]
+    assert yaml.safe_load(copy.read_text()) == {**settings, "num_processes": 2, "num_machines": 1}
+    assert notes == ["on CPU ranks: num_processes 8: 2 CPU ranks"]
+
+
 def codes_of(doc: dict) -> list[str]:
     return [f["code"] for f in doc["findings"]]
 

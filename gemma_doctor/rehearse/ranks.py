@@ -231,7 +231,8 @@ def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float
 def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
     """An `accelerate launch --config_file fsdp.yaml ...` command for CPU ranks: the config copied into ``folder``
     with what a CPU cannot do replaced (a device-only setting makes accelerate stop before the script's first line
-    would on a GPU), at most 2 processes; (the command, the notes saying it). Another command comes back as it is."""
+    would on a GPU), at most 2 processes (a DeepSpeed config: only those); a `deepspeed train.py` line under torch's
+    launcher; (the command, the notes saying it). Another command comes back as it is."""
     if argv and Path(argv[0]).name == "deepspeed":
         return _deepspeed_on_cpu(argv)
     if not argv or Path(argv[0]).name != "accelerate":
@@ -241,14 +242,19 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
         return argv, []
     path = argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else "")
     config = read_config(Path(path))
-    if kind(config) != "fsdp":
+    sharding = kind(config)
+    if sharding is None:
         return argv, []
     import yaml
 
-    fsdp = dict(config["fsdp_config"]) if isinstance(config.get("fsdp_config"), Mapping) else {}
-    fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
     copy = folder / "accelerate-cpu.yaml"
-    copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
+    if sharding == "deepspeed":
+        # DeepSpeed runs on CPU ranks as it is (its CPU accelerator, gloo): only the rank count is the CPU's.
+        copy.write_text(yaml.safe_dump({**config, "num_processes": WORLD, "num_machines": 1}))
+    else:
+        fsdp = dict(config["fsdp_config"]) if isinstance(config.get("fsdp_config"), Mapping) else {}
+        fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
+        copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
     out = list(argv)
     if "=" in out[at]:
         out[at] = f"--config_file={copy}"
@@ -260,6 +266,8 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
         elif w.startswith(("--num_processes=", "--num-processes=")):
             out[i] = f"{w.split('=', 1)[0]}={WORLD}"
     notes = [f"on CPU ranks: {why}" for why in replacements(config)[:-1]]
+    if sharding == "deepspeed":
+        return out, [n for n in notes if "num_processes" in n or "num_machines" in n]
     notes.append("on CPU ranks accelerate 1.15 runs an FSDP config as MULTI_CPU (DDP, no sharding): the launched "
                  "script is rehearsed on 2 CPU ranks without FSDP; its sharding is rehearsed by `rehearse "
                  "--training-config T --accelerate-config FILE`")
