@@ -97,7 +97,7 @@ def test_a_config_deepspeed_refuses_is_the_crash_of_its_stage_on_every_rank(cli,
 
 # -- the JIT builds the rehearsal keeps (no DeepSpeed needed) ---------------------------------------------------------
 def test_every_rehearsal_child_builds_torch_extensions_in_its_own_folder(tmp_path, monkeypatch):
-    """Never the user's ~/.cache/torch_extensions, where a build killed mid-way leaves a lock every later one waits on."""
+    """Never the user's ~/.cache/torch_extensions, where a build killed mid-way leaves a lock later builds wait on."""
     from gemma_doctor.rehearse.process import _environment
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "users"))
@@ -108,7 +108,7 @@ def test_every_rehearsal_child_builds_torch_extensions_in_its_own_folder(tmp_pat
 
 
 def built(folder: Path, name: str, library: bool = True, lock: bool = False) -> Path:
-    """A torch JIT build folder as cpp_extension.load leaves it (its library, objects, ninja files), or one cut short."""
+    """A torch JIT build folder as cpp_extension.load leaves it (library, objects, ninja files), or one cut short."""
     build = folder / name
     build.mkdir(parents=True)
     for file in ("build.ninja", ".ninja_log", "shm.o", *((f"{name}.so",) if library else ()), *(("lock",) if lock
