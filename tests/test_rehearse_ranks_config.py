@@ -125,6 +125,59 @@ def test_deepspeed_not_installed_is_named_never_skipped(tmp_path, monkeypatch):
     assert codes(result.findings) == ["GD950"] and "DeepSpeed is not installed" in result.findings[0].message
 
 
+@pytest.mark.parametrize("line", ["deepspeed --num_gpus 8 train.py --deepspeed ds.json",
+                                  "torchrun --nproc-per-node 2 train.py --deepspeed=ds.json",
+                                  "accelerate launch --use_deepspeed train.py", "accelerate launch --config_file "
+                                  "ACCEL train.py"])
+def test_a_deepspeed_launch_line_where_deepspeed_is_not_installed_is_gd950_and_runs_nothing(cli, tmp_path, line,
+                                                                                           monkeypatch):
+    """The main venv holds no DeepSpeed (the pinned stack): a launch line that runs it is named, never started."""
+    import importlib.util
+
+    from tests.test_rehearse import model_folder
+
+    assert importlib.util.find_spec("deepspeed") is None
+    (tmp_path / "train.py").write_text("raise SystemExit('never run')\n")
+    (tmp_path / "accel.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 2}\n")
+    monkeypatch.chdir(tmp_path)
+    got = cli("rehearse", model_folder(tmp_path, "gemma3_text"), "--launch", line.replace("ACCEL", "accel.yaml"),
+              "--format", "json")
+    doc = got.json()["rehearsals"][0]
+    assert got.code == 1 and codes_of(doc) == ["GD950"] and doc["stages"] == [], doc["findings"]
+    assert "DeepSpeed is not installed" in doc["findings"][0]["message"]
+
+
+def test_a_deepspeed_line_runs_its_script_on_two_cpu_ranks_under_torchs_launcher(tmp_path):
+    import sys
+
+    argv = ["/venv/bin/deepspeed", "--num_gpus", "8", "--master_port=29600", "--bind_cores_to_rank", "train.py",
+            "--deepspeed", "ds.json", "--lr", "1"]
+    out, notes = ranks.cpu_launch(argv, tmp_path)
+    assert out == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                   "--deepspeed", "ds.json", "--lr", "1"]
+    assert len(notes) == 1 and "--num_gpus 8 --master_port=29600 --bind_cores_to_rank" in notes[0]
+
+
+def test_a_launched_deepspeed_accelerate_config_is_a_copy_on_two_ranks_and_nothing_else_changed(tmp_path):
+    """`--num_processes 8` on 2 cores started 8 ranks, each importing the stack (measured: killed after a minute)."""
+    import yaml
+
+    config = tmp_path / "ds.yaml"
+    settings = {"distributed_type": "DEEPSPEED", "num_processes": 8, "mixed_precision": "bf16",
+                "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": False}}
+    config.write_text(yaml.safe_dump(settings))
+    out, notes = ranks.cpu_launch(["accelerate", "launch", "--config_file", str(config), "--num_processes", "8",
+                                   "train.py"], tmp_path)
+    copy = tmp_path / "accelerate-cpu.yaml"
+    assert out == ["accelerate", "launch", "--config_file", str(copy), "--num_processes", "2", "train.py"]
+    assert yaml.safe_load(copy.read_text()) == {**settings, "num_processes": 2, "num_machines": 1}
+    assert notes == ["on CPU ranks: num_processes 8: 2 CPU ranks"]
+
+
+def codes_of(doc: dict) -> list[str]:
+    return [f["code"] for f in doc["findings"]]
+
+
 def test_an_fsdp_config_launched_on_cpu_ranks_is_a_copy_with_what_a_cpu_cannot_do_replaced(tmp_path):
     import yaml
 

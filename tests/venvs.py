@@ -318,6 +318,33 @@ LLAMAFACTORY_STACK = ("transformers==5.6.0", "trl==0.24.0", "peft==0.18.1", "dat
 LLAMAFACTORY_PACKAGES = ("llamafactory==0.9.5", "torchaudio==2.11.1")
 
 
+# DeepSpeed beside the pinned stack, for rehearsing a DeepSpeed run on 2 CPU ranks (issue 34): DeepSpeed itself with no
+# dependencies (its torch, pydantic, numpy, packaging, psutil and tqdm are the main venv's) and the small ones its
+# import and JIT build need (hjson, py-cpuinfo, msgpack, einops; ninja for torch's cpp_extension), each exact.
+DEEPSPEED_PACKAGES = ("deepspeed==0.19.8", "hjson==3.1.0", "ninja==1.13.2", "py-cpuinfo==9.0.0", "msgpack==1.2.4",
+                      "einops==0.8.2")
+
+
+def ensure_deepspeed() -> Path:
+    """The folder holding DeepSpeed and its small dependencies (DEEPSPEED_PACKAGES), built once and cached, for the main
+    venv's PYTHONPATH; its bin/ holds the `ninja` torch's JIT build runs."""
+    return ensure_packages(DEEPSPEED_PACKAGES)
+
+
+def ensure_deepspeed_ops() -> Path:
+    """A TORCH_EXTENSIONS_DIR holding DeepSpeed's shared-memory all-reduce op (deepspeed_shm_comm) JIT-built once for
+    ensure_deepspeed()'s DeepSpeed and this Python's torch, and cached: every DeepSpeed run on CPU ranks loads it, and
+    its first build is minutes of g++ (docs/rehearsal.md). A test copies it where the rehearsal keeps such builds."""
+    packages = ensure_deepspeed()
+    name = f"dsops-{hashlib.sha256(chr(10).join((sys.version, str(packages), TORCH)).encode()).hexdigest()[:12]}"
+    build = ("from deepspeed.accelerator import get_accelerator; "
+             "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+    path = f"{packages / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"  # torch's JIT build runs `ninja`
+    return _built_once(name, ["env", f"PYTHONPATH={packages}", f"PATH={path}", "DS_ACCELERATOR=cpu",
+                              "CUDA_VISIBLE_DEVICES=", f"TORCH_EXTENSIONS_DIR={venv_root() / name}", sys.executable,
+                              "-c", build])
+
+
 def ensure_llamafactory() -> tuple[Path, Path]:
     """(the python of LLaMA-Factory's stack venv, the folder holding LLaMA-Factory and torchaudio for its PYTHONPATH),
     built once and cached; LLaMA-Factory runs as ``python -m llamafactory.cli`` there."""

@@ -24,10 +24,10 @@ from gemma_doctor.report import ExitCode
 @click.option("--launch", default=None, metavar="COMMAND",
               help="The command that launches the run, quoted: `trl sft|dpo|kto|grpo|rloo --config FILE` and "
                    "`axolotl train FILE` are rehearsed as that config; `llamafactory-cli train FILE` runs "
-                   "LLaMA-Factory's own train on the twin; `python train.py ...` (or accelerate launch / torchrun of "
-                   "a script) runs the script unedited against the twin, its Trainer probed.")
+                   "LLaMA-Factory's own train on the twin; `python train.py ...` (or accelerate launch / torchrun / "
+                   "deepspeed of a script) runs the script unedited against the twin, its Trainer probed.")
 @click.option("--accelerate-config", type=common.FILE, default=None,
-              help="The run's accelerate config (FSDP1/FSDP2; DeepSpeed named when not installed): the twin is "
+              help="The run's accelerate config (FSDP1/FSDP2; a DeepSpeed run is rehearsed with --launch): the twin is "
                    "trained on 2 CPU (gloo) ranks with its sharding, what a CPU cannot do replaced and said.")
 @click.option("--steps", type=click.IntRange(min=1, max=50), default=3, show_default=True,
               help="Optimizer steps to rehearse.")
@@ -105,7 +105,18 @@ def rehearse_cli(target: str, cache_dir: Optional[Path], revision: str, training
                 result = Rehearsal(target, repo_id, "script", findings=[*found_first, llamafactory.not_installed()])
             else:
                 script, notes = llamafactory.prepare(factory[0], factory[1], Path(tmp), steps, repo_id, Path.cwd())
-        if script is not None and (device == "cpu" or not nvidia_driver_present()):
+        if script is not None and result is None:
+            from gemma_doctor.rehearse.ranks import deepspeed_missing
+
+            missing = deepspeed_missing(script)
+            if missing is not None:
+                # Named like any library the run needs and this interpreter lacks (GD950), not silently skipped.
+                from gemma_doctor.rehearse.runner import Rehearsal, plan_for
+
+                _, found_first, _, repo_id = plan_for(target, cache_dir, revision, training_config, steps, "script",
+                                                      device)
+                result = Rehearsal(target, repo_id, "script", findings=[*found_first, missing])
+        if script is not None and result is None and (device == "cpu" or not nvidia_driver_present()):
             from gemma_doctor.rehearse.ranks import cpu_launch
 
             # An FSDP config launched on CPU ranks: what stops accelerate before the script on a CPU is replaced

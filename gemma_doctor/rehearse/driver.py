@@ -9,6 +9,7 @@ the run (later stages need its result); a probe's figures go out as they are and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -116,6 +117,9 @@ class Run:
         # A loop's own figures for the train record, filled by its probe as it trains (a reward model's: reward.py).
         self.train_extra: dict[str, Any] = {}
         self.device = "cpu"  # settled by load(): asking torch is the child's first heavy import
+        # The context of a load one process makes alone (the save stage's reload, the merge's): a launched run's probe
+        # steps it out of DeepSpeed ZeRO-3, whose from_pretrained partitions over every rank (hook/probe.py).
+        self.one_process: Callable[[], Any] = contextlib.nullcontext
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _load_model(self, where: str, attn: str | None = None) -> Any:
@@ -392,12 +396,13 @@ class Run:
         if not reload:
             # The folder is rank 0's to write: another rank reading it at once met it half written (FSDP, 2 ranks).
             return None
-        if (folder / "adapter_config.json").exists():
-            from peft import PeftModel
+        with self.one_process():
+            if (folder / "adapter_config.json").exists():
+                from peft import PeftModel
 
-            reloaded = PeftModel.from_pretrained(self._load_model(self.plan["repo_id"]), str(folder))
-        else:
-            reloaded = self._load_model(str(folder))
+                reloaded = PeftModel.from_pretrained(self._load_model(self.plan["repo_id"]), str(folder))
+            else:
+                reloaded = self._load_model(str(folder))
         reloaded.to(self.device)
         got = self._logits(reloaded)
         self.events.write("save", "ok", **_compare(ref, got), files=sorted(p.name for p in folder.iterdir()))
@@ -439,7 +444,8 @@ class Run:
         folder = self.work / "merged"
         merged.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
-        reloaded = self._load_model(str(folder)).to(self.device)
+        with self.one_process():
+            reloaded = self._load_model(str(folder)).to(self.device)
         got = self._logits(reloaded)
         self.events.write("merge", "ok", merged=_compare(ref, exact), reloaded=_compare(in_memory, got),
                           dtype=str(saved_dtype))

@@ -122,3 +122,73 @@ def keep(folder: Path, digest: str, hub: Path, records: list[dict[str, Any]]) ->
         pass
     finally:
         shutil.rmtree(part, ignore_errors=True)
+
+
+# -- torch's JIT builds (DeepSpeed's shared-memory op) -----------------------------------------------------------------
+# Every rehearsal child builds torch C++ extensions in its own folder (TORCH_EXTENSIONS_DIR under the rehearsal's
+# temporary folder: process._environment), so no build of the user's, and no `lock` a killed build left, is ever met.
+# DeepSpeed 0.19.8 on CPU ranks JIT-builds its shared-memory all-reduce op (deepspeed_shm_comm) at every start, minutes
+# of g++; the finished build is kept here beside the twins and copied into the next rehearsal's folder, where torch's
+# ninja finds it up to date (docs/rehearsal.md, "DeepSpeed on 2 CPU ranks").
+_EXTENSIONS = "torch_extensions"
+# Files of a build that belong to the build that made them: torch's FileBaton `lock` (a build killed while holding it
+# leaves it, and every later build waits on it without end).
+_NOT_KEPT = ("lock",)
+
+
+def extensions_key() -> str:
+    """The digest of what a JIT build depends on: Python, torch, and DeepSpeed's version and location (its sources are
+    compiled from there); the machine is the one the kept folder is on."""
+    import importlib.util
+    import platform
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        spec = None
+    h = hashlib.sha256(json.dumps({"python": sys.version, "machine": platform.machine(), "torch": _version("torch"),
+                                   "deepspeed": _version("deepspeed"), "at": spec.origin if spec else None},
+                                  sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def find_extensions(folder: Path, into: Path) -> bool:
+    """Copy the kept JIT builds (if any) into the rehearsal's own extensions folder ``into``, every file's time kept
+    (ninja then finds the build up to date) and no lock; whether any was found."""
+    kept = folder / f"{_EXTENSIONS}-{extensions_key()}"
+    if not kept.is_dir():
+        return False
+    try:
+        shutil.copytree(kept, into, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_NOT_KEPT))
+    except OSError:
+        return False
+    return True
+
+
+def keep_extensions(folder: Path, built: Path) -> None:
+    """Keep the rehearsal's finished JIT builds (each build folder holding its library, no lock held) under
+    ``folder``, renamed into place in one step as keep() does; never raises."""
+    target = folder / f"{_EXTENSIONS}-{extensions_key()}"
+    try:
+        done = [d for d in built.iterdir() if d.is_dir() and any(d.glob("*.so")) and not (d / "lock").exists()]
+        if target.exists() or not done:
+            return
+        part = Path(tempfile.mkdtemp(prefix=".part-", dir=folder))
+    except OSError:
+        return
+    try:
+        for d in done:
+            shutil.copytree(d, part / d.name, symlinks=True, ignore=shutil.ignore_patterns(*_NOT_KEPT))
+        os.rename(part, target)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+
+
+def unfinished(built: Path) -> list[str]:
+    """The JIT builds in the rehearsal's extensions folder ``built`` that hold no library yet (cut by the deadline)."""
+    try:
+        return sorted(d.name for d in built.iterdir() if d.is_dir() and not any(d.glob("*.so")))
+    except OSError:
+        return []

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_doctor.errors import UsageError
+from gemma_doctor.readers import launch as launch_reader
 from gemma_doctor.report import Finding, Severity
 
 HOOK = Path(__file__).resolve().parent / "hook"
@@ -36,6 +37,8 @@ _LAUNCHERS = {
                  "--log-dir", "--log_dir", "--redirects", "--tee", "--local-addr", "--monitor-interval"},
 }
 _PYTHONS = ("python", "python3")
+_DEEPSPEED_SWITCHES = frozenset({*launch_reader._DEEPSPEED_SWITCHES, *(w.replace("_", "-") for w in
+                                                                      launch_reader._DEEPSPEED_SWITCHES)})
 
 
 def script_of(words: list[str]) -> int | None:
@@ -49,6 +52,8 @@ def script_of(words: list[str]) -> int | None:
         start, takes = 2, _LAUNCHERS["accelerate"]
     elif head == "torchrun":
         start, takes = 1, _LAUNCHERS["torchrun"]
+    elif head == "deepspeed":
+        start, takes = 1, None  # DeepSpeed's launcher: every option but its switches takes a value
     else:
         return None
     i = start
@@ -57,7 +62,8 @@ def script_of(words: list[str]) -> int | None:
         if w in ("-m", "-c"):
             return None  # a module or inline code: no script of the user's to run as a file
         if w.startswith("-"):
-            i += 2 if w in takes else 1
+            valued = (w not in _DEEPSPEED_SWITCHES and "=" not in w) if takes is None else w in takes
+            i += 2 if valued else 1
             continue
         return i if w.endswith(".py") else None
     return None
@@ -73,8 +79,8 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
         raise UsageError(f"--launch is not a command line: {e}") from None
     at = script_of(words)
     if at is None:
-        raise UsageError("--launch: not a Python training script (python X.py, accelerate launch X.py, torchrun X.py) "
-                         "or `trl sft --config FILE`")
+        raise UsageError("--launch: not a Python training script (python X.py, accelerate launch X.py, torchrun X.py, "
+                         "deepspeed X.py) or `trl sft --config FILE`")
     script = (cwd / words[at]).absolute()
     if not script.is_file():
         raise UsageError(f"--launch: the script {words[at]} is not a file (looked in {cwd})")
@@ -142,14 +148,23 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
             kept.keep(Path(twins), digest, root / "hub", records)
         env = {**env, "GEMMA_DOCTOR_LAUNCH_PLAN": str(root / "plan.json"),
                "PYTHONPATH": os.pathsep.join((str(HOOK), env["PYTHONPATH"]))}
+        # DeepSpeed's JIT-built ops, kept from an earlier rehearsal, in this one's own extensions folder (kept.py).
+        extensions = Path(env["TORCH_EXTENSIONS_DIR"])
+        had_extensions = bool(twins) and kept.find_extensions(Path(twins), extensions)
         script_log = root / "script.log"
         started = time.monotonic()
         child = Child(argv, root / "work", env, script_log)
         status = child.wait(max(deadline - time.monotonic(), 0.1))
         seconds = time.monotonic() - started
+        if twins and not had_extensions and status is not None and extensions.is_dir():
+            kept.keep_extensions(Path(twins), extensions)
         records = _records(root / "events.jsonl")
         if status is None:
-            return records, f"timeout after {timeout:g} s", seconds
+            cut = kept.unfinished(extensions)
+            # DeepSpeed's first start on CPU ranks builds its op for minutes: a deadline met there says so.
+            during = (f" while torch built {', '.join(cut)} (DeepSpeed's JIT op: minutes of g++ at its first start; "
+                      f"with {kept.ENV} set the finished build is kept for the next rehearsal)") if cut else ""
+            return records, f"timeout after {timeout:g} s{during}", seconds
         if status != 0 and not any(r.get("status") == "error" for r in records):
             return records, f"the script exited with status {status}: {_tail(script_log)}", seconds
         return records, None, seconds

@@ -96,6 +96,8 @@ def _environment(root: Path, device: str = "cpu") -> dict[str, str]:
     env = dict(os.environ)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+        # DeepSpeed picks its CPU accelerator where it sees no GPU, unless the user's environment names another one.
+        env["DS_ACCELERATOR"] = "cpu"
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY"):
         env.pop(name, None)
     package_root = str(Path(__file__).resolve().parent.parent.parent)
@@ -104,6 +106,9 @@ def _environment(root: Path, device: str = "cpu") -> dict[str, str]:
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
         "TMPDIR": str(root / "tmp"),
+        # torch's JIT builds (DeepSpeed's ops) in the rehearsal's folder: never the user's ~/.cache/torch_extensions,
+        # nor a `lock` a killed build left there, which every later build waits on without end (kept.py).
+        "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"),
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1))),
     })

@@ -188,12 +188,14 @@ def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float
                                            fix="run the rehearsal in the environment that trains (nothing is "
                                                "installed for you)"))
         else:
-            # DeepSpeed does run on CPU ranks (DS_ACCELERATOR=cpu, gloo: docs/rehearsal.md), but compiles its
-            # shared-memory op on first use (minutes, into the user's torch_extensions): not rehearsed yet.
-            result.findings.append(Finding("GD951", Severity.INFO, "not rehearsed yet: DeepSpeed on CPU ranks (its "
-                                           "first run compiles a shared-memory op, minutes); the run is not "
-                                           "rehearsed on ranks", key="deepspeed_config",
-                                           fix="rehearse on the training machine"))
+            # DeepSpeed runs on CPU ranks through the user's own Trainer (its integration builds the engine from
+            # the JSON): the launch line rehearses that; this module's own loop drives FSDP only.
+            result.findings.append(Finding("GD951", Severity.INFO, "not rehearsed with --accelerate-config: a "
+                                           "DeepSpeed config is rehearsed through your script's Trainer on 2 CPU "
+                                           "ranks, with the launch line", key="deepspeed_config",
+                                           fix="rehearse --launch \"accelerate launch --config_file FILE train.py\" "
+                                               "(or \"deepspeed train.py --deepspeed ds.json\", \"torchrun "
+                                               "--nproc-per-node 2 train.py ...\")"))
         return result
     if sharding is None:
         result.findings.append(Finding("GD951", Severity.INFO, "the accelerate config asks for neither FSDP nor "
@@ -229,7 +231,10 @@ def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float
 def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
     """An `accelerate launch --config_file fsdp.yaml ...` command for CPU ranks: the config copied into ``folder``
     with what a CPU cannot do replaced (a device-only setting makes accelerate stop before the script's first line
-    would on a GPU), at most 2 processes; (the command, the notes saying it). Another command comes back as it is."""
+    would on a GPU), at most 2 processes (a DeepSpeed config: only those); a `deepspeed train.py` line under torch's
+    launcher; (the command, the notes saying it). Another command comes back as it is."""
+    if argv and Path(argv[0]).name == "deepspeed":
+        return _deepspeed_on_cpu(argv)
     if not argv or Path(argv[0]).name != "accelerate":
         return argv, []
     at = next((i for i, w in enumerate(argv) if w == "--config_file" or w.startswith("--config_file=")), None)
@@ -237,14 +242,19 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
         return argv, []
     path = argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else "")
     config = read_config(Path(path))
-    if kind(config) != "fsdp":
+    sharding = kind(config)
+    if sharding is None:
         return argv, []
     import yaml
 
-    fsdp = dict(config["fsdp_config"]) if isinstance(config.get("fsdp_config"), Mapping) else {}
-    fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
     copy = folder / "accelerate-cpu.yaml"
-    copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
+    if sharding == "deepspeed":
+        # DeepSpeed runs on CPU ranks as it is (its CPU accelerator, gloo): only the rank count is the CPU's.
+        copy.write_text(yaml.safe_dump({**config, "num_processes": WORLD, "num_machines": 1}))
+    else:
+        fsdp = dict(config["fsdp_config"]) if isinstance(config.get("fsdp_config"), Mapping) else {}
+        fsdp.update(fsdp_sync_module_states=False, fsdp_cpu_ram_efficient_loading=False)
+        copy.write_text(yaml.safe_dump({**config, "fsdp_config": fsdp, "num_processes": WORLD, "num_machines": 1}))
     out = list(argv)
     if "=" in out[at]:
         out[at] = f"--config_file={copy}"
@@ -256,10 +266,52 @@ def cpu_launch(argv: list[str], folder: Path) -> tuple[list[str], list[str]]:
         elif w.startswith(("--num_processes=", "--num-processes=")):
             out[i] = f"{w.split('=', 1)[0]}={WORLD}"
     notes = [f"on CPU ranks: {why}" for why in replacements(config)[:-1]]
+    if sharding == "deepspeed":
+        return out, [n for n in notes if "num_processes" in n or "num_machines" in n]
     notes.append("on CPU ranks accelerate 1.15 runs an FSDP config as MULTI_CPU (DDP, no sharding): the launched "
                  "script is rehearsed on 2 CPU ranks without FSDP; its sharding is rehearsed by `rehearse "
                  "--training-config T --accelerate-config FILE`")
     return out, notes
+
+
+def deepspeed_missing(argv: list[str]) -> Finding | None:
+    """GD950 for a launch line that runs DeepSpeed (`deepspeed train.py`, `--deepspeed ds.json`, `accelerate launch
+    --use_deepspeed` or a DeepSpeed accelerate config) where DeepSpeed is not installed: named, nothing rehearsed."""
+    import importlib.util
+
+    from gemma_doctor.errors import UsageError
+
+    def config_is_deepspeed(i: int, w: str) -> bool:
+        path = w.split("=", 1)[1] if "=" in w else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            return kind(read_config(Path(path))) == "deepspeed"
+        except (UsageError, OSError):
+            return False
+
+    asks = bool(argv) and Path(argv[0]).name == "deepspeed" or any(
+        w in ("--use_deepspeed", "--use-deepspeed") or w == "--deepspeed" or w.startswith("--deepspeed=")
+        or (w == "--config_file" or w.startswith("--config_file=")) and config_is_deepspeed(i, w)
+        for i, w in enumerate(argv))
+    if not asks or importlib.util.find_spec("deepspeed") is not None:
+        return None
+    return Finding("GD950", Severity.ERROR, f"not rehearsable: DeepSpeed is not installed in this environment "
+                   f"({sys.executable}); the launch line runs DeepSpeed", key="deepspeed",
+                   fix="run the rehearsal in the environment that trains (nothing is installed for you)")
+
+
+def _deepspeed_on_cpu(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A `deepspeed [options] train.py ...` line for 2 CPU ranks: the script and its arguments under torch's own
+    launcher (what DeepSpeed's launcher runs on one node, without its GPU discovery, hostfile and ssh), with the notes
+    saying so."""
+    from gemma_doctor.rehearse.launch import script_of
+
+    at = script_of(argv)
+    if at is None:
+        return argv, []
+    out = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}", *argv[at:]]
+    return out, [f"on CPU ranks: `deepspeed` launches the script on {WORLD} processes of torch's launcher "
+                 "(torch.distributed.run, LOCAL_RANK in the environment, no --local_rank argument); its own options "
+                 f"({' '.join(argv[1:at]) or 'none'}) and GPU discovery are not rehearsed"]
 
 
 # -- the ranks: run under torch.distributed.run, one process per rank -------------------------------------------------

@@ -12,6 +12,7 @@ Runs in the child only: it imports transformers, never the parent.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import importlib.abc
@@ -218,7 +219,7 @@ def _wrap(module: Any) -> None:
         self.add_callback(self._gemma_doctor_probe)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
-                ranks=int(os.environ.get("WORLD_SIZE", "1") or 1))
+                ranks=int(os.environ.get("WORLD_SIZE", "1") or 1), sharding=_sharding(self))
 
     @functools.wraps(train)
     def _train(self: Any, *a: Any, **kw: Any) -> Any:
@@ -294,7 +295,10 @@ def on_the_copy(run: Any, reloaded: Any) -> None:
     try:
         for name, stage in (("generate", run.generate), ("merge", run.merge)):
             try:
-                stage()
+                # Out of ZeRO-3 for rank 0's copy: generate() syncs every rank at each token under it (synced_gpus),
+                # which the other rank never joins (both ranks hung, measured).
+                with _one_process():
+                    stage()
             except Exception as e:  # noqa: BLE001 - each stage's failure is a finding; the copy's next stage and
                 # the script go on (the merge needs no generation, and the script never sees this copy)
                 STATE.error(name, e)
@@ -559,10 +563,51 @@ def _run(trainer: Any) -> Any:
             "settings": {"dtype": dtype or None, "completion_only": False}}
     run = Run(plan, s.events if s.speaks else _Silent())
     run.trainer, run.model = trainer, model
+    run.one_process = _one_process
     tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     tok = getattr(tok, "tokenizer", tok)  # a processor holds its tokenizer
     run.tokenizer = tok if tok is not None else transformers.AutoTokenizer.from_pretrained(s.plan["repo_id"])
     return run
+
+
+def _sharding(trainer: Any) -> str | None:
+    """How the Trainer shards the run as it set itself up: "deepspeed zero N", "fsdp", or None (one process, DDP)."""
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+        return f"deepspeed zero {getattr(plugin, 'zero_stage', '?')}"
+    return "fsdp" if getattr(trainer, "is_fsdp_enabled", False) else None
+
+
+@contextlib.contextmanager
+def _one_process() -> Any:
+    """A load rank 0 makes alone (the probe's reloads): under DeepSpeed ZeRO-3, transformers' from_pretrained would
+    partition the model over every rank (zero.Init, a collective the other rank never joins: both ranks hung, measured),
+    so the Trainer's DeepSpeed config is stepped out of for the load (transformers' own unset/set pair) and put back."""
+    from transformers.integrations import deepspeed as ds
+
+    config = ds._hf_deepspeed_config_weak_ref() if ds._hf_deepspeed_config_weak_ref is not None else None
+    if config is None or not ds.is_deepspeed_zero3_enabled():
+        yield
+        return
+    ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        ds.set_hf_deepspeed_config(config)
+
+
+def _gathered(model: Any) -> Any:
+    """A context in which the trainable parameters hold their full values: under DeepSpeed ZeRO-3 each rank holds a
+    shard and the parameter itself is empty, so they are gathered (a collective: every rank's probe calls it in step);
+    otherwise nothing to do."""
+    import contextlib
+
+    partitioned = [p for p in model.parameters() if p.requires_grad and hasattr(p, "ds_id")]
+    if not partitioned:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 
 
 def _probe_callback(module: Any) -> type:
@@ -581,7 +626,8 @@ def _probe_callback(module: Any) -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             model = self.trainer.model
-            self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            with _gathered(model):
+                self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in self.trainer.model.parameters()
@@ -598,12 +644,13 @@ def _probe_callback(module: Any) -> type:
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             moved, still, lora_b = [], [], {}
-            for n, p in self.trainer.model.named_parameters():
-                if n in self.before:
-                    delta = float((p.detach().float() - self.before[n].float()).abs().max())
-                    (moved if delta > 0 else still).append(n)
-                    if "lora_B" in n:
-                        lora_b[n] = (float(self.before[n].float().norm()), float(p.detach().float().norm()))
+            with _gathered(self.trainer.model):
+                for n, p in self.trainer.model.named_parameters():
+                    if n in self.before:
+                        delta = float((p.detach().float() - self.before[n].float()).abs().max())
+                        (moved if delta > 0 else still).append(n)
+                        if "lora_B" in n:
+                            lora_b[n] = (float(self.before[n].float().norm()), float(p.detach().float().norm()))
             # The trainer's logged norm (before clipping) where it logs one, else the probe's.
             norms = [float(x["grad_norm"]) for x in self.logged if x.get("grad_norm") is not None] or self.norms
             idle = bool(self.rates) and all(r == 0 for r in self.rates)

@@ -1,13 +1,14 @@
 """A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
 
-python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp] [--bf16] [--modules-to-save] [--image-text] [--resume]
-[--save-only-model]: LoRA on the model loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs,
+python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp | --deepspeed DS_JSON] [--bf16] [--modules-to-save]
+[--image-text] [--resume] [--save-only-model]: LoRA on the model loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs,
 an output_dir outside the rehearsal's folder. --mask-all: a collator bug that masks every label (no exception, nothing
 trained); --bad-labels: a collator bug that cuts the labels one short (the loss crashes at the first step); --bf16:
 bf16 weights and bf16 mixed precision; --modules-to-save: the embeddings and the head trained whole beside the adapter
 (modules_to_save), at a learning rate of 0.01; --image-text: the model loaded as an image-text-to-text model (Gemma
 3's multimodal class), gradient accumulation 2; --resume: train(resume_from_checkpoint=True), as a run restarted after
-a stop; --save-only-model: checkpoints hold the weights only (no optimizer or scheduler state). Runs on transformers
+a stop; --save-only-model: checkpoints hold the weights only (no optimizer or scheduler state); --deepspeed: the
+Trainer's own DeepSpeed integration with that JSON (TrainingArguments(deepspeed=...)). Runs on transformers
 4.50 and later (the reproduction venvs of tests/venvs.py).
 """
 
@@ -49,6 +50,8 @@ class Collator(DataCollatorForLanguageModeling):
 # --fsdp: the same run sharded over the launched ranks (FSDP, decoder layers wrapped).
 sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["Gemma3DecoderLayer"]}) \
     if "--fsdp" in sys.argv else {}
+if "--deepspeed" in sys.argv:
+    sharded = dict(deepspeed=sys.argv[sys.argv.index("--deepspeed") + 1])
 args = TrainingArguments(output_dir="/tmp/gemma-doctor-launch-test-never-written", per_device_train_batch_size=2,
                          learning_rate=1e-2 if saved else 1e-3, num_train_epochs=50, eval_strategy="epoch",
                          save_strategy="epoch", report_to="none", use_cpu=True, bf16=bf16,
