@@ -4,6 +4,7 @@ fixes never reads the rules, and no module imports itself back through others (d
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,67 @@ def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
     wrong = [f"{name} imports {target}" for name in commands | {"gemma_doctor.cli", "gemma_doctor.cli.common"}
              for target, _, _ in GRAPH[name] if target in commands and target != name]
     assert not wrong, "\n".join(wrong)
+
+
+# The settings the Run models (run.Run: trainer, precision, batch, accumulation, sequence length, checkpointing,
+# attention, method and LoRA, distributed engine), by the names the training-config reader gives them (readers/
+# training_config.KEYS). A rule judges them from model.run, never from the training config itself.
+RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation",
+              "flash_attention", "sdp_attention", "bf16", "fp16", "mixed_precision", "lora_target_modules",
+              "lora_target_linear", "lora_r", "adapter", "load_in_4bit", "load_in_8bit", "zero_stage", "num_processes",
+              "num_machines")
+_NAMES = "|".join(RUN_FIELDS)
+# A read of one of them from the training config: tc.trainer, tc.get("bf16"), s.get("bf16"), s["bf16"], "bf16" in s.
+_READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*"(' + _NAMES + r')"'
+                   r'|\b(?:tc\.settings|s)\[\s*"(' + _NAMES + r')"\]|"(' + _NAMES + r')" in (?:s|tc\.settings)\b')
+# What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
+# and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
+STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
+    "attention": frozenset({"attn_implementation", "sdp_attention", "mixed_precision", "batch_size", "seq_len"}),
+    "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
+    "crashes": frozenset({"gradient_checkpointing"}),
+    "distributed": frozenset({"zero_stage"}),
+    "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
+    "members": frozenset({"gradient_checkpointing", "attn_implementation", "flash_attention", "num_processes",
+                          "lora_target_modules", "lora_target_linear"}),
+    "precision": frozenset({"mixed_precision"}),
+    "training": frozenset({"mixed_precision", "fp16", "bf16", "gradient_checkpointing", "load_in_4bit", "adapter"}),
+}
+
+
+def config_reads(text: str) -> dict[str, list[int]]:
+    """The Run's fields a module's source reads from the training config, with their lines ("trainer": tc.trainer)."""
+    found: dict[str, list[int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in _READ.finditer(line):
+            lines = found.setdefault(next((g for g in m.groups() if g), "trainer"), [])
+            if number not in lines:
+                lines.append(number)
+    return found
+
+
+def test_the_rules_read_the_runs_fields_from_the_run() -> None:
+    """A rule judges the trainer, precision, batch, sequence, checkpointing, attention, LoRA and engine of the run from
+    model.run, not from the training config (issue 32): on main before this rule, rules/tokens.py (GD903) and
+    rules/attention.py (GD650) read tc.trainer."""
+    wrong = [f"rules/{path.name}:{line} reads {field} from the training config, not from model.run"
+             for path in sorted((PACKAGE / "rules").glob("*.py"))
+             for field, lines in config_reads(path.read_text()).items()
+             if field not in STILL_READ_FROM_CONFIG.get(path.stem, frozenset()) for line in lines]
+    assert not wrong, "\n".join(wrong)
+    stale = [f"{stem}: {field}" for stem, fields in STILL_READ_FROM_CONFIG.items() for field in fields
+             if field not in config_reads((PACKAGE / "rules" / f"{stem}.py").read_text())]
+    assert not stale, "moved to the Run: take them out of STILL_READ_FROM_CONFIG\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('    chosen = tc.trainer.value', {"trainer": [1]}),
+    ('    b, s = tc.get("batch_size"), tc.get("seq_len")', {"batch_size": [1], "seq_len": [1]}),
+    ('    if "gradient_checkpointing" in s and truthy(s["bf16"].value):', {"gradient_checkpointing": [1], "bf16": [1]}),
+    ('    uc = tc.get("use_cache")  # not a field of the Run', {}),
+    ('    batch = run.batch.value', {}),
+])
+def test_the_read_scan_sees_each_way_of_reading(line: str, expected: dict[str, list[int]]) -> None:
+    """The scan itself: each way a rule reads a setting counts, and reading the Run does not (a scan that saw none
+    passes)."""
+    assert config_reads(line) == expected

@@ -10,7 +10,7 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
+from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key, run_trainer
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.run import ASSUMED_TRAINER
 from gemma_doctor.stack import Exposure, Window
@@ -228,7 +228,7 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     stack = env.libraries
     trl = stack.get("trl")
     # The trainer the run executes (trainers.decide, the one decision the memory plan and the rehearsal take).
-    trainer = _trainer(model, tc)
+    trainer = _trainer(model, env)
     chunked = trainer is not None and trainer.chunks_logprobs(stack)
     alive, per_logit, paired = _logits_at_loss(model, batch, seq)
     pairs = " x 2 (chosen and rejected)" if paired else ""
@@ -273,13 +273,11 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
         logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
 
 
-def _trainer(model: ModelFacts, tc: Any) -> Trainer | None:
-    """The trainer the readers decided for the run (the Run's, where one was resolved), None where no training config
-    or launch line names one (the Run's trainer is then the plan's assumption, not a decision)."""
-    run = model.run
-    if run is not None:
-        return run.trainer.value if run.trainer.source != ASSUMED_TRAINER else None
-    return tc.trainer.value if tc.trainer is not None else None
+def _trainer(model: ModelFacts, env: Environment) -> Trainer | None:
+    """The trainer the readers decided for the run (the Run's), None where no training config or launch line names one
+    (the Run's trainer is then the plan's assumption, not a decision)."""
+    chosen = run_trainer(model, env)
+    return chosen.value if chosen.source != ASSUMED_TRAINER else None
 
 
 def _logits_at_loss(model: ModelFacts, batch: int, seq: int) -> tuple[int, float, bool]:
