@@ -248,7 +248,6 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
 STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     "attention": frozenset({"attn_implementation", "sdp_attention", "mixed_precision", "batch_size", "seq_len"}),
     "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
-    "crashes": frozenset({"gradient_checkpointing"}),
     "distributed": frozenset({"zero_stage"}),
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
     "members": frozenset({"gradient_checkpointing", "attn_implementation", "flash_attention", "num_processes",

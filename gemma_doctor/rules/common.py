@@ -103,3 +103,10 @@ def located(setting: Sourced[Any], tc: Any, **details: Any) -> dict[str, Any]:
     # The source names the key as written (axolotl's micro_batch_size, a dotted nested key): its setting has the line.
     line = next((s.line for s in tc.settings.values() if s.key == key), None) if key is not None else None
     return {"file": tc.path, "key": key, "details": {"line": line, **details} if line else dict(details)}
+
+
+def executed(setting: Sourced[Any]) -> bool:
+    """Whether the run executes this value of the Run whatever the memory plan chooses: set by a key of the training
+    config, by its trainer's own default ("default of TRL SFTConfig ..."), or by an option (which overrides the config:
+    docs/memory.md); not a value the plan or the search filled in where the inputs leave the setting open."""
+    return setting.config_key is not None or setting.source.startswith(("default of ", "option"))
