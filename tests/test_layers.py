@@ -246,7 +246,9 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
 # What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
 # and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
 STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
-    "attention": frozenset({"attn_implementation", "sdp_attention", "mixed_precision", "batch_size", "seq_len"}),
+    # The backend: the Run's attention (runplan.run_request) reads attn_implementation alone, not axolotl's
+    # flash_attention / sdp_attention switches nor a kernels-hub name, which common.attention_backend reads.
+    "attention": frozenset({"attn_implementation", "sdp_attention"}),
     "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
     "distributed": frozenset({"zero_stage"}),
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),

@@ -428,6 +428,11 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),
     ({"attn_implementation": "sdpa", "torch_dtype": "float32"}, "T4", []),
+    # TRL's SFTConfig (max_length) turns bf16 on where fp16 is off (TRL 1.16.0 here): the queries reach flash-attn in
+    # bf16, cast from fp32 to the autocast dtype by transformers' flash_attention integration (was GD684)
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "max_length": 1024}, "A100", []),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "max_length": 1024, "bf16": False}, "A100",
+     ["GD684"]),
 ])
 def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli, hub, tmp_path, training, gpu, expected):
     """Both passed: flash-attn 2's flash_api.cpp refuses GPUs before sm80 and fp32 inputs (2.6.x sdists)."""
