@@ -254,7 +254,6 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
     "members": frozenset({"gradient_checkpointing", "attn_implementation", "flash_attention", "num_processes",
                           "lora_target_modules", "lora_target_linear"}),
-    "precision": frozenset({"mixed_precision"}),
     "training": frozenset({"mixed_precision", "fp16", "bf16", "gradient_checkpointing", "load_in_4bit", "adapter"}),
 }
 

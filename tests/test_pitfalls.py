@@ -442,6 +442,21 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
     assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs
 
 
+@pytest.mark.parametrize("training, severity", [
+    ({"bf16": False}, "info"),  # the config's switches say fp32: it follows GD302's advice
+    ({"max_length": 1024, "bf16": False}, "info"),  # TRL's SFTConfig with bf16 off: fp32 too
+    # TRL's SFTConfig with fp16 off and bf16 unset turns bf16 on (TRL 1.16.0 here: bf16 = not fp16), emulated on a T4:
+    # the run does not train in fp32 (was "info", as if it followed the advice)
+    ({"max_length": 1024, "fp16": False}, "warning"),
+    ({"per_device_train_batch_size": 4}, "warning"),  # no switch: the launcher decides
+])
+def test_gd302_is_a_fact_only_where_the_run_trains_in_fp32(cli, hub, tmp_path, training, severity):
+    """GD302 (no native bf16, a model that overflows fp16) is information where the run already trains in fp32: the
+    Run's precision as the config's own switches set it, not a trainer that turns bf16 on by its default."""
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--gpu", "T4")
+    assert [f["severity"] for f in got["GD302"]] == [severity]
+
+
 def test_gemma3n_tokens_beyond_the_rows_are_not_cured_by_resizing_the_multimodal_model(cli, hub, tmp_path):
     """GD505 advised resize_token_embeddings(len(tokenizer)) on a multimodal Gemma 3n, whose forward embeds every id
     >= audio_config.vocab_offset with embed_audio. Reproduced on tiny real modules: the audio embedder raises

@@ -20,7 +20,8 @@ def recommend_command(gpu: Any) -> str:
 
 def _precision_explicit(env: Environment) -> bool:
     """True when the --training-config sets fp16/bf16/mixed_precision to a value, not `auto`: then nothing asks
-    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value)."""
+    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value). A
+    judgement of the file's own switches (whether one says `auto`), which the Run's precision does not keep."""
     tc = env.training_config
     if tc is None or not tc.ok:
         return False
@@ -28,17 +29,11 @@ def _precision_explicit(env: Environment) -> bool:
     return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
 
 
-def _trains_in_fp32(env: Environment) -> bool:
-    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on."""
-    tc = env.training_config
-    if not _precision_explicit(env) or tc is None:
-        return False
-    from gemma_doctor.readers.training_config import truthy
-
-    mixed = tc.get("mixed_precision")
-    if mixed is not None and str(mixed.value).strip().lower() not in ("no", "fp32", "none", "false"):
-        return False
-    return not any(tc.get(k) is not None and truthy(tc.get(k).value) for k in ("fp16", "bf16"))
+def _trains_in_fp32(model: ModelFacts) -> bool:
+    """True when the run trains in fp32 because the training config's switches say so (the Run's precision, from a key
+    of the config): not where the config leaves it to the trainer (TRL's configs turn bf16 on where fp16 is off)."""
+    run = model.run
+    return run is not None and run.precision.value == "fp32" and run.precision.config_key is not None
 
 
 # Unsloth's "forced float32" path for Gemma 3 / 3n on GPUs without bf16 (FORCE_FLOAT32) is not fp32 throughout:
@@ -109,7 +104,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             unsloth = _unsloth_fp32_note(model, env)
             # A training config that already trains in fp32 follows this advice: what remains is a fact, not a warning.
             yield Finding(
-                "GD302", Severity.INFO if _trains_in_fp32(env) and not unsloth else Severity.WARNING,
+                "GD302", Severity.INFO if _trains_in_fp32(model) and not unsloth else Severity.WARNING,
                 f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
                 "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
                 "and runs without tensor cores" + embedding_note(model) + (f"; {unsloth}" if unsloth else ""),
