@@ -252,8 +252,11 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
     "distributed": frozenset({"zero_stage"}),
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
-    "members": frozenset({"gradient_checkpointing", "attn_implementation", "flash_attention", "num_processes",
-                          "lora_target_modules", "lora_target_linear"}),
+    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD133 a multi-GPU
+    # DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a single process);
+    # GD44x the LoRA targets as written (the Run keeps the resolved ones).
+    "members": frozenset({"attn_implementation", "flash_attention", "num_processes", "lora_target_modules",
+                          "lora_target_linear"}),
     "training": frozenset({"mixed_precision", "fp16", "bf16", "gradient_checkpointing", "load_in_4bit", "adapter"}),
 }
 

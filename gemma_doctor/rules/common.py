@@ -110,3 +110,10 @@ def executed(setting: Sourced[Any]) -> bool:
     config, by its trainer's own default ("default of TRL SFTConfig ..."), or by an option (which overrides the config:
     docs/memory.md); not a value the plan or the search filled in where the inputs leave the setting open."""
     return setting.config_key is not None or setting.source.startswith(("default of ", "option"))
+
+
+def checkpoints(model: Any) -> bool:
+    """The run checkpoints gradients: the Run's setting as the config, its trainer's default (TRL's configs and
+    LLaMA-Factory: on) or an option sets it (``executed``), not a choice the memory plan made where they leave it open."""
+    run = model.run
+    return run is not None and bool(run.checkpointing.value) and executed(run.checkpointing)

@@ -16,7 +16,7 @@ from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import executed, located
+from gemma_doctor.rules.common import checkpoints, located
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.traits import kv_shared_layers, use_cache_off_breaks  # noqa: F401
 from gemma_doctor.versioning import (
@@ -134,7 +134,7 @@ def _kv_sharing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[F
     w = GEMMA4_KV_SHARE_NO_CACHE
     tc = env.training_config
     if tc is not None and tc.ok and tc.get("use_cache") is not None and truthy(tc.get("use_cache").value) and not (
-            _checkpoints(model)):
+            checkpoints(model)):
         # The run keeps the cache on and checkpointing off (what recommend prescribes here): the sharing works.
         yield Finding(
             "GD107", Severity.INFO,
@@ -163,7 +163,7 @@ def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack)
     """GD620: the training config turns gradient checkpointing on, which drops the cache; prepare() cannot help."""
     tc = env.training_config
     shared = kv_shared_layers(model.family)
-    if tc is None or not tc.ok or not shared or not _checkpoints(model):
+    if tc is None or not tc.ok or not shared or not checkpoints(model):
         return
     exposure = use_cache_off_breaks(model.family, stack)
     if exposure is Exposure.SAFE:
@@ -188,13 +188,6 @@ def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack)
         file=at["file"], key=at["key"],
         fix=f'pip install "transformers>={w.first_fixed}", or {off} for this model',
         details={"exposure": exposure.value, **at["details"]})
-
-
-def _checkpoints(model: ModelFacts) -> bool:
-    """The run checkpoints gradients: the Run's setting as the config, its trainer's default or an option sets it
-    (common.executed), not a choice the memory plan made where the config leaves it open."""
-    run = model.run
-    return run is not None and run.checkpointing.value and executed(run.checkpointing)
 
 
 def _minimum(model: ModelFacts) -> tuple[str, str] | None:
