@@ -257,7 +257,9 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     # GD44x the LoRA targets as written (the Run keeps the resolved ones).
     "members": frozenset({"attn_implementation", "flash_attention", "num_processes", "lora_target_modules",
                           "lora_target_linear"}),
-    "training": frozenset({"mixed_precision", "fp16", "bf16", "gradient_checkpointing", "load_in_4bit", "adapter"}),
+    # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
+    # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
+    "training": frozenset({"mixed_precision", "fp16", "bf16", "load_in_4bit", "adapter"}),
 }
 
 
