@@ -249,8 +249,13 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     # The backend: the Run's attention (runplan.run_request) reads attn_implementation alone, not axolotl's
     # flash_attention / sdp_attention switches nor a kernels-hub name, which common.attention_backend reads.
     "attention": frozenset({"attn_implementation", "sdp_attention"}),
+    # attention_backend (the backend as written: see "attention"); adapter_enabled and target_list (LoRA as written,
+    # for GD42x/GD44x, which name the file's own words).
     "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
+    # GD661 is DeepSpeed's ZeRO-3 loading path, taken on one process too: the Run's zero_stage counts FSDP's
+    # sharding as stage 3 and is 0 on one GPU (a Run field for the engine is left to do).
     "distributed": frozenset({"zero_stage"}),
+    # GD420/GD421 judge LoRA targets as written (PEFT's default where none; lora_exclude_modules beside them).
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
     # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD133 a multi-GPU
     # DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a single process);
