@@ -264,6 +264,9 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
                           "lora_target_linear"}),
     # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
     # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
+    # GD302's "trains in fp32" reads the switches: the search's candidates write their precision, but their Run's
+    # precision source is "recommended" (plan/search.py plans them with config_precision=False).
+    "precision": frozenset({"mixed_precision"}),
     "training": frozenset({"mixed_precision", "fp16", "bf16", "load_in_4bit", "adapter"}),
 }
 

@@ -29,11 +29,25 @@ def _precision_explicit(env: Environment) -> bool:
     return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
 
 
-def _trains_in_fp32(model: ModelFacts) -> bool:
-    """True when the run trains in fp32 because the training config's switches say so (the Run's precision, from a key
-    of the config): not where the config leaves it to the trainer (TRL's configs turn bf16 on where fp16 is off)."""
+def _trains_in_fp32(model: ModelFacts, env: Environment) -> bool:
+    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on, and its
+    trainer does not turn bf16 on by its own default (the Run's precision, whose source names that default: TRL's
+    configs set bf16 = not fp16, so `fp16: false` alone is bf16). The switches are read from the file: the search's
+    candidates write their precision, but their Run's precision keeps the source "recommended" (plan/search.py plans
+    them with config_precision=False), so the Run alone cannot tell a candidate's `bf16: false` from a config that
+    sets nothing."""
+    tc = env.training_config
+    if not _precision_explicit(env) or tc is None:
+        return False
     run = model.run
-    return run is not None and run.precision.value == "fp32" and run.precision.config_key is not None
+    if run is not None and run.precision.value != "fp32" and run.precision.source.startswith("default of "):
+        return False
+    from gemma_doctor.readers.training_config import truthy
+
+    mixed = tc.get("mixed_precision")
+    if mixed is not None and str(mixed.value).strip().lower() not in ("no", "fp32", "none", "false"):
+        return False
+    return not any(tc.get(k) is not None and truthy(tc.get(k).value) for k in ("fp16", "bf16"))
 
 
 # Unsloth's "forced float32" path for Gemma 3 / 3n on GPUs without bf16 (FORCE_FLOAT32) is not fp32 throughout:
@@ -104,7 +118,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             unsloth = _unsloth_fp32_note(model, env)
             # A training config that already trains in fp32 follows this advice: what remains is a fact, not a warning.
             yield Finding(
-                "GD302", Severity.INFO if _trains_in_fp32(model) and not unsloth else Severity.WARNING,
+                "GD302", Severity.INFO if _trains_in_fp32(model, env) and not unsloth else Severity.WARNING,
                 f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
                 "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
                 "and runs without tensor cores" + embedding_note(model) + (f"; {unsloth}" if unsloth else ""),
