@@ -22,6 +22,8 @@ from typing import Any, Generic, TypeVar
 from gemma_doctor.trainers import Trainer
 
 T = TypeVar("T")
+# The source of a setting a training config sets: "training config KEY", the key as the file writes it (runplan's).
+FROM_CONFIG = "training config "
 
 
 class Method(str, enum.Enum):
@@ -39,6 +41,16 @@ class Sourced(Generic[T]):
 
     value: T
     source: str
+
+    @property
+    def config_key(self) -> str | None:
+        """The training-config key the value was read from, as the file writes it (the source "training config
+        micro_batch_size", plan/runplan.run_request's), None where no key of a training config set it (an option, a
+        trainer's default, the search)."""
+        if not self.source.startswith(FROM_CONFIG):
+            return None
+        key = self.source[len(FROM_CONFIG):].split(" (", 1)[0].strip()  # "deepspeed (stage read from the file name)"
+        return key if key and not key.startswith("(") else None
 
     def to_json(self) -> dict[str, Any]:
         """``{"value": ..., "source": ...}``."""

@@ -135,6 +135,34 @@ def test_gradient_checkpointing_on_a_kv_shared_gemma4_is_flagged_in_the_window(h
         assert found["details"].get("line") == 2 and "transformers>=5.5.2" in found["fix"]
 
 
+@pytest.mark.parametrize(("text", "trl", "expected"), [
+    # TRL's SFTConfig checkpoints by default (True on TRL 1.16.0: SFTConfig(use_cpu=True).gradient_checkpointing)
+    ("max_length: 2048\nuse_peft: true\nbf16: true\n", "==1.16.0", ("error", "on by the default of TRL SFTConfig",
+                                                                   "set gradient_checkpointing to false")),
+    ("max_length: 2048\nuse_peft: true\nbf16: true\n", ">=0.15", None),  # TRL's version unknown: its default too
+    # LLaMA-Factory checkpoints unless disable_gradient_checkpointing is true (hparams/model_args.py)
+    ("stage: sft\nfinetuning_type: lora\nbf16: true\n", None, ("error", "on by the default of LLaMA-Factory",
+                                                                "set disable_gradient_checkpointing to true")),
+    ("stage: sft\nfinetuning_type: lora\nbf16: true\ndisable_gradient_checkpointing: true\n", None, None),
+    ("per_device_train_batch_size: 8\nbf16: true\n", "==1.16.0", None),  # TrainingArguments: off by default
+], ids=["trl-sft-default", "trl-unknown", "llama-factory-default", "llama-factory-disabled", "training-arguments"])
+def test_checkpointing_by_the_trainers_default_on_a_kv_shared_gemma4_is_flagged(hub, cli, tmp_path, text, trl,
+                                                                                 expected):
+    """GD620 judges the run that executes: a config that leaves gradient checkpointing to a trainer that turns it on
+    drops the cache as much as `gradient_checkpointing: true` (before: judged only where the key was written)."""
+    args = tmp_path / "args.yaml"
+    args.write_text(text)
+    found = _findings(cli, hub, gemma4_config(kv_shared=20), *_with("5.5.1"), *(("--with", f"trl{trl}") if trl
+                                                                                 else ()),
+                      "--training-config", str(args), "--gpu", "A100").get("GD620")
+    if expected is None:
+        assert found is None, found
+        return
+    severity, why, off = expected
+    assert found["severity"] == severity and found["file"] == str(args) and found["key"] is None
+    assert why in found["message"] and off in found["fix"], found
+
+
 def test_fix_never_writes_use_cache_false_for_a_kv_shared_model_on_5_5_0_or_5_5_1(hub, cli):
     """The on-disk use_cache fix would switch KV sharing off on these releases: the plan refuses with a note."""
     hub.add("org/model", {"config.json": gemma4_config(kv_shared=20)})

@@ -39,7 +39,11 @@ def _lint(hub, cli, tmp_path, training: str, config: dict | None = None, name: s
      "activation_checkpointing_kwargs.use_reentrant"),
     # LLaMA-Factory checkpoints by default, and reentrantly (use_reentrant_gc defaults to true)
     ("stage: sft\nfinetuning_type: lora\nbf16: true\n", None),
-], ids=["trl", "transformers-5.23-name", "llama-factory-default"])
+    # TRL's SFTConfig (max_length) checkpoints by default (TRL 1.16.0 here: SFTConfig().gradient_checkpointing is
+    # True), so a reentrant setting corrupts the gradients without gradient_checkpointing written (was not flagged)
+    ("max_length: 1024\nbf16: true\ngradient_checkpointing_kwargs:\n  use_reentrant: true\n",
+     "gradient_checkpointing_kwargs.use_reentrant"),
+], ids=["trl", "transformers-5.23-name", "llama-factory-default", "trl-sft-default"])
 def test_reentrant_checkpointing_on_a_kv_shared_gemma4_is_an_error(hub, cli, tmp_path, training, key):
     gd130 = _lint(hub, cli, tmp_path, training)["GD130"]
     assert (gd130["severity"], gd130["key"]) == ("error", key)

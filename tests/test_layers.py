@@ -4,6 +4,7 @@ fixes never reads the rules, and no module imports itself back through others (d
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,80 @@ def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
     wrong = [f"{name} imports {target}" for name in commands | {"gemma_doctor.cli", "gemma_doctor.cli.common"}
              for target, _, _ in GRAPH[name] if target in commands and target != name]
     assert not wrong, "\n".join(wrong)
+
+
+# The settings the Run models (run.Run: trainer, precision, batch, accumulation, sequence length, checkpointing,
+# attention, method and LoRA, distributed engine), by the names the training-config reader gives them (readers/
+# training_config.KEYS). A rule judges them from model.run, never from the training config itself.
+RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation",
+              "flash_attention", "sdp_attention", "bf16", "fp16", "mixed_precision", "lora_target_modules",
+              "lora_target_linear", "lora_r", "adapter", "load_in_4bit", "load_in_8bit", "zero_stage", "num_processes",
+              "num_machines")
+_NAMES = "|".join(RUN_FIELDS)
+# A read of one of them from the training config: tc.trainer, tc.get("bf16"), s.get("bf16"), s["bf16"], "bf16" in s.
+_READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*"(' + _NAMES + r')"'
+                   r'|\b(?:tc\.settings|s)\[\s*"(' + _NAMES + r')"\]|"(' + _NAMES + r')" in (?:s|tc\.settings)\b')
+# What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
+# and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
+STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
+    # The backend: the Run's attention (runplan.run_request) reads attn_implementation alone, not axolotl's
+    # flash_attention / sdp_attention switches nor a kernels-hub name, which common.attention_backend reads.
+    "attention": frozenset({"attn_implementation", "sdp_attention"}),
+    # attention_backend (the backend as written: see "attention"); adapter_enabled and target_list (LoRA as written,
+    # for GD42x/GD44x, which name the file's own words).
+    "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
+    # GD661 is DeepSpeed's ZeRO-3 loading path, taken on one process too: the Run's zero_stage counts FSDP's
+    # sharding as stage 3 and is 0 on one GPU (a Run field for the engine is left to do).
+    "distributed": frozenset({"zero_stage"}),
+    # GD420/GD421 judge LoRA targets as written (PEFT's default where none; lora_exclude_modules beside them).
+    "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
+    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD133 a multi-GPU
+    # DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a single process);
+    # GD44x the LoRA targets as written (the Run keeps the resolved ones).
+    "members": frozenset({"attn_implementation", "flash_attention", "num_processes", "lora_target_modules",
+                          "lora_target_linear"}),
+    # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
+    # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
+    # GD302's "trains in fp32" reads the switches: the search's candidates write their precision, but their Run's
+    # precision source is "recommended" (plan/search.py plans them with config_precision=False).
+    "precision": frozenset({"mixed_precision"}),
+    "training": frozenset({"mixed_precision", "fp16", "bf16", "load_in_4bit", "adapter"}),
+}
+
+
+def config_reads(text: str) -> dict[str, list[int]]:
+    """The Run's fields a module's source reads from the training config, with their lines ("trainer": tc.trainer)."""
+    found: dict[str, list[int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in _READ.finditer(line):
+            lines = found.setdefault(next((g for g in m.groups() if g), "trainer"), [])
+            if number not in lines:
+                lines.append(number)
+    return found
+
+
+def test_the_rules_read_the_runs_fields_from_the_run() -> None:
+    """A rule judges the trainer, precision, batch, sequence, checkpointing, attention, LoRA and engine of the run from
+    model.run, not from the training config (issue 32): on main before this rule, rules/tokens.py (GD903) and
+    rules/attention.py (GD650) read tc.trainer."""
+    wrong = [f"rules/{path.name}:{line} reads {field} from the training config, not from model.run"
+             for path in sorted((PACKAGE / "rules").glob("*.py"))
+             for field, lines in config_reads(path.read_text()).items()
+             if field not in STILL_READ_FROM_CONFIG.get(path.stem, frozenset()) for line in lines]
+    assert not wrong, "\n".join(wrong)
+    stale = [f"{stem}: {field}" for stem, fields in STILL_READ_FROM_CONFIG.items() for field in fields
+             if field not in config_reads((PACKAGE / "rules" / f"{stem}.py").read_text())]
+    assert not stale, "moved to the Run: take them out of STILL_READ_FROM_CONFIG\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('    chosen = tc.trainer.value', {"trainer": [1]}),
+    ('    b, s = tc.get("batch_size"), tc.get("seq_len")', {"batch_size": [1], "seq_len": [1]}),
+    ('    if "gradient_checkpointing" in s and truthy(s["bf16"].value):', {"gradient_checkpointing": [1], "bf16": [1]}),
+    ('    uc = tc.get("use_cache")  # not a field of the Run', {}),
+    ('    batch = run.batch.value', {}),
+])
+def test_the_read_scan_sees_each_way_of_reading(line: str, expected: dict[str, list[int]]) -> None:
+    """The scan itself: each way a rule reads a setting counts, and reading the Run does not (a scan that saw none
+    passes)."""
+    assert config_reads(line) == expected

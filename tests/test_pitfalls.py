@@ -428,6 +428,11 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),
     ({"attn_implementation": "sdpa", "torch_dtype": "float32"}, "T4", []),
+    # TRL's SFTConfig (max_length) turns bf16 on where fp16 is off (TRL 1.16.0 here): the queries reach flash-attn in
+    # bf16, cast from fp32 to the autocast dtype by transformers' flash_attention integration (was GD684)
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "max_length": 1024}, "A100", []),
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "max_length": 1024, "bf16": False}, "A100",
+     ["GD684"]),
 ])
 def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli, hub, tmp_path, training, gpu, expected):
     """Both passed: flash-attn 2's flash_api.cpp refuses GPUs before sm80 and fp32 inputs (2.6.x sdists)."""
@@ -435,6 +440,21 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
                 "--with", "flash-attn==2.6.3")
     assert sorted(c for c in got if c in ("GD683", "GD684")) == expected
     assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs
+
+
+@pytest.mark.parametrize("training, severity", [
+    ({"bf16": False}, "info"),  # the config's switches say fp32: it follows GD302's advice
+    ({"max_length": 1024, "bf16": False}, "info"),  # TRL's SFTConfig with bf16 off: fp32 too
+    # TRL's SFTConfig with fp16 off and bf16 unset turns bf16 on (TRL 1.16.0 here: bf16 = not fp16), emulated on a T4:
+    # the run does not train in fp32 (was "info", as if it followed the advice)
+    ({"max_length": 1024, "fp16": False}, "warning"),
+    ({"per_device_train_batch_size": 4}, "warning"),  # no switch: the launcher decides
+])
+def test_gd302_is_a_fact_only_where_the_run_trains_in_fp32(cli, hub, tmp_path, training, severity):
+    """GD302 (no native bf16, a model that overflows fp16) is information where the run already trains in fp32: the
+    Run's precision as the config's own switches set it, not a trainer that turns bf16 on by its default."""
+    got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()}, training, "--gpu", "T4")
+    assert [f["severity"] for f in got["GD302"]] == [severity]
 
 
 def test_gemma3n_tokens_beyond_the_rows_are_not_cured_by_resizing_the_multimodal_model(cli, hub, tmp_path):

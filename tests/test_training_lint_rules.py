@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from gemma_doctor import pipeline
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import detect
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.plan import advice
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers import training_config
 from gemma_doctor.readers.jsonfile import JsonFile
@@ -46,7 +48,13 @@ def lint(settings, model="gemma3", gpu="A100", task=None, transformers="5.23.0",
     gpu_facts = gpu if isinstance(gpu, gpu_reader.GpuFacts) else gpu_reader.resolve(gpu)
     versions = {"transformers": transformers} | ({"trl": trl} if trl else {})
     env = Environment(Versions(versions), gpu=gpu_facts, training_config=tc)
-    found = list(training.check(facts, env, CheckOptions(gpu=None, task=task)))
+    options = CheckOptions(gpu=None, task=task)
+    # check's Run of this config, resolved as the pipeline resolves it (the rule reads the trainer's defaults from it)
+    rec, mem = pipeline.with_memory(facts, advice.recommendation_for(facts, gpu_facts, task, env.libraries), options,
+                                    env, gpu_facts)
+    facts = pipeline.with_run(facts, env, rec, mem)
+    assert facts.run is not None
+    found = list(training.check(facts, env, options))
     return [(f.code, f.severity.value, f.key) for f in found], found
 
 
@@ -138,6 +146,17 @@ def test_use_cache_decisions(settings, model, transformers, expected, hybrid):
         [f] = [f for f in found if f.code == "GD606"]
         assert ("HybridCache" in f.message) is hybrid
         assert ('pip install "transformers>=4.51.0"' in f.fix) is (transformers == "4.50.0")
+
+
+def test_use_cache_conflicts_with_checkpointing_that_trls_config_turns_on_by_default():
+    """TRL's SFTConfig checkpoints where the config leaves gradient_checkpointing unset (TRL 1.16.0:
+    SFTConfig().gradient_checkpointing is True): use_cache: true conflicts with it as much as with the key written
+    (before: no GD606 for the config below)."""
+    settings = {"max_length": 1024, "bf16": True, "use_cache": True}
+    got, found = lint(settings, "gemma3n", "A100", trl="1.16.0")
+    assert got == [("GD606", "warning", "use_cache")]
+    assert "it conflicts with gradient checkpointing (on by the default of TRL SFTConfig" in found[0].message
+    assert lint({**settings, "gradient_checkpointing": False}, "gemma3n", "A100", trl="1.16.0")[0] == []
 
 
 def test_use_cache_with_fp16_tells_of_the_hybridcache_crash():

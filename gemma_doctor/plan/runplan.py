@@ -17,6 +17,7 @@ from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory 
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.run import FROM_CONFIG
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
 
@@ -157,7 +158,7 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
     put("num_gpus", request.num_gpus, "option")
     if tc is not None and getattr(tc, "ok", False):
         s = tc.settings
-        where = lambda name: f"training config {s[name].key}"  # noqa: E731
+        where = lambda name: FROM_CONFIG + s[name].key  # noqa: E731
         q4, q8, adapter = s.get("load_in_4bit"), s.get("load_in_8bit"), s.get("adapter")
         if q4 is not None and (truthy(q4.value) or q4.value == 4):
             put("method", "qlora", where("load_in_4bit"))
@@ -202,9 +203,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("precision", switch[0], where(switch[1]))
         stage, key = _zero_stage(tc)
         if key is not None:
-            put("zero_stage", stage, f"training config {key}")
+            put("zero_stage", stage, FROM_CONFIG + key)
             if "fsdp" in key:
-                put("fsdp", True, f"training config {key}")
+                put("fsdp", True, FROM_CONFIG + key)
         if "num_machines" in s and positive_int(s["num_machines"].value):
             put("num_nodes", positive_int(s["num_machines"].value), where("num_machines"))
         off = s.get("offload_optimizer")
@@ -281,7 +282,7 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
                                                          "false)"))
         elif trainer is Trainer.LLAMA_FACTORY:
             on = off is None or not truthy(off.value)
-            out.append(("gradient_checkpointing", on, f"training config {off.key}" if off is not None else
+            out.append(("gradient_checkpointing", on, FROM_CONFIG + off.key if off is not None else
                         "default of LLaMA-Factory (disable_gradient_checkpointing: false)"))
         elif trainer.runs_trl:
             window = versioning.TRL_CHECKPOINTING_DEFAULT[trainer.value]
@@ -301,7 +302,7 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
         word = given.value.strip().lower().replace("torch.", "") if given is not None and isinstance(
             given.value, str) else None
         if word in _LOAD_DTYPES:
-            out.append(("load_dtype", _LOAD_DTYPES[word], f"training config {given.key}"))
+            out.append(("load_dtype", _LOAD_DTYPES[word], FROM_CONFIG + given.key))
         elif given is None:
             why = next((w for w in (versioning.TRL_LOADS_FP32, versioning.FROM_PRETRAINED_FP32)
                         if affected(w) is Exposure.AFFECTED), None)

@@ -10,7 +10,8 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import PACKING_SAFE, attention_backend, exposure_any, text_config, text_key
+from gemma_doctor.rules.common import (PACKING_SAFE, attention_backend, executed, exposure_any, located, run_trainer,
+                                        text_config, text_key)
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.run import ASSUMED_TRAINER
 from gemma_doctor.stack import Exposure, Window
@@ -156,9 +157,10 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
             "newer.\" (flash_api.cpp)",
             _other_backend(tc, setting, "sdpa (Gemma 3 and later) or eager (Gemma 2)")
             + ", or a GPU of compute capability 8.0+", tc, setting, compute_capability=list(cc))
-    mixed = [s for s in ("fp16", "bf16") if tc.get(s) is not None and truthy(tc.get(s).value)]
-    mp = tc.get("mixed_precision")
-    if mixed or (mp is not None and str(mp.value).strip().lower() in ("fp16", "bf16")):
+    # The run's autocast (the config's switches, or its trainer's default: TRL's configs turn bf16 on where fp16 is
+    # off), from which transformers casts the fp32 queries before flash-attn sees them.
+    run = model.run
+    if run is None or run.precision.value in ("fp16", "bf16") and executed(run.precision):
         return
     dtype = tc.get("torch_dtype")
     if dtype is None or str(dtype.value).strip().lower() not in _FP32_NAMES:
@@ -214,12 +216,12 @@ def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
 
 
 def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
-    b, s = tc.get("batch_size"), tc.get("seq_len")
-    if b is None or s is None:
+    run = model.run
+    # The micro-batch and sequence length the config sets (the Run's, with the keys they came from); where an option
+    # overrides one, the memory plan counts that run's logits and GD80x judges it.
+    if run is None or run.batch.config_key is None or run.seq_len.config_key is None:
         return
-    batch, seq = b.value, s.value
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, seq)):
-        return
+    batch, seq = run.batch.value, run.seq_len.value
     vocab = text_config(model).get("vocab_size")
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else GEMMA_VOCAB
     upcast = batch * seq * vocab * 4
@@ -228,58 +230,56 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     stack = env.libraries
     trl = stack.get("trl")
     # The trainer the run executes (trainers.decide, the one decision the memory plan and the rehearsal take).
-    trainer = _trainer(model, tc)
+    trainer = _trainer(model, env)
     chunked = trainer is not None and trainer.chunks_logprobs(stack)
     alive, per_logit, paired = _logits_at_loss(model, batch, seq)
     pairs = " x 2 (chosen and rejected)" if paired else ""
     # The keys as the config's own format writes them (axolotl's micro_batch_size, DeepSpeed's
     # train_micro_batch_size_per_gpu), as every finding that names a key.
-    numbers = (f"{b.key} {batch}{pairs} x {s.key} {seq} x vocabulary {vocab:,} logits: "
+    numbers = (f"{run.batch.config_key} {batch}{pairs} x {run.seq_len.config_key} {seq} x vocabulary {vocab:,} logits: "
                f"{gib(upcast * (2 if paired else 1))} in fp32 (the loss upcasts them), {gib(alive)} alive at the loss "
                f"({per_logit:g} bytes per logit: the fp32 log-probabilities, their gradient and the incoming gradient"
                f"{', the soft-capped logits' if per_logit > 12 else ''}; the memory plan's logits component)")
     if chunked:
-        yield setting_finding("GD650", Severity.INFO,
-                              f"{numbers}; this does not apply here: {trl.describe()} computes SFT log-probs in chunks "
-                              "(TRL >= 1.15), never holding the full logits", "nothing to do", tc, "seq_len",
-                              logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True)
+        yield Finding("GD650", Severity.INFO,
+                      f"{numbers}; this does not apply here: {trl.describe()} computes SFT log-probs in chunks "
+                      "(TRL >= 1.15), never holding the full logits", fix="nothing to do",
+                      **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True))
         return
     trl_v = parse(trl.version)
-    run = model.run
-    if run is not None and run.memory.verdict == "fits" and run.batch.value == batch and run.seq_len.value == seq:
+    if run.memory.verdict == "fits":
         # The memory plan of this very run counts the logits and their copies, and the run fits with margin: a fact.
-        yield setting_finding(
+        yield Finding(
             "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them and the run fits "
                                               f"({run.memory.summary})",
-            "nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
-            tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+            fix="nothing to do; a chunked loss (Liger's fused linear cross-entropy, cut-cross-entropy) would free them",
+            **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False))
         return
-    if run is not None and not run.memory.gpu_bytes and run.batch.value == batch and run.seq_len.value == seq:
+    if not run.memory.gpu_bytes:
         # No GPU named: nothing limits memory, and the plan of this very run counts them. A warning here rejected every
         # candidate of `recommend --batch-size 4` without a GPU ("no prescription" for a run nothing stops).
-        yield setting_finding(
+        yield Finding(
             "GD650", Severity.INFO, numbers + f" per micro-batch; the memory plan counts them ({run.memory.summary}), and "
                                               "no GPU is named to judge it against",
-            "nothing to do here; on a GPU, lower the batch and raise gradient_accumulation_steps if the plan does not "
-            "fit there (check --gpu NAME)", tc, "seq_len", logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+            fix="nothing to do here; on a GPU, lower the batch and raise gradient_accumulation_steps if the plan does "
+                "not fit there (check --gpu NAME)",
+            **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False))
         return
-    yield setting_finding(
+    yield Finding(
         "GD650", Severity.WARNING, numbers + " per micro-batch, on top of weights and activations",
-        "lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
+        fix="lower the batch and raise gradient_accumulation_steps, shorten the sequences, or use a chunked loss ("
         # TRL's SFTTrainer chunks them: worth naming where an older TRL or a plain Trainer (trainers.decide) runs it.
         + ("TRL >= 1.15 SFTTrainer, " if trl_v is None or trl_v < parse("1.15.0")
            or trainer is Trainer.TRANSFORMERS else "")
-        + "Liger's fused linear cross-entropy, cut-cross-entropy)", tc, "seq_len",
-        logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False)
+        + "Liger's fused linear cross-entropy, cut-cross-entropy)",
+        **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=False))
 
 
-def _trainer(model: ModelFacts, tc: Any) -> Trainer | None:
-    """The trainer the readers decided for the run (the Run's, where one was resolved), None where no training config
-    or launch line names one (the Run's trainer is then the plan's assumption, not a decision)."""
-    run = model.run
-    if run is not None:
-        return run.trainer.value if run.trainer.source != ASSUMED_TRAINER else None
-    return tc.trainer.value if tc.trainer is not None else None
+def _trainer(model: ModelFacts, env: Environment) -> Trainer | None:
+    """The trainer the readers decided for the run (the Run's), None where no training config or launch line names one
+    (the Run's trainer is then the plan's assumption, not a decision)."""
+    chosen = run_trainer(model, env)
+    return chosen.value if chosen.source != ASSUMED_TRAINER else None
 
 
 def _logits_at_loss(model: ModelFacts, batch: int, seq: int) -> tuple[int, float, bool]:

@@ -1,11 +1,14 @@
 """Small readings shared by the pitfall rules: the text config, the attention backend and LoRA targets a training
-config names, and the exposure of a stack to a union of version windows. Pure."""
+config names, the exposure of a stack to a union of version windows, the Run's trainer and where a run setting came
+from. Pure."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
+from gemma_doctor.run import Sourced, trainer_of
 from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
 from gemma_doctor.versioning import PEFT_WEIGHT_TYING
 
@@ -81,3 +84,36 @@ def adapter_enabled(tc: Any) -> bool:
     if a is not None:  # stated: TRL use_peft true/false, axolotl adapter lora/qlora, LLaMA-Factory finetuning_type
         return str(a.value).strip().lower() in ("lora", "qlora", "true")
     return tc.get("lora_target_modules") is not None or tc.get("lora_r") is not None
+
+
+def run_trainer(model: Any, env: Any) -> Sourced[Trainer]:
+    """The trainer that executes the run: the Run's (``model.run.trainer``), else, where no Run was resolved (no plan),
+    the Run's own resolver on the same training config (run.trainer_of): one decision either way."""
+    return model.run.trainer if model.run is not None else trainer_of(env.training_config)
+
+
+def located(setting: Sourced[Any], tc: Any, **details: Any) -> dict[str, Any]:
+    """Where a finding about a run setting points, from the setting's source: the training config's file and the key
+    the source names as the file writes it (with its line where the reader knows it); the file alone where the config
+    leaves the setting to its trainer's default or another input; nothing where no training config is read. As
+    ``Finding`` keywords: file, key, details (``details`` and the line)."""
+    if tc is None or not getattr(tc, "ok", False):
+        return {"file": None, "key": None, "details": dict(details)}
+    key = setting.config_key
+    # The source names the key as written (axolotl's micro_batch_size, a dotted nested key): its setting has the line.
+    line = next((s.line for s in tc.settings.values() if s.key == key), None) if key is not None else None
+    return {"file": tc.path, "key": key, "details": {"line": line, **details} if line else dict(details)}
+
+
+def executed(setting: Sourced[Any]) -> bool:
+    """Whether the run executes this value of the Run whatever the memory plan chooses: set by a key of the training
+    config, by its trainer's own default ("default of TRL SFTConfig ..."), or by an option (which overrides the config:
+    docs/memory.md); not a value the plan or the search filled in where the inputs leave the setting open."""
+    return setting.config_key is not None or setting.source.startswith(("default of ", "option"))
+
+
+def checkpoints(model: Any) -> bool:
+    """The run checkpoints gradients: the Run's setting as the config, its trainer's default (TRL's configs and
+    LLaMA-Factory: on) or an option sets it (``executed``), not a choice the memory plan made where they leave it open."""
+    run = model.run
+    return run is not None and bool(run.checkpointing.value) and executed(run.checkpointing)

@@ -16,6 +16,7 @@ from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.common import checkpoints, located
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.traits import kv_shared_layers, use_cache_off_breaks  # noqa: F401
 from gemma_doctor.versioning import (
@@ -133,7 +134,7 @@ def _kv_sharing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[F
     w = GEMMA4_KV_SHARE_NO_CACHE
     tc = env.training_config
     if tc is not None and tc.ok and tc.get("use_cache") is not None and truthy(tc.get("use_cache").value) and not (
-            tc.get("gradient_checkpointing") is not None and truthy(tc.get("gradient_checkpointing").value)):
+            checkpoints(model)):
         # The run keeps the cache on and checkpointing off (what recommend prescribes here): the sharing works.
         yield Finding(
             "GD107", Severity.INFO,
@@ -162,21 +163,31 @@ def _kv_sharing_checkpointing(model: ModelFacts, env: Environment, stack: Stack)
     """GD620: the training config turns gradient checkpointing on, which drops the cache; prepare() cannot help."""
     tc = env.training_config
     shared = kv_shared_layers(model.family)
-    if tc is None or not tc.ok or not shared:
+    if tc is None or not tc.ok or not shared or not checkpoints(model):
         return
-    gc = tc.get("gradient_checkpointing")
     exposure = use_cache_off_breaks(model.family, stack)
-    if gc is None or not truthy(gc.value) or exposure is Exposure.SAFE:
+    if exposure is Exposure.SAFE:
         return
     w = GEMMA4_KV_SHARE_NO_CACHE
+    gc = model.run.checkpointing
+    at = located(gc, tc)
+    # Where the config leaves it to its trainer (TRL's configs and LLaMA-Factory checkpoint by default), the source
+    # says so, and the fix names the key that turns it off.
+    key = at["key"] or ("disable_gradient_checkpointing" if tc.format.checkpoints_by_default  # LLaMA-Factory's
+                        else "gradient_checkpointing")
+    why = at["key"] or ("--gradient-checkpointing" if gc.source == "option" else f"on by the {gc.source}")
+    if key == "disable_gradient_checkpointing":  # LLaMA-Factory checkpoints unless this is true
+        why, off = why if not at["key"] else f"{key}: false", f"set {key} to true"
+    else:
+        off = f"set {key} to false"
     yield Finding(
         "GD620", _severity(exposure),
-        f"gradient checkpointing ({gc.key}) drops the cache in every layer, so on these releases the {shared} KV-shared "
+        f"gradient checkpointing ({why}) drops the cache in every layer, so on these releases the {shared} KV-shared "
         f"layers compute their own K/V and the loss is wrong, even with use_cache on (GD107): "
         f"{_where(stack.get('transformers'), exposure, w)}",
-        file=tc.path, key=gc.key,
-        fix=f'pip install "transformers>={w.first_fixed}", or set {gc.key} to false for this model',
-        details={"exposure": exposure.value, **({"line": gc.line} if gc.line else {})})
+        file=at["file"], key=at["key"],
+        fix=f'pip install "transformers>={w.first_fixed}", or {off} for this model',
+        details={"exposure": exposure.value, **at["details"]})
 
 
 def _minimum(model: ModelFacts) -> tuple[str, str] | None:

@@ -11,6 +11,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.rules.common import checkpoints
 from gemma_doctor.report import Finding, Severity
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
@@ -61,17 +62,13 @@ def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     if not shared:
         return
     ur = tc.get("use_reentrant")
-    gc = tc.get("gradient_checkpointing")
-    disabled = tc.get("disable_gradient_checkpointing")
+    # Whether the run checkpoints is the Run's (the config's key, or its trainer's default: TRL's configs and
+    # LLaMA-Factory checkpoint unless told not to); how it checkpoints (use_reentrant) is the file's own key.
+    if not checkpoints(model):
+        return
     if ur is not None and truthy(ur.value):
-        # TrainingArguments / TRL / axolotl only checkpoint with gradient_checkpointing on; LLaMA-Factory always does
-        # unless disable_gradient_checkpointing.
-        on = (gc is not None and truthy(gc.value)) if not tc.format.checkpoints_by_default \
-            else not (disabled and truthy(disabled.value))
-        if not on:
-            return
         where, name = f"{ur.key} is true", "use_reentrant"
-    elif ur is None and tc.format.checkpoints_by_default and not (disabled is not None and truthy(disabled.value)):
+    elif ur is None and tc.format.checkpoints_by_default:
         where, name = "LLaMA-Factory checkpoints with use_reentrant_gc: true unless told otherwise", None
     else:
         return

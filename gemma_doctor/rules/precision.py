@@ -20,7 +20,8 @@ def recommend_command(gpu: Any) -> str:
 
 def _precision_explicit(env: Environment) -> bool:
     """True when the --training-config sets fp16/bf16/mixed_precision to a value, not `auto`: then nothing asks
-    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value)."""
+    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value). A
+    judgement of the file's own switches (whether one says `auto`), which the Run's precision does not keep."""
     tc = env.training_config
     if tc is None or not tc.ok:
         return False
@@ -28,10 +29,18 @@ def _precision_explicit(env: Environment) -> bool:
     return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
 
 
-def _trains_in_fp32(env: Environment) -> bool:
-    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on."""
+def _trains_in_fp32(model: ModelFacts, env: Environment) -> bool:
+    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on, and its
+    trainer does not turn bf16 on by its own default (the Run's precision, whose source names that default: TRL's
+    configs set bf16 = not fp16, so `fp16: false` alone is bf16). The switches are read from the file: the search's
+    candidates write their precision, but their Run's precision keeps the source "recommended" (plan/search.py plans
+    them with config_precision=False), so the Run alone cannot tell a candidate's `bf16: false` from a config that
+    sets nothing."""
     tc = env.training_config
     if not _precision_explicit(env) or tc is None:
+        return False
+    run = model.run
+    if run is not None and run.precision.value != "fp32" and run.precision.source.startswith("default of "):
         return False
     from gemma_doctor.readers.training_config import truthy
 
@@ -109,7 +118,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             unsloth = _unsloth_fp32_note(model, env)
             # A training config that already trains in fp32 follows this advice: what remains is a fact, not a warning.
             yield Finding(
-                "GD302", Severity.INFO if _trains_in_fp32(env) and not unsloth else Severity.WARNING,
+                "GD302", Severity.INFO if _trains_in_fp32(model, env) and not unsloth else Severity.WARNING,
                 f"{gpu.label} has no native bf16 and {model.family.display_name} overflows fp16 (activations > 65504, "
                 "transformers #36822): train in fp32, which costs twice bf16's memory for weights and activations "
                 "and runs without tensor cores" + embedding_note(model) + (f"; {unsloth}" if unsloth else ""),

@@ -10,7 +10,7 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.tokenizer import FILE as TOKENIZER_CONFIG
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import text_config, train_tied_embedding
+from gemma_doctor.rules.common import text_config, train_tied_embedding, run_trainer
 from gemma_doctor.stack import Exposure
 from gemma_doctor.versioning import TRL_CONVERSATIONAL_DOUBLE_BOS
 
@@ -150,7 +150,7 @@ def _bos(model: ModelFacts, env: Environment, tok: Any) -> Iterator[Finding]:
         return
     trl = env.libraries.get("trl")
     # TRL's own data preparation adds the second <bos>: only where one of TRL's trainers runs the loop.
-    old_trl = tc.trainer is not None and tc.trainer.value.runs_trl \
+    old_trl = run_trainer(model, env).value.runs_trl \
         and env.libraries.exposure(TRL_CONVERSATIONAL_DOUBLE_BOS) is Exposure.AFFECTED
     yield Finding(
         "GD903", Severity.WARNING if old_trl else Severity.INFO,

@@ -12,6 +12,7 @@ from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.common import checkpoints
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
@@ -142,12 +143,16 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     # A switch whose value the trainer refuses (GD681) does not make the run train in fp32: it does not start.
     refused = {p.key for p in tc.problems if p.kind == "not-boolean"}
     # TRL's configs set `bf16 = not fp16` where bf16 is unset (versioning.TRL_BF16_DEFAULT): such a config trains in
-    # bf16 by the trainer's default, not in fp32.
-    trl_bf16 = tc.bf16_by_trainer(env.libraries)
-    if trl_bf16 is Exposure.AFFECTED:
+    # bf16 by the trainer's default, not in fp32 (the Run's precision, whose source names that default). The switches
+    # themselves (fp16_key, bf16_key) stay the file's: GD604's two switches on is a run that does not start, which the
+    # Run does not model.
+    run = model.run
+    if run is not None and run.precision.value == "bf16" and run.precision.source.startswith("default of "):
         bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
     else:
         bf16_default = None
+    # Whether TRL's default applies where the stack's TRL version is unknown (GD609 then says both).
+    trl_bf16 = tc.bf16_by_trainer(env.libraries)
     if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"} \
             and bf16_default is None:
         unless = ("unless the launcher adds it, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
@@ -189,10 +194,11 @@ def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) 
     uc = tc.get("use_cache")
     if uc is None or not truthy(uc.value):
         return
-    gc = tc.get("gradient_checkpointing")
     reasons = []
-    if gc is not None and truthy(gc.value):
-        reasons.append(f"it conflicts with {gc.key}: true, and transformers turns it off with a warning")
+    if checkpoints(model):  # the Run's: the config's key, or its trainer's default (TRL's configs: on)
+        gc = model.run.checkpointing
+        said = f"{gc.config_key}: true" if gc.config_key else f"gradient checkpointing (on by the {gc.source})"
+        reasons.append(f"it conflicts with {said}, and transformers turns it off with a warning")
     buggy = env.libraries.exposure(HYBRIDCACHE) is Exposure.AFFECTED
     if model.family.builds_hybrid_cache and mixed:
         precision = tc.get(mixed)
