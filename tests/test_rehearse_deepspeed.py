@@ -4,8 +4,8 @@ DeepSpeed on 2 CPU (gloo) ranks (docs/rehearsal.md, "DeepSpeed on 2 CPU ranks").
 DeepSpeed 0.19.8 and its small dependencies come from tests/venvs.py (beside the main venv's pinned stack, on
 PYTHONPATH); its shared-memory op, which every DeepSpeed start on CPU ranks loads and whose first build is minutes of
 g++, is built once per cache (ensure_deepspeed_ops) and kept where the rehearsal keeps such builds, beside the twin
-(GEMMA_DOCTOR_TWIN_CACHE): each run copies both. Three children (a healthy ZeRO-2 and ZeRO-3 LoRA run, a config
-DeepSpeed's integration refuses), marked slow; the kept build's own rules are checked without DeepSpeed.
+(GEMMA_DOCTOR_TWIN_CACHE): each run copies both. Two children (a healthy ZeRO-3 LoRA run, a config DeepSpeed's
+integration refuses), marked slow; the kept build's own rules are checked without DeepSpeed.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def launch(cli, target: Path, tmp_path: Path, monkeypatch, config: dict) -> tupl
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("deepspeed_here")
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-3 only: ZeRO-2 takes the same path less the partitioned parameters (measured in docs/rehearsal.md, 648 s cold
+# and 99 s with the build kept); each child here is about a minute of CI on 2 cores.
+@pytest.mark.parametrize("stage", [3])
 def test_a_healthy_zero_lora_run_rehearses_the_users_trainer_on_two_cpu_ranks(cli, target, tmp_path, monkeypatch,
                                                                               stage):
     """ZeRO-3 holds each parameter as an empty tensor beside its shard: the probe read them as they were (a false
