@@ -410,6 +410,63 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
 
 
+def _settings_of_key() -> dict[str, tuple[tuple[str, int], ...]]:
+    """Dotted key -> (setting, rank) for every key of KEYS: the settings that key states, and how far down each
+    setting's list of keys it stands (the lowest rank present wins, as in ``from_data``)."""
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for name, keys in KEYS.items():
+        for rank, key in enumerate(keys):
+            out[key] = out.get(key, ()) + ((name, rank),)
+    return out
+
+
+# Made once at import from KEYS (a constant, never changed): what of_rendering looks each key up in.
+_SETTINGS_OF_KEY = _settings_of_key()
+_KEY_DEPTH = max(key.count(".") + 1 for keys in KEYS.values() for key in keys)
+
+
+def _dotted(data: Any, prefix: str, depth: int, found: dict[str, tuple[int, str, Any]]) -> None:
+    """Every (dotted key, value) of ``data`` that ``_lookup`` finds, down to KEYS' deepest key, but for mappings
+    (``from_data`` takes no mapping as a setting's value; a number is a list index, as in ``datasets.0.type``), into
+    ``found``: setting -> (rank, key, value) of the lowest rank seen."""
+    named = isinstance(data, dict)
+    for k, v in (data.items() if named else enumerate(data)):
+        if named and not (isinstance(k, str) and "." not in k):
+            continue  # _lookup splits a key at its dots and compares strings: it never finds such a key
+        dotted = prefix + k if named else f"{prefix}{k}"
+        if isinstance(v, dict):
+            if depth < _KEY_DEPTH:
+                _dotted(v, dotted + ".", depth + 1, found)
+            continue
+        for name, rank in _SETTINGS_OF_KEY.get(dotted, ()):
+            if name not in found or rank < found[name][0]:
+                found[name] = (rank, dotted, v)
+        if isinstance(v, list) and depth < _KEY_DEPTH and any(isinstance(x, dict) for x in v):
+            _dotted(v, dotted + ".", depth + 1, found)
+
+
+def of_rendering(data: dict[str, Any], path: str, kind: trainers.ConfigKind,
+                 lines: dict[str, int]) -> TrainingConfig:
+    """The training config `check --training-config` reads from a file gemma-doctor renders itself of ``kind`` (the
+    prescription's axolotl YAML), built directly from the mapping it is rendered from and the line of each dotted key
+    (recommend.training_config_data): each setting from the key ``from_data`` would take for it, with its value and
+    line, the trainer ``kind`` decides. No recognising, bounds or key lint: the renderer writes plain values of a known
+    kind and no misspelt key (the prescription grid checks the printed YAML with all three). Each key of the mapping
+    is looked up once, where ``from_data`` walks every key of KEYS: the search builds one for every candidate it
+    judges. tests/test_run_roundtrip.py proves it equal to the rendered YAML read back, and the Run planned from it
+    equal to the one planned from the YAML."""
+    found: dict[str, tuple[int, str, Any]] = {}
+    _dotted(data, "", 1, found)
+    settings = {name: Setting(found[name][1], found[name][2], lines.get(found[name][1])) for name in KEYS
+                if name in found}
+    named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
+    if named is not None:
+        settings["rl"] = Setting(named[0], named[1], lines.get(named[0]))
+    rl = settings.get("rl")
+    return TrainingConfig(path, kind=kind.name, settings=settings,
+                          trainer=trainers.decide(kind, data, rl.value if rl is not None else None))
+
+
 def trainer_keys() -> dict[str, Any]:
     """trainer_keys.json (docs/gen_trainer_keys.py): the fields TRL's trainers accept in a config file, its booleans,
     and the TRL / transformers versions they were read from."""
