@@ -293,15 +293,19 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
            plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
-           quick: bool = False, under: _Under | None = None) -> Callable[[], Judged]:
+           quick: bool = False, under: _Under | None = None,
+           made: tuple[recommend.Recommendation, str, tc_reader.TrainingConfig] | None = None) -> Callable[[], Judged]:
     """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
     is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings. ``under``: the search's own
-    environment and options to judge under (made here when not given, or given for another environment)."""
-    rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
-    key = _config_key(rec)
-    tc = as_read(rec)
+    environment and options to judge under (made here when not given, or given for another environment). ``made``:
+    the candidate's recommendation, config key and training config, where it was judged before under another stack
+    (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again."""
+    if made is None:
+        rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
+        made = (rec, _config_key(rec), as_read(rec))
+    rec, key, tc = made
     if under is None or under.env is not env:
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
@@ -333,7 +337,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable, made)
     return finish
 
 
@@ -356,6 +360,9 @@ class _Rejected(Judged):
     finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
     # The findings of the rules whose findings a pin can resolve (_pinning_rules: Code.pins), run on demand.
     pinnable: Callable[[], tuple[Finding, ...]] = lambda: ()
+    # The candidate's recommendation, config key and training config (_judge's ``made``): judged again under a pin,
+    # the candidate is the same run.
+    made: tuple[Any, ...] = ()
 
     def __call__(self) -> Judged:
         return self.finish()
@@ -448,7 +455,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     env, pin = pinned
                     pins.append(pin)
                     under = _Under(env, options)
-                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under)
+                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under,
+                                   made=tried.made)
                     judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()
