@@ -374,13 +374,10 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
     return from_data(data, path, lambda key: _json_line(text, key) if is_json else lines.get(key))
 
 
-def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | None],
-              lint_keys: bool = True) -> TrainingConfig:
+def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | None]) -> TrainingConfig:
     """The settings of a training config already parsed to a mapping (``line_of``: a dotted key's 1-based line, or
-    None). ``parse`` reads a file's text with it; the search hands it the mapping a prescription's YAML is rendered
-    from, so a candidate is judged without printing and re-reading that YAML (the same settings: a property test).
-    ``lint_keys``: look for misspelt keys (GD680/GD681/GD986); the search's own YAML has none to find (the prescription
-    grid checks the printed YAML with them, at --fail-on warning), and difflib stays off check's start-up path."""
+    None), with its misspelt keys (GD680/GD681/GD986). ``parse`` reads a file's text with it; the search builds its
+    candidates' directly (``of_rendering``)."""
     fmt = trainers.recognise(data)
     kind = fmt.name
     if not fmt.trains:
@@ -404,7 +401,7 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
-    problems = _key_problems(data, line_of, fmt.key_table) if lint_keys and fmt.key_table else ()
+    problems = _key_problems(data, line_of, fmt.key_table) if fmt.key_table else ()
     rl = settings.get("rl")
     return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
