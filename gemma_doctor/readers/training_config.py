@@ -398,12 +398,20 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
+    problems = _key_problems(data, line_of, fmt.key_table) if fmt.key_table else ()
+    return _config(data, path, fmt, settings, line_of, problems)
+
+
+def _config(data: dict[str, Any], path: str, fmt: trainers.ConfigKind, settings: dict[str, Setting],
+            line_of: Callable[[str], int | None], problems: tuple[KeyProblem, ...] = ()) -> TrainingConfig:
+    """The training config of ``settings`` found in ``data`` (by ``from_data`` or ``of_rendering``): what both state
+    beyond the keys found (the RL trainer a TRL config's own keys name), and the trainer ``fmt`` decides. One place, so
+    what the reader adds to a user's file it adds to the search's candidates too."""
     named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
-    problems = _key_problems(data, line_of, fmt.key_table) if fmt.key_table else ()
     rl = settings.get("rl")
-    return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
+    return TrainingConfig(path, kind=fmt.name, settings=settings, problems=problems,
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
 
 
@@ -456,12 +464,7 @@ def of_rendering(data: dict[str, Any], path: str, kind: trainers.ConfigKind,
     _dotted(data, "", 1, found)
     settings = {name: Setting(found[name][1], found[name][2], lines.get(found[name][1])) for name in KEYS
                 if name in found}
-    named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
-    if named is not None:
-        settings["rl"] = Setting(named[0], named[1], lines.get(named[0]))
-    rl = settings.get("rl")
-    return TrainingConfig(path, kind=kind.name, settings=settings,
-                          trainer=trainers.decide(kind, data, rl.value if rl is not None else None))
+    return _config(data, path, kind, settings, lines.get)
 
 
 def trainer_keys() -> dict[str, Any]:
