@@ -4,19 +4,40 @@ prescription emits (axolotl's keys, `recommend --format yaml`, the only trainer 
 rank and targets, GPUs, sharding and attention; the training config the search judges each candidate by (built from
 the run, never printed: search.as_read) is exactly that YAML read back, so judging the run directly is judging its
 YAML; and the TRL / TrainingArguments settings of the snippets, read as a TRL config, state the same batch,
-accumulation, checkpointing, sequence and precision. Hypothesis, in the derandomised CI profile (tests/conftest.py)."""
+accumulation, checkpointing, sequence and precision. Hypothesis, in the derandomised CI profile (tests/conftest.py). The Run planned from the training config built from
+the run equals the Run planned from the YAML read back, for random runs and for every candidate the search judges at
+points of the prescription grid (the search prints axolotl's format alone: `recommend --format yaml`)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import json
-
 import yaml
 
+from gemma_doctor import run as run_mod
 from gemma_doctor.plan import recommend, runplan, search
+from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers import training_config as tc_reader
+from tests.builders import gemma3_1b_config, gemma3_12b_config
+
+ROOT = Path(__file__).resolve().parent.parent
+# The shapes the Runs of the random runs are planned for: the multimodal 12B and the text-only 1B.
+SHAPES = {True: runplan.shape_for(gemma3_12b_config(), None), False: runplan.shape_for(gemma3_1b_config(), None)}
+
+
+def planned_run(tc: tc_reader.TrainingConfig, shape: Any, precision: str, gpu: Any, request: runplan.MemoryRequest,
+                task: str, trl_chunks: bool = False) -> run_mod.Run:
+    """The Run check plans from ``tc`` (nothing remembered: config_key None), with the trainer ``tc`` decides."""
+    mem = runplan.plan_memory(shape, precision=precision, gpu=gpu, request=request, training_config=tc, task=task,
+                              trl_chunks=trl_chunks, config_precision=False)
+    return run_mod.resolve(mem, model=None, stack=None, trainer=run_mod.trainer_of(tc), stated=())
 
 
 @st.composite
@@ -53,7 +74,12 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
     # The rules read a training config and nothing else of the file: the one built from the run is the one read back
     # (repr tells True from 1 and 1.0 from 1, which == does not).
     direct = search.as_read(rec)
-    assert repr(direct) == repr(tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)), text
+    read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert repr(direct) == repr(read_back), text
+    # ... and so is the Run check plans from each (method, shape, LoRA, trainer, memory, every field's source).
+    shape, gpu = SHAPES[inputs.nested], gpu_reader.resolve("A100" if inputs.gpu_native_bf16 else "T4")
+    assert planned_run(direct, shape, rec.precision, gpu, runplan.MemoryRequest(), "sft") == \
+        planned_run(read_back, shape, rec.precision, gpu, runplan.MemoryRequest(), "sft"), text
     values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
     expected = {"method": advice.method, "batch_size": advice.batch_size,
                 "gradient_accumulation_steps": advice.gradient_accumulation_steps,
@@ -96,3 +122,65 @@ def test_the_snippets_state_the_same_run(run):
         assert said == {k: yaml_values.get(k, DEFAULTS.get(k)) for k in keys}, (name, config)
         for flag in ("bf16", "fp16"):
             assert tc_reader.truthy(tc.get(flag).value) == tc_reader.truthy(search.as_read(rec).get(flag).value)
+
+
+# Points of the prescription grid (benchmarks/prescription_grid.py): a --family plan of each kind of model (text-only,
+# multimodal with a regex's targets, KV-shared Gemma 4), 1-4 GPUs, GPUs with and without bf16, on the test stack and on
+# a stack that names no transformers (the search pins one), an RL task; every candidate each search judges is checked.
+GRID_POINTS = (
+    ("--family", "gemma3", "--size", "12b", "--gpu", "T4"),
+    ("--family", "gemma3", "--size", "12b", "--gpu", "L4", "--num-gpus", "2", "--task", "dpo"),
+    ("--family", "gemma4", "--size", "e2b", "--gpu", "V100", "--with", "transformers==5.5.1"),
+    ("--family", "gemma2", "--size", "9b", "--gpu", "A100", "--num-gpus", "4", "--method", "full"),
+    ("--family", "gemma3", "--size", "4b", "--gpu", "RTX 3060", "--requirements", "{reqs}"),
+)
+
+
+@pytest.fixture(scope="module")
+def judged_candidates(tmp_path_factory) -> list[tuple[Any, ...]]:
+    """Every candidate the search judged at GRID_POINTS: its recommendation, the training config it was judged by, and
+    what its memory plan was made with (recorded around the search's own functions, which run unchanged)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prescription_grid as grid
+
+    sys.path.pop(0)
+    reqs = tmp_path_factory.mktemp("stack") / "requirements-without-transformers.txt"
+    reqs.write_text("peft==0.21.2\ntrl==1.16.0\naccelerate==1.15.0\n")
+    built: dict[int, Any] = {}
+    seen: list[tuple[Any, ...]] = []
+    as_read, checked_plan = search.as_read, search._checked_plan
+
+    def recording_as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
+        tc = as_read(rec)
+        built[id(tc)] = (rec, tc)
+        return tc
+
+    def recording_checked_plan(shape: Any, precision: str, gpu: Any, request: Any, key: str, tc: Any, task: str,
+                               trl_chunks: bool = False) -> Any:
+        if id(tc) in built:
+            seen.append((*built[id(tc)], shape, precision, gpu, request, task, trl_chunks))
+        return checked_plan(shape, precision, gpu, request, key, tc, task, trl_chunks)
+
+    run = grid.in_process()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search, "as_read", recording_as_read)
+        mp.setattr(search, "_checked_plan", recording_checked_plan)
+        for point in GRID_POINTS:
+            code, out, err = run("recommend", *(a.format(reqs=reqs) for a in point), "--format", "json")
+            assert code in (0, 1), err
+    return seen
+
+
+def test_every_candidate_the_search_judges_is_its_yaml_read_back(judged_candidates):
+    """The training config each candidate is judged by, built from the run, is the YAML that run prints read back by
+    check's reader, and the Run check plans from each is the same: judging the Run is judging its YAML."""
+    assert len(judged_candidates) >= len(GRID_POINTS)
+    kinds = set()
+    for rec, direct, shape, precision, gpu, request, task, trl_chunks in judged_candidates:
+        text = recommend.training_config_yaml(rec)
+        read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+        assert read_back.error is None and repr(direct) == repr(read_back), text
+        assert planned_run(direct, shape, precision, gpu, request, task, trl_chunks) == \
+            planned_run(read_back, shape, precision, gpu, request, task, trl_chunks), text
+        kinds.add((rec.method, direct.get("num_processes") is not None, direct.get("rl") is not None))
+    assert len(kinds) >= 4, kinds  # full, LoRA and QLoRA runs, sharded and not, SFT and DPO were among them

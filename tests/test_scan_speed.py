@@ -77,12 +77,11 @@ def test_merge_key_override_keeps_the_files_own_line():
 @pytest.mark.parametrize("repo_id", ["org0/model-00001", "google/gemma-3-12b-it", "a.b_c-d/E.F", "",
                                      'we\\"ird', "caf\u00e9/x", "x/y\nmicro_batch_size: 1"])
 def test_a_prescription_as_read_is_the_reader_on_its_yaml(repo_id):
-    """The training config the search judges (built from the run, remembered per process whatever the repo id) is
-    exactly what the reader gives on the YAML recommend prints, whatever the repo id (one that would break a line
-    is escaped by the YAML, so it never changes a setting)."""
+    """The training config the search judges (built from the run, after another repo's of the same run) is exactly
+    what the reader gives on the YAML recommend prints, whatever the repo id (one that would break a line is escaped
+    by the YAML, so it never changes a setting)."""
     from gemma_doctor.plan import recommend
 
-    search._AS_READ.clear()
     advice = recommend.MemoryAdvice(method="lora", batch_size=8, gradient_accumulation_steps=2,
                                     gradient_checkpointing=True, fits=True, summary="", seq_len=1024)
     first = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id="org0/model-00000", memory=advice))

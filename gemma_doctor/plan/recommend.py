@@ -619,6 +619,9 @@ def _yaml_value(value: Any) -> str:
     return _yaml_scalar(value)
 
 
+# The trainer format training_config_yaml writes (trainers.REGISTRY's name): the kind check's reader recognises in it.
+TRAINING_CONFIG_KIND = "axolotl"
+
 _YAML_HEAD = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
               "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
               "# depend on the machine that reads the file.\n")

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from gemma_doctor import frozen, rules
+from gemma_doctor import frozen, rules, trainers
 from gemma_doctor.codes import CODES, Cure, codes_of
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
@@ -280,7 +280,7 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
                   request: runplan.MemoryRequest, key: str, tc: tc_reader.TrainingConfig, task: str,
                   trl_chunks: bool = False) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process
-    by the text the config is made from (``key``, _as_read_key): models of one architecture in a cache get the same
+    by the text the config is made from (``key``, _config_key): models of one architecture in a cache get the same
     candidates."""
     return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key),
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
@@ -293,15 +293,19 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
            plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
-           quick: bool = False, under: _Under | None = None) -> Callable[[], Judged]:
+           quick: bool = False, under: _Under | None = None,
+           made: tuple[recommend.Recommendation, str, tc_reader.TrainingConfig] | None = None) -> Callable[[], Judged]:
     """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
     is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings. ``under``: the search's own
-    environment and options to judge under (made here when not given, or given for another environment)."""
-    rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
-    key = _as_read_key(rec)
-    tc = _as_read(key, rec)
+    environment and options to judge under (made here when not given, or given for another environment). ``made``:
+    the candidate's recommendation, config key and training config, where it was judged before under another stack
+    (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again."""
+    if made is None:
+        rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
+        made = (rec, _config_key(rec), as_read(rec))
+    rec, key, tc = made
     if under is None or under.env is not env:
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
@@ -333,7 +337,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
             done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
             if blocking(done[i]):
                 _remember_rejection(i)
-                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable)
+                return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable, made)
     return finish
 
 
@@ -356,6 +360,9 @@ class _Rejected(Judged):
     finish: Callable[[], Judged] = lambda: None  # type: ignore[assignment, return-value]
     # The findings of the rules whose findings a pin can resolve (_pinning_rules: Code.pins), run on demand.
     pinnable: Callable[[], tuple[Finding, ...]] = lambda: ()
+    # The candidate's recommendation, config key and training config (_judge's ``made``): judged again under a pin,
+    # the candidate is the same run.
+    made: tuple[Any, ...] = ()
 
     def __call__(self) -> Judged:
         return self.finish()
@@ -369,7 +376,7 @@ class _Under:
         self.env = env
         self.options = replace(options, training_config=PRESCRIPTION, memory=runplan.MemoryRequest(
             gpu_memory=options.memory.gpu_memory) if options.memory else None)
-        self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_as_read_key): by value
+        self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_config_key): by value
         # The stack's libraries as each candidate's Run states them: one stack for every candidate judged under it.
         self.libraries = run_libraries(env.libraries)
 
@@ -381,34 +388,22 @@ class _Under:
         return env2
 
 
-_AS_READ: dict[str, tc_reader.TrainingConfig] = {}
-
-
 def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
-    """The training config `check --training-config` reads from the prescription's YAML, built from the run's own
-    mapping (recommend.training_config_data) instead of printing that YAML and parsing it back: the rules judge the
-    candidate directly. tests/test_run_roundtrip.py proves it equal to the YAML read back.
-
-    A scan of many models makes the same few candidates for each, but for the repo id (``base_model``, of which the
-    reader keeps only that the key is there), so each mapping is read once per process: its repr, with the repo id
-    blanked, is the key (repr tells True from 1 and "1" from 1)."""
-    return _as_read(_as_read_key(rec), rec)
+    """The training config `check --training-config` reads from the prescription's YAML, built directly from the run's
+    own mapping and lines (recommend.training_config_data -> training_config.of_rendering), never by printing that
+    YAML and parsing it back: the rules judge the candidate directly. tests/test_run_roundtrip.py proves it equal to
+    the YAML read back, for random runs and for every candidate the search judges at points of the example grid."""
+    data, lines = recommend.training_config_data(rec)
+    return tc_reader.of_rendering(data, PRESCRIPTION, trainers.kind_named(recommend.TRAINING_CONFIG_KIND), lines)
 
 
-def _as_read_key(rec: recommend.Recommendation) -> str:
-    """The key of as_read(rec): its axolotl mapping's repr, the repo id blanked."""
+def _config_key(rec: recommend.Recommendation) -> str:
+    """A text a candidate's training config is a function of, for the per-process memos of what is planned from it
+    (_PLANS, runplan._REQUESTS) and the search's environments (_Under): its axolotl mapping's repr, the repo id
+    blanked (a scan makes the same few candidates for every model of one architecture; the reader keeps only that
+    ``base_model`` is there; repr tells True from 1 and "1" from 1)."""
     ax = rec.frameworks["axolotl"]
     return repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
-
-
-def _as_read(key: str, rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
-    tc = _AS_READ.get(key)
-    if tc is None:
-        if len(_AS_READ) >= 512:
-            _AS_READ.clear()
-        data, lines = recommend.training_config_data(rec)
-        tc = _AS_READ[key] = tc_reader.from_data(data, PRESCRIPTION, lines.get, lint_keys=False)
-    return tc
 
 
 # --- the decision --------------------------------------------------------------------------------------------------
@@ -460,7 +455,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     env, pin = pinned
                     pins.append(pin)
                     under = _Under(env, options)
-                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under)
+                    tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under,
+                                   made=tried.made)
                     judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()

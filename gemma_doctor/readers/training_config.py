@@ -376,13 +376,10 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
     return from_data(data, path, lambda key: _json_line(text, key) if is_json else lines.get(key))
 
 
-def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | None],
-              lint_keys: bool = True) -> TrainingConfig:
+def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | None]) -> TrainingConfig:
     """The settings of a training config already parsed to a mapping (``line_of``: a dotted key's 1-based line, or
-    None). ``parse`` reads a file's text with it; the search hands it the mapping a prescription's YAML is rendered
-    from, so a candidate is judged without printing and re-reading that YAML (the same settings: a property test).
-    ``lint_keys``: look for misspelt keys (GD680/GD681/GD986); the search's own YAML has none to find (the prescription
-    grid checks the printed YAML with them, at --fail-on warning), and difflib stays off check's start-up path."""
+    None), with its misspelt keys (GD680/GD681/GD986). ``parse`` reads a file's text with it; the search builds its
+    candidates' directly (``of_rendering``)."""
     fmt = trainers.recognise(data)
     kind = fmt.name
     if not fmt.trains:
@@ -403,6 +400,15 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
+    problems = _key_problems(data, line_of, fmt.key_table) if fmt.key_table else ()
+    return _config(data, path, fmt, settings, line_of, problems)
+
+
+def _config(data: dict[str, Any], path: str, fmt: trainers.ConfigKind, settings: dict[str, Setting],
+            line_of: Callable[[str], int | None], problems: tuple[KeyProblem, ...] = ()) -> TrainingConfig:
+    """The training config of ``settings`` found in ``data`` (by ``from_data`` or ``of_rendering``): what both state
+    beyond the keys found (the RL trainer a TRL config's own keys name), and the trainer ``fmt`` decides. One place, so
+    what the reader adds to a user's file it adds to the search's candidates too."""
     if fmt.load_dtype_from_precision and "torch_dtype" not in settings:
         derived = _derived_load_dtype(settings)
         if derived is not None:
@@ -410,9 +416,8 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     named = trainers.rl_named_by_keys(data) if "rl" not in settings else None
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
-    problems = _key_problems(data, line_of, fmt.key_table) if lint_keys and fmt.key_table else ()
     rl = settings.get("rl")
-    return TrainingConfig(path, kind=kind, settings=settings, problems=problems,
+    return TrainingConfig(path, kind=fmt.name, settings=settings, problems=problems,
                           trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
 
 
@@ -434,6 +439,58 @@ def _derived_load_dtype(settings: dict[str, Setting]) -> Setting | None:
         return Setting(settings["load_in_8bit"].key, "float16", settings["load_in_8bit"].line)
     at = bf16 or fp16 or settings[quantized[0]]
     return Setting(at.key, "float32", at.line)
+
+
+def _settings_of_key() -> dict[str, tuple[tuple[str, int], ...]]:
+    """Dotted key -> (setting, rank) for every key of KEYS: the settings that key states, and how far down each
+    setting's list of keys it stands (the lowest rank present wins, as in ``from_data``)."""
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for name, keys in KEYS.items():
+        for rank, key in enumerate(keys):
+            out[key] = out.get(key, ()) + ((name, rank),)
+    return out
+
+
+# Made once at import from KEYS (a constant, never changed): what of_rendering looks each key up in.
+_SETTINGS_OF_KEY = _settings_of_key()
+_KEY_DEPTH = max(key.count(".") + 1 for keys in KEYS.values() for key in keys)
+
+
+def _dotted(data: Any, prefix: str, depth: int, found: dict[str, tuple[int, str, Any]]) -> None:
+    """Every (dotted key, value) of ``data`` that ``_lookup`` finds, down to KEYS' deepest key, but for mappings
+    (``from_data`` takes no mapping as a setting's value; a number is a list index, as in ``datasets.0.type``), into
+    ``found``: setting -> (rank, key, value) of the lowest rank seen."""
+    named = isinstance(data, dict)
+    for k, v in (data.items() if named else enumerate(data)):
+        if named and not (isinstance(k, str) and "." not in k):
+            continue  # _lookup splits a key at its dots and compares strings: it never finds such a key
+        dotted = prefix + k if named else f"{prefix}{k}"
+        if isinstance(v, dict):
+            if depth < _KEY_DEPTH:
+                _dotted(v, dotted + ".", depth + 1, found)
+            continue
+        for name, rank in _SETTINGS_OF_KEY.get(dotted, ()):
+            if name not in found or rank < found[name][0]:
+                found[name] = (rank, dotted, v)
+        if isinstance(v, list) and depth < _KEY_DEPTH and any(isinstance(x, dict) for x in v):
+            _dotted(v, dotted + ".", depth + 1, found)
+
+
+def of_rendering(data: dict[str, Any], path: str, kind: trainers.ConfigKind,
+                 lines: dict[str, int]) -> TrainingConfig:
+    """The training config `check --training-config` reads from a file gemma-doctor renders itself of ``kind`` (the
+    prescription's axolotl YAML), built directly from the mapping it is rendered from and the line of each dotted key
+    (recommend.training_config_data): each setting from the key ``from_data`` would take for it, with its value and
+    line, the trainer ``kind`` decides. No recognising, bounds or key lint: the renderer writes plain values of a known
+    kind and no misspelt key (the prescription grid checks the printed YAML with all three). Each key of the mapping
+    is looked up once, where ``from_data`` walks every key of KEYS: the search builds one for every candidate it
+    judges. tests/test_run_roundtrip.py proves it equal to the rendered YAML read back, and the Run planned from it
+    equal to the one planned from the YAML."""
+    found: dict[str, tuple[int, str, Any]] = {}
+    _dotted(data, "", 1, found)
+    settings = {name: Setting(found[name][1], found[name][2], lines.get(found[name][1])) for name in KEYS
+                if name in found}
+    return _config(data, path, kind, settings, lines.get)
 
 
 def trainer_keys() -> dict[str, Any]:
