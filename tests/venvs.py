@@ -292,7 +292,14 @@ def ensure_light_venv() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or parallel sessions build it once
         if not (path / ".complete").exists():
             _new_venv(path)
-            subprocess.run([*_pip(python), "-c", str(CONSTRAINTS), *deps], check=True)
+            uv = _uv()
+            if uv:
+                # The same resolution (every package pinned by the constraints) by uv: 1.4 s against pip's 30-40 s at
+                # load 9-13, its downloads in the uv cache the locked venvs share; pip freeze --all is identical.
+                subprocess.run([uv, "pip", "install", "--quiet", "--python", str(python), "--cache-dir",
+                                str(root / "uv-cache"), "-c", str(CONSTRAINTS), *deps], check=True)
+            else:
+                subprocess.run([*_pip(python), "-c", str(CONSTRAINTS), *deps], check=True)
             (path / ".complete").write_text("ok\n")
     return python
 
