@@ -66,11 +66,11 @@ _pin_hypothesis_constants()
 # collection order (with --no-loadscope-reorder, pyproject.toml); its default order is by number of tests, which puts
 # the few-test, minute-long modules (a 2-rank rehearsal, a venv build and one evaluation in it) last, and the run then
 # ends with one worker in such a module and the other idle. Started first, the many short modules fill in behind them.
-# Ranked from the 28 Nov runs (docs/ci.md "Suite time": round 5's junit times, rounds 6-8's module runs); a module
+# Ranked from the 28 Nov runs (docs/ci.md "Suite time": round 5's junit times, rounds 6-7's module runs); a module
 # missing here starts after these if it has a test marked slow (it builds a venv or trains), else with the short ones.
 LONGEST_FIRST = (
     "tests/test_distributed.py",  # two venvs built, then reproductions on FSDP ranks
-    "tests/test_rehearse_launch.py",  # 45 tests, about 20 launched scripts each a child importing the stack
+    "tests/test_rehearse_launch.py",  # 45 tests, each slow one a launched script's child importing the stack
     "tests/test_hub_hostile.py",
     "tests/test_rehearse_ranks.py",  # 3 tests, 100-230 s: two CPU ranks per case; it ran second to last by count
     "tests/test_rehearse.py",

@@ -152,8 +152,8 @@ def _new_venv(path: Path) -> None:
     setuptools, on Pythons that bundle it), at the bundled versions.
 
     ``python -m venv`` installs those through ensurepip, which runs pip in a child and byte-compiles all of pip: 8 s of a
-    venv's build on a quiet machine, 48-60 s at load 10 (seven venvs a CI run). uv installs the same bundled wheels,
-    offline, without compiling, in about 3 s at that load; ``pip freeze --all`` of the two is identical (the
+    venv's build on a quiet machine, 28-33 s at load 12-13 (seven venvs a CI run). uv installs the same bundled wheels,
+    offline, without compiling: 1.2-1.4 s at that load (docs/ci.md); ``pip freeze --all`` of the two is identical (the
     dist-info's INSTALLER and RECORD differ). Without uv, or where this Python bundles no wheels (a distribution's
     ensurepip that installs from elsewhere), ``python -m venv`` builds it as before."""
     import ensurepip
@@ -294,8 +294,9 @@ def ensure_light_venv() -> Path:
             _new_venv(path)
             uv = _uv()
             if uv:
-                # The same resolution (every package pinned by the constraints) by uv: 1.4 s against pip's 30-40 s at
-                # load 9-13, its downloads in the uv cache the locked venvs share; pip freeze --all is identical.
+                # The same resolution (every package pinned by the constraints) by uv: 5.6 s from an empty uv cache
+                # against pip's 27.6 s at load 9-10, its downloads in the uv cache the locked venvs share; pip freeze
+                # --all is identical.
                 subprocess.run([uv, "pip", "install", "--quiet", "--python", str(python), "--cache-dir",
                                 str(root / "uv-cache"), "-c", str(CONSTRAINTS), *deps], check=True)
             else:
