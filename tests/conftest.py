@@ -62,42 +62,53 @@ def _pin_hypothesis_constants() -> None:
 _pin_hypothesis_constants()
 
 
-# The modules that took longest in a whole-suite run (junit times of the 28 Nov clean-clone run, docs/ci.md "Suite
-# time"), longest first. xdist's --dist loadfile hands whole modules to the workers in collection order (with
-# --no-loadscope-reorder, pyproject.toml); its default order is by number of tests, which can start a few-test,
-# minute-long module (a rehearsal, a venv build) last, and the run then ends with one worker in it and the other
-# idle. Started first, the many short modules fill in behind them. A module missing here only starts later.
+# The modules that take longest, longest first. xdist's --dist loadfile hands whole modules to the workers in
+# collection order (with --no-loadscope-reorder, pyproject.toml); its default order is by number of tests, which puts
+# the few-test, minute-long modules (a 2-rank rehearsal, a venv build and one evaluation in it) last, and the run then
+# ends with one worker in such a module and the other idle. Started first, the many short modules fill in behind them.
+# Ranked from the 28 Nov runs (docs/ci.md "Suite time": round 5's junit times, rounds 6-7's module runs); a module
+# missing here starts after these if it has a test marked slow (it builds a venv or trains), else with the short ones.
 LONGEST_FIRST = (
-    "tests/test_distributed.py",
+    "tests/test_distributed.py",  # two venvs built, then reproductions on FSDP ranks
+    "tests/test_rehearse_launch.py",  # 45 tests, each slow one a launched script's child importing the stack
     "tests/test_hub_hostile.py",
-    "tests/test_prescription.py",
-    "tests/test_hub.py",
+    "tests/test_rehearse_ranks.py",  # 3 tests, 100-230 s: two CPU ranks per case; it ran second to last by count
     "tests/test_rehearse.py",
+    "tests/test_rehearse_preference.py",  # six children (KTO x2, ORPO, reward x2, online DPO)
+    "tests/test_hub.py",
+    "tests/test_prescription.py",
     "tests/test_attacker.py",
-    "tests/test_rehearse_launch.py",
-    "tests/test_rehearse_llamafactory.py",  # added after the ranking run: its own venv, then two LLaMA-Factory runs
-    "tests/test_rehearse_axolotl.py",  # added after the ranking run: three rehearsals, 96-150 s loaded
-    "tests/test_rehearse_preference.py",  # added after the ranking run: six children (KTO x2, ORPO, reward x2,
-    #                                       online DPO), 233 s at load 4-5 with -n0
+    "tests/test_rehearse_llamafactory.py",  # its own venv, then two LLaMA-Factory runs
+    "tests/test_e2e_transformers450.py",  # 1 test, 80-130 s with the LEGACY venv: it ran last by count
+    "tests/test_rehearse_axolotl.py",
     "tests/test_crashes_venvs.py",
+    "tests/test_rehearse_venvs.py",  # 4 tests, each a rehearsal child in a reproduction venv
     "tests/test_pitfalls_repro.py",
     "tests/test_after_training_repro.py",
     "tests/test_twin.py",
+    "tests/test_rehearse_grpo.py",
     "tests/test_catalogue.py",
+    "tests/test_scan_speed.py",
+    "tests/test_safetensors_fast.py",
+    "tests/test_api.py",
 )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Run the known-long modules first, then the rest by number of tests (xdist's own default), each module whole."""
+    """Run the known-long modules first, then the other modules with a slow test, then the rest; within each of the
+    last two by number of tests (xdist's own default), each module whole."""
     rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
     count: dict[str, int] = {}
+    slow: set[str] = set()
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         count[module] = count.get(module, 0) + 1
+        if item.get_closest_marker("slow") is not None:
+            slow.add(module)
 
-    def key(item) -> tuple[int, int, str]:
+    def key(item) -> tuple[int, int, int, str]:
         module = item.nodeid.split("::", 1)[0]
-        return rank.get(module, len(rank)), -count[module], module
+        return rank.get(module, len(rank)), module not in slow, -count[module], module
 
     items.sort(key=key)  # stable: a module's own tests keep their order (module-scoped fixtures, parametrize)
 
