@@ -563,6 +563,15 @@ def test_a_trl_config_without_dtype_is_planned_with_the_float32_weights_trl_load
     ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\n", True, "default of LLaMA-Factory"),
     ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\ndisable_gradient_checkpointing: true\n", False,
      "training config disable_gradient_checkpointing"),
+    # LLaMA-Factory checkpoints the model unless disable_gradient_checkpointing (model_utils/checkpointing.py
+    # prepare_model_for_training): its TrainingArguments' gradient_checkpointing: false does not turn that off, and
+    # true turns it on whatever disable says (the Trainer enables it itself). Planned off before.
+    ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\ngradient_checkpointing: false\n", True,
+     "default of LLaMA-Factory (disable_gradient_checkpointing: false"),
+    ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\ngradient_checkpointing: false\n"
+     "disable_gradient_checkpointing: true\n", False, "training config disable_gradient_checkpointing"),
+    ("stage: sft\nfinetuning_type: lora\ncutoff_len: 2048\ngradient_checkpointing: true\n"
+     "disable_gradient_checkpointing: true\n", True, "training config gradient_checkpointing"),
 ])
 def test_checkpointing_a_config_leaves_open_is_the_trainers_default_not_chosen_to_fit(cli, hub, tmp_path, text, on,
                                                                                       source):

@@ -175,7 +175,20 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and positive_int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value), where(name))
-        if "gradient_checkpointing" in s:
+        if "gradient_checkpointing" in s and getattr(tc.trainer, "value", None) is Trainer.LLAMA_FACTORY:
+            # LLaMA-Factory checkpoints the model itself unless disable_gradient_checkpointing
+            # (model_utils/checkpointing.py prepare_model_for_training), so its TrainingArguments' `false` does not
+            # turn it off; `true` turns it on whatever disable says (the Trainer enables it itself).
+            off = s.get("disable_gradient_checkpointing")
+            if truthy(s["gradient_checkpointing"].value):
+                put("gradient_checkpointing", True, where("gradient_checkpointing"))
+            elif off is not None and truthy(off.value):
+                put("gradient_checkpointing", False, where("disable_gradient_checkpointing"))
+            else:
+                put("gradient_checkpointing", True, where("disable_gradient_checkpointing") if off is not None else
+                    "default of LLaMA-Factory (disable_gradient_checkpointing: false; its gradient_checkpointing: "
+                    "false does not turn it off)")
+        elif "gradient_checkpointing" in s:
             put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
             put("optimizer", s["optimizer"].value, where("optimizer"))
