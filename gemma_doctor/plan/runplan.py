@@ -175,20 +175,8 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and positive_int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value), where(name))
-        if "gradient_checkpointing" in s and getattr(tc.trainer, "value", None) is Trainer.LLAMA_FACTORY:
-            # LLaMA-Factory checkpoints the model itself unless disable_gradient_checkpointing
-            # (model_utils/checkpointing.py prepare_model_for_training), so its TrainingArguments' `false` does not
-            # turn it off; `true` turns it on whatever disable says (the Trainer enables it itself).
-            off = s.get("disable_gradient_checkpointing")
-            if truthy(s["gradient_checkpointing"].value):
-                put("gradient_checkpointing", True, where("gradient_checkpointing"))
-            elif off is not None and truthy(off.value):
-                put("gradient_checkpointing", False, where("disable_gradient_checkpointing"))
-            else:
-                put("gradient_checkpointing", True, where("disable_gradient_checkpointing") if off is not None else
-                    "default of LLaMA-Factory (disable_gradient_checkpointing: false; its gradient_checkpointing: "
-                    "false does not turn it off)")
-        elif "gradient_checkpointing" in s:
+        if "gradient_checkpointing" in s and getattr(tc.trainer, "value", None) is not Trainer.LLAMA_FACTORY:
+            # (LLaMA-Factory's key does not decide alone: trainer_defaults reads it with disable_gradient_checkpointing)
             put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
             put("optimizer", s["optimizer"].value, where("optimizer"))
@@ -270,6 +258,19 @@ _TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trai
 Default = tuple[str, Any, str]  # (setting, the trainer's default value, where that default comes from)
 
 
+def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
+    """Whether LLaMA-Factory checkpoints, and why: it checkpoints the model itself unless disable_gradient_checkpointing
+    (model_utils/checkpointing.py prepare_model_for_training), so its TrainingArguments' `gradient_checkpointing:
+    false` does not turn that off, and `true` turns it on whatever disable says (the Trainer enables it itself)."""
+    on, off = s.get("gradient_checkpointing"), s.get("disable_gradient_checkpointing")
+    if on is not None and truthy(on.value):
+        return "gradient_checkpointing", True, FROM_CONFIG + on.key
+    if off is not None:
+        return "gradient_checkpointing", not truthy(off.value), FROM_CONFIG + off.key
+    return ("gradient_checkpointing", True, "default of LLaMA-Factory (disable_gradient_checkpointing: false"
+            + ("; its gradient_checkpointing: false does not turn it off)" if on is not None else ")"))
+
+
 def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
     """The settings a training config leaves open that the trainer executing it fixes by its own default, each with
     that default's source: gradient checkpointing (TrainingArguments and axolotl: off; TRL's configs and LLaMA-Factory:
@@ -286,17 +287,14 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
 
     trainer, s = tc.trainer.value, tc.settings
     out: list[Default] = []
-    if "gradient_checkpointing" not in s:
-        off = s.get("disable_gradient_checkpointing")
+    if trainer is Trainer.LLAMA_FACTORY:
+        out.append(_llamafactory_checkpointing(s))
+    elif "gradient_checkpointing" not in s:
         if trainer is Trainer.TRANSFORMERS:
             out.append(("gradient_checkpointing", False, "default of transformers TrainingArguments"))
         elif trainer is Trainer.AXOLOTL:
             out.append(("gradient_checkpointing", False, "default of axolotl (0.19.0 schema: gradient_checkpointing "
                                                          "false)"))
-        elif trainer is Trainer.LLAMA_FACTORY:
-            on = off is None or not truthy(off.value)
-            out.append(("gradient_checkpointing", on, FROM_CONFIG + off.key if off is not None else
-                        "default of LLaMA-Factory (disable_gradient_checkpointing: false)"))
         elif trainer.runs_trl:
             window = versioning.TRL_CHECKPOINTING_DEFAULT[trainer.value]
             seen = affected(window)
