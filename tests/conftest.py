@@ -72,7 +72,7 @@ LONGEST_FIRST = (
     "tests/test_distributed.py",  # two venvs built, then reproductions on FSDP ranks
     "tests/test_rehearse_launch.py",  # 45 tests, each slow one a launched script's child importing the stack
     "tests/test_hub_hostile.py",
-    "tests/test_rehearse_deepspeed.py",  # DeepSpeed's shm op built once (~2.5 min of g++ on a fresh cache), 2 children
+    "tests/test_rehearse_deepspeed.py",  # DeepSpeed installed (pip builds its sdist), 2 children of 2 ranks each
     "tests/test_rehearse_ranks.py",  # 3 tests, 100-230 s: two CPU ranks per case; it ran second to last by count
     "tests/test_rehearse.py",
     "tests/test_rehearse_preference.py",  # six children (KTO x2, ORPO, reward x2, online DPO)

@@ -2,17 +2,19 @@
 DeepSpeed on 2 CPU (gloo) ranks (docs/rehearsal.md, "DeepSpeed on 2 CPU ranks").
 
 DeepSpeed 0.19.8 and its small dependencies come from tests/venvs.py (beside the main venv's pinned stack, on
-PYTHONPATH); its shared-memory op, which every DeepSpeed start on CPU ranks loads and whose first build is minutes of
-g++, is built once per cache (ensure_deepspeed_ops) and kept where the rehearsal keeps such builds, beside the twin
-(GEMMA_DOCTOR_TWIN_CACHE): each run copies both. Two children (a healthy ZeRO-3 LoRA run, a config DeepSpeed's
-integration refuses), marked slow; the kept build's own rules are checked without DeepSpeed.
+PYTHONPATH); the twin is kept beside the module (GEMMA_DOCTOR_TWIN_CACHE) and each run copies it. DeepSpeed's
+shared-memory op, which its CPU ranks JIT-built at every first start (minutes of g++), is not built: the probe starts
+DeepSpeed's backend without it, as on a GPU. Two children (a healthy ZeRO-3 LoRA run, a config DeepSpeed's integration
+refuses) and the op's absence in a launched process, marked slow; the rules of a kept JIT build (the CPU optimizers of
+an offloading config are still built) are checked without DeepSpeed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from gemma_doctor.rehearse import kept
 from tests.kept_twins import kept_twin
 from tests.test_rehearse import model_folder
-from tests.venvs import ensure_deepspeed, ensure_deepspeed_ops
+from tests.venvs import ensure_deepspeed
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "launch"
 REPO = "google/tiny-gemma3_text"  # model_folder's folder google--tiny-gemma3_text names this repo id
@@ -38,16 +40,15 @@ def target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def deepspeed_here(tmp_path_factory, target):
     """DeepSpeed importable by the rehearsal (this process looks it up, the ranks import it) with `ninja` on PATH; the
-    twin and DeepSpeed's op build kept where run_script copies them from."""
-    packages, ops = ensure_deepspeed(), ensure_deepspeed_ops()
+    twin kept where run_script copies it from. No JIT build of DeepSpeed's is kept there: the ranks build none (the
+    probe starts DeepSpeed's backend without its shared-memory op, as on a GPU)."""
+    packages = ensure_deepspeed()
     folder = kept_twin(tmp_path_factory, target, 2)
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(packages))
         mp.setenv("PYTHONPATH", str(packages))
         mp.setenv("PATH", f"{packages / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
         mp.setenv(kept.ENV, str(folder))
-        shutil.copytree(ops, folder / f"torch_extensions-{kept.extensions_key()}",
-                        ignore=shutil.ignore_patterns(".complete", "lock"))
         yield folder
 
 
@@ -61,12 +62,11 @@ def launch(cli, target: Path, tmp_path: Path, monkeypatch, config: dict) -> tupl
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("deepspeed_here")
 # ZeRO-3 only: ZeRO-2 takes the same path less the partitioned parameters (measured in docs/rehearsal.md, 648 s cold
 # and 99 s with the build kept); each child here is about a minute of CI on 2 cores.
 @pytest.mark.parametrize("stage", [3])
 def test_a_healthy_zero_lora_run_rehearses_the_users_trainer_on_two_cpu_ranks(cli, target, tmp_path, monkeypatch,
-                                                                              stage):
+                                                                              deepspeed_here, stage):
     """ZeRO-3 holds each parameter as an empty tensor beside its shard: the probe read them as they were (a false
     GD957 on both ranks: "The size of tensor a (32) must match the size of tensor b (0)"), and rank 0's reload and
     generation alone hung both ranks (zero.Init, synced_gpus); measured on the pinned stack before the mend."""
@@ -82,6 +82,8 @@ def test_a_healthy_zero_lora_run_rehearses_the_users_trainer_on_two_cpu_ranks(cl
     assert len(train["losses"]) == 2 and train["moved"] == train["trainable"] > 0
     assert train["lora_b"]["moved"] == train["lora_b"]["count"] > 0
     assert by["accumulation"]["status"] == "skipped"  # one process only: said, not silently dropped
+    # trained without DeepSpeed's shared-memory op: no rank built it, so no finished build was kept beside the twin
+    assert not list(deepspeed_here.glob("torch_extensions-*")), list(deepspeed_here.iterdir())
 
 
 
@@ -95,6 +97,28 @@ def test_a_config_deepspeed_refuses_is_the_crash_of_its_stage_on_every_rank(cli,
     lines = sorted(f["message"] for f in doc["findings"])
     assert [line.split("] ")[0].rsplit("[", 1)[1] for line in lines] == ["rank 0", "rank 1"]
     assert all("mismatch TrainingArguments" in line for line in lines), lines
+
+
+@pytest.mark.slow
+def test_deepspeed_starts_on_cpu_ranks_without_building_its_shared_memory_op(tmp_path):
+    """In a launched process (the probe armed by its sitecustomize) DeepSpeed's torch backend gets no shared-memory op,
+    as on a GPU, where the CUDA accelerator has none: nothing is JIT-built (a compiler that always fails is named, so
+    a build fails at once instead of taking minutes of g++), and DeepSpeed's all-reduce falls back to the process
+    group's. Before, `build_shm_op()` built `deepspeed_shm_comm` at every first start on CPU ranks."""
+    from gemma_doctor.rehearse.launch import HOOK
+    from gemma_doctor.rehearse.process import _environment
+
+    packages = ensure_deepspeed()
+    (tmp_path / "plan.json").write_text(json.dumps({"root": str(tmp_path), "events": str(tmp_path / "events.jsonl")}))
+    env = _environment(tmp_path, "cpu")
+    env.update({"GEMMA_DOCTOR_LAUNCH_PLAN": str(tmp_path / "plan.json"), "CXX": "false", "CC": "false",
+                "PYTHONPATH": os.pathsep.join((str(HOOK), str(packages), env["PYTHONPATH"]))})
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run([sys.executable, "-c", "import importlib; backend = importlib.import_module('deepspeed.comm.torch'); "
+                           "print('op:', backend.build_shm_op())"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "op: None", done.stderr[-2000:]
+    assert not (tmp_path / "torch_extensions").exists() or not any((tmp_path / "torch_extensions").iterdir())
 
 
 # -- the JIT builds the rehearsal keeps (no DeepSpeed needed) ---------------------------------------------------------

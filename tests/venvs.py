@@ -363,20 +363,6 @@ def ensure_deepspeed() -> Path:
     return ensure_packages(DEEPSPEED_PACKAGES)
 
 
-def ensure_deepspeed_ops() -> Path:
-    """A TORCH_EXTENSIONS_DIR holding DeepSpeed's shared-memory all-reduce op (deepspeed_shm_comm) JIT-built once for
-    ensure_deepspeed()'s DeepSpeed and this Python's torch, and cached: every DeepSpeed run on CPU ranks loads it, and
-    its first build is minutes of g++ (docs/rehearsal.md). A test copies it where the rehearsal keeps such builds."""
-    packages = ensure_deepspeed()
-    name = f"dsops-{hashlib.sha256(chr(10).join((sys.version, str(packages), TORCH)).encode()).hexdigest()[:12]}"
-    build = ("from deepspeed.accelerator import get_accelerator; "
-             "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
-    path = f"{packages / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"  # torch's JIT build runs `ninja`
-    return _built_once(name, ["env", f"PYTHONPATH={packages}", f"PATH={path}", "DS_ACCELERATOR=cpu",
-                              "CUDA_VISIBLE_DEVICES=", f"TORCH_EXTENSIONS_DIR={venv_root() / name}", sys.executable,
-                              "-c", build])
-
-
 def ensure_llamafactory() -> tuple[Path, Path]:
     """(the python of LLaMA-Factory's stack venv, the folder holding LLaMA-Factory and torchaudio for its PYTHONPATH),
     built once and cached; LLaMA-Factory runs as ``python -m llamafactory.cli`` there."""

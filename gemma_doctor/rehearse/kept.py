@@ -124,12 +124,13 @@ def keep(folder: Path, digest: str, hub: Path, records: list[dict[str, Any]]) ->
         shutil.rmtree(part, ignore_errors=True)
 
 
-# -- torch's JIT builds (DeepSpeed's shared-memory op) -----------------------------------------------------------------
+# -- torch's JIT builds (DeepSpeed's CPU ops) --------------------------------------------------------------------------
 # Every rehearsal child builds torch C++ extensions in its own folder (TORCH_EXTENSIONS_DIR under the rehearsal's
 # temporary folder: process._environment), so no build of the user's, and no `lock` a killed build left, is ever met.
-# DeepSpeed 0.19.8 on CPU ranks JIT-builds its shared-memory all-reduce op (deepspeed_shm_comm) at every start, minutes
-# of g++; the finished build is kept here beside the twins and copied into the next rehearsal's folder, where torch's
-# ninja finds it up to date (docs/rehearsal.md, "DeepSpeed on 2 CPU ranks").
+# DeepSpeed 0.19.8 on CPU ranks JIT-builds its CPU ops at their first use, minutes of g++ (its shared-memory all-reduce
+# op, which its backend built at every start, is no longer started: hook/probe.py `_no_shm_op`); the finished build is
+# kept here beside the twins and copied into the next rehearsal's folder, where torch's ninja finds it up to date
+# (docs/rehearsal.md, "DeepSpeed on 2 CPU ranks").
 _EXTENSIONS = "torch_extensions"
 # Files of a build that belong to the build that made them: torch's FileBaton `lock` (a build killed while holding it
 # leaves it, and every later build waits on it without end).

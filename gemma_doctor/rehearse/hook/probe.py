@@ -7,7 +7,8 @@ The user's script is never edited. What the wrapper changes on the Trainer's arg
 evaluation and saving every step where the script configured them, logging every step, outputs under the
 temporary folder, no reporting or pushing anywhere. After train() returns, the checkpoint is saved and reloaded
 into a copy, and the driver's generate and merge stages run on that copy (the script goes on with its own model).
-Runs in the child only: it imports transformers, never the parent.
+DeepSpeed's torch backend, where the script starts one, starts without its CPU shared-memory op, as on a GPU
+(`_no_shm_op`). Runs in the child only: it imports transformers, never the parent.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 _MODULE = "transformers.trainer"
 _ARGS_MODULE = "transformers.training_args"
+_DEEPSPEED_COMM = "deepspeed.comm.torch"
 
 
 class _State:
@@ -110,8 +112,8 @@ def _stage_of(tb: Any) -> str:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds transformers.trainer and transformers.training_args as the path finder does, with a loader that wraps
-    their classes once executed."""
+    """Finds transformers.trainer, transformers.training_args and deepspeed.comm.torch as the path finder does, with a
+    loader that wraps their classes (or function) once executed."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in _WRAPS:
@@ -282,7 +284,21 @@ def _wrap(module: Any) -> None:
     trainer_cls.__init__, trainer_cls.train, trainer_cls.evaluate = __init__, _train, _evaluate
 
 
-_WRAPS = {_MODULE: _wrap, _ARGS_MODULE: _wrap_args}
+def _no_shm_op(module: Any) -> None:
+    """DeepSpeed's torch backend as it starts on the GPU: without its shared-memory all-reduce op.
+
+    On CPU ranks DeepSpeed 0.19.8's `TorchBackend.__init__` calls `build_shm_op()`, which JIT-builds the CPU
+    accelerator's `deepspeed_shm_comm` (minutes of g++ on a first start, docs/rehearsal.md). The run rehearsed uses no
+    such op: on a GPU the CUDA accelerator has no `ShareMemCommBuilder` (its op builders leave out op_builder/cpu but
+    for the CPU optimizers), so `build_shm_op()` returns None there, and the op serves only `inference_all_reduce`
+    (AutoTP's layers), which without it all-reduces through the process group, as it does on a GPU. So the CPU ranks
+    start DeepSpeed's backend as the GPU ranks do, with None; DeepSpeed's other JIT builds (the CPU optimizers of an
+    offloading config) are built as before."""
+    if hasattr(module, "build_shm_op"):
+        module.build_shm_op = lambda: None
+
+
+_WRAPS = {_MODULE: _wrap, _ARGS_MODULE: _wrap_args, _DEEPSPEED_COMM: _no_shm_op}
 
 
 def on_the_copy(run: Any, reloaded: Any) -> None:
