@@ -114,9 +114,10 @@ def test_deepspeed_starts_on_cpu_ranks_without_building_its_shared_memory_op(tmp
     env.update({"GEMMA_DOCTOR_LAUNCH_PLAN": str(tmp_path / "plan.json"), "CXX": "false", "CC": "false",
                 "PYTHONPATH": os.pathsep.join((str(HOOK), str(packages), env["PYTHONPATH"]))})
     (tmp_path / "tmp").mkdir()
-    done = subprocess.run([sys.executable, "-c", "import importlib; backend = importlib.import_module('deepspeed.comm.torch'); "
-                           "print('op:', backend.build_shm_op())"], capture_output=True, text=True, env=env,
-                          timeout=600)
+    # deepspeed.comm's `from .comm import *` rebinds its attribute `torch` to torch itself: the module by its name
+    code = ("import importlib; backend = importlib.import_module('deepspeed.comm.torch'); "
+            "print('op:', backend.build_shm_op())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "op: None", done.stderr[-2000:]
     assert not (tmp_path / "torch_extensions").exists() or not any((tmp_path / "torch_extensions").iterdir())
 
