@@ -161,8 +161,9 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
         records = _records(root / "events.jsonl")
         if status is None:
             cut = kept.unfinished(extensions)
-            # DeepSpeed's first start on CPU ranks builds its op for minutes: a deadline met there says so.
-            during = (f" while torch built {', '.join(cut)} (DeepSpeed's JIT op: minutes of g++ at its first start; "
+            # DeepSpeed builds its CPU ops (the CPU optimizers) at their first use, for minutes: a deadline met there
+            # says so.
+            during = (f" while torch built {', '.join(cut)} (DeepSpeed's JIT op: minutes of g++ at its first use; "
                       f"with {kept.ENV} set the finished build is kept for the next rehearsal)") if cut else ""
             return records, f"timeout after {timeout:g} s{during}", seconds
         if status != 0 and not any(r.get("status") == "error" for r in records):
