@@ -227,3 +227,22 @@ def test_check_json_states_the_runs_distributed_fields_the_rules_judged(hub, cli
     # the memory plan shards what the engine says: FSDP2's default resharding, FULL_SHARD (ZeRO-3)
     assert model["run"]["zero_stage"]["value"] == 3
     json.dumps(model["run"])
+
+
+def test_zero3_through_a_launch_line_on_one_process_is_deepspeeds_loading_path_for_gd661(hub, cli, tmp_path,
+                                                                                           monkeypatch):
+    """GD661 is DeepSpeed ZeRO-3's loading path, which one process takes too: the Run's engine and DeepSpeed's own stage
+    say so where the memory plan's sharding (run.zero_stage) is 0 on one GPU."""
+    from tests.test_gemma4_lint import E2B
+
+    hub.add("google/gemma-4-E2B-it", {"config.json": E2B})
+    (tmp_path / "ds.json").write_text(DS_Z3)
+    monkeypatch.chdir(tmp_path)
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--with",
+            "transformers==5.5.4", "--launch", "python train.py --deepspeed ds.json --bf16", "--format", "json",
+            "--fail-on", "never")
+    [model] = r.json()["models"]
+    run = model["run"]
+    assert run["distributed"]["engine"]["value"] == "deepspeed" and run["distributed"]["zero_stage"]["value"] == 3
+    assert run["hardware"]["count"]["value"] == 1 and run["zero_stage"]["value"] == 0
+    assert [f["severity"] for f in model["findings"] if f["code"] == "GD661"] == ["error"]
