@@ -16,12 +16,17 @@ resolved from are read by their fields.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Mapping, TypeVar
 
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.trainers import Trainer
 
 T = TypeVar("T")
+# The source of a GPU count no input states: the GPUs the probe sees (runplan's), which a launcher would run as DDP and
+# a plain `python train.py` as one process (the Trainer's DataParallel).
+GPUS_VISIBLE = "GPUs visible"
 # The source of a setting a training config sets: "training config KEY", the key as the file writes it (runplan's).
 FROM_CONFIG = "training config "
 
@@ -72,6 +77,60 @@ class Hardware:
         """JSON view."""
         return {"gpu": self.gpu, "memory_bytes": self.memory_bytes, "count": self.count.to_json(),
                 "nodes": self.nodes.to_json()}
+
+
+class Engine(str, enum.Enum):
+    """What runs the processes together: nothing (one process), DDP, FSDP (version 1 or 2) or DeepSpeed."""
+
+    NONE = "none"
+    DDP = "ddp"
+    FSDP1 = "fsdp1"
+    FSDP2 = "fsdp2"
+    DEEPSPEED = "deepspeed"
+
+    @property
+    def fsdp(self) -> bool:
+        """FSDP, either version."""
+        return self in (Engine.FSDP1, Engine.FSDP2)
+
+
+@dataclass(frozen=True)
+class WrapClass:
+    """One class of an FSDP wrap list as written, and whether the model's modeling code has it (None: the class table
+    holds no classes of this model_type, so nothing to compare with)."""
+
+    name: str
+    in_model: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"name": self.name, "in_model": self.in_model}
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """How the processes run together, each field with its source: the engine; DeepSpeed's own ZeRO stage (None
+    unless the engine is DeepSpeed; FSDP's sharding is not a ZeRO stage here, whatever the memory plan counts it as);
+    what is offloaded and where ("cpu" / "nvme"); the FSDP wrap classes as written, each checked against the model's
+    classes (None unless the engine is FSDP and a list is written); the processes per node."""
+
+    engine: Sourced[Engine]
+    zero_stage: Sourced[int] | None
+    offload_optimizer: Sourced[str] | None
+    offload_params: Sourced[str] | None
+    wrap_classes: Sourced[tuple[WrapClass, ...]] | None
+    processes_per_node: Sourced[int]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON view: each field as {value, source}, null where it does not apply."""
+        def j(x: Sourced[Any] | None) -> dict[str, Any] | None:
+            return x.to_json() if x is not None else None
+
+        wraps = None if self.wrap_classes is None else {
+            "value": [w.to_json() for w in self.wrap_classes.value], "source": self.wrap_classes.source}
+        return {"engine": self.engine.to_json(), "zero_stage": j(self.zero_stage),
+                "offload_optimizer": j(self.offload_optimizer), "offload_params": j(self.offload_params),
+                "wrap_classes": wraps, "processes_per_node": self.processes_per_node.to_json()}
 
 
 @dataclass(frozen=True)
@@ -154,7 +213,8 @@ class Run:
     seq_len: Sourced[int]
     attention: Sourced[str]
     checkpointing: Sourced[bool]
-    zero_stage: Sourced[int]
+    zero_stage: Sourced[int]  # the memory plan's sharding: ZeRO's stage, or FSDP's counted as the stage it equals; 0 on one GPU
+    distributed: Distributed  # the engine, DeepSpeed's own stage, offload, wrap classes, processes per node
     loss: Sourced[str]  # "full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)
     memory: Memory  # the memory plan of this very run: its line (as every view prints it), verdict and figures
     task: str  # sft | dpo | orpo | ...: what the trainer optimises (a paired task holds two sequences per example)
@@ -176,7 +236,8 @@ class Run:
                 "precision": self.precision.to_json(), "load_dtype": self.load_dtype, "batch": self.batch.to_json(),
                 "gradient_accumulation_steps": self.accumulation.to_json(), "seq_len": self.seq_len.to_json(),
                 "attention": self.attention.to_json(), "gradient_checkpointing": self.checkpointing.to_json(),
-                "zero_stage": self.zero_stage.to_json(), "loss": self.loss.to_json(), "memory": self.memory.summary}
+                "zero_stage": self.zero_stage.to_json(), "distributed": self.distributed.to_json(),
+                "loss": self.loss.to_json(), "memory": self.memory.summary}
 
 
 # The trainer of a run that no training config or launch line describes: what the memory plan counts (a plain
@@ -195,6 +256,190 @@ def trainer_of(training_config: Any) -> Sourced[Trainer]:
     return Sourced(chosen.value, chosen.source)
 
 
+# --- how the processes run together: one reading of every input, for the memory plan, the Run and the rules ---
+
+# A TrainingArguments `fsdp` / `deepspeed` value that turns nothing on (its defaults, as a saved config writes them).
+_ENGINE_OFF = frozenset({"", "false", "no", "none", "null", "0"})
+
+
+def _on(value: Any) -> bool:
+    """A TrainingArguments `fsdp` / `deepspeed` setting that turns its engine on (`fsdp: ''`, `deepspeed: null`, the
+    defaults a saved config writes, do not)."""
+    if value is None or value is False or value == [] or value == 0:
+        return False
+    text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text.strip().lower() not in _ENGINE_OFF
+
+
+def wrap_class_names(value: Any) -> list[str]:
+    """The class names of a wrap list as written: a list, or accelerate's comma-separated string."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(c).strip() for c in items if str(c).strip()]
+
+
+@dataclass(frozen=True)
+class ConfigSharding:
+    """What a training config (with its launch line and the DeepSpeed JSON it names) says of how its processes run
+    together: the engine (None: it names none, so the process count decides between one process and DDP), DeepSpeed's
+    own ZeRO stage, the sharding the memory plan counts (ZeRO's stage, or FSDP's strategy as the stage it equals), what
+    is offloaded and where, and the FSDP wrap classes as written. Made by ``config_sharding``, the one reading that
+    plan/runplan.py (the plan's zero_stage, fsdp and offload) and ``resolve`` (the Run's ``distributed``) both take."""
+
+    engine: Sourced[Engine] | None = None
+    zero_stage: Sourced[int] | None = None
+    sharding: Sourced[int] | None = None
+    offload_optimizer: Sourced[str] | None = None
+    offload_params: Sourced[str] | None = None
+    wrap_classes: Sourced[tuple[str, ...]] | None = None
+
+
+def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
+    """How ``tc`` (readers/training_config.TrainingConfig) runs its processes together, in one precedence:
+    accelerate's distributed_type decides where it is set (accelerate ignores fsdp_config unless it is FSDP and
+    deepspeed_config unless it is DEEPSPEED); else a DeepSpeed config (TrainingArguments' `deepspeed`, a ZeRO stage, a
+    DeepSpeed JSON itself) before `fsdp` (TrainingArguments sets up DeepSpeed's state whenever `deepspeed` is set:
+    transformers 5.23 training_args.py, use_deepspeed). ``stack``: what FSDP version TrainingArguments defaults to."""
+    if tc is None or not getattr(tc, "ok", False):
+        return ConfigSharding()
+    s: Mapping[str, Any] = tc.settings
+
+    def at(name: str, why: str = "") -> str:
+        return FROM_CONFIG + s[name].key + why
+
+    dist = s.get("distributed_type")
+    kind = str(dist.value).strip().upper() if dist is not None else None
+    ref, fsdp, stage = s.get("deepspeed"), s.get("fsdp"), s.get("zero_stage")
+    engine: Sourced[Engine] | None = None
+    if kind is not None:
+        if kind == "DEEPSPEED":
+            engine = Sourced(Engine.DEEPSPEED, at("distributed_type"))
+        elif kind == "FSDP":
+            engine = _fsdp_version(tc, at("distributed_type"), stack)
+        elif kind == "NO":
+            engine = Sourced(Engine.NONE, at("distributed_type"))
+        elif kind.startswith("MULTI_"):
+            engine = Sourced(Engine.DDP, at("distributed_type"))
+    elif ref is not None and _on(ref.value):
+        engine = Sourced(Engine.DEEPSPEED, at("deepspeed"))
+    elif stage is not None:
+        engine = Sourced(Engine.DEEPSPEED, at("zero_stage"))
+    elif tc.format.name == "deepspeed":
+        engine = Sourced(Engine.DEEPSPEED, FROM_CONFIG.rstrip() + " (a DeepSpeed JSON)")
+    elif fsdp is not None and _on(fsdp.value):
+        engine = _fsdp_version(tc, at("fsdp"), stack)
+    if engine is None:
+        return ConfigSharding()
+    if engine.value is Engine.DEEPSPEED:
+        zero = _deepspeed_stage(s)
+        sharding = _deepspeed_stage(s, by_name=True)
+        off_opt, off_par = (_device(s, name) for name in ("offload_optimizer", "offload_param"))
+        return ConfigSharding(engine, zero, sharding, off_opt, off_par)
+    if engine.value.fsdp:
+        par = s.get("fsdp_offload_params")
+        offload = Sourced("cpu", at("fsdp_offload_params")) if par is not None and truthy(par.value) else None
+        wraps = s.get("fsdp_wrap_classes")
+        names = tuple(wrap_class_names(wraps.value)) if wraps is not None and wraps.value not in (None, "", []) else ()
+        return ConfigSharding(engine, None, _fsdp_sharding(s, engine), None, offload,
+                              Sourced(names, at("fsdp_wrap_classes")) if names else None)
+    return ConfigSharding(engine)
+
+
+def _fsdp_version(tc: Any, source: str, stack: Any) -> Sourced[Engine]:
+    """FSDP's version: the config's fsdp_version, else accelerate's plugin default (1), else TrainingArguments' (2 from
+    transformers 5.10: versioning.TRAINER_FSDP2_DEFAULTS, weighed against the stack)."""
+    version = tc.settings.get("fsdp_version")
+    if version is not None and str(version.value).strip() in ("1", "2"):
+        return Sourced(Engine.FSDP2 if str(version.value).strip() == "2" else Engine.FSDP1,
+                       FROM_CONFIG + version.key)
+    if not tc.format.fsdp_by_training_arguments:
+        return Sourced(Engine.FSDP1, source + " (accelerate's FSDP plugin: version 1 unless fsdp_version says 2)")
+    from gemma_doctor.stack import Exposure
+    from gemma_doctor.versioning import TRAINER_FSDP2_DEFAULTS
+
+    exposure = stack.exposure(TRAINER_FSDP2_DEFAULTS) if stack is not None else Exposure.UNKNOWN
+    if exposure is Exposure.SAFE:
+        return Sourced(Engine.FSDP1, source + " (TrainingArguments before transformers 5.10: FSDP1)")
+    return Sourced(Engine.FSDP2, source + " (TrainingArguments' default from transformers 5.10: FSDP2"
+                   + ("" if exposure is Exposure.AFFECTED else "; the stack's transformers may be older: FSDP1") + ")")
+
+
+def _deepspeed_stage(s: Mapping[str, Any], by_name: bool = False) -> Sourced[int] | None:
+    """DeepSpeed's ZeRO stage: the config's (or its DeepSpeed JSON's) stage, else, ``by_name``, the stage a named
+    file's name says (`ds_z3.json`, for the memory plan only: the file was not read)."""
+    z = s.get("zero_stage")
+    if z is not None and not isinstance(z.value, bool):
+        text = str(z.value).strip()
+        if text.isascii() and text.isdigit() and len(text) <= 2:
+            return Sourced(int(text), FROM_CONFIG + z.key)
+    d = s.get("deepspeed")
+    if by_name and d is not None and isinstance(d.value, str):
+        m = re.search(r"(?:zero|z)_?([0-3])", d.value.lower())
+        if m:
+            return Sourced(int(m.group(1)), FROM_CONFIG + d.key + " (stage read from the file name)")
+    return None
+
+
+def _device(s: Mapping[str, Any], name: str) -> Sourced[str] | None:
+    """DeepSpeed's offload device for ``name`` ("cpu" / "nvme"), None where nothing is offloaded."""
+    off = s.get(name)
+    if off is None or str(off.value).strip().lower() not in ("cpu", "nvme"):
+        return None
+    return Sourced(str(off.value).strip().lower(), FROM_CONFIG + off.key)
+
+
+def _fsdp_sharding(s: Mapping[str, Any], engine: Sourced[Engine]) -> Sourced[int]:
+    """FSDP's sharding as the ZeRO stage the memory plan counts: FSDP2's fsdp_reshard_after_forward (true, its
+    default: FULL_SHARD = 3; false: SHARD_GRAD_OP = 2), else the sharding strategy named, else FULL_SHARD (the default
+    of accelerate's plugin and of FSDP2)."""
+    version = s.get("fsdp_version")
+    reshard = s.get("fsdp_reshard_after_forward")
+    f = s.get("fsdp")
+    named = f is not None and _on(f.value)
+    if version is not None and str(version.value).strip() == "2":
+        if reshard is not None:
+            text = str(reshard.value).strip().lower()
+            return Sourced(2 if text in ("false", "no", "0", "shard_grad_op", "2") else 3, FROM_CONFIG + reshard.key)
+        if not named:
+            return Sourced(3, FROM_CONFIG + version.key + " (FSDP2: fsdp_reshard_after_forward defaults to true)")
+    if named:
+        text = " ".join(map(str, f.value)) if isinstance(f.value, list) else str(f.value)
+        low = text.lower()
+        if "full_shard" in low or "hybrid_shard" in low or low.strip() in ("1", "full_shard"):
+            return Sourced(3, FROM_CONFIG + f.key)
+        if "shard_grad_op" in low or low.strip() == "2":
+            return Sourced(2, FROM_CONFIG + f.key)
+    return Sourced(3, engine.source + " (FSDP's default sharding: FULL_SHARD)")
+
+
+def distributed(sharding: ConfigSharding, *, processes: Sourced[int], nodes: Sourced[int],
+                plan_stage: Sourced[int] | None = None, model_type: str | None = None) -> Distributed:
+    """The Run's ``distributed``: the config's engine (``sharding``: config_sharding's), else DeepSpeed where the plan
+    shards a run of several processes that no config describes (``plan_stage``: the search's ZeRO stage, which the
+    prescription's YAML writes as `deepspeed: zero3.json`), else DDP for several processes and none for one; the wrap
+    classes checked against the model's classes (readers/model_classes.py, package data read once)."""
+    engine, zero = sharding.engine, sharding.zero_stage
+    n = processes.value
+    if engine is None:
+        if plan_stage is not None and plan_stage.value > 0 and n > 1:
+            engine, zero = Sourced(Engine.DEEPSPEED, plan_stage.source), plan_stage
+        elif n > 1:
+            engine = Sourced(Engine.DDP, processes.source)
+        else:
+            engine = Sourced(Engine.NONE, "one process")
+    wraps = None
+    if sharding.wrap_classes is not None:
+        from gemma_doctor.readers.model_classes import model_classes
+
+        ours = model_classes().classes.get(model_type or "")
+        wraps = Sourced(tuple(WrapClass(c, (c in ours) if ours else None) for c in sharding.wrap_classes.value),
+                        sharding.wrap_classes.source)
+    per = max(1, -(-n // max(1, nodes.value)))
+    per_source = processes.source if nodes.value <= 1 else \
+        f"{n} processes ({processes.source}) over {nodes.value} nodes ({nodes.source})"
+    return Distributed(engine, zero, sharding.offload_optimizer, sharding.offload_params, wraps,
+                       Sourced(per, per_source))
+
+
 def libraries(stack: Any) -> tuple[Sourced[str], ...]:
     """The libraries of a stack (stack.Stack) as a Run states them: each version, or a prescription's pin, with its
     source, by name."""
@@ -203,10 +448,13 @@ def libraries(stack: Any) -> tuple[Sourced[str], ...]:
 
 
 def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer],
-            quantization: str | None = None, stated: tuple[Sourced[str], ...] | None = None) -> Run:
+            quantization: str | None = None, stated: tuple[Sourced[str], ...] | None = None,
+            training_config: Any = None) -> Run:
     """The Run of a memory plan (plan.runplan.MemoryFacts): its RunSpec's settings with their sources, the shape's LoRA
     targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries
-    (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack)."""
+    (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack); how
+    its processes run together from ``training_config`` (the one the plan was made of: config_sharding), else from
+    the plan's own count and stage (the prescription's)."""
     plan = memory.plan
     spec = plan.run
     sources = dict(spec.sources)  # RunSpec.source's own lookup, made once for the fields below
@@ -233,6 +481,9 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
         seq_len=Sourced(spec.seq_len, src("seq_len")), attention=Sourced(spec.attention, src("attention")),
         checkpointing=Sourced(spec.gradient_checkpointing, src("gradient_checkpointing")),
         zero_stage=Sourced(spec.zero_stage if spec.num_gpus > 1 else 0, src("zero_stage")),
+        distributed=distributed(config_sharding(training_config, stack), processes=Sourced(spec.num_gpus, src("num_gpus")),
+                                nodes=Sourced(spec.num_nodes, src("num_nodes")),
+                                plan_stage=Sourced(spec.zero_stage, src("zero_stage")), model_type=model),
         loss=Sourced("chunked log-probs", src("chunked_loss")) if spec.chunked_loss else
         Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)"),
         memory=figures, task=spec.task, text_only=spec.text_only, quantization=quantization,

@@ -238,7 +238,10 @@ def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
 RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation",
               "flash_attention", "sdp_attention", "bf16", "fp16", "mixed_precision", "lora_target_modules",
               "lora_target_linear", "lora_r", "adapter", "load_in_4bit", "load_in_8bit", "zero_stage", "num_processes",
-              "num_machines")
+              "num_machines",
+              # how the processes run together (run.Distributed: engine, DeepSpeed's stage, offload, wrap classes)
+              "distributed_type", "deepspeed", "fsdp", "fsdp_wrap_classes", "offload_optimizer", "offload_param",
+              "fsdp_offload_params")
 _NAMES = "|".join(RUN_FIELDS)
 # A read of one of them from the training config: tc.trainer, tc.get("bf16"), s.get("bf16"), s["bf16"], "bf16" in s.
 _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*"(' + _NAMES + r')"'
@@ -252,16 +255,14 @@ STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
     # attention_backend (the backend as written: see "attention"); adapter_enabled and target_list (LoRA as written,
     # for GD42x/GD44x, which name the file's own words).
     "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
-    # GD661 is DeepSpeed's ZeRO-3 loading path, taken on one process too: the Run's zero_stage counts FSDP's
-    # sharding as stage 3 and is 0 on one GPU (a Run field for the engine is left to do).
-    "distributed": frozenset({"zero_stage"}),
+    # GD660 reads the auto-wrap policy as written (`auto_wrap` in TrainingArguments' fsdp string), which the Run's
+    # distributed (engine, stage, offload, wrap classes) does not model.
+    "distributed": frozenset({"fsdp"}),
     # GD420/GD421 judge LoRA targets as written (PEFT's default where none; lora_exclude_modules beside them).
     "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
-    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD133 a multi-GPU
-    # DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a single process);
-    # GD44x the LoRA targets as written (the Run keeps the resolved ones).
-    "members": frozenset({"attn_implementation", "flash_attention", "num_processes", "lora_target_modules",
-                          "lora_target_linear"}),
+    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD44x the LoRA
+    # targets as written (the Run keeps the resolved ones).
+    "members": frozenset({"attn_implementation", "flash_attention", "lora_target_modules", "lora_target_linear"}),
     # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
     # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
     # GD302's "trains in fp32" reads the switches: the search's candidates write their precision, but their Run's
@@ -301,6 +302,15 @@ def test_the_rules_read_the_runs_fields_from_the_run() -> None:
     ('    b, s = tc.get("batch_size"), tc.get("seq_len")', {"batch_size": [1], "seq_len": [1]}),
     ('    if "gradient_checkpointing" in s and truthy(s["bf16"].value):', {"gradient_checkpointing": [1], "bf16": [1]}),
     ('    uc = tc.get("use_cache")  # not a field of the Run', {}),
+    # the distributed settings (run.Distributed), each way of reading them
+    ('    dist, procs = tc.get("distributed_type"), tc.get("num_processes")', {"distributed_type": [1],
+                                                                             "num_processes": [1]}),
+    ('    if tc.get("deepspeed") is not None or tc.settings.get("fsdp") is not None:', {"deepspeed": [1], "fsdp": [1]}),
+    ('    z, w = s["zero_stage"].value, s.get("fsdp_wrap_classes")', {"zero_stage": [1], "fsdp_wrap_classes": [1]}),
+    ('    if "offload_optimizer" in s or "fsdp_offload_params" in tc.settings:', {"offload_optimizer": [1],
+                                                                              "fsdp_offload_params": [1]}),
+    ('    off = tc.get("offload_param")', {"offload_param": [1]}),
+    ('    engine = run.distributed.engine.value', {}),
     ('    batch = run.batch.value', {}),
 ])
 def test_the_read_scan_sees_each_way_of_reading(line: str, expected: dict[str, list[int]]) -> None:

@@ -17,7 +17,7 @@ from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory 
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import truthy
-from gemma_doctor.run import FROM_CONFIG
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
 
@@ -95,52 +95,6 @@ def _on_saved_quantization(req: RunRequest, shape: ModelShape) -> RunRequest:
     return replace(req, base=base, fixed=req.fixed if "method" in req.fixed else req.fixed + ("method",))
 
 
-def _zero_stage(tc: Any) -> tuple[int, str | None]:
-    """ZeRO stage / FSDP sharding from the training config: (stage, the setting it came from)."""
-    s = tc.settings
-    z = s.get("zero_stage")
-    if z is not None and positive_int(z.value) is not None or (z is not None and z.value == 0):
-        return int(z.value), z.key
-    fsdp2 = _fsdp2_stage(s)
-    if fsdp2 is not None:
-        return fsdp2
-    f = s.get("fsdp")
-    if f is not None and f.value:
-        text = " ".join(map(str, f.value)) if isinstance(f.value, list) else str(f.value)
-        low = text.lower()
-        if "full_shard" in low or "hybrid_shard" in low or low.strip() in ("1", "full_shard"):
-            return 3, f.key
-        if "shard_grad_op" in low or low.strip() == "2":
-            return 2, f.key
-    d = s.get("deepspeed")
-    if d is not None and isinstance(d.value, str):
-        m = re.search(r"(?:zero|z)_?([0-3])", d.value.lower())
-        if m:
-            return int(m.group(1)), d.key + " (stage read from the file name)"
-    return 0, None
-
-
-def _fsdp2_stage(s: Mapping[str, Any]) -> tuple[int, str] | None:
-    """FSDP2 (accelerate's `fsdp_version: 2`) shards by `fsdp_reshard_after_forward`, not by a sharding strategy:
-    true (accelerate's default) is FULL_SHARD (ZeRO-3), false SHARD_GRAD_OP (ZeRO-2). accelerate also takes the
-    strategy's name there. None where the config is not FSDP2 or names a strategy instead (read as FSDP1's)."""
-    version = s.get("fsdp_version")
-    if version is None or str(version.value).strip() != "2":
-        return None
-    dist = s.get("distributed_type")
-    if dist is not None and str(dist.value).strip().upper() != "FSDP":
-        return None  # accelerate ignores fsdp_config unless distributed_type is FSDP
-    reshard = s.get("fsdp_reshard_after_forward")
-    if reshard is None:
-        if s.get("fsdp") is not None:
-            return None  # a sharding strategy named: the FSDP1 reading
-        return 3, f"{version.key} (FSDP2: fsdp_reshard_after_forward defaults to true)"
-    text = str(reshard.value).strip().lower()
-    if text in ("false", "no", "0", "shard_grad_op", "2"):
-        return 2, reshard.key
-    return 3, reshard.key
-
-
 def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The settings fixed by the options (first) and the training config: values and where each came from."""
     values: dict[str, Any] = {}
@@ -202,16 +156,17 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         switch = _config_precision(s)
         if switch is not None:
             put("precision", switch[0], where(switch[1]))
-        stage, key = _zero_stage(tc)
-        if key is not None:
-            put("zero_stage", stage, FROM_CONFIG + key)
-            if "fsdp" in key:
-                put("fsdp", True, FROM_CONFIG + key)
+        # How the processes run together: the Run's own reading (run.config_sharding), so the plan shards what the
+        # Run's engine says (FSDP's strategy counted as the ZeRO stage it equals) and offloads what it offloads.
+        sharding = config_sharding(tc)
+        if sharding.sharding is not None:
+            put("zero_stage", sharding.sharding.value, sharding.sharding.source)
+            if sharding.engine is not None and sharding.engine.value.fsdp:
+                put("fsdp", True, sharding.sharding.source)
         if "num_machines" in s and positive_int(s["num_machines"].value):
             put("num_nodes", positive_int(s["num_machines"].value), where("num_machines"))
-        off = s.get("offload_optimizer")
-        if off is not None and str(off.value).lower() in ("cpu", "nvme"):
-            put("offload_optimizer", True, where("offload_optimizer"))
+        if sharding.offload_optimizer is not None:
+            put("offload_optimizer", True, sharding.offload_optimizer.source)
     put("method", TASK_METHODS.get(task), f"--task {task}")
     if task in ("dpo", "orpo", "kto", "grpo", "ppo"):
         # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
@@ -405,7 +360,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     sources = dict(src)
     sources.setdefault("precision", "recommended")
     if "num_gpus" not in src and seen > 1:
-        sources["num_gpus"] = "GPUs visible"
+        sources["num_gpus"] = GPUS_VISIBLE
     if "lora_r" in src or "lora_targets" in src:
         sources["lora"] = src.get("lora_targets") or src.get("lora_r", "default")
     # The dtype the trainer loads the weights in (TRL's float32 default, a config's dtype), except for QLoRA, whose

@@ -313,7 +313,8 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
     run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
-                      quantization=rec.inputs.get("quantization"), stated=under.libraries)
+                      quantization=rec.inputs.get("quantization"), stated=under.libraries,
+                      training_config=env2.training_config)
     judged_facts = facts.with_(run=run)
     done: dict[int, tuple[Finding, ...]] = {}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from gemma_doctor.run import Sourced, trainer_of
+from gemma_doctor.run import FROM_CONFIG, Distributed, Sourced, config_sharding, distributed, trainer_of
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
@@ -90,6 +90,27 @@ def run_trainer(model: Any, env: Any) -> Sourced[Trainer]:
     """The trainer that executes the run: the Run's (``model.run.trainer``), else, where no Run was resolved (no plan),
     the Run's own resolver on the same training config (run.trainer_of): one decision either way."""
     return model.run.trainer if model.run is not None else trainer_of(env.training_config)
+
+
+def run_distributed(model: Any, env: Any) -> Distributed:
+    """How the run's processes run together: the Run's (``model.run.distributed``), else, where no Run was resolved (no
+    plan), the Run's own resolver on the same training config, its count from the config (num_processes /
+    num_machines) or the GPU: one reading either way."""
+    if model.run is not None:
+        return model.run.distributed
+    from gemma_doctor.units import positive_int
+
+    tc = env.training_config
+    settings = tc.settings if tc is not None and getattr(tc, "ok", False) else {}
+
+    def count(name: str, fallback: int) -> Sourced[int]:
+        s = settings.get(name)
+        value = positive_int(s.value) if s is not None else None
+        return Sourced(value, FROM_CONFIG + s.key) if value else Sourced(fallback, "default")
+
+    gpus = getattr(getattr(env, "gpu", None), "num_gpus", None) or 1
+    return distributed(config_sharding(tc, env.libraries), processes=count("num_processes", gpus),
+                       nodes=count("num_machines", 1), model_type=model.family.model_type)
 
 
 def located(setting: Sourced[Any], tc: Any, **details: Any) -> dict[str, Any]:

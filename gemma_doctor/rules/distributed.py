@@ -9,7 +9,9 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.rules.common import run_distributed
 from gemma_doctor.rules.training import setting_finding
+from gemma_doctor.run import Distributed, Engine
 from gemma_doctor.stack import Exposure
 from gemma_doctor.stack import Window
 from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
@@ -23,36 +25,27 @@ GEMMA4_AUDIO_CLASSES = ("Gemma4AudioLayer",)
 
 @emits("GD660", "GD661", "GD662", "GD682")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """Lint the sharding settings of the --training-config file against this model and the libraries."""
+    """Lint how the run's processes run together (the Run's ``distributed``: engine, DeepSpeed's stage, wrap classes)
+    against this model and the libraries; each finding points at the training config's key."""
     tc = env.training_config
     if tc is None or not tc.ok or not model.family.is_gemma:
         return
-    yield from _fsdp_wrap(model, env, tc)
-    yield from _fsdp_wrap_named(model, env, tc)
-    yield from _zero3_clip_buffers(model, env, tc)
-    yield from _fsdp2_tied(model, env, tc)
+    run = run_distributed(model, env)
+    yield from _fsdp_wrap(model, env, tc, run)
+    yield from _fsdp_wrap_named(model, tc, run)
+    yield from _zero3_clip_buffers(model, env, tc, run)
+    yield from _fsdp2_tied(model, env, tc, run)
 
 
 def _text(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def uses_fsdp(tc: TrainingConfig) -> bool:
-    """The config shards with FSDP: accelerate's distributed_type FSDP, or the Trainer's / axolotl's fsdp option."""
-    dist = tc.get("distributed_type")
-    if dist is not None:
-        return str(dist.value).upper() == "FSDP"
-    fsdp = tc.get("fsdp")
-    if fsdp is None or fsdp.value in (None, False, "", [], 0):
-        return False
-    return _text(fsdp.value).strip().lower() not in ("false", "no", "none")
-
-
-def _wrap_without_classes(tc: TrainingConfig) -> tuple[str, bool] | None:
-    """The setting that turns transformer-based auto-wrap on with no class list, and whether it does so only on the
-    transformers releases whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None when it does not."""
-    classes = tc.get("fsdp_wrap_classes")
-    if classes is not None and classes.value not in (None, "", []):
+def _wrap_without_classes(tc: TrainingConfig, run: Distributed) -> tuple[str, bool] | None:
+    """The setting that turns transformer-based auto-wrap on with no class list (the Run's wrap classes), and whether
+    it does so only on the transformers releases whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None
+    when it does not. The policy is read as written: the Run does not model it."""
+    if run.wrap_classes is not None:
         return None
     policy = tc.get("fsdp_auto_wrap_policy")
     if policy is not None:
@@ -89,10 +82,10 @@ def _absent_and_cure(model: ModelFacts) -> tuple[tuple[str, ...], tuple[str, ...
     return None
 
 
-def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
-    if not uses_fsdp(tc):
+def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
+    if not run.engine.value.fsdp:
         return
-    trigger = _wrap_without_classes(tc)
+    trigger = _wrap_without_classes(tc, run)
     known = _absent_and_cure(model)
     if trigger is None or known is None:
         return
@@ -121,24 +114,17 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Itera
         tc, key, classes_to_wrap=list(cure), classes_absent=list(absent))
 
 
-def wrap_class_names(value: Any) -> list[str]:
-    """The class names of a wrap list as written: a list, or accelerate's comma-separated string."""
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    return [str(c).strip() for c in items if str(c).strip()]
-
-
-def _fsdp_wrap_named(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
-    """GD682: a wrap class the model does not have (another Gemma's layer, a typo): accelerate stops, as for GD660."""
+def _fsdp_wrap_named(model: ModelFacts, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
+    """GD682: a wrap class the model does not have (another Gemma's layer, a typo): accelerate stops, as for GD660.
+    The Run checked each class of the list against the model's classes (readers/model_classes.py)."""
     from gemma_doctor.readers.model_classes import model_classes
 
-    setting = tc.get("fsdp_wrap_classes")
-    if setting is None or setting.value in (None, "", []) or not uses_fsdp(tc):
+    if run.wrap_classes is None or not run.engine.value.fsdp:
         return
+    # in_model None: a model_type the table does not hold, nothing to compare with
+    absent = [w.name for w in run.wrap_classes.value if w.in_model is False]
     table = model_classes()
-    ours = table.classes.get(model.family.model_type or "")
-    if not ours:
-        return  # a model_type the table does not hold: nothing to compare with
-    absent = [c for c in wrap_class_names(setting.value) if c not in ours]
+    ours = table.classes.get(model.family.model_type or "", ())
     if not absent:
         return
     import difflib
@@ -164,20 +150,13 @@ def _fsdp_wrap_named(model: ModelFacts, env: Environment, tc: TrainingConfig) ->
         tc, "fsdp_wrap_classes", classes_absent=absent, classes_to_wrap=sorted(text_layers))
 
 
-def _zero_stage(tc: TrainingConfig) -> int | None:
-    z = tc.get("zero_stage")
-    if z is None or isinstance(z.value, bool):
-        return None
-    try:
-        return int(str(z.value).strip())
-    except ValueError:
-        return None
-
-
-def _zero3_clip_buffers(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+def _zero3_clip_buffers(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed
+                        ) -> Iterator[Finding]:
     data = _config(model)
     towers = model.family.model_type == "gemma4" and any(isinstance(data.get(k), dict) for k in ("vision_config", "audio_config"))
-    if not towers or _zero_stage(tc) != 3:
+    # DeepSpeed's own ZeRO-3 loading path (the engine's, also on one process), not FSDP's sharding counted as stage 3
+    zero3 = run.engine.value is Engine.DEEPSPEED and run.zero_stage is not None and run.zero_stage.value == 3
+    if not towers or not zero3:
         return
     exposure = env.libraries.exposure(ZERO3_GEMMA4_CLIP_BUFFERS)
     if exposure is Exposure.SAFE:
@@ -203,9 +182,10 @@ def _tied(model: ModelFacts) -> bool:
     return True
 
 
-def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
+def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
+    # The version as written: unset under TrainingArguments is a version window (TRAINER_FSDP2_DEFAULTS) weighed here.
     version = tc.get("fsdp_version")
-    if not uses_fsdp(tc) or not _tied(model):
+    if not run.engine.value.fsdp or not _tied(model):
         return
     windows = [FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK]
     if version is None and tc.format.fsdp_by_training_arguments:

@@ -11,7 +11,8 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.readers.training_config import truthy
-from gemma_doctor.rules.common import checkpoints
+from gemma_doctor.rules.common import checkpoints, run_distributed
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine
 from gemma_doctor.report import Finding, Severity
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
@@ -53,7 +54,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         return
     yield from _reentrant(model, tc)
     yield from _attention(model, tc)
-    yield from _ddp_towers(model, tc)
+    yield from _ddp_towers(model, env, tc)
     yield from _peft(model, tc)
 
 
@@ -125,21 +126,19 @@ def _backend(impl: str) -> str:
     return {"fa2": "flash_attention_2", "fa3": "flash_attention_3"}.get(impl, impl)
 
 
-def _ddp_towers(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+def _ddp_towers(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
     if model.family.family != "gemma4" or not _has_towers(model):
         return
-    dist = tc.get("distributed_type")
-    procs = tc.get("num_processes")
-    multi = (dist is not None and str(dist.value).upper() == "MULTI_GPU") or (
-        procs is not None and isinstance(procs.value, int) and not isinstance(procs.value, bool) and procs.value > 1
-        and (dist is None or str(dist.value).upper() not in ("DEEPSPEED", "FSDP", "NO")))
-    if not multi or tc.get("deepspeed") is not None or tc.get("fsdp") is not None:
+    # A multi-GPU DDP run, as the Run resolves it (accelerate's MULTI_GPU, a launcher's or the config's process count
+    # with no FSDP / DeepSpeed turned on); GPUs the probe merely sees are not a launch (python train.py: DataParallel).
+    engine = run_distributed(model, env).engine
+    if engine.value is not Engine.DDP or engine.source == GPUS_VISIBLE:
         return
     unused = tc.get("ddp_find_unused_parameters")
     freeze = tc.get("freeze_vision_tower")
     if (unused is not None and truthy(unused.value)) or (freeze is not None and truthy(freeze.value)):
         return
-    where = dist.key if dist is not None else procs.key  # type: ignore[union-attr]  # multi implies one is set
+    where = "--num-gpus" if engine.source == "option" else engine.source.removeprefix(FROM_CONFIG)
     yield _finding(
         "GD133", Severity.WARNING,
         f"multi-GPU DDP ({where}) on {model.family.display_name} with vision/audio towers: a text-only "
@@ -147,7 +146,12 @@ def _ddp_towers(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
         "stops with \"Expected to have finished reduction in the prior iteration\" unless they are frozen or "
         "ddp_find_unused_parameters is on (TRL #6617)",
         "freeze the towers for text-only training (gemma_doctor.prepare(model, args, text_only=True) does it), or set "
-        "ddp_find_unused_parameters: true (slower)", tc, "distributed_type" if dist is not None else "num_processes")
+        "ddp_find_unused_parameters: true (slower)", tc, engine.config_key and _setting_name(tc, engine.config_key))
+
+
+def _setting_name(tc: TrainingConfig, key: str) -> str | None:
+    """The setting (KEYS' name) the training config wrote at ``key``, for the finding's place."""
+    return next((name for name, setting in tc.settings.items() if setting.key == key), None)
 
 
 def _clippable(model: ModelFacts) -> list[str]:
