@@ -206,7 +206,7 @@ def with_run(facts: ModelFacts, env: Environment, rec: recommend.Recommendation 
     quantization = rec.inputs.get("quantization") if rec is not None else None
     return facts.with_(run=run_mod.resolve(mem, model=facts.family.model_type, stack=env.libraries,
                                            trainer=run_mod.trainer_of(env.training_config),
-                                           quantization=quantization))
+                                           quantization=quantization, training_config=env.training_config))
 
 
 def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: CheckOptions, env: Environment,

@@ -246,28 +246,14 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
 # What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
 # and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
 STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
-    # The backend: the Run's attention (runplan.run_request) reads attn_implementation alone, not axolotl's
-    # flash_attention / sdp_attention switches nor a kernels-hub name, which common.attention_backend reads.
-    "attention": frozenset({"attn_implementation", "sdp_attention"}),
-    # attention_backend (the backend as written: see "attention"); adapter_enabled and target_list (LoRA as written,
-    # for GD42x/GD44x, which name the file's own words).
-    "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
+    # The settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
+    # targets, modules_to_save and 4-bit loading) are the Run's too (run.Written, read through common.written_of).
     # GD661 is DeepSpeed's ZeRO-3 loading path, taken on one process too: the Run's zero_stage counts FSDP's
     # sharding as stage 3 and is 0 on one GPU (a Run field for the engine is left to do).
     "distributed": frozenset({"zero_stage"}),
-    # GD420/GD421 judge LoRA targets as written (PEFT's default where none; lora_exclude_modules beside them).
-    "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
-    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD133 a multi-GPU
-    # DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a single process);
-    # GD44x the LoRA targets as written (the Run keeps the resolved ones).
-    "members": frozenset({"attn_implementation", "flash_attention", "num_processes", "lora_target_modules",
-                          "lora_target_linear"}),
-    # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
-    # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
-    # GD302's "trains in fp32" reads the switches: the search's candidates write their precision, but their Run's
-    # precision source is "recommended" (plan/search.py plans them with config_precision=False).
-    "precision": frozenset({"mixed_precision"}),
-    "training": frozenset({"mixed_precision", "fp16", "bf16", "load_in_4bit", "adapter"}),
+    # GD133 a multi-GPU DDP run (distributed_type MULTI_GPU, which the Run's count and engine do not tell apart from a
+    # single process).
+    "members": frozenset({"num_processes"}),
 }
 
 

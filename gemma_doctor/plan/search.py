@@ -313,7 +313,8 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
     run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
-                      quantization=rec.inputs.get("quantization"), stated=under.libraries)
+                      quantization=rec.inputs.get("quantization"), stated=under.libraries,
+                      training_config=env2.training_config)
     judged_facts = facts.with_(run=run)
     done: dict[int, tuple[Finding, ...]] = {}
 
@@ -502,7 +503,8 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment, rec: 
     on the stack it was judged with (pins included)."""
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
     return resolve_run(mem, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"))
+                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"),
+                       training_config=as_read(rec))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
