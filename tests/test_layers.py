@@ -233,12 +233,15 @@ def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
 
 
 # The settings the Run models (run.Run: trainer, precision, batch, accumulation, sequence length, checkpointing,
-# attention, method and LoRA, distributed engine), by the names the training-config reader gives them (readers/
+# attention, method and LoRA, distributed engine, and run.Written: the settings as the file writes them), by the names the training-config reader gives them (readers/
 # training_config.KEYS). A rule judges them from model.run, never from the training config itself.
 RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation",
               "flash_attention", "sdp_attention", "bf16", "fp16", "mixed_precision", "lora_target_modules",
               "lora_target_linear", "lora_r", "adapter", "load_in_4bit", "load_in_8bit", "zero_stage", "num_processes",
-              "num_machines")
+              "num_machines",
+              # the settings as written (run.Written): tf32, the backend's switches, packing, evaluation, modules_to_save
+              "tf32", "flex_attention", "packing", "padding_free", "eval_batch_size", "prediction_loss_only",
+              "eval_accumulation_steps", "modules_to_save")
 _NAMES = "|".join(RUN_FIELDS)
 # A read of one of them from the training config: tc.trainer, tc.get("bf16"), s.get("bf16"), s["bf16"], "bf16" in s.
 _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*"(' + _NAMES + r')"'
@@ -288,6 +291,8 @@ def test_the_rules_read_the_runs_fields_from_the_run() -> None:
     ('    if "gradient_checkpointing" in s and truthy(s["bf16"].value):', {"gradient_checkpointing": [1], "bf16": [1]}),
     ('    uc = tc.get("use_cache")  # not a field of the Run', {}),
     ('    batch = run.batch.value', {}),
+    ('    packing = tc.get("packing")', {"packing": [1]}),
+    ('    packing = model.run.written.packing', {}),
 ])
 def test_the_read_scan_sees_each_way_of_reading(line: str, expected: dict[str, list[int]]) -> None:
     """The scan itself: each way a rule reads a setting counts, and reading the Run does not (a scan that saw none

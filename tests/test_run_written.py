@@ -126,3 +126,23 @@ def test_no_training_config_writes_nothing():
                               request=runplan.MemoryRequest(), training_config=None, task="sft")
     run = run_mod.resolve(mem, model="gemma3", stack=None, trainer=run_mod.trainer_of(None), stated=())
     assert run.written == run_mod.Written() and not run.written.switches.stated
+
+
+@pytest.mark.parametrize("gpu, precision", [("T4", "fp32"), ("A100", "bf16")])
+def test_the_prescribed_run_s_precision_is_the_prescription_s_and_its_switches_say_it(gpu, precision):
+    """A candidate of the search writes its precision in its YAML's switches: the prescribed Run's precision says so
+    ("prescription", was "recommended": plan/search.py planned its candidates with config_precision=False). That its
+    switches as written state the same precision is test_run_roundtrip's (GD302's "already trains in fp32" reads them)."""
+    from gemma_doctor.cli import main
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(["recommend", "--family", "gemma3", "--size", "1b", "--gpu", gpu, "--format", "json"])
+        except SystemExit as e:
+            assert not e.code
+    prescribed = json.loads(out.getvalue())["models"][0]["prescription"]["run"]["precision"]
+    assert prescribed == {"value": precision, "source": "prescription"}
