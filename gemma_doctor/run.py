@@ -8,6 +8,9 @@ The prescription is a Run (``Decision.run``); its JSON view is ``prescription.ru
 asked about: options, training config, launch line, stack, GPU) is a Run too, resolved the same way from the memory plan
 check made of it, with the trainer the readers decided (``trainer_of``); it is ``ModelFacts.run``, the one value the
 rules read the run from (its memory verdict and figures included: ``Memory``), and its JSON view is each model's ``run``.
+Beside the resolved settings the Run keeps the settings as the training config writes them (``Written``: the precision
+switches, tf32, the backend as named, packing, evaluation, LoRA's targets and modules_to_save), read once by
+``written`` from the config the plan was made from, for the findings that judge the file's own words.
 
 Pure: no files, no torch; imports nothing of plan/ or above (docs/architecture.md, "Layers"): the plan's objects it is
 resolved from are read by their fields.
