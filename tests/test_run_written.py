@@ -129,7 +129,7 @@ def test_no_training_config_writes_nothing():
 
 
 @pytest.mark.parametrize("gpu, precision", [("T4", "fp32"), ("A100", "bf16")])
-def test_the_prescribed_run_s_precision_is_the_prescription_s_and_its_switches_say_it(gpu, precision):
+def test_the_prescribed_run_s_precision_comes_from_the_prescription(gpu, precision):
     """A candidate of the search writes its precision in its YAML's switches: the prescribed Run's precision says so
     ("prescription", was "recommended": plan/search.py planned its candidates with config_precision=False). That its
     switches as written state the same precision is test_run_roundtrip's (GD302's "already trains in fp32" reads them)."""
