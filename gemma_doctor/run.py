@@ -8,6 +8,9 @@ The prescription is a Run (``Decision.run``); its JSON view is ``prescription.ru
 asked about: options, training config, launch line, stack, GPU) is a Run too, resolved the same way from the memory plan
 check made of it, with the trainer the readers decided (``trainer_of``); it is ``ModelFacts.run``, the one value the
 rules read the run from (its memory verdict and figures included: ``Memory``), and its JSON view is each model's ``run``.
+Beside the resolved settings the Run keeps the settings as the training config writes them (``Written``: the precision
+switches, tf32, the backend as named, packing, evaluation, LoRA's targets and modules_to_save), read once by
+``written`` from the config the plan was made from, for the findings that judge the file's own words.
 
 Pure: no files, no torch; imports nothing of plan/ or above (docs/architecture.md, "Layers"): the plan's objects it is
 resolved from are read by their fields.
@@ -196,6 +199,198 @@ class Shape:
     linear_names: tuple[str, ...]  # the kinds of linear layer (q_proj, ...), sorted: what LoRA targets must match
 
 
+# What a training config calls each attention backend -> transformers' attn_implementation (None: `auto`, the
+# trainer's own choice). A name that is none of these (a kernels-hub repo) is kept as written.
+BACKENDS = {"eager": "eager", "disabled": "eager", "sdpa": "sdpa", "sdp": "sdpa",
+            "flash_attention_2": "flash_attention_2", "fa2": "flash_attention_2", "flash_attention_3": "flash_attention_3",
+            "fa3": "flash_attention_3", "flex_attention": "flex_attention", "flex": "flex_attention", "auto": None}
+# The precision switches' words that turn them off (accelerate's mixed_precision `no`, a config's `fp32`).
+_SWITCH_OFF = ("no", "fp32", "none", "false")
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The precision switches (bf16, fp16, accelerate's mixed_precision) as the run's inputs write them: what the
+    Run's one precision cannot keep. Two autocasts on at once is a run transformers refuses to start (GD604), `auto`
+    leaves the choice to the machine (GD605, GD303), and switches that are all off say fp32 in the file's own words
+    (GD302, GD609). Each entry's value is an autocast (``on``) or a setting's name (the rest), its source the key."""
+
+    on: tuple[Sourced[str], ...] = ()  # bf16 | fp16, each switch that turns one on (bf16 before mixed_precision)
+    auto: tuple[Sourced[str], ...] = ()  # the settings written `auto`
+    off: tuple[Sourced[str], ...] = ()  # the settings written off (false, no, fp32...)
+    other: tuple[Sourced[str], ...] = ()  # a mixed_precision that is neither (fp8...): not fp32 by the switches
+
+    @property
+    def stated(self) -> bool:
+        """Some switch is written, whatever its value."""
+        return bool(self.on or self.auto or self.off or self.other)
+
+    @property
+    def explicit(self) -> bool:
+        """The switches set the precision to a value: written, and none says `auto` (nothing asks the machine)."""
+        return self.stated and not self.auto
+
+    @property
+    def conflict(self) -> bool:
+        """Both fp16 and bf16 are turned on (GD604)."""
+        return {s.value for s in self.on} >= {"bf16", "fp16"}
+
+    @property
+    def fp32(self) -> bool:
+        """The switches are set, to off every one: the file says fp32 (a trainer's own default may still differ)."""
+        return self.explicit and not self.on and not self.other
+
+    def setting(self, autocast: str) -> str | None:
+        """The setting (bf16 | fp16 | mixed_precision) that turns ``autocast`` on, None where none does."""
+        found = next((s for s in self.on if s.value == autocast), None)
+        if found is None:
+            return None
+        return "mixed_precision" if found.config_key == "mixed_precision" else autocast
+
+    def is_auto(self, name: str) -> bool:
+        """``name`` (bf16 | fp16 | mixed_precision) is written `auto`."""
+        return any(s.value == name for s in self.auto)
+
+
+@dataclass(frozen=True)
+class LoraWritten:
+    """LoRA as the training config writes it, beside the Run's resolved targets: the findings that name the file's own
+    words (GD420/GD421's PEFT default where none is written, GD44x's tower projections) judge these."""
+
+    enabled: bool = False  # the config trains adapters (TRL use_peft, axolotl adapter, finetuning_type; else targets/r)
+    targets: Sourced[str | tuple[str, ...]] | None = None  # a list of names, or one string (regex, all-linear)
+    all_linear: Sourced[bool] | None = None  # axolotl's lora_target_linear, where written
+    modules_to_save: Sourced[tuple[str, ...]] | None = None  # PEFT modules_to_save, axolotl lora_modules_to_save...
+    quant_bits: Sourced[int] | None = None  # the bitsandbytes loading written (4: load_in_4bit, adapter qlora; 8)
+
+    @property
+    def given(self) -> bool:
+        """Targets are written (a list, a string, or lora_target_linear: true)."""
+        return self.targets is not None or (self.all_linear is not None and self.all_linear.value)
+
+
+@dataclass(frozen=True)
+class Written:
+    """The run's settings as its training config writes them, where the findings judge the file's own words rather
+    than the resolved value: the precision switches and tf32, the attention backend as named (axolotl's switches, fa3,
+    a kernels-hub name), packing, the evaluation batch and whether predictions are kept, LoRA's targets and
+    modules_to_save. Empty where no training config is read. Resolved once (``written``) from the config."""
+
+    switches: Switches = Switches()
+    tf32: Sourced[bool | str] | None = None  # TrainingArguments / axolotl tf32 where written: true, false or "auto"
+    attention: Sourced[str] | None = None  # the backend as named (the word, lower case; a switch: its backend), its key
+    packing: Sourced[str] | None = None  # the setting that packs sequences (packing | padding_free), where one is on
+    eval_batch: Sourced[int] | None = None  # per_device_eval_batch_size / eval_batch_size, where written
+    keeps_predictions: Sourced[bool] | None = None  # False: prediction_loss_only; True: written false
+    eval_accumulation: Sourced[int] | None = None  # eval_accumulation_steps: predictions moved off the GPU every N
+    lora: LoraWritten = LoraWritten()
+
+    @property
+    def backend(self) -> str | None:
+        """The backend the written attention names, in transformers' words (fa2 -> flash_attention_2; a kernels-hub
+        name as written); None where none is named or it is `auto`."""
+        return BACKENDS.get(self.attention.value, self.attention.value) if self.attention is not None else None
+
+    @property
+    def attention_setting(self) -> str | None:
+        """The setting that names the backend: attn_implementation (TRL, TrainingArguments, LLaMA-Factory's flash_attn)
+        or one of axolotl's switches (flash_attention, flex_attention, sdp_attention)."""
+        if self.attention is None:
+            return None
+        key = self.attention.config_key
+        return key if key in ("flash_attention", "flex_attention", "sdp_attention") else "attn_implementation"
+
+
+def _switches(tc: Any) -> Switches:
+    groups: dict[str, list[Sourced[str]]] = {"on": [], "auto": [], "off": [], "other": []}
+    for name in ("fp16", "bf16", "mixed_precision"):
+        setting = tc.get(name)
+        if setting is None:
+            continue
+        v, src = setting.value, FROM_CONFIG + setting.key
+        text = v.strip().lower() if isinstance(v, str) else None
+        if text == "auto":
+            groups["auto"].append(Sourced(name, src))
+        elif name != "mixed_precision":
+            groups["on" if truthy(v) else "off"].append(Sourced(name, src))
+        elif str(v).strip().lower() in ("bf16", "fp16"):
+            groups["on"].append(Sourced(str(v).strip().lower(), src))
+        else:
+            groups["off" if str(v).strip().lower() in _SWITCH_OFF else "other"].append(Sourced(name, src))
+    return Switches(**{k: tuple(v) for k, v in groups.items()})
+
+
+def _attention_written(tc: Any) -> Sourced[str] | None:
+    setting = tc.get("attn_implementation")
+    if setting is not None and isinstance(setting.value, str) and setting.value.strip():
+        return Sourced(setting.value.strip().lower(), FROM_CONFIG + setting.key)
+    for name, backend in (("flash_attention", "flash_attention_2"), ("flex_attention", "flex_attention"),
+                          ("sdp_attention", "sdpa")):
+        s = tc.get(name)
+        if s is not None and truthy(s.value):  # axolotl's schema reads "true" as true (a pydantic bool)
+            return Sourced(backend, FROM_CONFIG + s.key)
+    return None
+
+
+def _targets_written(value: Any) -> str | tuple[str, ...] | None:
+    """LoRA target modules as written: a list of names, one string (a regex, "all-linear", or LLaMA-Factory's
+    comma-separated names, which become a list), or None."""
+    if isinstance(value, list):
+        return tuple(str(v) for v in value)
+    if isinstance(value, str):
+        text = value.strip()
+        if "," in text and not any(ch in text for ch in "()[]*|\\"):
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        return text
+    return None
+
+
+def _positive(setting: Any) -> Sourced[int] | None:
+    v = setting.value if setting is not None else None
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return Sourced(v, FROM_CONFIG + setting.key)
+    return None
+
+
+def written(tc: Any) -> Written:
+    """The settings a training config writes (``Written``), nothing where none is read or it cannot be read."""
+    if tc is None or not getattr(tc, "ok", False):
+        return Written()
+    packing = next((Sourced(n, FROM_CONFIG + s.key) for n in ("packing", "padding_free")
+                    for s in (tc.get(n),) if s is not None and truthy(s.value)), None)
+    tf32 = tc.get("tf32")
+    plo = tc.get("prediction_loss_only")
+    adapter = tc.get("adapter")
+    targets, linear, save = tc.get("lora_target_modules"), tc.get("lora_target_linear"), tc.get("modules_to_save")
+    shown = _targets_written(targets.value) if targets is not None else None
+    saved = save.value if save is not None else None
+    saved = (saved,) if isinstance(saved, str) else saved
+    q4, q8 = tc.get("load_in_4bit"), tc.get("load_in_8bit")
+    if q4 is not None and (truthy(q4.value) or q4.value == 4):
+        bits: Sourced[int] | None = Sourced(4, FROM_CONFIG + q4.key)
+    elif adapter is not None and str(adapter.value).lower() == "qlora":
+        bits = Sourced(4, FROM_CONFIG + adapter.key)
+    elif q4 is not None and q4.value == 8:
+        bits = Sourced(8, FROM_CONFIG + q4.key)  # LLaMA-Factory's quantization_bit: 8
+    else:
+        bits = Sourced(8, FROM_CONFIG + q8.key) if q8 is not None and truthy(q8.value) else None
+    lora = LoraWritten(
+        quant_bits=bits,
+        enabled=(str(adapter.value).strip().lower() in ("lora", "qlora", "true") if adapter is not None
+                 else targets is not None or tc.get("lora_r") is not None),
+        targets=Sourced(shown, FROM_CONFIG + targets.key) if shown is not None else None,
+        all_linear=Sourced(truthy(linear.value), FROM_CONFIG + linear.key) if linear is not None else None,
+        modules_to_save=(Sourced(tuple(str(m) for m in saved), FROM_CONFIG + save.key)
+                         if isinstance(saved, (list, tuple)) and saved else None))
+    return Written(
+        switches=_switches(tc),
+        tf32=None if tf32 is None or tf32.value is None else Sourced(
+            "auto" if str(tf32.value).strip().lower() == "auto" else truthy(tf32.value), FROM_CONFIG + tf32.key),
+        attention=_attention_written(tc), packing=packing, eval_batch=_positive(tc.get("eval_batch_size")),
+        keeps_predictions=Sourced(not truthy(plo.value), FROM_CONFIG + plo.key) if plo is not None else None,
+        eval_accumulation=_positive(tc.get("eval_accumulation_steps")), lora=lora)
+
+
 @dataclass(frozen=True)
 class Run:
     """One training run, every field with its source."""
@@ -221,6 +416,7 @@ class Run:
     text_only: bool  # no image or audio input trained on
     quantization: str | None  # the checkpoint's or the prescription's quantization (4bit, 8bit, awq...), None: none
     shape: Shape
+    written: Written = Written()  # the settings as the training config writes them (the file's own words)
 
     @property
     def effective_batch(self) -> int:
@@ -454,7 +650,8 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
     targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries
     (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack); how
     its processes run together from ``training_config`` (the one the plan was made of: config_sharding), else from
-    the plan's own count and stage (the prescription's)."""
+    the plan's own count and stage (the prescription's); and the settings as that training config writes them
+    (``written``)."""
     plan = memory.plan
     spec = plan.run
     sources = dict(spec.sources)  # RunSpec.source's own lookup, made once for the fields below
@@ -488,4 +685,4 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
         Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)"),
         memory=figures, task=spec.task, text_only=spec.text_only, quantization=quantization,
         shape=Shape(shape.vocab, shape.final_logit_softcapping, shape.params.towers,
-                    tuple(sorted({k.name for k in shape.linears}))))
+                    tuple(sorted({k.name for k in shape.linears}))), written=written(training_config))

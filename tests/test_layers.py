@@ -233,7 +233,7 @@ def test_the_cli_is_one_module_per_command_and_none_imports_another() -> None:
 
 
 # The settings the Run models (run.Run: trainer, precision, batch, accumulation, sequence length, checkpointing,
-# attention, method and LoRA, distributed engine), by the names the training-config reader gives them (readers/
+# attention, method and LoRA, distributed engine, and run.Written: the settings as the file writes them), by the names the training-config reader gives them (readers/
 # training_config.KEYS). A rule judges them from model.run, never from the training config itself.
 RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation",
               "flash_attention", "sdp_attention", "bf16", "fp16", "mixed_precision", "lora_target_modules",
@@ -241,7 +241,10 @@ RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_
               "num_machines",
               # how the processes run together (run.Distributed: engine, DeepSpeed's stage, offload, wrap classes)
               "distributed_type", "deepspeed", "fsdp", "fsdp_wrap_classes", "offload_optimizer", "offload_param",
-              "fsdp_offload_params")
+              "fsdp_offload_params",
+              # the settings as written (run.Written): tf32, the backend's switches, packing, evaluation, modules_to_save
+              "tf32", "flex_attention", "packing", "padding_free", "eval_batch_size", "prediction_loss_only",
+              "eval_accumulation_steps", "modules_to_save")
 _NAMES = "|".join(RUN_FIELDS)
 # A read of one of them from the training config: tc.trainer, tc.get("bf16"), s.get("bf16"), s["bf16"], "bf16" in s.
 _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*"(' + _NAMES + r')"'
@@ -249,26 +252,11 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
 # What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
 # and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
 STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
-    # The backend: the Run's attention (runplan.run_request) reads attn_implementation alone, not axolotl's
-    # flash_attention / sdp_attention switches nor a kernels-hub name, which common.attention_backend reads.
-    "attention": frozenset({"attn_implementation", "sdp_attention"}),
-    # attention_backend (the backend as written: see "attention"); adapter_enabled and target_list (LoRA as written,
-    # for GD42x/GD44x, which name the file's own words).
-    "common": frozenset({"attn_implementation", "adapter", "lora_target_modules", "lora_r"}),
+    # The settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
+    # targets, modules_to_save and 4-bit loading) are the Run's too (run.Written, read through common.written_of).
     # GD660 reads the auto-wrap policy as written (`auto_wrap` in TrainingArguments' fsdp string), which the Run's
     # distributed (engine, stage, offload, wrap classes) does not model.
     "distributed": frozenset({"fsdp"}),
-    # GD420/GD421 judge LoRA targets as written (PEFT's default where none; lora_exclude_modules beside them).
-    "loading": frozenset({"lora_target_modules", "lora_target_linear"}),
-    # GD131/GD132 judge the backend as written (fa3, kernels-hub names: not the Run's attention); GD44x the LoRA
-    # targets as written (the Run keeps the resolved ones).
-    "members": frozenset({"attn_implementation", "flash_attention", "lora_target_modules", "lora_target_linear"}),
-    # GD602-GD605 judge the switches as written: both on (GD604) or `auto` (GD605) is a run that does not start or
-    # that the machine decides, which the Run's one precision does not keep; GD608 a 4-bit run's compute dtype key.
-    # GD302's "trains in fp32" reads the switches: the search's candidates write their precision, but their Run's
-    # precision source is "recommended" (plan/search.py plans them with config_precision=False).
-    "precision": frozenset({"mixed_precision"}),
-    "training": frozenset({"mixed_precision", "fp16", "bf16", "load_in_4bit", "adapter"}),
 }
 
 
@@ -312,6 +300,8 @@ def test_the_rules_read_the_runs_fields_from_the_run() -> None:
     ('    off = tc.get("offload_param")', {"offload_param": [1]}),
     ('    engine = run.distributed.engine.value', {}),
     ('    batch = run.batch.value', {}),
+    ('    packing = tc.get("packing")', {"packing": [1]}),
+    ('    packing = model.run.written.packing', {}),
 ])
 def test_the_read_scan_sees_each_way_of_reading(line: str, expected: dict[str, list[int]]) -> None:
     """The scan itself: each way a rule reads a setting counts, and reading the Run does not (a scan that saw none

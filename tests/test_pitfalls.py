@@ -424,6 +424,8 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     ({"attn_implementation": "flash_attention_2", "bf16": True}, "T4", ["GD683"]),
     ({"attn_implementation": "flash_attention_2", "fp16": True}, "V100", ["GD683"]),
     ("base_model: x\nflash_attention: true\nmicro_batch_size: 1\n", "T4", ["GD683"]),  # axolotl's switch
+    # axolotl's schema (0.19.0: `flash_attention: bool | None`, pydantic) reads the string "true" as true (was missed)
+    ("base_model: x\nflash_attention: \"true\"\nmicro_batch_size: 1\n", "T4", ["GD683"]),
     ({"attn_implementation": "flash_attention_2", "bf16": True}, "A10G", []),
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),

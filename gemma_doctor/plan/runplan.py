@@ -328,13 +328,15 @@ class RunRequest:
 def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                  trl_chunks: bool = False, config_precision: bool = True,
-                 defaults: tuple[Default, ...] = ()) -> RunRequest:
+                 defaults: tuple[Default, ...] = (), precision_source: str = "recommended") -> RunRequest:
     """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
     memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
     ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
     ``config_precision``: the precision the training config sets is the run's (check's plan of the user's run), not
     ``precision`` (False: the search, whose candidates each write their own); ``defaults``: trainer_defaults, what
-    the trainer fixes where the options and the config leave a setting open."""
+    the trainer fixes where the options and the config leave a setting open; ``precision_source``: where ``precision``
+    comes from where the run takes it ("recommended": check's run of a config that sets none; "prescription": a
+    candidate of the search, whose config writes the precision it is planned in)."""
     values, src = run_request(training_config, request, task)
     for name, value, where in defaults:
         # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
@@ -358,7 +360,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     method = values.get("method", "full")
     num = values.get("num_gpus") or seen
     sources = dict(src)
-    sources.setdefault("precision", "recommended")
+    sources.setdefault("precision", precision_source)
     if "num_gpus" not in src and seen > 1:
         sources["num_gpus"] = GPUS_VISIBLE
     if "lora_r" in src or "lora_targets" in src:
@@ -409,7 +411,7 @@ _REQUESTS: dict[tuple[Any, ...], Any] = {}
 def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None,
                   task: str, lora_targets: str | tuple[str, ...] | None, trl_chunks: bool = False,
                   config_key: str | None = None, config_precision: bool = True,
-                  defaults: tuple[Default, ...] = ()) -> RunRequest:
+                  defaults: tuple[Default, ...] = (), precision_source: str = "recommended") -> RunRequest:
     """request_spec (a pure function of its arguments; it reads no shape), remembered per process when ``config_key``
     stands for the training config's content (the search's candidates: the text their config is made from): the search
     plans check's memory of each candidate's training config for every model, and models of other shapes ask for the
@@ -417,24 +419,25 @@ def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_con
     def make() -> RunRequest:
         return request_spec(precision=precision, gpu=gpu, request=request, training_config=training_config, task=task,
                             lora_targets=lora_targets, trl_chunks=trl_chunks, config_precision=config_precision,
-                            defaults=defaults)
+                            defaults=defaults, precision_source=precision_source)
 
     if config_key is None:
         return make()
     return remembered(_REQUESTS, (precision, gpu, request, task, lora_targets, trl_chunks, config_key,
-                                  config_precision, defaults), make)
+                                  config_precision, defaults, precision_source), make)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
                 lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False,
                 config_key: str | None = None, config_precision: bool = True,
-                defaults: tuple[Default, ...] = ()) -> MemoryFacts:
+                defaults: tuple[Default, ...] = (), precision_source: str = "recommended") -> MemoryFacts:
     """The memory plan of the run the user described, its open settings chosen so that it fits where possible
     (``lora_targets``: what the recommendation writes for this model where the user named none; ``trl_chunks``: the
     stack's TRL computes SFT log-probs in chunks; ``config_key``: a text the training config is a function of;
-    ``config_precision`` and ``defaults``: request_spec's)."""
+    ``config_precision``, ``defaults`` and ``precision_source``: request_spec's)."""
     req = _on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
-                                               trl_chunks, config_key, config_precision, defaults), shape)
+                                               trl_chunks, config_key, config_precision, defaults,
+                                               precision_source), shape)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
     fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)

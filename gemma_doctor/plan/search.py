@@ -286,9 +286,10 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
                                                           trl_chunks=trl_chunks, config_key=key,
-                                                          # the candidate's config writes ``precision``: the
-                                                          # prescription's precision stays the recommended one
-                                                          config_precision=False))
+                                                          # the candidate's config writes ``precision``, the
+                                                          # prescription's: its Run says so (its switches as
+                                                          # written are the Run's too: run.Written)
+                                                          config_precision=False, precision_source=PRESCRIBED))
 
 
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -423,7 +424,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries),
-                               config_precision=False)  # each candidate writes the precision it is planned in
+                               config_precision=False,  # each candidate writes the precision it is planned in
+                               precision_source=PRESCRIBED)
     req = _with_targets(_with_quantization(req, first), first)
     judged = 0
     under = _Under(env, options)  # this search's: what every candidate is judged under
@@ -503,12 +505,15 @@ def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment, rec: 
     on the stack it was judged with (pins included)."""
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
     return resolve_run(mem, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"))
+                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"),
+                       training_config=as_read(rec))
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
 MAX_PINS = 4
 _PINNED = "prescription"  # the source of a pinned package
+# The source of a candidate's precision: the prescription writes it (its YAML's bf16 / fp16 switches).
+PRESCRIBED = "prescription"
 
 
 def _may_pin(env: Environment) -> bool:

@@ -76,6 +76,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "sdp_attention": ("sdp_attention",),
     "flex_attention": ("flex_attention",),
     "packing": ("packing", "sample_packing", "neat_packing"),
+    # The Run's as-written settings (run.Written): tf32, the evaluation batch and whether predictions are kept,
+    # modules_to_save (PEFT / TRL's ModelConfig lora_modules_to_save / axolotl / LLaMA-Factory's additional_target).
+    "tf32": ("tf32",),
+    "eval_batch_size": ("per_device_eval_batch_size", "eval_batch_size"),
+    "prediction_loss_only": ("prediction_loss_only",),
+    "eval_accumulation_steps": ("eval_accumulation_steps",),
+    "modules_to_save": ("modules_to_save", "lora_modules_to_save", "additional_target", "peft_config.modules_to_save"),
     "padding_free": ("padding_free",),
     "lora_exclude_modules": ("exclude_modules", "lora_exclude_modules", "peft_config.exclude_modules"),
     "trainable_token_indices": ("trainable_token_indices", "peft_config.trainable_token_indices"),

@@ -8,10 +8,9 @@ from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import (PACKING_SAFE, attention_backend, executed, exposure_any, located, run_trainer,
-                                        text_config, text_key)
+from gemma_doctor.rules.common import (PACKING_SAFE, executed, exposure_any, located, run_trainer, text_config, text_key,
+                                        written_of)
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.run import ASSUMED_TRAINER
 from gemma_doctor.stack import Exposure, Window
@@ -43,7 +42,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     tc = env.training_config
     if tc is not None and not tc.ok:
         return
-    backend, key = attention_backend(tc)
+    # The backend as the config names it (the Run's written attention: axolotl's switches, fa3, a kernels-hub name),
+    # and the setting that names it.
+    written = written_of(model, env)
+    backend, key = written.backend, written.attention_setting
     yield from _softcap(model, env, tc, backend, key)
     if tc is None:
         return
@@ -74,8 +76,7 @@ def _softcap(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
                 "ignores it silently (before 5.21.0) or refuses to load (5.21.0 and later)")
         yield setting_finding("GD640", Severity.ERROR,
                               f"attn_implementation sdpa on Gemma 2, whose {capkey} is {cap}: {tf.describe()} {what}",
-                              fix, tc, "attn_implementation" if tc.get("attn_implementation") else
-                              ("sdp_attention" if tc.get("sdp_attention") else None),
+                              fix, tc, key if key in ("attn_implementation", "sdp_attention") else None,
                               transformers=tf.to_json(), attn_logit_softcapping=cap)
         return
     if backend == "flash_attention_2":
@@ -145,7 +146,7 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
     mixed precision. flash-attn refuses both at the first forward."""
     if backend != "flash_attention_2":
         return
-    setting = "attn_implementation" if tc.get("attn_implementation") is not None else "flash_attention"
+    setting = key or "flash_attention"
     gpu = env.gpu
     device = gpu.weakest if gpu is not None and gpu.backend == "cuda" else None
     cc = device.compute_capability if device is not None else None
@@ -155,7 +156,7 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
             f"FlashAttention-2 on {gpu.label}: flash-attn 2 runs only on Ampere "
             "or newer (8.0+) and stops at the first forward with \"FlashAttention only supports Ampere GPUs or "
             "newer.\" (flash_api.cpp)",
-            _other_backend(tc, setting, "sdpa (Gemma 3 and later) or eager (Gemma 2)")
+            _other_backend(model, env, setting, "sdpa (Gemma 3 and later) or eager (Gemma 2)")
             + ", or a GPU of compute capability 8.0+", tc, setting, compute_capability=list(cc))
     # The run's autocast (the config's switches, or its trainer's default: TRL's configs turn bf16 on where fp16 is
     # off), from which transformers casts the fp32 queries before flash-attn sees them.
@@ -170,25 +171,25 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
         f"FlashAttention-2 with {dtype.key}: {dtype.value} and no mixed precision: transformers hands flash-attn the "
         "fp32 queries (no autocast dtype to cast them to), and flash-attn stops with \"FlashAttention only support "
         "fp16 and bf16 data type\"",
-        "bf16: true (on a GPU with native bf16), or " + _other_backend(tc, setting, "sdpa or eager") + " for an fp32 run",
+        "bf16: true (on a GPU with native bf16), or " + _other_backend(model, env, setting, "sdpa or eager")
+        + " for an fp32 run",
         tc, setting, torch_dtype=str(dtype.value))
 
 
-def _other_backend(tc: Any, setting: str, which: str) -> str:
+def _other_backend(model: ModelFacts, env: Environment, setting: str, which: str) -> str:
     """How the config's own format turns FlashAttention-2 into ``which`` ("sdpa or eager"), in the key it is set by:
     axolotl's flash_attention switch, LLaMA-Factory's flash_attn, else attn_implementation (TRL, TrainingArguments)."""
     if setting == "flash_attention":  # axolotl: sdp_attention is its SDPA switch; neither switch is eager
         return "flash_attention: false with sdp_attention: true (sdpa), or neither (eager)"
-    key = tc.get("attn_implementation").key
+    key = written_of(model, env).attention.config_key
     if key == "flash_attn":  # LLaMA-Factory: auto | disabled | sdpa | fa2 (disabled is eager)
         return "flash_attn: sdpa, or flash_attn: disabled (eager)"
     return f"{key}: {which}"
 
 
 def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, key: str | None) -> Iterator[Finding]:
-    packing, padding_free = tc.get("packing"), tc.get("padding_free")
-    on = [s for s in (packing, padding_free) if s is not None and truthy(s.value)]
-    if not on or backend in PACKING_SAFE:
+    packing = written_of(model, env).packing  # the Run's: packing / sample_packing / neat_packing, else padding_free
+    if packing is None or backend in PACKING_SAFE:
         return
     stack = env.libraries
     tf, trl = stack.get("transformers"), stack.get("trl")
@@ -208,11 +209,11 @@ def _packing(model: ModelFacts, env: Environment, tc: Any, backend: str | None, 
     name = backend or "the default backend (eager or sdpa)"
     yield setting_finding(
         "GD645", sev,
-        f"{on[0].key} with {name}: packed sequences attend to each other (cross-contamination), "
+        f"{packing.config_key} with {name}: packed sequences attend to each other (cross-contamination), "
         + ("because " if sev is Severity.ERROR else "unless the versions that run are newer: ") + "; ".join(reasons),
         'attn_implementation="flash_attention_2" (or flex_attention), or transformers>=4.53.1 with TRL>=0.23 '
         "(position_ids, no attention_mask, use_cache=False), or turn packing off",
-        tc, "packing" if on[0] is packing else "padding_free", backend=backend)
+        tc, packing.value, backend=backend)
 
 
 def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:

@@ -1,22 +1,18 @@
-"""Small readings shared by the pitfall rules: the text config, the attention backend and LoRA targets a training
-config names, the exposure of a stack to a union of version windows, the Run's trainer and where a run setting came
+"""Small readings shared by the pitfall rules: the text config, the settings as the training config writes them
+(the Run's ``written``), the exposure of a stack to a union of version windows, the Run's trainer and where a run setting came
 from. Pure."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from gemma_doctor.run import FROM_CONFIG, Distributed, Sourced, config_sharding, distributed, trainer_of
+from gemma_doctor.run import (FROM_CONFIG, Distributed, Sourced, Written, config_sharding, distributed, trainer_of,
+                              written)
 from gemma_doctor.stack import Exposure, Stack, Window
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
 from gemma_doctor.versioning import PEFT_WEIGHT_TYING
 
-# What a training config calls each attention backend -> transformers' attn_implementation.
-_BACKENDS = {"eager": "eager", "disabled": "eager", "sdpa": "sdpa", "sdp": "sdpa",
-             "flash_attention_2": "flash_attention_2", "fa2": "flash_attention_2", "flash_attention_3": "flash_attention_3",
-             "fa3": "flash_attention_3", "flex_attention": "flex_attention", "flex": "flex_attention",
-             "auto": None}
 # Backends that keep packed sequences apart by themselves (varlen kernels, or flex's document mask).
 PACKING_SAFE = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
 
@@ -45,45 +41,10 @@ def exposure_any(stack: Stack, windows: Iterable[Window]) -> Exposure:
     return Exposure.SAFE if all(e is Exposure.SAFE for e in seen) else Exposure.UNKNOWN
 
 
-def attention_backend(tc: Any) -> tuple[str | None, str | None]:
-    """(attn_implementation, the key that set it) from a training config; (None, None) when it leaves the default.
-
-    A backend that is not one of transformers' names (a kernels-hub repo, say) is returned as written."""
-    if tc is None or not tc.ok:
-        return None, None
-    setting = tc.get("attn_implementation")
-    if setting is not None and isinstance(setting.value, str) and setting.value.strip():
-        raw = setting.value.strip().lower()
-        return _BACKENDS.get(raw, raw), setting.key
-    for name, backend in (("flash_attention", "flash_attention_2"), ("flex_attention", "flex_attention"),
-                          ("sdp_attention", "sdpa")):
-        s = tc.get(name)
-        if s is not None and s.value is True:
-            return backend, s.key
-    return None, None
-
-
-def target_list(value: Any) -> list[str] | str | None:
-    """LoRA target modules as written: a list of names, one string (a regex, "all-linear", or LLaMA-Factory's
-    comma-separated names, which become a list), or None."""
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    if isinstance(value, str):
-        text = value.strip()
-        if "," in text and not any(ch in text for ch in "()[]*|\\"):
-            return [part.strip() for part in text.split(",") if part.strip()]
-        return text
-    return None
-
-
-def adapter_enabled(tc: Any) -> bool:
-    """True when the training config trains LoRA/QLoRA adapters (TRL use_peft, axolotl adapter, finetuning_type)."""
-    if tc is None or not tc.ok:
-        return False
-    a = tc.get("adapter")
-    if a is not None:  # stated: TRL use_peft true/false, axolotl adapter lora/qlora, LLaMA-Factory finetuning_type
-        return str(a.value).strip().lower() in ("lora", "qlora", "true")
-    return tc.get("lora_target_modules") is not None or tc.get("lora_r") is not None
+def written_of(model: Any, env: Any) -> Written:
+    """The run's settings as its training config writes them: the Run's (``model.run.written``), else, where no Run was
+    resolved (no plan), the Run's own reading of the same training config (run.written): one reading either way."""
+    return model.run.written if model.run is not None else written(env.training_config)
 
 
 def run_trainer(model: Any, env: Any) -> Sourced[Trainer]:

@@ -8,9 +8,9 @@ from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import adapter_enabled, target_list, text_config, text_key, train_tied_embedding
+from gemma_doctor.run import LoraWritten
+from gemma_doctor.rules.common import text_config, text_key, train_tied_embedding, written_of
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import BIDIRECTIONAL_IGNORED, PEFT_EMBED_SCALE, SLIDING_WINDOW_HALVED
@@ -42,21 +42,21 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     tc = env.training_config
     if tc is None or not tc.ok:
         return
-    yield from _lora_targets(model, tc)
-    yield from _targets_match_nothing(model, tc)
-    yield from _embed_scale(model, env, tc)
+    lora = written_of(model, env).lora  # LoRA as the file writes it (the Run's written targets, beside the resolved)
+    yield from _lora_targets(model, tc, lora)
+    yield from _targets_match_nothing(model, tc, lora)
+    yield from _embed_scale(model, env, tc, lora)
 
 
-def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
+def _lora_targets(model: ModelFacts, tc: Any, lora: LoraWritten) -> Iterator[Finding]:
     mt = model.family.model_type
-    if mt not in NO_DEFAULT_TARGETS or not adapter_enabled(tc):
+    if mt not in NO_DEFAULT_TARGETS or not lora.enabled:
         return
     name = model.family.display_name
     fix = (f"target the language model only: target_modules=r\"{LM_ONLY_REGEX}\" (PEFT matches a string with "
            f"re.fullmatch), or target_modules=\"all-linear\" with exclude_modules=r\"{TOWERS_EXCLUDE_REGEX}\"")
-    setting = tc.get("lora_target_modules")
-    linear = tc.get("lora_target_linear")
-    if setting is None and not (linear is not None and truthy(linear.value)):
+    setting = lora.targets
+    if not lora.given:
         if tc.format.lora_targets_peft_default:  # TRL's use_peft passes target_modules=None to LoraConfig: PEFT's default
             yield setting_finding(
                 "GD420", Severity.ERROR,
@@ -66,7 +66,8 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
         return
     if tc.get("lora_exclude_modules") is not None:
         return
-    targets = target_list(setting.value) if setting is not None else "all-linear"
+    targets = (list(setting.value) if isinstance(setting.value, tuple) else setting.value) if setting is not None \
+        else "all-linear"
     towers = "/".join(m for m in ("vision", "audio") if m in (model.family.member.towers if model.family.member else ()))
     hit: list[str] = []
     if isinstance(targets, str) and targets.lower() in ("all-linear", "all"):
@@ -85,7 +86,7 @@ def _lora_targets(model: ModelFacts, tc: Any) -> Iterator[Finding]:
         model_type=mt, targets=hit)
 
 
-def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
+def _targets_match_nothing(model: ModelFacts, tc: Any, lora_written: LoraWritten) -> Iterator[Finding]:
     """GD425: the training config's LoRA targets wrap no linear layer of a text-only Gemma: PEFT refuses the model.
 
     Read from the Run, whose LoRA block the memory plan counted by matching the targets as PEFT does against the
@@ -93,7 +94,7 @@ def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
     one transformers builds (GD730 and GD731 judge a regex written for the other layout), so "no match" there is not
     certain."""
     run = model.run
-    if run is None or model.family.nested or not adapter_enabled(tc):
+    if run is None or model.family.nested or not lora_written.enabled:
         return
     lora = run.lora.value if run.lora is not None else None
     if lora is None or lora.trainable or not lora.targets_source.startswith("training config"):
@@ -120,26 +121,25 @@ def _targets_match_nothing(model: ModelFacts, tc: Any) -> Iterator[Finding]:
         "lora_target_modules", targets=shown, linear_names=names)
 
 
-def _targets_embeddings(tc: Any) -> str | None:
+def _targets_embeddings(tc: Any, lora: LoraWritten) -> str | None:
     """The setting that makes embed_tokens trainable through PEFT (a LoRA target or trainable tokens), if any."""
     tti = tc.get("trainable_token_indices")
     if tti is not None and tti.value not in (None, [], {}, ""):
         return "trainable_token_indices"
-    setting = tc.get("lora_target_modules")
-    targets = target_list(setting.value) if setting is not None else None
-    if isinstance(targets, list) and any(t == "embed_tokens" or t.endswith(".embed_tokens") for t in targets):
+    targets = lora.targets.value if lora.targets is not None else None
+    if isinstance(targets, tuple) and any(t == "embed_tokens" or t.endswith(".embed_tokens") for t in targets):
         return "lora_target_modules"
     if isinstance(targets, str) and targets.lower() != "all-linear" and re.search(r"embed_tokens", targets):
         return "lora_target_modules"
     return None
 
 
-def _embed_scale(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
+def _embed_scale(model: ModelFacts, env: Environment, tc: Any, lora: LoraWritten) -> Iterator[Finding]:
     text_type = model.family.text_model_type
     stack = env.libraries
     scaled = text_type in SCALED_EMBEDDING_TYPES or (
         text_type in ("gemma", "gemma2") and stack.exposure(SCALED_EMBEDDING_GEMMA12) is Exposure.AFFECTED)
-    which = _targets_embeddings(tc)
+    which = _targets_embeddings(tc, lora)
     if not scaled or which is None:
         return
     peft = stack.get("peft")

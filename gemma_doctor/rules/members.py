@@ -11,9 +11,9 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.readers.training_config import truthy
-from gemma_doctor.rules.common import checkpoints, run_distributed
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine
+from gemma_doctor.rules.common import checkpoints, run_distributed, written_of
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine, LoraWritten, Written
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
 FLASH_MAX_HEAD_DIM = 256
@@ -30,13 +30,10 @@ def _finding(code: str, sev: Severity, msg: str, fix: str, tc: TrainingConfig, n
                    details={**extra, **details})
 
 
-def _targets(value: Any) -> list[str]:
-    """LoRA target modules as names: a list, or LLaMA-Factory's comma-separated string."""
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, str)]
-    return []
+def _targets(value: str | tuple[str, ...]) -> list[str]:
+    """LoRA target modules as names: the written list (LLaMA-Factory's comma-separated names are one), or the one
+    string (a regex, all-linear)."""
+    return list(value) if isinstance(value, tuple) else [value]
 
 
 def _has_towers(model: ModelFacts) -> bool:
@@ -53,9 +50,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if tc is None or not tc.ok or m is None:
         return
     yield from _reentrant(model, tc)
-    yield from _attention(model, tc)
+    written = written_of(model, env)  # the backend and LoRA targets as the file names them (the Run's written)
+    yield from _attention(model, tc, written)
     yield from _ddp_towers(model, env, tc)
-    yield from _peft(model, tc)
+    yield from _peft(model, tc, written.lora)
 
 
 def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
@@ -85,17 +83,11 @@ def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
         "DoctorCallback does it in memory", tc, name, kv_shared_layers=shared)
 
 
-def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
-    attn = tc.get("attn_implementation") or tc.get("flash_attention")
-    if attn is None:
+def _attention(model: ModelFacts, tc: TrainingConfig, written: Written) -> Iterator[Finding]:
+    attn = written.attention  # the word as written (fa2, a kernels-hub name), or axolotl's flash_attention: true
+    if attn is None or written.attention_setting not in ("attn_implementation", "flash_attention"):
         return
-    value = attn.value
-    if attn.key == "flash_attention":  # axolotl: flash_attention: true
-        impl = "flash_attention_2" if truthy(value) else None
-    else:
-        impl = str(value).strip().lower() if isinstance(value, str) else None
-    if impl is None:
-        return
+    impl = attn.value
     m = model.family.member
     if m is None:
         return
@@ -103,7 +95,7 @@ def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     if impl in _FLASH and isinstance(widest, int) and widest > FLASH_MAX_HEAD_DIM:
         yield _finding(
             "GD131", Severity.ERROR,
-            f"{attn.key} asks for FlashAttention, but {model.family.display_name}'s global attention layers have "
+            f"{attn.config_key} asks for FlashAttention, but {model.family.display_name}'s global attention layers have "
             f"{widest}-wide heads and FlashAttention's kernels stop at {FLASH_MAX_HEAD_DIM}: the first forward fails "
             "with \"FlashAttention forward only supports head dimension at most 256\" (flash-attn flash_api.cpp; "
             "flash-attention #2427). Packing / padding-free training, which needs FlashAttention, is out too",
@@ -115,7 +107,7 @@ def _attention(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
     if m.family not in ("gemma2", "gemma3") and _backend(impl) in m.unsupported_attention:
         yield _finding(
             "GD132", Severity.ERROR,
-            f"{attn.key} asks for {impl}, which {model.family.display_name} does not support: transformers refuses to "
+            f"{attn.config_key} asks for {impl}, which {model.family.display_name} does not support: transformers refuses to "
             f"load it (\"does not support an attention implementation through ...\" / \"does not support Flash "
             "Attention 2 yet\", reproduced with transformers 5.23.0)",
             "use " + ("eager (or flash_attention_2 on a GPU)" if _backend(impl) == "sdpa" else "sdpa or eager"),
@@ -166,12 +158,11 @@ def _clippable(model: ModelFacts) -> list[str]:
                    if t.name.endswith("_proj" + suffix) and ("vision_tower" in t.name or "audio_tower" in t.name)})
 
 
-def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
+def _peft(model: ModelFacts, tc: TrainingConfig, lora: LoraWritten) -> Iterator[Finding]:
     fam = model.family
-    setting = tc.get("lora_target_modules")
-    linear = tc.get("lora_target_linear")
+    setting, linear = lora.targets, lora.all_linear  # as the file writes them
     targets = _targets(setting.value) if setting is not None else []
-    all_linear = (linear is not None and truthy(linear.value)) or targets in (["all-linear"], ["all_linear"])
+    all_linear = (linear is not None and linear.value) or targets in (["all-linear"], ["all_linear"])
     # LLaMA-Factory builds its own regex that leaves the vision tower out (freeze_vision_tower): not judged here.
     judged = not tc.format.own_lora_targets
     # The checkpoint's own Gemma4ClippableLinear projections where its headers were read (Gemma 4, and the members
@@ -203,7 +194,7 @@ def _peft(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
                            f"towers' projections (e.g. {hit[0]}), {cause}", cure, tc, "lora_target_modules",
                            matched=hit[:5])
     if towers and judged and all_linear:
-        key = "lora_target_linear" if linear is not None and truthy(linear.value) else "lora_target_modules"
+        key = "lora_target_linear" if linear is not None and linear.value else "lora_target_modules"
         yield _finding(
             "GD441", Severity.WARNING,
             f"all-linear LoRA on {fam.display_name} also puts adapters inside the vision and audio towers (on the inner "

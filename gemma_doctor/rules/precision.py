@@ -7,6 +7,7 @@ from typing import Any, Iterator
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import MODEL, Finding, Severity
+from gemma_doctor.rules.common import written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure, Window
 
@@ -18,36 +19,22 @@ def recommend_command(gpu: Any) -> str:
     return f"gemma-doctor recommend {MODEL}{flag}"
 
 
-def _precision_explicit(env: Environment) -> bool:
+def _precision_explicit(model: ModelFacts, env: Environment) -> bool:
     """True when the --training-config sets fp16/bf16/mixed_precision to a value, not `auto`: then nothing asks
-    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value). A
-    judgement of the file's own switches (whether one says `auto`), which the Run's precision does not keep."""
-    tc = env.training_config
-    if tc is None or not tc.ok:
-        return False
-    values = [tc.get(k).value for k in ("fp16", "bf16", "mixed_precision") if tc.get(k) is not None]
-    return bool(values) and not any(isinstance(v, str) and v.strip().lower() == "auto" for v in values)
+    torch.cuda.is_bf16_supported(), and the trap GD303 warns about cannot spring (GD603/GD605 judge the value). The
+    Run's switches as written (whether one says `auto`), which its one precision does not keep."""
+    return written_of(model, env).switches.explicit
 
 
 def _trains_in_fp32(model: ModelFacts, env: Environment) -> bool:
-    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on, and its
-    trainer does not turn bf16 on by its own default (the Run's precision, whose source names that default: TRL's
-    configs set bf16 = not fp16, so `fp16: false` alone is bf16). The switches are read from the file: the search's
-    candidates write their precision, but their Run's precision keeps the source "recommended" (plan/search.py plans
-    them with config_precision=False), so the Run alone cannot tell a candidate's `bf16: false` from a config that
-    sets nothing."""
-    tc = env.training_config
-    if not _precision_explicit(env) or tc is None:
-        return False
+    """True when the --training-config sets its precision explicitly and turns neither fp16 nor bf16 on (the Run's
+    switches as written: a candidate of the search writes its own), and its trainer does not turn bf16 on by its own
+    default (the Run's precision, whose source names that default: TRL's configs set bf16 = not fp16, so `fp16: false`
+    alone is bf16)."""
     run = model.run
     if run is not None and run.precision.value != "fp32" and run.precision.source.startswith("default of "):
         return False
-    from gemma_doctor.readers.training_config import truthy
-
-    mixed = tc.get("mixed_precision")
-    if mixed is not None and str(mixed.value).strip().lower() not in ("no", "fp32", "none", "false"):
-        return False
-    return not any(tc.get(k) is not None and truthy(tc.get(k).value) for k in ("fp16", "bf16"))
+    return written_of(model, env).switches.fp32
 
 
 # Unsloth's "forced float32" path for Gemma 3 / 3n on GPUs without bf16 (FORCE_FLOAT32) is not fp32 throughout:
@@ -126,7 +113,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                                + (f', without Unsloth or with "unsloth-zoo>={UNSLOTH_ZOO_FP32_FIXED}"' if unsloth else "")
                                + "; or QLoRA to cut memory; or a GPU with compute capability 8.0+ (A10G, L4, A100, H100)",
                 details=details)
-    if gpu.emulated_bf16_trap and not _precision_explicit(env):
+    if gpu.emulated_bf16_trap and not _precision_explicit(model, env):
         yield Finding(
             "GD303", Severity.WARNING,
             f"torch.cuda.is_bf16_supported() returns True on {gpu.label} through emulation, so `bf16: auto` (axolotl), "

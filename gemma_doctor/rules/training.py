@@ -12,7 +12,7 @@ from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import checkpoints
+from gemma_doctor.rules.common import checkpoints, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
@@ -131,11 +131,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     fam = model.family
     name = fam.label  # never None here: every Gemma model has a family label
     fp16_unsafe = fam.fp16_unsafe
-    mp = s.get("mixed_precision")
-    mp_value = str(mp.value).lower() if mp is not None else None
-    fp16_key = "fp16" if "fp16" in s and truthy(s["fp16"].value) else ("mixed_precision" if mp_value == "fp16" else None)
-    bf16_key = "bf16" if "bf16" in s and truthy(s["bf16"].value) else ("mixed_precision" if mp_value == "bf16" else None)
-    bf16_auto = "bf16" in s and isinstance(s["bf16"].value, str) and s["bf16"].value.strip().lower() == "auto" \
+    # The switches as written (the Run's): which setting turns fp16 / bf16 on (GD602-GD604 point at it), `bf16: auto`.
+    switches = written_of(model, env).switches
+    fp16_key, bf16_key = switches.setting("fp16"), switches.setting("bf16")
+    bf16_auto = switches.is_auto("bf16") \
         and not tc.format.auto_copies_training_arguments  # DeepSpeed's "auto" copies TrainingArguments
     on_cpu = "use_cpu" in s and truthy(s["use_cpu"].value)
     gpu = GpuView(None, False, "CPU") if on_cpu else gpu_view(env, options)
@@ -184,10 +183,11 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        f"bf16: auto resolves through torch.cuda.is_bf16_supported(), which counts emulation, so on "
                        f"{gpu.label} it picks slow emulated bf16",
                        "set bf16: false (fp32) explicitly on this GPU", tc, "bf16")
-    yield from _load_dtype(tc, fp16_unsafe, name)
+    four_bit = _four_bit(model, env)
+    yield from _load_dtype(tc, fp16_unsafe, name, four_bit)
     yield from _use_cache(model, env, tc, fp16_key or bf16_key)
     yield from _dpo(model, options, tc, fp16_key, name)
-    yield from _qlora(tc, gpu, fp16_unsafe, name)
+    yield from _qlora(tc, gpu, fp16_unsafe, name, four_bit)
 
 
 def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) -> Iterator[Finding]:
@@ -238,18 +238,18 @@ def _dpo(model: ModelFacts, options: CheckOptions, tc: Any, fp16_key: str | None
                    f"set max_grad_norm: 1.0 (stable DPO setting for Gemma: {stable})", tc, "max_grad_norm" if mgn else None)
 
 
-def _four_bit(tc: Any) -> bool:
-    q = tc.get("load_in_4bit")
-    adapter = tc.get("adapter")
-    return (q is not None and (truthy(q.value) or q.value == 4)) or (
-        adapter is not None and str(adapter.value).lower() == "qlora")
+def _four_bit(model: ModelFacts, env: Environment) -> bool:
+    """The training config loads the model in 4 bits (load_in_4bit, quantization_bit 4, axolotl's adapter: qlora):
+    the Run's loading as written, whatever an option or the checkpoint makes the run's method."""
+    bits = written_of(model, env).lora.quant_bits
+    return bits is not None and bits.value == 4
 
 
-def _load_dtype(tc: Any, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
+def _load_dtype(tc: Any, fp16_unsafe: bool, name: str | None, four_bit: bool) -> Iterator[Finding]:
     """torch_dtype/dtype (top level or model_init_kwargs) loading a Gemma 2/3 model in float16."""
     setting = tc.get("torch_dtype")
     # With 4-bit QLoRA, TRL's ModelConfig makes torch_dtype the compute dtype: GD608 judges it there.
-    if setting is None or not fp16_unsafe or _four_bit(tc) or _dtype_name(setting.value) != "fp16":
+    if setting is None or not fp16_unsafe or four_bit or _dtype_name(setting.value) != "fp16":
         return
     yield _finding("GD610", Severity.ERROR,
                    f"{setting.key}: {setting.value} loads {name} in float16: the model was pretrained in bf16 and its "
@@ -259,8 +259,8 @@ def _load_dtype(tc: Any, fp16_unsafe: bool, name: str | None) -> Iterator[Findin
                    "otherwise float32", tc, "torch_dtype")
 
 
-def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None) -> Iterator[Finding]:
-    if not _four_bit(tc):
+def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None, four_bit: bool) -> Iterator[Finding]:
+    if not four_bit:
         return
     key = "compute_dtype" if tc.get("compute_dtype") is not None else ("torch_dtype" if tc.get("torch_dtype") is not None else None)
     if key is None:
