@@ -2,7 +2,8 @@
 torch's launcher, sharded by torch's FSDP as accelerate's own launcher and plugin read the config
 (gemma_doctor/rehearse/ranks.py); a launched 2-rank script whose rank hangs, killed with its process group; and the
 user's own Trainer script asking for FSDP under `torchrun --nproc-per-node 2` (gemma_doctor/rehearse/hook/probe.py),
-its accumulation check and resume on both ranks, healthy and with checkpoints that hold no optimizer state.
+its accumulation check and resume on both ranks, healthy and broken (checkpoints that hold no optimizer
+state, a wrap class the model lacks).
 
 Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are five, marked
 slow; a launched run is made once per module (a module-scoped fixture) and its tests read it. The twin is built once
@@ -170,9 +171,11 @@ def fsdp_script(target, twins) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def fsdp_script_weights_only(target, twins) -> tuple[int, dict]:
-    """The same with save_only_model=True: checkpoints without the optimizer's and scheduler's state."""
-    return launched(target, f"torchrun --nproc-per-node 2 train_hf.py {REPO} --fsdp --resume --save-only-model")
+def fsdp_script_broken(target, twins) -> tuple[int, dict]:
+    """The same broken twice in one child: save_only_model=True (checkpoints without the optimizer's and scheduler's
+    state) and Gemma2DecoderLayer as the FSDP wrap class of a Gemma 3 model."""
+    return launched(target, f"torchrun --nproc-per-node 2 train_hf.py {REPO} --fsdp --resume --save-only-model "
+                            "--wrap Gemma2DecoderLayer")
 
 
 def by_stage(doc: dict) -> dict:
@@ -215,11 +218,23 @@ def test_the_resume_runs_on_both_ranks_and_continues_the_run(fsdp_script):
     assert resume["params_max_abs_diff"] == 0.0
 
 
-def test_a_resume_from_weights_only_checkpoints_is_found_on_two_ranks(fsdp_script_weights_only):
+def test_a_resume_from_weights_only_checkpoints_is_found_on_two_ranks(fsdp_script_broken):
     """Reproduced on the pinned stack (docs/rehearsal.md, "resume_from_checkpoint"): transformers 5.23 resumes from a
     save_only_model checkpoint with a fresh optimizer and the schedule from its start, without a word; on 2 ranks the
     rehearsal skipped the resume before and said nothing."""
-    code, doc = fsdp_script_weights_only
-    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD999"], doc["findings"]
-    message = doc["findings"][0]["message"]
+    code, doc = fsdp_script_broken
+    assert code == 1 and sorted(f["code"] for f in doc["findings"]) == ["GD994", "GD999"], doc["findings"]
+    message = next(f["message"] for f in doc["findings"] if f["code"] == "GD999")
     assert "the optimizer held a state for 0 of its 8 parameters" in message and "learning rate at step 2" in message
+
+
+def test_an_fsdp_wrap_class_the_model_lacks_is_found_on_cpu_ranks_that_do_not_shard(fsdp_script_broken):
+    """accelerate 1.15 stops a GPU run at prepare ("Could not find the transformer layer class Gemma2DecoderLayer in
+    the model.", reproduced by --accelerate-config's ranks); on CPU ranks the Trainer never turns FSDP on, so the run
+    trained clean as DDP and the rehearsal said nothing of the class before."""
+    _, doc = fsdp_script_broken
+    found = next(f for f in doc["findings"] if f["code"] == "GD994")
+    assert "Gemma2DecoderLayer" in found["message"] and "Could not find the transformer layer class" in found["message"]
+    assert "Gemma3DecoderLayer" in found["fix"]
+    # the rest of the run went on (the wrap is judged beside it, not instead of it)
+    assert by_stage(doc)["train"]["status"] == "ok" and by_stage(doc)["accumulation"]["status"] == "ok"

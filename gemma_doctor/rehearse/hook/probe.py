@@ -221,6 +221,9 @@ def _wrap(module: Any) -> None:
         asked = _fsdp_asked(self)
         if asked is not None:
             notes = [*notes, asked]
+            wrap = _wrap_check(self)
+            if wrap is not None:
+                s.write("wrap", "ok", **wrap)
         s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
                 ranks=int(os.environ.get("WORLD_SIZE", "1") or 1), sharding=_sharding(self))
 
@@ -594,6 +597,33 @@ def _fsdp_asked(trainer: Any) -> str | None:
             "ranks as MULTI_CPU and enables FSDP only on accelerator devices, so every rank trained a whole replica "
             "(DDP); the sharding, its wrap classes and its sharded save are not rehearsed here (rehearse them with "
             "--accelerate-config, or on a GPU)")
+
+
+# accelerate 1.15's words (FullyShardedDataParallelPlugin.set_auto_wrap_policy) for a wrap class the model lacks.
+_WRAP_CLASS = "Could not find the transformer layer class"
+
+
+def _wrap_check(trainer: Any) -> dict[str, Any] | None:
+    """Where the script asks for FSDP and the Trainer did not turn it on (CPU ranks, _fsdp_asked): the wrap classes
+    resolved as accelerate resolves them when it prepares the model on a GPU (the plugin the Trainer built from
+    ``fsdp_plugin_args``, its set_auto_wrap_policy on the script's model). A class the model lacks stops a GPU run there
+    ("Could not find the transformer layer class ..."): the record says so (GD994). None where they resolve; the probe's
+    own trouble building the plugin is not the run's and is passed over."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    try:
+        plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+        plugin.set_auto_wrap_policy(trainer.model)
+    except ValueError as e:
+        if _WRAP_CLASS not in str(e):
+            return None
+        layers = sorted({type(m).__name__ for m in trainer.model.modules() if type(m).__name__.endswith("DecoderLayer")})
+        names = getattr(plugin, "transformer_cls_names_to_wrap", None) or []
+        return {"missing": True, "classes": list(names) if not isinstance(names, str) else names.split(","),
+                "line": str(e).strip().splitlines()[0], "suggest": ", ".join(layers)}
+    except Exception:  # noqa: BLE001 - the probe's own trouble (a plugin it cannot build here) is not the run's
+        return None
+    return None
 
 
 def _sharded_ranks(trainer: Any, what: str) -> str | None:
