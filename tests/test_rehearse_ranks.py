@@ -1,13 +1,21 @@
 """`rehearse TARGET --training-config T --accelerate-config fsdp.yaml`: the twin trained on 2 CPU (gloo) ranks by
 torch's launcher, sharded by torch's FSDP as accelerate's own launcher and plugin read the config
-(gemma_doctor/rehearse/ranks.py); and a launched 2-rank script whose rank hangs, killed with its process group.
+(gemma_doctor/rehearse/ranks.py); a launched 2-rank script whose rank hangs, killed with its process group; and the
+user's own Trainer script asking for FSDP under `torchrun --nproc-per-node 2` (gemma_doctor/rehearse/hook/probe.py),
+its accumulation check and resume on both ranks, healthy and broken (checkpoints that hold no optimizer
+state, a wrap class the model lacks).
 
-Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are three, marked
-slow. The twin is built once for the module, in this process, and kept (GEMMA_DOCTOR_TWIN_CACHE): every run copies it.
+Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are five, marked
+slow; a launched run is made once per module (a module-scoped fixture) and its tests read it. The twin is built once
+for the module, in this process, and kept (GEMMA_DOCTOR_TWIN_CACHE): every run copies it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +26,8 @@ from tests.test_rehearse import model_folder
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "ranks"
+LAUNCH = Path(__file__).resolve().parent / "scripts" / "launch"
+REPO = "google/tiny-gemma3_text"  # model_folder's folder google--tiny-gemma3_text names this repo id
 LORA = """\
 learning_rate: 0.001
 per_device_train_batch_size: 2
@@ -129,3 +139,102 @@ def running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+# -- the user's own Trainer on 2 ranks (torchrun) -----------------------------------------------------------------------
+def launched(target: Path, line: str) -> tuple[int, dict]:
+    """One `rehearse --launch LINE` in this process, from tests/scripts/launch/ (the cli fixture is per test: a
+    module-scoped run cannot take it)."""
+    from gemma_doctor.cli import main
+    from tests.conftest import INTERNAL_ERROR
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(LAUNCH)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(["rehearse", str(target), "--launch", line, "--steps", "2", "--device", "cpu", "--format", "json"])
+                code = 0
+            except SystemExit as e:
+                code = int(e.code or 0)
+    finally:
+        os.chdir(here)
+    assert code != INTERNAL_ERROR, err.getvalue()[-3000:]
+    return code, json.loads(out.getvalue())["rehearsals"][0]
+
+
+@pytest.fixture(scope="module")
+def fsdp_script(target, twins) -> tuple[int, dict]:
+    """The LoRA Trainer script with `fsdp="full_shard auto_wrap"` of Gemma3DecoderLayer, resumed
+    (train(resume_from_checkpoint=True)), on 2 ranks."""
+    return launched(target, f"torchrun --nproc-per-node 2 train_hf.py {REPO} --fsdp --resume")
+
+
+@pytest.fixture(scope="module")
+def fsdp_script_broken(target, twins) -> tuple[int, dict]:
+    """The same broken twice in one child: save_only_model=True (checkpoints without the optimizer's and scheduler's
+    state) and Gemma2DecoderLayer as the FSDP wrap class of a Gemma 3 model."""
+    return launched(target, f"torchrun --nproc-per-node 2 train_hf.py {REPO} --fsdp --resume --save-only-model "
+                            "--wrap Gemma2DecoderLayer")
+
+
+def by_stage(doc: dict) -> dict:
+    return {s["stage"]: s for s in doc["stages"]}
+
+
+def test_the_users_trainer_asking_for_fsdp_rehearses_every_stage_on_two_cpu_ranks(fsdp_script):
+    code, doc = fsdp_script
+    assert doc["findings"] == [] and code == 0, doc["findings"]
+    by = by_stage(doc)
+    assert [by[name]["status"] for name in ("setup", "labels", "train", "eval", "save", "generate", "merge",
+                                            "accumulation", "resume")] == ["ok"] * 9, doc["stages"]
+    assert by["setup"]["ranks"] == 2 and by["setup"]["trainer"] == "Trainer"
+    # accelerate 1.15 turns FSDP on for accelerator devices only: the Trainer trained every CPU rank a whole replica,
+    # and the report says so instead of calling the run sharded
+    assert by["setup"]["sharding"] is None
+    assert any("asks for FSDP" in n and "MULTI_CPU" in n for n in by["setup"]["notes"]), by["setup"]["notes"]
+    train = by["train"]
+    assert train["steps"] == 2 and train["lora_b"] == {"count": 4, "moved": 4} and train["moved"] == train["trainable"]
+    assert by["save"]["max_abs_diff"] <= 0.05 * by["save"]["scale"]
+
+
+def test_the_accumulation_check_runs_on_both_ranks_each_on_its_own_rows(fsdp_script):
+    """Before: `skipped` ("the check runs on one process") on every run of several ranks."""
+    _, doc = fsdp_script
+    acc = by_stage(doc)["accumulation"]
+    assert (acc["ranks"], acc["micro"], acc["k"]) == (2, 1, 2)
+    # exact as on one process: 2 ranks x 1 x 2 against 2 ranks x one batch of 2, the same 4 rows
+    assert acc["accumulated_loss"] == pytest.approx(acc["whole_loss"], rel=1e-4)
+    assert acc["accumulated_grad_norm"] == pytest.approx(acc["whole_grad_norm"], rel=1e-3)
+
+
+def test_the_resume_runs_on_both_ranks_and_continues_the_run(fsdp_script):
+    """Before: `skipped` ("the resume runs on one process")."""
+    _, doc = fsdp_script
+    resume = by_stage(doc)["resume"]
+    assert (resume["checkpoint"], resume["last"], resume["steps"]) == (1, 2, [2])
+    assert resume["optimizer_restored"]["with_state"] == resume["optimizer_restored"]["uninterrupted"] == 8
+    assert resume["losses"] == pytest.approx(resume["expected_losses"], rel=1e-6)
+    assert resume["params_max_abs_diff"] == 0.0
+
+
+def test_a_resume_from_weights_only_checkpoints_is_found_on_two_ranks(fsdp_script_broken):
+    """Reproduced on the pinned stack (docs/rehearsal.md, "resume_from_checkpoint"): transformers 5.23 resumes from a
+    save_only_model checkpoint with a fresh optimizer and the schedule from its start, without a word; on 2 ranks the
+    rehearsal skipped the resume before and said nothing."""
+    code, doc = fsdp_script_broken
+    assert code == 1 and sorted(f["code"] for f in doc["findings"]) == ["GD994", "GD999"], doc["findings"]
+    message = next(f["message"] for f in doc["findings"] if f["code"] == "GD999")
+    assert "the optimizer held a state for 0 of its 8 parameters" in message and "learning rate at step 2" in message
+
+
+def test_an_fsdp_wrap_class_the_model_lacks_is_found_on_cpu_ranks_that_do_not_shard(fsdp_script_broken):
+    """accelerate 1.15 stops a GPU run at prepare ("Could not find the transformer layer class Gemma2DecoderLayer in
+    the model.", reproduced by --accelerate-config's ranks); on CPU ranks the Trainer never turns FSDP on, so the run
+    trained clean as DDP and the rehearsal said nothing of the class before."""
+    _, doc = fsdp_script_broken
+    found = next(f for f in doc["findings"] if f["code"] == "GD994")
+    assert "Gemma2DecoderLayer" in found["message"] and "Could not find the transformer layer class" in found["message"]
+    assert "Gemma3DecoderLayer" in found["fix"]
+    # the rest of the run went on (the wrap is judged beside it, not instead of it)
+    assert by_stage(doc)["train"]["status"] == "ok" and by_stage(doc)["accumulation"]["status"] == "ok"

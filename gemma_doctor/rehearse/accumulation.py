@@ -66,25 +66,33 @@ def logged_step(trainer: Any, n: int) -> dict[str, Any] | None:
     return logged
 
 
-def record(events: Any, k: int, accumulated: dict[str, Any] | None, whole: dict[str, Any] | None) -> None:
+def record(events: Any, k: int, accumulated: dict[str, Any] | None, whole: dict[str, Any] | None,
+           ranks: int = 1) -> None:
     """The "accumulation" stage's record of the two steps (judged by the parent: invariants.judge_accumulation)."""
     if accumulated is None or whole is None:
         # Too few rows is the data's size, not a failure of the run: said, not judged.
-        events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k} training rows")
+        on = f" ({MICRO * k} on each of {ranks} ranks)" if ranks > 1 else ""
+        events.write("accumulation", "skipped", reason=f"the check needs {MICRO * k * ranks} training rows{on}")
         return
     grad = {f"{name}_grad_norm": float(got["grad_norm"]) if got.get("grad_norm") is not None else None
             for name, got in (("accumulated", accumulated), ("whole", whole))}
+    extra = {"ranks": ranks} if ranks > 1 else {}
     events.write("accumulation", "ok", micro=MICRO, k=k, accumulated_loss=accumulated.get("loss"),
-                 whole_loss=whole.get("loss"), **grad)
+                 whole_loss=whole.get("loss"), **grad, **extra)
 
 
-def check_launched(trainer: Any, copy: Callable[[int, int], Any], events: Any) -> None:
+def check_launched(trainer: Any, copy: Callable[[int, int], Any], events: Any, ranks: int = 1) -> None:
     """b x k against one batch of b*k on a launched script's own Trainer (hook/probe.py): ``copy(micro, k)`` builds
-    the script's trainer again, from its own constructor arguments and model, at that batch and accumulation."""
+    the script's trainer again, from its own constructor arguments and model, at that batch and accumulation.
+
+    On ``ranks`` processes that each hold the whole model (DDP) every rank runs this in step: each optimizer step
+    takes b*k rows on every rank (its own, as the run's sampler deals them), so both steps see the same b*k*ranks rows;
+    the gradient is averaged over the ranks and the loss the Trainer logs is the mean over them, in both steps alike."""
     k = steps_of(getattr(trainer.args, "gradient_accumulation_steps", None))
-    accumulated = logged_step(copy(MICRO, k), MICRO * k)
-    whole = logged_step(copy(MICRO * k, 1), MICRO * k) if accumulated is not None else None
-    record(events, k, accumulated, whole)
+    n = MICRO * k * ranks
+    accumulated = logged_step(copy(MICRO, k), n)
+    whole = logged_step(copy(MICRO * k, 1), n) if accumulated is not None else None
+    record(events, k, accumulated, whole, ranks)
 
 
 def check(run: Any, setup: Callable[[Any], None]) -> None:

@@ -263,6 +263,14 @@ def judge(records: list[Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
             continue
         if stage == "labels":
             out += judge_labels(r)
+        elif stage == "wrap" and r.get("missing"):
+            # A launched script's FSDP wrap classes, resolved as accelerate resolves them (hook/probe.py _wrap_check)
+            out.append(Finding("GD994", Severity.ERROR, "the FSDP wrap classes "
+                               f"{', '.join(r.get('classes') or []) or '(none)'} match no module of the model: on a GPU "
+                               f"accelerate stops there before sharding ({r.get('line')}); on these CPU ranks the "
+                               "Trainer ran without FSDP", key="fsdp_config.transformer_layer_cls_to_wrap",
+                               fix=f"name the model's decoder layer class: {r.get('suggest') or 'see the model'}",
+                               details=dict(r)))
         elif stage == "train" and "rollouts" in r:
             from gemma_doctor.rehearse import grpo  # its judgement is pure; its child side imports TRL lazily
 

@@ -220,6 +220,12 @@ def _wrap(module: Any) -> None:
         self._gemma_doctor_probe = _probe_callback(module)(self)
         self.add_callback(self._gemma_doctor_probe)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        asked = _fsdp_asked(self)
+        if asked is not None:
+            notes = [*notes, asked]
+            wrap = _wrap_check(self)
+            if wrap is not None:
+                s.write("wrap", "ok", **wrap)
         s.write("setup", "ok", trainer=type(self).__name__, trainable=trainable, notes=notes,
                 ranks=int(os.environ.get("WORLD_SIZE", "1") or 1), sharding=_sharding(self))
 
@@ -429,8 +435,8 @@ def accumulation(trainer: Any) -> None:
 
     s = STATE
     why = next((_NOT_SPLIT[c.__name__] for c in type(trainer).__mro__ if c.__name__ in _NOT_SPLIT), None)
-    if s.world > 1:
-        why = "the check runs on one process: a run on several ranks is checked by rehearsing it on one"
+    if why is None and s.world > 1:
+        why = _sharded_ranks(trainer, "check")
     if why is None and not hasattr(trainer, "_gemma_doctor_init"):
         why = "the trainer was built before the probe was armed"
     if why is not None:
@@ -449,7 +455,7 @@ def accumulation(trainer: Any) -> None:
     s.quiet = True
     try:
         with _Kept(trainer.model, dropout=False):
-            check.check_launched(trainer, copy, s)
+            check.check_launched(trainer, copy, s, ranks=s.world)
     except _NotBuilt as e:
         s.write("accumulation", "skipped", reason=f"the script's trainer could not be built again: {e}")
     except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the script goes on
@@ -482,8 +488,8 @@ def resume(trainer: Any) -> None:
     saved = sorted((p for p in Path(str(trainer.args.output_dir)).glob("checkpoint-*") if 0 < _step_of(p) < last),
                    key=_step_of)
     why = None
-    if s.world > 1:
-        why = "the resume runs on one process: a run on several ranks is rehearsed on one"
+    if s.world > 1 and _sharded_ranks(trainer, "resume"):
+        why = _sharded_ranks(trainer, "resume")
     elif probe is None or not hasattr(trainer, "_gemma_doctor_init"):
         why = "the trainer was built before the probe was armed"
     elif any(x is not None for x in trainer._gemma_doctor_init[1].get("optimizers") or ()):
@@ -592,6 +598,60 @@ def _sharding(trainer: Any) -> str | None:
         plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
         return f"deepspeed zero {getattr(plugin, 'zero_stage', '?')}"
     return "fsdp" if getattr(trainer, "is_fsdp_enabled", False) else None
+
+
+def _fsdp_asked(trainer: Any) -> str | None:
+    """A note where the script's arguments ask for FSDP (TrainingArguments ``fsdp``) and the Trainer did not turn it
+    on: accelerate 1.15 enables FSDP only for accelerator devices (accelerate/state.py: MULTI_CPU is not among the
+    types it turns into FSDP), so on CPU ranks the Trainer trains every rank a whole replica (DDP), said, not hidden."""
+    args = trainer.args
+    if getattr(trainer, "is_fsdp_enabled", False) or not getattr(args, "fsdp", None) \
+            or getattr(args, "fsdp_plugin_args", None) is None:
+        return None
+    version = (args.fsdp_plugin_args or {}).get("fsdp_version", "?")
+    return (f"the script asks for FSDP (version {version}) and the Trainer did not turn it on: accelerate runs CPU "
+            "ranks as MULTI_CPU and enables FSDP only on accelerator devices, so every rank trained a whole replica "
+            "(DDP); the sharding, its wrap classes and its sharded save are not rehearsed here (rehearse them with "
+            "--accelerate-config, or on a GPU)")
+
+
+# accelerate 1.15's words (FullyShardedDataParallelPlugin.set_auto_wrap_policy) for a wrap class the model lacks.
+_WRAP_CLASS = "Could not find the transformer layer class"
+
+
+def _wrap_check(trainer: Any) -> dict[str, Any] | None:
+    """Where the script asks for FSDP and the Trainer did not turn it on (CPU ranks, _fsdp_asked): the wrap classes
+    resolved as accelerate resolves them when it prepares the model on a GPU (the plugin the Trainer built from
+    ``fsdp_plugin_args``, its set_auto_wrap_policy on the script's model). A class the model lacks stops a GPU run there
+    ("Could not find the transformer layer class ..."): the record says so (GD994). None where they resolve; the probe's
+    own trouble building the plugin is not the run's and is passed over."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    try:
+        plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+        plugin.set_auto_wrap_policy(trainer.model)
+    except ValueError as e:
+        if _WRAP_CLASS not in str(e):
+            return None
+        layers = sorted({type(m).__name__ for m in trainer.model.modules() if type(m).__name__.endswith("DecoderLayer")})
+        names = getattr(plugin, "transformer_cls_names_to_wrap", None) or []
+        return {"missing": True, "classes": list(names) if not isinstance(names, str) else names.split(","),
+                "line": str(e).strip().splitlines()[0], "suggest": ", ".join(layers)}
+    except Exception:  # noqa: BLE001 - the probe's own trouble (a plugin it cannot build here) is not the run's
+        return None
+    return None
+
+
+def _sharded_ranks(trainer: Any, what: str) -> str | None:
+    """Why the accumulation check or the resume (``what``) is not run on this run's ranks, or None where it is: on
+    ranks that each hold the whole model (DDP) both run on every rank in step (each rank its own rows, collectives
+    matched), exact as on one process; under DeepSpeed or FSDP the copies would build the engine again over the
+    sharded model, which is not measured."""
+    sharding = _sharding(trainer)
+    if sharding is None:
+        return None
+    return (f"the {what} is not rehearsed on ranks that shard the model ({sharding}): its copy of the trainer would "
+            "build the engine again over the sharded parameters (not measured); rehearse the run on one process")
 
 
 @contextlib.contextmanager

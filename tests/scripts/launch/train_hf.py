@@ -1,7 +1,7 @@
 """A user's transformers Trainer script, run as it is by `rehearse --launch` (tests/test_rehearse_launch.py).
 
 python train_hf.py REPO_ID [--mask-all | --bad-labels] [--fsdp | --deepspeed DS_JSON] [--bf16] [--modules-to-save]
-[--image-text] [--resume] [--save-only-model]: LoRA on the model loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs,
+[--image-text] [--resume] [--save-only-model] [--wrap CLASS]: LoRA on the model loaded by repo id, chat rows, evaluation and saving each epoch for 50 epochs,
 an output_dir outside the rehearsal's folder. --mask-all: a collator bug that masks every label (no exception, nothing
 trained); --bad-labels: a collator bug that cuts the labels one short (the loss crashes at the first step); --bf16:
 bf16 weights and bf16 mixed precision; --modules-to-save: the embeddings and the head trained whole beside the adapter
@@ -48,7 +48,9 @@ class Collator(DataCollatorForLanguageModeling):
 
 
 # --fsdp: the same run sharded over the launched ranks (FSDP, decoder layers wrapped).
-sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["Gemma3DecoderLayer"]}) \
+# --wrap CLASS: another class to wrap (one the model lacks: accelerate stops at prepare on a GPU).
+wrap = sys.argv[sys.argv.index("--wrap") + 1] if "--wrap" in sys.argv else "Gemma3DecoderLayer"
+sharded = dict(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": [wrap]}) \
     if "--fsdp" in sys.argv else {}
 if "--deepspeed" in sys.argv:
     sharded = dict(deepspeed=sys.argv[sys.argv.index("--deepspeed") + 1])
