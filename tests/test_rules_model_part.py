@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gemma_doctor import pipeline, rules
@@ -42,7 +42,8 @@ PLANNED = (("gemma", "2b"), ("gemma2", "9b"), ("gemma3", "1b"), ("gemma3", "27b"
            ("gemma4", "31b"))
 # transformers at releases inside and outside the windows the rules know (GD105's 5.0-5.5, GD107's, the horizon), the
 # test stack's own (none named), and a stack without transformers.
-STACKS = ((), ("transformers==4.50.3",), ("transformers==5.5.0",), ("transformers==5.23.0",), "no-transformers")
+STACKS = ((), ("transformers==4.50.3",), ("transformers==5.5.0", "peft==0.10.0"), ("transformers==5.23.0",),
+          "no-transformers")
 GPUS = (None, "T4", "A100", "H100", "V100")
 TRL_KEYS = {
     "bf16": st.booleans(), "fp16": st.booleans(), "gradient_checkpointing": st.booleans(),
@@ -96,13 +97,13 @@ def runs(draw: st.DrawFn) -> dict:
         runplan.MemoryRequest, method=st.none() | st.sampled_from(("full", "lora", "qlora")),
         batch_size=st.none() | st.integers(1, 16), seq_len=st.none() | st.sampled_from((256, 1024, 4096)),
         gradient_checkpointing=st.none() | st.booleans(), num_gpus=st.none() | st.integers(1, 8)))
-    return {"model": draw(st.integers(0, len(EXAMPLES) + len(PLANNED))), "stack": draw(st.sampled_from(STACKS)),
-            "gpu": draw(st.sampled_from(GPUS)), "task": draw(st.sampled_from((None, "sft", "dpo", "grpo"))),
+    return {"gpu": draw(st.sampled_from(GPUS)), "task": draw(st.sampled_from((None, "sft", "dpo", "grpo"))),
             "kind": kind, "config": config, "memory": memory}
 
 
-def _judged(world: dict, run: dict, n: int) -> tuple[ModelFacts, object, CheckOptions]:
-    """The model's facts with check's own Run, the environment and the options of ``run``."""
+def _judged(world: dict, run: dict, n: int, model: int, stack: object) -> tuple[ModelFacts, object, CheckOptions]:
+    """The facts of ``world``'s ``model`` with check's own Run, the environment and the options of ``run`` on
+    ``stack``."""
     path = None
     if run["kind"] is not None:
         if run["kind"] == "trl":
@@ -111,13 +112,12 @@ def _judged(world: dict, run: dict, n: int) -> tuple[ModelFacts, object, CheckOp
         else:
             path = world["root"] / f"run-{n}.yaml"
             path.write_text(yaml.safe_dump({"base_model": "google/gemma-3-12b-it", **run["config"]}))
-    stack = run["stack"]
     options = CheckOptions(gpu=run["gpu"], task=run["task"], memory=run["memory"],
                            training_config=str(path) if path is not None else None,
                            with_packages=stack if isinstance(stack, tuple) else (),
                            requirements=str(world["requirements"]) if stack == "no-transformers" else None)
     env = pipeline.environment(options)
-    facts = world["facts"][run["model"]]
+    facts = world["facts"][model]
     gpu = env.gpu if env.gpu is not None else pipeline.gpu_reader.for_options(options)
     rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     rec, mem = pipeline.with_memory(facts, rec, options, env, gpu)
@@ -143,13 +143,26 @@ def test_rules_declare_what_they_read() -> None:
                for r in rules.RULES if getattr(r, "costly", False))
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+# Runs the rules read the run of most: the cache kept on without checkpointing (GD107's K/V sharing), the pad token
+# named (GD902), a half-precision load under an old PEFT (GD401), a QLoRA YAML.
+@settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@example(run={"gpu": "A100", "task": None, "kind": "trl", "memory": None,
+              "config": {"use_cache": True, "gradient_checkpointing": False, "pad_token": "<pad>", "bf16": True}})
+@example(run={"gpu": "T4", "task": "sft", "kind": "axolotl", "memory": None,
+              "config": {"adapter": "qlora", "load_in_4bit": True, "gradient_checkpointing": True, "fp16": True}})
+@example(run={"gpu": None, "task": None, "kind": None, "memory": runplan.MemoryRequest(method="lora", batch_size=2),
+              "config": None})
 @given(run=runs())
 def test_what_a_rule_declares_model_only_is_the_same_for_every_run(world: dict, run: dict) -> None:
     """(a) and (b): a model-only rule's findings, a two-part rule's model part and its findings handed that part do
-    not depend on the run (the Run, the training config, the memory options)."""
-    world["n"] = world.get("n", 0) + 1
-    facts, env, options = _judged(world, run, world["n"])
+    not depend on the run (the Run, the training config, the memory options), for every model and stack."""
+    for model in range(len(world["facts"])):
+        for stack in STACKS:
+            world["n"] = world.get("n", 0) + 1
+            _holds(*_judged(world, run, world["n"], model, stack))
+
+
+def _holds(facts: ModelFacts, env: object, options: CheckOptions) -> None:
     bare = _without_run(facts, env, options)
     for rule in rules.RULES:
         name = f"{rule.__module__}.{rule.__name__}"
@@ -163,12 +176,12 @@ def test_what_a_rule_declares_model_only_is_the_same_for_every_run(world: dict, 
 
 
 @settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(run=runs())
-def test_check_and_its_search_share_the_model_part_exactly(world: dict, run: dict) -> None:
+@given(run=runs(), model=st.integers(0, len(EXAMPLES) + len(PLANNED)), stack=st.sampled_from(STACKS))
+def test_check_and_its_search_share_the_model_part_exactly(world: dict, run: dict, model: int, stack: object) -> None:
     """(c): the search fills the Shared with the model part under its candidates' runs (their training configs, their
     Runs); check's rules on check's own run, handed it, find exactly what they find alone."""
     world["n"] = world.get("n", 0) + 1
-    facts, env, options = _judged(world, run, world["n"])
+    facts, env, options = _judged(world, run, world["n"], model, stack)
     shared = rules.Shared()
     judgement = pipeline.decide(facts.with_(run=None), options, env, shared)
     assert rules.run(judgement.facts, env, options, shared) == rules.run(judgement.facts, env, options)
