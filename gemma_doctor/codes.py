@@ -283,11 +283,19 @@ _CODES = [
 CODES: dict[str, Code] = {c.code: c for c in _CODES}
 
 
-def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: bool = False) -> Callable[[F], F]:
+def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: bool = False,
+          model_only: bool = False, model_part: Callable[..., object] | None = None) -> Callable[[F], F]:
     """Declare, on a rule, the codes its findings have (``more``: those it reads from data, asked for only when wanted)
     and whether it is one of the costly rules (the search tries a candidate with the cheap ones first). What a rule
     emits is then data the search reads (which rules can give a finding a pin resolves), never a list of rule names;
-    tests/test_codes_data.py holds every rule's declaration to the codes in its module."""
+    tests/test_codes_data.py holds every rule's declaration to the codes in its module.
+
+    What a rule reads is declared here too. ``model_only``: its findings are a function of the model's facts, the
+    stack, the GPU and the options that describe no run; never of the Run on the facts, the training config or the
+    memory options (--method, --batch-size ...). ``model_part``: a rule that reads both, judged in two parts:
+    ``model_part(model, env, options)`` reads what a model-only rule reads, and the rule is handed its value as
+    ``part=``. Either is judged once per model and stack and shared by check and every candidate of its search
+    (rules.Shared); tests/test_rules_model_part.py holds each declaration over random runs."""
 
     def declare(rule: F) -> F:
         def declared() -> frozenset[str]:
@@ -295,6 +303,8 @@ def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: 
 
         rule.codes = declared  # type: ignore[attr-defined]
         rule.costly = costly  # type: ignore[attr-defined]
+        rule.model_only = model_only  # type: ignore[attr-defined]
+        rule.model_part = model_part  # type: ignore[attr-defined]
         return rule
 
     return declare

@@ -91,8 +91,12 @@ def read_more(facts: ModelFacts, options: CheckOptions) -> ModelFacts:
     return facts
 
 
-def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
-    """A read Gemma model's recommendation, memory plan and prescription (facts only: no file is read)."""
+def decide(facts: ModelFacts, options: CheckOptions, env: Environment,
+           shared: rules.Shared | None = None, prescription: bool = True) -> Judgement:
+    """A read Gemma model's recommendation, memory plan and prescription (facts only: no file is read). ``shared``: the
+    model part of the model's judgement (rules.Shared), for check's rules to share with the search's candidates.
+    Without ``prescription`` (a view that shows none: check's text and github), the search is run only where check's
+    own run is the prescribed one, and without what only the prescription's views show (its way out, Run and YAML)."""
     if not facts.family.is_gemma:
         return Judgement(facts)
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
@@ -100,17 +104,32 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgem
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     rec, mem = with_memory(facts, rec, options, env, gpu, shape)
-    return with_decision(facts, options, env, gpu, shape, recommendation=rec, memory=mem)
+    if not prescription and _users_run(mem, env):
+        # check's run is the user's own (with_decision keeps it): the prescription would be shown by no view asked for.
+        return Judgement(with_run(facts, env, rec, mem), None, recommendation=rec, memory=mem)
+    return with_decision(facts, options, env, gpu, shape, recommendation=rec, memory=mem, shared=shared,
+                         explain=prescription)
 
 
-def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None) -> Judgement:
+def _users_run(mem: runplan.MemoryFacts | None, env: Environment) -> bool:
+    """Whether check's run is the one the user described (a training config, or a setting fixed by an option), which
+    check plans and judges whatever the prescription is (with_decision)."""
+    return mem is not None and (mem.fixed or env.training_config is not None)
+
+
+def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembered: Memo | None = None,
+           prescription: bool = True) -> Judgement:
     """A model read (read_more), decided and judged by check's rules: its facts, its decision and its findings. With
     ``remembered`` (the memo of a scan of several models, made with ``env`` and ``options``), the decision and the
-    findings are shared across models whose name-free facts are equal (gemma_doctor/memo.py)."""
+    findings are shared across models whose name-free facts are equal (gemma_doctor/memo.py). ``prescription``: see
+    decide (the same for every model of a scan, as the memo's environment and options are)."""
 
     def judge(f: ModelFacts) -> tuple[ModelFacts, tuple[Any, ...]]:
-        j = decide(f, options, env)
-        return j.facts, (j.decision, tuple(rules.run(j.facts, env, options)), j.recommendation, j.memory)
+        # The model part of the judgement (what the rules declared model-only find) is judged once, by the search's
+        # first candidate, and check's own rules take it from there (rules.Shared).
+        shared = rules.Shared()
+        j = decide(f, options, env, shared, prescription)
+        return j.facts, (j.decision, rules.run(j.facts, env, options, shared), j.recommendation, j.memory)
 
     facts = read_more(facts, options)
     if remembered is None or not facts.family.is_gemma:
@@ -173,7 +192,8 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
                   shape: memory.ModelShape | None = None, quantization: str | None = None, *,
                   recommendation: recommend.Recommendation | None = None,
-                  memory: runplan.MemoryFacts | None = None) -> Judgement:
+                  memory: runplan.MemoryFacts | None = None, shared: rules.Shared | None = None,
+                  explain: bool = True) -> Judgement:
     """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out) beside
     check's ``recommendation`` and ``memory`` plan (with_memory); where the user described no run, check's run becomes
     the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read."""
@@ -181,13 +201,13 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
 
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
-    decision = search.prescribe(facts, env, options, gpu, shape, quantization)
+    decision = search.prescribe(facts, env, options, gpu, shape, quantization, shared=shared, explain=explain)
     rec, mem = recommendation, memory
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
         rec, mem = decision.recommendation, decision.memory
-    elif not (mem is not None and (mem.fixed or env.training_config is not None)) and decision.ok:
+    elif not _users_run(mem, env) and decision.ok:
         # Otherwise the user's own run stays (the precision line states the run the memory line plans; the
         # prescription is its own block, never the prescription's batch beside the user's memory figure); with
         # nothing of it planned, the precision line is the prescription's.
@@ -231,8 +251,10 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
     return rec, mem
 
 
-def model_report(judgement: Judgement, env: Environment) -> ModelReport:
-    """Findings and JSON blocks of one judged (and named) model."""
+def model_report(judgement: Judgement, env: Environment, prescription: bool = True) -> ModelReport:
+    """Findings and JSON blocks of one judged (and named) model; without ``prescription`` (a view that shows neither:
+    check's text and github), no `prescription` / `way_out` / `blocking` and no `run` block (the Run itself stays on
+    the report, where the text view reads it)."""
     facts, findings = judgement.facts, judgement.findings
     extra: dict = {"model_type": facts.family.model_type, "kind": facts.kind.value}
     family = facts.family.label
@@ -254,9 +276,9 @@ def model_report(judgement: Judgement, env: Environment) -> ModelReport:
     run = facts.run
     if judgement.memory is not None:
         extra["memory"] = judgement.memory.to_json()
-    if run is not None:
+    if run is not None and prescription:
         extra["run"] = run.to_json()
-    if judgement.decision is not None:
+    if judgement.decision is not None and prescription:
         extra.update(judgement.decision.to_json())
     snap = facts.snapshot
     return ModelReport(target=snap.target, path=source.location, repo_id=snap.repo_id, revision=snap.revision,
@@ -328,13 +350,15 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
              all_revisions: bool = False, options: CheckOptions | None = None,
-             finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
+             finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True) -> Report:
     """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found. ``finish``: applied
-    to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines."""
+    to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines.
+    ``prescription``: whether the view shows the prescription (render.formats.Renderer.shows_prescription); a view
+    that does not gets none made beyond what check's own run is (decide, model_report)."""
     options = options or CheckOptions()
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     if not targets:
-        return _scan(cache, revision, all_revisions, options, finish)
+        return _scan(cache, revision, all_revisions, options, finish, prescription)
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
@@ -346,13 +370,13 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
         remembered = Memo(env, options)
     reports = []
     for m in models:
-        reports.append(model_report(judged(m, options, env, remembered), env))
+        reports.append(model_report(judged(m, options, env, remembered, prescription), env, prescription))
     return Report(models=tuple(reports), environment=env.to_json(), skipped=tuple(skipped), cache_dir=str(cache),
                   notes=tuple(notes))
 
 
 def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions,
-          finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
+          finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True) -> Report:
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
@@ -368,7 +392,7 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
                 skipped.append(skip)
                 continue
             report = model_report(judged(adapters.with_base(m, cache, hub=False), options, env,
-                                         remembered if len(located) > 1 else None), env)
+                                         remembered if len(located) > 1 else None, prescription), env, prescription)
             reports.append(finish(report) if finish is not None else report)
         return reports, skipped
 

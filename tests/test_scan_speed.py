@@ -276,7 +276,7 @@ def test_frozen_replace_is_dataclasses_replace():
 
 
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):
-    """The read-back of every training config the search renders (every scenario above) composes with libyaml's
+    """The read-back of every training config the search renders or judges (every scenario above) composes with libyaml's
     parser; the settings and their lines are those of the pure-Python parser a user's file is read with."""
     from gemma_doctor.plan import recommend
 
@@ -289,7 +289,14 @@ def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples,
         return texts[-1]
 
     monkeypatch.setattr(recommend, "training_config_yaml", record)
-    monkeypatch.setattr(search, "_WAY_OUTS", {})  # every way out searched here, each rendering its configs
+    real_as_read = search.as_read
+
+    def judged(rec):  # every candidate the search judges, rendered as the prescription would be (a way out's search
+        texts.append(real(rec))  # renders no YAML of its own: only its memory plan is shown)
+        return real_as_read(rec)
+
+    monkeypatch.setattr(search, "as_read", judged)
+    monkeypatch.setattr(search, "_WAY_OUTS", {})  # every way out searched here, each judging its candidates
     for args in SCENARIOS:
         extra = ("--fail-on", "never") if args[0] == "check" else ()
         cli(*args, "--cache-dir", examples, "--format", "json", *extra)
@@ -361,9 +368,9 @@ def _decisions(monkeypatch) -> list[str]:
     judged: list[str] = []
     real = pipeline.decide
 
-    def decide(facts, options, env):
+    def decide(facts, options, env, *more, **named):
         judged.append(facts.snapshot.repo_id)
-        return real(facts, options, env)
+        return real(facts, options, env, *more, **named)
 
     monkeypatch.setattr(pipeline, "decide", decide)
     return judged

@@ -82,7 +82,8 @@ def check(targets: tuple[str, ...], cache_dir: Optional[Path], revision: str, al
     if real_weights and not rehearse_run:
         raise UsageError("--real-weights goes with --rehearse")
     with common.hub_deadline(hub_deadline):
-        report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish)
+        report = diagnose(list(targets), cache_dir, revision, all_revisions, options, finish,
+                          prescription=view.shows_prescription)
     if rehearse_run and report.models:
         from gemma_doctor.rehearse import with_rehearsals
 

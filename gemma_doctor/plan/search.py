@@ -245,10 +245,11 @@ def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
 
 
 def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
-          plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs) -> Judged:
+          plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
+          shared: rules.Shared | None = None) -> Judged:
     """Render ``plan`` as the prescription would, then run `check` on it: the training config it prints, read back,
     the memory plan check makes of that config, and every rule, with the same GPU and stack."""
-    return _judge(facts, env, options, gpu, shape, plan, req, inputs)()
+    return _judge(facts, env, options, gpu, shape, plan, req, inputs, shared=shared)()
 
 
 # Which rules run last when a candidate is only being tried, and which a pin can answer, are data on the rules and
@@ -295,14 +296,16 @@ def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
 def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
            plan: MemoryPlan, req: runplan.RunRequest, inputs: recommend.Inputs,
            quick: bool = False, under: _Under | None = None,
-           made: tuple[recommend.Recommendation, str, tc_reader.TrainingConfig] | None = None) -> Callable[[], Judged]:
+           made: tuple[recommend.Recommendation, str, tc_reader.TrainingConfig] | None = None,
+           shared: rules.Shared | None = None) -> Callable[[], Judged]:
     """judge(), in two steps when ``quick``: the rules run (cheapest first) only until one flags the candidate; what
     is returned finishes the rest on demand. Its findings, in the rules' own order, are exactly rules.run's (rules
     are pure functions of the facts), so a candidate that passes is judged by every rule; a rejected one is finished
     only when no candidate passes and the nearest must be told by all its findings. ``under``: the search's own
     environment and options to judge under (made here when not given, or given for another environment). ``made``:
     the candidate's recommendation, config key and training config, where it was judged before under another stack
-    (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again."""
+    (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again. ``shared``:
+    the model part of the model's judgement (rules.Shared), shared with check's rules and the other candidates."""
     if made is None:
         rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
         made = (rec, _config_key(rec), as_read(rec))
@@ -317,11 +320,12 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
                       quantization=rec.inputs.get("quantization"), stated=under.libraries,
                       training_config=env2.training_config)
     judged_facts = facts.with_(run=run)
+    part = (shared if shared is not None else rules.Shared()).of(judged_facts, env2, opts)
     done: dict[int, tuple[Finding, ...]] = {}
 
     def finish() -> Judged:
         findings = tuple(f for i, rule in enumerate(rules.RULES)
-                         for f in (done[i] if i in done else rule(judged_facts, env2, opts)))
+                         for f in (done[i] if i in done else rules.judge(i, judged_facts, env2, opts, part)))
         if tc.error is not None:  # never: the reader must read what we print (a test holds it); judged all the same
             findings += (Finding("GD601", Severity.ERROR, f"the prescription's own training config: {tc.error}"),)
         # check read every setting from the prescription's training config; Judged.memory says where each came from.
@@ -330,13 +334,13 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     def pinnable() -> tuple[Finding, ...]:
         for i in _pinning_rules():
             if i not in done:
-                done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+                done[i] = rules.judge(i, judged_facts, env2, opts, part)
         return tuple(f for i in _pinning_rules() for f in done[i])
 
     if quick and tc.error is None:
         order = _LAST_REJECTED + tuple(i for i in _quick_order() if i not in _LAST_REJECTED)
         for i in order:
-            done[i] = tuple(rules.RULES[i](judged_facts, env2, opts))
+            done[i] = rules.judge(i, judged_facts, env2, opts, part)
             if blocking(done[i]):
                 _remember_rejection(i)
                 return _Rejected(plan, rec, mem, done[i], shape, req, finish, pinnable, made)
@@ -411,11 +415,16 @@ def _config_key(rec: recommend.Recommendation) -> str:
 # --- the decision --------------------------------------------------------------------------------------------------
 
 def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape | None,
-              quantization: str | None = None, *, limit: int = 0, explain: bool = True) -> Decision:
+              quantization: str | None = None, *, limit: int = 0, explain: bool = True,
+              shared: rules.Shared | None = None) -> Decision:
     """The one decision for ``facts`` (a cached model, or a --family plan's published config): a run that passes
     check, or none and the way out (``explain``: each way out is itself the prescription of the changed options).
-    At most ``limit`` candidates are judged (MAX_JUDGED when 0)."""
+    Without ``explain``, what only a view of the prescription shows is not made: the way out, the prescription's typed
+    Run and its YAML (``run`` and ``training_config`` None); the prescribed run and its memory plan are the same.
+    At most ``limit`` candidates are judged (MAX_JUDGED when 0). ``shared``: the model part of the model's judgement
+    (rules.Shared), which check's own rules share; every candidate of the search shares it in any case."""
     limit = limit or MAX_JUDGED
+    shared = shared if shared is not None else rules.Shared()
     given = env  # the stack as the command line gives it: the way out's lines are that command with one change
     inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
     first = recommend.decide(inputs)
@@ -443,7 +452,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
             for plan in candidates(shape, req, accept, relax_batch=relax, accumulate=accumulate):
                 if judged >= limit:
                     break
-                tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under)
+                tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under,
+                               shared=shared)
                 judged += 1
                 while isinstance(tried, _Rejected) and len(pins) < MAX_PINS and judged < limit:
                     pinned = _pin(env, tried.findings)
@@ -459,7 +469,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     pins.append(pin)
                     under = _Under(env, options)
                     tried = _judge(facts, env, options, gpu, shape, plan, req, inputs, quick=True, under=under,
-                                   made=tried.made)
+                                   made=tried.made, shared=shared)
                     judged += 1
                 if not isinstance(tried, _Rejected):  # no rule flagged it: every rule ran
                     j = tried()
@@ -467,8 +477,9 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                     mem = j.memory
                     if relax:
                         rec, mem = _relaxed(j, rec, req, strict, shape)
-                    return Decision(rec, mem, j.yaml, j.findings, (), judged, versions=_versions(inputs),
-                                    pins=tuple(pins), run=_run_of(mem, facts, env, rec))
+                    return Decision(rec, mem, j.yaml if explain else None, j.findings, (), judged,
+                                    versions=_versions(inputs), pins=tuple(pins),
+                                    run=_run_of(mem, facts, env, rec) if explain else None)
                 rejected.append(tried)
                 if not relax:
                     strict.append(tried)
@@ -484,12 +495,12 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
             nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
         plan = _smallest(shape, req)
-        nearest = judge(facts, env, options, gpu, shape, plan, req, inputs)
+        nearest = judge(facts, env, options, gpu, shape, plan, req, inputs, shared)
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
-            return Decision(nearest.recommendation, nearest.memory, nearest.yaml, nearest.findings, (), judged,
-                            versions=_versions(inputs), pins=tuple(pins),
-                            run=_run_of(nearest.memory, facts, env, nearest.recommendation))
+            return Decision(nearest.recommendation, nearest.memory, nearest.yaml if explain else None, nearest.findings,
+                            (), judged, versions=_versions(inputs), pins=tuple(pins),
+                            run=_run_of(nearest.memory, facts, env, nearest.recommendation) if explain else None)
     # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
     # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
     # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets

@@ -73,6 +73,9 @@ class Renderer(Protocol):
     name: str  # the --format value
     # Whether a person reads it: the commands' hints (stderr) that follow a table go with such a format only.
     for_people: bool
+    # Whether it shows check's prescription (its block, its Run, its way out) and check's run as JSON: a view that
+    # does not gets none of them made (pipeline.diagnose's ``prescription``).
+    shows_prescription: bool
 
     def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
         """What a whole-cache scan's workers apply to each model as they finish (None: nothing ahead of the view)."""
@@ -86,6 +89,7 @@ class _Base:
 
     command = name = ""
     for_people = False
+    shows_prescription = True
 
     def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
         """Nothing ahead of the view."""
@@ -97,6 +101,7 @@ class CheckText(_Base):
     """The human view (rich markup, plain without colour)."""
 
     command, name, for_people = CHECK, "text", True
+    shows_prescription = False  # check's own run, its memory line and findings; never the prescription's block
 
     def streaming(self, color: bool) -> Callable[[ModelReport], ModelReport] | None:
         """Without colour each model's block is drawn in the worker that judged it."""
@@ -135,6 +140,7 @@ class CheckGithub(_Base):
     """GitHub Actions workflow commands: one annotation per finding."""
 
     command, name = CHECK, "github"
+    shows_prescription = False  # the findings alone
 
     def render(self, result: Checked, color: bool) -> str:
         """render/github.py's annotations."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import dataclasses
+from typing import Any, Callable, Iterable
 
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
@@ -34,9 +35,67 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def run(model: ModelFacts, env: Environment, options: CheckOptions) -> tuple[Finding, ...]:
-    """Every finding for one model; a non-Gemma model gets only the file and family findings."""
+def run(model: ModelFacts, env: Environment, options: CheckOptions, shared: Shared | None = None) -> tuple[Finding, ...]:
+    """Every finding for one model; a non-Gemma model gets only the file and family findings. With ``shared``, what
+    the rules declared model-only find (and the model parts of the rules judged in two parts) is taken from it, judged
+    once for the model (the same findings, in the same order)."""
+    part = shared.of(model, env, options) if shared is not None else None
     out: list[Finding] = []
-    for rule in RULES:
-        out.extend(rule(model, env, options))
+    for i in range(len(RULES)):
+        out.extend(judge(i, model, env, options, part))
     return tuple(out)
+
+
+def judge(i: int, model: ModelFacts, env: Environment, options: CheckOptions,
+          part: ModelPart | None = None) -> tuple[Finding, ...]:
+    """The findings of ``RULES[i]``: exactly the rule's own, its model part taken from ``part`` where it has one."""
+    rule = RULES[i]
+    if part is not None:
+        if getattr(rule, "model_only", False):
+            return part.value(i, model, env, options)
+        if getattr(rule, "model_part", None) is not None:
+            return tuple(rule(model, env, options, part=part.value(i, model, env, options)))  # type: ignore[call-arg]
+    return tuple(rule(model, env, options))
+
+
+class ModelPart:
+    """The model part of one model's judgement under one stack, GPU and options: each model-only rule's findings and
+    each two-part rule's model part (codes.emits), judged when first asked for."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, Any] = {}  # by the rule's index in RULES
+
+    def value(self, i: int, model: ModelFacts, env: Environment, options: CheckOptions) -> Any:
+        """``RULES[i]``'s findings (a model-only rule) or its model part's value, judged on the first call."""
+        if i not in self._values:
+            rule = RULES[i]
+            made = getattr(rule, "model_part", None)
+            self._values[i] = made(model, env, options) if made is not None else tuple(rule(model, env, options))
+        return self._values[i]
+
+
+class Shared:
+    """The model part of a model's judgement, shared: what its model-only rules find (and the model parts of the rules
+    judged in two parts) is a function of the facts, the stack, the GPU and the options but the run's, so check's rules
+    and every candidate of its search (plan/search.py) take it from here instead of judging it again. An ordinary cache
+    keyed by those inputs, compared by equality: the facts without their Run, the environment without its training
+    config, the options without theirs and without the memory options. Made for one model's judgement and dropped with
+    it (pipeline.judged; a search makes its own where none is given); a pin (another stack) is another key."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[tuple[Any, ...], ModelPart]] = []
+
+    def of(self, model: ModelFacts, env: Environment, options: CheckOptions) -> ModelPart:
+        """The model part for these inputs (the facts, environment and options the rules are handed)."""
+        key = (model.with_(run=None) if model.run is not None else model,
+               dataclasses.replace(env, training_config=None) if env.training_config is not None else env,
+               dataclasses.replace(options, training_config=None, memory=None)
+               if options.training_config is not None or options.memory is not None else options)
+        for k, part in self._parts:
+            if k == key:
+                return part
+        if len(self._parts) >= 8:  # a search pins a handful of stacks at most (search.MAX_PINS)
+            self._parts.clear()
+        part = ModelPart()
+        self._parts.append((key, part))
+        return part

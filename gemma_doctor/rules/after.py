@@ -32,7 +32,7 @@ RELOAD_TIES = Window("transformers", "<5.0.0", "5.0.0")
 
 
 @emits("GD741", "GD742", "GD743", "GD750", "GD751", "GD752", "GD760", "GD761", "GD770", "GD771", "GD772", "GD773",
-       "GD774", "GD775")
+       "GD774", "GD775", model_only=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD70x for adapters and checkpoints, GD750 for a model folder that saves an untied head under a tied config."""
     if model.adapter is not None:

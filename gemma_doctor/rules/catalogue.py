@@ -30,17 +30,59 @@ def _catalogue_codes() -> tuple[str, ...]:
     return tuple(e["code"] for e in catalogue.coded())
 
 
-@emits(more=_catalogue_codes, costly=True)
-def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """A finding for every catalogue entry whose condition the model, its stack and its training config meet."""
+def model_part(model: ModelFacts, env: Environment,
+               options: CheckOptions) -> tuple[tuple[Mapping[str, Any], Finding | None], ...]:
+    """The part of check() that is the same for every run of the model (codes.emits): the entries that can fire on the
+    stack, in the catalogue's order, each whose condition names no training-config setting with its finding (the
+    model, its files, the stack and the GPU decide it), each that names one with None (the run decides it)."""
+    if not model.family.is_gemma:
+        return ()
+    from gemma_doctor import catalogue
+
+    run = _run_codes()
+    out = []
+    for entry in _live(catalogue.coded(), env.libraries):
+        if entry["code"] in run:
+            out.append((entry, None))
+        else:
+            finding = evaluate(entry, model, env)
+            if finding is not None:
+                out.append((entry, finding))
+    return tuple(out)
+
+
+@emits(more=_catalogue_codes, costly=True, model_part=model_part)
+def check(model: ModelFacts, env: Environment, options: CheckOptions,
+          part: tuple[tuple[Mapping[str, Any], Finding | None], ...] | None = None) -> Iterator[Finding]:
+    """A finding for every catalogue entry whose condition the model, its stack and its training config meet, in the
+    catalogue's order (``part``: model_part's, judged before for this model and stack)."""
     if not model.family.is_gemma:
         return
-    from gemma_doctor import catalogue  # the JSON is read on the first Gemma model, not at import
-
-    for entry in _live(catalogue.coded(), env.libraries):
-        finding = evaluate(entry, model, env)
+    if part is None:
+        part = model_part(model, env, options)
+    tc = env.training_config
+    told = tc is not None and tc.ok
+    for entry, finding in part:
+        if finding is None:
+            # A condition with a training clause at its top is never met without a training config to read (the
+            # clause cannot be told): evaluate() would say None.
+            if not told and "training" in entry["when"]:
+                continue
+            finding = evaluate(entry, model, env)
         if finding is not None:
             yield finding
+
+
+@functools.lru_cache(maxsize=1)
+def _run_codes() -> frozenset[str]:
+    """The codes of the entries whose condition names a training-config setting (a ``training`` clause, at any depth
+    of ``any``): the only entries whose findings depend on the run (field.json, read once)."""
+    from gemma_doctor import catalogue
+
+    def names_training(when: Mapping[str, Any]) -> bool:
+        return "training" in when or any(names_training(sub) for sub in when.get("any") or ())
+
+    return frozenset(e["code"] for e in catalogue.coded() if names_training(e["when"]))
 
 
 def _live(entries: list[Mapping[str, Any]], stack: Any) -> list[Mapping[str, Any]]:

@@ -85,20 +85,33 @@ def _where(tf: Any, exposure: Exposure, window: Window) -> str:
             f"is affected; name it with --with transformers==VERSION")
 
 
-@emits("GD105", "GD106", "GD107", "GD108", "GD109", "GD110", "GD620", costly=True)
-def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
-    """GD105-GD110 and GD620 for one model, each only where the libraries that will run can show it."""
+def model_part(model: ModelFacts, env: Environment,
+               options: CheckOptions) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
+    """The findings of check() that read the model and its stack alone (codes.emits): those it reports before the K/V
+    sharing (GD108/GD109, GD105/GD106) and after it (RoPE, timm), the same for every run of the model."""
+    if not model.config.ok or not model.family.is_gemma:
+        return (), ()
+    stack = env.libraries
+    unknown = tuple(_unknown_model_type(model, stack))
+    before = unknown + tuple(_required_input(model, stack))
+    after: tuple[Finding, ...] = ()
+    if not any(f.severity is Severity.ERROR for f in unknown):  # a release that cannot load it reads no RoPE either
+        after = tuple(_rope_parameters(model, stack))
+    return before, after + tuple(_timm(model, stack))
+
+
+@emits("GD105", "GD106", "GD107", "GD108", "GD109", "GD110", "GD620", costly=True, model_part=model_part)
+def check(model: ModelFacts, env: Environment, options: CheckOptions,
+          part: tuple[tuple[Finding, ...], tuple[Finding, ...]] | None = None) -> Iterator[Finding]:
+    """GD105-GD110 and GD620 for one model, each only where the libraries that will run can show it (``part``:
+    model_part's findings, judged before for this model and stack)."""
     if not model.config.ok or not model.family.is_gemma:
         return
-    stack = env.libraries
-    unknown = list(_unknown_model_type(model, stack))
-    yield from unknown
-    yield from _required_input(model, stack)
-    yield from _kv_sharing(model, env, stack)
-    yield from _kv_sharing_checkpointing(model, env, stack)
-    if not any(f.severity is Severity.ERROR for f in unknown):  # a release that cannot load it reads no RoPE either
-        yield from _rope_parameters(model, stack)
-    yield from _timm(model, stack)
+    before, after = part if part is not None else model_part(model, env, options)
+    yield from before
+    yield from _kv_sharing(model, env, env.libraries)
+    yield from _kv_sharing_checkpointing(model, env, env.libraries)
+    yield from after
 
 
 def _required_input(model: ModelFacts, stack: Stack) -> Iterator[Finding]:

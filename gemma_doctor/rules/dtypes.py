@@ -39,7 +39,7 @@ def _download(model: ModelFacts, file: str) -> str:
     return f"hf download {MODEL_REPO}{names}{MODEL_WHERE} --force-download"
 
 
-@emits("GD201", "GD202", "GD203", "GD204", "GD205", "GD206")
+@emits("GD201", "GD202", "GD203", "GD204", "GD205", "GD206", model_only=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD201-GD206: dtype mismatch, fp16 Gemma 2/3, missing/corrupt shards, bad index, quantized."""
     c = model.census

@@ -19,7 +19,7 @@ def _file_problem(code_read: str, code_shape: str, jf: JsonFile, name: str) -> F
                    fix=f"repair {name} by hand or download it again; gemma-doctor will not rewrite a file it cannot parse")
 
 
-@emits("GD001", "GD002", "GD003", "GD004", "GD005", "GD006", "GD007", "GD080", "GD020", "GD021", "GD022")
+@emits("GD001", "GD002", "GD003", "GD004", "GD005", "GD006", "GD007", "GD080", "GD020", "GD021", "GD022", model_only=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """File-level findings; every other rule assumes config.json parsed."""
     problem = model.snapshot.problem

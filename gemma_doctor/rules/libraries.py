@@ -61,7 +61,7 @@ def _bnb_quantization(model: ModelFacts) -> Mapping[str, Any] | None:
     return None
 
 
-@emits("GD120", costly=True)
+@emits("GD120", costly=True, model_only=True)
 def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD120: a library that will run is newer than the newest release the findings were verified on."""
     if not model.family.is_gemma:
@@ -79,7 +79,7 @@ def beyond_horizon(model: ModelFacts, env: Environment, options: CheckOptions) -
                      "verified": b.verified, "verified_on": horizon.VERIFIED_ON})
 
 
-@emits("GD480")
+@emits("GD480", model_only=True)
 def unknown_names(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD480: a package in --with or the requirements file that gemma-doctor does not know, most likely misspelt: the
     version meant for the known package is not used, and the run is judged with another one."""

@@ -35,7 +35,7 @@ def _describe(value: Any) -> str:
     return f"is {value!r}, not a boolean"
 
 
-@emits("GD002", "GD101", "GD102", "GD103", "GD104")
+@emits("GD002", "GD101", "GD102", "GD103", "GD104", model_only=True)
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings for the use_cache settings of a model whose text model builds a HybridCache.
 
