@@ -224,7 +224,8 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
                               task=str(rec.inputs.get("task") or "sft"),
                               lora_targets=tuple(targets) if isinstance(targets, list) else targets,
                               trl_chunks=runplan.trl_chunks(env.libraries),
-                              defaults=runplan.trainer_defaults(env.training_config, env.libraries))
+                              defaults=runplan.trainer_defaults(env.training_config, env.libraries,
+                                                                 runplan.checkpoint_dtype(facts.census)))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)

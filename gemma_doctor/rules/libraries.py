@@ -23,12 +23,12 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     peft = env.libraries.version("peft")
     pv = parse(peft)
     if pv is not None and pv < parse(PEFT_ADAPTER_FP32) and run is not None and (
-            run.load_dtype in _HALF or run.quantization):
+            run.load_dtype.value in _HALF or run.quantization):
         helper = "peft.cast_mixed_precision_params(model, dtype)" if pv >= parse(PEFT_CAST_HELPER) else \
             "for p in model.parameters(): if p.requires_grad: p.data = p.data.float()"
         yield Finding(
             "GD401", Severity.WARNING,
-            f"peft {peft} is installed: LoRA adapters created on this {run.load_dtype} base stay in half precision "
+            f"peft {peft} is installed: LoRA adapters created on this {run.load_dtype.value} base stay in half precision "
             "(PEFT < 0.12 does not upcast them), which gives NaN losses or 'Attempting to unscale FP16 gradients'",
             key="peft", fix=f'pip install "peft>={PEFT_ADAPTER_FP32}", or after get_peft_model: {helper}',
             details={"peft": peft})
