@@ -329,13 +329,15 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
              all_revisions: bool = False, options: CheckOptions | None = None,
-             finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
+             finish: Callable[[ModelReport], ModelReport] | None = None, share: bool = True) -> Report:
     """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found. ``finish``: applied
-    to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines."""
+    to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines;
+    ``share``: models of equal name-free facts share one judgement (memo.Memo; False: each judged directly, the same
+    report by tests/test_memo_props.py)."""
     options = options or CheckOptions()
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     if not targets:
-        return _scan(cache, revision, all_revisions, options, finish)
+        return _scan(cache, revision, all_revisions, options, finish, share)
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
@@ -344,7 +346,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     if len(models) > 1:
         from gemma_doctor.memo import Memo  # a scan's only: one model's check imports none of it
 
-        remembered = Memo(env, options)
+        remembered = Memo(env, options, share)
     reports = []
     for m in models:
         reports.append(model_report(judged(m, options, env, remembered), env))
@@ -353,13 +355,13 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
 
 
 def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions,
-          finish: Callable[[ModelReport], ModelReport] | None = None) -> Report:
+          finish: Callable[[ModelReport], ModelReport] | None = None, share: bool = True) -> Report:
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
     from gemma_doctor.memo import Memo
 
-    remembered = Memo(env, options)  # the scan's: forked workers each take it as the lead repos left it
+    remembered = Memo(env, options, share)  # the scan's: forked workers each take it as the lead repos left it
 
     def run(part: Sequence[str]) -> tuple[list[ModelReport], list[dict[str, str]]]:
         located = [(s, source_of(s)) for s in locate.snapshots_in(cache, part, revision, all_revisions)]
