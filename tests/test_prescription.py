@@ -79,6 +79,19 @@ def test_published_sizes_prescriptions_pass_check_on_their_published_config(cli,
     assert not bad, "\n".join(bad)
 
 
+def test_a_sample_of_one_to_eight_gpus_on_the_gpu_table_passes_its_own_check(cli, examples, tmp_path):
+    """The grid's GPU counts are 1-8 on every GPU of the table, the search's method and full fine-tuning (ZeRO / FSDP
+    sharding on odd counts too): a fixed sample here, the whole (1,440 points) in benchmarks/prescription_grid.py."""
+    points = grid.gpu_count_points(examples)
+    sample = points[::61]
+    counts = {p.extra[1] for p in sample}
+    assert counts == {str(n) for n in grid.GPU_COUNTS} and any("full" in p.extra for p in sample)
+    assert len({p.gpu for p in sample}) >= 15
+    bad = [f"{o.point.target[0]} {o.point.gpu} {' '.join(o.point.extra)}: {o.detail}"
+           for o in (grid.judge_point(_runner(cli), p, tmp_path) for p in sample) if o.kind == "violation"]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("extra", [("--method", "full", "--num-gpus", "8"), ("--method", "lora", "--batch-size", "4", "--seq-len", "2048"),
                                    ("--seq-len", "4096"), ("--gradient-checkpointing",), ("--method", "qlora", "--batch-size", "16")],
                          ids=["full-8gpus", "lora-b4-s2048", "s4096", "ckpt", "qlora-b16"])
