@@ -76,10 +76,10 @@ def _stack(point: Point, workdir: Path) -> tuple[str, ...]:
     return ("--gpu", point.gpu, "--requirements", str(reqs))
 
 
-# Keys the YAML still writes that axolotl's schema lacks, each with why it stays (a known gap, not a pass).
-NOT_AXOLOTLS = {"use_cache": "axolotl turns use_cache off on every model config (loaders/utils.py load_model_config, "
-                             "0.19.0) and overrides_of_model_config cannot reach a multimodal model's text_config: "
-                             "no axolotl key keeps Gemma 4's cache on where its KV sharing needs it (issue 32, open)"}
+# Keys the YAML still writes that axolotl's schema lacks, each with why it stays (a known gap, not a pass). None since
+# `use_cache: true` went: axolotl switches use_cache off whatever its config says (check_model_config, 0.19.0), so the
+# YAML no longer writes it and a Run that needs the cache on (Gemma 4's KV sharing on 5.5.0-5.5.1) is GD107 under it.
+NOT_AXOLOTLS: dict[str, str] = {}
 
 
 def axolotl_keys() -> set[str]:

@@ -470,8 +470,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         axolotl["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if attention:
         axolotl["attn_implementation"] = attention
-    if i.keep_use_cache:
-        axolotl["use_cache"] = True
+    # No use_cache key where the cache must stay on (keep_use_cache): axolotl's schema has none, and check_model_config
+    # (0.19.0) switches it off on the model and its text config after overrides_of_model_config, so no YAML keeps it:
+    # under axolotl such a run is GD107, which the search rejects (its way out: a transformers outside the window).
     if rl:
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
