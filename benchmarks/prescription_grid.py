@@ -8,8 +8,8 @@ and a non-empty `way_out`.
 
 prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
 violation. tests/test_prescription.py runs the same points (GRID below) through the same function. The grid also
-holds a stack that names no transformers (the prescription's pins are handed to check), 1-8 GPUs on every GPU, every
-GPU of gemma_doctor's table, and LoRA targets (list, regex, all-linear) in a user's axolotl or TRL config; a point also
+holds a stack that names no transformers (the prescription's pins are handed to check), 1-8 GPUs on every GPU of
+gemma_doctor's table (full fine-tuning among them, sharded), every GPU of the table, and LoRA targets (list, regex, all-linear) in a user's axolotl or TRL config; a point also
 fails when check's memory line differs from the prescription's, or when the YAML writes a key axolotl's schema lacks
 (readers/axolotl_keys.json; axolotl drops such a key without a word) other than the known gap in NOT_AXOLOTLS. ``--dump`` writes every command's exit code and
 stdout, in order (the temporary folder's name blanked): two trees' dumps of one cache are byte-equal when their
@@ -76,10 +76,10 @@ def _stack(point: Point, workdir: Path) -> tuple[str, ...]:
     return ("--gpu", point.gpu, "--requirements", str(reqs))
 
 
-# Keys the YAML still writes that axolotl's schema lacks, each with why it stays (a known gap, not a pass).
-NOT_AXOLOTLS = {"use_cache": "axolotl turns use_cache off on every model config (loaders/utils.py load_model_config, "
-                             "0.19.0) and overrides_of_model_config cannot reach a multimodal model's text_config: "
-                             "no axolotl key keeps Gemma 4's cache on where its KV sharing needs it (issue 32, open)"}
+# Keys the YAML still writes that axolotl's schema lacks, each with why it stays (a known gap, not a pass). None since
+# `use_cache: true` went: axolotl switches use_cache off whatever its config says (check_model_config, 0.19.0), so the
+# YAML no longer writes it and a Run that needs the cache on (Gemma 4's KV sharing on 5.5.0-5.5.1) is GD107 under it.
+NOT_AXOLOTLS: dict[str, str] = {}
 
 
 def axolotl_keys() -> set[str]:
@@ -166,17 +166,34 @@ def _user_config(workdir: Path, trainer: str, method: str, targets: str) -> Path
     return path
 
 
+# How many GPUs a run may use: every count from one to eight (odd ones too: ZeRO partitions and FSDP shards need not be
+# a power of two).
+GPU_COUNTS = tuple(range(1, 9))
+
+
+def gpu_count_points(cache: Path) -> list[Point]:
+    """1-8 GPUs on every GPU of gemma_doctor's table: the search's choice of method, and full fine-tuning from two GPUs
+    (sharded by ZeRO or FSDP). tests/test_prescription.py runs a fixed sample of them."""
+    from gemma_doctor import gpus as gpu_table
+
+    where = ("--cache-dir", str(cache))
+    points = [Point((m, *where), (m, *where), g.name, "5.23.0", "sft", ("--num-gpus", str(n)))
+              for m in EXAMPLES for g in gpu_table.KNOWN_GPUS for n in GPU_COUNTS]
+    points += [Point((m, *where), (m, *where), g.name, "5.23.0", "sft", ("--num-gpus", str(n), "--method", "full"))
+               for m in EXAMPLES for g in gpu_table.KNOWN_GPUS for n in GPU_COUNTS if n > 1]
+    return points
+
+
 def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
-    """Beyond the example grid (issue 32): no transformers named, and 1-8 GPUs, on every GPU of the grid; every GPU of
-    gemma_doctor's table with and without transformers; and (with ``workdir`` for the files) the LoRA targets of a
-    user's axolotl or TRL config as a list, a regex or all-linear. tests/test_run_props.py draws its random runs from
-    the same space."""
+    """Beyond the example grid (issue 32): no transformers named on every GPU of the grid; 1-8 GPUs on every GPU of
+    gemma_doctor's table (gpu_count_points); every GPU of the table with and without transformers; and (with
+    ``workdir`` for the files) the LoRA targets of a user's axolotl or TRL config as a list, a regex or all-linear.
+    tests/test_run_props.py draws its random runs from the same space."""
     from gemma_doctor import gpus as gpu_table
 
     where = ("--cache-dir", str(cache))
     points = [Point((m, *where), (m, *where), g, NO_TRANSFORMERS, t) for m in EXAMPLES for g in GPUS for t in TASKS]
-    points += [Point((m, *where), (m, *where), g, "5.23.0", "sft", ("--num-gpus", str(n)))
-               for m in EXAMPLES for g in GPUS for n in (1, 2, 4, 8)]
+    points += gpu_count_points(cache)
     points += [Point((m, *where), (m, *where), g.name, v, "sft")
                for m in EXAMPLES for g in gpu_table.KNOWN_GPUS for v in ("5.23.0", NO_TRANSFORMERS)]
     if workdir is not None:

@@ -15,8 +15,8 @@ scan whose name-free facts are equal: most of a shared cache is fine-tunes of a 
   read from a hub cache; name-free facts that hold none of its folder or commit names (a name left in them) and no
   place for a name (report's marks: named() would fill a value of the model's files); a judgement that reads nothing
   through the source (the neutral source refuses every read) and leaves no neutral path, commit, blob or
-  ``_name_or_path`` in what it gives (looked for once per entry). ``GEMMA_DOCTOR_NO_MEMO=1`` judges every model
-  directly.
+  ``_name_or_path`` in what it gives (looked for once per entry). ``GEMMA_DOCTOR_NO_MEMO=1``, or the scan's
+  ``share=False`` (``pipeline.diagnose``), judges every model directly: the same output (tests/test_memo_props.py).
 """
 
 from __future__ import annotations
@@ -187,9 +187,9 @@ class Memo:
     key): shared across its models whose name-free facts are equal. Made by the scan and dropped with it, never kept
     by the module; a whole-cache scan's forked workers each get the scan's memo as the lead repos left it."""
 
-    def __init__(self, env: Any, options: Any) -> None:
+    def __init__(self, env: Any, options: Any, share: bool = True) -> None:
         self.env, self.options = env, options
-        self.on = enabled()
+        self.on = share and enabled()  # share=False: every model judged directly (the caller's switch, no state)
         self.gates: set[bytes | None] = set()  # the gates seen (gate()): a new one is judged without a key
         # key -> (name-free facts, their judgement) or _DIRECT (judged directly: see the module doc)
         self.entries: dict[bytes, Any] = {}

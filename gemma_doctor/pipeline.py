@@ -244,7 +244,8 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
                               task=str(rec.inputs.get("task") or "sft"),
                               lora_targets=tuple(targets) if isinstance(targets, list) else targets,
                               trl_chunks=runplan.trl_chunks(env.libraries),
-                              defaults=runplan.trainer_defaults(env.training_config, env.libraries))
+                              defaults=runplan.trainer_defaults(env.training_config, env.libraries,
+                                                                 runplan.checkpoint_dtype(facts.census)))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)
@@ -350,15 +351,18 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
              all_revisions: bool = False, options: CheckOptions | None = None,
-             finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True) -> Report:
+             finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True,
+             share: bool = True) -> Report:
     """The whole `check`: targets -> report. Raises UsageError for targets that cannot be found. ``finish``: applied
     to each model's report of a whole-cache scan where it is made (in the scan's worker), e.g. the text view's lines.
     ``prescription``: whether the view shows the prescription (render.formats.Renderer.shows_prescription); a view
-    that does not gets none made beyond what check's own run is (decide, model_report)."""
+    that does not gets none made beyond what check's own run is (decide, model_report). ``share``: models of equal
+    name-free facts share one judgement (memo.Memo; False: each judged directly, the same report by
+    tests/test_memo_props.py)."""
     options = options or CheckOptions()
     cache = cache_dir if cache_dir is not None else locate.default_cache_dir()
     if not targets:
-        return _scan(cache, revision, all_revisions, options, finish, prescription)
+        return _scan(cache, revision, all_revisions, options, finish, prescription, share)
     located, notes = locate_targets(targets, cache, revision, all_revisions, options.remote)
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
@@ -367,7 +371,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     if len(models) > 1:
         from gemma_doctor.memo import Memo  # a scan's only: one model's check imports none of it
 
-        remembered = Memo(env, options)
+        remembered = Memo(env, options, share)
     reports = []
     for m in models:
         reports.append(model_report(judged(m, options, env, remembered, prescription), env, prescription))
@@ -376,13 +380,14 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
 
 
 def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions,
-          finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True) -> Report:
+          finish: Callable[[ModelReport], ModelReport] | None = None, prescription: bool = True,
+          share: bool = True) -> Report:
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
     from gemma_doctor.memo import Memo
 
-    remembered = Memo(env, options)  # the scan's: forked workers each take it as the lead repos left it
+    remembered = Memo(env, options, share)  # the scan's: forked workers each take it as the lead repos left it
 
     def run(part: Sequence[str]) -> tuple[list[ModelReport], list[dict[str, str]]]:
         located = [(s, source_of(s)) for s in locate.snapshots_in(cache, part, revision, all_revisions)]

@@ -402,7 +402,7 @@ class Run:
     method: Sourced[Method]
     lora: Sourced[Lora] | None
     precision: Sourced[str]  # bf16 | fp16 | fp32 (the autocast of the run)
-    load_dtype: str
+    load_dtype: Sourced[str]  # the dtype the weights load in: a config key, the trainer's default, or the plan's
     batch: Sourced[int]
     accumulation: Sourced[int]
     seq_len: Sourced[int]
@@ -429,7 +429,7 @@ class Run:
                 "trainer": self.trainer.to_json(), "method": self.method.to_json(),
                 "lora": ({"value": self.lora.value.to_json(), "source": self.lora.source}
                          if self.lora is not None else None),
-                "precision": self.precision.to_json(), "load_dtype": self.load_dtype, "batch": self.batch.to_json(),
+                "precision": self.precision.to_json(), "load_dtype": self.load_dtype.value, "batch": self.batch.to_json(),
                 "gradient_accumulation_steps": self.accumulation.to_json(), "seq_len": self.seq_len.to_json(),
                 "attention": self.attention.to_json(), "gradient_checkpointing": self.checkpointing.to_json(),
                 "zero_stage": self.zero_stage.to_json(), "distributed": self.distributed.to_json(),
@@ -672,7 +672,7 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
         hardware=Hardware(plan.gpu_name, plan.gpu_bytes, Sourced(spec.num_gpus, src("num_gpus")),
                           Sourced(spec.num_nodes, src("num_nodes"))),
         trainer=trainer, method=Sourced(method, src("method")), lora=lora,
-        precision=Sourced(spec.precision, src("precision")), load_dtype=spec.load_dtype,
+        precision=Sourced(spec.precision, src("precision")), load_dtype=Sourced(spec.load_dtype, src("load_dtype")),
         batch=Sourced(spec.batch_size, src("batch_size")),
         accumulation=Sourced(spec.gradient_accumulation_steps, src("gradient_accumulation_steps")),
         seq_len=Sourced(spec.seq_len, src("seq_len")), attention=Sourced(spec.attention, src("attention")),

@@ -117,6 +117,24 @@ def test_gemma4_kv_sharing_without_a_cache_is_flagged_on_5_5_0_and_5_5_1(hub, cl
         assert "#45242" in found["message"] and "transformers>=5.5.2" in found["fix"]
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("bf16: true\nuse_cache: true\n", "info"),  # TrainingArguments: Trainer writes use_cache onto the model config
+    # axolotl has no use_cache key and check_model_config (0.19.0) switches it off after overrides_of_model_config:
+    # the sharing is off, the loss wrong (was info, "the training config keeps use_cache on")
+    ("base_model: x\nbf16: true\nadapter: lora\nmicro_batch_size: 1\nuse_cache: true\n", "error"),
+    ("base_model: x\nbf16: true\nadapter: lora\nmicro_batch_size: 1\n"
+     "overrides_of_model_config: {use_cache: true}\n", "error"),
+], ids=["training-arguments", "axolotl-use_cache", "axolotl-overrides"])
+def test_no_axolotl_config_keeps_a_kv_shared_gemma4_s_cache_on(hub, cli, tmp_path, text, expected):
+    args = tmp_path / "train.yaml"
+    args.write_text(text)
+    found = _findings(cli, hub, gemma4_config(kv_shared=20), *_with("5.5.1"), "--training-config", str(args),
+                      "--gpu", "A100")["GD107"]
+    assert found["severity"] == expected
+    if expected == "error":
+        assert "check_model_config" in found["message"]
+
+
 def test_gemma4_without_kv_sharing_is_not_flagged(hub, cli):
     assert "GD107" not in _findings(cli, hub, gemma4_config(kv_shared=0), *_with("5.5.1"))
 
@@ -304,9 +322,16 @@ def test_on_the_installed_5_23_prepare_supplies_nothing_and_switches_the_cache_o
 
 
 def test_recommend_keeps_the_cache_on_for_a_kv_shared_gemma4_in_the_window(hub, cli):
-    """The loading snippet and TrainingArguments never switch use_cache off where that breaks KV sharing."""
+    """The loading snippet and TrainingArguments never switch use_cache off where that breaks KV sharing. In the
+    window no run is prescribed: the prescription is an axolotl YAML, and axolotl switches the cache off whatever it
+    says (check_model_config, 0.19.0): GD107 blocks it, its way out transformers>=5.5.2."""
     hub.add("google/gemma-4-E2B-it", {"config.json": gemma4_config(kv_shared=20)})
-    for version, keep in (("5.5.1", True), ("5.5.2", False)):
+    r = cli("recommend", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json",
+            "--with", "transformers==5.5.1")
+    [model] = r.json()["models"]
+    assert r.code == 1 and model["prescription"] is None
+    assert [b.split(":")[0] for b in model["blocking"]] == ["GD107"]
+    for version, keep in (("5.5.2", False),):
         r = cli("recommend", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json",
                 "--with", f"transformers=={version}")
         assert r.code == 0, r

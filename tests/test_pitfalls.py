@@ -444,6 +444,32 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
     assert "GD641" not in got  # the head_dim backward check is moot where flash-attn 2 never runs
 
 
+@pytest.mark.parametrize("stack, training, load, expected", [
+    # A plain Trainer config that names no dtype: the user's own from_pretrained loads the weights. transformers 5.23.0
+    # (the test stack) loads the checkpoint's dtype (reproduced on a tiny bf16 Gemma 3: torch.bfloat16), so
+    # flash-attn gets bf16 queries: no GD684 (the memory plan counted fp32 weights, 43.8 GiB for a 12b)
+    ((), {"attn_implementation": "flash_attention_2", "bf16": False}, "bfloat16", []),
+    # transformers 4.x loads float32 where no dtype is given: both say fp32
+    (("--with", "transformers==4.57.6"), {"attn_implementation": "flash_attention_2", "bf16": False}, "float32",
+     ["GD684"]),
+    ((), {"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "float32", ["GD684"]),
+    # TRL 1.16.0 loads float32 where model_init_kwargs names no dtype (TRL_LOADS_FP32): with bf16 off nothing casts
+    ((), {"attn_implementation": "flash_attention_2", "max_length": 1024, "bf16": False}, "float32", ["GD684"]),
+])
+def test_gd684_and_the_memory_plan_read_the_one_load_dtype_of_the_run(cli, hub, tmp_path, stack, training, load,
+                                                                       expected):
+    """GD684 (FlashAttention-2 on fp32 weights) and the memory plan state the same load dtype: the Run's."""
+    hub.add("acme/model", {"config.json": gemma3_1b_config()})
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(training))
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--format", "json", "--fail-on", "never", "--gpu",
+            "A100", "--training-config", str(path), "--with", "flash-attn==2.6.3", *stack)
+    assert r.code == 0, r
+    [model] = r.json()["models"]
+    assert sorted(f["code"] for f in model["findings"] if f["code"] == "GD684") == expected
+    assert model["run"]["load_dtype"] == load and model["memory"]["run"]["load_dtype"] == load
+
+
 @pytest.mark.parametrize("training, severity", [
     ({"bf16": False}, "info"),  # the config's switches say fp32: it follows GD302's advice
     ({"max_length": 1024, "bf16": False}, "info"),  # TRL's SFTConfig with bf16 off: fp32 too

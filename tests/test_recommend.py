@@ -368,7 +368,10 @@ def test_recommend_usage_errors(cli, hub, args, needle):
 def test_quantization_is_detected_from_the_checkpoint(cli, hub):
     qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_type": "nf4"}
     hub.add("org/gemma-3-1b-bnb", {"config.json": variant(gemma3_1b_config(), quantization_config=qc)})
-    r = cli("recommend", "org/gemma-3-1b-bnb", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json")
+    # check's recommendation: recommend prescribes nothing here (GD402: no trainer can change the compute dtype of a
+    # checkpoint saved in 4-bit but the loading snippet's loop, which no axolotl YAML can write)
+    r = cli("check", "org/gemma-3-1b-bnb", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on",
+            "never")
     rec = r.json()["models"][0]["recommendation"]
     assert rec["inputs"]["quantization"] == "4bit"
     assert rec["frameworks"]["peft"]["bitsandbytes_config"]["bnb_4bit_compute_dtype"] == "float32"
@@ -496,7 +499,50 @@ def test_gd402_only_for_bitsandbytes_4bit_bf16_compute_and_names_a_safe_dtype(cl
     if expected is None:
         assert gd402 == []
     else:
-        assert len(gd402) == 1 and f"bnb_4bit_compute_dtype=torch.{expected})" in gd402[0]["fix"]
+        assert len(gd402) == 1 and f"m.compute_dtype = torch.{expected} " in gd402[0]["fix"]
+
+
+@pytest.mark.parametrize("training", [
+    "base_model: x\nadapter: qlora\nload_in_4bit: true\nbnb_config_kwargs: {bnb_4bit_compute_dtype: float32}\n",
+    '{"use_peft": true, "load_in_4bit": true, "bnb_4bit_compute_dtype": "float32", "max_length": 512}',
+], ids=["axolotl", "trl"])
+def test_a_training_configs_compute_dtype_does_not_reach_a_checkpoint_saved_in_4bit(cli, hub, tmp_path, training):
+    """GD402 was silenced by the config's compute dtype, which no trainer applies to a checkpoint saved quantized:
+    axolotl 0.19.0 loads it with BitsAndBytesConfig(**model_config.quantization_config) and never reads
+    bnb_config_kwargs there; transformers 5.23.0 keeps the checkpoint's quantization_config (merge_quantization_configs
+    warns and returns bfloat16 for a BitsAndBytesConfig of float32, run here)."""
+    import torch
+    import warnings
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_compute_dtype": "bfloat16"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merged = AutoHfQuantizer.merge_quantization_configs(
+            dict(qc), BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32))
+    assert merged.bnb_4bit_compute_dtype == torch.bfloat16
+    hub.add("org/q", {"config.json": variant(gemma3_1b_config(), quantization_config=qc)})
+    path = tmp_path / "train.yaml"
+    path.write_text(training)
+    r = cli("check", "--cache-dir", hub.root, "--gpu", "T4", "--format", "json", "--fail-on", "never",
+            "--training-config", str(path))
+    [gd402] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD402"]
+    assert "Linear4bit" in gd402["fix"] and "BitsAndBytesConfig(..." not in gd402["fix"]
+
+
+def test_the_prescription_for_a_checkpoint_saved_in_4bit_sets_its_compute_dtype_where_it_applies(cli, hub):
+    """On a checkpoint saved in bitsandbytes 4-bit the YAML wrote bnb_config_kwargs and the loading snippet a
+    BitsAndBytesConfig, both ignored there (above): now neither; the snippet sets the compute dtype on the layers."""
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_compute_dtype": "float32"}
+    hub.add("org/q", {"config.json": variant(gemma3_1b_config(), quantization_config=qc)})
+    r = cli("recommend", "org/q", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json")
+    m = r.json()["models"][0]
+    assert r.code == 0 and m["prescription"]["method"] == "qlora"
+    assert "bnb_config_kwargs" not in m["snippets"]["yaml"]
+    loading = m["snippets"]["python"]["loading"]
+    assert "quantization_config=" not in loading and "module.compute_dtype = torch.bfloat16" in loading
+    assert any("axolotl has no key for it" in n for n in m["recommendation"]["notes"])
 
 
 def test_gd402_is_silent_when_only_the_tensor_layout_says_bitsandbytes(cli, hub):

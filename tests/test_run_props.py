@@ -493,7 +493,11 @@ def test_gemma4_without_transformers_pins_past_gd109_instead_of_no_prescription(
     code, out, _ = _recommend(world, recommend_args(world, case, tmp_path), "json")
     m = json.loads(out)["models"][0]
     assert code == 0 and m["prescription"] is not None, m["blocking"]
-    assert {"requirement": "transformers>=5.0.0", "resolves": "GD109"} in m["prescription"]["pins"]
+    # the pin past GD109's window: transformers>=5.0.0, or one past it that resolves more (transformers>=5.5.2 for
+    # GD107 since an axolotl run cannot keep the KV-shared cache on: check_model_config, axolotl 0.19.0)
+    from packaging.version import Version
+    pins = [p["requirement"] for p in m["prescription"]["pins"] if p["requirement"].startswith("transformers>=")]
+    assert pins and all(Version(p.split(">=")[1]) >= Version("5.0.0") for p in pins), m["prescription"]["pins"]
     check_prescription(world, case, m, tmp_path)
 
 

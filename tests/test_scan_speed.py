@@ -300,7 +300,8 @@ def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples,
     for args in SCENARIOS:
         extra = ("--fail-on", "never") if args[0] == "check" else ()
         cli(*args, "--cache-dir", examples, "--format", "json", *extra)
-    assert len(set(texts)) > 10
+    # 9 distinct texts since the YAML stopped writing `use_cache: true` (no axolotl key) for Gemma 4 on 5.5.1
+    assert len(set(texts)) > 8
     for text in set(texts):
         fast = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True, c_yaml=True)
         assert fast == tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True) and fast.ok and fast.settings

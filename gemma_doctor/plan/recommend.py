@@ -234,8 +234,13 @@ def decide(i: Inputs) -> Recommendation:
             "bf16 is not native and fp16 overflows Gemma 2/3 activations" if unsafe else "bf16 is not native"
         reasons.append(f"4-bit QLoRA: bnb_4bit_compute_dtype={compute} because {why}")
         if i.checkpoint_compute_dtype and i.checkpoint_compute_dtype != compute:
-            notes.append(f"the checkpoint's quantization_config says bnb_4bit_compute_dtype={i.checkpoint_compute_dtype}; "
-                         f"pass a BitsAndBytesConfig with {compute} to override it")
+            # A checkpoint saved quantized keeps its own quantization_config: transformers' merge_quantization_configs
+            # (5.23.0, reproduced) and axolotl 0.19.0 (BitsAndBytesConfig(**model_config.quantization_config)) ignore
+            # the run's BitsAndBytesConfig / bnb_config_kwargs, so the loading snippet sets it on the layers instead.
+            notes.append(f"the checkpoint's quantization_config says bnb_4bit_compute_dtype={i.checkpoint_compute_dtype}, "
+                         "which transformers and axolotl keep whatever a BitsAndBytesConfig or bnb_config_kwargs says: "
+                         f"the loading snippet sets {compute} on every 4-bit layer after loading (axolotl has no key "
+                         "for it)")
     elif quant and i.quant_method:
         reasons.append(f"the checkpoint is already quantized ({i.quant_method}): its quantization_config is read from config.json")
     peft_version = i.versions.get("peft")
@@ -441,7 +446,10 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
             axolotl["gptq"] = True
     elif quant == "4bit":
         axolotl.update({"adapter": "qlora", "load_in_4bit": True})
-        if compute:  # axolotl's compute dtype is its torch_dtype unless bnb_config_kwargs says (GD402 reads it back)
+        # axolotl's compute dtype is its torch_dtype unless bnb_config_kwargs says, except on a checkpoint saved in
+        # bitsandbytes 4-bit: axolotl 0.19.0 then loads with the checkpoint's own quantization_config and never reads
+        # bnb_config_kwargs (loaders/model.py _set_quantization_config), so writing it would state what does not run.
+        if compute and i.quant_method != "bitsandbytes":
             axolotl["bnb_config_kwargs"] = {"bnb_4bit_compute_dtype": compute}
     elif quant == "8bit":
         axolotl.update({"adapter": "lora", "load_in_8bit": True})
@@ -462,8 +470,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         axolotl["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if attention:
         axolotl["attn_implementation"] = attention
-    if i.keep_use_cache:
-        axolotl["use_cache"] = True
+    # No use_cache key where the cache must stay on (keep_use_cache): axolotl's schema has none, and check_model_config
+    # (0.19.0) switches it off on the model and its text config after overrides_of_model_config, so no YAML keeps it:
+    # under axolotl such a run is GD107, which the search rejects (its way out: a transformers outside the window).
     if rl:
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
@@ -532,10 +541,21 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     bnb = fw["peft"]["bitsandbytes_config"]
     load = dict(tr["from_pretrained"])
     lines = ["import torch", f"from transformers import {tr['auto_class']}" + (", BitsAndBytesConfig" if bnb else ""), ""]
-    if bnb:
+    saved_bnb = rec.inputs.get("quant_method") == "bitsandbytes"  # transformers keeps its quantization_config
+    if bnb and not saved_bnb:
         lines.append(f"bnb_config = BitsAndBytesConfig({_kwargs(bnb, dtypes=True)})")
-    extra = ", quantization_config=bnb_config" if bnb else ""
+    else:
+        lines[1] = f"from transformers import {tr['auto_class']}"
+    extra = ", quantization_config=bnb_config" if bnb and not saved_bnb else ""
     lines.append(f"model = {tr['auto_class']}.from_pretrained({model_id!r}, {_kwargs(load, dtypes=True)}{extra})")
+    compute = (bnb or {}).get("bnb_4bit_compute_dtype")
+    if saved_bnb and compute:
+        lines += ["# Saved in bitsandbytes 4-bit: from_pretrained keeps the checkpoint's quantization_config (a",
+                  "# BitsAndBytesConfig passed here is ignored), so set the compute dtype on the layers themselves.",
+                  "import bitsandbytes",
+                  "for module in model.modules():",
+                  "    if isinstance(module, bitsandbytes.nn.Linear4bit):",
+                  f"        module.compute_dtype = torch.{compute}"]
     if tr["use_cache"]:
         lines.append("# Keep use_cache on: transformers 5.5.0-5.5.1 share this model's K/V only through the cache.")
     else:

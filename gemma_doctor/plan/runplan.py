@@ -226,12 +226,25 @@ def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
             + ("; its gradient_checkpointing: false does not turn it off)" if on is not None else ")"))
 
 
-def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
+def checkpoint_dtype(census: Any | None) -> str | None:
+    """The dtype `from_pretrained(dtype="auto")` loads a checkpoint in: config.json's dtype, else its weights' most
+    common floating dtype; None where neither is a dtype the plan counts."""
+    if census is None:
+        return None
+    for word in (census.declared, census.dominant):
+        if isinstance(word, str) and word.lower().replace("torch.", "") in _LOAD_DTYPES:
+            return _LOAD_DTYPES[word.lower().replace("torch.", "")]
+    return None
+
+
+def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None) -> tuple[Default, ...]:
     """The settings a training config leaves open that the trainer executing it fixes by its own default, each with
     that default's source: gradient checkpointing (TrainingArguments and axolotl: off; TRL's configs and LLaMA-Factory:
-    on) and the dtype TRL's trainers load a model id in (float32 unless a dtype is given: versioning.TRL_LOADS_FP32).
-    check plans the run that will execute: an open setting is the trainer's default, not the search's choice. Where
-    the stack's TRL version is unknown, what depends on it stays open."""
+    on) and the dtype the weights load in where the config names none: TRL's trainers load a model id in float32
+    (versioning.TRL_LOADS_FP32), a plain Trainer's script loads through from_pretrained, whose default is float32
+    before transformers 5 and ``checkpoint`` (the checkpoint's own dtype: ``checkpoint_dtype``) from 5.0. check plans
+    the run that will execute: an open setting is the trainer's default, not the search's choice. Where the stack's
+    TRL or transformers version is unknown, what depends on it stays open."""
     if tc is None or not getattr(tc, "ok", False) or getattr(tc, "trainer", None) is None:
         return ()
     from gemma_doctor import versioning
@@ -263,19 +276,29 @@ def trainer_defaults(tc: Any | None, stack: Any | None) -> tuple[Default, ...]:
         window = versioning.TRL_BF16_DEFAULT[trainer.value]
         out.append(("precision", "bf16", f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()}: bf16 = not "
                                          "fp16)"))
-    if trainer.runs_trl:
+    if trainer.runs_trl or trainer is Trainer.TRANSFORMERS:
         given = s.get("torch_dtype")
         word = given.value.strip().lower().replace("torch.", "") if given is not None and isinstance(
             given.value, str) else None
         if word in _LOAD_DTYPES:
             out.append(("load_dtype", _LOAD_DTYPES[word], FROM_CONFIG + given.key))
         elif given is None:
-            why = next((w for w in (versioning.TRL_LOADS_FP32, versioning.FROM_PRETRAINED_FP32)
-                        if affected(w) is Exposure.AFFECTED), None)
-            if why is not None:
+            windows = ((versioning.TRL_LOADS_FP32, versioning.FROM_PRETRAINED_FP32) if trainer.runs_trl else
+                       (versioning.FROM_PRETRAINED_FP32,))
+            seen = [affected(w) for w in windows]
+            why = next((w for w, e in zip(windows, seen) if e is Exposure.AFFECTED), None)
+            if why is not None and trainer.runs_trl:
                 out.append(("load_dtype", "float32", f"default of TRL's trainers with {why.describe()}: no dtype in "
                                                      "model_init_kwargs; `dtype: bfloat16` (trl CLI) or "
                                                      "`model_init_kwargs: {dtype: bfloat16}` loads them in bf16"))
+            elif why is not None:
+                out.append(("load_dtype", "float32", f"default of from_pretrained with {why.describe()}: float32 "
+                                                     "where the script passes no dtype"))
+            elif checkpoint is not None and all(e is Exposure.SAFE for e in seen):
+                # Reproduced on transformers 5.23.0: a tiny bf16 Gemma 3 loads as torch.bfloat16 with no dtype given.
+                tf = stack.get("transformers").describe()
+                out.append(("load_dtype", checkpoint, f"default of from_pretrained with {tf} (>=5.0.0: the "
+                                                      "checkpoint's dtype where the script passes none)"))
     return tuple(out)
 
 

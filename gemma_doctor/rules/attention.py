@@ -137,7 +137,6 @@ def _fa2_head_dim(model: ModelFacts, env: Environment, tc: Any, backend: str | N
 # data type"). transformers' integrations/flash_attention.py (5.23.0) casts fp32 queries to the autocast dtype, else
 # to the dtype of the model's Linear weights: float32 when the model loads in fp32 without mixed precision.
 FLASH_MIN_CAPABILITY = (8, 0)
-_FP32_NAMES = ("float32", "fp32", "float", "torch.float32")
 
 
 def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend: str | None,
@@ -163,17 +162,22 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
     run = model.run
     if run is None or run.precision.value in ("fp16", "bf16") and executed(run.precision):
         return
-    dtype = tc.get("torch_dtype")
-    if dtype is None or str(dtype.value).strip().lower() not in _FP32_NAMES:
-        return  # transformers 5 loads the checkpoint's bf16 by default; only an explicit fp32 load is certain
+    # The Run's load dtype, the one the memory plan counts: a config key, or the trainer's default where it names
+    # none (TRL: float32; a plain Trainer's from_pretrained: float32 before transformers 5, the checkpoint's from 5.0).
+    # Only a load the run executes is certain; one the plan assumed (the stack's version unknown) is not judged.
+    load = run.load_dtype
+    if load.value != "float32" or not executed(load):
+        return
+    dtype = tc.get("torch_dtype") if load.config_key is not None else None
+    said = f"{dtype.key}: {dtype.value}" if dtype is not None else f"float32 weights ({load.source})"
     yield setting_finding(
         "GD684", Severity.ERROR,
-        f"FlashAttention-2 with {dtype.key}: {dtype.value} and no mixed precision: transformers hands flash-attn the "
+        f"FlashAttention-2 with {said} and no mixed precision: transformers hands flash-attn the "
         "fp32 queries (no autocast dtype to cast them to), and flash-attn stops with \"FlashAttention only support "
         "fp16 and bf16 data type\"",
         "bf16: true (on a GPU with native bf16), or " + _other_backend(model, env, setting, "sdpa or eager")
         + " for an fp32 run",
-        tc, setting, torch_dtype=str(dtype.value))
+        tc, setting, torch_dtype=str(dtype.value) if dtype is not None else "float32")
 
 
 def _other_backend(model: ModelFacts, env: Environment, setting: str, which: str) -> str:

@@ -16,8 +16,9 @@ from gemma_doctor import family as family_mod
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import checkpoints, located
+from gemma_doctor.rules.common import checkpoints, located, run_trainer
 from gemma_doctor.stack import Exposure, Stack, Window
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.traits import kv_shared_layers, use_cache_off_breaks  # noqa: F401
 from gemma_doctor.versioning import (
     GEMMA4_KV_SHARE_NO_CACHE, GEMMA4_MM_TOKEN_TYPE_IDS, ROPE_PARAMETERS_READER, TOKEN_TYPE_IDS_GEMMA3,
@@ -146,8 +147,11 @@ def _kv_sharing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[F
     tf = stack.get("transformers")
     w = GEMMA4_KV_SHARE_NO_CACHE
     tc = env.training_config
+    # axolotl keeps no cache whatever its config says: check_model_config (loaders/utils.py, 0.19.0) sets use_cache
+    # False on the model config and its text config after overrides_of_model_config, and its schema has no use_cache.
+    axolotl = run_trainer(model, env).value is Trainer.AXOLOTL
     if tc is not None and tc.ok and tc.get("use_cache") is not None and truthy(tc.get("use_cache").value) and not (
-            checkpoints(model)):
+            checkpoints(model)) and not axolotl:
         # The run keeps the cache on and checkpointing off (what recommend prescribes here): the sharing works.
         yield Finding(
             "GD107", Severity.INFO,
@@ -164,7 +168,10 @@ def _kv_sharing(model: ModelFacts, env: Environment, stack: Stack) -> Iterator[F
         f"{shared} layers of this {model.family.display_name} model reuse other layers' K/V, which these releases do "
         f"only through the cache: with use_cache=False (Trainer's default, every QLoRA recipe) or gradient "
         f"checkpointing the shared layers compute their own K/V and the loss is wrong without any error "
-        f"(transformers #45242): {_where(tf, exposure, w)}",
+        f"(transformers #45242): {_where(tf, exposure, w)}"
+        + ("; axolotl switches use_cache off on the model and its text config whatever its config says "
+           "(check_model_config, 0.19.0), so under axolotl only a transformers outside the window trains it right"
+           if axolotl else ""),
         file="config.json", key=".".join((*model.family.text_path, "num_kv_shared_layers")),
         fix=f'pip install "transformers>={w.first_fixed}" (PR #45312); or train through gemma_doctor.prepare(model) / '
             "DoctorCallback, which keep use_cache on for this model on these releases (undoing Trainer's use_cache=False), "

@@ -93,5 +93,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
             yield Finding("GD202", Severity.WARNING,
                           f"quantized {model.family.label} computes in float16, whose range its activations exceed",
                           file="config.json", key="quantization_config",
-                          fix="set bnb_4bit_compute_dtype=torch.bfloat16 where bf16 is native (compute capability >= 8.0), "
-                              "else float32")
+                          fix="after loading, set compute_dtype = torch.bfloat16 (where bf16 is native, compute "
+                              "capability >= 8.0; else torch.float32) on every bitsandbytes.nn.Linear4bit of the model: "
+                              "a BitsAndBytesConfig or axolotl's bnb_config_kwargs does not change a checkpoint saved "
+                              "quantized")

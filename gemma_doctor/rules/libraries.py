@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping
 from gemma_doctor.codes import emits
 from gemma_doctor import horizon
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.report import MODEL, Finding, Severity
+from gemma_doctor.report import Finding, Severity
 from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse
 
 _HALF = ("bfloat16", "float16")
@@ -23,20 +23,20 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     peft = env.libraries.version("peft")
     pv = parse(peft)
     if pv is not None and pv < parse(PEFT_ADAPTER_FP32) and run is not None and (
-            run.load_dtype in _HALF or run.quantization):
+            run.load_dtype.value in _HALF or run.quantization):
         helper = "peft.cast_mixed_precision_params(model, dtype)" if pv >= parse(PEFT_CAST_HELPER) else \
             "for p in model.parameters(): if p.requires_grad: p.data = p.data.float()"
         yield Finding(
             "GD401", Severity.WARNING,
-            f"peft {peft} is installed: LoRA adapters created on this {run.load_dtype} base stay in half precision "
+            f"peft {peft} is installed: LoRA adapters created on this {run.load_dtype.value} base stay in half precision "
             "(PEFT < 0.12 does not upcast them), which gives NaN losses or 'Attempting to unscale FP16 gradients'",
             key="peft", fix=f'pip install "peft>={PEFT_ADAPTER_FP32}", or after get_peft_model: {helper}',
             details={"peft": peft})
+    # A training config's compute dtype (a BitsAndBytesConfig, TRL's bnb_4bit_compute_dtype, axolotl's
+    # bnb_config_kwargs) does not reach a checkpoint saved quantized: transformers keeps the checkpoint's own
+    # quantization_config (merge_quantization_configs, reproduced on 5.23.0: it warns and loads bfloat16), and axolotl
+    # 0.19.0 builds BitsAndBytesConfig(**model_config.quantization_config) there, never reading bnb_config_kwargs.
     q = _bnb_quantization(model)
-    tc = env.training_config
-    override = tc.get("compute_dtype") if tc is not None and tc.ok else None
-    if override is not None and str(override.value).replace("torch.", "") not in ("bfloat16", "bf16"):
-        q = None  # the run loads with its own compute dtype (BitsAndBytesConfig), not the checkpoint's
     if q is not None and gpu is not None and gpu.native_bf16 is False and gpu.backend != "none":
         compute = q.get("compute_dtype")
         if isinstance(compute, str) and compute.replace("torch.", "") in ("bfloat16", "bf16"):
@@ -46,8 +46,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                 f"the checkpoint's bitsandbytes 4-bit compute dtype is bfloat16 but {gpu.label} has no native bf16: "
                 "every dequantized matmul runs emulated (slow)",
                 file="config.json", key="quantization_config.bnb_4bit_compute_dtype",
-                fix=f"load with BitsAndBytesConfig(..., bnb_4bit_compute_dtype=torch.{target}) "
-                    f"(gemma-doctor recommend {MODEL})",
+                fix=f"after loading, set it on every 4-bit layer: for m in model.modules(): if isinstance(m, "
+                    f"bitsandbytes.nn.Linear4bit): m.compute_dtype = torch.{target} (Linear4bit casts its input to "
+                    "compute_dtype; a BitsAndBytesConfig or axolotl's bnb_config_kwargs does not change a checkpoint "
+                    f"saved quantized); or QLoRA from the unquantized checkpoint with bnb_4bit_compute_dtype={target}",
                 details={"compute_dtype": compute, "gpu": gpu.label})
 
 

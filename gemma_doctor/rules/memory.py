@@ -65,10 +65,10 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     tc = env.training_config
     images = tc is not None and tc.ok and tc.get("vision_data") is not None
     if towers and described and run.text_only and run.method.value is Method.FULL and not images:
-        wb = {"float32": 4}.get(run.load_dtype, 2)
+        wb = {"float32": 4}.get(run.load_dtype.value, 2)
         yield Finding("GD804", Severity.INFO,
                       f"text-only training of a multimodal checkpoint loads its vision/audio towers for nothing: "
-                      f"{towers:,} parameters, {gib(towers * wb)} in {run.load_dtype}",
+                      f"{towers:,} parameters, {gib(towers * wb)} in {run.load_dtype.value}",
                       fix=_text_only_cure(model.family.family), details={"tower_params": towers})
 
 
