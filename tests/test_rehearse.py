@@ -430,3 +430,30 @@ def test_a_part_this_machine_cannot_rehearse_is_named_as_data_not_by_its_wording
     parts = [f.details["not_here"] for f in findings if (f.details or {}).get("not_here")]
     assert parts == ["bitsandbytes quantization (QLoRA / 8-bit loading): rehearsed unquantized"], findings
     assert all(f.message.endswith(p) for f, p in zip([f for f in findings if f.details.get("not_here")], parts))
+
+
+RANK_FAILS = {
+    # rank 1 raises: its exception line, not the launcher's banner (the CI of 29 Nov reported a ZeRO-3 run's failure
+    # as "the script exited with status 1: =====", the last line of torch's launcher summary)
+    "raises": ('raise RuntimeError("rank one fell over")', "RuntimeError: rank one fell over (rank 1 failed)"),
+    # rank 1 is killed: no exception line to show, so the launcher's root cause (its rank and exit code)
+    "killed": ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 failed with exit code -9"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(RANK_FAILS))
+def test_a_rank_that_fails_under_torchs_launcher_is_told_by_its_own_line(tmp_path, case):
+    """What a failed launched run reports (rehearse/process.py _tail) from the output of the real torchrun of the
+    pinned torch: the failed rank's last exception line, else its exit code."""
+    from gemma_doctor.rehearse.process import _tail
+
+    body, said = RANK_FAILS[case]
+    script = tmp_path / "boom.py"
+    script.write_text(f"import os, signal\nif os.environ.get('RANK') == '1':\n    {body}\n")
+    log = tmp_path / "out.log"
+    with open(log, "wb") as out:
+        done = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", str(script)],
+                              stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    assert done.returncode != 0 and "=====" in log.read_text()  # the launcher's banner ends the output
+    assert _tail(log) == said

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -126,6 +127,25 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+# torch's launcher ends a failed run with its own exception and a banner (torch 2.13 elastic ChildFailedError: "=====",
+# "train.py FAILED", the root cause's rank and exit code): the line that says what failed is the rank's exception above.
+_LAUNCHER_FAILED = "ChildFailedError"
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b.*")
+_ROOT_CAUSE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.*?)\s*$")
+
+
 def _tail(path: Path) -> str:
+    """The line of a child's output that says why it ended: its last line, or, where torch's launcher reports a failed
+    rank, that rank's last exception line (else its exit code) instead of the launcher's banner."""
     lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
-    return lines[-1][:300] if lines else "no output"
+    if not lines:
+        return "no output"
+    at = next((i for i in range(len(lines) - 1, -1, -1) if _LAUNCHER_FAILED in lines[i]), None)
+    if at is None:
+        return lines[-1][:300]
+    cause = dict(m.groups() for m in map(_ROOT_CAUSE.match, lines[at:]) if m)
+    rank = f"rank {cause['rank'].split()[0]}" if "rank" in cause else "a rank"
+    said = next((ln.strip() for ln in reversed(lines[:at]) if _EXCEPTION.match(ln.strip())), None)
+    if said is not None:
+        return f"{said[:300]} ({rank} failed)"
+    return f"{rank} failed with exit code {cause.get('exitcode', '?').split()[0]}"
