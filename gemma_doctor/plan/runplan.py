@@ -327,18 +327,18 @@ def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, c
         if derived is None:
             return None
         word, key = derived
-        why = f"{s[key].key}: {s[key].value}" if key is not None else "no bf16 / fp16"
-        return "load_dtype", word, f"default of {pkg.describe()} (normalize_config: torch_dtype {word} with {why})"
+        why = f"with {s[key].key}: {s[key].value}" if key is not None else "without bf16 / fp16"
+        return "load_dtype", word, f"default of {pkg.describe()}: normalize_config's torch_dtype, {word} {why}"
     adapter, pure = s.get("adapter"), s.get("pure_bf16")
     kind = str(adapter.value).strip().lower() if adapter is not None else None
     if "deepspeed" in s or (pure is not None and truthy(pure.value)):
         return None
     if kind == "full":
-        return ("load_dtype", "float32", f"default of {pkg.describe()} (full fine-tuning without pure_bf16: "
-                                         "init_adapter upcasts the trainable weights to float32)")
+        return ("load_dtype", "float32", f"default of {pkg.describe()}: init_adapter upcasts a full fine-tuning's "
+                                         "weights to float32 without pure_bf16")
     if kind in ("lora", "oft") and checkpoint is not None:
-        return ("load_dtype", checkpoint, f"default of {pkg.describe()} (from_pretrained(torch_dtype=\"auto\"): "
-                                          "the checkpoint's dtype; LoRA leaves the base there)")
+        return ("load_dtype", checkpoint, f"default of {pkg.describe()}: from_pretrained(torch_dtype=\"auto\") "
+                                          "loads the checkpoint's dtype, which a LoRA base keeps")
     return None
 
 
