@@ -455,6 +455,24 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
     ((), {"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "float32", ["GD684"]),
     # TRL 1.16.0 loads float32 where model_init_kwargs names no dtype (TRL_LOADS_FP32): with bf16 off nothing casts
     ((), {"attn_implementation": "flash_attention_2", "max_length": 1024, "bf16": False}, "float32", ["GD684"]),
+    # axolotl passes from_pretrained the torch_dtype its switches make (0.19.0 normalize_config's resolve_dtype):
+    # float32 without bf16 / fp16, and nothing casts the queries (was no GD684: the plan's own float32)
+    (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True},
+     "float32", ["GD684"]),
+    (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True,
+                                     "bf16": True}, "bfloat16", []),
+    # bf16: auto is bf16 on every GPU flash-attn 2 runs on (Ampere+): the GPU decides, the plan's dtype stays
+    (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True,
+                                     "bf16": "auto"}, "bfloat16", []),
+    # LLaMA-Factory 0.9.5 loads torch_dtype="auto" and init_adapter upcasts a full fine-tuning's weights to float32
+    # unless pure_bf16: without bf16 flash-attn gets fp32 queries (was no GD684)
+    (("--with", "llamafactory==0.9.5"), {"stage": "sft", "finetuning_type": "full", "flash_attn": "fa2"}, "float32",
+     ["GD684"]),
+    (("--with", "llamafactory==0.9.5"), {"stage": "sft", "finetuning_type": "full", "flash_attn": "fa2",
+                                         "bf16": True}, "float32", []),
+    # a LoRA base stays in the checkpoint's dtype (bf16 here): flash-attn gets bf16 queries (was float32 in the plan)
+    (("--with", "llamafactory==0.9.5"), {"stage": "sft", "finetuning_type": "lora", "flash_attn": "fa2"}, "bfloat16",
+     []),
 ])
 def test_gd684_and_the_memory_plan_read_the_one_load_dtype_of_the_run(cli, hub, tmp_path, stack, training, load,
                                                                        expected):

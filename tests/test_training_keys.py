@@ -162,6 +162,16 @@ def test_a_quantized_axolotl_config_loads_in_the_dtype_its_precision_says(switch
     assert (got.key, got.value) == (key, dtype)
 
 
+@pytest.mark.parametrize("switches, expected", [("bf16: auto\nfp16: true\n", ("fp16", "float16")),
+                                                ("bf16: auto\n", None)])
+def test_axolotl_s_bf16_auto_is_the_gpu_s_choice_unless_fp16_is_on(switches, expected):
+    """axolotl 0.19.0's resolve_dtype (utils/config/__init__.py) turns `bf16: auto` off where fp16 is on (torch_dtype
+    float16, was left open), and leaves it to is_torch_bf16_gpu_available otherwise (no dtype the reader can state)."""
+    tc = parse(f"base_model: m\nadapter: qlora\nload_in_4bit: true\n{switches}", "ax.yaml", True)
+    got = tc.get("torch_dtype")
+    assert ((got.key, got.value) if got is not None else None) == expected
+
+
 def test_a_qlora_axolotl_config_without_a_dtype_is_no_gd705(hub, cli, tmp_path):
     """GD705 (transformers 4.x loads bitsandbytes weights in float16 where no dtype is named) called every axolotl
     QLoRA config without torch_dtype an error: axolotl always names the dtype (above), and torch_dtype is no key of its

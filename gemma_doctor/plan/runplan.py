@@ -299,7 +299,47 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                 tf = stack.get("transformers").describe()
                 out.append(("load_dtype", checkpoint, f"default of from_pretrained with {tf} (>=5.0.0: the "
                                                       "checkpoint's dtype where the script passes none)"))
+    elif trainer in (Trainer.AXOLOTL, Trainer.LLAMA_FACTORY) and "torch_dtype" not in s:
+        own = _own_load_dtype(trainer, s, stack, checkpoint)
+        if own is not None:
+            out.append(own)
     return tuple(out)
+
+
+def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, checkpoint: str | None) -> Default | None:
+    """The dtype axolotl's or LLaMA-Factory's own loader gives the weights (never a library's default), where the
+    stack names the trainer (installed or --with: the version that runs is known) and the config fixes it:
+    axolotl's normalize_config passes from_pretrained torch_dtype from its switches (readers.training_config.
+    axolotl_load_dtype: float32 without bf16 / fp16); LLaMA-Factory loads torch_dtype="auto" (the checkpoint's dtype)
+    and its init_adapter upcasts the trainable weights to float32 unless pure_bf16 (read in the 0.9.5 wheel: full
+    fine-tuning then holds float32 weights; a LoRA base stays in the checkpoint's dtype). Quantized loads, `bf16: auto`
+    (the GPU decides), LLaMA-Factory without finetuning_type, freeze tuning (some layers upcast) and DeepSpeed (ZeRO-3
+    keeps its own float32 copy) stay open."""
+    from gemma_doctor.readers.training_config import axolotl_load_dtype
+
+    name = "axolotl" if trainer is Trainer.AXOLOTL else "llamafactory"
+    pkg = stack.get(name) if stack is not None else None
+    quantized = any(k in s and (truthy(s[k].value) or s[k].value in (4, 8)) for k in ("load_in_4bit", "load_in_8bit"))
+    if pkg is None or pkg.absent or quantized:
+        return None
+    if trainer is Trainer.AXOLOTL:
+        derived = axolotl_load_dtype(s)
+        if derived is None:
+            return None
+        word, key = derived
+        why = f"with {s[key].key}: {s[key].value}" if key is not None else "without bf16 / fp16"
+        return "load_dtype", word, f"default of {pkg.describe()}: normalize_config's torch_dtype, {word} {why}"
+    adapter, pure = s.get("adapter"), s.get("pure_bf16")
+    kind = str(adapter.value).strip().lower() if adapter is not None else None
+    if "deepspeed" in s or (pure is not None and truthy(pure.value)):
+        return None
+    if kind == "full":
+        return ("load_dtype", "float32", f"default of {pkg.describe()}: init_adapter upcasts a full fine-tuning's "
+                                         "weights to float32 without pure_bf16")
+    if kind in ("lora", "oft") and checkpoint is not None:
+        return ("load_dtype", checkpoint, f"default of {pkg.describe()}: from_pretrained(torch_dtype=\"auto\") "
+                                          "loads the checkpoint's dtype, which a LoRA base keeps")
+    return None
 
 
 def trl_chunks(stack: Any) -> bool:

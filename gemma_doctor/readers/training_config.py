@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from gemma_doctor import trainers
 from gemma_doctor.errors import UsageError
@@ -31,6 +31,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "max_grad_norm": ("max_grad_norm", "gradient_clipping"),
     "rl": ("rl", "stage"),
     "adapter": ("adapter", "finetuning_type", "use_peft"),
+    # LLaMA-Factory's pure bf16 (no float32 upcast of the trainable weights, model/adapter.py init_adapter).
+    "pure_bf16": ("pure_bf16",),
     "load_in_4bit": ("load_in_4bit", "quantization_config.load_in_4bit", "model_init_kwargs.quantization_config.load_in_4bit",
                      "quantization_bit"),
     "compute_dtype": ("bnb_4bit_compute_dtype", "bnb_config_kwargs.bnb_4bit_compute_dtype",  # axolotl's own key
@@ -429,23 +431,36 @@ def _config(data: dict[str, Any], path: str, fmt: trainers.ConfigKind, settings:
 
 
 def _derived_load_dtype(settings: dict[str, Setting]) -> Setting | None:
-    """The dtype axolotl loads a quantized model in where its config names none: normalize_config's (0.19.0) bf16 ->
-    bfloat16, else load_in_8bit or fp16 -> float16, else float32, stated at the key it follows from. Quantized loading
-    only: it is where a rule asks whether the dtype is named (GD705: transformers 4.x's float16 default), and axolotl
-    always names it; elsewhere the rules judge axolotl's bf16 / fp16 switches themselves. None where bf16 is `auto`
-    (the GPU decides) or nothing is quantized."""
+    """The dtype axolotl loads a quantized model in where its config names none (``axolotl_load_dtype``), stated at
+    the key it follows from. Quantized loading only: it is where a rule asks whether the dtype is named (GD705:
+    transformers 4.x's float16 default), and axolotl always names it; an unquantized load is the Run's load dtype, the
+    trainer's default (plan/runplan.trainer_defaults), not a key of the file. None where bf16 is `auto` (the GPU
+    decides) or nothing is quantized."""
     quantized = [k for k in ("load_in_4bit", "load_in_8bit") if k in settings and truthy(settings[k].value)]
-    bf16, fp16 = settings.get("bf16"), settings.get("fp16")
-    if not quantized or (bf16 is not None and str(bf16.value).strip().lower() == "auto"):
+    derived = axolotl_load_dtype(settings) if quantized else None
+    if derived is None:
         return None
-    if bf16 is not None and truthy(bf16.value):
-        return Setting(bf16.key, "bfloat16", bf16.line)
+    word, key = derived
+    at = settings[key] if key is not None else settings.get("bf16") or settings.get("fp16") or settings[quantized[0]]
+    return Setting(at.key, word, at.line)
+
+
+def axolotl_load_dtype(settings: Mapping[str, Setting]) -> tuple[str, str | None] | None:
+    """(dtype, the setting it follows from or None) axolotl passes from_pretrained as torch_dtype: resolve_dtype in
+    normalize_config (axolotl 0.19.0 utils/config/__init__.py) sets bf16 -> bfloat16, else load_in_8bit or fp16 ->
+    float16, else float32 (fp16 with bf16 `auto` turns auto off). None where bf16 is `auto` and fp16 is not on: the
+    GPU decides (is_torch_bf16_gpu_available)."""
+    bf16, fp16, eight = settings.get("bf16"), settings.get("fp16"), settings.get("load_in_8bit")
+    auto = bf16 is not None and isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto"
+    if bf16 is not None and not auto and truthy(bf16.value):
+        return "bfloat16", "bf16"
     if fp16 is not None and truthy(fp16.value):
-        return Setting(fp16.key, "float16", fp16.line)
-    if "load_in_8bit" in quantized:
-        return Setting(settings["load_in_8bit"].key, "float16", settings["load_in_8bit"].line)
-    at = bf16 or fp16 or settings[quantized[0]]
-    return Setting(at.key, "float32", at.line)
+        return "float16", "fp16"
+    if auto:
+        return None
+    if eight is not None and truthy(eight.value):
+        return "float16", "load_in_8bit"
+    return "float32", None
 
 
 def _settings_of_key() -> dict[str, tuple[tuple[str, int], ...]]:

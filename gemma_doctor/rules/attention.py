@@ -163,7 +163,8 @@ def _fa2_device_and_dtype(model: ModelFacts, env: Environment, tc: Any, backend:
     if run is None or run.precision.value in ("fp16", "bf16") and executed(run.precision):
         return
     # The Run's load dtype, the one the memory plan counts: a config key, or the trainer's default where it names
-    # none (TRL: float32; a plain Trainer's from_pretrained: float32 before transformers 5, the checkpoint's from 5.0).
+    # none (TRL: float32; a plain Trainer's from_pretrained: float32 before transformers 5, the checkpoint's from 5.0;
+    # axolotl: the torch_dtype its bf16 / fp16 switches make; LLaMA-Factory: float32 for a full fine-tuning).
     # Only a load the run executes is certain; one the plan assumed (the stack's version unknown) is not judged.
     load = run.load_dtype
     if load.value != "float32" or not executed(load):
