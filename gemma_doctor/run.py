@@ -126,8 +126,8 @@ class Distributed:
     what is offloaded and where ("cpu" / "nvme"); the FSDP wrap classes as written, each checked against the model's
     classes (None unless the engine is FSDP and a list is written); the processes per node; FSDP's auto-wrap policy
     (None unless the engine is FSDP; a word accelerate does not know is kept as written) and whether the config states
-    it or leaves it to the default of what sets FSDP up (GD660); whether the config states FSDP's version (1 or 2) or
-    leaves it to that default (GD662)."""
+    it or leaves it to the default of what sets FSDP up (GD660); whether the config states FSDP's version or leaves it
+    to that default (GD662)."""
 
     engine: Sourced[Engine]
     zero_stage: Sourced[int] | None
@@ -509,7 +509,7 @@ class ConfigSharding:
     wrap_classes: Sourced[tuple[str, ...]] | None = None
     auto_wrap: Sourced[AutoWrap | str] | None = None  # FSDP's auto-wrap policy (``_auto_wrap``)
     auto_wrap_stated: bool = False  # the config writes the policy (not the default of what sets FSDP up)
-    version_stated: bool = False  # the config writes FSDP's version, 1 or 2 (not that default)
+    version_stated: bool = False  # the config writes FSDP's version (not that default)
 
 
 def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
@@ -561,8 +561,7 @@ def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
         offload = Sourced("cpu", at("fsdp_offload_params")) if par is not None and truthy(par.value) else None
         wraps = s.get("fsdp_wrap_classes")
         names = tuple(wrap_class_names(wraps.value)) if wraps is not None and wraps.value not in (None, "", []) else ()
-        version = s.get("fsdp_version")
-        stated = version is not None and str(version.value).strip() in ("1", "2")  # as _fsdp_version takes it
+        stated = s.get("fsdp_version") is not None  # as _fsdp_version takes it: written, whatever its value
         policy, policy_stated = _auto_wrap(tc, base, stack)
         return ConfigSharding(engine, None, _fsdp_sharding(s, engine), None, offload,
                               Sourced(names, at("fsdp_wrap_classes")) if names else None, policy, policy_stated, stated)
@@ -610,12 +609,16 @@ def _auto_wrap(tc: Any, base: str, stack: Any) -> tuple[Sourced[AutoWrap | str],
 
 
 def _fsdp_version(tc: Any, source: str, stack: Any) -> Sourced[Engine]:
-    """FSDP's version: the config's fsdp_version, else accelerate's plugin default (1), else TrainingArguments' (2 from
-    transformers 5.10: versioning.TRAINER_FSDP2_DEFAULTS, weighed against the stack)."""
+    """FSDP's version: the config's fsdp_version (2: FSDP2; any other value written: FSDP1), else accelerate's plugin
+    default (1), else TrainingArguments' (2 from transformers 5.10: versioning.TRAINER_FSDP2_DEFAULTS, weighed against
+    the stack)."""
     version = tc.settings.get("fsdp_version")
     if version is not None and str(version.value).strip() in ("1", "2"):
         return Sourced(Engine.FSDP2 if str(version.value).strip() == "2" else Engine.FSDP1,
                        FROM_CONFIG + version.key)
+    if version is not None:  # written, neither 1 nor 2: accelerate's plugin takes FSDP2's path for version 2 alone
+        return Sourced(Engine.FSDP1, FROM_CONFIG + version.key + " (not 2: accelerate's plugin runs FSDP2 for version 2 "
+                                                                 "alone)")
     if not tc.format.fsdp_by_training_arguments:
         return Sourced(Engine.FSDP1, source + " (accelerate's FSDP plugin: version 1 unless fsdp_version says 2)")
     from gemma_doctor.stack import Exposure

@@ -163,6 +163,10 @@ ACCEL_NO_POLICY = ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED
      (("size_based_wrap", "training config fsdp_config.min_num_params"), True, False, "fsdp2")),
     ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: NO_WRAP\n  version: 2\n", "sft.yaml", {},
      (("no_wrap", "training config fsdp_config.auto_wrap_policy"), True, True, "fsdp2")),
+    # a version written that is neither 1 nor 2 is stated, and no FSDP2 (accelerate runs FSDP2 for 2 alone)
+    ("fsdp: full_shard\nfsdp_config:\n  version: 3\n", "sft.yaml", {"transformers": "5.14.1"},
+     (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP)"), False, True, "fsdp1")),
     # accelerate's YAML: its policy and version as written, else its plugin's defaults (NO_WRAP, version 1)
     (ACCEL_FSDP, "accelerate.yaml", {},
      (("transformer_based_wrap", "training config fsdp_config.fsdp_auto_wrap_policy"), True, True, "fsdp1")),
@@ -206,6 +210,23 @@ def test_the_distributed_json_states_the_policy_and_what_is_written_and_null_whe
     assert (j["auto_wrap"]["value"], j["auto_wrap_stated"], j["fsdp_version_stated"]) == ("no_wrap", False, True)
     j = of_text(DS_Z3, "ds.json").to_json()
     assert (j["auto_wrap"], j["auto_wrap_stated"], j["fsdp_version_stated"]) == (None, None, None)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("fsdp: full_shard\n", [("GD662", "error", "fsdp")]),  # TrainingArguments' default: FSDP2 from 5.10
+    ("fsdp: full_shard\nfsdp_config:\n  version: 2\n", [("GD662", "error", "fsdp_config.version")]),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 1\n", []),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 3\n", []),  # the Run's engine said FSDP2 by default before
+])
+def test_gd662_judges_the_runs_fsdp_version_as_written_or_by_default(config, expected):
+    """GD662 (FSDP2 with Gemma's tied embedding on accelerate 1.14.0) reads the Run's engine and whether its version is
+    written; the Run and the rule agree on a version written that is neither 1 nor 2."""
+    tc = training_config.parse(config, "sft.yaml", yaml_first=True)
+    facts, env = facts_env(tc, "gemma3_text", transformers="5.14.1", accelerate="1.14.0", torch="2.13.0")
+    found = [(f.code, f.severity.value, f.key) for f in distributed_rules.check(facts, env, CheckOptions(gpu=None))
+             if f.code == "GD662"]
+    assert found == expected
+    assert (run_distributed(facts, env).engine.value is Engine.FSDP2) == bool(expected)
 
 
 # --- one precedence ------------------------------------------------------------------------------------------------
