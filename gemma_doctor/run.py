@@ -110,12 +110,24 @@ class WrapClass:
         return {"name": self.name, "in_model": self.in_model}
 
 
+class AutoWrap(str, enum.Enum):
+    """FSDP's auto-wrap policy: by transformer layer class, by parameter count, or none (accelerate's words, lower
+    case)."""
+
+    TRANSFORMER = "transformer_based_wrap"
+    SIZE = "size_based_wrap"
+    NONE = "no_wrap"
+
+
 @dataclass(frozen=True)
 class Distributed:
     """How the processes run together, each field with its source: the engine; DeepSpeed's own ZeRO stage (None
     unless the engine is DeepSpeed; FSDP's sharding is not a ZeRO stage here, whatever the memory plan counts it as);
     what is offloaded and where ("cpu" / "nvme"); the FSDP wrap classes as written, each checked against the model's
-    classes (None unless the engine is FSDP and a list is written); the processes per node."""
+    classes (None unless the engine is FSDP and a list is written); the processes per node; FSDP's auto-wrap policy
+    (None unless the engine is FSDP; a word accelerate does not know is kept as written) and whether the config states
+    it or leaves it to the default of what sets FSDP up (GD660); whether the config states FSDP's version or leaves it
+    to that default (GD662)."""
 
     engine: Sourced[Engine]
     zero_stage: Sourced[int] | None
@@ -123,17 +135,24 @@ class Distributed:
     offload_params: Sourced[str] | None
     wrap_classes: Sourced[tuple[WrapClass, ...]] | None
     processes_per_node: Sourced[int]
+    auto_wrap: Sourced[AutoWrap | str] | None = None
+    auto_wrap_stated: bool = False
+    version_stated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """JSON view: each field as {value, source}, null where it does not apply."""
+        """JSON view: each field as {value, source}, null where it does not apply; the two `stated` flags null unless
+        the engine is FSDP."""
         def j(x: Sourced[Any] | None) -> dict[str, Any] | None:
             return x.to_json() if x is not None else None
 
         wraps = None if self.wrap_classes is None else {
             "value": [w.to_json() for w in self.wrap_classes.value], "source": self.wrap_classes.source}
+        fsdp = self.engine.value.fsdp
         return {"engine": self.engine.to_json(), "zero_stage": j(self.zero_stage),
                 "offload_optimizer": j(self.offload_optimizer), "offload_params": j(self.offload_params),
-                "wrap_classes": wraps, "processes_per_node": self.processes_per_node.to_json()}
+                "wrap_classes": wraps, "processes_per_node": self.processes_per_node.to_json(),
+                "auto_wrap": j(self.auto_wrap), "auto_wrap_stated": self.auto_wrap_stated if fsdp else None,
+                "fsdp_version_stated": self.version_stated if fsdp else None}
 
 
 @dataclass(frozen=True)
@@ -478,7 +497,8 @@ class ConfigSharding:
     """What a training config (with its launch line and the DeepSpeed JSON it names) says of how its processes run
     together: the engine (None: it names none, so the process count decides between one process and DDP), DeepSpeed's
     own ZeRO stage, the sharding the memory plan counts (ZeRO's stage, or FSDP's strategy as the stage it equals), what
-    is offloaded and where, and the FSDP wrap classes as written. Made by ``config_sharding``, the one reading that
+    is offloaded and where, the FSDP wrap classes as written, FSDP's auto-wrap policy and whether the policy and the
+    version are written or left to the default of what sets FSDP up. Made by ``config_sharding``, the one reading that
     plan/runplan.py (the plan's zero_stage, fsdp and offload) and ``resolve`` (the Run's ``distributed``) both take."""
 
     engine: Sourced[Engine] | None = None
@@ -487,6 +507,9 @@ class ConfigSharding:
     offload_optimizer: Sourced[str] | None = None
     offload_params: Sourced[str] | None = None
     wrap_classes: Sourced[tuple[str, ...]] | None = None
+    auto_wrap: Sourced[AutoWrap | str] | None = None  # FSDP's auto-wrap policy (``_auto_wrap``)
+    auto_wrap_stated: bool = False  # the config writes the policy (not the default of what sets FSDP up)
+    version_stated: bool = False  # the config writes FSDP's version (not that default)
 
 
 def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
@@ -506,11 +529,13 @@ def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
     kind = str(dist.value).strip().upper() if dist is not None else None
     ref, fsdp, stage = s.get("deepspeed"), s.get("fsdp"), s.get("zero_stage")
     engine: Sourced[Engine] | None = None
+    base = ""  # the source of FSDP's engine: the setting that turns it on
     if kind is not None:
         if kind == "DEEPSPEED":
             engine = Sourced(Engine.DEEPSPEED, at("distributed_type"))
         elif kind == "FSDP":
-            engine = _fsdp_version(tc, at("distributed_type"), stack)
+            base = at("distributed_type")
+            engine = _fsdp_version(tc, base, stack)
         elif kind == "NO":
             engine = Sourced(Engine.NONE, at("distributed_type"))
         elif kind.startswith("MULTI_"):
@@ -522,7 +547,8 @@ def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
     elif tc.format.name == "deepspeed":
         engine = Sourced(Engine.DEEPSPEED, FROM_CONFIG.rstrip() + " (a DeepSpeed JSON)")
     elif fsdp is not None and _on(fsdp.value):
-        engine = _fsdp_version(tc, at("fsdp"), stack)
+        base = at("fsdp")
+        engine = _fsdp_version(tc, base, stack)
     if engine is None:
         return ConfigSharding()
     if engine.value is Engine.DEEPSPEED:
@@ -535,18 +561,64 @@ def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
         offload = Sourced("cpu", at("fsdp_offload_params")) if par is not None and truthy(par.value) else None
         wraps = s.get("fsdp_wrap_classes")
         names = tuple(wrap_class_names(wraps.value)) if wraps is not None and wraps.value not in (None, "", []) else ()
+        stated = s.get("fsdp_version") is not None  # as _fsdp_version takes it: written, whatever its value
+        policy, policy_stated = _auto_wrap(tc, base, stack)
         return ConfigSharding(engine, None, _fsdp_sharding(s, engine), None, offload,
-                              Sourced(names, at("fsdp_wrap_classes")) if names else None)
+                              Sourced(names, at("fsdp_wrap_classes")) if names else None, policy, policy_stated, stated)
     return ConfigSharding(engine)
 
 
+# accelerate's names of the auto-wrap policies (FullyShardedDataParallelPlugin's auto_wrap_policy), upper case.
+_POLICIES = {"TRANSFORMER_BASED_WRAP": AutoWrap.TRANSFORMER, "SIZE_BASED_WRAP": AutoWrap.SIZE, "NO_WRAP": AutoWrap.NONE}
+
+
+def _auto_wrap(tc: Any, base: str, stack: Any) -> tuple[Sourced[AutoWrap | str], bool]:
+    """FSDP's auto-wrap policy, and whether the config states it: fsdp_auto_wrap_policy where written (a word accelerate
+    does not know kept as written); else accelerate's plugin default, NO_WRAP, where a launcher's plugin sets FSDP up;
+    else, for TrainingArguments (TRL, axolotl, LLaMA-Factory), size-based where fsdp_config's min_num_params > 0,
+    transformer-based where its `fsdp` option says auto_wrap (4.x-5.9 training_args.py), else its default: from
+    transformers 5.10 any `fsdp` wraps transformer-based (versioning.TRAINER_FSDP2_DEFAULTS, weighed against the stack),
+    before it nothing is wrapped. ``base``: the source of FSDP's engine."""
+    s: Mapping[str, Any] = tc.settings
+    policy = s.get("fsdp_auto_wrap_policy")
+    if policy is not None:
+        word = str(policy.value).strip()
+        return Sourced(_POLICIES.get(word.upper(), word), FROM_CONFIG + policy.key), True
+    if not tc.format.fsdp_by_training_arguments:
+        return Sourced(AutoWrap.NONE, base + " (accelerate's FSDP plugin: NO_WRAP unless fsdp_auto_wrap_policy names "
+                                              "one)"), False
+    fsdp, minimum = s.get("fsdp"), s.get("fsdp_min_num_params")
+    if minimum is not None and isinstance(minimum.value, int) and minimum.value > 0:
+        return Sourced(AutoWrap.SIZE, FROM_CONFIG + minimum.key), True
+    if fsdp is None:  # FSDP set up by the launcher's plugin, not by TrainingArguments' `fsdp`
+        return Sourced(AutoWrap.NONE, base + " (accelerate's FSDP plugin: NO_WRAP; no `fsdp` option names auto_wrap)"), \
+            False
+    text = " ".join(map(str, fsdp.value)) if isinstance(fsdp.value, (list, tuple)) else str(fsdp.value)
+    if "auto_wrap" in text.lower():
+        return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key), True
+    from gemma_doctor.stack import Exposure
+    from gemma_doctor.versioning import TRAINER_FSDP2_DEFAULTS
+
+    exposure = stack.exposure(TRAINER_FSDP2_DEFAULTS) if stack is not None else Exposure.UNKNOWN
+    if exposure is Exposure.SAFE:
+        return Sourced(AutoWrap.NONE, FROM_CONFIG + fsdp.key + " (TrainingArguments before transformers 5.10: no "
+                                                               "wrapping without auto_wrap)"), False
+    return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key + " (TrainingArguments' default from transformers 5.10: "
+                   "TRANSFORMER_BASED_WRAP" + ("" if exposure is Exposure.AFFECTED else
+                                               "; the stack's transformers may be older: no wrapping") + ")"), False
+
+
 def _fsdp_version(tc: Any, source: str, stack: Any) -> Sourced[Engine]:
-    """FSDP's version: the config's fsdp_version, else accelerate's plugin default (1), else TrainingArguments' (2 from
-    transformers 5.10: versioning.TRAINER_FSDP2_DEFAULTS, weighed against the stack)."""
+    """FSDP's version: the config's fsdp_version (2: FSDP2; any other value written: FSDP1), else accelerate's plugin
+    default (1), else TrainingArguments' (2 from transformers 5.10: versioning.TRAINER_FSDP2_DEFAULTS, weighed against
+    the stack)."""
     version = tc.settings.get("fsdp_version")
     if version is not None and str(version.value).strip() in ("1", "2"):
         return Sourced(Engine.FSDP2 if str(version.value).strip() == "2" else Engine.FSDP1,
                        FROM_CONFIG + version.key)
+    if version is not None:  # written, neither 1 nor 2: accelerate's plugin takes FSDP2's path for version 2 alone
+        return Sourced(Engine.FSDP1, FROM_CONFIG + version.key + " (not 2: accelerate's plugin runs FSDP2 for version 2 "
+                                                                 "alone)")
     if not tc.format.fsdp_by_training_arguments:
         return Sourced(Engine.FSDP1, source + " (accelerate's FSDP plugin: version 1 unless fsdp_version says 2)")
     from gemma_doctor.stack import Exposure
@@ -633,7 +705,7 @@ def distributed(sharding: ConfigSharding, *, processes: Sourced[int], nodes: Sou
     per_source = processes.source if nodes.value <= 1 else \
         f"{n} processes ({processes.source}) over {nodes.value} nodes ({nodes.source})"
     return Distributed(engine, zero, sharding.offload_optimizer, sharding.offload_params, wraps,
-                       Sourced(per, per_source))
+                       Sourced(per, per_source), sharding.auto_wrap, sharding.auto_wrap_stated, sharding.version_stated)
 
 
 def libraries(stack: Any) -> tuple[Sourced[str], ...]:

@@ -242,6 +242,9 @@ RUN_FIELDS = ("batch_size", "seq_len", "gradient_accumulation_steps", "gradient_
               # how the processes run together (run.Distributed: engine, DeepSpeed's stage, offload, wrap classes)
               "distributed_type", "deepspeed", "fsdp", "fsdp_wrap_classes", "offload_optimizer", "offload_param",
               "fsdp_offload_params",
+              # FSDP's version and auto-wrap policy, each as written or left to the default (Distributed.auto_wrap,
+              # auto_wrap_stated, version_stated)
+              "fsdp_version", "fsdp_auto_wrap_policy", "fsdp_min_num_params",
               # the settings as written (run.Written): tf32, the backend's switches, packing, evaluation, modules_to_save
               "tf32", "flex_attention", "packing", "padding_free", "eval_batch_size", "prediction_loss_only",
               "eval_accumulation_steps", "modules_to_save")
@@ -251,13 +254,10 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
                    r'|\b(?:tc\.settings|s)\[\s*"(' + _NAMES + r')"\]|"(' + _NAMES + r')" in (?:s|tc\.settings)\b')
 # What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
 # and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
-STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
-    # The settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
-    # targets, modules_to_save and 4-bit loading) are the Run's too (run.Written, read through common.written_of).
-    # GD660 reads the auto-wrap policy as written (`auto_wrap` in TrainingArguments' fsdp string), which the Run's
-    # distributed (engine, stage, offload, wrap classes) does not model.
-    "distributed": frozenset({"fsdp"}),
-}
+# Empty: the settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
+# targets, modules_to_save and 4-bit loading) are the Run's (run.Written, read through common.written_of), and FSDP's
+# auto-wrap policy and version, as written or by default, are the Run's distributed (GD660, GD662).
+STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {}
 
 
 def config_reads(text: str) -> dict[str, list[int]]:
@@ -298,6 +298,10 @@ def test_the_rules_read_the_runs_fields_from_the_run() -> None:
     ('    if "offload_optimizer" in s or "fsdp_offload_params" in tc.settings:', {"offload_optimizer": [1],
                                                                               "fsdp_offload_params": [1]}),
     ('    off = tc.get("offload_param")', {"offload_param": [1]}),
+    # FSDP's version and auto-wrap policy as written (GD662, GD660 read them from the Run: Distributed)
+    ('    version, policy = tc.get("fsdp_version"), tc.get("fsdp_auto_wrap_policy")', {"fsdp_version": [1],
+                                                                                   "fsdp_auto_wrap_policy": [1]}),
+    ('    minimum = s.get("fsdp_min_num_params")', {"fsdp_min_num_params": [1]}),
     ('    engine = run.distributed.engine.value', {}),
     ('    batch = run.batch.value', {}),
     ('    packing = tc.get("packing")', {"packing": [1]}),

@@ -131,6 +131,104 @@ def test_a_launch_line_gives_the_engine(line, engine, tmp_path):
     assert (d.engine.value.value, d.engine.source) == engine
 
 
+# --- FSDP's auto-wrap policy and version: as written, or the default of what sets FSDP up ----------------------------
+
+def wrap_view(d) -> tuple:
+    """(auto_wrap as (value, source) or None, auto_wrap_stated, version_stated, engine)."""
+    policy = None if d.auto_wrap is None else (getattr(d.auto_wrap.value, "value", d.auto_wrap.value), d.auto_wrap.source)
+    return policy, d.auto_wrap_stated, d.version_stated, d.engine.value.value
+
+
+ACCEL_NO_POLICY = ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n", "").replace(
+    "  fsdp_version: 1\n", "")
+
+
+@pytest.mark.parametrize("text, path, versions, expected", [
+    # TrainingArguments (TRL): `auto_wrap` in the fsdp option states transformer-based wrapping; no version written
+    ("fsdp: full_shard auto_wrap\n", "sft.yaml", {},
+     (("transformer_based_wrap", "training config fsdp"), True, False, "fsdp2")),
+    # without it, TrainingArguments' default: transformer-based from transformers 5.10, nothing wrapped before
+    ("fsdp: full_shard\n", "sft.yaml", {"transformers": "5.23.0"},
+     (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP)"), False, False, "fsdp2")),
+    ("fsdp: full_shard\n", "sft.yaml", {"transformers": "5.9.0"},
+     (("no_wrap", "training config fsdp (TrainingArguments before transformers 5.10: no wrapping without auto_wrap)"),
+      False, False, "fsdp1")),
+    ("fsdp: full_shard\n", "sft.yaml", {"transformers": None},
+     (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP; the stack's transformers may be older: no wrapping)"),
+      False, False, "fsdp2")),
+    # min_num_params > 0 wraps by size; fsdp_config's policy and version, each written
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "sft.yaml", {},
+     (("size_based_wrap", "training config fsdp_config.min_num_params"), True, False, "fsdp2")),
+    ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: NO_WRAP\n  version: 2\n", "sft.yaml", {},
+     (("no_wrap", "training config fsdp_config.auto_wrap_policy"), True, True, "fsdp2")),
+    # a version written that is neither 1 nor 2 is stated, and no FSDP2 (accelerate runs FSDP2 for 2 alone)
+    ("fsdp: full_shard\nfsdp_config:\n  version: 3\n", "sft.yaml", {"transformers": "5.14.1"},
+     (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP)"), False, True, "fsdp1")),
+    # accelerate's YAML: its policy and version as written, else its plugin's defaults (NO_WRAP, version 1)
+    (ACCEL_FSDP, "accelerate.yaml", {},
+     (("transformer_based_wrap", "training config fsdp_config.fsdp_auto_wrap_policy"), True, True, "fsdp1")),
+    (ACCEL_NO_POLICY, "accelerate.yaml", {},
+     (("no_wrap", "training config distributed_type (accelerate's FSDP plugin: NO_WRAP unless fsdp_auto_wrap_policy "
+                  "names one)"), False, False, "fsdp1")),
+    # a word accelerate does not know is kept as written (accelerate refuses it; nothing is taken to wrap by class)
+    (ACCEL_FSDP.replace("TRANSFORMER_BASED_WRAP", "BY_LAYER"), "accelerate.yaml", {},
+     (("BY_LAYER", "training config fsdp_config.fsdp_auto_wrap_policy"), True, True, "fsdp1")),
+    # not FSDP: no policy, nothing stated
+    (DS_Z3, "ds.json", {}, (None, False, False, "deepspeed")),
+])
+def test_the_auto_wrap_policy_and_the_version_stated_from_each_config(text, path, versions, expected):
+    assert wrap_view(of_text(text, path, **versions)) == expected
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("accelerate launch --use_fsdp --fsdp_auto_wrap_policy SIZE_BASED_WRAP --fsdp_version 2 train.py",
+     (("size_based_wrap", "training config accelerate line: fsdp_config.fsdp_auto_wrap_policy"), True, True, "fsdp2")),
+    # the flag overrides the config file's policy; the file's version stays written
+    ("accelerate launch --config_file fsdp.yaml --fsdp_auto_wrap_policy SIZE_BASED_WRAP train.py",
+     (("size_based_wrap", "training config accelerate line: fsdp_config.fsdp_auto_wrap_policy"), True, True, "fsdp1")),
+    ("accelerate launch --use_fsdp --num_processes 4 train.py",
+     (("no_wrap", "training config accelerate line: distributed_type (accelerate's FSDP plugin: NO_WRAP unless "
+                  "fsdp_auto_wrap_policy names one)"), False, False, "fsdp1")),
+    # TrainingArguments on the script's line
+    ("torchrun --nproc-per-node 8 train.py --fsdp full_shard --bf16",
+     (("transformer_based_wrap", "training config script --fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP)"), False, False, "fsdp2")),
+    ("torchrun --nproc_per_node=8 train.py --fsdp 'full_shard auto_wrap' --fsdp_config.auto_wrap_policy NO_WRAP "
+     "--fsdp_config.version 2",
+     (("no_wrap", "training config script --fsdp_config.auto_wrap_policy"), True, True, "fsdp2")),
+])
+def test_the_auto_wrap_policy_and_the_version_stated_from_a_launch_line(line, expected, tmp_path):
+    (tmp_path / "fsdp.yaml").write_text(ACCEL_FSDP)
+    assert wrap_view(of_line(line, tmp_path)) == expected
+
+
+def test_the_distributed_json_states_the_policy_and_what_is_written_and_null_where_not_fsdp():
+    j = of_text(ACCEL_NO_POLICY.replace("fsdp_config:\n", "fsdp_config:\n  fsdp_version: 2\n"), "accelerate.yaml").to_json()
+    assert (j["auto_wrap"]["value"], j["auto_wrap_stated"], j["fsdp_version_stated"]) == ("no_wrap", False, True)
+    j = of_text(DS_Z3, "ds.json").to_json()
+    assert (j["auto_wrap"], j["auto_wrap_stated"], j["fsdp_version_stated"]) == (None, None, None)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("fsdp: full_shard\n", [("GD662", "error", "fsdp")]),  # TrainingArguments' default: FSDP2 from 5.10
+    ("fsdp: full_shard\nfsdp_config:\n  version: 2\n", [("GD662", "error", "fsdp_config.version")]),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 1\n", []),
+    ("fsdp: full_shard\nfsdp_config:\n  version: 3\n", []),  # the Run's engine said FSDP2 by default before
+])
+def test_gd662_judges_the_runs_fsdp_version_as_written_or_by_default(config, expected):
+    """GD662 (FSDP2 with Gemma's tied embedding on accelerate 1.14.0) reads the Run's engine and whether its version is
+    written; the Run and the rule agree on a version written that is neither 1 nor 2."""
+    tc = training_config.parse(config, "sft.yaml", yaml_first=True)
+    facts, env = facts_env(tc, "gemma3_text", transformers="5.14.1", accelerate="1.14.0", torch="2.13.0")
+    found = [(f.code, f.severity.value, f.key) for f in distributed_rules.check(facts, env, CheckOptions(gpu=None))
+             if f.code == "GD662"]
+    assert found == expected
+    assert (run_distributed(facts, env).engine.value is Engine.FSDP2) == bool(expected)
+
+
 # --- one precedence ------------------------------------------------------------------------------------------------
 
 def test_accelerate_distributed_type_decides_and_a_leftover_deepspeed_section_is_ignored():
@@ -219,6 +317,8 @@ def test_check_json_states_the_runs_distributed_fields_the_rules_judged(hub, cli
     d = model["run"]["distributed"]
     assert d["engine"] == {"value": "fsdp2", "source": "training config fsdp_config.fsdp_version"}
     assert d["zero_stage"] is None and d["processes_per_node"]["value"] == 4
+    # the version written, the policy left to accelerate's plugin (NO_WRAP)
+    assert (d["auto_wrap"]["value"], d["auto_wrap_stated"], d["fsdp_version_stated"]) == ("no_wrap", False, True)
     assert d["wrap_classes"]["value"] == [{"name": "Gemma4TextDecoderLayer", "in_model": True},
                                           {"name": "Gemma3DecoderLayer", "in_model": False}]
     # the rule judged the same list: the class the Run marks absent is the one GD682 names

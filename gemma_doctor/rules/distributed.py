@@ -9,15 +9,14 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import run_distributed
+from gemma_doctor.rules.common import located, run_distributed
 from gemma_doctor.rules.training import setting_finding
-from gemma_doctor.run import Distributed, Engine
+from gemma_doctor.run import AutoWrap, Distributed, Engine, Sourced
 from gemma_doctor.stack import Exposure
 from gemma_doctor.stack import Window
 from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
                                      FSDP_WRAP_GEMMA4_TOWERS, TRAINER_FSDP2_DEFAULTS, ZERO3_GEMMA4_CLIP_BUFFERS)
 
-TRANSFORMER_WRAP = "TRANSFORMER_BASED_WRAP"
 GEMMA3_TOWER_CLASSES = ("SiglipVisionEmbeddings", "SiglipEncoderLayer", "SiglipMultiheadAttentionPoolingHead")
 GEMMA4_VISION_CLASSES = ("Gemma4VisionEncoderLayer", "Gemma4VisionPatchEmbedder")
 GEMMA4_AUDIO_CLASSES = ("Gemma4AudioLayer",)
@@ -37,29 +36,13 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from _fsdp2_tied(model, env, tc, run)
 
 
-def _text(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-
-def _wrap_without_classes(tc: TrainingConfig, run: Distributed) -> tuple[str, bool] | None:
-    """The setting that turns transformer-based auto-wrap on with no class list (the Run's wrap classes), and whether
-    it does so only on the transformers releases whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None
-    when it does not. The policy is read as written: the Run does not model it."""
-    if run.wrap_classes is not None:
+def _wrap_without_classes(run: Distributed) -> tuple[Sourced[Any], bool] | None:
+    """The Run's auto-wrap policy where it is transformer-based with no class list (the Run's wrap classes), and
+    whether only by default: TrainingArguments' `fsdp` without auto_wrap wraps so only on the transformers releases
+    whose TrainingArguments wrap by default (TRAINER_FSDP2_DEFAULTS); None where nothing wraps by class unlisted."""
+    if run.wrap_classes is not None or run.auto_wrap is None or run.auto_wrap.value is not AutoWrap.TRANSFORMER:
         return None
-    policy = tc.get("fsdp_auto_wrap_policy")
-    if policy is not None:
-        return ("fsdp_auto_wrap_policy", False) if str(policy.value).strip().upper() == TRANSFORMER_WRAP else None
-    if not tc.format.fsdp_by_training_arguments:
-        return None  # accelerate's plugin defaults to NO_WRAP when the launcher passes no policy
-    # TrainingArguments (TRL, axolotl, LLaMA-Factory): `fsdp: "full_shard auto_wrap"` picks TRANSFORMER_BASED_WRAP
-    # unless min_num_params > 0 (4.x-5.9 training_args.py); from 5.10 any `fsdp` does.
-    fsdp = tc.get("fsdp")
-    minimum = tc.get("fsdp_min_num_params")
-    size_based = minimum is not None and isinstance(minimum.value, int) and minimum.value > 0
-    if fsdp is None or size_based:
-        return None
-    return "fsdp", "auto_wrap" not in _text(fsdp.value).lower()
+    return run.auto_wrap, not run.auto_wrap_stated
 
 
 def _config(model: ModelFacts) -> dict[str, Any]:
@@ -85,11 +68,11 @@ def _absent_and_cure(model: ModelFacts) -> tuple[tuple[str, ...], tuple[str, ...
 def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
     if not run.engine.value.fsdp:
         return
-    trigger = _wrap_without_classes(tc, run)
+    trigger = _wrap_without_classes(run)
     known = _absent_and_cure(model)
     if trigger is None or known is None:
         return
-    key, by_default = trigger
+    policy, by_default = trigger
     absent, cure, window = known
     if by_default:  # both must hold: the Trainer wraps by default, and it lists the absent classes
         window = Window(window.package, f"{window.spec},{TRAINER_FSDP2_DEFAULTS.spec}", window.first_fixed)
@@ -100,7 +83,7 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Dis
     since = f"transformers {window.spec.replace(',', ', ')}"
     when = "" if exposure is Exposure.AFFECTED else f" if the run uses {since} (it will use {who})"
     paste = ",".join(cure)
-    yield setting_finding(
+    yield Finding(
         "GD660", Severity.ERROR if exposure is Exposure.AFFECTED else Severity.WARNING,
         f"FSDP transformer-based auto-wrap without a class list wraps the model's _no_split_modules, which on "
         f"{model.family.display_name} name {', '.join(absent)}: classes this checkpoint does not have, so accelerate "
@@ -108,10 +91,10 @@ def _fsdp_wrap(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Dis
         f"first of them it meets{when} "
         f"(reproduced on CPU with accelerate's FullyShardedDataParallelPlugin"
         + ("; verl #4950)" if model.family.model_type.startswith("gemma4") else ")"),
-        f"name the layers to wrap: fsdp_transformer_layer_cls_to_wrap: {paste} (accelerate config; "
+        fix=f"name the layers to wrap: fsdp_transformer_layer_cls_to_wrap: {paste} (accelerate config; "
         f"TrainingArguments: fsdp_config: {{transformer_layer_cls_to_wrap: [{', '.join(cure)}]}})"
         + (f"; or pip install \"transformers>={window.first_fixed}\"" if window.first_fixed else ""),
-        tc, key, classes_to_wrap=list(cure), classes_absent=list(absent))
+        **located(policy, tc, classes_to_wrap=list(cure), classes_absent=list(absent)))
 
 
 def _fsdp_wrap_named(model: ModelFacts, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
@@ -183,28 +166,26 @@ def _tied(model: ModelFacts) -> bool:
 
 
 def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
-    # The version as written: unset under TrainingArguments is a version window (TRAINER_FSDP2_DEFAULTS) weighed here.
-    version = tc.get("fsdp_version")
-    if not run.engine.value.fsdp or not _tied(model):
+    # The Run's engine: FSDP2 as written (fsdp_version: 2), or TrainingArguments' default, a version window
+    # (TRAINER_FSDP2_DEFAULTS) weighed here; accelerate's plugin defaults to FSDP1.
+    if run.engine.value is not Engine.FSDP2 or not _tied(model):
         return
     windows = [FSDP2_TIED_TAIL_GROUP, FSDP2_SHARED_PARAM_CHECK]
-    if version is None and tc.format.fsdp_by_training_arguments:
+    if not run.version_stated:
         windows.append(TRAINER_FSDP2_DEFAULTS)  # TrainingArguments' FSDP version is 2 by default from 5.10
-    elif version is None or str(version.value).strip() != "2":
-        return
     exposures = [env.libraries.exposure(w) for w in windows]
     if Exposure.SAFE in exposures:
         return
     affected = all(e is Exposure.AFFECTED for e in exposures)
     libs = ", ".join(env.libraries.get(w.package).describe() for w in windows)
-    yield setting_finding(
+    yield Finding(
         "GD662", Severity.ERROR if affected else Severity.WARNING,
-        "FSDP2" + (" (TrainingArguments' default from transformers 5.10)" if version is None else "")
+        "FSDP2" + ("" if run.version_stated else " (TrainingArguments' default from transformers 5.10)")
         + f" on {model.family.display_name}, whose lm_head shares embed_tokens' weight, "
         + ("with" if affected else "if the run uses") + " accelerate 1.14.0 and torch >= 2.13"
         + ("" if affected else f" (it will use {libs})")
         + ": accelerate 1.14.0 puts the tied embedding in a group of its own and lm_head in the root group, which torch "
         "2.13 refuses at the first forward: \"Parameter 'model.embed_tokens.weight' is shared with a parameter already "
         "managed by another FSDP group\" (reproduced on CPU with 2 gloo processes; accelerate PR #4171, fixed in 1.15.0)",
-        f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")", tc,
-        "fsdp_version" if version is not None else "fsdp")
+        fix=f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")",
+        **located(run.engine, tc))
