@@ -482,8 +482,13 @@ def _on(value: Any) -> bool:
     defaults a saved config writes, do not)."""
     if value is None or value is False or value == [] or value == 0:
         return False
-    text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
-    return text.strip().lower() not in _ENGINE_OFF
+    return _words(value).strip().lower() not in _ENGINE_OFF
+
+
+def _words(value: Any) -> str:
+    """A TrainingArguments option as one string: its words joined where it is written as a list (`fsdp: [full_shard,
+    auto_wrap]`)."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def wrap_class_names(value: Any) -> list[str]:
@@ -593,19 +598,25 @@ def _auto_wrap(tc: Any, base: str, stack: Any) -> tuple[Sourced[AutoWrap | str],
     if fsdp is None:  # FSDP set up by the launcher's plugin, not by TrainingArguments' `fsdp`
         return Sourced(AutoWrap.NONE, base + " (accelerate's FSDP plugin: NO_WRAP; no `fsdp` option names auto_wrap)"), \
             False
-    text = " ".join(map(str, fsdp.value)) if isinstance(fsdp.value, (list, tuple)) else str(fsdp.value)
-    if "auto_wrap" in text.lower():
+    if "auto_wrap" in _words(fsdp.value).lower():
         return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key), True
+    default = _trainer_fsdp2_default(stack)
+    if default is False:
+        return Sourced(AutoWrap.NONE, FROM_CONFIG + fsdp.key + " (TrainingArguments before transformers 5.10: no "
+                                                               "wrapping without auto_wrap)"), False
+    return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key + " (TrainingArguments' default from transformers 5.10: "
+                   "TRANSFORMER_BASED_WRAP" + ("" if default else
+                                               "; the stack's transformers may be older: no wrapping") + ")"), False
+
+
+def _trainer_fsdp2_default(stack: Any) -> bool | None:
+    """Whether the stack's transformers is one whose TrainingArguments default to FSDP2 with transformer-based wrapping
+    (versioning.TRAINER_FSDP2_DEFAULTS, from 5.10): True, False, or None where the stack (or its absence) cannot tell."""
     from gemma_doctor.stack import Exposure
     from gemma_doctor.versioning import TRAINER_FSDP2_DEFAULTS
 
     exposure = stack.exposure(TRAINER_FSDP2_DEFAULTS) if stack is not None else Exposure.UNKNOWN
-    if exposure is Exposure.SAFE:
-        return Sourced(AutoWrap.NONE, FROM_CONFIG + fsdp.key + " (TrainingArguments before transformers 5.10: no "
-                                                               "wrapping without auto_wrap)"), False
-    return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key + " (TrainingArguments' default from transformers 5.10: "
-                   "TRANSFORMER_BASED_WRAP" + ("" if exposure is Exposure.AFFECTED else
-                                               "; the stack's transformers may be older: no wrapping") + ")"), False
+    return {Exposure.AFFECTED: True, Exposure.SAFE: False}.get(exposure)
 
 
 def _fsdp_version(tc: Any, source: str, stack: Any) -> Sourced[Engine]:
@@ -621,14 +632,11 @@ def _fsdp_version(tc: Any, source: str, stack: Any) -> Sourced[Engine]:
                                                                  "alone)")
     if not tc.format.fsdp_by_training_arguments:
         return Sourced(Engine.FSDP1, source + " (accelerate's FSDP plugin: version 1 unless fsdp_version says 2)")
-    from gemma_doctor.stack import Exposure
-    from gemma_doctor.versioning import TRAINER_FSDP2_DEFAULTS
-
-    exposure = stack.exposure(TRAINER_FSDP2_DEFAULTS) if stack is not None else Exposure.UNKNOWN
-    if exposure is Exposure.SAFE:
+    default = _trainer_fsdp2_default(stack)
+    if default is False:
         return Sourced(Engine.FSDP1, source + " (TrainingArguments before transformers 5.10: FSDP1)")
     return Sourced(Engine.FSDP2, source + " (TrainingArguments' default from transformers 5.10: FSDP2"
-                   + ("" if exposure is Exposure.AFFECTED else "; the stack's transformers may be older: FSDP1") + ")")
+                   + ("" if default else "; the stack's transformers may be older: FSDP1") + ")")
 
 
 def _deepspeed_stage(s: Mapping[str, Any], by_name: bool = False) -> Sourced[int] | None:
@@ -670,8 +678,7 @@ def _fsdp_sharding(s: Mapping[str, Any], engine: Sourced[Engine]) -> Sourced[int
         if not named:
             return Sourced(3, FROM_CONFIG + version.key + " (FSDP2: fsdp_reshard_after_forward defaults to true)")
     if named:
-        text = " ".join(map(str, f.value)) if isinstance(f.value, list) else str(f.value)
-        low = text.lower()
+        low = _words(f.value).lower()
         if "full_shard" in low or "hybrid_shard" in low or low.strip() in ("1", "full_shard"):
             return Sourced(3, FROM_CONFIG + f.key)
         if "shard_grad_op" in low or low.strip() == "2":
