@@ -104,18 +104,15 @@ def _attention(model: ModelFacts, tc: TrainingConfig, written: Written) -> Itera
             "on the 256-wide sliding-window layers; NeMo-Automodel #1883, #2208, #3232): there use eager, or sdpa with "
             "torch.backends.cuda.enable_cudnn_sdp(False)", tc, "attn_implementation", max_head_dim=widest)
     # Gemma 2's missing SDPA belongs to the Gemma 2/3 attention findings; here the members new to gemma-doctor.
-    if m.family not in ("gemma2", "gemma3") and _backend(impl) in m.unsupported_attention:
+    backend = written.backend  # in transformers' words (fa2 -> flash_attention_2), run.BACKENDS
+    if m.family not in ("gemma2", "gemma3") and backend in m.unsupported_attention:
         yield _finding(
             "GD132", Severity.ERROR,
             f"{attn.config_key} asks for {impl}, which {model.family.display_name} does not support: transformers refuses to "
             f"load it (\"does not support an attention implementation through ...\" / \"does not support Flash "
             "Attention 2 yet\", reproduced with transformers 5.23.0)",
-            "use " + ("eager (or flash_attention_2 on a GPU)" if _backend(impl) == "sdpa" else "sdpa or eager"),
+            "use " + ("eager (or flash_attention_2 on a GPU)" if backend == "sdpa" else "sdpa or eager"),
             tc, "attn_implementation")
-
-
-def _backend(impl: str) -> str:
-    return {"fa2": "flash_attention_2", "fa3": "flash_attention_3"}.get(impl, impl)
 
 
 def _ddp_towers(model: ModelFacts, env: Environment, tc: TrainingConfig) -> Iterator[Finding]:
