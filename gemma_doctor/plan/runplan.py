@@ -207,6 +207,14 @@ def _config_precision(s: Mapping[str, Any]) -> tuple[str, str] | None:
 # The dtype words TRL's create_model_from_path takes (a config's dtype / torch_dtype / model_init_kwargs.dtype).
 _LOAD_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                 "float32": "float32", "fp32": "float32"}
+
+
+def _load_dtype_word(word: Any) -> str | None:
+    """A dtype as a config or a checkpoint writes it ("bf16", "torch.float32", ...) in the plan's words, None where it
+    is none the plan counts."""
+    return _LOAD_DTYPES.get(word.strip().lower().replace("torch.", "")) if isinstance(word, str) else None
+
+
 # The config class whose defaults each of TRL's trainers reads (for the source of a default).
 _TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trainer.TRL_GRPO: "GRPOConfig",
                 Trainer.TRL_RL: "trainer config"}
@@ -231,10 +239,7 @@ def checkpoint_dtype(census: Any | None) -> str | None:
     common floating dtype; None where neither is a dtype the plan counts."""
     if census is None:
         return None
-    for word in (census.declared, census.dominant):
-        if isinstance(word, str) and word.lower().replace("torch.", "") in _LOAD_DTYPES:
-            return _LOAD_DTYPES[word.lower().replace("torch.", "")]
-    return None
+    return next((d for d in map(_load_dtype_word, (census.declared, census.dominant)) if d is not None), None)
 
 
 def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None) -> tuple[Default, ...]:
@@ -278,10 +283,9 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                                          "fp16)"))
     if trainer.runs_trl or trainer is Trainer.TRANSFORMERS:
         given = s.get("torch_dtype")
-        word = given.value.strip().lower().replace("torch.", "") if given is not None and isinstance(
-            given.value, str) else None
-        if word in _LOAD_DTYPES:
-            out.append(("load_dtype", _LOAD_DTYPES[word], FROM_CONFIG + given.key))
+        word = _load_dtype_word(given.value) if given is not None else None
+        if word is not None:
+            out.append(("load_dtype", word, FROM_CONFIG + given.key))
         elif given is None:
             windows = ((versioning.TRL_LOADS_FP32, versioning.FROM_PRETRAINED_FP32) if trainer.runs_trl else
                        (versioning.FROM_PRETRAINED_FP32,))
