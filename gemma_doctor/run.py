@@ -580,10 +580,11 @@ _POLICIES = {"TRANSFORMER_BASED_WRAP": AutoWrap.TRANSFORMER, "SIZE_BASED_WRAP": 
 def _auto_wrap(tc: Any, base: str, stack: Any) -> tuple[Sourced[AutoWrap | str], bool]:
     """FSDP's auto-wrap policy, and whether the config states it: fsdp_auto_wrap_policy where written (a word accelerate
     does not know kept as written); else accelerate's plugin default, NO_WRAP, where a launcher's plugin sets FSDP up;
-    else, for TrainingArguments (TRL, axolotl, LLaMA-Factory), size-based where fsdp_config's min_num_params > 0,
-    transformer-based where its `fsdp` option says auto_wrap (4.x-5.9 training_args.py), else its default: from
-    transformers 5.10 any `fsdp` wraps transformer-based (versioning.TRAINER_FSDP2_DEFAULTS, weighed against the stack),
-    before it nothing is wrapped. ``base``: the source of FSDP's engine."""
+    else TrainingArguments' (TRL, axolotl, LLaMA-Factory), by the stack's transformers (versioning.
+    TRAINER_FSDP2_DEFAULTS): from 5.10 any `fsdp` wraps transformer-based, fsdp_config's min_num_params read only
+    beside auto_wrap_policy SIZE_BASED_WRAP; before it only an `fsdp` option naming auto_wrap wraps, by size where
+    min_num_params > 0 (training_args.py; run on 4.57.6, 5.9.0, 5.10.1 and 5.23.0). Where the stack cannot tell,
+    5.10's reading, its source saying what an older one does. ``base``: the source of FSDP's engine."""
     s: Mapping[str, Any] = tc.settings
     policy = s.get("fsdp_auto_wrap_policy")
     if policy is not None:
@@ -593,20 +594,32 @@ def _auto_wrap(tc: Any, base: str, stack: Any) -> tuple[Sourced[AutoWrap | str],
         return Sourced(AutoWrap.NONE, base + " (accelerate's FSDP plugin: NO_WRAP unless fsdp_auto_wrap_policy names "
                                               "one)"), False
     fsdp, minimum = s.get("fsdp"), s.get("fsdp_min_num_params")
-    if minimum is not None and isinstance(minimum.value, int) and minimum.value > 0:
-        return Sourced(AutoWrap.SIZE, FROM_CONFIG + minimum.key), True
     if fsdp is None:  # FSDP set up by the launcher's plugin, not by TrainingArguments' `fsdp`
         return Sourced(AutoWrap.NONE, base + " (accelerate's FSDP plugin: NO_WRAP; no `fsdp` option names auto_wrap)"), \
             False
-    if "auto_wrap" in _words(fsdp.value).lower():
-        return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key), True
+    by_size = minimum is not None and isinstance(minimum.value, int) and not isinstance(minimum.value, bool) \
+        and minimum.value > 0
+    named = "auto_wrap" in _words(fsdp.value).lower()
     default = _trainer_fsdp2_default(stack)
     if default is False:
+        if named and by_size:
+            return Sourced(AutoWrap.SIZE, FROM_CONFIG + minimum.key + " (TrainingArguments before transformers 5.10: "
+                                                                      "auto_wrap with min_num_params > 0)"), True
+        if named:
+            return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key), True
         return Sourced(AutoWrap.NONE, FROM_CONFIG + fsdp.key + " (TrainingArguments before transformers 5.10: no "
                                                                "wrapping without auto_wrap)"), False
+    ignored = f"; {minimum.key} is read only beside auto_wrap_policy: SIZE_BASED_WRAP" if by_size else ""
+    older = ""
+    if default is None:
+        older = ("; the stack's transformers may be older: by size (min_num_params)" if named and by_size else
+                 "" if named else "; the stack's transformers may be older: no wrapping")
+    if named and not by_size:
+        return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key), True
+    # Transformer-based by TrainingArguments' default: with min_num_params beside auto_wrap only from 5.10 (not stated:
+    # GD660 weighs it against that window, as it does `fsdp` without auto_wrap).
     return Sourced(AutoWrap.TRANSFORMER, FROM_CONFIG + fsdp.key + " (TrainingArguments' default from transformers 5.10: "
-                   "TRANSFORMER_BASED_WRAP" + ("" if default else
-                                               "; the stack's transformers may be older: no wrapping") + ")"), False
+                   "TRANSFORMER_BASED_WRAP" + ignored + older + ")"), False
 
 
 def _trainer_fsdp2_default(stack: Any) -> bool | None:

@@ -92,6 +92,16 @@ WRAP = ("GD660", "error", "fsdp_config.fsdp_auto_wrap_policy")
     ("fsdp: [full_shard, auto_wrap]\nfsdp_config:\n  fsdp_transformer_layer_cls_to_wrap: Gemma3DecoderLayer\n",
      "gemma3_text", "4.57.6", []),
     ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", "4.57.6", []),
+    # from 5.10 min_num_params is read only beside auto_wrap_policy: SIZE_BASED_WRAP (TrainingArguments built on
+    # 4.57.6, 5.9.0, 5.10.1, 5.23.0: size-based up to 5.9.0, TRANSFORMER_BASED_WRAP from 5.10.1; was no GD660)
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "gemma4_text", "5.23.0",
+     [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", "5.14.1", [("GD660", "error", "fsdp")]),
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", None,
+     [("GD660", "warning", "fsdp")]),
+    ("fsdp: full_shard\nfsdp_config:\n  min_num_params: 100000\n", "gemma3_text", "5.9.0", []),  # no auto_wrap: none
+    ("fsdp: full_shard\nfsdp_config:\n  min_num_params: 100000\n  auto_wrap_policy: SIZE_BASED_WRAP\n", "gemma4_text",
+     "5.23.0", []),
     ("fsdp: full_shard\n", "gemma3_text", "4.57.6", []),  # no auto_wrap: no wrapping before transformers 5.10
     ("fsdp: full_shard\n", "gemma4_text", "5.9.0", []),
     # from 5.10 TrainingArguments wraps TRANSFORMER_BASED_WRAP whenever fsdp is on (training_args.py of the wheels)

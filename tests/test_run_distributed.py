@@ -158,9 +158,21 @@ ACCEL_NO_POLICY = ACCEL_FSDP.replace("  fsdp_auto_wrap_policy: TRANSFORMER_BASED
      (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
                                  "TRANSFORMER_BASED_WRAP; the stack's transformers may be older: no wrapping)"),
       False, False, "fsdp2")),
-    # min_num_params > 0 wraps by size; fsdp_config's policy and version, each written
-    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "sft.yaml", {},
-     (("size_based_wrap", "training config fsdp_config.min_num_params"), True, False, "fsdp2")),
+    # min_num_params > 0 wraps by size beside auto_wrap before transformers 5.10; from 5.10 only beside
+    # auto_wrap_policy: SIZE_BASED_WRAP (TrainingArguments built on 4.57.6, 5.9.0, 5.10.1, 5.23.0)
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "sft.yaml", {"transformers": "5.9.0"},
+     (("size_based_wrap", "training config fsdp_config.min_num_params (TrainingArguments before transformers 5.10: "
+                          "auto_wrap with min_num_params > 0)"), True, False, "fsdp1")),
+    ("fsdp: full_shard auto_wrap\nfsdp_config:\n  min_num_params: 100000\n", "sft.yaml", {"transformers": "5.23.0"},
+     (("transformer_based_wrap", "training config fsdp (TrainingArguments' default from transformers 5.10: "
+                                 "TRANSFORMER_BASED_WRAP; fsdp_config.min_num_params is read only beside "
+                                 "auto_wrap_policy: SIZE_BASED_WRAP)"), False, False, "fsdp2")),
+    ("fsdp: full_shard\nfsdp_config:\n  min_num_params: 100000\n", "sft.yaml", {"transformers": "5.9.0"},
+     (("no_wrap", "training config fsdp (TrainingArguments before transformers 5.10: no wrapping without auto_wrap)"),
+      False, False, "fsdp1")),
+    ("fsdp: full_shard\nfsdp_config:\n  min_num_params: 100000\n  auto_wrap_policy: SIZE_BASED_WRAP\n", "sft.yaml",
+     {"transformers": "5.23.0"}, (("size_based_wrap", "training config fsdp_config.auto_wrap_policy"), True, False,
+                                  "fsdp2")),
     ("fsdp: full_shard\nfsdp_config:\n  auto_wrap_policy: NO_WRAP\n  version: 2\n", "sft.yaml", {},
      (("no_wrap", "training config fsdp_config.auto_wrap_policy"), True, True, "fsdp2")),
     # a version written that is neither 1 nor 2 is stated, and no FSDP2 (accelerate runs FSDP2 for 2 alone)
