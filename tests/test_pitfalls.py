@@ -456,9 +456,18 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
     # TRL 1.16.0 loads float32 where model_init_kwargs names no dtype (TRL_LOADS_FP32): with bf16 off nothing casts
     ((), {"attn_implementation": "flash_attention_2", "max_length": 1024, "bf16": False}, "float32", ["GD684"]),
     # axolotl passes from_pretrained the torch_dtype its switches make (0.19.0 normalize_config's resolve_dtype):
-    # float32 without bf16 / fp16, and nothing casts the queries (was no GD684: the plan's own float32)
+    # float32 with bf16 and fp16 off, and nothing casts the queries (was no GD684: the plan's own float32)
+    (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True,
+                                     "bf16": False}, "float32", ["GD684"]),
+    # no switch is its schema's bf16: auto, bf16 on every CUDA GPU (validate_config + normalize_config run on 0.19.0:
+    # torch.bfloat16): no GD684 (was float32 and GD684)
     (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True},
-     "float32", ["GD684"]),
+     "bfloat16", []),
+    # the config's format names the trainer that runs it, whatever this machine has installed: axolotl 0.19.0's and
+    # LLaMA-Factory 0.9.5's loaders are assumed where the stack does not name them (was no GD684: the plan's own dtype)
+    ((), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True, "bf16": False}, "float32",
+     ["GD684"]),
+    ((), {"stage": "sft", "finetuning_type": "full", "flash_attn": "fa2"}, "float32", ["GD684"]),
     (("--with", "axolotl==0.19.0"), {"base_model": "acme/model", "micro_batch_size": 1, "flash_attention": True,
                                      "bf16": True}, "bfloat16", []),
     # bf16: auto is bf16 on every GPU flash-attn 2 runs on (Ampere+): the GPU decides, the plan's dtype stays
@@ -486,6 +495,45 @@ def test_gd684_and_the_memory_plan_read_the_one_load_dtype_of_the_run(cli, hub, 
     [model] = r.json()["models"]
     assert sorted(f["code"] for f in model["findings"] if f["code"] == "GD684") == expected
     assert model["run"]["load_dtype"] == load and model["memory"]["run"]["load_dtype"] == load
+
+
+AX = {"base_model": "acme/model", "micro_batch_size": 1}
+LF = {"stage": "sft", "finetuning_type": "lora"}
+
+
+@pytest.mark.parametrize("training, gpu, precision, load, codes", [
+    # axolotl 0.19.0's schema defaults bf16 to `auto`, which resolve_dtype turns on wherever
+    # torch.cuda.is_bf16_supported() says so, counting emulation (validate_config + normalize_config run here: no
+    # switch -> bf16, torch.bfloat16): bf16 on an A100 and, emulated, on a T4 (GD605), never fp32 (was GD609 and,
+    # on a T4, an fp32 plan of 20.3 GiB)
+    (AX, "A100", "bf16", "bfloat16", set()),
+    (AX, "T4", "bf16", "bfloat16", {"GD605"}),
+    ({**AX, "fp16": False}, "A100", "bf16", "bfloat16", set()),  # fp16 off leaves bf16's auto (was fp32)
+    ({**AX, "bf16": "auto", "fp16": True}, "T4", "fp16", "float16", {"GD605", "GD602"}),  # auto turns off beside fp16
+    ({**AX, "bf16": False}, "A100", "fp32", "float32", {"GD609"}),
+    # LLaMA-Factory 0.9.5: bf16 / fp16 false unless set, no autocast (was the recommended bf16); a LoRA base keeps the
+    # checkpoint's dtype
+    (LF, "A100", "fp32", "bfloat16", {"GD609"}),
+    ({**LF, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+])
+def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_trainer_runs(
+        cli, hub, tmp_path, training, gpu, precision, load, codes):
+    """The precision of an axolotl / LLaMA-Factory config that sets no switch is its trainer's own default, by the
+    config's format (the release read here assumed: neither trainer is installed): the Run, the memory plan and the
+    precision findings say the same."""
+    hub.add("acme/model", {"config.json": gemma3_1b_config()})
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(training))
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--format", "json", "--fail-on", "never", "--gpu", gpu,
+            "--training-config", str(path))
+    [model] = r.json()["models"]
+    run = model["run"]
+    assert (run["precision"]["value"], run["load_dtype"]) == (precision, load)
+    assert (model["memory"]["run"]["precision"], model["memory"]["run"]["load_dtype"]) == (precision, load)
+    assert {f["code"] for f in model["findings"]} & {"GD602", "GD605", "GD609"} == codes
+    if "switch" not in str(training) and "bf16" not in training and "fp16" not in training:
+        trainer = "axolotl 0.19.0" if "base_model" in training else "llamafactory 0.9.5"
+        assert run["precision"]["source"].startswith(f"default of {trainer} (assumed: ")
 
 
 @pytest.mark.parametrize("training, severity", [

@@ -152,21 +152,25 @@ def test_the_axolotl_key_table_is_read_from_axolotl_s_schema():
 
 
 @pytest.mark.parametrize("switches, dtype, key", [("bf16: true\n", "bfloat16", "bf16"), ("fp16: true\n", "float16", "fp16"),
-                                                  ("", "float32", "load_in_4bit")])
+                                                  ("bf16: false\n", "float32", "bf16")])
 def test_a_quantized_axolotl_config_loads_in_the_dtype_its_precision_says(switches, dtype, key):
     """axolotl's normalize_config sets torch_dtype from bf16 / fp16 / load_in_8bit (else float32) and loads with it
-    (0.19.0, run on the real package: bf16 -> torch.bfloat16, fp16 / load_in_8bit -> torch.float16, none ->
-    torch.float32): the reader states that dtype where the config names none."""
+    (0.19.0, run on the real package: bf16 -> torch.bfloat16, fp16 / load_in_8bit -> torch.float16, bf16 and fp16
+    off -> torch.float32): the reader states that dtype where the config names none."""
     tc = parse(f"base_model: m\nadapter: qlora\nload_in_4bit: true\n{switches}", "ax.yaml", True)
     got = tc.get("torch_dtype")
     assert (got.key, got.value) == (key, dtype)
 
 
 @pytest.mark.parametrize("switches, expected", [("bf16: auto\nfp16: true\n", ("fp16", "float16")),
-                                                ("bf16: auto\n", None)])
+                                                ("bf16: auto\n", None),
+                                                # no switch is `bf16: auto`, the schema's default (was float32)
+                                                ("", None), ("fp16: true\n", ("fp16", "float16"))])
 def test_axolotl_s_bf16_auto_is_the_gpu_s_choice_unless_fp16_is_on(switches, expected):
     """axolotl 0.19.0's resolve_dtype (utils/config/__init__.py) turns `bf16: auto` off where fp16 is on (torch_dtype
-    float16, was left open), and leaves it to is_torch_bf16_gpu_available otherwise (no dtype the reader can state)."""
+    float16, was left open), and leaves it to is_torch_bf16_gpu_available otherwise (no dtype the reader can state).
+    An unset bf16 is `auto`: validate_config fills in the schema's default before normalize_config (both run on the
+    real 0.19.0 here: no switch -> torch.bfloat16 where the GPU has bf16, torch.float16 where not)."""
     tc = parse(f"base_model: m\nadapter: qlora\nload_in_4bit: true\n{switches}", "ax.yaml", True)
     got = tc.get("torch_dtype")
     assert ((got.key, got.value) if got is not None else None) == expected

@@ -303,45 +303,93 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                 tf = stack.get("transformers").describe()
                 out.append(("load_dtype", checkpoint, f"default of from_pretrained with {tf} (>=5.0.0: the "
                                                       "checkpoint's dtype where the script passes none)"))
-    elif trainer in (Trainer.AXOLOTL, Trainer.LLAMA_FACTORY) and "torch_dtype" not in s:
-        own = _own_load_dtype(trainer, s, stack, checkpoint)
+    elif trainer in (Trainer.AXOLOTL, Trainer.LLAMA_FACTORY):
+        own = _own_precision(trainer, s, stack)
+        if own is not None:
+            out.append(own)
+        own = _own_load_dtype(trainer, s, stack, checkpoint) if "torch_dtype" not in s else None
         if own is not None:
             out.append(own)
     return tuple(out)
 
 
+# The releases whose source the trainers' own defaults below were read (and run) in: what is assumed where the stack
+# does not name the trainer. The config's format names the trainer that executes it, whatever the machine that checks
+# it has installed (an axolotl YAML is run by axolotl).
+TRAINER_RELEASES = {Trainer.AXOLOTL: ("axolotl", "0.19.0"), Trainer.LLAMA_FACTORY: ("llamafactory", "0.9.5")}
+
+
+def trainer_release(trainer: Trainer, stack: Any | None) -> str:
+    """The trainer release whose behaviour applies, as a source says it: the stack's (installed, --with, a pin), else
+    the release read here, said as assumed."""
+    name, version = TRAINER_RELEASES[trainer]
+    pkg = stack.get(name) if stack is not None else None
+    if pkg is not None and not pkg.absent:
+        return pkg.describe()
+    return f"{name} {version} (assumed: {name} is not installed here)"
+
+
+def _own_precision(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) -> Default | None:
+    """The precision axolotl's or LLaMA-Factory's own defaults give a config whose switches leave it open. axolotl
+    0.19.0: its schema's `bf16` defaults to `auto`, and resolve_dtype (normalize_config) turns `auto` off beside
+    `fp16: true`, else on wherever transformers' is_torch_bf16_gpu_available() says so, which is
+    torch.cuda.is_bf16_supported() counting emulation: every CUDA GPU (validate_config + normalize_config run here:
+    no switch -> bf16 and torch.bfloat16 with bf16 support, fp16 and torch.float16 without). LLaMA-Factory 0.9.5:
+    its TrainingArguments' bf16 / fp16 default to false and nothing turns them on (hparams/parser.py only warns "We
+    recommend enable mixed precision training"): no autocast, fp32, unless pure_bf16."""
+    bf16, fp16 = s.get("bf16"), s.get("fp16")
+    who = trainer_release(trainer, stack)
+    if trainer is Trainer.AXOLOTL:
+        auto = bf16 is None or (isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto")
+        if not auto:
+            return None  # bf16 written true / false: the switches say it
+        said = "bf16 unset is its schema's auto" if bf16 is None else f"{bf16.key}: auto"
+        if fp16 is not None and truthy(fp16.value):
+            return "precision", "fp16", f"default of {who}: {said}, off beside {fp16.key}: true"
+        return ("precision", "bf16", f"default of {who}: {said}, on wherever torch.cuda.is_bf16_supported() says so "
+                                     "(counting emulation): every CUDA GPU")
+    pure = s.get("pure_bf16")
+    if bf16 is None and fp16 is None and "mixed_precision" not in s and not (pure is not None and truthy(pure.value)):
+        return ("precision", "fp32", f"default of {who}: bf16 and fp16 false unless set (no autocast; it only "
+                                     "recommends mixed precision)")
+    return None
+
+
 def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, checkpoint: str | None) -> Default | None:
-    """The dtype axolotl's or LLaMA-Factory's own loader gives the weights (never a library's default), where the
-    stack names the trainer (installed or --with: the version that runs is known) and the config fixes it:
-    axolotl's normalize_config passes from_pretrained torch_dtype from its switches (readers.training_config.
-    axolotl_load_dtype: float32 without bf16 / fp16); LLaMA-Factory loads torch_dtype="auto" (the checkpoint's dtype)
+    """The dtype axolotl's or LLaMA-Factory's own loader gives the weights (never a library's default), by the
+    config's format (the trainer that runs it; its release ``trainer_release``, assumed where the stack does not name
+    it) where the config fixes it: axolotl's normalize_config passes from_pretrained torch_dtype from its switches
+    (readers.training_config.axolotl_load_dtype; bf16 `auto`, its default, is bfloat16 on a CUDA GPU: _own_precision,
+    float32 only with bf16 and fp16 off); LLaMA-Factory loads torch_dtype="auto" (the checkpoint's dtype)
     and its init_adapter upcasts the trainable weights to float32 unless pure_bf16 (read in the 0.9.5 wheel: full
-    fine-tuning then holds float32 weights; a LoRA base stays in the checkpoint's dtype). Quantized loads, `bf16: auto`
-    (the GPU decides), LLaMA-Factory without finetuning_type, freeze tuning (some layers upcast) and DeepSpeed (ZeRO-3
+    fine-tuning then holds float32 weights; a LoRA base stays in the checkpoint's dtype). Quantized loads,
+    LLaMA-Factory without finetuning_type, freeze tuning (some layers upcast) and DeepSpeed (ZeRO-3
     keeps its own float32 copy) stay open."""
     from gemma_doctor.readers.training_config import axolotl_load_dtype
 
-    name = "axolotl" if trainer is Trainer.AXOLOTL else "llamafactory"
-    pkg = stack.get(name) if stack is not None else None
+    who = trainer_release(trainer, stack)
     quantized = any(k in s and (truthy(s[k].value) or s[k].value in (4, 8)) for k in ("load_in_4bit", "load_in_8bit"))
-    if pkg is None or pkg.absent or quantized:
+    if quantized:
         return None
     if trainer is Trainer.AXOLOTL:
         derived = axolotl_load_dtype(s)
         if derived is None:
-            return None
+            # bf16 `auto` (written, or its schema's default): resolve_dtype turns it on on every CUDA GPU
+            # (_own_precision), and torch_dtype follows it.
+            return ("load_dtype", "bfloat16", f"default of {who}: normalize_config's torch_dtype, bfloat16 with bf16: "
+                                              "auto on a CUDA GPU")
         word, key = derived
-        why = f"with {s[key].key}: {s[key].value}" if key is not None else "without bf16 / fp16"
-        return "load_dtype", word, f"default of {pkg.describe()}: normalize_config's torch_dtype, {word} {why}"
+        why = f"with {s[key].key}: {s[key].value}" if key is not None else "with bf16 and fp16 off"
+        return "load_dtype", word, f"default of {who}: normalize_config's torch_dtype, {word} {why}"
     adapter, pure = s.get("adapter"), s.get("pure_bf16")
     kind = str(adapter.value).strip().lower() if adapter is not None else None
     if "deepspeed" in s or (pure is not None and truthy(pure.value)):
         return None
     if kind == "full":
-        return ("load_dtype", "float32", f"default of {pkg.describe()}: init_adapter upcasts a full fine-tuning's "
+        return ("load_dtype", "float32", f"default of {who}: init_adapter upcasts a full fine-tuning's "
                                          "weights to float32 without pure_bf16")
     if kind in ("lora", "oft") and checkpoint is not None:
-        return ("load_dtype", checkpoint, f"default of {pkg.describe()}: from_pretrained(torch_dtype=\"auto\") "
+        return ("load_dtype", checkpoint, f"default of {who}: from_pretrained(torch_dtype=\"auto\") "
                                           "loads the checkpoint's dtype, which a LoRA base keeps")
     return None
 

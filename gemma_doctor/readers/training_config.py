@@ -449,9 +449,11 @@ def axolotl_load_dtype(settings: Mapping[str, Setting]) -> tuple[str, str | None
     """(dtype, the setting it follows from or None) axolotl passes from_pretrained as torch_dtype: resolve_dtype in
     normalize_config (axolotl 0.19.0 utils/config/__init__.py) sets bf16 -> bfloat16, else load_in_8bit or fp16 ->
     float16, else float32 (fp16 with bf16 `auto` turns auto off). None where bf16 is `auto` and fp16 is not on: the
-    GPU decides (is_torch_bf16_gpu_available)."""
+    GPU decides (is_torch_bf16_gpu_available). An unset bf16 is `auto`: its schema's default, which validate_config
+    fills in before normalize_config (both run here on 0.19.0: no switch loads torch.bfloat16 where the GPU has bf16,
+    torch.float16 where not; float32 only with bf16 off)."""
     bf16, fp16, eight = settings.get("bf16"), settings.get("fp16"), settings.get("load_in_8bit")
-    auto = bf16 is not None and isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto"
+    auto = bf16 is None or (isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto")
     if bf16 is not None and not auto and truthy(bf16.value):
         return "bfloat16", "bf16"
     if fp16 is not None and truthy(fp16.value):

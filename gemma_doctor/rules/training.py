@@ -15,6 +15,7 @@ from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import checkpoints, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
+from gemma_doctor.trainers import Trainer
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
 
 HYBRID_CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
@@ -146,14 +147,18 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     # themselves (fp16_key, bf16_key) stay the file's: GD604's two switches on is a run that does not start, which the
     # Run does not model.
     run = model.run
-    if run is not None and run.precision.value == "bf16" and run.precision.source.startswith("default of "):
+    by_default = run is not None and run.precision.value == "bf16" and run.precision.source.startswith("default of ")
+    if by_default and run.trainer.value.runs_trl:
         bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
     else:
         bf16_default = None
+    # axolotl's schema defaults bf16 to `auto` (0.19.0; runplan._own_precision): an unset bf16 asks the machine as a
+    # written `auto` does (GD605, not GD609's fp32).
+    axolotl_auto = by_default and run.trainer.value is Trainer.AXOLOTL and not bf16_auto
     # Whether TRL's default applies where the stack's TRL version is unknown (GD609 then says both).
     trl_bf16 = tc.bf16_by_trainer(env.libraries)
     if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"} \
-            and bf16_default is None:
+            and bf16_default is None and not axolotl_auto:
         unless = ("unless the launcher adds it, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
                   "stack's TRL version is not known)" if trl_bf16 is Exposure.UNKNOWN else "unless the launcher adds it")
         yield _finding("GD609", Severity.INFO,
@@ -178,9 +183,11 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        "compute capability >= 8.0): torch emulates it, slowly, or the run fails",
                        "set bf16 to false and train in fp32" + (" (never fp16 for this model)" if fp16_unsafe else "")
                        + ", or use an A100/L4/H100-class GPU", tc, bf16_key)
-    if bf16_auto and (gpu.emulated_trap or gpu.native_bf16 is False):
+    if (bf16_auto or axolotl_auto) and (gpu.emulated_trap or gpu.native_bf16 is False):
         yield _finding("GD605", Severity.WARNING,
-                       f"bf16: auto resolves through torch.cuda.is_bf16_supported(), which counts emulation, so on "
+                       ("bf16 unset is bf16: auto under axolotl (its schema's default), which " if axolotl_auto
+                        else "bf16: auto ")
+                       + f"resolves through torch.cuda.is_bf16_supported(), which counts emulation, so on "
                        f"{gpu.label} it picks slow emulated bf16",
                        "set bf16: false (fp32) explicitly on this GPU", tc, "bf16")
     four_bit = _four_bit(model, env)
