@@ -273,6 +273,54 @@ def test_a_deepspeed_file_named_by_the_training_config_adds_its_stage(tmp_path):
     assert training_config.read(str(tmp_path / "ds_z3.json")).get("zero_stage").key == "zero_optimization.stage"
 
 
+AX_DS = "base_model: acme/model\nmicro_batch_size: 1\nbf16: true\ndeepspeed: {}\n"
+
+
+@pytest.mark.parametrize("name, stage, offload", [
+    ("deepspeed_configs/zero3.json", 3, (None, None)),
+    ("deepspeed_configs/zero3_bf16.json", 3, (None, None)),
+    ("deepspeed_configs/zero3_bf16_cpuoffload_all.json", 3, ("cpu", "cpu")),
+    ("deepspeed_configs/zero3_bf16_cpuoffload_params.json", 3, (None, "cpu")),
+    ("deepspeed_configs/zero2.json", 2, ("cpu", None)),  # axolotl's zero2.json offloads the optimizer
+    ("deepspeed_configs/zero1.json", 1, (None, None)),
+    ("zero3.json", 3, (None, None)),
+])
+def test_axolotl_s_bundled_deepspeed_file_is_read_by_its_name_where_it_is_not_on_disk(tmp_path, name, stage, offload):
+    """Issue 32: `deepspeed: deepspeed_configs/zero3.json` in an axolotl config names a file axolotl's repository
+    ships (`axolotl fetch deepspeed_configs`; deepspeed_configs/ read at 067b021), seldom on the checking machine: its
+    stage and offload are read by the name (was: nothing, so GD661 did not judge it and the plan did not shard)."""
+    (tmp_path / "ax.yaml").write_text(AX_DS.format(name))
+    tc = training_config.read(str(tmp_path / "ax.yaml"))
+    got = tc.get("zero_stage")
+    assert (got.value, got.key) == (stage, f"deepspeed (axolotl's deepspeed_configs/{Path(name).name}: "
+                                           "zero_optimization.stage)")
+    assert tuple(getattr(tc.get(n), "value", None) for n in ("offload_optimizer", "offload_param")) == offload
+    facts, env = facts_env_of(tc, "gemma4", transformers="5.5.4")
+    found = [(f.code, f.severity.value) for f in distributed.check(facts, env, CheckOptions(gpu=None))]
+    assert found == ([("GD661", "error")] if stage == 3 else [])
+
+
+def test_a_local_deepspeed_file_wins_over_axolotl_s_bundled_one_and_only_axolotl_reads_the_bundle(tmp_path):
+    (tmp_path / "deepspeed_configs").mkdir()
+    (tmp_path / "deepspeed_configs" / "zero3.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    (tmp_path / "ax.yaml").write_text(AX_DS.format("deepspeed_configs/zero3.json"))
+    got = training_config.read(str(tmp_path / "ax.yaml")).get("zero_stage")
+    assert (got.value, got.key) == (2, "deepspeed (zero3.json: zero_optimization.stage)")
+    # a TRL config naming a file of that name that is not here: nothing is assumed of it
+    (tmp_path / "sft.yaml").write_text("max_length: 512\nbf16: true\ndeepspeed: deepspeed_configs/zero3_bf16.json\n")
+    assert training_config.read(str(tmp_path / "sft.yaml")).get("zero_stage") is None
+    (tmp_path / "ax2.yaml").write_text(AX_DS.format("somewhere/zero3.json"))  # not axolotl's folder
+    assert training_config.read(str(tmp_path / "ax2.yaml")).get("zero_stage") is None
+
+
+def facts_env_of(tc, model: str, **versions: str):
+    cfg = MODELS[model]
+    folder = Path("model")
+    facts = ModelFacts(Snapshot("x", folder), JsonFile(folder / "config.json", True, data=cfg),
+                       JsonFile(folder / "generation_config.json", False), detect(cfg))
+    return facts, Environment(Versions({k: v for k, v in {**NEW, **versions}.items() if v}), training_config=tc)
+
+
 @pytest.fixture(scope="module")
 def tied_runs(tmp_path_factory) -> dict:
     """FSDP2 through accelerate's fsdp2_prepare_model on 2 gloo processes, and check's GD662, per accelerate."""

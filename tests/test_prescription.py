@@ -200,6 +200,34 @@ def test_full_fine_tuning_on_8_gpus_shards_before_changing_the_method(cli, examp
     assert yaml.safe_load(m["snippets"]["yaml"])["deepspeed"].startswith(f"deepspeed_configs/zero{p['zero_stage']}")
 
 
+@pytest.mark.parametrize("model, args", [(G3, ("--gpu", "H100", "--method", "full", "--num-gpus", "8")),  # ZeRO-2
+                                         (G3, ("--gpu", "A100", "--method", "full", "--num-gpus", "8"))])  # ZeRO-3
+def test_the_prescribed_deepspeed_file_is_one_axolotl_ships_and_check_reads_its_stage(cli, examples, tmp_path, model,
+                                                                                      args):
+    """Issue 32: the YAML named deepspeed_configs/zero2_bf16.json / zero3_fp16.json, files axolotl's repository does not
+    ship (`axolotl fetch deepspeed_configs` has zero1/zero2/zero3.json and zero3_bf16*.json), and check read no stage
+    of it. Now a file axolotl ships, whose stage check reads back by its name: the Run's DeepSpeed stage is the
+    prescription's (axolotl's zero2.json offloads the optimizer to the CPU: the Run says so too)."""
+    from gemma_doctor.readers.training_config import AXOLOTL_DEEPSPEED_FILES
+
+    code, m = _rec(cli, model, "--cache-dir", examples, *args)
+    p = m["prescription"]
+    if p is None or p["num_gpus"] < 2 or not p["zero_stage"]:
+        pytest.skip("no sharded prescription here")
+    text = m["snippets"]["yaml"]
+    name = Path(yaml.safe_load(text)["deepspeed"]).name
+    assert name in AXOLOTL_DEEPSPEED_FILES and AXOLOTL_DEEPSPEED_FILES[name]["zero_stage"] == p["zero_stage"], text
+    path = tmp_path / "ax.yaml"
+    path.write_text(text)
+    r = cli("check", model, "--cache-dir", examples, "--training-config", path, *args[:2], "--format", "json",
+            "--fail-on", "never")
+    stage = r.json()["models"][0]["run"]["distributed"]["zero_stage"]
+    assert (stage["value"], stage["source"]) == (p["zero_stage"], f"training config deepspeed (axolotl's "
+                                                                   f"deepspeed_configs/{name}: zero_optimization.stage)")
+    offload = r.json()["models"][0]["run"]["distributed"]["offload_optimizer"]
+    assert (offload or {}).get("value") == AXOLOTL_DEEPSPEED_FILES[name].get("offload_optimizer")
+
+
 def test_a_fixed_batch_that_does_not_fit_keeps_the_effective_batch(cli, examples):
     code, m = _rec(cli, G3, "--cache-dir", examples, "--gpu", "A100", "--method", "lora", "--batch-size", "4",
                    "--seq-len", "2048")

@@ -486,8 +486,11 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         # (normalize_config), so the YAML states the run the launcher must start (the accelerate line below)
         axolotl["world_size"] = mem.num_gpus
         if mem.zero_stage:
-            suffix = {"bf16": "_bf16", "fp16": "_fp16"}.get(precision, "")
-            axolotl["deepspeed"] = f"deepspeed_configs/zero{mem.zero_stage}{suffix}.json"
+            # A file axolotl ships (readers/training_config.AXOLOTL_DEEPSPEED_FILES, `axolotl fetch
+            # deepspeed_configs`): zero3_bf16.json for bf16, else the file whose bf16 / fp16 "auto" copy the YAML's
+            # switches (zero{1,2,3}_bf16 / _fp16 beside them do not exist). zero2.json offloads the optimizer to the CPU.
+            name = "zero3_bf16.json" if mem.zero_stage == 3 and precision == "bf16" else f"zero{mem.zero_stage}.json"
+            axolotl["deepspeed"] = f"deepspeed_configs/{name}"
     return {
         "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
                          "from_pretrained": load_kwargs, "use_cache": i.keep_use_cache,

@@ -426,8 +426,10 @@ def _config(data: dict[str, Any], path: str, fmt: trainers.ConfigKind, settings:
     if named is not None:  # TRL's DPOConfig's or GRPOConfig's own keys, without rl / stage
         settings["rl"] = Setting(named[0], named[1], line_of(named[0]))
     rl = settings.get("rl")
-    return TrainingConfig(path, kind=fmt.name, settings=settings, problems=problems,
-                          trainer=trainers.decide(fmt, data, rl.value if rl is not None else None))
+    trainer = trainers.decide(fmt, data, rl.value if rl is not None else None)
+    if trainer is not None and trainer.value is trainers.Trainer.AXOLOTL:
+        settings.update(_bundled_deepspeed_settings(settings))
+    return TrainingConfig(path, kind=fmt.name, settings=settings, problems=problems, trainer=trainer)
 
 
 def _derived_load_dtype(settings: dict[str, Setting]) -> Setting | None:
@@ -602,16 +604,36 @@ def read(path: str, follow: bool = True) -> TrainingConfig:
 _DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param", "bf16", "fp16")
 
 
+# The DeepSpeed JSONs axolotl ships in its repository's deepspeed_configs/ (what `axolotl fetch deepspeed_configs`
+# downloads from main; read at 067b021, Jul 2026): the settings each adds, in _DEEPSPEED_FILE_SETTINGS' names. Their
+# bf16 / fp16 are "auto" (copying TrainingArguments) but for the zero3_bf16* files' `bf16: {enabled: true}`; zero2.json
+# offloads the optimizer to the CPU.
+AXOLOTL_DEEPSPEED_FILES: dict[str, dict[str, Any]] = {
+    "zero1.json": {"zero_stage": 1}, "zero1_torch_compile.json": {"zero_stage": 1},
+    "zero2.json": {"zero_stage": 2, "offload_optimizer": "cpu"},
+    "zero2_torch_compile.json": {"zero_stage": 2, "offload_optimizer": "cpu"},
+    "zero3.json": {"zero_stage": 3}, "zero3_bf16.json": {"zero_stage": 3, "bf16": True},
+    "zero3_bf16_cpuoffload_all.json": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "bf16": True},
+    "zero3_bf16_cpuoffload_params.json": {"zero_stage": 3, "offload_param": "cpu", "bf16": True},
+}
+# Where a bundled file's settings are said to come from (each setting's key names the file and its own key).
+_BUNDLED = "axolotl's deepspeed_configs/"
+_BUNDLED_KEYS = {"zero_stage": "zero_optimization.stage", "offload_optimizer": "zero_optimization.offload_optimizer.device",
+                 "offload_param": "zero_optimization.offload_param.device", "bf16": "bf16.enabled"}
+
+
 def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     """Add the ZeRO stage and offload of the DeepSpeed JSON a config names (TrainingArguments / TRL / axolotl /
     LLaMA-Factory `deepspeed: ds_z3.json`, accelerate's `deepspeed_config.deepspeed_config_file`) when the config
     itself does not state them. The path is tried as written (relative to the working folder, as the launchers read
-    it), then next to the config. A file that cannot be read adds nothing: the config's own settings stand."""
+    it), then next to the config; a file found replaces what an axolotl config's bundled file of that name was taken
+    to say (``_bundled_deepspeed_settings``). A file that cannot be read adds nothing: the config's own settings
+    stand."""
     if not tc.ok:
         return tc
     ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
     if ref is None or not isinstance(ref.value, str) or not ref.value.strip().lower().endswith(".json") \
-            or all(tc.get(name) is not None for name in _DEEPSPEED_FILE_SETTINGS):
+            or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key for name in _DEEPSPEED_FILE_SETTINGS):
         return tc
     written = Path(ref.value.strip())
     for candidate in (written, Path(tc.path).parent / written):
@@ -622,10 +644,28 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     ds = read(str(candidate), follow=False)
     if not ds.ok or not isinstance(ds.format, trainers.DeepSpeed):
         return tc
+    # The file on disk replaces what axolotl's bundled file of that name was taken to say.
+    own = {name: v for name, v in tc.settings.items() if _BUNDLED not in v.key}
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
-             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in tc.settings
+             for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in own
              and not (isinstance(ds.settings[name].value, str) and ds.settings[name].value.strip().lower() == "auto")}
-    return replace(tc, settings={**tc.settings, **added}) if added else tc
+    return replace(tc, settings={**own, **added}) if added or len(own) < len(tc.settings) else tc
+
+
+def _bundled_deepspeed_settings(settings: Mapping[str, Setting]) -> dict[str, Setting]:
+    """The settings an axolotl config's `deepspeed` adds where it names one of axolotl's own deepspeed_configs/ files
+    (`deepspeed_configs/zero3_bf16.json`), by the name: the training machine fetches that file (`axolotl fetch
+    deepspeed_configs`), the checking one seldom has it. Read wherever the config is (a user's file, the prescription's
+    YAML); a file of that path on disk here replaces them (``_with_deepspeed_file``)."""
+    ref = settings.get("deepspeed")
+    if ref is None or not isinstance(ref.value, str):
+        return {}
+    written = Path(ref.value.strip())
+    bundled = AXOLOTL_DEEPSPEED_FILES.get(written.name)
+    if bundled is None or written.parent.name not in ("deepspeed_configs", ""):
+        return {}
+    return {name: Setting(f"{ref.key} ({_BUNDLED}{written.name}: {_BUNDLED_KEYS[name]})", value, ref.line)
+            for name, value in bundled.items() if name not in settings}
 
 
 def load(path: str) -> TrainingConfig:
