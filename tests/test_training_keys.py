@@ -186,3 +186,44 @@ def test_a_qlora_axolotl_config_without_a_dtype_is_no_gd705(hub, cli, tmp_path):
     r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--with", "transformers==4.50.3",
             "--training-config", path, "--format", "json", "--fail-on", "never")
     assert "GD705" not in {f["code"] for f in r.json()["models"][0]["findings"]}
+
+
+AXOLOTL = ("axolotl==0.19.0", "colorama==0.4.6", "addict==2.4.0", "pillow==13.0.0")  # as tests/test_catalogue.py
+
+
+@pytest.mark.slow
+def test_axolotl_s_own_config_path_gives_the_precision_and_load_dtype_check_plans(tmp_path):
+    """axolotl 0.19.0's validate_config fills in its schema's `bf16: auto` where the config sets none, and
+    normalize_config's resolve_dtype turns it on where is_torch_bf16_gpu_available() says so (every CUDA GPU: torch
+    counts emulation), else fp16 (run here on the real modules): the precision and load dtype check plans for an axolotl
+    config (runplan.trainer_defaults over the config's switches) are the ones axolotl runs with on a bf16 GPU. Was: no
+    switch planned in the recommended precision, its load dtype float32."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    from gemma_doctor.plan import runplan
+    from tests.venvs import ROOT, ensure_packages, subprocess_env
+
+    transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16, vocab_size=300).save_pretrained(tmp_path / "tiny")
+    cases = {"none": {}, "fp16 off": {"fp16": False}, "bf16 off": {"bf16": False}, "auto": {"bf16": "auto"},
+             "auto, fp16": {"bf16": "auto", "fp16": True}, "bf16": {"bf16": True}}
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_precision.py"), str(tmp_path / "tiny"),
+                           json.dumps(cases)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    # Where the GPU says no bf16 (a CPU; torch counts a T4's emulation as bf16), axolotl falls back to fp16
+    assert ran["none|False"] == {"bf16": False, "fp16": True, "torch_dtype": "float16"}
+    for name, settings in cases.items():
+        axolotl = ran[f"{name}|True"]
+        text = "base_model: m\nmicro_batch_size: 1\n" + "".join(f"{k}: {str(v).lower()}\n" for k, v in settings.items())
+        tc = parse(text, "ax.yaml", True)
+        values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+        for key, value, _why in runplan.trainer_defaults(tc, None, None):
+            if key in ("precision", "load_dtype"):
+                values[key] = value
+        autocast = "bf16" if axolotl["bf16"] else "fp16" if axolotl["fp16"] else "fp32"
+        assert (values.get("precision"), values.get("load_dtype")) == (autocast, axolotl["torch_dtype"]), name
