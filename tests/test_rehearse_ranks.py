@@ -3,9 +3,9 @@ torch's launcher, sharded by torch's FSDP as accelerate's own launcher and plugi
 (gemma_doctor/rehearse/ranks.py); a launched 2-rank script whose rank hangs, killed with its process group; and the
 user's own Trainer script asking for FSDP under `torchrun --nproc-per-node 2` (gemma_doctor/rehearse/hook/probe.py),
 its accumulation check and resume on both ranks, healthy and broken (checkpoints that hold no optimizer
-state, a wrap class the model lacks).
+state, a wrap class the model lacks), and a rank that fails alone in the accumulation check's copy.
 
-Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are five, marked
+Each 2-rank run is a child of two processes importing the stack (most of its seconds), so there are six, marked
 slow; a launched run is made once per module (a module-scoped fixture) and its tests read it. The twin is built once
 for the module, in this process, and kept (GEMMA_DOCTOR_TWIN_CACHE): every run copies it.
 """
@@ -238,3 +238,34 @@ def test_an_fsdp_wrap_class_the_model_lacks_is_found_on_cpu_ranks_that_do_not_sh
     assert "Gemma3DecoderLayer" in found["fix"]
     # the rest of the run went on (the wrap is judged beside it, not instead of it)
     assert by_stage(doc)["train"]["status"] == "ok" and by_stage(doc)["accumulation"]["status"] == "ok"
+
+
+@pytest.fixture(scope="module")
+def rank_fails_in_step(target, twins, tmp_path_factory) -> tuple[int, dict, Path]:
+    """The LoRA Trainer script, resumed, on 2 ranks, whose loss raises on rank 1 alone in a Trainer other than its own
+    (the accumulation check's first copy); each rank writes its pid."""
+    pids = tmp_path_factory.mktemp("pids")
+    code, doc = launched(target, f"torchrun --nproc-per-node 2 train_hf.py {REPO} --resume --rank1-fails-copy "
+                                 f"--pids {pids}")
+    return code, doc, pids
+
+
+def test_a_rank_that_fails_alone_in_the_accumulation_check_ends_the_rehearsal_at_once(rank_fails_in_step):
+    """Before: rank 1 recorded its crash and went on to the resume while rank 0 waited in the check's all-reduce; both
+    held until the deadline (GD963 and GD952 after --timeout). Now rank 1 ends there, its launcher stops rank 0, and
+    the one finding names the rank, the stage and its line, rank 0's own line ("Connection closed by peer") folded
+    into it as its consequence."""
+    code, doc, pids = rank_fails_in_step
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["GD963"], doc["findings"]
+    found = doc["findings"][0]
+    assert found["message"].startswith("the rehearsal crashed at the gradient accumulation check: [rank 1] "
+                                       "RuntimeError: a failure rank 1 meets alone (rank 1 ended there")
+    assert found["details"]["rank"] == 1 and found["details"]["stage"] == "accumulation"
+    assert all(t["rank"] == 0 for t in found["details"]["then"])
+    # the run stopped at the check: no resume was attempted, no stage recorded after it
+    assert doc["stages"][-1]["stage"] == "accumulation" and "resume" not in by_stage(doc)
+    assert [s["stage"] for s in doc["stages"] if s["status"] == "error"] == ["accumulation"]
+    # every stage before it rehearsed as usual, and no rank outlived the rehearsal
+    assert [by_stage(doc)[n]["status"] for n in ("setup", "train", "save")] == ["ok"] * 3
+    assert sorted(p.name for p in pids.iterdir()) == ["rank0.pid", "rank1.pid"]
+    assert [p.name for p in pids.iterdir() if running(int(p.read_text()))] == []

@@ -3,6 +3,7 @@ sharding is, what the CPU ranks replace, the ranks' records judged, and the opti
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,67 @@ def test_a_crash_on_a_launched_scripts_other_rank_is_recorded_with_its_rank(tmp_
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert [(r["stage"], r["status"], r["rank"], r["line"]) for r in records] == \
         [("train", "error", 1, "[rank 1] RuntimeError: boom on this rank")]
+
+
+def test_a_rank_whose_in_step_stage_fails_ends_at_once_with_its_record(tmp_path):
+    """On several ranks the accumulation check's and the resume's copies train in step (collectives on every step):
+    before, a rank whose copy failed recorded it and went on to the next stage while the other waited in this one's
+    collective, and both held until the deadline (GD952). The rank now ends, its record saying so; on one process the
+    script goes on as before."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("from gemma_doctor.rehearse.hook import probe\n"
+            f"s = probe._State({{'root': {str(tmp_path)!r}, 'events': {str(tmp_path / 'events.jsonl')!r}}})\n"
+            "s.in_step_failed('accumulation', RuntimeError('out of memory on this rank'))\n"
+            "print('went on')\n")
+    for world, status, said in (("2", 1, ""), ("1", 0, "went on\n")):
+        (tmp_path / "events.jsonl").unlink(missing_ok=True)
+        got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RANK": world == "2" and "1" or "0",
+                                                                 "WORLD_SIZE": world},
+                             capture_output=True, text=True, timeout=120)
+        assert (got.returncode, got.stdout) == (status, said), got.stderr[-2000:]
+        records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert [(r["stage"], r["status"], r.get("ends_rank")) for r in records] == \
+            [("accumulation", "error", True if world == "2" else None)]
+    # the rank's own traceback in the launch's log
+    assert "RuntimeError: out of memory on this rank" in \
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"},
+                       capture_output=True, text=True, timeout=120).stderr
+
+
+ENDED = {"stage": "accumulation", "status": "error", "rank": 1, "ends_rank": True,
+         "line": "[rank 1] RuntimeError: out of memory on this rank"}
+PEER = {"stage": "accumulation", "status": "error", "rank": 0, "ends_rank": True,
+        "line": "[rank 0] RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"}
+
+
+def test_the_failure_that_ended_a_rank_is_the_runs_and_the_other_ranks_failure_after_it_its_consequence():
+    from gemma_doctor.rehearse import invariants
+    from gemma_doctor.rehearse.launch import first_failure
+
+    records = first_failure([{"stage": "train", "status": "ok"}, dict(ENDED), dict(PEER)])
+    assert [(r["stage"], r["status"], r.get("rank")) for r in records] == [("train", "ok", None),
+                                                                           ("accumulation", "error", 1)]
+    found = invariants.judge(records, [])
+    assert [f.code for f in found] == ["GD963"]
+    assert found[0].message.startswith("the rehearsal crashed at the gradient accumulation check: [rank 1] "
+                                       "RuntimeError: out of memory on this rank (rank 1 ended there, out of step "
+                                       "with the others: rank 0 then stopped (RuntimeError: ")
+    assert "Connection closed by peer" in found[0].message
+    assert (found[0].details["rank"], [t["rank"] for t in found[0].details["then"]]) == (1, [0])
+    # both ranks meeting the same failure: said once
+    same = first_failure([dict(ENDED), {**ENDED, "rank": 0, "line": "[rank 0] RuntimeError: out of memory on this rank"}])
+    assert invariants.judge(same, [])[0].message.endswith("(rank 1 ended there, out of step with the others: rank 0 "
+                                                          "met the same)")
+
+
+def test_a_ranks_failure_the_run_went_on_from_folds_nothing():
+    """A rank-0-only failure the script goes on from (the save stage's reload) is not the cause of a later failure of
+    another rank: each is its own finding, as before."""
+    from gemma_doctor.rehearse.launch import first_failure
+
+    saved = {"stage": "save", "status": "error", "rank": 0, "line": "[rank 0] OSError: no file"}
+    got = first_failure([dict(saved), {**ENDED, "stage": "resume"}])
+    assert [(r["stage"], r["rank"], r.get("then")) for r in got] == [("save", 0, None), ("resume", 1, [])]

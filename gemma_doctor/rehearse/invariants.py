@@ -102,8 +102,25 @@ def crash(record: Mapping[str, Any], entries: Iterable[Mapping[str, Any]], cure:
         details["cure"] = cure
         fix += f" ({cure})"
     return Finding(CRASH_CODES.get(stage, "GD957"), Severity.ERROR,
-                   f"the rehearsal crashed at {STAGE_TEXT.get(stage, stage)}: {line}", key=stage, fix=fix,
-                   details=details)
+                   f"the rehearsal crashed at {STAGE_TEXT.get(stage, stage)}: {line}{_ended_rank(record, details)}",
+                   key=stage, fix=fix, details=details)
+
+
+def _ended_rank(record: Mapping[str, Any], details: dict[str, Any]) -> str:
+    """What a crash that ended its rank (a stage every rank runs in step, launch.first_failure) did to the others:
+    each stopped with it, told by its own line where it wrote one (the same failure, or a consequence of this one)."""
+    if not record.get("ends_rank"):
+        return ""
+    then = list(record.get("then") or [])
+    details.update(rank=record.get("rank"), then=then)
+    own = re.sub(r"^\[rank \d+\] ", "", str(record.get("line", "")))
+    told = []
+    for t in then:
+        line = re.sub(r"^\[rank \d+\] ", "", str(t.get("line", "")))
+        told.append(f"rank {t.get('rank')} met the same" if line == own else
+                    f"rank {t.get('rank')} then stopped ({line if len(line) <= 120 else line[:117] + '...'})")
+    others = "; ".join(told) or "the other ranks were stopped with it"
+    return f" (rank {record.get('rank')} ended there, out of step with the others: {others})"
 
 
 def judge_labels(record: Mapping[str, Any]) -> list[Finding]:

@@ -173,6 +173,26 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
         shutil.rmtree(root, ignore_errors=True)
 
 
+def first_failure(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A launched run's records with every rank's failure that follows one which ended its rank (``ends_rank``,
+    hook/probe.py: a stage run in step failed there) folded into that one as ``then``: the ranks it left waiting fail
+    in the same collective ("Connection closed by peer") or are stopped by the launcher, which is that failure's
+    consequence, not a second one. The first failure is the run's, named by its rank and stage."""
+    out: list[dict[str, Any]] = []
+    cause: dict[str, Any] | None = None
+    for r in records:
+        if r.get("status") == "error" and isinstance(r.get("rank"), int):
+            if cause is not None and r["rank"] != cause["rank"]:
+                cause["then"].append({k: r.get(k) for k in ("rank", "stage", "line")})
+                continue
+            if cause is None and r.get("ends_rank"):
+                cause = {**r, "then": []}
+                out.append(cause)
+                continue
+        out.append(r)
+    return out
+
+
 def no_trainer(seconds: float) -> Finding:
     """The finding of a script that ran to its end and built no Trainer."""
     return Finding("GD979", Severity.WARNING, f"the script ran {seconds:.0f} s and built no Trainer: only load/exit "

@@ -299,9 +299,10 @@ def rehearse(target: str, *, cache_dir: Path | None = None, revision: str = "mai
         result.seconds = time.monotonic() - started
         return result
     if script:
-        from gemma_doctor.rehearse.launch import no_trainer, run_script
+        from gemma_doctor.rehearse.launch import first_failure, no_trainer, run_script
 
         records, ended, ran = run_script(plan, script, timeout)
+        records = first_failure(records)
         # A script that ended by itself without a Trainer rehearsed its load and exit only: said, not passed over.
         if ended is None and not any(r.get("stage") in ("setup", "script", "load") for r in records):
             result.findings.append(no_trainer(ran))

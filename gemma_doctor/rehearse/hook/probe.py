@@ -70,6 +70,31 @@ class _State:
         except AttributeError:  # an exception type with __slots__: recorded twice at worst
             pass
 
+    def in_step_failed(self, stage: str, e: BaseException) -> None:
+        """A stage every rank runs in step (the accumulation check's and the resume's copies of the trainer, whose
+        training all-reduces on every step) raised on this rank: recorded, and on several ranks this rank ends.
+
+        Going on, as on one process, leaves the ranks out of step: the other rank waits in that stage's collective while
+        this one enters the next stage's (measured: rank 1 failing in the accumulation check went on to the resume
+        and both ranks held until the rehearsal's deadline, GD952). A rank that ends closes its gloo connections: a
+        rank waiting on it fails at once ("Connection closed by peer"), and torch's launcher stops the rest
+        (torch 2.13 elastic agent: a failed worker with no restarts left stops the worker group). The record says the
+        rank ended (``ends_rank``): the parent reports this failure as the run's and another rank's that follows it
+        as its consequence (launch.first_failure)."""
+        from gemma_doctor.rehearse.driver import _error
+
+        if self.world <= 1:
+            self.error(stage, e)
+            return
+        self.write(stage, "error", **_error(e), ends_rank=True)
+        import traceback
+
+        traceback.print_exception(e)  # the rank's own traceback in the launch's log
+        for stream in (self.events.file, sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
 
 STATE: _State | None = None
 
@@ -458,8 +483,8 @@ def accumulation(trainer: Any) -> None:
             check.check_launched(trainer, copy, s, ranks=s.world)
     except _NotBuilt as e:
         s.write("accumulation", "skipped", reason=f"the script's trainer could not be built again: {e}")
-    except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the script goes on
-        s.error("accumulation", e)
+    except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the script goes on (on one process)
+        s.in_step_failed("accumulation", e)
     finally:
         s.quiet = False
 
@@ -518,7 +543,8 @@ def resume(trainer: Any) -> None:
             diff = max((float((got[n].float() - after[n].float()).abs().max()) for n in got), default=None)
             scale = max((float(after[n].float().abs().max()) for n in got), default=None)
     except Exception as e:  # noqa: BLE001 - the resume's crash is a finding (its stage: resume); the script goes on
-        s.error("resume", e)
+        # (on one process)
+        s.in_step_failed("resume", e)
         return
     finally:
         s.quiet = False
