@@ -182,6 +182,8 @@ class Alternative:
     smallest_gpu_summary: str | None  # the plan's line on smallest_gpu
     reason: str
     checkpointing: bool | None = None  # whether its plan checkpoints gradients (None: no plan)
+    batch: int | None = None  # its plan's batch per device (None: no plan)
+    accumulation: int | None = None  # its plan's gradient accumulation steps (None: no plan)
 
     @classmethod
     def of(cls, choice: Any) -> Alternative:
@@ -189,7 +191,9 @@ class Alternative:
         small, plan = choice.smallest_gpu_plan, choice.plan
         return cls(choice.fits, plan.summary() if plan is not None else None, choice.smallest_gpu,
                    small.summary() if small is not None else None, choice.reason,
-                   plan.run.gradient_checkpointing if plan is not None else None)
+                   plan.run.gradient_checkpointing if plan is not None else None,
+                   plan.run.batch_size if plan is not None else None,
+                   plan.run.gradient_accumulation_steps if plan is not None else None)
 
 
 @dataclass(frozen=True)

@@ -120,3 +120,22 @@ def test_every_finding_at_the_training_config_has_a_code_whose_site_is_the_run(h
     at_config = {f["code"] for m in doc["models"] for f in m["findings"] if f["file"] == "sft.yaml"}
     assert len(at_config) > 10
     assert {c for c in at_config if CODES[c].site is not Site.RUN} == set()
+
+
+def test_a_catalogue_finding_at_a_training_config_setting_is_annotated_at_its_line(hub, cli, tmp_path, monkeypatch):
+    """GD718 (a field-catalogue entry whose condition names per_device_train_batch_size) was annotated at the training
+    config without a line, although the JSON names the key and the reader knows its line: every other finding at a
+    setting of the file carries it."""
+    from tests.builders import EXAMPLES
+
+    hub.add("google/gemma-4-E2B-it", {"config.json": (EXAMPLES / "google--gemma-4-E2B-it" / "config.json").read_bytes()})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft.yaml").write_text("bf16: true\nmax_length: 512\nper_device_train_batch_size: 4\n")
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "H100", "--training-config",
+            "sft.yaml", "--format", "github", "--fail-on", "never")
+    gd718 = [line for line in r.out.splitlines() if "title=GD718" in line]
+    assert len(gd718) == 1 and gd718[0].startswith("::warning file=sft.yaml,line=3,title=GD718 "), gd718
+    doc = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "H100", "--training-config",
+              "sft.yaml", "--format", "json", "--fail-on", "never").json()
+    found = next(f for f in doc["models"][0]["findings"] if f["code"] == "GD718")
+    assert (found["file"], found["key"], found["details"]["line"]) == ("sft.yaml", "per_device_train_batch_size", 3)

@@ -211,3 +211,16 @@ def test_each_option_runs_as_its_help_says(cli, cache, command, token, args, cod
     if r.code != 5:
         assert "error:" not in r.err, r
     assert r.out or r.err
+
+
+def test_recommend_help_names_every_published_size_and_its_family():
+    """`recommend --help` listed the sizes of gemma3 and gemma2 only and no gemma4 among the families, although
+    `--family gemma4 --size e4b` (and gemma's 2b / 7b) plan: the help names what plan/memory.py PUBLISHED knows."""
+    from gemma_doctor.plan import memory
+
+    out = " ".join(CliRunner().invoke(app, ["recommend", "--help"], terminal_width=1000).output.split())
+    family = out.split("--family TEXT ", 1)[1].split(" --gpu ", 1)[0]
+    size = out.split("--size TEXT ", 1)[1].split(" --training-config ", 1)[0]
+    for name, sizes in memory.PUBLISHED.items():
+        assert re.search(rf"\b{name}\b", family), (name, family)
+        assert f"{name}: {', '.join(sizes)}" in size, (name, tuple(sizes), size)

@@ -603,3 +603,41 @@ def test_a_run_that_does_not_fit_at_the_trainers_default_names_the_setting(cli, 
     assert found[0]["fix"].startswith("set gradient_checkpointing: true (off by the default of transformers "
                                       "TrainingArguments); it would fit as: "), found[0]["fix"]
     assert "gradient checkpointing" in found[0]["fix"]
+
+
+@pytest.mark.parametrize("text, trainer", [
+    ("gradient_accumulation_steps: 2\nbf16: true\n", "transformers"),
+    ("gradient_accumulation_steps: 2\nbf16: true\nmax_length: 1024\n", "trl-sft"),
+])
+def test_a_batch_a_config_leaves_open_is_the_trainers_default_and_its_accumulation_is_kept(cli, hub, tmp_path, text,
+                                                                                           trainer):
+    """A TrainingArguments / TRL config without per_device_train_batch_size trains 8 per device (TrainingArguments'
+    default, which TRL's configs keep: transformers 5.23.0, TRL 1.16.0), with its own gradient_accumulation_steps.
+    check planned a batch "chosen to fit" instead and rewrote the accumulation the config wrote (2 -> 16) to keep the
+    effective batch, so the plan (and its verdict) was of a run that does not execute."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "run.yaml"
+    tc.write_text(text)
+    m = cli("check", "google/gemma-3-1b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc,
+            "--fail-on", "never", "--format", "json").json()["models"][0]
+    assert m["run"]["trainer"]["value"] == trainer, m["run"]["trainer"]
+    assert m["run"]["batch"] == {"value": 8, "source": "default of transformers TrainingArguments "
+                                                      "(per_device_train_batch_size 8)"}, m["run"]["batch"]
+    assert (m["memory"]["run"]["batch_size"], m["memory"]["run"]["gradient_accumulation_steps"]) == (8, 2)
+    assert "batch 8 (x2 accumulation)" in m["memory"]["summary"]
+
+
+def test_a_run_that_does_not_fit_at_the_trainers_default_batch_names_the_batch_to_set(cli, hub, tmp_path):
+    """Where the default batch of 8 does not fit, GD801's way out names the settings it changes (the batch and the
+    accumulation, as the checkpointing it turns on), not only a run line with another batch."""
+    hub.add("google/gemma-3-12b-it", {"config.json": (EXAMPLES / "google--gemma-3-12b-it" / "config.json").read_bytes()})
+    tc = tmp_path / "run.json"
+    tc.write_text('{"gradient_accumulation_steps": 2, "bf16": true}')
+    m = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", tc,
+            "--format", "json").json()["models"][0]
+    found = [f for f in m["findings"] if f["code"] == "GD801"]
+    assert len(found) == 1, [f["code"] for f in m["findings"]]
+    assert "batch 8 (x2 accumulation)" in found[0]["message"], found[0]["message"]
+    assert "per_device_train_batch_size: 2 and gradient_accumulation_steps: 8 (by the default of transformers " \
+           "TrainingArguments (per_device_train_batch_size 8))" in found[0]["fix"], found[0]["fix"]
+    assert "batch 2 (x8 accumulation)" in found[0]["fix"]

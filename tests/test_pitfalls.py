@@ -427,7 +427,9 @@ def test_tied_embedding_advice_follows_the_peft_that_will_run(cli, hub, tmp_path
     # axolotl's schema (0.19.0: `flash_attention: bool | None`, pydantic) reads the string "true" as true (was missed)
     ("base_model: x\nflash_attention: \"true\"\nmicro_batch_size: 1\n", "T4", ["GD683"]),
     ({"attn_implementation": "flash_attention_2", "bf16": True}, "A10G", []),
-    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "A100", ["GD684"]),
+    # (a batch of 1: TrainingArguments' default of 8 in fp32 fits no method on an A100-40GB, GD801)
+    ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "per_device_train_batch_size": 1}, "A100",
+     ["GD684"]),
     ({"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "bf16": True}, "A100", []),
     ({"attn_implementation": "sdpa", "torch_dtype": "float32"}, "T4", []),
     # TRL's SFTConfig (max_length) turns bf16 on where fp16 is off (TRL 1.16.0 here): the queries reach flash-attn in
@@ -448,11 +450,12 @@ def test_flash_attention_2_before_ampere_or_on_fp32_is_refused_by_flash_attn(cli
     # A plain Trainer config that names no dtype: the user's own from_pretrained loads the weights. transformers 5.23.0
     # (the test stack) loads the checkpoint's dtype (reproduced on a tiny bf16 Gemma 3: torch.bfloat16), so
     # flash-attn gets bf16 queries: no GD684 (the memory plan counted fp32 weights, 43.8 GiB for a 12b)
-    ((), {"attn_implementation": "flash_attention_2", "bf16": False}, "bfloat16", []),
+    ((), {"attn_implementation": "flash_attention_2", "bf16": False, "per_device_train_batch_size": 1}, "bfloat16", []),
     # transformers 4.x loads float32 where no dtype is given: both say fp32
     (("--with", "transformers==4.57.6"), {"attn_implementation": "flash_attention_2", "bf16": False}, "float32",
      ["GD684"]),
-    ((), {"attn_implementation": "flash_attention_2", "torch_dtype": "float32"}, "float32", ["GD684"]),
+    ((), {"attn_implementation": "flash_attention_2", "torch_dtype": "float32", "per_device_train_batch_size": 1},
+     "float32", ["GD684"]),
     # TRL 1.16.0 loads float32 where model_init_kwargs names no dtype (TRL_LOADS_FP32): with bf16 off nothing casts
     ((), {"attn_implementation": "flash_attention_2", "max_length": 1024, "bf16": False}, "float32", ["GD684"]),
     # axolotl passes from_pretrained the torch_dtype its switches make (0.19.0 normalize_config's resolve_dtype):

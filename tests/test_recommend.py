@@ -604,3 +604,29 @@ def test_a_batch_without_a_gpu_is_prescribed_as_asked(cli, hub, gpu):
     m = r.json()["models"][0]
     assert r.code == 0 and m["status"] == "prescribed" and m["blocking"] == [], m["blocking"]
     assert m["memory"]["run"]["batch_size"] == 4 and m["memory"]["verdict"] == "unknown"
+
+
+def test_a_prescription_on_several_gpus_says_how_to_launch_it_and_check_reads_that_back_as_the_same_run(cli, hub,
+                                                                                                        tmp_path):
+    """`recommend --gpu T4 --num-gpus 8` prescribes QLoRA under DeepSpeed ZeRO-3 (12.4 GiB per GPU), yet its text and
+    Python views gave only TrainingArguments / TRL settings: run one process per GPU, that is a DDP run of whole
+    replicas the plan never judged. The launch line (accelerate's flags) is in every Python view, and check reads the
+    TrainingArguments snippet with that line back as the prescription's very memory plan."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    args = ("google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "T4", "--num-gpus", "8")
+    m = cli("recommend", *args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert (p["num_gpus"], p["zero_stage"]) == (8, 3), p
+    line = "accelerate launch --num_processes 8 --use_deepspeed --zero_stage 3 --mixed_precision no train.py"
+    assert f"#   {line}\n" in m["snippets"]["python"]["launch"]
+    python = cli("recommend", *args, "--format", "python").out
+    compile(python, "<recommend>", "exec")
+    assert f"#   {line}\n" in python and line in cli("recommend", *args).out
+    config = tmp_path / "args.json"
+    config.write_text(json.dumps(m["recommendation"]["frameworks"]["transformers"]["training_arguments"]))
+    c = cli("check", *args[:3], "--gpu", "T4", "--training-config", config, "--launch", line, "--method", p["method"],
+            "--seq-len", str(p["seq_len"]), "--format", "json").json()["models"][0]
+    assert c["memory"]["summary"] == p["memory"] and "(8 GPUs, ZeRO-3)" in p["memory"], (c["memory"]["summary"], p)
+    # One GPU: nothing to launch
+    one = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json").json()
+    assert "launch" not in one["models"][0]["snippets"]["python"]

@@ -16,7 +16,8 @@ from gemma_doctor.report import ExitCode
 @click.command(context_settings=common.CONTEXT)
 @common.targets
 @click.option("--family", default=None, help="Plan for a family without a downloaded model (CI before download): "
-                                             "gemma, gemma2, gemma3, gemma3n, paligemma, paligemma2.")
+                                             "gemma, gemma2, gemma3, gemma3n, gemma4, paligemma, paligemma2 or "
+                                             "another member of docs/families.md.")
 @click.option("--gpu", default=None, help=common.GPU_HELP)
 @click.option("--task", default=None, help="sft (default), full, lora, qlora, dpo, orpo, kto, grpo, ppo.")
 @click.option("--quantization", default=None, help="4bit, 8bit or none (default: from the checkpoint's quantization_config).")
@@ -27,7 +28,8 @@ from gemma_doctor.report import ExitCode
 @common.stack_options
 @common.remote_option
 @common.memory_options
-@click.option("--size", default=None, help="A published size for --family (gemma3: 1b, 4b, 12b, 27b; gemma2: 2b, 9b, 27b).")
+@click.option("--size", default=None, help="A published size for --family (gemma: 2b, 7b; gemma2: 2b, 9b, 27b; gemma3: "
+                                           "1b, 4b, 12b, 27b; gemma4: e2b, e4b, 31b, 26b-a4b).")
 @click.option("--training-config", type=common.FILE, default=None,
               help="A training config whose batch, sequence length, method and sharding the memory plan uses.")
 @click.option("--rehearse", "rehearse_run", is_flag=True,

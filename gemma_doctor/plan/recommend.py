@@ -510,6 +510,24 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     }
 
 
+# The script the launch line starts (a placeholder: the user's own training script).
+LAUNCH_SCRIPT = "train.py"
+
+
+def launch_line(rec: Recommendation) -> str | None:
+    """The accelerate launch line of a prescribed run on several processes (frameworks["accelerate"]: the processes,
+    the ZeRO stage, the mixed precision), which `check --launch` reads back as the same distributed run; None for one
+    process. Without it the Python settings, run as one script per GPU, are a DDP run the plan never judged."""
+    acc = rec.frameworks["accelerate"]
+    n = acc.get("num_processes")
+    if not n or n < 2:
+        return None
+    stage = acc.get("zero_stage")
+    engine = ["--use_deepspeed", "--zero_stage", str(stage)] if stage else ["--multi_gpu"]
+    return " ".join(["accelerate", "launch", "--num_processes", str(n), *engine, "--mixed_precision",
+                     acc["mixed_precision"], LAUNCH_SCRIPT])
+
+
 def _saved_by_another(i: Inputs, quant: str | None) -> bool:
     """The checkpoint is saved quantized by another quantizer than bitsandbytes (AWQ, GPTQ...): LoRA trains on its
     weights as saved, and nothing may quantize them again."""
@@ -617,6 +635,15 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     elif rec.precision != "fp32":
         peft += ["# PEFT < 0.12 only: cast the trainable (adapter) weights to fp32", *("# " + c for c in cast)]
     out["peft"] = "\n".join(peft) + "\n"
+    launch = launch_line(rec)
+    if launch is not None:
+        acc = fw["accelerate"]
+        how = f"DeepSpeed ZeRO-{acc['zero_stage']}" if acc.get("zero_stage") else "DDP"
+        out["launch"] = (f"# The run is planned on {acc['num_processes']} GPUs with {how}: start the training script with\n"
+                         f"#   {launch}\n"
+                         "# (gemma-doctor check --launch reads this line back as the same run"
+                         + (";\n# without DeepSpeed every GPU would hold the whole model, a run this plan is not)\n"
+                            if acc.get("zero_stage") else ")\n"))
     u = fw["unsloth"]["from_pretrained"]
     out["unsloth"] = ("import torch\nfrom unsloth import FastModel\n\n"
                       f"model, tokenizer = FastModel.from_pretrained({model_id!r}, dtype={_py(u['dtype'])}, "

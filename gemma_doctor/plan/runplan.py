@@ -220,6 +220,9 @@ _TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trai
                 Trainer.TRL_RL: "trainer config"}
 Default = tuple[str, Any, str]  # (setting, the trainer's default value, where that default comes from)
 
+# TrainingArguments' per_device_train_batch_size default, which TRL's configs keep (trainer_defaults).
+TRAINING_ARGUMENTS_BATCH = 8
+
 
 def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
     """Whether LLaMA-Factory checkpoints, and why: it checkpoints the model itself unless disable_gradient_checkpointing
@@ -276,6 +279,14 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                 out.append(("gradient_checkpointing", on, f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()})"
                             if on else f"default of transformers TrainingArguments (TRL {_TRL_CONFIGS[trainer]} "
                                        f"before {window.spec.lstrip('>=')})"))
+    if (trainer.runs_trl or trainer is Trainer.TRANSFORMERS) and "batch_size" not in s and not (
+            "auto_find_batch_size" in s and truthy(s["auto_find_batch_size"].value)):
+        # TrainingArguments' per_device_train_batch_size is 8 (transformers 5.23.0, 5.6.0), and TRL's configs keep it
+        # (SFT/DPO/GRPO/KTO/Reward configs of TRL 1.16.0 and 0.24.0 read): a config that leaves the batch open trains 8
+        # per device with its own accumulation, not a batch chosen to fit (which also rewrote that accumulation).
+        # auto_find_batch_size starts there and halves on OOM: the search's choice stands for it.
+        out.append(("batch_size", TRAINING_ARGUMENTS_BATCH, "default of transformers TrainingArguments "
+                                                            f"(per_device_train_batch_size {TRAINING_ARGUMENTS_BATCH})"))
     if tc.bf16_by_trainer(stack) is Exposure.AFFECTED:
         # TRL's config sets `bf16 = not fp16` where bf16 is unset: bf16, also beside an `fp16: false`.
         window = versioning.TRL_BF16_DEFAULT[trainer.value]

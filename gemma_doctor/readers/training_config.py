@@ -27,7 +27,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "bf16": ("bf16", "bf16.enabled", "bfloat16.enabled"),
     "mixed_precision": ("mixed_precision",),
     "use_cache": ("use_cache", "model_init_kwargs.use_cache", "model_kwargs.use_cache"),
-    "gradient_checkpointing": ("gradient_checkpointing",),
+    # transformers 5.23.0 renamed it activation_checkpointing (gradient_checkpointing is its deprecated alias), and
+    # recommend's TrainingArguments / TRL snippets write the new name on that stack (plan/recommend.checkpointing_keys).
+    "gradient_checkpointing": ("gradient_checkpointing", "activation_checkpointing"),
     "max_grad_norm": ("max_grad_norm", "gradient_clipping"),
     "rl": ("rl", "stage"),
     "adapter": ("adapter", "finetuning_type", "use_peft"),

@@ -11,6 +11,7 @@ SECTION_TITLES = {
     "loading": "loading (transformers / bitsandbytes), use_cache off in memory",
     "loading_text_only": "loading the language model alone (text-only training of a multimodal checkpoint)",
     "peft": "PEFT LoRA adapters",
+    "launch": "launch on several GPUs (accelerate)",
     "unsloth": "Unsloth",
 }
 

@@ -145,27 +145,31 @@ def evaluate(entry: Mapping[str, Any], model: ModelFacts, env: Environment) -> F
     if versions:
         message += f" ({versions})"
     refs = ", ".join(s["ref"] for s in entry["sources"][:3])
-    file, key = _where(when, env)
+    file, key, line = _where(when, env)
+    # The line of the training config's setting, as every other training-config finding carries it (render/github
+    # annotates it there).
     return Finding(entry["code"], severity, message, file=file, key=key, fix=f"{entry['cure']} (reported: {refs})",
-                   details={"catalogue_id": entry["id"], "stage": entry["stage"], "triage": entry["triage"],
-                            "windows": dict(entry.get("windows") or {}), "unknown": bool(unknown)})
+                   details={**({"line": line} if line else {}), "catalogue_id": entry["id"], "stage": entry["stage"],
+                            "triage": entry["triage"], "windows": dict(entry.get("windows") or {}),
+                            "unknown": bool(unknown)})
 
 
-def _where(when: Mapping[str, Any], env: Environment) -> tuple[str | None, str | None]:
-    """The file and key a finding points at: the first config.json key, else tokenizer_config.json, else the
-    training config's first setting that the condition names and the file sets."""
+def _where(when: Mapping[str, Any], env: Environment) -> tuple[str | None, str | None, int | None]:
+    """The file, key and line a finding points at: the first config.json key, else tokenizer_config.json, else the
+    training config's first setting that the condition names and the file sets (with its line where the reader knows
+    it)."""
     if when.get("config"):
-        return "config.json", next(iter(when["config"]))
+        return "config.json", next(iter(when["config"])), None
     if when.get("tokenizer"):
-        return "tokenizer_config.json", next(iter(when["tokenizer"]))
+        return "tokenizer_config.json", next(iter(when["tokenizer"])), None
     tc = env.training_config
     if when.get("training") and tc is not None:
         for name in when["training"]:
             setting = tc.get(name)
             if setting is not None:
-                return tc.path, setting.key
-        return tc.path, None
-    return None, None
+                return tc.path, setting.key, setting.line or None
+        return tc.path, None, None
+    return None, None, None
 
 
 def _clauses(when: Mapping[str, Any], model: ModelFacts, env: Environment) -> bool | None:

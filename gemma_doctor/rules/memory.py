@@ -31,9 +31,17 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     if mem.gpu_bytes and not mem.choice.fits and mem.fixed:
         alt = mem.unconstrained
         ckpt = run.checkpointing.source
-        # Checkpointing off by the trainer's default, on in the run that fits: the way out names the setting.
-        turn_on = ("set gradient_checkpointing: true (off by the " + ckpt + "); " if ckpt.startswith("default of")
-                   and not run.checkpointing.value and alt is not None and alt.checkpointing else "")
+        # Checkpointing off, or the batch, by the trainer's default and otherwise in the run that fits: the way out
+        # names each setting it changes (the config never wrote them).
+        settings = []
+        if ckpt.startswith("default of") and not run.checkpointing.value and alt is not None and alt.checkpointing:
+            settings.append(f"gradient_checkpointing: true (off by the {ckpt})")
+        batch = run.batch.source
+        if batch.startswith("default of") and alt is not None and alt.fits and alt.batch is not None \
+                and alt.batch != run.batch.value:
+            settings.append(f"per_device_train_batch_size: {alt.batch} and gradient_accumulation_steps: "
+                            f"{alt.accumulation} (by the {batch})")
+        turn_on = "set " + "; ".join(settings) + "; " if settings else ""
         fix = (f"{turn_on}it would fit as: {alt.summary}" if alt is not None and alt.fits and alt.summary is not None else
                f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_summary})"
                if alt is not None and alt.smallest_gpu and alt.smallest_gpu_summary is not None else
