@@ -568,6 +568,11 @@ def config_sharding(tc: Any, stack: Any = None) -> ConfigSharding:
     if engine.value.fsdp:
         par = s.get("fsdp_offload_params")
         offload = Sourced("cpu", at("fsdp_offload_params")) if par is not None and truthy(par.value) else None
+        fsdp_words = _words(fsdp.value).lower().split() if fsdp is not None and _on(fsdp.value) else []
+        if offload is None and "offload" in fsdp_words:
+            # TrainingArguments' `fsdp: "full_shard offload"` (FSDPOption.OFFLOAD): accelerate's
+            # FSDP_OFFLOAD_PARAMS, the same CPUOffload(offload_params=True) as fsdp_offload_params.
+            offload = Sourced("cpu", at("fsdp"))
         wraps = s.get("fsdp_wrap_classes")
         names = tuple(wrap_class_names(wraps.value)) if wraps is not None and wraps.value not in (None, "", []) else ()
         stated = s.get("fsdp_version") is not None  # as _fsdp_version takes it: written, whatever its value

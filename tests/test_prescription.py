@@ -504,7 +504,9 @@ def test_a_way_out_remembered_is_the_way_out_searched_afresh(cli, examples, monk
 
 @pytest.mark.parametrize("model,gpu,transformers,task,extra", [
     (G3, "T4", "5.23.0", "sft", ("--num-gpus", "8")),  # num_processes was written: axolotl has no such key
-    (G3, "A100", "5.23.0", "full", ("--num-gpus", "4")),
+    # 4 x 40 GB hold no full fine-tuning of 12B under DeepSpeed (its fp32 copies: 2 + 18/4 bytes a parameter, as its own
+    # estimator counts); 4 x 80 GB do.
+    (G3, "A100-80GB", "5.23.0", "full", ("--num-gpus", "4")),
     (G3, "L4", "4.50.3", "qlora", ()),  # torch_dtype and bnb_4bit_compute_dtype were written
     (G3, "A100", "5.23.0", "sft", ("--quantization", "8bit")),  # an 8-bit run's YAML had no adapter at all
 ], ids=["T4-8gpus", "A100-full-4gpus", "L4-qlora-4.50.3", "A100-8bit"])

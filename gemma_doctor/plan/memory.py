@@ -10,7 +10,12 @@ The peak is the largest of three moments of a training step (after the first, wh
   (Gemma's loss upcasts b*s*V logits to fp32) + the bf16 weight copies autocast saved;
 - **embedding backward**: weights + optimizer states + every gradient + the tied embedding's gradient arriving a
   second time (from the input embedding after the lm_head) and its sum;
-- **optimizer step**: weights + optimizer states + every gradient + the optimizer's temporaries.
+- **optimizer step**: weights + optimizer states + every gradient + the optimizer's temporaries;
+- **evaluation** (only where the training config writes an evaluation batch): what stays between steps + one eval
+  batch's logits at its loss + the predictions transformers' evaluation loop keeps on the GPU (docs/memory.md).
+
+What the engine offloads (DeepSpeed offload_optimizer / offload_param, FSDP offload_params) is not on the GPU, and under
+DeepSpeed in bf16/fp16 the parameters are 16-bit with ZeRO's fp32 copies beside them (docs/memory.md, "Offload").
 
 The components reported are those of the peak moment, so they add up to the total. Sharded (ZeRO-2/3, FSDP), each rank
 also holds the root unit (the tied embedding / lm_head) gathered whole and its gradient whole until its reduce-scatter
@@ -22,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from gemma_doctor import frozen
@@ -399,6 +404,12 @@ class RunSpec:
     num_nodes: int = 1  # machines the GPUs are spread over (accelerate num_machines), for the assumptions
     offload_optimizer: bool = False
     offload_params: bool = False
+    # Evaluation (transformers' Trainer.evaluation_loop): the per-device eval batch where the config writes one (None:
+    # no evaluation moment planned), whether predictions are kept (prediction_loss_only written false), and
+    # eval_accumulation_steps (kept predictions move to the CPU every that many batches; None: at the end).
+    eval_batch: int | None = None
+    keeps_predictions: bool = False
+    eval_accumulation: int | None = None
     device: str = "cuda"  # cuda | cpu: what the overhead is
     attention: str = "sdpa"  # sdpa | eager | flash_attention_2
     chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
@@ -421,7 +432,9 @@ class RunSpec:
                 "lora_targets": (list(self.lora_targets) if isinstance(self.lora_targets, tuple) else self.lora_targets)
                 if self.method != "full" else None,
                 "quant_bits": self.quant_bits, "num_gpus": self.num_gpus, "zero_stage": self.zero_stage,
-                "offload_optimizer": self.offload_optimizer, "attention": self.attention, "task": self.task,
+                "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
+                "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
+                "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
                 "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
 
 
@@ -567,13 +580,15 @@ class MemoryPlan:
     total_bytes: int
     gpu_bytes: int | None
     verdict: str  # fits | tight | does-not-fit | unknown
-    peak: str  # loss | embedding-backward | optimizer-step
+    peak: str  # loss | embedding-backward | optimizer-step | evaluation (where an eval batch is written)
     trainable_params: int
     assumptions: tuple[str, ...]
     run: RunSpec
     shape: ModelShape
     tensor_bytes: int = 0  # the peak without the framework overhead (what torch.cuda.max_memory_allocated measures)
     gpu_name: str | None = None
+    # Every moment's components (the peak's are ``components``): what the tests hold against other estimators.
+    phases: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -625,8 +640,18 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     """The memory plan of ``run`` on ``shape`` (per GPU), judged against ``gpu_bytes`` when known."""
     p = shape.params
     notes: list[str] = []
-    wbytes = DTYPE_BYTES.get(run.load_dtype, 2)
     mixed = run.precision != "fp32"
+    load = run.load_dtype
+    # DeepSpeed in bf16/fp16 (ZeRO, not FSDP): the engine casts every parameter to that 16-bit dtype, whatever the
+    # load (0.19.8 engine.py _cast_module_mixed_precision), and ZeRO keeps an fp32 copy of its partition's parameters
+    # and gradients beside fp32 optimizer states: estimate_zero2/3_model_states_mem_needs' 18 bytes per parameter
+    # (2 16-bit gradient + 4 fp32 gradient + 4 fp32 parameter + 8 Adam states), beside the 16-bit parameter.
+    ds_mixed = run.zero_stage >= 1 and not run.fsdp and mixed and run.method in ("full", "lora")
+    if ds_mixed:
+        load = "float16" if run.precision == "fp16" else "bfloat16"
+        notes.append(f"DeepSpeed {run.precision}: the engine casts the parameters to {load} and ZeRO keeps fp32 "
+                     "parameters and gradients of its partition beside the optimizer states (fp32_master_copies)")
+    wbytes = DTYPE_BYTES.get(load, 2)
     n = max(1, run.num_gpus)
     stage = run.zero_stage if n > 1 else 0
     paired = run.task in PAIRED_TASKS
@@ -647,8 +672,9 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
         shapes = lora_shapes(shape, run.lora_r, run.lora_targets)
         trainable = sum(a * b for a, b in shapes)
         trainable_shapes = shapes
-        train_bytes = 4  # PEFT >= 0.12 keeps adapters in fp32 (autocast_adapter_dtype=True)
-        adapters = trainable * 4
+        # PEFT >= 0.12 keeps adapters in fp32 (autocast_adapter_dtype=True); DeepSpeed casts them with the rest
+        train_bytes = 2 if ds_mixed else 4
+        adapters = trainable * train_bytes
         saved = shape.saved_quantization
         if run.method == "qlora" and saved is not None and saved[0] != "bitsandbytes":
             # Saved by another quantizer (AWQ, GPTQ...): its packed weights as saved, not bitsandbytes'.
@@ -683,10 +709,23 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     kind, known = optimizer_kind(run.optimizer)
     if not known:
         notes.append(f"optimizer {run.optimizer!r} is not known to gemma-doctor: planned as AdamW (two states per parameter)")
-    opt_states = optimizer_state_bytes(kind, trainable_shapes, train_bytes)
-    if run.offload_optimizer:
-        opt_states = 0
-        notes.append("optimizer states offloaded to CPU memory (DeepSpeed offload_optimizer): not on the GPU")
+    opt_states = optimizer_state_bytes(kind, trainable_shapes, 4 if ds_mixed else train_bytes)
+    master = trainable * 8 if ds_mixed else 0  # ZeRO's fp32 parameters and gradients
+    # What the engine moves off the GPU. DeepSpeed's offload_optimizer: the optimizer states, ZeRO's fp32 copies and,
+    # from ZeRO-2, the gradient partitions (copied to CPU as they are reduced); its offload_param (ZeRO-3 only): the
+    # parameter partitions. FSDP's offload_params (CPUOffload): the parameter shards, their gradients, and so the
+    # optimizer step and its states. What stays: the units being computed, gathered, and gradients until reduced.
+    off_params = run.offload_params and (run.fsdp or run.zero_stage >= 3)
+    off_states = run.offload_optimizer or (run.offload_params and run.fsdp)
+    off_grads = (run.offload_params and run.fsdp) or (run.offload_optimizer and run.zero_stage >= 2 and not run.fsdp)
+    if off_states:
+        opt_states = master = 0
+        notes.append("optimizer states offloaded to CPU memory (" + ("FSDP offload_params: the optimizer steps on the "
+                     "CPU" if run.fsdp else "DeepSpeed offload_optimizer") + "): not on the GPU")
+    if off_params:
+        notes.append("parameters offloaded to CPU memory (" + ("FSDP offload_params" if run.fsdp else
+                     "DeepSpeed ZeRO-3 offload_param") + "): the GPU holds the units being computed, gathered, and the "
+                     "root unit" + ("; gradients are moved to the CPU as they are reduced" if off_grads else ""))
     reference = 0
     if run.task in REFERENCE_TASKS and run.method == "full":
         reference = text * wbytes
@@ -699,29 +738,30 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     # post_forward_mesh_info to None), so it stays gathered from the forward to its post-backward; its gradient is
     # produced whole by autograd and reduce-scattered only in that post-backward (FSDPParamGroup.post_backward,
     # foreach_reduce), after every layer's. Measured: benchmarks/sharded_memory.py, docs/benchmarks.md.
-    sharded_grads = stage >= 2 and n > 1
+    sharded_grads = (stage >= 2 and n > 1) or off_grads
     root = p.embed + p.per_layer_embed + p.lm_head
     root_weights = root * (4 if run.method == "qlora" else wbytes)
     all_gathered = 0  # FSDP SHARD_GRAD_OP keeps every unit gathered from its forward to its backward
     if stage >= 1:
         opt_states //= n
+        master //= n
     full_grads = grads
     if stage >= 2:
         grads //= n
     gathered = 0
-    if stage >= 3 or (stage == 2 and run.fsdp and n > 1):
+    if stage >= 3 or (stage == 2 and run.fsdp and n > 1) or off_params:
         layer_params = (p.linear + p.other) // max(1, shape.layers)
         gathered = layer_params * wbytes * 2  # the layer being computed and the next one prefetched
-        if stage == 2:  # at the loss every unit is gathered: the shards + all the weights
+        if stage == 2 and not off_params:  # at the loss every unit is gathered: the shards + all the weights
             all_gathered = max(0, weights - gathered - root_weights)
-        weights = weights // n + gathered
+        weights = (0 if off_params else weights // n) + gathered
         reference //= n
     else:
         root_weights = 0  # replicated weights (ZeRO <= 2): nothing to gather
 
     # Activations saved for backward.
     per_layer = layer_activation_bytes(shape, run, run.seq_len)
-    resid = 4 if (run.load_dtype == "float32" and run.method == "full") or (run.method == "qlora") else (2 if mixed else 4)
+    resid = 4 if (load == "float32" and run.method == "full") or (run.method == "qlora") else (2 if mixed else 4)
     if run.gradient_checkpointing:
         activations = tokens * (shape.layers * shape.hidden * resid + per_layer)
     else:
@@ -732,7 +772,7 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     activations = int(activations)
     # Autocast saves a half-precision copy of every fp32 weight it casts (the lm_head's too) until backward frees it.
     casts = 0
-    if mixed and run.load_dtype == "float32" and run.method in ("full", "lora"):
+    if mixed and load == "float32" and run.method in ("full", "lora"):
         casts = (p.linear + p.embed + p.lm_head) * 2
     logits = int(chunked_logits_bytes(tokens) if run.chunked_loss else tokens * logits_bytes_per_token(shape, run))
 
@@ -746,22 +786,31 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
         root_grad = root * train_bytes
         emb_grad = p.embed * train_bytes
         grads = (full_grads - root_grad) // n
+    if off_grads:
+        grads = 0  # moved to CPU memory as they are reduced
     step_temp = 0
-    if kind == "adamw" and run.device == "cuda":
-        step_temp = trainable * train_bytes // (n if stage >= 1 else 1)  # foreach: one sqrt(v) per parameter at once
+    step_bytes = 4 if ds_mixed else train_bytes  # ZeRO steps its fp32 partition
+    if off_states:
+        pass  # the optimizer steps on the CPU
+    elif kind == "adamw" and run.device == "cuda":
+        step_temp = trainable * step_bytes // (n if stage >= 1 else 1)  # foreach: one sqrt(v) per parameter at once
     elif kind == "adamw":
-        step_temp = max((math.prod(s) for s in _shape_counts(tuple(trainable_shapes))), default=0) * train_bytes
+        step_temp = max((math.prod(s) for s in _shape_counts(tuple(trainable_shapes))), default=0) * step_bytes
 
-    persistent = {"weights": weights + reference, "towers": tower_bytes // (n if stage >= 3 else 1),
-                  "lora_adapters": adapters, "optimizer_states": opt_states}
+    towers_held = 0 if off_params else tower_bytes // (n if stage >= 3 else 1)
+    persistent = {"weights": weights + reference, "towers": towers_held, "lora_adapters": adapters,
+                  "optimizer_states": opt_states, "fp32_master_copies": master}
     gathered_root = {"gathered_root_unit": root_weights}
     phases: dict[str, dict[str, int]] = {
         "loss": {**persistent, **gathered_root, "gathered_layers": all_gathered, "activations": activations,
                  "autocast_weight_copies": casts, "logits": logits},
         "embedding-backward": {**persistent, **gathered_root, "gradients": grads, "unsharded_root_gradient": root_grad,
                                "embedding_gradient_copies": 2 * emb_grad if p.lm_head == 0 else emb_grad},
-        "optimizer-step": {**persistent, "gradients": grads + (root_grad // n), "optimizer_step_temporaries": step_temp},
+        "optimizer-step": {**persistent, "gradients": grads + (0 if off_grads else root_grad // n),
+                           "optimizer_step_temporaries": step_temp},
     }
+    if run.eval_batch:
+        phases["evaluation"] = {**persistent, **gathered_root, **_evaluation(shape, run, wbytes, notes)}
     peak = max(phases, key=lambda k: sum(phases[k].values()))
     comps = {k: int(v) for k, v in phases[peak].items() if v}
     tensor = sum(comps.values())
@@ -775,10 +824,59 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     notes[:0] = lines
     made = MemoryPlan(method=run.method, components=comps, per_gpu_bytes=per_gpu, total_bytes=total, gpu_bytes=gpu_bytes,
                       verdict=verdict_for(per_gpu, gpu_bytes), peak=peak, trainable_params=trainable,
-                      assumptions=tuple(notes), run=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name)
+                      assumptions=tuple(notes), run=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name,
+                      phases=phases)
     # plan()'s own (a replace() copy has no mark): its first ``lines`` assumptions are the ones the sources change.
     object.__setattr__(made, "_source_lines", len(lines))
     return made
+
+
+# The logits of one evaluation batch at its loss: the lm_head's output (2 bytes under autocast, else 4), the loss's fp32
+# upcast of it (ForCausalLMLoss: logits.float(), a copy only of half-precision logits) and cross_entropy's fp32
+# log-softmax; transformers 5.23.0's prediction_step computes the loss with the logits (compute_loss, return_outputs).
+def _eval_logit_bytes(mixed: bool) -> int:
+    return 2 + 4 + 4 if mixed else 4 + 4
+
+
+def _evaluation(shape: ModelShape, run: RunSpec, wbytes: int, notes: list[str]) -> dict[str, int]:
+    """The evaluation moment's own components: one eval batch's logits at its loss and, where predictions are kept,
+    what transformers 5.23.0's evaluation_loop holds of them on the GPU (reproduced on a tiny Gemma 3, CPU):
+    EvalLoopContainer concatenates each batch's logits, gathered from every rank (gather_for_metrics), until
+    eval_accumulation_steps moves them to the CPU, else until the eval set ends. Under mixed precision they are fp32
+    (accelerate's convert_outputs_to_fp32)."""
+    paired = run.task in PAIRED_TASKS
+    batch = run.eval_batch * (2 if paired else 1)
+    tokens = batch * run.seq_len
+    mixed = run.precision != "fp32"
+    forward = tokens * shape.vocab * _eval_logit_bytes(mixed) + tokens * shape.hidden * 4 * 4
+    src = dict(run.sources)
+    notes.append(f"evaluation batch {run.eval_batch} ({run.source('eval_batch')}): its b*s*V logits at the loss "
+                 f"({gib(forward)}); the optimizer states stay on the GPU")
+    unit = tokens * shape.vocab * (4 if mixed else wbytes) * max(1, run.num_gpus)  # one batch, gathered from every rank
+    if not run.keeps_predictions:
+        notes.append("evaluation predictions not kept (" + (src["keeps_predictions"] if "keeps_predictions" in src
+                     else "transformers' evaluate() keeps none without compute_metrics, which a config cannot show")
+                     + ")")
+        return {"eval_logits": forward}
+    k = run.eval_accumulation
+    per = f"{gib(unit)} a batch" + (f" from {run.num_gpus} ranks" if run.num_gpus > 1 else "")
+    if k is None:
+        # Unbounded: the moment the second batch is concatenated is counted (the first, the second and their
+        # concatenation), a lower bound; every further batch adds one more.
+        notes.append(f"evaluation keeps every batch's predictions on the GPU ({run.source('keeps_predictions')}; "
+                     f"{per}): grows with the eval set until it ends, counted here at its second batch; "
+                     "eval_accumulation_steps moves them to the CPU every that many batches")
+        if 4 * unit > forward + unit:
+            return {"kept_predictions": 4 * unit}
+        return {"eval_logits": forward, "kept_predictions": unit}
+    notes.append(f"evaluation keeps predictions on the GPU for {k} batch{'es' if k > 1 else ''} "
+                 f"({run.source('eval_accumulation')}; {per}), then moves them to the CPU")
+    # Before a batch's forward k-1 batches are kept; at the k-th concatenation the k-1, the new one and the k.
+    concat = unit if k == 1 else 2 * k * unit
+    before = forward + (k - 1) * unit
+    if before >= concat:
+        return {"eval_logits": forward, "kept_predictions": (k - 1) * unit}
+    return {"kept_predictions": concat}
 
 
 @functools.lru_cache(maxsize=64)

@@ -17,7 +17,7 @@ from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory 
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import truthy
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
 
@@ -167,6 +167,15 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("num_nodes", positive_int(s["num_machines"].value), where("num_machines"))
         if sharding.offload_optimizer is not None:
             put("offload_optimizer", True, sharding.offload_optimizer.source)
+        if sharding.offload_params is not None:
+            put("offload_params", True, sharding.offload_params.source)
+        # Evaluation as the Run reads it written (run.written): its batch, kept predictions, and how often they leave
+        # the GPU.
+        said = written(tc)
+        for name, setting in (("eval_batch", said.eval_batch), ("keeps_predictions", said.keeps_predictions),
+                              ("eval_accumulation", said.eval_accumulation)):
+            if setting is not None:
+                put(name, setting.value, setting.source)
     put("method", TASK_METHODS.get(task), f"--task {task}")
     if task in ("dpo", "orpo", "kto", "grpo", "ppo"):
         # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
@@ -507,7 +516,10 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                    lora_targets=values.get("lora_targets", memory.DEFAULT_LORA_TARGETS),
                    quant_bits=values.get("quant_bits"), num_gpus=num, zero_stage=values.get("zero_stage", 0),
                    fsdp=values.get("fsdp", False), num_nodes=values.get("num_nodes", 1),
-                   offload_optimizer=values.get("offload_optimizer", False), device=device, task=task,
+                   offload_optimizer=values.get("offload_optimizer", False),
+                   offload_params=values.get("offload_params", False), eval_batch=values.get("eval_batch"),
+                   keeps_predictions=values.get("keeps_predictions", False),
+                   eval_accumulation=values.get("eval_accumulation"), device=device, task=task,
                    attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
                    sources=tuple(sorted(sources.items())))
     # A preference (the stable RL setting) is not the user's choice: the search may drop it.

@@ -46,6 +46,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                f"use a larger GPU: {alt.smallest_gpu} ({alt.smallest_gpu_summary})"
                if alt is not None and alt.smallest_gpu and alt.smallest_gpu_summary is not None else
                "shard over several GPUs (ZeRO-3 / FSDP) or use a larger GPU")
+        fix = _evaluation_first(details["components"]) + fix
         # A tight plan is within the GPU's memory, above the 90% that leaves room for fragmentation.
         than = "above 90% of what" if mem.verdict == "tight" else "more than"
         yield Finding("GD801", Severity.ERROR,
@@ -56,8 +57,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         yield Finding("GD802", Severity.WARNING,
                       f"the run fits only tightly: {mem.summary} (above {90}% of the GPU: allocator fragmentation or a "
                       "longer batch can run out of memory)", file=file, key=key,
-                      fix="lower the batch size (raise gradient_accumulation_steps), turn on gradient checkpointing, or "
-                          "shorten the sequences", details=details)
+                      fix=_evaluation_first(details["components"]) + "lower the batch size (raise "
+                          "gradient_accumulation_steps), turn on gradient checkpointing, or shorten the sequences",
+                      details=details)
     elif mem.gpu_bytes and not mem.choice.fits:
         c = mem.choice
         # A GPU someone named (--gpu, the probe, --gpu-memory) that no run fits is a run that cannot start: an error.
@@ -78,6 +80,17 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                       f"text-only training of a multimodal checkpoint loads its vision/audio towers for nothing: "
                       f"{towers:,} parameters, {gib(towers * wb)} in {run.load_dtype.value}",
                       fix=_text_only_cure(model.family.family), details={"tower_params": towers})
+
+
+def _evaluation_first(components: dict[str, int]) -> str:
+    """Where the evaluation moment is the peak (its components only exist there: docs/memory.md "Evaluation"), what
+    lowers it, first: the training settings the search varies do not."""
+    if "kept_predictions" in components:
+        return ("the peak is evaluation's kept predictions: set eval_accumulation_steps (they move to the CPU every that "
+                "many batches), lower per_device_eval_batch_size, or prediction_loss_only: true; else ")
+    if "eval_logits" in components:
+        return "the peak is an evaluation batch's logits: lower per_device_eval_batch_size; else "
+    return ""
 
 
 # The class that loads a multimodal checkpoint's language model alone, per family: Gemma3ForCausalLM reads a gemma3
