@@ -103,6 +103,12 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment,
     rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
+    if shape is not None and env.training_config is None \
+            and not runplan.fixed_settings(shape, **_plan_args(facts, rec, options, env, gpu)):
+        # The user described no run: check's run is the prescribed one wherever the search finds one (with_decision),
+        # so check's own plan of it is made only where the search finds none.
+        return with_decision(facts, options, env, gpu, shape, shared=shared, explain=prescription,
+                             own_plan=lambda: with_memory(facts, rec, options, env, gpu, shape))
     rec, mem = with_memory(facts, rec, options, env, gpu, shape)
     if not prescription and _users_run(mem, env):
         # check's run is the user's own (with_decision keeps it): the prescription would be shown by no view asked for.
@@ -193,16 +199,22 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
                   shape: memory.ModelShape | None = None, quantization: str | None = None, *,
                   recommendation: recommend.Recommendation | None = None,
                   memory: runplan.MemoryFacts | None = None, shared: rules.Shared | None = None,
-                  explain: bool = True) -> Judgement:
+                  explain: bool = True,
+                  own_plan: Callable[[], tuple[recommend.Recommendation, runplan.MemoryFacts | None]] | None = None,
+                  ) -> Judgement:
     """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out) beside
     check's ``recommendation`` and ``memory`` plan (with_memory); where the user described no run, check's run becomes
-    the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read."""
+    the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read.
+    ``own_plan``: instead of ``recommendation`` and ``memory``, what makes them (with_memory, of a run in which the
+    user fixed nothing): made only where the prescription does not become check's run."""
     from gemma_doctor.plan import search
 
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     decision = search.prescribe(facts, env, options, gpu, shape, quantization, shared=shared, explain=explain)
     rec, mem = recommendation, memory
+    if own_plan is not None and not (decision.ok and decision.memory is not None and env.training_config is None):
+        rec, mem = own_plan()
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
@@ -238,18 +250,23 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     if shape is None:
         return rec, None
-    targets = rec.frameworks.get("peft", {}).get("target_modules")
-    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu,
-                              request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                              task=str(rec.inputs.get("task") or "sft"),
-                              lora_targets=tuple(targets) if isinstance(targets, list) else targets,
-                              trl_chunks=runplan.trl_chunks(env.libraries),
-                              defaults=runplan.trainer_defaults(env.training_config, env.libraries,
-                                                                 runplan.checkpoint_dtype(facts.census)))
+    mem = runplan.plan_memory(shape, **_plan_args(facts, rec, options, env, gpu))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)
     return rec, mem
+
+
+def _plan_args(facts: ModelFacts, rec: recommend.Recommendation, options: CheckOptions, env: Environment,
+               gpu: GpuFacts) -> dict[str, Any]:
+    """The arguments of check's memory plan of its run (runplan.plan_memory, runplan.fixed_settings) after ``rec``."""
+    targets = rec.frameworks.get("peft", {}).get("target_modules")
+    return dict(precision=rec.precision, gpu=gpu, request=options.memory or runplan.MemoryRequest(),
+                training_config=env.training_config, task=str(rec.inputs.get("task") or "sft"),
+                lora_targets=tuple(targets) if isinstance(targets, list) else targets,
+                trl_chunks=runplan.trl_chunks(env.libraries),
+                defaults=runplan.trainer_defaults(env.training_config, env.libraries,
+                                                   runplan.checkpoint_dtype(facts.census)))
 
 
 def model_report(judgement: Judgement, env: Environment, prescription: bool = True) -> ModelReport:
