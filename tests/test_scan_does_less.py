@@ -94,3 +94,57 @@ def test_fixed_settings_is_the_plans_own(quantized, task) -> None:
     for request in REQUESTS:
         kw = dict(precision="bf16", gpu=None, request=request, training_config=None, task=task)
         assert runplan.fixed_settings(shape, **kw) == runplan.plan_memory(shape, **kw).fixed, (request, task)
+
+
+# --- a derived shape spells its module names only where a target is matched against them --------------------------
+
+TARGETS = ("all-linear", ("q_proj", "v_proj"), ("self_attn.o_proj", "mlp.down_proj", "fc1"), ("layers.3.mlp.up_proj",),
+           r".*language_model.*\.(q_proj|k_proj)", r"model\.layers\.1\d?\..*", r".*vision_tower.*(out_proj|fc2)",
+           r"model.vision_tower.head.*", "(", ("lm_head",))
+
+
+def _spelt(k: memory.Linear) -> memory.Linear:
+    """``k`` with its module names spelt out, as every derived shape held them before."""
+    names = k.module_names()
+    return memory.Linear(k.name, k.in_features, k.out_features, len(names), names)
+
+
+def _configs() -> list[tuple[str, dict]]:
+    out = []
+    for family, sizes in memory.PUBLISHED.items():
+        for size, config in sizes.items():
+            out.append((f"{family}-{size}", config))
+    return out
+
+
+@pytest.mark.parametrize("name,config", _configs(), ids=[n for n, _ in _configs()])
+def test_a_derived_shape_spells_no_text_module_names(name, config) -> None:
+    """The text decoder's Linears of a shape derived from config.json hold their layout, not a name per layer: a scan
+    plans every model, and only a LoRA target that is not "all-linear" reads the names (Linear.matched)."""
+    shape = memory.shape_from_config(config)
+    assert shape.linears and all(k.names == () and k.layout is not None for k in shape.linears), name
+
+
+@pytest.mark.parametrize("name,config", _configs(), ids=[n for n, _ in _configs()])
+def test_the_layout_matches_as_the_names_did(name, config) -> None:
+    """Every target (a regex PEFT reads whole, names, dotted suffixes, a regex PEFT refuses) matches the layout's
+    Linears as it matches the same Linears with every name spelt out; the count of each kind is its names'."""
+    shape = memory.shape_from_config(config)
+    for k in shape.linears + shape.tower_linears:
+        spelt = _spelt(k)
+        assert spelt.count == k.count and len(set(spelt.names)) == k.count
+        for t in TARGETS:
+            assert k.matched(t) == spelt.matched(t), (name, k.name, t)
+
+
+def test_a_kind_the_vision_head_shares_has_both_names() -> None:
+    """SigLIP's attention-pooling head has an out_proj, fc1 and fc2 of the encoder's shape: one Linear each, with the
+    encoder's layers' names and the head's (as before); the encoder's other kinds keep their layout."""
+    vision = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "vision_use_head": True}
+    _total, linears = memory._siglip_params(vision)
+    by = {k.name: k for k in linears}
+    assert by["out_proj"].count == 28 and by["out_proj"].names[-1] == "model.vision_tower.head.attention.out_proj"
+    assert by["fc1"].names[:2] == ("model.vision_tower.encoder.layers.0.mlp.fc1",
+                                    "model.vision_tower.encoder.layers.1.mlp.fc1")
+    assert by["q_proj"].names == () and by["q_proj"].module_names()[26] == \
+        "model.vision_tower.encoder.layers.26.self_attn.q_proj"
