@@ -142,13 +142,16 @@ def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembere
         facts, (decision, findings, rec, mem) = judge(facts)
     else:
         facts, (decision, findings, rec, mem) = remembered.judged(facts, judge)
-    return named(Judgement(facts, decision, findings, rec, mem))
+    return named(Judgement(facts, decision, findings, rec, mem), snippets=prescription)
 
 
-def named(judgement: Judgement) -> Judgement:
+def named(judgement: Judgement, snippets: bool = True) -> Judgement:
     """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
     report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
-    engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
+    engine (views, recommend, the rehearsal, the Python API) meets the named texts only. Without ``snippets`` (a view
+    that shows no prescription: check's text and github, whose precision line is the decision's summary), the
+    recommendations' framework snippets (``frameworks``: the loading code, the TrainingArguments, TRL, axolotl and PEFT
+    settings, which only JSON shows) are left out, not named: a scan named each model's ~100 settings for no line."""
     facts = judgement.facts
     snap = facts.snapshot
     naming = Naming(snap.target, functools.partial(locate.command_args, snap),
@@ -162,15 +165,15 @@ def named(judgement: Judgement) -> Judgement:
             d, findings=tuple(naming.finding(f) for f in d.findings),
             blocking=tuple(naming.finding(f) for f in d.blocking),
             way_out=tuple(naming.text(w) for w in d.way_out),
-            recommendation=_named_recommendation(d.recommendation, naming),
-            nearest=_named_recommendation(d.nearest, naming), training_config=naming.yaml(d.training_config))
+            recommendation=_named_recommendation(d.recommendation, naming, snippets),
+            nearest=_named_recommendation(d.nearest, naming, snippets), training_config=naming.yaml(d.training_config))
         if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out", "training_config")) \
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
             decision = d2
             if rec is d.recommendation:
                 return dataclasses.replace(judgement, decision=d2, findings=findings, recommendation=d2.recommendation)
     if rec is not None:
-        rec = _named_recommendation(rec, naming)
+        rec = _named_recommendation(rec, naming, snippets)
     return dataclasses.replace(judgement, decision=decision, findings=findings, recommendation=rec)
 
 
@@ -185,11 +188,13 @@ def _model_id(snap: Snapshot) -> str:
     return snap.repo_id or str(snap.path)
 
 
-def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) -> recommend.Recommendation | None:
+def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming,
+                          snippets: bool = True) -> recommend.Recommendation | None:
     if rec is None:
         return rec
     notes = tuple(naming.text(n) for n in rec.notes)
-    frameworks = naming.value(rec.frameworks)  # axolotl's base_model: the model id (report.MODEL_ID when shared)
+    # axolotl's base_model: the model id (report.MODEL_ID when shared); none at all where no view asked for shows them
+    frameworks = naming.value(rec.frameworks) if snippets else {}
     if frameworks is rec.frameworks and all(a is b for a, b in zip(notes, rec.notes)):
         return rec
     return dataclasses.replace(rec, notes=notes, frameworks=frameworks)

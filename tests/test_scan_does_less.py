@@ -148,3 +148,58 @@ def test_a_kind_the_vision_head_shares_has_both_names() -> None:
                                     "model.vision_tower.encoder.layers.1.mlp.fc1")
     assert by["q_proj"].names == () and by["q_proj"].module_names()[26] == \
         "model.vision_tower.encoder.layers.26.self_attn.q_proj"
+
+
+# --- a view without the prescription names no snippets ------------------------------------------------------------
+
+@pytest.fixture
+def namings(monkeypatch) -> list[int]:
+    """How often a snippet's value is named (the real report.Naming.value, counted at its outermost calls)."""
+    from gemma_doctor import report
+
+    counted = [0]
+    real = report.Naming.value
+
+    def spy(self, v, _depth=[0]):
+        if _depth[0] == 0:
+            counted[0] += 1
+        _depth[0] += 1
+        try:
+            return real(self, v)
+        finally:
+            _depth[0] -= 1
+
+    monkeypatch.setattr(report.Naming, "value", spy)
+    return counted
+
+
+@pytest.mark.parametrize("fmt", ["text", "github"])
+@pytest.mark.parametrize("gpu", ["none", "T4"])
+def test_a_view_without_the_prescription_names_no_snippets(cli, examples, namings, fmt, gpu) -> None:
+    """check's text and github views show the precision line and the findings, never a framework's settings: the
+    recommendations' snippets are left out, not named (each model's ~100 settings, in a scan of every model)."""
+    r = cli("check", *MODELS, "--cache-dir", examples, "--gpu", gpu, "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert namings[0] == 0
+
+
+def test_the_json_view_names_its_snippets(cli, examples, namings) -> None:
+    r = cli("check", *MODELS, "--cache-dir", examples, "--gpu", "none", "--fail-on", "never", "--format", "json")
+    assert r.code == 0, r
+    assert namings[0] > 0
+    models = r.json()["models"]
+    assert all(m["recommendation"]["frameworks"]["axolotl"]["base_model"] == m["repo_id"] for m in models)
+
+
+@pytest.mark.parametrize("args", [("--gpu", "none"), ("--gpu", "T4"), ("--gpu", "A100", "--method", "lora"),
+                                  ("--gpu", "T4", "--with", "transformers==4.50.3")])
+@pytest.mark.parametrize("fmt", ["text", "github"])
+def test_snippets_left_out_change_no_output(cli, examples, monkeypatch, args, fmt) -> None:
+    """The text and github views are the same as with every snippet named (as before)."""
+    argv = ("check", *MODELS, "--cache-dir", examples, *args, "--fail-on", "never", "--format", fmt)
+    lazy = cli(*argv)
+    real = pipeline.named
+    monkeypatch.setattr(pipeline, "named", lambda judgement, snippets=True: real(judgement))
+    eager = cli(*argv)
+    assert lazy.code == eager.code == 0
+    assert lazy.out == eager.out and lazy.err == eager.err
