@@ -203,3 +203,24 @@ def test_snippets_left_out_change_no_output(cli, examples, monkeypatch, args, fm
     eager = cli(*argv)
     assert lazy.code == eager.code == 0
     assert lazy.out == eager.out and lazy.err == eager.err
+
+
+# --- a repo without an undo record ---------------------------------------------------------------------------------
+
+def test_no_undo_key_is_worked_out_without_a_record(cli, examples, monkeypatch) -> None:
+    """A repo `fix` never touched has no undo record: the snapshot's record key (a path made relative to the repo
+    folder, per model of a scan) is not worked out; with a record it is, and restore still finds its entries
+    (tests/test_restore.py)."""
+    from gemma_doctor import undo
+
+    counted = [0]
+    real = undo.entry_key
+
+    def spy(*args, **kwargs):
+        counted[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(undo, "entry_key", spy)
+    r = cli("check", *MODELS, "--cache-dir", examples, "--fail-on", "never")
+    assert r.code == 0, r
+    assert counted[0] == 0
