@@ -103,6 +103,12 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment,
     rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
+    if shape is not None and env.training_config is None \
+            and not runplan.fixed_settings(shape, **_plan_args(facts, rec, options, env, gpu)):
+        # The user described no run: check's run is the prescribed one wherever the search finds one (with_decision),
+        # so check's own plan of it is made only where the search finds none.
+        return with_decision(facts, options, env, gpu, shape, shared=shared, explain=prescription,
+                             own_plan=lambda: with_memory(facts, rec, options, env, gpu, shape))
     rec, mem = with_memory(facts, rec, options, env, gpu, shape)
     if not prescription and _users_run(mem, env):
         # check's run is the user's own (with_decision keeps it): the prescription would be shown by no view asked for.
@@ -136,13 +142,16 @@ def judged(facts: ModelFacts, options: CheckOptions, env: Environment, remembere
         facts, (decision, findings, rec, mem) = judge(facts)
     else:
         facts, (decision, findings, rec, mem) = remembered.judged(facts, judge)
-    return named(Judgement(facts, decision, findings, rec, mem))
+    return named(Judgement(facts, decision, findings, rec, mem), snippets=prescription)
 
 
-def named(judgement: Judgement) -> Judgement:
+def named(judgement: Judgement, snippets: bool = True) -> Judgement:
     """A judged model's findings and decision with its names filled in where they name it (report.MODEL,
     report.MODEL_ARGS): the rules and the search judge without reading the model's name, and every caller of the
-    engine (views, recommend, the rehearsal, the Python API) meets the named texts only."""
+    engine (views, recommend, the rehearsal, the Python API) meets the named texts only. Without ``snippets`` (a view
+    that shows no prescription: check's text and github, whose precision line is the decision's summary), the
+    recommendations' framework snippets (``frameworks``: the loading code, the TrainingArguments, TRL, axolotl and PEFT
+    settings, which only JSON shows) are left out, not named: a scan named each model's ~100 settings for no line."""
     facts = judgement.facts
     snap = facts.snapshot
     naming = Naming(snap.target, functools.partial(locate.command_args, snap),
@@ -156,15 +165,15 @@ def named(judgement: Judgement) -> Judgement:
             d, findings=tuple(naming.finding(f) for f in d.findings),
             blocking=tuple(naming.finding(f) for f in d.blocking),
             way_out=tuple(naming.text(w) for w in d.way_out),
-            recommendation=_named_recommendation(d.recommendation, naming),
-            nearest=_named_recommendation(d.nearest, naming), training_config=naming.yaml(d.training_config))
+            recommendation=_named_recommendation(d.recommendation, naming, snippets),
+            nearest=_named_recommendation(d.nearest, naming, snippets), training_config=naming.yaml(d.training_config))
         if any(getattr(d2, k) != getattr(d, k) for k in ("findings", "blocking", "way_out", "training_config")) \
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
             decision = d2
             if rec is d.recommendation:
                 return dataclasses.replace(judgement, decision=d2, findings=findings, recommendation=d2.recommendation)
     if rec is not None:
-        rec = _named_recommendation(rec, naming)
+        rec = _named_recommendation(rec, naming, snippets)
     return dataclasses.replace(judgement, decision=decision, findings=findings, recommendation=rec)
 
 
@@ -179,11 +188,13 @@ def _model_id(snap: Snapshot) -> str:
     return snap.repo_id or str(snap.path)
 
 
-def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming) -> recommend.Recommendation | None:
+def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming,
+                          snippets: bool = True) -> recommend.Recommendation | None:
     if rec is None:
         return rec
     notes = tuple(naming.text(n) for n in rec.notes)
-    frameworks = naming.value(rec.frameworks)  # axolotl's base_model: the model id (report.MODEL_ID when shared)
+    # axolotl's base_model: the model id (report.MODEL_ID when shared); none at all where no view asked for shows them
+    frameworks = naming.value(rec.frameworks) if snippets else {}
     if frameworks is rec.frameworks and all(a is b for a, b in zip(notes, rec.notes)):
         return rec
     return dataclasses.replace(rec, notes=notes, frameworks=frameworks)
@@ -193,16 +204,22 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
                   shape: memory.ModelShape | None = None, quantization: str | None = None, *,
                   recommendation: recommend.Recommendation | None = None,
                   memory: runplan.MemoryFacts | None = None, shared: rules.Shared | None = None,
-                  explain: bool = True) -> Judgement:
+                  explain: bool = True,
+                  own_plan: Callable[[], tuple[recommend.Recommendation, runplan.MemoryFacts | None]] | None = None,
+                  ) -> Judgement:
     """The prescription (plan.search.prescribe: the run that passes check's own rules, or none and the way out) beside
     check's ``recommendation`` and ``memory`` plan (with_memory); where the user described no run, check's run becomes
-    the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read."""
+    the prescription's. The facts get the Run of the memory plan kept (run.resolve), which the rules read.
+    ``own_plan``: instead of ``recommendation`` and ``memory``, what makes them (with_memory, of a run in which the
+    user fixed nothing): made only where the prescription does not become check's run."""
     from gemma_doctor.plan import search
 
     if shape is None:
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     decision = search.prescribe(facts, env, options, gpu, shape, quantization, shared=shared, explain=explain)
     rec, mem = recommendation, memory
+    if own_plan is not None and not (decision.ok and decision.memory is not None and env.training_config is None):
+        rec, mem = own_plan()
     if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
@@ -238,18 +255,23 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     if shape is None:
         return rec, None
-    targets = rec.frameworks.get("peft", {}).get("target_modules")
-    mem = runplan.plan_memory(shape, precision=rec.precision, gpu=gpu,
-                              request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                              task=str(rec.inputs.get("task") or "sft"),
-                              lora_targets=tuple(targets) if isinstance(targets, list) else targets,
-                              trl_chunks=runplan.trl_chunks(env.libraries),
-                              defaults=runplan.trainer_defaults(env.training_config, env.libraries,
-                                                                 runplan.checkpoint_dtype(facts.census)))
+    mem = runplan.plan_memory(shape, **_plan_args(facts, rec, options, env, gpu))
     chosen = advice.memory_advice(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)
     return rec, mem
+
+
+def _plan_args(facts: ModelFacts, rec: recommend.Recommendation, options: CheckOptions, env: Environment,
+               gpu: GpuFacts) -> dict[str, Any]:
+    """The arguments of check's memory plan of its run (runplan.plan_memory, runplan.fixed_settings) after ``rec``."""
+    targets = rec.frameworks.get("peft", {}).get("target_modules")
+    return dict(precision=rec.precision, gpu=gpu, request=options.memory or runplan.MemoryRequest(),
+                training_config=env.training_config, task=str(rec.inputs.get("task") or "sft"),
+                lora_targets=tuple(targets) if isinstance(targets, list) else targets,
+                trl_chunks=runplan.trl_chunks(env.libraries),
+                defaults=runplan.trainer_defaults(env.training_config, env.libraries,
+                                                   runplan.checkpoint_dtype(facts.census)))
 
 
 def model_report(judgement: Judgement, env: Environment, prescription: bool = True) -> ModelReport:

@@ -148,6 +148,8 @@ def facts_for(snapshot: Snapshot) -> UndoFacts:
         entries = load(snapshot)
     except ReadError as e:
         return UndoFacts(error=str(e))
+    if not entries:  # no record (every repo `fix` never touched): no key of this snapshot's to work out
+        return UndoFacts()
     prefix = entry_key(snapshot, "x")[:-1]
     mine = {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix) and "/" not in k[len(prefix):]}
     return UndoFacts(entries=mine)

@@ -74,6 +74,20 @@ class Linear:
     # The full module name of each such layer (the checkpoint's tensor names, else the loaded model's layout derived
     # from config.json): what PEFT matches a regex or a suffix against. Empty: matched by ``name`` alone.
     names: tuple[str, ...] = ()
+    # The layout derived from config.json instead of the names it makes: (prefix, part, first layer), the modules
+    # f"{prefix}.{j}.{part}.{name}" of layers first to first + count - 1 (_named). They are spelt out only where a
+    # target that is not "all-linear" is matched against them (module_names), not for every model a scan plans.
+    layout: tuple[str, str, int] | None = None
+
+    def module_names(self) -> tuple[str, ...]:
+        """The full module name of each such layer (``names``, or those ``layout`` makes); ``name`` alone when
+        neither is known."""
+        if self.names:
+            return self.names
+        if self.layout is not None:
+            prefix, part, first = self.layout
+            return tuple(f"{prefix}.{j}.{part}.{self.name}" for j in range(first, first + self.count))
+        return (self.name,) * self.count
 
     @property
     def params(self) -> int:
@@ -86,7 +100,7 @@ class Linear:
         dotted suffix of the module name."""
         if targets == "all-linear":
             return self.count
-        names = self.names or (self.name,) * self.count
+        names = self.module_names()
         if isinstance(targets, str):
             try:
                 pattern = _regex(targets)
@@ -222,17 +236,23 @@ def _siglip_params(vision: Mapping[str, Any]) -> tuple[int, tuple[Linear, ...]]:
         head = "model.vision_tower.head"
         linears += [Linear("out_proj", h, h, 1, (f"{head}.attention.out_proj",)),
                     Linear("fc1", h, i, 1, (f"{head}.mlp.fc1",)), Linear("fc2", i, h, 1, (f"{head}.mlp.fc2",))]
-    merged: dict[tuple[str, int, int], tuple[str, ...]] = {}
+    # One Linear per kind: a kind the head shares with the encoder (its out_proj, fc1, fc2) gets both's names; any
+    # other stays as _named made it (its names spelt out only where they are matched).
+    merged: dict[tuple[str, int, int], Linear] = {}
     for k in linears:
         key = (k.name, k.in_features, k.out_features)
-        merged[key] = merged.get(key, ()) + k.names
-    return total, tuple(Linear(a, b, c, len(m), m) for (a, b, c), m in sorted(merged.items()))
+        had = merged.get(key)
+        if had is None:
+            merged[key] = k
+        else:
+            names = had.module_names() + k.module_names()
+            merged[key] = Linear(k.name, k.in_features, k.out_features, len(names), names)
+    return total, tuple(k for _key, k in sorted(merged.items(), key=lambda kv: kv[0]))
 
 
 def _named(name: str, fan_in: int, fan_out: int, count: int, prefix: str, part: str, first: int = 0) -> Linear:
     """A Linear kind of ``count`` decoder layers from ``first`` on, named as the loaded model names them."""
-    return Linear(name, fan_in, fan_out, count,
-                  tuple(f"{prefix}.{j}.{part}.{name}" for j in range(first, first + count)))
+    return Linear(name, fan_in, fan_out, count, layout=(prefix, part, first))
 
 
 def shape_from_config(config: Mapping[str, Any], counted: tuple[ParamCounts, tuple[Linear, ...], tuple[Linear, ...], bool]

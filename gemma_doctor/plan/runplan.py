@@ -565,6 +565,20 @@ def _request_spec(precision: str, gpu: Any, request: MemoryRequest, training_con
                                   config_precision, defaults, precision_source), make)
 
 
+def _fixed(req: RunRequest) -> tuple[str, ...]:
+    """The settings of ``req`` a memory plan reports as the user's (MemoryFacts.fixed)."""
+    return tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in req.fixed)
+
+
+def fixed_settings(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest,
+                   training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
+                   trl_chunks: bool = False, defaults: tuple[Default, ...] = ()) -> tuple[str, ...]:
+    """``plan_memory(...).fixed`` for the same arguments, without the plan (no run is chosen or counted): whether the
+    user fixed a setting decides whether check plans their run at all (pipeline.decide)."""
+    return _fixed(_on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
+                                                       trl_chunks, defaults=defaults), shape))
+
+
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
                 lora_targets: str | tuple[str, ...] | None = None, trl_chunks: bool = False,
                 config_key: str | None = None, config_precision: bool = True,
@@ -578,7 +592,7 @@ def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryR
                                                precision_source), shape)
     base, gpu_bytes, gpu_name, gpu_note = req.base, req.gpu_bytes, req.gpu_name, req.gpu_note
     values = {k for k in req.fixed}
-    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in values)
+    fixed = _fixed(req)
     methods = (base.method,) if "method" in values else memory.METHODS
     choice = memory.choose(shape, base, gpu_bytes, methods, batch_fixed="batch_size" in values,
                            ckpt_fixed="gradient_checkpointing" in values or base.source("gradient_checkpointing").endswith(
@@ -613,6 +627,6 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
 
 def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: str) -> MemoryFacts:
     """MemoryFacts of a run the search chose (it fits: ``plan``)."""
-    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in req.fixed)
+    fixed = _fixed(req)
     choice = Choice(plan, plan.fits if req.gpu_bytes else False, (plan,), reason=reason)
     return _finish(shape, plan, choice, fixed, None, req.gpu_bytes, req.gpu_name, req.gpu_note)

@@ -1,0 +1,226 @@
+"""check plans its own run only where it is shown (issue 32): where the user described no run (no training config,
+nothing fixed by an option or by a checkpoint saved quantized), check's run is the prescribed one wherever the search
+finds one (pipeline.with_decision), so check's own memory plan of the default run (pipeline.with_memory) is made only
+where the search finds none. What is computed is counted here; that the output is the same is held here (against the
+plan made eagerly, as before) and by benchmarks/output_ab.py (against main's tree, byte for byte)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from itertools import product
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor import pipeline
+from gemma_doctor.facts import MemoryRequest
+from gemma_doctor.plan import memory, runplan
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("google/gemma-3-12b-it", "google/gemma-4-E2B-it")
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("scan-less") / "hub"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
+@pytest.fixture
+def own_plans(monkeypatch) -> list[int]:
+    """How often check plans its own run (the real pipeline.with_memory, counted)."""
+    counted = [0]
+    real = pipeline.with_memory
+
+    def spy(*args, **kwargs):
+        counted[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "with_memory", spy)
+    return counted
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_own_plan_where_the_prescription_is_checks_run(cli, examples, own_plans, fmt) -> None:
+    """With no GPU both models have a prescription, and check's run is it: check's own plan is never made."""
+    r = cli("check", *MODELS, "--cache-dir", examples, "--gpu", "none", "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert own_plans[0] == 0
+
+
+@pytest.mark.parametrize("args", [("--gpu", "T4"), ("--gpu", "none", "--method", "lora"),
+                                  ("--gpu", "none", "--batch-size", "2")])
+def test_an_own_plan_where_it_is_shown(cli, examples, own_plans, args) -> None:
+    """On a T4 neither model has a prescription (check's memory line is its own plan); a setting fixed by an option
+    makes check's run the user's own: one plan per model in both."""
+    r = cli("check", *MODELS, "--cache-dir", examples, *args, "--fail-on", "never", "--format", "json")
+    assert r.code == 0, r
+    assert own_plans[0] == len(MODELS)
+
+
+@pytest.mark.parametrize("args", [("--gpu", "none"), ("--gpu", "T4"), ("--gpu", "A100"), ("--gpu", "L4", "--task", "dpo"),
+                                  ("--gpu", "none", "--method", "qlora"), ("--gpu", "A100", "--no-gradient-checkpointing"),
+                                  ("--gpu", "T4", "--seq-len", "512"), ("--gpu", "A100", "--num-gpus", "2")])
+@pytest.mark.parametrize("fmt", ["text", "json", "github"])
+def test_the_plan_not_made_changes_no_output(cli, examples, monkeypatch, args, fmt) -> None:
+    """Every view is the same as with check's own plan made first, as it was before (fixed_settings made to say
+    something is fixed takes the eager path, whose plan then says, truly, that nothing is)."""
+    argv = ("check", *MODELS, "--cache-dir", examples, *args, "--fail-on", "never", "--format", fmt)
+    lazy = cli(*argv)
+    monkeypatch.setattr(runplan, "fixed_settings", lambda *a, **k: ("eager",))
+    eager = cli(*argv)
+    assert lazy.code == eager.code == 0
+    assert lazy.out == eager.out and lazy.err == eager.err
+
+
+REQUESTS = [MemoryRequest(method=m, batch_size=b, gradient_checkpointing=c, seq_len=s)
+            for m, b, c, s in product((None, "full", "lora", "qlora"), (None, 4), (None, True, False), (None, 2048))]
+
+
+@pytest.mark.parametrize("quantized", [None, ("awq", 4, 128)])
+@pytest.mark.parametrize("task", ["sft", "dpo", "grpo", "lora", "full"])
+def test_fixed_settings_is_the_plans_own(quantized, task) -> None:
+    """runplan.fixed_settings is plan_memory's ``fixed`` without the plan, for every setting an option fixes, the
+    tasks (a task that names a method fixes it; the stable RL setting is no choice of the user's) and a checkpoint
+    saved quantized (its method is fixed)."""
+    shape = memory.published_shape("gemma3", "12b")
+    assert shape is not None
+    if quantized is not None:
+        shape = dataclasses.replace(shape, saved_quantization=quantized)
+    for request in REQUESTS:
+        kw = dict(precision="bf16", gpu=None, request=request, training_config=None, task=task)
+        assert runplan.fixed_settings(shape, **kw) == runplan.plan_memory(shape, **kw).fixed, (request, task)
+
+
+# --- a derived shape spells its module names only where a target is matched against them --------------------------
+
+TARGETS = ("all-linear", ("q_proj", "v_proj"), ("self_attn.o_proj", "mlp.down_proj", "fc1"), ("layers.3.mlp.up_proj",),
+           r".*language_model.*\.(q_proj|k_proj)", r"model\.layers\.1\d?\..*", r".*vision_tower.*(out_proj|fc2)",
+           r"model.vision_tower.head.*", "(", ("lm_head",))
+
+
+def _spelt(k: memory.Linear) -> memory.Linear:
+    """``k`` with its module names spelt out, as every derived shape held them before."""
+    names = k.module_names()
+    return memory.Linear(k.name, k.in_features, k.out_features, len(names), names)
+
+
+def _configs() -> list[tuple[str, dict]]:
+    out = []
+    for family, sizes in memory.PUBLISHED.items():
+        for size, config in sizes.items():
+            out.append((f"{family}-{size}", config))
+    return out
+
+
+@pytest.mark.parametrize("name,config", _configs(), ids=[n for n, _ in _configs()])
+def test_a_derived_shape_spells_no_text_module_names(name, config) -> None:
+    """The text decoder's Linears of a shape derived from config.json hold their layout, not a name per layer: a scan
+    plans every model, and only a LoRA target that is not "all-linear" reads the names (Linear.matched)."""
+    shape = memory.shape_from_config(config)
+    assert shape.linears and all(k.names == () and k.layout is not None for k in shape.linears), name
+
+
+@pytest.mark.parametrize("name,config", _configs(), ids=[n for n, _ in _configs()])
+def test_the_layout_matches_as_the_names_did(name, config) -> None:
+    """Every target (a regex PEFT reads whole, names, dotted suffixes, a regex PEFT refuses) matches the layout's
+    Linears as it matches the same Linears with every name spelt out; the count of each kind is its names'."""
+    shape = memory.shape_from_config(config)
+    for k in shape.linears + shape.tower_linears:
+        spelt = _spelt(k)
+        assert spelt.count == k.count and len(set(spelt.names)) == k.count
+        for t in TARGETS:
+            assert k.matched(t) == spelt.matched(t), (name, k.name, t)
+
+
+def test_a_kind_the_vision_head_shares_has_both_names() -> None:
+    """SigLIP's attention-pooling head has an out_proj, fc1 and fc2 of the encoder's shape: one Linear each, with the
+    encoder's layers' names and the head's (as before); the encoder's other kinds keep their layout."""
+    vision = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "vision_use_head": True}
+    _total, linears = memory._siglip_params(vision)
+    by = {k.name: k for k in linears}
+    assert by["out_proj"].count == 28 and by["out_proj"].names[-1] == "model.vision_tower.head.attention.out_proj"
+    assert by["fc1"].names[:2] == ("model.vision_tower.encoder.layers.0.mlp.fc1",
+                                    "model.vision_tower.encoder.layers.1.mlp.fc1")
+    assert by["q_proj"].names == () and by["q_proj"].module_names()[26] == \
+        "model.vision_tower.encoder.layers.26.self_attn.q_proj"
+
+
+# --- a view without the prescription names no snippets ------------------------------------------------------------
+
+@pytest.fixture
+def namings(monkeypatch) -> list[int]:
+    """How often a snippet's value is named (the real report.Naming.value, counted at its outermost calls)."""
+    from gemma_doctor import report
+
+    counted = [0]
+    real = report.Naming.value
+
+    def spy(self, v, _depth=[0]):
+        if _depth[0] == 0:
+            counted[0] += 1
+        _depth[0] += 1
+        try:
+            return real(self, v)
+        finally:
+            _depth[0] -= 1
+
+    monkeypatch.setattr(report.Naming, "value", spy)
+    return counted
+
+
+@pytest.mark.parametrize("fmt", ["text", "github"])
+@pytest.mark.parametrize("gpu", ["none", "T4"])
+def test_a_view_without_the_prescription_names_no_snippets(cli, examples, namings, fmt, gpu) -> None:
+    """check's text and github views show the precision line and the findings, never a framework's settings: the
+    recommendations' snippets are left out, not named (each model's ~100 settings, in a scan of every model)."""
+    r = cli("check", *MODELS, "--cache-dir", examples, "--gpu", gpu, "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert namings[0] == 0
+
+
+def test_the_json_view_names_its_snippets(cli, examples, namings) -> None:
+    r = cli("check", *MODELS, "--cache-dir", examples, "--gpu", "none", "--fail-on", "never", "--format", "json")
+    assert r.code == 0, r
+    assert namings[0] > 0
+    models = r.json()["models"]
+    assert all(m["recommendation"]["frameworks"]["axolotl"]["base_model"] == m["repo_id"] for m in models)
+
+
+@pytest.mark.parametrize("args", [("--gpu", "none"), ("--gpu", "T4"), ("--gpu", "A100", "--method", "lora"),
+                                  ("--gpu", "T4", "--with", "transformers==4.50.3")])
+@pytest.mark.parametrize("fmt", ["text", "github"])
+def test_snippets_left_out_change_no_output(cli, examples, monkeypatch, args, fmt) -> None:
+    """The text and github views are the same as with every snippet named (as before)."""
+    argv = ("check", *MODELS, "--cache-dir", examples, *args, "--fail-on", "never", "--format", fmt)
+    lazy = cli(*argv)
+    real = pipeline.named
+    monkeypatch.setattr(pipeline, "named", lambda judgement, snippets=True: real(judgement))
+    eager = cli(*argv)
+    assert lazy.code == eager.code == 0
+    assert lazy.out == eager.out and lazy.err == eager.err
+
+
+# --- a repo without an undo record ---------------------------------------------------------------------------------
+
+def test_no_undo_key_is_worked_out_without_a_record(cli, examples, monkeypatch) -> None:
+    """A repo `fix` never touched has no undo record: the snapshot's record key (a path made relative to the repo
+    folder, per model of a scan) is not worked out; with a record it is, and restore still finds its entries
+    (tests/test_restore.py)."""
+    from gemma_doctor import undo
+
+    counted = [0]
+    real = undo.entry_key
+
+    def spy(*args, **kwargs):
+        counted[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(undo, "entry_key", spy)
+    r = cli("check", *MODELS, "--cache-dir", examples, "--fail-on", "never")
+    assert r.code == 0, r
+    assert counted[0] == 0
