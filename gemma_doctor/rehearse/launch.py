@@ -83,7 +83,7 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
                          "deepspeed X.py) or `trl sft --config FILE`")
     script = (cwd / words[at]).absolute()
     if not _is_file(script):
-        raise UsageError(f"--launch: the script {words[at]} is not a file (looked in {cwd})")
+        raise UsageError(f"--launch: the script {launch_reader._shown(words[at])} is not a file (looked in {cwd})")
     head = Path(words[0]).name
     here = Path(sys.executable).parent
     if head in _PYTHONS or head.startswith("python"):
