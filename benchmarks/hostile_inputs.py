@@ -79,6 +79,14 @@ def weights_repo(root: Path, shape: list[int]) -> HubCache:
     return hub
 
 
+def gemma3_1b_repo(root: Path) -> HubCache:
+    from tests.builders import gemma3_1b_config, generation_config
+
+    hub = HubCache(root)
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config(), "generation_config.json": generation_config()})
+    return hub
+
+
 def shared_header_repo(root: Path, links: int) -> HubCache:
     hub = HubCache(root)
     snap = hub.add(REPO, {"config.json": gemma2_config()})
@@ -199,6 +207,7 @@ def main() -> int:
     ap.add_argument("--code", type=Path, default=ROOT, help="checkout whose gemma_doctor runs")
     ap.add_argument("--cap-gib", type=float, default=6.0, help="address-space limit per process")
     ap.add_argument("--case-timeout", type=float, default=120.0, help="seconds each case may run (old code hangs)")
+    ap.add_argument("--only", default="", help="run only the cases whose name holds this text")
     ap.add_argument("--sweep", action="store_true", help="run the in-process sweep of the run's readers instead")
     args = ap.parse_args()
     if args.sweep:
@@ -225,11 +234,14 @@ def main() -> int:
         named.write_text(json.dumps({"output_dir": "o", "deepspeed": "a" * 300 + ".json"}))
         cases.update({
             "YAML 2,000 [ deep as --training-config": (base.hub.root, ("check", REPO, "--training-config", str(deep), "--format", "json")),
-            "LoRA target regex (.*)*Z": (base.hub.root, ("check", REPO, "--training-config", str(regex), "--format", "json")),
+            # Gemma 3 1B: its module names are derived whole (model.layers.0.self_attn.q_proj), which the regex meets.
+            "LoRA target regex (.*)*Z": (gemma3_1b_repo(Path(tmp) / "g3").root, ("check", "google/gemma-3-1b-it", "--training-config", str(regex), "--format", "json")),
             "deepspeed: <300 characters>.json": (base.hub.root, ("check", REPO, "--training-config", str(named), "--format", "json")),
         })
         base_mib = out["baseline"]["peak_mib"] or 0.0
         for name, (cache, argv) in cases.items():
+            if args.only and args.only not in name:
+                continue
             res = run(args.code, cache, cap, *argv, timeout=args.case_timeout)
             res["above_baseline_mib"] = round(res["peak_mib"] - base_mib, 1) if res["peak_mib"] is not None else None
             out[name] = res
