@@ -369,6 +369,14 @@ def _targets_written(value: Any) -> str | tuple[str, ...] | None:
 # exponential in the name's length, and each unbounded repetition past a few adds a power (`.*` six times: a second a
 # name). Refused before it is run (GD425 says why): reproduced, `(.*)*Z` took 10 s on 24 characters of a module name.
 MAX_TARGET_REPEATS = 4
+MAX_TARGET_REGEX = 4096
+
+
+_COUNT = re.compile(r"\{(\d*,?\d*)\}")  # a counted repetition: {m}, {m,}, {,n}, {m,n}
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _repeats_a_repetition(pattern: str) -> str | None:
@@ -381,14 +389,15 @@ def _repeats_a_repetition(pattern: str) -> str | None:
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
-        quantifier = c in "*+" or (c == "{" and re.match(r"\{\d*,?\d*\}", pattern[i:]) is not None)
-        if quantifier and not (c == "{" and re.match(r"\{(0|1|0?,1)\}", pattern[i:])):
-            end = pattern.index("}", i) + 1 if c == "{" else i + 1
-            upper = pattern[i + 1:end - 1].rpartition(",")[2] if c == "{" else ""
-            endless = c in "*+" or upper == ""
+        count = _COUNT.match(pattern, i) if c == "{" else None  # at i: no copy of the rest (a long text of `{`)
+        if (c in "*+" or count is not None) and not (count is not None and count.group(1) in ("0", "1", ",1", "0,1")):
+            end = count.end() if count is not None else i + 1
+            upper = count.group(1).rpartition(",")[2] if count is not None else ""
+            endless = count is None or upper == ""
             unbounded += endless
-            if closed is not None and closed[1] and (endless or int(upper) > 8):  # (a|b){2}: 4 ways, not a blow-up
-                return f"repeats a repetition ({pattern[closed[0]:end]})"
+            # (a|b){2}: 4 ways, not a blow-up; over 8 (two digits or more) is
+            if closed is not None and closed[1] and (endless or len(upper) > 1 or int(upper) > 8):
+                return f"repeats a repetition ({_shortened(pattern[closed[0]:end])})"
             if groups:
                 groups[-1] = (groups[-1][0], True)
             closed = None
@@ -423,8 +432,12 @@ def _repeats_a_repetition(pattern: str) -> str | None:
 
 def target_regex(text: str) -> re.Pattern[str] | str:
     """A LoRA target string as the regex PEFT fullmatches against module names, or why it cannot be one: it does not
-    compile (re.error, and what re.compile raises besides: a repetition count too large, groups nested too deeply) or
-    it may backtrack exponentially (``_repeats_a_repetition``), which gemma-doctor does not run."""
+    compile (re.error, and what re.compile raises besides: a repetition count too large, groups nested too deeply), it
+    may backtrack exponentially (``_repeats_a_repetition``) or it is longer than MAX_TARGET_REGEX: gemma-doctor does
+    not run those."""
+    if len(text) > MAX_TARGET_REGEX:  # re.compile takes ~30 µs a character: a 1 MB config's regex, half a minute
+        return (f"is {len(text):,} characters long, longer than any regex of module names (at most "
+                f"{MAX_TARGET_REGEX:,}), so gemma-doctor does not run it")
     why = _repeats_a_repetition(text)
     if why is not None:
         return (f"{why}: re.fullmatch may backtrack exponentially on a module name (PEFT matches with it and may "
