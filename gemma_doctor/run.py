@@ -368,6 +368,92 @@ def _targets_written(value: Any) -> str | tuple[str, ...] | None:
     return None
 
 
+# A LoRA target regex is matched with re.fullmatch against every module name (PEFT does the same), and Python's
+# backtracking has no time limit: a repeated group that itself repeats or alternates (`(a+)+$`, `(.*)*x`) is
+# exponential in the name's length, and each unbounded repetition past a few adds a power (`.*` six times: a second a
+# name). Refused before it is run (GD425 says why): reproduced, `(.*)*Z` took 10 s on 24 characters of a module name.
+MAX_TARGET_REPEATS = 4
+MAX_TARGET_REGEX = 4096
+
+
+_COUNT = re.compile(r"\{(\d*,?\d*)\}")  # a counted repetition: {m}, {m,}, {,n}, {m,n}
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _repeats_a_repetition(pattern: str) -> str | None:
+    """Why ``pattern`` may backtrack exponentially on a module name (a group repeated by `*`, `+`, `{m,}` or `{m,n}` whose
+    body repeats or alternates, or more than MAX_TARGET_REPEATS unbounded repetitions), None where it cannot. A scan
+    of the text (escapes and character classes skipped), not a proof: a regex it names may still be linear."""
+    groups: list[tuple[int, bool]] = []  # each open group: where it starts, whether its body repeats or alternates
+    closed: tuple[int, bool] | None = None  # the group that ends just before the current character
+    unbounded = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        count = _COUNT.match(pattern, i) if c == "{" else None  # at i: no copy of the rest (a long text of `{`)
+        if (c in "*+" or count is not None) and not (count is not None and count.group(1) in ("0", "1", ",1", "0,1")):
+            end = count.end() if count is not None else i + 1
+            upper = count.group(1).rpartition(",")[2] if count is not None else ""
+            endless = count is None or upper == ""
+            unbounded += endless
+            # (a|b){2}: 4 ways, not a blow-up; over 8 (two digits or more) is
+            if closed is not None and closed[1] and (endless or len(upper) > 1 or int(upper) > 8):
+                return f"repeats a repetition ({_shortened(pattern[closed[0]:end])})"
+            if groups:
+                groups[-1] = (groups[-1][0], True)
+            closed = None
+            i = end
+            continue
+        closed = None
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":  # a character class: nothing in it is a group or a quantifier
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            groups.append((i, False))
+        elif c == ")" and groups:
+            closed = groups.pop()
+            if groups and closed[1]:
+                groups[-1] = (groups[-1][0], True)
+        elif c == "|" and groups:
+            groups[-1] = (groups[-1][0], True)
+        elif c == "?" and i > 0 and pattern[i - 1] == "(":
+            pass  # (?:, (?=, (?P<...>: the group's kind, not a quantifier
+        i += 1
+    if unbounded > MAX_TARGET_REPEATS:
+        return f"has {unbounded} unbounded repetitions (more than {MAX_TARGET_REPEATS})"
+    return None
+
+
+def target_regex(text: str) -> re.Pattern[str] | str:
+    """A LoRA target string as the regex PEFT fullmatches against module names, or why it cannot be one: it does not
+    compile (re.error, and what re.compile raises besides: a repetition count too large, groups nested too deeply), it
+    may backtrack exponentially (``_repeats_a_repetition``) or it is longer than MAX_TARGET_REGEX: gemma-doctor does
+    not run those."""
+    if len(text) > MAX_TARGET_REGEX:  # re.compile takes ~30 µs a character: a 1 MB config's regex, half a minute
+        return (f"is {len(text):,} characters long, longer than any regex of module names (at most "
+                f"{MAX_TARGET_REGEX:,}), so gemma-doctor does not run it")
+    why = _repeats_a_repetition(text)
+    if why is not None:
+        return (f"{why}: re.fullmatch may backtrack exponentially on a module name (PEFT matches with it and may "
+                "never finish), so gemma-doctor does not run it")
+    try:
+        return re.compile(text)
+    except re.error as e:
+        return f"is not a valid regular expression: PEFT raises re.error ({e})"
+    except (OverflowError, RecursionError) as e:
+        return f"is not a regular expression Python compiles ({type(e).__name__}: {str(e)[:100]})"
+
+
 def _positive(setting: Any) -> Sourced[int] | None:
     v = setting.value if setting is not None else None
     if isinstance(v, int) and not isinstance(v, bool) and v > 0:

@@ -102,10 +102,9 @@ class Linear:
             return self.count
         names = self.module_names()
         if isinstance(targets, str):
-            try:
-                pattern = _regex(targets)
-            except re.error:
-                return 0  # PEFT raises on it; the rules say so, the plan counts nothing
+            pattern = _regex(targets)
+            if isinstance(pattern, str):
+                return 0  # no regex PEFT runs (or one that may never finish): GD425 says so, the plan counts nothing
             return sum(1 for n in names if pattern.fullmatch(n))
         wanted = tuple(t.strip() for t in targets)
         return sum(1 for n in names if any(n == t or n.endswith("." + t) for t in wanted))
@@ -177,8 +176,10 @@ _PER_LAYER_RE = re.compile(r"embed_tokens_per_layer\.weight$")
 
 
 @functools.lru_cache(maxsize=64)
-def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def _regex(pattern: str) -> re.Pattern[str] | str:
+    from gemma_doctor.run import target_regex
+
+    return target_regex(pattern)
 
 
 def counts_from_names(shapes: Mapping[str, Iterable[int] | int]) -> tuple[ParamCounts, tuple[Linear, ...], tuple[Linear, ...], bool]:

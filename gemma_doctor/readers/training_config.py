@@ -341,6 +341,24 @@ def _json_line(text: str, dotted: str) -> int | None:
     return text.count("\n", 0, pos) + 1
 
 
+# PyYAML's pure-Python scanner keeps a possible simple key per open flow collection and walks them all at every token:
+# quadratic in the nesting of `[` / `{` (2,000 of them, a 4 kB file, took 5-15 s before the composer's recursion limit
+# stopped it). No training config nests a tenth of this; a value deeper than MAX_VALUE_DEPTH is refused anyway.
+MAX_FLOW_NESTING = 100
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _flow_nesting_over(text: str, limit: int) -> bool:
+    """Whether the text's `[` / `{` ever stand more than ``limit`` deep (counted everywhere, quotes and comments too:
+    a bound, not a parse; a real config's brackets in strings are balanced and few)."""
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        depth = depth + 1 if m.group() in "[{" else max(0, depth - 1)
+        if depth > limit:
+            return True
+    return False
+
+
 def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> TrainingConfig:
     """Parse training-config text (JSON or YAML) into settings; never raises. ``c_yaml``: compose with libyaml's parser
     where PyYAML has it (for the YAML gemma-doctor prints itself; a user's file is read by the pure-Python one)."""
@@ -360,6 +378,8 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
             # Integers over 4300 digits: Python refuses to convert them with a plain ValueError.
             return TrainingConfig(path, error=f"not a training config: {e}".splitlines()[0])
     if not is_json:
+        if _flow_nesting_over(text, MAX_FLOW_NESTING):
+            return TrainingConfig(path, error="nested too deeply to be a training config")
         try:
             import yaml
         except ImportError:
@@ -639,7 +659,7 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
         return tc
     written = Path(ref.value.strip())
     for candidate in (written, Path(tc.path).parent / written):
-        if candidate.is_file():
+        if _is_file(candidate):
             break
     else:
         return tc
@@ -668,6 +688,38 @@ def _bundled_deepspeed_settings(settings: Mapping[str, Setting]) -> dict[str, Se
         return {}
     return {name: Setting(f"{ref.key} ({_BUNDLED}{written.name}: {_BUNDLED_KEYS[name]})", value, ref.line)
             for name, value in bundled.items() if name not in settings}
+
+
+def raw_mapping(path: str) -> dict[str, Any]:
+    """A config file's own mapping of keys, for what reads more of it than its settings (the rehearsal's twin run,
+    accelerate's plugin on the CPU ranks): read as ``read`` reads the file (never blocking, at most MAX_BYTES) and
+    made plain data within the same bounds (YAML aliases share nodes: a key no setting reads can still name billions
+    of items, which a str() or a dump expands). ValueError with the one-line reason where it cannot."""
+    import yaml
+
+    from gemma_doctor import fsafe
+
+    try:
+        text = fsafe.read_user_file(path, MAX_BYTES)[:MAX_BYTES].decode("utf-8-sig")
+        data = json.loads(text) if not path.endswith((".yaml", ".yml")) and text.lstrip().startswith("{") \
+            else yaml.safe_load(text)
+        data = plain_value(data)
+    except (fsafe.Refused, OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except (ValueError, RecursionError, yaml.YAMLError) as e:
+        raise ValueError(" ".join(str(e).split())[:200]) from None
+    if not isinstance(data, dict):
+        raise ValueError("not a mapping of settings")
+    return data
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; a name no file system holds (too long: ENAMETOOLONG, which Path.is_file
+    raises) or a folder that cannot be entered names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def load(path: str) -> TrainingConfig:

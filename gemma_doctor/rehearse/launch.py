@@ -82,16 +82,24 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
         raise UsageError("--launch: not a Python training script (python X.py, accelerate launch X.py, torchrun X.py, "
                          "deepspeed X.py) or `trl sft --config FILE`")
     script = (cwd / words[at]).absolute()
-    if not script.is_file():
-        raise UsageError(f"--launch: the script {words[at]} is not a file (looked in {cwd})")
+    if not _is_file(script):
+        raise UsageError(f"--launch: the script {launch_reader._shown(words[at])} is not a file (looked in {cwd})")
     head = Path(words[0]).name
     here = Path(sys.executable).parent
     if head in _PYTHONS or head.startswith("python"):
         # The interpreter the doctor runs in is the environment that trains (nothing is installed for the run).
         words[0] = sys.executable
-    elif (here / head).is_file():
+    elif _is_file(here / head):
         words[0] = str(here / head)
     return [words[0], *(_absolute(w, cwd) for w in words[1:])], script
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; a word no file system can hold (a name too long, a NUL) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _exists(path: Path) -> bool:

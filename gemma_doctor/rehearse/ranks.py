@@ -157,16 +157,10 @@ def read_config(path: Path) -> dict[str, Any]:
     tc = tc_reader.load(str(path))
     if not tc.ok:
         raise UsageError(f"accelerate config {path}: {tc.error}")
-    import yaml
-
-    text = Path(path).read_text(encoding="utf-8-sig")
     try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise UsageError(f"accelerate config {path}: {' '.join(str(e).split())[:200]}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"accelerate config {path}: not a mapping of settings")
-    return data
+        return tc_reader.raw_mapping(str(path))
+    except ValueError as e:
+        raise UsageError(f"accelerate config {path}: {e}") from None
 
 
 def rehearse_ranks(result: Any, plan: dict[str, Any], path: Path, timeout: float) -> Any:

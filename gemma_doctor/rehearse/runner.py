@@ -68,13 +68,12 @@ class Rehearsal:
 
 
 def _raw(path: str) -> dict[str, Any]:
-    """The training config's own keys (the reader has already said the file is a mapping)."""
-    import yaml
-
-    text = Path(path).read_text(encoding="utf-8-sig")
-    data = json.loads(text) if not path.endswith((".yaml", ".yml")) and text.lstrip().startswith("{") \
-        else yaml.safe_load(text)
-    return data if isinstance(data, dict) else {}
+    """The training config's own keys (the reader has already said the file is a mapping), bounded as its settings
+    are (readers/training_config.raw_mapping); a one-line UsageError where they cannot be read."""
+    try:
+        return tc_reader.raw_mapping(path)
+    except ValueError as e:
+        raise UsageError(f"training config {path}: {e}") from None
 
 
 def _setting(tc: TrainingConfig | None, name: str) -> Any:
@@ -189,12 +188,14 @@ def plan_for(target: str, cache_dir: Path | None, revision: str, training_config
     snap = snapshots[0]
     if snap.problem is not None:
         raise UsageError(f"{target}: {snap.problem.message}")
-    config_path = snap.path / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{target}: config.json cannot be read ({getattr(e, 'strerror', None) or e}); "
-                         "nothing to rehearse") from None
+    from gemma_doctor.readers.jsonfile import read_json_file
+
+    # Read as check reads it (never blocking on a FIFO, bounded in size and nesting): a cache is not trusted.
+    found = read_json_file(snap.path / "config.json")
+    if found.error is not None or not found.exists:
+        raise UsageError(f"{target}: config.json cannot be read ({found.error or 'it does not exist'}); "
+                         "nothing to rehearse")
+    config = found.data
     if not isinstance(config, dict) or not isinstance(config.get("architectures"), list) \
             or not config["architectures"] or not isinstance(config["architectures"][0], str):
         raise UsageError(f"{target}: config.json names no architecture; nothing to rehearse")

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.run import LoraWritten
+from gemma_doctor.run import LoraWritten, target_regex
 from gemma_doctor.rules.common import text_config, text_key, train_tied_embedding, written_of
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
@@ -105,13 +105,8 @@ def _targets_match_nothing(model: ModelFacts, tc: Any, lora_written: LoraWritten
         return
     targets = lora.targets
     shown = targets if isinstance(targets, str) else list(targets)
-    invalid = False
-    if isinstance(targets, str) and targets != "all-linear":
-        try:
-            re.compile(targets)
-        except re.error:
-            invalid = True
-    what = ("is not a valid regular expression: PEFT raises re.error" if invalid else
+    pattern = target_regex(targets) if isinstance(targets, str) and targets != "all-linear" else None
+    what = (pattern if isinstance(pattern, str) else
             "match no linear layer of this model: get_peft_model raises \"ValueError: Target modules ... not found in "
             "the base model\" (PEFT's NoMatchingPeftModuleError)")
     names = list(run.shape.linear_names)

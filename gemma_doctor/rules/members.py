@@ -13,7 +13,7 @@ from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.rules.common import checkpoints, run_distributed, written_of
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine, LoraWritten, Written
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine, LoraWritten, Written, target_regex
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
 FLASH_MAX_HEAD_DIM = 256
@@ -180,11 +180,8 @@ def _peft(model: ModelFacts, tc: TrainingConfig, lora: LoraWritten) -> Iterator[
         # A regex string: PEFT wraps every module whose whole name it matches (re.fullmatch), a tower's
         # Gemma4ClippableLinear included. Judged on the checkpoint's own module names (found by a rehearsal of
         # '.*(q|k|v|o)_proj' on the Gemma 4 twin, which PEFT refused while this rule passed it).
-        try:
-            pattern = re.compile(setting.value)
-        except re.error:
-            pattern = None  # GD425 says the regex does not compile
-        hit = [m for m in clippable if pattern is not None and pattern.fullmatch(m)]
+        pattern = target_regex(setting.value)  # a string: why no regex is run (GD425 says it)
+        hit = [m for m in clippable if not isinstance(pattern, str) and pattern.fullmatch(m)]
         if hit:
             yield _finding("GD440", Severity.ERROR,
                            f"LoRA target_modules '{setting.value}' (a regex) matches {len(hit)} of the vision/audio "
