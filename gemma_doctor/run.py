@@ -434,24 +434,37 @@ def _repeats_a_repetition(pattern: str) -> str | None:
     return None
 
 
-def target_regex(text: str) -> re.Pattern[str] | str:
+class Declined(str):
+    """Why gemma-doctor does not run a LoRA target as a regex, where it may well be one PEFT runs: it may backtrack
+    exponentially (a text scan, not a proof) or it is longer than any regex of module names."""
+
+    crashes = False  # PEFT itself raises on it (GD425 is then an error, not a warning)
+
+
+class NotARegex(Declined):
+    """A LoRA target that is no regex Python compiles: PEFT raises on it."""
+
+    crashes = True
+
+
+def target_regex(text: str) -> re.Pattern[str] | Declined:
     """A LoRA target string as the regex PEFT fullmatches against module names, or why it cannot be one: it does not
     compile (re.error, and what re.compile raises besides: a repetition count too large, groups nested too deeply), it
     may backtrack exponentially (``_repeats_a_repetition``) or it is longer than MAX_TARGET_REGEX: gemma-doctor does
     not run those."""
     if len(text) > MAX_TARGET_REGEX:  # re.compile takes ~30 µs a character: a 1 MB config's regex, half a minute
-        return (f"is {len(text):,} characters long, longer than any regex of module names (at most "
-                f"{MAX_TARGET_REGEX:,}), so gemma-doctor does not run it")
+        return Declined(f"is {len(text):,} characters long, longer than any regex of module names (at most "
+                        f"{MAX_TARGET_REGEX:,}), so gemma-doctor does not run it")
     why = _repeats_a_repetition(text)
     if why is not None:
-        return (f"{why}: re.fullmatch may backtrack exponentially on a module name (PEFT matches with it and may "
-                "never finish), so gemma-doctor does not run it")
+        return Declined(f"{why}: re.fullmatch may backtrack exponentially on a module name (PEFT matches with it and "
+                        "may never finish), so gemma-doctor does not run it")
     try:
         return re.compile(text)
     except re.error as e:
-        return f"is not a valid regular expression: PEFT raises re.error ({e})"
+        return NotARegex(f"is not a valid regular expression: PEFT raises re.error ({e})")
     except (OverflowError, RecursionError) as e:
-        return f"is not a regular expression Python compiles ({type(e).__name__}: {str(e)[:100]})"
+        return NotARegex(f"is not a regular expression Python compiles ({type(e).__name__}: {str(e)[:100]})")
 
 
 def _positive(setting: Any) -> Sourced[int] | None:

@@ -80,19 +80,24 @@ def test_yaml_nested_past_any_config_is_refused_before_pyyaml_scans_it(model, cl
 # --- LoRA target regexes: PEFT fullmatches them against every module name, and so does the plan ---------------
 
 
-@pytest.mark.parametrize("pattern, words", [
-    ("(.*)*Z", "repeats a repetition ((.*)*)"),  # 10 s on 24 characters of a module name before; a hang on 40
-    ("(a+)+$", "repeats a repetition ((a+)+)"),
-    ("(.|.)*q_proj", "repeats a repetition ((.|.)*)"),
-    (".*" * 6 + "Z", "has 6 unbounded repetitions (more than 4)"),  # run.MAX_TARGET_REPEATS
-    ("(" * 1500 + ")" * 1500, "is not a regular expression Python compiles (RecursionError"),  # exit 70 before
-    (".*" + "x" * 5000, "is 5,002 characters long"),  # re.compile takes ~30 µs a character
+# A regex declined for what it may do is a warning (the scan is no proof: PEFT may well run it); one that does not
+# compile is an error (PEFT raises).
+@pytest.mark.parametrize("pattern, words, severity", [
+    ("(.*)*Z", "repeats a repetition ((.*)*)", "warning"),  # 10 s on 24 characters of a module name before; a hang on 40
+    ("(a+)+$", "repeats a repetition ((a+)+)", "warning"),
+    ("(.|.)*q_proj", "repeats a repetition ((.|.)*)", "warning"),
+    (".*" * 6 + "Z", "has 6 unbounded repetitions (more than 4)", "warning"),  # run.MAX_TARGET_REPEATS
+    ("(" * 1500 + ")" * 1500, "is not a regular expression Python compiles (RecursionError", "error"),  # exit 70 before
+    ("(x", "is not a valid regular expression: PEFT raises re.error", "error"),
+    (".*" + "x" * 5000, "is 5,002 characters long", "warning"),  # re.compile takes ~30 µs a character
 ])
-def test_a_lora_regex_that_backtracks_or_breaks_re_is_a_finding_not_a_hang(model, cli, tmp_path, pattern, words):
+def test_a_lora_regex_that_backtracks_or_breaks_re_is_a_finding_not_a_hang(model, cli, tmp_path, pattern, words,
+                                                                           severity):
     config = tmp_path / "peft.yaml"
     config.write_text("output_dir: o\nuse_peft: true\nlora_r: 8\nlora_target_modules: " + json.dumps(pattern) + "\n")
     found = _check(cli, model, config)
     assert words in found["GD425"]["message"], found.get("GD425")
+    assert found["GD425"]["severity"] == severity, found["GD425"]
 
 
 @pytest.mark.parametrize("pattern", [

@@ -110,8 +110,11 @@ def _targets_match_nothing(model: ModelFacts, tc: Any, lora_written: LoraWritten
             "match no linear layer of this model: get_peft_model raises \"ValueError: Target modules ... not found in "
             "the base model\" (PEFT's NoMatchingPeftModuleError)")
     names = list(run.shape.linear_names)
+    # A regex declined for what it may do (backtracking, length) is a warning: PEFT may well run it; one that does not
+    # compile, or that matches nothing, is an error: PEFT raises.
+    declined = isinstance(pattern, str) and not getattr(pattern, "crashes", True)
     yield setting_finding(
-        "GD425", Severity.ERROR, f"LoRA targets {shown!r} {what}",
+        "GD425", Severity.WARNING if declined else Severity.ERROR, f"LoRA targets {shown!r} {what}",
         f"name the model's own linear layers, e.g. target_modules={names!r}, or \"all-linear\"", tc,
         "lora_target_modules", targets=shown, linear_names=names)
 
