@@ -630,3 +630,30 @@ def test_a_prescription_on_several_gpus_says_how_to_launch_it_and_check_reads_th
     # One GPU: nothing to launch
     one = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--format", "json").json()
     assert "launch" not in one["models"][0]["snippets"]["python"]
+
+
+def test_a_zero2_prescription_launches_the_offload_its_axolotl_file_has_and_a_full_one_wraps_no_adapter(cli, hub,
+                                                                                                       tmp_path):
+    """The YAML of a ZeRO-2 prescription names axolotl's deepspeed_configs/zero2.json, which offloads the optimizer to
+    the CPU, and the plan counts that offload; the launch line said `--zero_stage 2` alone, a run holding the optimizer
+    states on the GPU that the plan freed. It now says `--offload_optimizer_device cpu`, and check reads the snippet
+    with it back as the prescription's memory plan. A full fine-tuning prescription showed a PEFT LoRA section and the
+    adapters' precision reason: neither belongs to its run."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    args = ("google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "H100", "--num-gpus", "8", "--method", "full")
+    m = cli("recommend", *args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert (p["num_gpus"], p["zero_stage"], p["method"]) == (8, 2, "full"), p
+    line = ("accelerate launch --num_processes 8 --use_deepspeed --zero_stage 2 --offload_optimizer_device cpu "
+            "--mixed_precision bf16 train.py")
+    assert f"#   {line}\n" in m["snippets"]["python"]["launch"], m["snippets"]["python"]["launch"]
+    assert "peft" not in m["snippets"]["python"]
+    assert not any("LoRA adapter" in r for r in m["recommendation"]["reasons"]), m["recommendation"]["reasons"]
+    config = tmp_path / "args.json"
+    config.write_text(json.dumps(m["recommendation"]["frameworks"]["transformers"]["training_arguments"]))
+    c = cli("check", *args[:3], "--gpu", "H100", "--training-config", config, "--launch", line, "--method", "full",
+            "--seq-len", str(p["seq_len"]), "--format", "json").json()["models"][0]
+    assert c["memory"]["summary"] == p["memory"], (c["memory"]["summary"], p["memory"])
+    # A LoRA prescription keeps its PEFT section.
+    lora = cli("recommend", *args[:5], "--method", "lora", "--format", "json").json()["models"][0]
+    assert "peft" in lora["snippets"]["python"]

@@ -15,6 +15,7 @@ from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse  # noqa: F401 (named here too)
 
 from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family
+from gemma_doctor.readers.training_config import AXOLOTL_DEEPSPEED_FILES
 
 TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
 # Preference and RL trainers get seed 003's stable setting (TRL #3236).
@@ -123,6 +124,7 @@ class Recommendation:
     # The precision decision alone (precision, flags, GPU, quantization, task): the summary without the run's part,
     # which check's text view renders from check's own Run (run_clause).
     head: str = ""
+    adapters: bool = True  # the run trains LoRA adapters, or may (False only where full fine-tuning is decided)
 
     @property
     def training_arguments(self) -> dict[str, Any]:
@@ -176,6 +178,9 @@ def decide(i: Inputs) -> Recommendation:
     if mem is not None and mem.method == "qlora" and quant is None:
         quant = "8bit" if mem.quant_bits == 8 else "4bit"
     lora = quant is not None or i.task in ("lora", "qlora") or (mem is not None and mem.method in ("lora", "qlora"))
+    # Full fine-tuning decided (by the memory plan's method, or --task full): no adapter in the run, so neither the
+    # adapters' precision reason nor the PEFT snippet belongs to it.
+    full = not lora and ((mem is not None and mem.method == "full") or i.task == "full")
 
     # 1. The GPU decides whether bf16 is on the table at all.
     if i.gpu_backend == "none":
@@ -246,7 +251,7 @@ def decide(i: Inputs) -> Recommendation:
     peft_version = i.versions.get("peft")
     peft_ok = _at_least(peft_version, PEFT_ADAPTER_FP32)
     cast_needed = precision != "fp32" and peft_ok is False
-    if lora or precision != "fp32":
+    if lora or (precision != "fp32" and not full):
         if peft_ok:
             reasons.append(f"LoRA adapter weights train in fp32: PEFT {peft_version} (>= 0.12) upcasts them by default "
                            "(autocast_adapter_dtype=True)")
@@ -288,7 +293,8 @@ def decide(i: Inputs) -> Recommendation:
               "native_bf16": i.gpu_native_bf16, "quantization": quant, "quant_method": i.quant_method, "task": i.task}
     method = mem.method if mem is not None else ("qlora" if quant else "lora" if lora else "full")
     frameworks["serving"] = serving(i, unsafe, fam)
-    return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head)
+    return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head,
+                          adapters=not full)
 
 
 def run_clause(method: str, batch: int, accumulation: int, checkpointing: bool) -> str:
@@ -491,6 +497,11 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
             # switches (zero{1,2,3}_bf16 / _fp16 beside them do not exist). zero2.json offloads the optimizer to the CPU.
             name = "zero3_bf16.json" if mem.zero_stage == 3 and precision == "bf16" else f"zero{mem.zero_stage}.json"
             axolotl["deepspeed"] = f"deepspeed_configs/{name}"
+            # The launch line states the same engine as that file: its optimizer offload too (accelerate launch's
+            # --offload_optimizer_device), else the script it starts would hold the states a GPU the plan freed.
+            offload = AXOLOTL_DEEPSPEED_FILES[name].get("offload_optimizer")
+            if offload:
+                sharding["offload_optimizer_device"] = offload
     return {
         "transformers": {"training_arguments": args, "auto_class": auto_class(i.family, i.nested),
                          "from_pretrained": load_kwargs, "use_cache": i.keep_use_cache,
@@ -504,7 +515,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         "axolotl": axolotl,
         "accelerate": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision],
                        **({"num_processes": sharding["num_processes"]} if sharding else {}),
-                       **({"zero_stage": sharding["zero_stage"]} if sharding and sharding["zero_stage"] else {})},
+                       **({"zero_stage": sharding["zero_stage"]} if sharding and sharding["zero_stage"] else {}),
+                       **({"offload_optimizer_device": sharding["offload_optimizer_device"]}
+                          if sharding and sharding.get("offload_optimizer_device") else {})},
         "unsloth": {"from_pretrained": {"dtype": load, "load_in_4bit": quant == "4bit" and not _saved_by_another(i, quant),
                                         "load_in_8bit": quant == "8bit" and not _saved_by_another(i, quant)}},
     }
@@ -524,6 +537,8 @@ def launch_line(rec: Recommendation) -> str | None:
         return None
     stage = acc.get("zero_stage")
     engine = ["--use_deepspeed", "--zero_stage", str(stage)] if stage else ["--multi_gpu"]
+    if stage and acc.get("offload_optimizer_device"):
+        engine += ["--offload_optimizer_device", acc["offload_optimizer_device"]]
     return " ".join(["accelerate", "launch", "--num_processes", str(n), *engine, "--mixed_precision",
                      acc["mixed_precision"], LAUNCH_SCRIPT])
 
@@ -604,7 +619,8 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
             f"{extra}{mapping}, output_loading_info=True)",
             "assert not loading_info[\"missing_keys\"], loading_info[\"missing_keys\"]",
             "model.config.use_cache = False",
-            "# LoRA on this model: target_modules=\"all-linear\" reaches the language model only (no tower is loaded).",
+            *(["# LoRA on this model: target_modules=\"all-linear\" reaches the language model only (no tower is "
+               "loaded)."] if rec.adapters else []),
         ]) + "\n"
     peft = ["from peft import LoraConfig, get_peft_model" + (", prepare_model_for_kbit_training" if bnb else ""), ""]
     if bnb:
@@ -634,7 +650,8 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
         peft += ["# The installed PEFT is older than 0.12: adapters stay in half precision unless cast to fp32.", *cast]
     elif rec.precision != "fp32":
         peft += ["# PEFT < 0.12 only: cast the trainable (adapter) weights to fp32", *("# " + c for c in cast)]
-    out["peft"] = "\n".join(peft) + "\n"
+    if rec.adapters:  # a full fine-tuning prescription wraps no adapter
+        out["peft"] = "\n".join(peft) + "\n"
     launch = launch_line(rec)
     if launch is not None:
         acc = fw["accelerate"]
