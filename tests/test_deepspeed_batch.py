@@ -94,3 +94,57 @@ def test_auto_find_batch_size_leaves_the_micro_batch_unchecked(hub, cli, tmp_pat
     model = check(hub, cli, tmp_path, monkeypatch, {"train_micro_batch_size_per_gpu": 2},
                   config="deepspeed: ds.json\nauto_find_batch_size: true\n")
     assert gd663(model) == []
+
+
+# transformers' own integration on the same DeepSpeed JSON and TrainingArguments, in a process that imports DeepSpeed
+# (HfTrainerDeepSpeedConfig needs it): its ValueError's text, or "ok".
+INTEGRATION = """
+import json, sys
+from transformers import TrainingArguments
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+ds, kwargs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+args = TrainingArguments(output_dir=sys.argv[3], report_to=[], use_cpu=True, **kwargs)
+h = HfTrainerDeepSpeedConfig(ds)
+try:
+    h.trainer_config_process(args)
+    h.trainer_config_finalize(args, None, 100)
+    print("ok")
+except ValueError as e:
+    print(e)
+"""
+
+
+def integration(ds: dict, kwargs: dict, tmp_path) -> str:
+    import os
+    import subprocess
+    import sys
+
+    from tests.venvs import ensure_deepspeed
+
+    env = {**os.environ, "PYTHONPATH": str(ensure_deepspeed())}
+    out = subprocess.run([sys.executable, "-c", INTEGRATION, json.dumps(ds), json.dumps(kwargs), str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, check=True, timeout=300)
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("ds, config, kwargs", [
+    ({"train_micro_batch_size_per_gpu": 2}, "bf16: true\n", {}),
+    ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": "auto"},
+     "per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n",
+     {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}),
+    (AUTO, "per_device_train_batch_size: 4\n", {"per_device_train_batch_size": 4}),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}, "per_device_train_batch_size: 4\n",
+     {"per_device_train_batch_size": 4}),
+])
+def test_gd663_says_what_transformers_own_integration_raises(hub, cli, tmp_path, monkeypatch, ds, config, kwargs):
+    """The reproduction kept as a test: transformers 5.23.0's HfTrainerDeepSpeedConfig with DeepSpeed 0.19.8 raises
+    exactly where GD663 is given, with the lines GD663 lists."""
+    raised = integration({"zero_optimization": {"stage": 2}, **ds}, kwargs, tmp_path)
+    model = check(hub, cli, tmp_path, monkeypatch, ds, config="deepspeed: ds.json\n" + config)
+    said = gd663(model)
+    if raised == "ok":
+        assert said == []
+    else:
+        [finding] = said
+        assert raised.splitlines()[1:-1] == finding["details"]["mismatches"]
+        assert f'"{raised}"' in finding["message"]
