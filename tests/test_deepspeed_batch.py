@@ -94,6 +94,9 @@ def test_auto_find_batch_size_leaves_the_micro_batch_unchecked(hub, cli, tmp_pat
     model = check(hub, cli, tmp_path, monkeypatch, {"train_micro_batch_size_per_gpu": 2},
                   config="deepspeed: ds.json\nauto_find_batch_size: true\n")
     assert gd663(model) == []
+    # the finder starts at 8 and halves on OOM: the search's choice stands (plan/runplan.trainer_defaults, which read
+    # auto_find_batch_size from a setting no reader gave before this)
+    assert not model["run"]["batch"]["source"].startswith("default of transformers TrainingArguments")
 
 
 # transformers' own integration on the same DeepSpeed JSON and TrainingArguments, in a process that imports DeepSpeed
