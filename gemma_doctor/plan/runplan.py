@@ -16,7 +16,7 @@ from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
-from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, truthy
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
@@ -128,7 +128,8 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and positive_int(s[name].value):
-                put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value), where(name))
+                put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value),
+                    where(name) + deepspeed_auto(s, name))
         if "gradient_checkpointing" in s and getattr(tc.trainer, "value", None) is not Trainer.LLAMA_FACTORY:
             # (LLaMA-Factory's key does not decide alone: trainer_defaults reads it with disable_gradient_checkpointing)
             put("gradient_checkpointing", truthy(s["gradient_checkpointing"].value), where("gradient_checkpointing"))
@@ -246,6 +247,17 @@ def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
             + ("; its gradient_checkpointing: false does not turn it off)" if on is not None else ")"))
 
 
+def deepspeed_auto(s: Mapping[str, Any], name: str) -> str:
+    """What a source adds where the DeepSpeed JSON the config names writes "auto" for this setting (batch_size,
+    gradient_accumulation_steps): the Trainer's integration copies TrainingArguments' value into it
+    (HfTrainerDeepSpeedConfig.trainer_config_process), so the run's value is the config's, and the source says so."""
+    kept = next((k for k, own in DEEPSPEED_BATCH.items() if own == name), None)
+    ds = s.get(kept) if kept is not None else None
+    if ds is None or not (isinstance(ds.value, str) and ds.value.strip().lower() == "auto"):
+        return ""
+    return f" (DeepSpeed's {ds.key}: auto copies it)"
+
+
 def checkpoint_dtype(census: Any | None) -> str | None:
     """The dtype `from_pretrained(dtype="auto")` loads a checkpoint in: config.json's dtype, else its weights' most
     common floating dtype; None where neither is a dtype the plan counts."""
@@ -295,7 +307,8 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
         # per device with its own accumulation, not a batch chosen to fit (which also rewrote that accumulation).
         # auto_find_batch_size starts there and halves on OOM: the search's choice stands for it.
         out.append(("batch_size", TRAINING_ARGUMENTS_BATCH, "default of transformers TrainingArguments "
-                                                            f"(per_device_train_batch_size {TRAINING_ARGUMENTS_BATCH})"))
+                                                            f"(per_device_train_batch_size {TRAINING_ARGUMENTS_BATCH})"
+                    + deepspeed_auto(s, "batch_size")))
     if tc.bf16_by_trainer(stack) is Exposure.AFFECTED:
         # TRL's config sets `bf16 = not fp16` where bf16 is unset: bf16, also beside an `fp16: false`.
         window = versioning.TRL_BF16_DEFAULT[trainer.value]

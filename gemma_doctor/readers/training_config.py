@@ -47,6 +47,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "seq_len": ("max_seq_length", "max_length", "sequence_len", "cutoff_len", "max_seq_len", "model_max_length"),
     "optimizer": ("optim", "optimizer", "optimizer.type"),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
+    "train_batch_size": ("train_batch_size",),  # a DeepSpeed JSON's global batch (DEEPSPEED_BATCH)
+    # TrainingArguments' batch finder: it starts at the batch and halves on OOM (plan/runplan.trainer_defaults), and
+    # the DeepSpeed integration then leaves the micro and global batch unchecked (GD663).
+    "auto_find_batch_size": ("auto_find_batch_size",),
     "lora_r": ("lora_r", "lora_rank", "peft_config.r"),
     "lora_target_modules": ("lora_target_modules", "lora_target", "target_modules", "peft_config.target_modules"),
     "lora_target_linear": ("lora_target_linear",),
@@ -624,6 +628,12 @@ def read(path: str, follow: bool = True) -> TrainingConfig:
 # The settings a referenced DeepSpeed JSON adds: its ZeRO stage and offload targets, and its precision
 # ("bf16": {"enabled": true}); "auto" copies TrainingArguments' own value, so it adds nothing.
 _DEEPSPEED_FILE_SETTINGS = ("zero_stage", "offload_optimizer", "offload_param", "bf16", "fp16")
+# The batch a referenced DeepSpeed JSON writes, kept beside the config's own (never in its place): the Trainer's
+# integration fills an "auto" from TrainingArguments and refuses a number that differs (transformers >= 4.7.0,
+# HfTrainerDeepSpeedConfig.fill_match; rules/distributed.py GD663), so the run's batch stays TrainingArguments'.
+# {the name it is kept under: the name the JSON's own reading gives it}; "auto" is kept, to be said in a source.
+DEEPSPEED_BATCH = {"deepspeed_batch_size": "batch_size", "deepspeed_accumulation": "gradient_accumulation_steps",
+                   "deepspeed_train_batch_size": "train_batch_size"}
 
 
 # The DeepSpeed JSONs axolotl ships in its repository's deepspeed_configs/ (what `axolotl fetch deepspeed_configs`
@@ -655,7 +665,8 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
         return tc
     ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
     if ref is None or not isinstance(ref.value, str) or not ref.value.strip().lower().endswith(".json") \
-            or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key for name in _DEEPSPEED_FILE_SETTINGS):
+            or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key
+                   for name in (*_DEEPSPEED_FILE_SETTINGS, *DEEPSPEED_BATCH)):
         return tc
     written = Path(ref.value.strip())
     for candidate in (written, Path(tc.path).parent / written):
@@ -671,6 +682,8 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
              for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in own
              and not (isinstance(ds.settings[name].value, str) and ds.settings[name].value.strip().lower() == "auto")}
+    added.update({name: Setting(f"{ref.key} ({written.name}: {ds.settings[own_name].key})", ds.settings[own_name].value)
+                  for name, own_name in DEEPSPEED_BATCH.items() if own_name in ds.settings and name not in own})
     return replace(tc, settings={**own, **added}) if added or len(own) < len(tc.settings) else tc
 
 

@@ -7,11 +7,11 @@ from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.readers.training_config import TrainingConfig
+from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, TrainingConfig, truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import located, run_distributed
 from gemma_doctor.rules.training import setting_finding
-from gemma_doctor.run import AutoWrap, Distributed, Engine, Sourced
+from gemma_doctor.run import FROM_CONFIG, AutoWrap, Distributed, Engine, Sourced
 from gemma_doctor.stack import Exposure
 from gemma_doctor.stack import Window
 from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
@@ -22,7 +22,7 @@ GEMMA4_VISION_CLASSES = ("Gemma4VisionEncoderLayer", "Gemma4VisionPatchEmbedder"
 GEMMA4_AUDIO_CLASSES = ("Gemma4AudioLayer",)
 
 
-@emits("GD660", "GD661", "GD662", "GD682")
+@emits("GD660", "GD661", "GD662", "GD663", "GD682")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint how the run's processes run together (the Run's ``distributed``: engine, DeepSpeed's stage, wrap classes)
     against this model and the libraries; each finding points at the training config's key."""
@@ -34,6 +34,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from _fsdp_wrap_named(model, tc, run)
     yield from _zero3_clip_buffers(model, env, tc, run)
     yield from _fsdp2_tied(model, env, tc, run)
+    yield from _deepspeed_batch(model, tc, run)
 
 
 def _wrap_without_classes(run: Distributed) -> tuple[Sourced[Any], bool] | None:
@@ -189,3 +190,52 @@ def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Di
         "managed by another FSDP group\" (reproduced on CPU with 2 gloo processes; accelerate PR #4171, fixed in 1.15.0)",
         fix=f"pip install \"accelerate>={FSDP2_TIED_TAIL_GROUP.first_fixed}\" (or \"accelerate<1.14\")",
         **located(run.engine, tc))
+
+
+# The sources of a Run's batch that are TrainingArguments' own value (the config's key, or TrainingArguments' default
+# that plan/runplan.trainer_defaults states), not the search's choice.
+_TA_BATCH = (FROM_CONFIG, "default of transformers TrainingArguments")
+
+
+def _deepspeed_batch(model: ModelFacts, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
+    """GD663: the DeepSpeed JSON the config names writes a batch that differs from TrainingArguments' (the Run's batch
+    and accumulation: the config's own value, or the trainer's default). The Trainer's integration fills an "auto"
+    from TrainingArguments and refuses a number that differs: HfTrainerDeepSpeedConfig.fill_match collects each
+    mismatch and trainer_config_finalize raises one ValueError at start-up (transformers >= 4.7.0; 4.5 refused the
+    keys outright, 4.6 set "auto" only; reproduced with transformers 5.23.0). Under auto_find_batch_size the micro
+    batch and the global batch are not checked."""
+    s, whole = tc.settings, model.run
+    if whole is None or not any(name in s for name in DEEPSPEED_BATCH):
+        return
+    finder = "auto_find_batch_size" in s and truthy(s["auto_find_batch_size"].value)
+    batch = whole.batch.value if whole.batch.source.startswith(_TA_BATCH) else None
+    accumulation = whole.accumulation.value if whole.accumulation.source.startswith(FROM_CONFIG) or batch else None
+    # DeepSpeed's train_batch_size is world_size x micro batch x accumulation: checked where the processes are written.
+    nodes = whole.hardware.nodes
+    world = run.processes_per_node.value * nodes.value \
+        if run.processes_per_node.source != "default" and nodes.value else None
+    total = batch * accumulation * world if batch and accumulation and world else None
+    hf_keys = {"deepspeed_batch_size": ("per_device_train_batch_size", None if finder else batch),
+               "deepspeed_accumulation": ("gradient_accumulation_steps", accumulation),
+               "deepspeed_train_batch_size": ("train_batch_size (calculated)", None if finder else total)}
+    lines, first = [], None
+    for name, (hf_key, hf_val) in hf_keys.items():
+        ds = s.get(name)
+        if ds is None or hf_val is None or isinstance(ds.value, str) and ds.value.strip().lower() == "auto":
+            continue
+        if ds.value != hf_val:
+            json_key = ds.key.rsplit(": ", 1)[-1].rstrip(")")
+            lines.append(f"- ds {json_key}={ds.value} vs hf {hf_key}={hf_val}")
+            first = first or ds
+    if first is None:
+        return
+    yield Finding(
+        "GD663", Severity.ERROR,
+        "the DeepSpeed config writes a batch that TrainingArguments does not: the Trainer stops at start-up "
+        "(transformers >= 4.7.0, HfTrainerDeepSpeedConfig.trainer_config_finalize): \"Please correct the following "
+        "DeepSpeed config values that mismatch TrainingArguments values:\n" + "\n".join(lines)
+        + "\nThe easiest method is to set these DeepSpeed config values to 'auto'.\"",
+        fix="write \"auto\" for train_micro_batch_size_per_gpu, gradient_accumulation_steps and train_batch_size in the "
+            "DeepSpeed JSON (the Trainer fills them from TrainingArguments), or set per_device_train_batch_size / "
+            "gradient_accumulation_steps in the training config to what the JSON writes",
+        file=tc.path, key=first.key, details={"mismatches": lines})
