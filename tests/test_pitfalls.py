@@ -661,3 +661,58 @@ def test_a_finding_names_the_key_of_the_config_s_own_format(cli, hub, tmp_path, 
     assert all(w in said for w in words), said
     wrong = {"GD650": "per_device_train_batch_size", "GD683": 'attn_implementation="sdpa"'}[code]
     assert ("per_device_train_batch_size" in text) or wrong not in said, said
+
+
+GEMMA1 = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18,
+          "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 16384,
+          "vocab_size": 256000, "torch_dtype": "bfloat16", "use_cache": True, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("training, flagged", [
+    # axolotl 0.19.0's normalize_config loads float16 wherever fp16 is on: full fine-tuning then has float16 grads
+    ({"base_model": "acme/model", "micro_batch_size": 1, "fp16": True}, True),
+    ({"base_model": "acme/model", "micro_batch_size": 1, "fp16": True, "adapter": "lora"}, False),  # fp32 adapters
+    ({"base_model": "acme/model", "micro_batch_size": 1, "fp16": True,
+      "deepspeed": "deepspeed_configs/zero1.json"}, False),  # DeepSpeed's own loss scaler keeps fp32 masters
+    # a TrainingArguments / TRL config that names the float16 load
+    # a TrainingArguments / TRL config that names the float16 load (full fine-tuning: the script adds no adapter)
+    ({"per_device_train_batch_size": 1, "fp16": True, "bf16": False, "torch_dtype": "float16", "method": "full"}, True),
+    ({"per_device_train_batch_size": 1, "fp16": True, "bf16": False, "method": "full"}, False),  # float32 load
+])
+def test_gd611_fp16_full_fine_tuning_of_float16_weights_is_the_grad_scalers_refusal(cli, hub, tmp_path, training,
+                                                                                   flagged):
+    """torch's GradScaler refuses float16 gradients ("Attempting to unscale FP16 gradients.", reproduced below on the
+    CPU); the Trainer's fp16 goes through it. check planned axolotl's fp16 full fine-tuning in float16 weights (its
+    own load dtype) and said nothing; recommend prescribed that run on a T4 for an fp16-safe Gemma."""
+    import torch
+
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale((p * p).sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(torch.optim.AdamW([p]))
+    hub.add("acme/model", {"config.json": GEMMA1})
+    training = dict(training)
+    method = ("--method", training.pop("method")) if "method" in training else ()
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(training))
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--format", "json", "--fail-on", "never", "--gpu", "T4",
+            "--training-config", str(path), *method)
+    [model] = r.json()["models"]
+    found = {f["code"]: f for f in model["findings"]}
+    assert ("GD611" in found) is flagged, (model["run"]["load_dtype"], sorted(found))
+    if flagged:
+        assert found["GD611"]["severity"] == "error" and found["GD611"]["key"] in ("fp16", "torch_dtype")
+
+
+def test_recommend_on_a_t4_never_prescribes_fp16_full_fine_tuning_of_float16_weights(cli, hub):
+    """The prescription's axolotl YAML with fp16: true and no adapter loads float16 (axolotl's normalize_config), a run
+    GD611 refuses: the search plans each candidate as check reads its YAML back, so it prescribes another run, whose
+    YAML passes check with the same memory line."""
+    hub.add("google/gemma-2b", {"config.json": GEMMA1})
+    args = ("google/gemma-2b", "--cache-dir", hub.root, "--gpu", "T4", "--method", "full")
+    m = cli("recommend", *args, "--format", "json").json()["models"][0]
+    # fp16 full fine-tuning is no run under axolotl, fp32 does not fit 15 GiB: no prescription, GD611 said first and
+    # LoRA the first way out (before: prescribed "full fine-tuning, fp16" while its YAML loads float16)
+    assert m["status"] == "no-prescription", m.get("prescription")
+    assert m["way_out"][0].startswith("GD611: ") and m["way_out"][1].startswith("--method lora: "), m["way_out"]

@@ -33,11 +33,11 @@ SHAPES = {True: runplan.shape_for(gemma3_12b_config(), None), False: runplan.sha
 
 
 def planned_run(tc: tc_reader.TrainingConfig, shape: Any, precision: str, gpu: Any, request: runplan.MemoryRequest,
-                task: str, trl_chunks: bool = False) -> run_mod.Run:
+                task: str, trl_chunks: bool = False, defaults: tuple[Any, ...] = ()) -> run_mod.Run:
     """The Run check plans from ``tc`` (nothing remembered: config_key None), with the trainer ``tc`` decides and the
     settings as ``tc`` writes them (precision switches, tf32, backend, packing, LoRA's targets and modules_to_save)."""
     mem = runplan.plan_memory(shape, precision=precision, gpu=gpu, request=request, training_config=tc, task=task,
-                              trl_chunks=trl_chunks, config_precision=False)
+                              trl_chunks=trl_chunks, config_precision=False, defaults=defaults)
     return run_mod.resolve(mem, model=None, stack=None, trainer=run_mod.trainer_of(tc), stated=(), training_config=tc)
 
 
@@ -185,10 +185,10 @@ def judged_candidates(tmp_path_factory) -> list[tuple[Any, ...]]:
         return tc
 
     def recording_checked_plan(shape: Any, precision: str, gpu: Any, request: Any, key: str, tc: Any, task: str,
-                               trl_chunks: bool = False) -> Any:
+                               trl_chunks: bool = False, defaults: tuple[Any, ...] = ()) -> Any:
         if id(tc) in built:
-            seen.append((*built[id(tc)], shape, precision, gpu, request, task, trl_chunks))
-        return checked_plan(shape, precision, gpu, request, key, tc, task, trl_chunks)
+            seen.append((*built[id(tc)], shape, precision, gpu, request, task, trl_chunks, defaults))
+        return checked_plan(shape, precision, gpu, request, key, tc, task, trl_chunks, defaults)
 
     run = grid.in_process()
     with pytest.MonkeyPatch.context() as mp:
@@ -205,11 +205,13 @@ def test_every_candidate_the_search_judges_is_its_yaml_read_back(judged_candidat
     check's reader, and the Run check plans from each is the same: judging the Run is judging its YAML."""
     assert len(judged_candidates) >= len(GRID_POINTS)
     kinds = set()
-    for rec, direct, shape, precision, gpu, request, task, trl_chunks in judged_candidates:
+    for rec, direct, shape, precision, gpu, request, task, trl_chunks, defaults in judged_candidates:
         text = recommend.training_config_yaml(rec)
         read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
         assert read_back.error is None and repr(direct) == repr(read_back), text
-        assert planned_run(direct, shape, precision, gpu, request, task, trl_chunks) == \
-            planned_run(read_back, shape, precision, gpu, request, task, trl_chunks), text
+        # the trainer's defaults of what the YAML leaves open (axolotl's load dtype of its switches), as check plans it
+        assert defaults == runplan.trainer_defaults(read_back, None), text
+        assert planned_run(direct, shape, precision, gpu, request, task, trl_chunks, defaults) == \
+            planned_run(read_back, shape, precision, gpu, request, task, trl_chunks, defaults), text
         kinds.add((rec.method, direct.get("num_processes") is not None, direct.get("rl") is not None))
     assert len(kinds) >= 4, kinds  # full, LoRA and QLoRA runs, sharded and not, SFT and DPO were among them

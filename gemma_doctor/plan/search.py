@@ -279,14 +279,15 @@ _PLANS: dict[tuple[Any, ...], Any] = {}
 
 def _checked_plan(shape: ModelShape, precision: str, gpu: GpuFacts,
                   request: runplan.MemoryRequest, key: str, tc: tc_reader.TrainingConfig, task: str,
-                  trl_chunks: bool = False) -> runplan.MemoryFacts:
+                  trl_chunks: bool = False, defaults: tuple[runplan.Default, ...] = ()) -> runplan.MemoryFacts:
     """runplan.plan_memory (a pure function of its arguments) of a candidate's training config, remembered per process
     by the text the config is made from (``key``, _config_key): models of one architecture in a cache get the same
-    candidates."""
-    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key),
+    candidates. ``defaults``: what the candidate's trainer fixes where its config leaves a setting open
+    (runplan.trainer_defaults: axolotl's load dtype of its switches), as check plans the YAML read back."""
+    return runplan.remembered(_PLANS, (shape, precision, gpu, request, task, trl_chunks, key, defaults),
                               lambda: runplan.plan_memory(shape, precision=precision, gpu=gpu,
                                                           request=request, training_config=tc, task=task,
-                                                          trl_chunks=trl_chunks, config_key=key,
+                                                          trl_chunks=trl_chunks, config_key=key, defaults=defaults,
                                                           # the candidate's config writes ``precision``, the
                                                           # prescription's: its Run says so (its switches as
                                                           # written are the Run's too: run.Written)
@@ -314,7 +315,8 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
-                        str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries))
+                        str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries),
+                        runplan.trainer_defaults(tc, env2.libraries, runplan.checkpoint_dtype(facts.census)))
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
     run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
                       quantization=rec.inputs.get("quantization"), stated=under.libraries,

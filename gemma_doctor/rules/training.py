@@ -16,6 +16,7 @@ from gemma_doctor.rules.common import checkpoints, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.trainers import Trainer
+from gemma_doctor.run import Engine
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
 
 HYBRID_CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
@@ -116,8 +117,8 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
 
 
-@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD680", "GD681",
-       "GD986")
+@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD611", "GD680",
+       "GD681", "GD986")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config
@@ -192,6 +193,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        "set bf16: false (fp32) explicitly on this GPU", tc, "bf16")
     four_bit = _four_bit(model, env)
     yield from _load_dtype(tc, fp16_unsafe, name, four_bit)
+    yield from _fp16_grads(model, tc, fp16_key)
     yield from _use_cache(model, env, tc, fp16_key or bf16_key)
     yield from _dpo(model, options, tc, fp16_key, name)
     yield from _qlora(tc, gpu, fp16_unsafe, name, four_bit)
@@ -264,6 +266,31 @@ def _load_dtype(tc: Any, fp16_unsafe: bool, name: str | None, four_bit: bool) ->
                    "(transformers #36822)",
                    f"set {setting.key}: bfloat16 where the GPU has native bf16 (compute capability >= 8.0), "
                    "otherwise float32", tc, "torch_dtype")
+
+
+def _fp16_grads(model: ModelFacts, tc: Any, fp16_key: str | None) -> Iterator[Finding]:
+    """GD611: full fine-tuning in fp16 mixed precision of weights loaded in float16 (the Run's load dtype: a config's
+    torch_dtype, or axolotl's normalize_config, which loads float16 wherever fp16 is on). The trainable weights' grads
+    are then float16, and torch's GradScaler, which transformers' Trainer uses for fp16 (through accelerate),
+    refuses them at the first clip or step: "ValueError: Attempting to unscale FP16 gradients." (torch 2.13's
+    grad_scaler.py _unscale_grads_, reproduced on the CPU; axolotl #1031). DeepSpeed's own loss scaler and FSDP's
+    ShardedGradScaler keep fp32 copies or accept fp16 grads: not judged there. LoRA trains fp32 adapters (PEFT >= 0.12;
+    GD4xx judges older PEFT)."""
+    run = model.run
+    if run is None or run.precision.value != "fp16" or run.load_dtype.value != "float16" \
+            or run.method.value.value != "full" or run.distributed.engine.value is Engine.DEEPSPEED \
+            or run.distributed.engine.value.fsdp:
+        return
+    where = run.load_dtype.source
+    key = "torch_dtype" if tc.get("torch_dtype") is not None else fp16_key
+    yield setting_finding(
+        "GD611", Severity.ERROR,
+        f"full fine-tuning in fp16 mixed precision of weights loaded in float16 ({where}): the gradients are float16, "
+        "and the GradScaler of the Trainer's fp16 refuses them at the first step (\"ValueError: Attempting to unscale "
+        "FP16 gradients.\")",
+        "train LoRA (the float16 base stays frozen, the adapters train in fp32), or keep fp32 master weights: load in "
+        "float32 with fp16 mixed precision (not possible under axolotl, whose fp16 always loads float16), or train in "
+        "bf16 / fp32", tc, key, load_dtype=run.load_dtype.value)
 
 
 def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None, four_bit: bool) -> Iterator[Finding]:
