@@ -127,6 +127,20 @@ _ALIASES = {"gemma1": "gemma", "codegemma": "gemma", "embeddinggemma": "gemma3",
             "recurrentgemma": "recurrent_gemma", "shieldgemma": "shieldgemma2", "embeddinggemma2": "embedding_gemma2",
             "diffusiongemma": "diffusion_gemma"}
 
+# --family spellings that name one model, not a family a plan can assume: EmbeddingGemma is gemma3_text with
+# bidirectional attention (facts.md), detected as Gemma 3 once downloaded, but its one checkpoint is a 300M
+# embedding model trained for embeddings, not a Gemma 3 causal LM: a --family plan would plan another model.
+NOT_PLANNED: Mapping[str, str] = {
+    "embeddinggemma": "EmbeddingGemma (google/embeddinggemma-300m) is an embedding model (Gemma 3 text with "
+                      "bidirectional attention); recommend --family plans causal-LM fine-tuning of a published Gemma "
+                      "and cannot plan it: check a downloaded copy instead (gemma-doctor check google/embeddinggemma-300m)",
+}
+
+
+def not_planned(text: str) -> str | None:
+    """Why --family ``text`` cannot be planned without a download (EmbeddingGemma), or None."""
+    return NOT_PLANNED.get("".join(ch for ch in text.lower() if ch.isalnum()))
+
 
 def family_from_name(text: str) -> str | None:
     """A --family spelling (``Gemma-3``, ``gemma3_text``, ``EmbeddingGemma``) -> family label, or None."""
@@ -291,6 +305,7 @@ def _traits(text: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 # The checkpoints Google publishes on the Hub for each (family, --size) gemma-doctor plans without a download
 # (plan/memory.py's published shapes), as the Hub spells them: Gemma 1 is named without -it, Gemma 4 with capitals
 # (google/gemma-4-E4B-it, google/gemma-4-26B-A4B-it). Never built from the family's name: a plan's snippets load it.
+# Gemma 3n and PaliGemma have no published config here (plan/memory.py): their sizes are known, their shapes are not.
 PUBLISHED_IDS: Mapping[tuple[str, str], str] = {
     ("gemma", "2b"): "google/gemma-2b", ("gemma", "7b"): "google/gemma-7b",
     ("gemma2", "2b"): "google/gemma-2-2b-it", ("gemma2", "9b"): "google/gemma-2-9b-it",
@@ -301,7 +316,16 @@ PUBLISHED_IDS: Mapping[tuple[str, str], str] = {
     ("gemma3n", "e2b"): "google/gemma-3n-E2B-it", ("gemma3n", "e4b"): "google/gemma-3n-E4B-it",
     ("gemma4", "e2b"): "google/gemma-4-E2B-it", ("gemma4", "e4b"): "google/gemma-4-E4B-it",
     ("gemma4", "31b"): "google/gemma-4-31B-it", ("gemma4", "26b-a4b"): "google/gemma-4-26B-A4B-it",
+    # PaliGemma: the 224-pixel pretrained checkpoint of each size (also -448/-896 and -mix- on the Hub)
+    ("paligemma", "3b"): "google/paligemma-3b-pt-224",
+    ("paligemma2", "3b"): "google/paligemma2-3b-pt-224", ("paligemma2", "10b"): "google/paligemma2-10b-pt-224",
+    ("paligemma2", "28b"): "google/paligemma2-28b-pt-224",
 }
+
+
+def published_sizes(family: str) -> tuple[str, ...]:
+    """The sizes Google publishes of ``family`` that gemma-doctor knows the checkpoint of (PUBLISHED_IDS)."""
+    return tuple(s for f, s in PUBLISHED_IDS if f == family)
 
 
 def published_id(family: str, size: str) -> str | None:

@@ -547,7 +547,12 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         size = request.size if request is not None else None
         shape = memory.published_shape(fam, size)
         if shape is None and size is not None:
-            sizes = memory.published_sizes(fam)
+            known = family_mod.published_id(fam, size)
+            if known is not None:  # Gemma 3n, PaliGemma: a published checkpoint without a published config here
+                raise UsageError(f"--size {size!r}: {known} is the published {fam} of that size, but gemma-doctor has "
+                                 f"no published config to size it without a download; plan it once downloaded "
+                                 f"(gemma-doctor recommend {known})")
+            sizes = tuple(dict.fromkeys(memory.published_sizes(fam) + family_mod.published_sizes(fam)))
             raise UsageError(f"--size {size!r}: gemma-doctor knows the published sizes of {fam} as "
                              + (", ".join(sizes) if sizes else "none (plan a downloaded model instead)"))
         model_id = advice.PLAN_MODEL_IDS[fam] if size is None else _published_id(fam, size)

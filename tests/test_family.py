@@ -249,3 +249,24 @@ def test_t5gemma_loads_from_4_53_whatever_its_decoder_s_model_type(hub, cli, tf,
             "--fail-on", "never")
     got = [f["severity"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD108"]
     assert got == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize("size", [None, "300m"])
+def test_recommend_family_embeddinggemma_says_it_cannot_plan_it_instead_of_planning_gemma_3_1b(cli, size):
+    """`recommend --family embeddinggemma` planned google/gemma-3-1b-it (the alias was gemma3), and --size 300m
+    answered with Gemma 3's sizes: EmbeddingGemma is its own 300M embedding model."""
+    r = cli("recommend", "--family", "embeddinggemma", *(("--size", size) if size else ()), "--gpu", "A100")
+    assert r.code == 2 and not r.out and len(r.err.strip().splitlines()) == 1, r
+    assert "google/embeddinggemma-300m" in r.err and "gemma-3-1b" not in r.err and "1b, 4b" not in r.err, r.err
+
+
+def test_recommend_gemma3n_and_paligemma2_sizes_are_the_published_ones_not_none(cli):
+    """`recommend --family gemma3n --size e4b` said it knew gemma3n's published sizes 'as none'."""
+    r = cli("recommend", "--family", "gemma3n", "--size", "e4b", "--gpu", "A100")
+    assert r.code == 2 and "google/gemma-3n-E4B-it" in r.err and "none" not in r.err, r.err
+    r = cli("recommend", "--family", "gemma3n", "--size", "e8b", "--gpu", "A100")
+    assert r.code == 2 and "as e2b, e4b" in r.err, r.err
+    r = cli("recommend", "--family", "paligemma2", "--size", "10b", "--gpu", "A100")
+    assert r.code == 2 and "google/paligemma2-10b-pt-224" in r.err and "none" not in r.err, r.err
+    r = cli("recommend", "--family", "paligemma2", "--size", "9b", "--gpu", "A100")
+    assert r.code == 2 and "as 3b, 10b, 28b" in r.err, r.err

@@ -250,3 +250,19 @@ def test_gd801_names_the_evaluation_settings_where_evaluation_is_the_peak(cli, h
             "json", "--fail-on", "never")
     [gd801] = [f for f in r.json()["models"][0]["findings"] if f["code"] == "GD801"]
     assert gd801["fix"].startswith("the peak is evaluation's kept predictions: set eval_accumulation_steps")
+
+
+def test_the_summary_says_deepspeeds_16_bit_weights_and_fp32_copies_not_the_float32_load():
+    """TRL's float32 load under DeepSpeed bf16: the engine casts the parameters to bfloat16 and keeps fp32 master
+    copies (the plan counts them), so the line says that, in text and JSON alike, not 'bf16 with float32 weights'."""
+    shape = memory.published_shape("gemma3", "1b")
+    base = dict(method="full", precision="bf16", load_dtype="float32", batch_size=1, seq_len=1, num_gpus=4,
+                device="cpu", sources=(("load_dtype", "training config"),))
+    ds = memory.plan(shape, memory.RunSpec(**base, zero_stage=2))
+    assert "bf16 with bfloat16 weights and fp32 master copies," in ds.summary(), ds.summary()
+    assert "float32 weights" not in ds.summary() and ds.to_json()["summary"] == ds.summary()
+    fp16 = memory.plan(shape, memory.RunSpec(**{**base, "precision": "fp16"}, zero_stage=3))
+    assert "fp16 with float16 weights and fp32 master copies," in fp16.summary(), fp16.summary()
+    # FSDP trains the parameters as loaded: the float32 load is what is held, and said.
+    fsdp = memory.plan(shape, memory.RunSpec(**base, zero_stage=2, fsdp=True))
+    assert "bf16 with float32 weights," in fsdp.summary() and "master" not in fsdp.summary(), fsdp.summary()

@@ -443,6 +443,13 @@ class RunSpec:
         """Where the setting ``name`` came from."""
         return dict(self.sources).get(name, "default")
 
+    def deepspeed_cast(self) -> str | None:
+        """The 16-bit dtype DeepSpeed's engine casts the parameters to (ZeRO in bf16/fp16, full or LoRA, not FSDP),
+        whatever the load dtype, keeping fp32 master copies of its partition; None where the weights stay as loaded."""
+        if self.zero_stage >= 1 and not self.fsdp and self.precision != "fp32" and self.method in ("full", "lora"):
+            return "float16" if self.precision == "fp16" else "bfloat16"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         """The `run` block of a memory plan."""
         return {"method": self.method, "precision": self.precision, "load_dtype": self.load_dtype,
@@ -634,8 +641,11 @@ class MemoryPlan:
         gpus = f" per GPU ({r.num_gpus} GPUs, ZeRO-{r.zero_stage})" if r.num_gpus > 1 else ""
         of = f" of {gib(self.gpu_bytes)}" + (f" ({self.gpu_name})" if self.gpu_name else "") if self.gpu_bytes else ""
         # Weights the trainer loads in another dtype than the precision's (TRL's float32 default) are said: they are
-        # what a reader of the line would otherwise take for bf16.
-        loaded = (f" with {r.load_dtype} weights" if "load_dtype" in dict(r.sources) and self.method != "qlora"
+        # what a reader of the line would otherwise take for bf16. Under DeepSpeed's mixed precision the engine casts
+        # them to 16 bits whatever the load and keeps fp32 master copies: that is what the line says is held.
+        cast = r.deepspeed_cast()
+        loaded = (f" with {cast} weights and fp32 master copies" if cast is not None else
+                  f" with {r.load_dtype} weights" if "load_dtype" in dict(r.sources) and self.method != "qlora"
                   and r.load_dtype != load_dtype_for(r.precision, self.method) else "")
         return (f"{how}, {r.precision}{loaded}, batch {r.batch_size}{acc} x {r.seq_len} tokens{ck}: "
                 f"{gib(self.per_gpu_bytes)}{gpus}{of}: {self.verdict}")
@@ -667,9 +677,10 @@ def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name
     # load (0.19.8 engine.py _cast_module_mixed_precision), and ZeRO keeps an fp32 copy of its partition's parameters
     # and gradients beside fp32 optimizer states: estimate_zero2/3_model_states_mem_needs' 18 bytes per parameter
     # (2 16-bit gradient + 4 fp32 gradient + 4 fp32 parameter + 8 Adam states), beside the 16-bit parameter.
-    ds_mixed = run.zero_stage >= 1 and not run.fsdp and mixed and run.method in ("full", "lora")
-    if ds_mixed:
-        load = "float16" if run.precision == "fp16" else "bfloat16"
+    cast = run.deepspeed_cast()
+    ds_mixed = cast is not None
+    if cast is not None:
+        load = cast
         notes.append(f"DeepSpeed {run.precision}: the engine casts the parameters to {load} and ZeRO keeps fp32 "
                      "parameters and gradients of its partition beside the optimizer states (fp32_master_copies)")
     wbytes = DTYPE_BYTES.get(load, 2)

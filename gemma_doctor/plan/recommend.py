@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse  # noqa: F401 (named here too)
 
-from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family
+from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family, not_planned
 from gemma_doctor.readers.training_config import AXOLOTL_DEEPSPEED_FILES
 
 TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
@@ -31,6 +31,9 @@ OUTPUT_DIR = "outputs"
 
 def normalise_family(text: str) -> str:
     """A --family value -> family label (gemma, gemma2, gemma3, gemma3n, gemma4, paligemma, paligemma2...); UsageError otherwise."""
+    why = not_planned(text)
+    if why is not None:
+        raise UsageError(f"--family {text!r}: {why}")
     label = family_from_name(text)
     if label is None:
         raise UsageError(f"--family {text!r} is not a Gemma family; use one of: {', '.join(sorted(FAMILY_NAMES))}")
