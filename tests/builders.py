@@ -97,6 +97,16 @@ def tree_state(root: Path) -> dict[str, tuple[str, str]]:
 
 # --- configs -----------------------------------------------------------------------------------
 
+def build_example_cache(cache: Path) -> Path:
+    """The bundled example cache (examples/build_example_cache.py, run as a user runs it) built at ``cache``."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(EXAMPLES / "build_example_cache.py"), str(cache)], check=True,
+                   capture_output=True)
+    return cache
+
+
 def example_file(name: str) -> bytes:
     """A file of the bundled google/gemma-3-12b-it snapshot (as on the Hub)."""
     return (EXAMPLES / "google--gemma-3-12b-it" / name).read_bytes()

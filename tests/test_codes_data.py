@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemma_doctor import rules
 from gemma_doctor.codes import CODES, codes_of
+from tests.builders import build_example_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gemma_doctor"
@@ -162,8 +161,7 @@ ACCUMULATES_YAML = "per_device_train_batch_size: 2\ngradient_accumulation_steps:
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("codes") / "hub"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
-                   capture_output=True)
+    build_example_cache(cache)
     return cache
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gemma_doctor import parallel
-from tests.builders import HubCache, gemma2_config, gemma3_12b_config, generation_config, llama_config, variant
+from tests.builders import (HubCache, build_example_cache, gemma2_config, gemma3_12b_config, generation_config,
+                            llama_config, variant)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +23,7 @@ def mixed_cache(tmp_path_factory) -> Path:
     """The bundled examples, fine-tunes equal but for their names, unalike Gemmas, non-Gemma repos, an adapter, a
     repo folder whose name is not a repo's, a repo whose ref names a missing snapshot, a config that is not JSON."""
     cache = tmp_path_factory.mktemp("mixed") / "hub"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
-                   capture_output=True)
+    build_example_cache(cache)
     hub = HubCache(cache)
     gem, gen = gemma3_12b_config(), generation_config()
     for i in range(12):

@@ -14,6 +14,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import prescription_grid as grid  # noqa: E402
+from tests.builders import build_example_cache  # noqa: E402
 
 sys.path.pop(0)
 G3, G4 = "google/gemma-3-12b-it", "google/gemma-4-E2B-it"
@@ -22,11 +23,8 @@ G3, G4 = "google/gemma-3-12b-it", "google/gemma-4-E2B-it"
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     """The bundled example cache (gemma-3-12b-it and gemma-4-E2B-it, real safetensors headers)."""
-    import subprocess
-
     cache = tmp_path_factory.mktemp("examples") / "hub"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
-                   capture_output=True)
+    build_example_cache(cache)
     return cache
 
 

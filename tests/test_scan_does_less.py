@@ -7,8 +7,6 @@ plan made eagerly, as before) and by benchmarks/output_ab.py (against main's tre
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from itertools import product
 from pathlib import Path
 
@@ -17,16 +15,15 @@ import pytest
 from gemma_doctor import pipeline
 from gemma_doctor.facts import MemoryRequest
 from gemma_doctor.plan import memory, runplan
+from tests.builders import build_example_cache
 
-ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("google/gemma-3-12b-it", "google/gemma-4-E2B-it")
 
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("scan-less") / "hub"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
-                   capture_output=True)
+    build_example_cache(cache)
     return cache
 
 

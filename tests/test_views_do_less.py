@@ -5,14 +5,13 @@ tree before by benchmarks/output_ab.py; here, what is computed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemma_doctor.plan import search
 from gemma_doctor.render.formats import formats, renderer
+from tests.builders import build_example_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("google/gemma-3-12b-it", "google/gemma-4-E2B-it")
@@ -22,8 +21,7 @@ TRAIN = str(ROOT / "examples" / "gemma-4-E2B-it.train.yaml")
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("views") / "hub"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "build_example_cache.py"), str(cache)], check=True,
-                   capture_output=True)
+    build_example_cache(cache)
     return cache
 
 
