@@ -16,7 +16,7 @@ from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
-from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, truthy
+from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, truthy
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
@@ -398,8 +398,6 @@ def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, c
     fine-tuning then holds float32 weights; a LoRA base stays in the checkpoint's dtype). Quantized loads,
     LLaMA-Factory without finetuning_type, freeze tuning (some layers upcast) and DeepSpeed (ZeRO-3
     keeps its own float32 copy) stay open."""
-    from gemma_doctor.readers.training_config import axolotl_load_dtype
-
     who = trainer_release(trainer, stack)
     quantized = any(k in s and (truthy(s[k].value) or s[k].value in (4, 8)) for k in ("load_in_4bit", "load_in_8bit"))
     if quantized:
