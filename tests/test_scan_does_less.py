@@ -30,14 +30,19 @@ def examples(tmp_path_factory) -> Path:
 @pytest.fixture
 def own_plans(monkeypatch) -> list[int]:
     """How often check plans its own run (the real pipeline.with_memory, counted)."""
+    return counting(monkeypatch, pipeline, "with_memory")
+
+
+def counting(monkeypatch, owner, name: str) -> list[int]:
+    """``owner.name`` replaced by the real function, its calls counted in the list's one item."""
     counted = [0]
-    real = pipeline.with_memory
+    real = getattr(owner, name)
 
     def spy(*args, **kwargs):
         counted[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "with_memory", spy)
+    monkeypatch.setattr(owner, name, spy)
     return counted
 
 
@@ -210,14 +215,7 @@ def test_no_undo_key_is_worked_out_without_a_record(cli, examples, monkeypatch) 
     (tests/test_restore.py)."""
     from gemma_doctor import undo
 
-    counted = [0]
-    real = undo.entry_key
-
-    def spy(*args, **kwargs):
-        counted[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(undo, "entry_key", spy)
+    counted = counting(monkeypatch, undo, "entry_key")
     r = cli("check", *MODELS, "--cache-dir", examples, "--fail-on", "never")
     assert r.code == 0, r
     assert counted[0] == 0
