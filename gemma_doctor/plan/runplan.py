@@ -16,7 +16,7 @@ from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
-from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, truthy
+from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, is_auto, truthy
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
@@ -253,7 +253,7 @@ def deepspeed_auto(s: Mapping[str, Any], name: str) -> str:
     (HfTrainerDeepSpeedConfig.trainer_config_process), so the run's value is the config's, and the source says so."""
     kept = next((k for k, own in DEEPSPEED_BATCH.items() if own == name), None)
     ds = s.get(kept) if kept is not None else None
-    if ds is None or not (isinstance(ds.value, str) and ds.value.strip().lower() == "auto"):
+    if ds is None or not is_auto(ds.value):
         return ""
     return f" (DeepSpeed's {ds.key}: auto copies it)"
 
@@ -373,7 +373,7 @@ def _own_precision(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) ->
     bf16, fp16 = s.get("bf16"), s.get("fp16")
     who = trainer_release(trainer, stack)
     if trainer is Trainer.AXOLOTL:
-        auto = bf16 is None or (isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto")
+        auto = bf16 is None or is_auto(bf16.value)
         if not auto:
             return None  # bf16 written true / false: the switches say it
         said = "bf16 unset is its schema's auto" if bf16 is None else f"{bf16.key}: auto"

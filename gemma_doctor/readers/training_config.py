@@ -481,7 +481,7 @@ def axolotl_load_dtype(settings: Mapping[str, Setting]) -> tuple[str, str | None
     fills in before normalize_config (both run here on 0.19.0: no switch loads torch.bfloat16 where the GPU has bf16,
     torch.float16 where not; float32 only with bf16 off)."""
     bf16, fp16, eight = settings.get("bf16"), settings.get("fp16"), settings.get("load_in_8bit")
-    auto = bf16 is None or (isinstance(bf16.value, str) and bf16.value.strip().lower() == "auto")
+    auto = bf16 is None or is_auto(bf16.value)
     if bf16 is not None and not auto and truthy(bf16.value):
         return "bfloat16", "bf16"
     if fp16 is not None and truthy(fp16.value):
@@ -681,7 +681,7 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     own = {name: v for name, v in tc.settings.items() if _BUNDLED not in v.key}
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
              for name in _DEEPSPEED_FILE_SETTINGS if name in ds.settings and name not in own
-             and not (isinstance(ds.settings[name].value, str) and ds.settings[name].value.strip().lower() == "auto")}
+             and not is_auto(ds.settings[name].value)}
     added.update({name: Setting(f"{ref.key} ({written.name}: {ds.settings[own_name].key})", ds.settings[own_name].value)
                   for name, own_name in DEEPSPEED_BATCH.items() if own_name in ds.settings and name not in own})
     return replace(tc, settings={**own, **added}) if added or len(own) < len(tc.settings) else tc
@@ -743,6 +743,12 @@ def load(path: str) -> TrainingConfig:
     if tc.kind in NOT_TRAINING:
         raise UsageError(f"--training-config {path}: {NOT_TRAINING[tc.kind]}")
     return tc
+
+
+def is_auto(value: Any) -> bool:
+    """A setting written "auto" (any case, spaces around): left to what reads it (DeepSpeed copies TrainingArguments'
+    value, axolotl's bf16 asks the GPU)."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
 
 
 def truthy(value: Any) -> bool:

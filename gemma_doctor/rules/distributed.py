@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
-from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, TrainingConfig, truthy
+from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, TrainingConfig, is_auto, truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.rules.common import located, run_distributed
 from gemma_doctor.rules.training import setting_finding
@@ -221,7 +221,7 @@ def _deepspeed_batch(model: ModelFacts, tc: TrainingConfig, run: Distributed) ->
     lines, first = [], None
     for name, (hf_key, hf_val) in hf_keys.items():
         ds = s.get(name)
-        if ds is None or hf_val is None or isinstance(ds.value, str) and ds.value.strip().lower() == "auto":
+        if ds is None or hf_val is None or is_auto(ds.value):
             continue
         if ds.value != hf_val:
             json_key = ds.key.rsplit(": ", 1)[-1].rstrip(")")
