@@ -218,9 +218,11 @@ def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gp
         shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
     decision = search.prescribe(facts, env, options, gpu, shape, quantization, shared=shared, explain=explain)
     rec, mem = recommendation, memory
-    if own_plan is not None and not (decision.ok and decision.memory is not None and env.training_config is None):
+    # Where the user wrote no training config, check's run may be the prescription's (below).
+    prescribed = decision.ok and decision.memory is not None and env.training_config is None
+    if own_plan is not None and not prescribed:
         rec, mem = own_plan()
-    if decision.ok and decision.memory is not None and env.training_config is None and (mem is None or not mem.fixed):
+    if prescribed and (mem is None or not mem.fixed):
         # The user described no run (no training config, nothing fixed by an option): the run check plans and judges
         # is the prescribed one, so the precision line, the memory line and the prescription state one run.
         rec, mem = decision.recommendation, decision.memory
