@@ -59,7 +59,8 @@ class Row:
     status: RowStatus
     findings: dict[str, int]
     next_command: str | None
-    # `gemma-doctor check` of this snapshot as this listing read it (--cache-dir, --revision, --with kept): "see why".
+    # `gemma-doctor check` of this snapshot as this listing read it (--cache-dir, --revision, --with kept): "see why";
+    # made for the rows a hint names (needs-fix, error), None for the others.
     check_command: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -70,19 +71,33 @@ class Row:
 
 
 def snapshot_size(folder: Path) -> int:
-    """Bytes of a snapshot's files, each blob counted once (links to the same blob share it)."""
-    seen: set[str] = set()
+    """Bytes of a snapshot's files, each blob counted once (links to the same blob share it: a file is known by its
+    device and inode, which the one stat of each entry gives, instead of resolving every link's path component by
+    component). Links to folders are not followed, as os.walk follows none."""
+    seen: set[tuple[int, int]] = set()
     total = 0
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
+    todo = [os.fspath(folder)]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:  # an unreadable folder holds no bytes we can count
+            continue
+        for entry in entries:
             try:
-                real = os.path.realpath(os.path.join(dirpath, name))
-                if real in seen:
-                    continue
-                seen.add(real)
-                total += os.stat(real).st_size
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():
+                    todo.append(entry.path)
+                continue
+            try:
+                st = entry.stat()
             except OSError:  # a dangling link holds no bytes
                 continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 
@@ -143,8 +158,10 @@ def collect(cache: Path, revision: str = "main", all_revisions: bool = False,
 
 def _row(facts: Any, options: CheckOptions, env: Any, remembered: Memo | None) -> Row:
     """One snapshot's row: check's findings (pipeline.model_report's own, without the JSON blocks a row does not
-    show) and fix's plan."""
-    j = pipeline.judged(facts, options, env, remembered)
+    show) and fix's plan. A row shows no prescription: judged as check's text view judges (``prescription=False``: no
+    way out, prescribed Run, YAML or framework snippets made; no search where check's run is the user's own), whose
+    findings are the same."""
+    j = pipeline.judged(facts, options, env, remembered, prescription=False)
     facts, findings = j.facts, j.findings
     counts = {"error": 0, "warning": 0, "info": 0}
     for f in findings:
@@ -152,7 +169,9 @@ def _row(facts: Any, options: CheckOptions, env: Any, remembered: Memo | None) -
     would_change = plan_model(facts, env.libraries).status is Status.WOULD_CHANGE
     status = status_of({f.code for f in findings}, bool(facts.undo.entries), would_change)
     snap = facts.snapshot
-    check = f"gemma-doctor check {locate.command_args(snap)}" + "".join(f" {shlex.quote(a)}" for a in env.libraries.cli_args)
+    # "see why with" is named for a row that needs a fix or cannot be read (the only rows a hint or next step names)
+    check = f"gemma-doctor check {locate.command_args(snap)}" + "".join(f" {shlex.quote(a)}" for a in env.libraries.cli_args) \
+        if status in (RowStatus.NEEDS_FIX, RowStatus.ERROR) else None
     nxt = fix_command(facts, env.libraries) if status is RowStatus.NEEDS_FIX else (
         locate.redownload_command(snap, [f.file for f in findings
                                          if f.code in CODES and CODES[f.code].cure is Cure.REDOWNLOAD])

@@ -219,3 +219,54 @@ def test_no_undo_key_is_worked_out_without_a_record(cli, examples, monkeypatch) 
     r = cli("check", *MODELS, "--cache-dir", examples, "--fail-on", "never")
     assert r.code == 0, r
     assert counted[0] == 0
+
+
+# --- list shows no prescription, sizes without resolving paths, and names "see why" where a hint does -----------------
+
+def test_list_makes_no_prescription(cli, examples, monkeypatch) -> None:
+    """A row shows check's findings as a status, never the prescription: list judges as check's text view does, so
+    no search of it explains itself (no way out, no prescribed Run, no YAML) and no snippet is named."""
+    from gemma_doctor import report
+    from gemma_doctor.plan import search
+
+    explained: list[bool] = []
+    real = search.prescribe
+
+    def spy(*args, **kwargs):
+        explained.append(kwargs.get("explain", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search, "prescribe", spy)
+    yamls = counting(monkeypatch, search.recommend, "training_config_yaml")
+    named = counting(monkeypatch, report.Naming, "value")
+    for args in ((), ("--with", "transformers==4.50.3")):
+        r = cli("list", "--cache-dir", examples, "--format", "json", *args)
+        assert r.code == 0, r
+    assert explained and not any(explained)
+    assert yamls[0] == 0 and named[0] == 0
+
+
+def test_list_sizes_without_resolving_each_link(examples, monkeypatch) -> None:
+    """A row's size counts each blob once by the one stat of each file (device and inode), not by resolving every
+    link's path component by component (os.path.realpath, a stat per component); the figure is the blobs' bytes."""
+    import os
+
+    from gemma_doctor import listing
+
+    snap = next((examples / "models--google--gemma-3-12b-it" / "snapshots").iterdir())
+    blobs = {os.path.realpath(p) for p in snap.rglob("*") if p.is_file()}
+    resolved = counting(monkeypatch, os.path, "realpath")
+    size = listing.snapshot_size(snap)
+    assert resolved[0] == 0
+    assert size == sum(os.stat(b).st_size for b in blobs) > 0
+
+
+def test_list_names_see_why_only_for_the_rows_a_hint_names(examples) -> None:
+    """`gemma-doctor check ...` ("see why with") is made for a row that needs a fix or cannot be read, the rows a
+    hint or a next step names; every other row gets none (a cache of a thousand ok rows made a thousand)."""
+    from gemma_doctor import listing
+
+    rows, _ = listing.collect(examples)
+    quiet = [r for r in rows if r.status not in (listing.RowStatus.NEEDS_FIX, listing.RowStatus.ERROR)]
+    assert quiet and all(r.check_command is None for r in quiet)
+    assert all(r.check_command for r in rows if r.status in (listing.RowStatus.NEEDS_FIX, listing.RowStatus.ERROR))
