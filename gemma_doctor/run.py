@@ -636,7 +636,8 @@ class Run:
         s = self.settings
         if s.method == Method.FULL.value:
             return None
-        return Sourced(Lora(s.lora_r, s.lora_targets, self.memory.trainable, s.source("lora_targets")), s.source("lora"))
+        lora = Lora(s.lora_r, s.lora_targets, self.memory.trainable, s.source("lora_targets"))
+        return Sourced(lora, s.source("lora"))
 
     @property
     def precision(self) -> Sourced[str]:

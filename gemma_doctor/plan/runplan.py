@@ -476,9 +476,9 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                  trl_chunks: bool = False, config_precision: bool = True,
                  defaults: tuple[Default, ...] = (), precision_source: str = "recommended") -> RunRequest:
-    """The options and the training config as the run's base settings (what they fix, defaults for the rest) and the GPU's
-    memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
-    ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
+    """The options and the training config as the run's base settings (run.Settings: what they fix, defaults for the
+    rest) and the GPU's memory. ``lora_targets``: the targets the recommendation writes for this model, where the user
+    named none; ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
     ``config_precision``: the precision the training config sets is the run's (check's plan of the user's run), not
     ``precision`` (False: the search, whose candidates each write their own); ``defaults``: trainer_defaults, what
     the trainer fixes where the options and the config leave a setting open; ``precision_source``: where ``precision``
