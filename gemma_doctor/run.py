@@ -125,7 +125,7 @@ class Settings:
 
     def source(self, name: str) -> str:
         """Where the setting ``name`` came from."""
-        return next((where for key, where in self.sources if key == name), "default")
+        return dict(self.sources).get(name, "default")
 
     def sourced(self, name: str) -> Sourced[Any]:
         """The setting ``name`` (a field) with its source."""
