@@ -344,6 +344,7 @@ def measure(args: argparse.Namespace) -> None:
 def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.plan.memory.MemoryPlan
     """gemma-doctor's plan for a measured row (same model, method, precision, batch, sequence, optimizer)."""
     from gemma_doctor.plan import memory
+    from gemma_doctor.run import Settings
 
     row = doc["row"]
     config = dict(MODELS[row["model"]])
@@ -353,7 +354,7 @@ def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.plan.memory.
     exact = all(isinstance(v, list) for v in names.values())
     shape = memory.shape_from_config(config, memory.counts_from_names(names) if exact else None)
     precision, load = {"fp32": ("fp32", "float32"), "amp": ("bf16", "float32"), "bf16": ("bf16", "bfloat16")}[row["precision"]]
-    run = memory.RunSpec(method=row["method"], precision=precision, load_dtype=load, optimizer="adamw_torch_fused",
+    run = Settings(method=row["method"], precision=precision, load_dtype=load, optimizer="adamw_torch_fused",
                          batch_size=row["batch"], seq_len=row["seq"], gradient_checkpointing=row["checkpointing"],
                          lora_r=row["lora_r"], lora_targets="all-linear", device=doc["device"],
                          attention=doc.get("attn") or "sdpa", quant_bits=4 if row["method"] == "qlora" else None)

@@ -216,11 +216,12 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
 def plan_for(doc: dict[str, Any]):  # noqa: ANN201 - a gemma_doctor.memory.MemoryPlan
     """gemma-doctor's per-GPU plan for the row: fp32 full fine-tuning, AdamW, the row's sharding, on CPU."""
     from gemma_doctor.plan import memory
+    from gemma_doctor.run import Settings
 
     row = doc["row"]
     shape = memory.shape_from_config(MODELS[row["model"]], memory.counts_from_names(_base_names(doc["params"])))
     stage = {"none": 0, "full_shard": 3, "shard_grad_op": 2}[row["strategy"]]
-    run = memory.RunSpec(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch",
+    run = Settings(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch",
                          batch_size=row["batch"], seq_len=row["seq"], num_gpus=row["world"], zero_stage=stage,
                          fsdp=stage > 0,
                          device="cpu", attention="sdpa")

@@ -1,9 +1,14 @@
 """The run that will execute, as one frozen, typed value: what is trained, on what, and how, each field with its source.
 
-``resolve`` builds it once from what the layers below have already resolved: the memory plan's RunSpec (whose
-settings the options, the training config, the defaults and the search filled in, each with its source), the
-model's shape (LoRA targets resolved against its module names), the GPU (parsed once, by readers/gpu.py), the
-stack (each version with its source; a prescription's pins are part of it) and the trainer that reads the config.
+The run's settings are one value, ``Settings`` (method, precision, load dtype, batch, accumulation, sequence,
+checkpointing, LoRA, quantization, GPUs, sharding, offload, evaluation, attention, loss, task; each with its source),
+resolved before anything is computed from them (plan/runplan.request_spec: the options, the training config, the
+defaults, then the search for what the user left open). The memory plan is computed from them
+(``plan.memory.plan(shape, settings, ...)``), and the Run keeps those very settings (``Run.settings``) beside the
+plan's figures (``Memory``): its method, batch, precision ... are read from them, never copied. ``resolve`` builds
+the Run once from the memory plan, the model's shape (LoRA targets resolved against its module names), the GPU
+(parsed once, by readers/gpu.py), the stack (each version with its source; a prescription's pins are part of it) and
+the trainer that reads the config.
 The prescription is a Run (``Decision.run``); its JSON view is ``prescription.run``. check's own run (the one the user
 asked about: options, training config, launch line, stack, GPU) is a Run too, resolved the same way from the memory plan
 check made of it, with the trainer the readers decided (``trainer_of``); it is ``ModelFacts.run``, the one value the
@@ -64,6 +69,89 @@ class Sourced(Generic[T]):
         """``{"value": ..., "source": ...}``."""
         value = self.value.value if isinstance(self.value, enum.Enum) else self.value
         return {"value": list(value) if isinstance(value, tuple) else value, "source": self.source}
+
+
+# Defaults where neither the options nor the training config say: TRL SFTConfig's max_length and the
+# TrainingArguments defaults (per_device_train_batch_size 8, optim adamw_torch_fused), PEFT LoRA as the
+# recommendation's snippet writes it (r=16, all linear layers).
+DEFAULT_SEQ_LEN = 1024
+DEFAULT_BATCH = 8
+DEFAULT_OPTIMIZER = "adamw_torch_fused"
+DEFAULT_LORA_R = 16
+DEFAULT_LORA_TARGETS = "all-linear"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's settings, resolved once before anything is computed from them (plan/runplan.request_spec: the
+    options, the training config, the launch line, the trainer's defaults, the task; the search then fills in what the
+    user left open): the memory plan's one input (``plan.memory.plan(shape, settings, ...)``), kept whole by the Run
+    (``Run.settings``), which states each as a ``Sourced`` (``sourced``). Each value has its source in ``sources``
+    ("option", "training config KEY", "default of ...", "chosen by the search", ...; "default" where none is named):
+    one table beside plain values, because the plan's arithmetic reads the values and the search varies them
+    (``frozen.replace(settings, batch_size=b, ...)``), and the sources are relabelled as a whole where the search
+    chose (``plan.memory.with_sources``)."""
+
+    method: str = "full"  # full | lora | qlora
+    precision: str = "bf16"  # bf16 | fp16 | fp32: the mixed precision (autocast) of the run
+    load_dtype: str = "bfloat16"  # the dtype the weights are loaded in
+    optimizer: str = DEFAULT_OPTIMIZER
+    batch_size: int = DEFAULT_BATCH
+    seq_len: int = DEFAULT_SEQ_LEN
+    gradient_checkpointing: bool = False
+    gradient_accumulation_steps: int = 1
+    lora_r: int = DEFAULT_LORA_R
+    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS
+    quant_bits: int | None = None  # 4 | 8 for QLoRA
+    num_gpus: int = 1
+    zero_stage: int = 0  # 0 (DDP) | 1 | 2 | 3; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2
+    fsdp: bool = False  # the stage is FSDP's (parameters sharded at rest at stage 2 too), not DeepSpeed's
+    num_nodes: int = 1  # machines the GPUs are spread over (accelerate num_machines), for the assumptions
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # Evaluation (transformers' Trainer.evaluation_loop): the per-device eval batch where the config writes one (None:
+    # no evaluation moment planned), whether predictions are kept (prediction_loss_only written false), and
+    # eval_accumulation_steps (kept predictions move to the CPU every that many batches; None: at the end).
+    eval_batch: int | None = None
+    keeps_predictions: bool = False
+    eval_accumulation: int | None = None
+    device: str = "cuda"  # cuda | cpu: what the overhead is
+    attention: str = "sdpa"  # sdpa | eager | flash_attention_2
+    chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
+    task: str = "sft"
+    text_only: bool = True
+    # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source(self, name: str) -> str:
+        """Where the setting ``name`` came from."""
+        return dict(self.sources).get(name, "default")
+
+    def sourced(self, name: str) -> Sourced[Any]:
+        """The setting ``name`` (a field) with its source."""
+        return Sourced(getattr(self, name), self.source(name))
+
+    def deepspeed_cast(self) -> str | None:
+        """The 16-bit dtype DeepSpeed's engine casts the parameters to (ZeRO in bf16/fp16, full or LoRA, not FSDP),
+        whatever the load dtype, keeping fp32 master copies of its partition; None where the weights stay as loaded."""
+        if self.zero_stage >= 1 and not self.fsdp and self.precision != "fp32" and self.method in ("full", "lora"):
+            return "float16" if self.precision == "fp16" else "bfloat16"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `run` block of a memory plan."""
+        return {"method": self.method, "precision": self.precision, "load_dtype": self.load_dtype,
+                "optimizer": self.optimizer, "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "gradient_checkpointing": self.gradient_checkpointing,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps,
+                "lora_r": self.lora_r if self.method != "full" else None,
+                "lora_targets": (list(self.lora_targets) if isinstance(self.lora_targets, tuple) else self.lora_targets)
+                if self.method != "full" else None,
+                "quant_bits": self.quant_bits, "num_gpus": self.num_gpus, "zero_stage": self.zero_stage,
+                "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
+                "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
+                "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
+                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
 
 
 @dataclass(frozen=True)
@@ -210,6 +298,7 @@ class Memory:
     fixed: tuple[str, ...]  # what the user fixed of method, batch_size, gradient_checkpointing (the search kept them)
     choice: Alternative  # the search for this GPU with those fixed
     unconstrained: Alternative | None  # the search with nothing fixed, where the fixed run does not fit
+    trainable: int  # the parameters that train (every one, or LoRA's on the targets resolved against the model)
 
 
 @dataclass(frozen=True)
@@ -515,35 +604,103 @@ def written(tc: Any) -> Written:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run, every field with its source."""
+    """One training run, every field with its source: its settings (``settings``, the memory plan's very input, each
+    stated as a ``Sourced`` by the properties below: method, batch, precision, ...), the memory plan's figures of
+    them (``memory``), and what no plan counts (the model, the stack, the trainer, how the processes run together, the
+    settings as the training config writes them). No setting is kept twice: a property reads ``settings``."""
 
     model: str | None  # the model_type (the repo name is filled in by the views, never kept in a judgement)
     stack: tuple[Sourced[str], ...]  # "transformers 5.23.0" / "transformers>=5.6.0", each with its source
-    hardware: Hardware
     trainer: Sourced[Trainer]  # the trainer that executes it (trainers.decide: plain Trainer, TRL SFT, axolotl...)
-    method: Sourced[Method]
-    lora: Sourced[Lora] | None
-    precision: Sourced[str]  # bf16 | fp16 | fp32 (the autocast of the run)
-    load_dtype: Sourced[str]  # the dtype the weights load in: a config key, the trainer's default, or the plan's
-    batch: Sourced[int]
-    accumulation: Sourced[int]
-    seq_len: Sourced[int]
-    attention: Sourced[str]
-    checkpointing: Sourced[bool]
-    zero_stage: Sourced[int]  # the memory plan's sharding: ZeRO's stage, or FSDP's counted as the stage it equals; 0 on one GPU
+    settings: Settings  # what the memory plan was computed from, each value with its source
     distributed: Distributed  # the engine, DeepSpeed's own stage, offload, wrap classes, processes per node
-    loss: Sourced[str]  # "full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)
     memory: Memory  # the memory plan of this very run: its line (as every view prints it), verdict and figures
-    task: str  # sft | dpo | orpo | ...: what the trainer optimises (a paired task holds two sequences per example)
-    text_only: bool  # no image or audio input trained on
     quantization: str | None  # the checkpoint's or the prescription's quantization (4bit, 8bit, awq...), None: none
     shape: Shape
     written: Written = Written()  # the settings as the training config writes them (the file's own words)
 
     @property
+    def hardware(self) -> Hardware:
+        """The GPU the plan was judged against (``memory``), and how many GPUs on how many machines (``settings``)."""
+        s = self.settings
+        return Hardware(self.memory.gpu_name, self.memory.gpu_bytes, s.sourced("num_gpus"), s.sourced("num_nodes"))
+
+    @property
+    def method(self) -> Sourced[Method]:
+        """Full fine-tuning, LoRA or QLoRA."""
+        return Sourced(Method(self.settings.method), self.settings.source("method"))
+
+    @property
+    def lora(self) -> Sourced[Lora] | None:
+        """LoRA's rank and targets with the trainable parameters the plan counted on this model (None: full)."""
+        s = self.settings
+        if s.method == Method.FULL.value:
+            return None
+        lora = Lora(s.lora_r, s.lora_targets, self.memory.trainable, s.source("lora_targets"))
+        return Sourced(lora, s.source("lora"))
+
+    @property
+    def precision(self) -> Sourced[str]:
+        """bf16 | fp16 | fp32 (the autocast of the run)."""
+        return self.settings.sourced("precision")
+
+    @property
+    def load_dtype(self) -> Sourced[str]:
+        """The dtype the weights load in: a config key, the trainer's default, or the plan's."""
+        return self.settings.sourced("load_dtype")
+
+    @property
+    def batch(self) -> Sourced[int]:
+        """The batch per device."""
+        return self.settings.sourced("batch_size")
+
+    @property
+    def accumulation(self) -> Sourced[int]:
+        """Gradient accumulation steps."""
+        return self.settings.sourced("gradient_accumulation_steps")
+
+    @property
+    def seq_len(self) -> Sourced[int]:
+        """Tokens per sequence."""
+        return self.settings.sourced("seq_len")
+
+    @property
+    def attention(self) -> Sourced[str]:
+        """The attention backend (sdpa | eager | flash_attention_2 ...)."""
+        return self.settings.sourced("attention")
+
+    @property
+    def checkpointing(self) -> Sourced[bool]:
+        """Gradient checkpointing."""
+        return self.settings.sourced("gradient_checkpointing")
+
+    @property
+    def zero_stage(self) -> Sourced[int]:
+        """The memory plan's sharding: ZeRO's stage, or FSDP's counted as the stage it equals; 0 on one GPU."""
+        s = self.settings
+        return Sourced(s.zero_stage if s.num_gpus > 1 else 0, s.source("zero_stage"))
+
+    @property
+    def loss(self) -> Sourced[str]:
+        """"full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)."""
+        if self.settings.chunked_loss:
+            return Sourced("chunked log-probs", self.settings.source("chunked_loss"))
+        return Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)")
+
+    @property
+    def task(self) -> str:
+        """sft | dpo | orpo | ...: what the trainer optimises (a paired task holds two sequences per example)."""
+        return self.settings.task
+
+    @property
+    def text_only(self) -> bool:
+        """No image or audio input trained on."""
+        return self.settings.text_only
+
+    @property
     def effective_batch(self) -> int:
         """Sequences per optimizer step on one GPU."""
-        return self.batch.value * self.accumulation.value
+        return self.settings.batch_size * self.settings.gradient_accumulation_steps
 
     def to_json(self) -> dict[str, Any]:
         """The `run` block of a prescription: each field as {value, source}."""
@@ -846,43 +1003,24 @@ def libraries(stack: Any) -> tuple[Sourced[str], ...]:
 def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trainer],
             quantization: str | None = None, stated: tuple[Sourced[str], ...] | None = None,
             training_config: Any = None) -> Run:
-    """The Run of a memory plan (plan.runplan.MemoryFacts): its RunSpec's settings with their sources, the shape's LoRA
-    targets resolved, the GPU the plan was judged against, its verdict and figures, and the stack's libraries
-    (``stated``: ``libraries(stack)``, where the caller made it once for the many runs it resolves on one stack); how
-    its processes run together from ``training_config`` (the one the plan was made of: config_sharding), else from
-    the plan's own count and stage (the prescription's); and the settings as that training config writes them
-    (``written``)."""
+    """The Run of a memory plan (plan.runplan.MemoryFacts): the settings the plan was computed from (its ``run``,
+    kept whole), the GPU it was judged against, its verdict and figures (the LoRA targets' trainable parameters
+    resolved against the shape), and the stack's libraries (``stated``: ``libraries(stack)``, where the caller made it
+    once for the many runs it resolves on one stack); how its processes run together from ``training_config`` (the
+    one the plan was made of: config_sharding), else from the settings' own count and stage (the prescription's); and
+    the settings as that training config writes them (``written``)."""
     plan = memory.plan
-    spec = plan.run
-    sources = dict(spec.sources)  # RunSpec.source's own lookup, made once for the fields below
-
-    def src(name: str) -> str:
-        return sources.get(name, "default")
-
-    method = Method(spec.method)
-    lora = None
-    if method is not Method.FULL:
-        lora = Sourced(Lora(spec.lora_r, spec.lora_targets, plan.trainable_params, src("lora_targets")), src("lora"))
+    settings: Settings = plan.run
     shape = plan.shape
     figures = Memory(plan.summary(), plan.verdict, plan.per_gpu_bytes, plan.gpu_bytes, plan.gpu_name,
                      tuple(plan.components.items()), memory.fixed, Alternative.of(memory.choice),
-                     Alternative.of(memory.unconstrained) if memory.unconstrained is not None else None)
+                     Alternative.of(memory.unconstrained) if memory.unconstrained is not None else None,
+                     plan.trainable_params)
     return Run(
-        model=model, stack=stated if stated is not None else libraries(stack),
-        hardware=Hardware(plan.gpu_name, plan.gpu_bytes, Sourced(spec.num_gpus, src("num_gpus")),
-                          Sourced(spec.num_nodes, src("num_nodes"))),
-        trainer=trainer, method=Sourced(method, src("method")), lora=lora,
-        precision=Sourced(spec.precision, src("precision")), load_dtype=Sourced(spec.load_dtype, src("load_dtype")),
-        batch=Sourced(spec.batch_size, src("batch_size")),
-        accumulation=Sourced(spec.gradient_accumulation_steps, src("gradient_accumulation_steps")),
-        seq_len=Sourced(spec.seq_len, src("seq_len")), attention=Sourced(spec.attention, src("attention")),
-        checkpointing=Sourced(spec.gradient_checkpointing, src("gradient_checkpointing")),
-        zero_stage=Sourced(spec.zero_stage if spec.num_gpus > 1 else 0, src("zero_stage")),
-        distributed=distributed(config_sharding(training_config, stack), processes=Sourced(spec.num_gpus, src("num_gpus")),
-                                nodes=Sourced(spec.num_nodes, src("num_nodes")),
-                                plan_stage=Sourced(spec.zero_stage, src("zero_stage")), model_type=model),
-        loss=Sourced("chunked log-probs", src("chunked_loss")) if spec.chunked_loss else
-        Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)"),
-        memory=figures, task=spec.task, text_only=spec.text_only, quantization=quantization,
+        model=model, stack=stated if stated is not None else libraries(stack), trainer=trainer, settings=settings,
+        distributed=distributed(config_sharding(training_config, stack), processes=settings.sourced("num_gpus"),
+                                nodes=settings.sourced("num_nodes"), plan_stage=settings.sourced("zero_stage"),
+                                model_type=model),
+        memory=figures, quantization=quantization,
         shape=Shape(shape.vocab, shape.final_logit_softcapping, shape.params.towers,
                     tuple(sorted({k.name for k in shape.linears}))), written=written(training_config))

@@ -13,6 +13,7 @@ from gemma_doctor.plan import memory, runplan
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import dtypes as dtypes_census
 from gemma_doctor.readers.training_config import parse as parse_training_config
+from gemma_doctor.run import Settings
 from gemma_doctor.source import local
 from tests.builders import EXAMPLES, gemma3_1b_config
 
@@ -184,7 +185,7 @@ def test_transformers_optim_names(name, kind):
 
 def test_components_add_up_and_full_fp32_adamw_is_16_bytes_per_parameter():
     shape = memory.published_shape("gemma3", "1b")
-    run = memory.RunSpec(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch_fused",
+    run = Settings(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch_fused",
                          batch_size=1, seq_len=8, device="cpu")
     p = memory.plan(shape, run)
     assert sum(p.components.values()) == p.per_gpu_bytes == p.total_bytes
@@ -196,8 +197,8 @@ def test_components_add_up_and_full_fp32_adamw_is_16_bytes_per_parameter():
 def test_zero3_over_four_gpus_shards_weights_gradients_and_states():
     shape = memory.published_shape("gemma3", "12b")
     # DeepSpeed on one GPU keeps the same fp32 states (and copies) whole: four ranks hold a quarter each.
-    one = memory.plan(shape, memory.RunSpec(method="full", batch_size=1, seq_len=512, zero_stage=3))
-    four = memory.plan(shape, memory.RunSpec(method="full", batch_size=1, seq_len=512, num_gpus=4, zero_stage=3))
+    one = memory.plan(shape, Settings(method="full", batch_size=1, seq_len=512, zero_stage=3))
+    four = memory.plan(shape, Settings(method="full", batch_size=1, seq_len=512, num_gpus=4, zero_stage=3))
     for part in ("optimizer_states", "fp32_master_copies"):
         assert four.components[part] * 4 == one.components[part]
     assert four.per_gpu_bytes < one.per_gpu_bytes / 3 and four.total_bytes == 4 * four.per_gpu_bytes
@@ -205,7 +206,7 @@ def test_zero3_over_four_gpus_shards_weights_gradients_and_states():
 
 def test_logits_grow_with_batch_times_sequence_times_vocabulary():
     shape = memory.published_shape("gemma3", "1b")
-    run = memory.RunSpec(method="lora", batch_size=1, seq_len=4096, precision="bf16")
+    run = Settings(method="lora", batch_size=1, seq_len=4096, precision="bf16")
     p = memory.plan(shape, run)
     assert p.components["logits"] == 4096 * 262144 * 12  # fp32 log-probs, their gradient, the incoming gradient
 
@@ -247,7 +248,7 @@ def test_gemma3_12b_on_a_t4_is_not_full_fp32_and_names_a_gpu_where_it_fits(cli, 
     mem = m["memory"]
     assert m["prescription"] is None and m["nearest"]["precision"] == "fp32" and mem["method"] == "qlora"
     full = memory.plan(memory.published_shape("gemma3", "12b"),
-                       memory.RunSpec(method="full", precision="fp32", load_dtype="float32", batch_size=1, seq_len=1024,
+                       Settings(method="full", precision="fp32", load_dtype="float32", batch_size=1, seq_len=1024,
                                       gradient_checkpointing=True), 15_360 * 2**20)
     assert full.verdict == "does-not-fit" and full.per_gpu_bytes > 150 * gpus.GIB
     assert mem["verdict"] == "does-not-fit" and any(b.startswith("GD801") for b in m["blocking"])
@@ -388,7 +389,7 @@ def test_an_accelerate_fsdp2_config_shards_by_reshard_after_forward(reshard, sta
     assert values["zero_stage"] == stage and values["fsdp"] is True and "fsdp" in src["zero_stage"]
     assert values["num_gpus"] == 16 and values["num_nodes"] == 2
     # What the plan says each rank holds.
-    run = memory.RunSpec(method="full", batch_size=1, seq_len=512, num_gpus=16, zero_stage=stage, fsdp=True, num_nodes=2)
+    run = Settings(method="full", batch_size=1, seq_len=512, num_gpus=16, zero_stage=stage, fsdp=True, num_nodes=2)
     line = [a for a in memory.plan(memory.published_shape("gemma3", "1b"), run).assumptions if "16 GPUs" in a]
     assert len(line) == 1 and "on 2 nodes (8 per node)" in line[0] and "1/16 of the weights" in line[0]
     assert ("FULL_SHARD" if stage == 3 else "SHARD_GRAD_OP") in line[0] and "tied embedding / lm_head unit" in line[0]
@@ -420,15 +421,15 @@ def test_sharded_plan_holds_the_root_unit_whole_and_leaves_unsharded_runs_alone(
     w = shape.params.text * 4
     base = dict(method="full", precision="fp32", load_dtype="float32", optimizer="adamw_torch", batch_size=1,
                 seq_len=128, device="cpu")
-    one = memory.plan(shape, memory.RunSpec(**base))
+    one = memory.plan(shape, Settings(**base))
     assert one.components["weights"] == w and one.components["embedding_gradient_copies"] == 2 * e
-    four = memory.plan(shape, memory.RunSpec(**base, num_gpus=4, zero_stage=3, fsdp=True))
+    four = memory.plan(shape, Settings(**base, num_gpus=4, zero_stage=3, fsdp=True))
     assert four.peak == "embedding-backward"
     c = four.components
     assert c["gathered_root_unit"] == e and c["unsharded_root_gradient"] == e and c["embedding_gradient_copies"] == 2 * e
     assert c["gradients"] == (w - e) // 4 and c["optimizer_states"] == 2 * w // 4
     # ZeRO-2 (DeepSpeed): weights replicated, nothing gathered; the embedding's gradient still whole.
-    z2 = memory.plan(shape, memory.RunSpec(**base, num_gpus=4, zero_stage=2)).components
+    z2 = memory.plan(shape, Settings(**base, num_gpus=4, zero_stage=2)).components
     assert z2["weights"] == w and "gathered_root_unit" not in z2 and z2.get("unsharded_root_gradient") == e
 
 

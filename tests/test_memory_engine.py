@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from gemma_doctor.plan import memory
+from gemma_doctor.run import Settings
 from tests.builders import gemma3_1b_config
 from tests.venvs import ensure_deepspeed
 
@@ -42,7 +43,7 @@ print(json.dumps(out))
 
 def _run(shape: memory.ModelShape, stage: int, opt: bool, par: bool) -> memory.MemoryPlan:
     # One token: activations and logits are negligible, the model states are what is left.
-    return memory.plan(shape, memory.RunSpec(method="full", precision="bf16", load_dtype="float32", batch_size=1,
+    return memory.plan(shape, Settings(method="full", precision="bf16", load_dtype="float32", batch_size=1,
                                              seq_len=1, num_gpus=GPUS, zero_stage=stage, offload_optimizer=opt,
                                              offload_params=par, text_only=False, device="cpu"))
 
@@ -94,9 +95,9 @@ def test_deepspeed_casts_to_16_bits_and_keeps_fp32_copies_where_fsdp_trains_as_l
     n = shape.params.total
     base = dict(method="full", precision="bf16", load_dtype="float32", batch_size=1, seq_len=1, num_gpus=4,
                 device="cpu")
-    ds = memory.plan(shape, memory.RunSpec(**base, zero_stage=2)).phases["optimizer-step"]
+    ds = memory.plan(shape, Settings(**base, zero_stage=2)).phases["optimizer-step"]
     assert ds["weights"] == 2 * n and ds["fp32_master_copies"] == 8 * n // 4 and ds["optimizer_states"] == 8 * n // 4
-    fsdp = memory.plan(shape, memory.RunSpec(**base, zero_stage=2, fsdp=True)).phases["optimizer-step"]
+    fsdp = memory.plan(shape, Settings(**base, zero_stage=2, fsdp=True)).phases["optimizer-step"]
     assert "fp32_master_copies" not in {k for k, v in fsdp.items() if v} and fsdp["optimizer_states"] == 8 * n // 4
 
 
@@ -104,8 +105,8 @@ def test_fsdp_offload_params_leaves_shards_gradients_and_the_step_on_the_cpu():
     shape = memory.published_shape("gemma3", "4b")
     base = dict(method="full", precision="bf16", load_dtype="bfloat16", batch_size=1, seq_len=1, num_gpus=4,
                 zero_stage=3, fsdp=True, device="cpu")
-    on = memory.plan(shape, memory.RunSpec(**base)).phases
-    off = memory.plan(shape, memory.RunSpec(**base, offload_params=True))
+    on = memory.plan(shape, Settings(**base)).phases
+    off = memory.plan(shape, Settings(**base, offload_params=True))
     step = off.phases["optimizer-step"]
     p = shape.params
     layers = 2 * 2 * ((p.linear + p.other) // shape.layers)
@@ -186,11 +187,11 @@ def test_the_evaluation_moment_is_planned_where_the_config_writes_it(cli, hub, t
 def test_eval_accumulation_bounds_the_kept_predictions():
     shape = memory.published_shape("gemma3", "1b")
     base = dict(method="lora", batch_size=1, seq_len=1024, eval_batch=2, keeps_predictions=True)
-    kept = {k: memory.plan(shape, memory.RunSpec(**base, eval_accumulation=k)).phases["evaluation"] for k in (1, 4, 16)}
+    kept = {k: memory.plan(shape, Settings(**base, eval_accumulation=k)).phases["evaluation"] for k in (1, 4, 16)}
     unit = 2 * 1024 * shape.vocab * 4  # one batch's fp32 predictions
     assert kept[1].get("kept_predictions", 0) == 0 and kept[1]["eval_logits"] > 0  # moved after every batch
     assert kept[4]["kept_predictions"] == 8 * unit and kept[16]["kept_predictions"] == 32 * unit
-    gpus = memory.plan(shape, memory.RunSpec(**base, eval_accumulation=4, num_gpus=4)).phases["evaluation"]
+    gpus = memory.plan(shape, Settings(**base, eval_accumulation=4, num_gpus=4)).phases["evaluation"]
     assert gpus["kept_predictions"] == 4 * 8 * unit  # gather_for_metrics: every rank holds every rank's batch
 
 
@@ -231,13 +232,13 @@ def test_what_the_plan_keeps_is_what_transformers_trainer_keeps(monkeypatch, tmp
     assert evaluate(metrics, None) == [unit * i for i in range(1, 5)]  # grows with the eval set
     assert max(evaluate(metrics, k)) == k * unit
     shape = memory.shape_from_config(model.config.to_dict())
-    plan = memory.plan(shape, memory.RunSpec(method="full", precision="fp32", load_dtype="float32", batch_size=1,
+    plan = memory.plan(shape, Settings(method="full", precision="fp32", load_dtype="float32", batch_size=1,
                                              seq_len=seq, eval_batch=batch, keeps_predictions=True,
                                              eval_accumulation=k, device="cpu"))
     kept = plan.phases["evaluation"]["kept_predictions"]
     assert kept in ((k - 1) * unit, 2 * k * unit)
     assert plan.phases["evaluation"].get("eval_logits", 0) == 0 or kept == (k - 1) * unit
-    none = memory.plan(shape, memory.RunSpec(method="full", precision="fp32", load_dtype="float32", batch_size=1,
+    none = memory.plan(shape, Settings(method="full", precision="fp32", load_dtype="float32", batch_size=1,
                                              seq_len=seq, eval_batch=batch, device="cpu"))
     assert "kept_predictions" not in none.phases["evaluation"]
 
@@ -258,11 +259,11 @@ def test_the_summary_says_deepspeeds_16_bit_weights_and_fp32_copies_not_the_floa
     shape = memory.published_shape("gemma3", "1b")
     base = dict(method="full", precision="bf16", load_dtype="float32", batch_size=1, seq_len=1, num_gpus=4,
                 device="cpu", sources=(("load_dtype", "training config"),))
-    ds = memory.plan(shape, memory.RunSpec(**base, zero_stage=2))
+    ds = memory.plan(shape, Settings(**base, zero_stage=2))
     assert "bf16 with bfloat16 weights and fp32 master copies," in ds.summary(), ds.summary()
     assert "float32 weights" not in ds.summary() and ds.to_json()["summary"] == ds.summary()
-    fp16 = memory.plan(shape, memory.RunSpec(**{**base, "precision": "fp16"}, zero_stage=3))
+    fp16 = memory.plan(shape, Settings(**{**base, "precision": "fp16"}, zero_stage=3))
     assert "fp16 with float16 weights and fp32 master copies," in fp16.summary(), fp16.summary()
     # FSDP trains the parameters as loaded: the float32 load is what is held, and said.
-    fsdp = memory.plan(shape, memory.RunSpec(**base, zero_stage=2, fsdp=True))
+    fsdp = memory.plan(shape, Settings(**base, zero_stage=2, fsdp=True))
     assert "bf16 with float32 weights," in fsdp.summary() and "master" not in fsdp.summary(), fsdp.summary()

@@ -186,6 +186,7 @@ def test_candidates_remembered_are_the_candidates(family, size, gpu_bytes):
     from dataclasses import replace
 
     from gemma_doctor.plan import memory, runplan
+    from gemma_doctor.run import Settings
 
     shape = memory.published_shape(family, size)
     req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(),
@@ -212,6 +213,7 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
     from dataclasses import replace
 
     from gemma_doctor.plan import memory, runplan
+    from gemma_doctor.run import Settings
 
     shape = memory.published_shape(family, size)
     checked = 0
@@ -260,9 +262,10 @@ def test_frozen_replace_is_dataclasses_replace():
     from gemma_doctor import frozen
     from gemma_doctor.errors import UsageError
     from gemma_doctor.plan import memory, runplan
+    from gemma_doctor.run import Settings
 
     shape = memory.published_shape("gemma3", "1b")
-    p = memory.plan(shape, memory.RunSpec(method="lora"), 16 * 2**30, None)
+    p = memory.plan(shape, Settings(method="lora"), 16 * 2**30, None)
     for obj, changes in ((p.run, {"batch_size": 2, "attention": "eager"}), (p, {"assumptions": ("x",)}),
                          (p, {})):
         got, want = frozen.replace(obj, **changes), dataclasses.replace(obj, **changes)

@@ -31,6 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from gemma_doctor import frozen
+# The run's settings, the plan's one input (run.Settings), and their defaults, which the plan's callers name here too.
+from gemma_doctor.run import (DEFAULT_BATCH, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, DEFAULT_OPTIMIZER,  # noqa: F401
+                              DEFAULT_SEQ_LEN, Settings)
 from gemma_doctor.traits import PAIRED_TASKS, logits_bytes_per_logit
 from gemma_doctor.traits import decoder_config as _text_config, positive_int as _int, positive_number as _num
 from gemma_doctor.units import GIB, gib  # noqa: F401 (memory.GIB: the plan's callers name it here)
@@ -39,14 +42,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 METHODS = ("full", "lora", "qlora")
 # A run fits when its peak leaves this share of the GPU free (allocator fragmentation, spikes the model misses).
 FITS_BELOW = 0.90
-# Defaults where neither the options nor the training config say: TRL SFTConfig's max_length and the
-# TrainingArguments defaults (per_device_train_batch_size 8, optim adamw_torch_fused), PEFT LoRA as the
-# recommendation's snippet writes it (r=16, all linear layers).
-DEFAULT_SEQ_LEN = 1024
-DEFAULT_BATCH = 8
-DEFAULT_OPTIMIZER = "adamw_torch_fused"
-DEFAULT_LORA_R = 16
-DEFAULT_LORA_TARGETS = "all-linear"
 # CUDA context, cuBLAS workspaces and kernels loaded by torch: outside torch.cuda.max_memory_allocated(), inside
 # what the GPU has to give. Not measured here (no GPU lent): from torch's documentation and common reports.
 CUDA_CONTEXT_BYTES = 768 * 1024**2
@@ -404,68 +399,6 @@ def load_dtype_for(precision: str, method: str) -> str:
     return "float32"
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """One training run, as the options, the training config or the recommendation describe it."""
-
-    method: str = "full"  # full | lora | qlora
-    precision: str = "bf16"  # bf16 | fp16 | fp32: the mixed precision (autocast) of the run
-    load_dtype: str = "bfloat16"  # the dtype the weights are loaded in
-    optimizer: str = DEFAULT_OPTIMIZER
-    batch_size: int = DEFAULT_BATCH
-    seq_len: int = DEFAULT_SEQ_LEN
-    gradient_checkpointing: bool = False
-    gradient_accumulation_steps: int = 1
-    lora_r: int = DEFAULT_LORA_R
-    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS
-    quant_bits: int | None = None  # 4 | 8 for QLoRA
-    num_gpus: int = 1
-    zero_stage: int = 0  # 0 (DDP) | 1 | 2 | 3; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2
-    fsdp: bool = False  # the stage is FSDP's (parameters sharded at rest at stage 2 too), not DeepSpeed's
-    num_nodes: int = 1  # machines the GPUs are spread over (accelerate num_machines), for the assumptions
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    # Evaluation (transformers' Trainer.evaluation_loop): the per-device eval batch where the config writes one (None:
-    # no evaluation moment planned), whether predictions are kept (prediction_loss_only written false), and
-    # eval_accumulation_steps (kept predictions move to the CPU every that many batches; None: at the end).
-    eval_batch: int | None = None
-    keeps_predictions: bool = False
-    eval_accumulation: int | None = None
-    device: str = "cuda"  # cuda | cpu: what the overhead is
-    attention: str = "sdpa"  # sdpa | eager | flash_attention_2
-    chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
-    task: str = "sft"
-    text_only: bool = True
-    # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
-    sources: tuple[tuple[str, str], ...] = ()
-
-    def source(self, name: str) -> str:
-        """Where the setting ``name`` came from."""
-        return dict(self.sources).get(name, "default")
-
-    def deepspeed_cast(self) -> str | None:
-        """The 16-bit dtype DeepSpeed's engine casts the parameters to (ZeRO in bf16/fp16, full or LoRA, not FSDP),
-        whatever the load dtype, keeping fp32 master copies of its partition; None where the weights stay as loaded."""
-        if self.zero_stage >= 1 and not self.fsdp and self.precision != "fp32" and self.method in ("full", "lora"):
-            return "float16" if self.precision == "fp16" else "bfloat16"
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        """The `run` block of a memory plan."""
-        return {"method": self.method, "precision": self.precision, "load_dtype": self.load_dtype,
-                "optimizer": self.optimizer, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "gradient_checkpointing": self.gradient_checkpointing,
-                "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                "lora_r": self.lora_r if self.method != "full" else None,
-                "lora_targets": (list(self.lora_targets) if isinstance(self.lora_targets, tuple) else self.lora_targets)
-                if self.method != "full" else None,
-                "quant_bits": self.quant_bits, "num_gpus": self.num_gpus, "zero_stage": self.zero_stage,
-                "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
-                "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
-                "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
-                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
-
-
 # Optimizer name (transformers' `optim` values and common spellings) -> (kind, state bytes per trainable element or None
 # for "as the parameter dtype", temporaries at step).
 _OPTIMIZERS: dict[str, str] = {
@@ -553,7 +486,7 @@ def lora_trainable(shape: ModelShape, r: int, targets: str | tuple[str, ...]) ->
 
 # --- activations (bytes saved for backward, per decoder layer and token) ---------------------------
 
-def layer_activation_bytes(shape: ModelShape, run: RunSpec, seq: int) -> float:
+def layer_activation_bytes(shape: ModelShape, run: Settings, seq: int) -> float:
     """Bytes one decoder layer saves for backward, per token (b*s tokens), without gradient checkpointing.
 
     Counted with torch's saved-tensor hooks on transformers' Gemma 3 decoder layer (docs/memory.md): with SDPA,
@@ -577,7 +510,7 @@ def layer_activation_bytes(shape: ModelShape, run: RunSpec, seq: int) -> float:
     return float(per)
 
 
-def logits_bytes_per_token(shape: ModelShape, run: RunSpec) -> float:
+def logits_bytes_per_token(shape: ModelShape, run: Settings) -> float:
     """Bytes of logits alive at the loss, per token: traits.logits_bytes_per_logit for each of the vocabulary."""
     return logits_bytes_per_logit(shape.final_logit_softcapping, run.precision) * shape.vocab
 
@@ -611,7 +544,7 @@ class MemoryPlan:
     peak: str  # loss | embedding-backward | optimizer-step | evaluation (where an eval batch is written)
     trainable_params: int
     assumptions: tuple[str, ...]
-    run: RunSpec
+    run: Settings
     shape: ModelShape
     tensor_bytes: int = 0  # the peak without the framework overhead (what torch.cuda.max_memory_allocated measures)
     gpu_name: str | None = None
@@ -667,7 +600,7 @@ def verdict_for(per_gpu: int, gpu_bytes: int | None) -> str:
     return "does-not-fit"
 
 
-def plan(shape: ModelShape, run: RunSpec, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
+def plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
     """The memory plan of ``run`` on ``shape`` (per GPU), judged against ``gpu_bytes`` when known."""
     p = shape.params
     notes: list[str] = []
@@ -870,7 +803,7 @@ def _eval_logit_bytes(mixed: bool) -> int:
     return 2 + 4 + 4 if mixed else 4 + 4
 
 
-def _evaluation(shape: ModelShape, run: RunSpec, wbytes: int, notes: list[str]) -> dict[str, int]:
+def _evaluation(shape: ModelShape, run: Settings, wbytes: int, notes: list[str]) -> dict[str, int]:
     """The evaluation moment's own components: one eval batch's logits at its loss and, where predictions are kept,
     what transformers 5.23.0's evaluation_loop holds of them on the GPU (reproduced on a tiny Gemma 3, CPU):
     EvalLoopContainer concatenates each batch's logits, gathered from every rank (gather_for_metrics), until
@@ -933,7 +866,7 @@ def _param_shapes(shape: ModelShape, include_towers: bool) -> tuple[tuple[int, .
     return tuple(out)
 
 
-def _sharding_line(shape: ModelShape, run: RunSpec, wbytes: int) -> str:
+def _sharding_line(shape: ModelShape, run: Settings, wbytes: int) -> str:
     """Ranks, nodes and what each rank holds (docs/memory.md, measured in docs/benchmarks.md)."""
     n, nodes = run.num_gpus, max(1, run.num_nodes)
     where = f"{n} GPUs" + (f" on {nodes} nodes ({-(-n // nodes)} per node)" if nodes > 1 else "")
@@ -973,7 +906,7 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
     return frozen.replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
 
 
-def _assumptions(shape: ModelShape, run: RunSpec, towers: int, wbytes: int) -> list[str]:
+def _assumptions(shape: ModelShape, run: Settings, towers: int, wbytes: int) -> list[str]:
     out = [f"parameter counts from {shape.source}"]
     loaded = dict(run.sources).get("load_dtype") if run.method != "qlora" else None
     # A load dtype the trainer fixes (TRL's float32 default) has its own source: the precision's is not the load's.
@@ -1048,7 +981,7 @@ def batch_sizes(target: int) -> list[int]:
     return out
 
 
-def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tuple[str, ...] = METHODS,
+def choose(shape: ModelShape, base: Settings, gpu_bytes: int | None, methods: tuple[str, ...] = METHODS,
            batch_fixed: bool = False, ckpt_fixed: bool = False, gpu_name: str | None = None,
            bf16_elsewhere: bool = True) -> Choice:
     """The cheapest method (full, then LoRA, then QLoRA) with the largest batch that fits; gradient accumulation
@@ -1082,7 +1015,7 @@ def choose(shape: ModelShape, base: RunSpec, gpu_bytes: int | None, methods: tup
                          "(ZeRO-3 / FSDP)")
 
 
-def _load_for(base: RunSpec, method: str) -> str:
+def _load_for(base: Settings, method: str) -> str:
     """The dtype ``method`` loads the weights in: the precision's (load_dtype_for), unless --precision or the trainer
     fixed it (TRL's float32 default, a config's dtype: runplan.trainer_defaults), which QLoRA's quantized load is not."""
     if base.source("precision") == "option" or (method != "qlora" and "load_dtype" in dict(base.sources)):
@@ -1090,7 +1023,7 @@ def _load_for(base: RunSpec, method: str) -> str:
     return load_dtype_for(base.precision, method)
 
 
-def _search(shape: ModelShape, base: RunSpec, gpu_bytes: int, methods: tuple[str, ...], batch_fixed: bool,
+def _search(shape: ModelShape, base: Settings, gpu_bytes: int, methods: tuple[str, ...], batch_fixed: bool,
             ckpt_fixed: bool, gpu_name: str | None) -> tuple[MemoryPlan | None, list[MemoryPlan]]:
     tried: list[MemoryPlan] = []
     target = base.batch_size * base.gradient_accumulation_steps

@@ -14,10 +14,10 @@ from typing import Any, Callable, Mapping
 from gemma_doctor import frozen
 from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
-from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, is_auto, truthy
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, written
 from gemma_doctor.trainers import Trainer
 from gemma_doctor.units import positive_int
 
@@ -462,9 +462,10 @@ def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """The run the user described: a RunSpec with their settings (the rest defaults), what they fixed, and the GPU."""
+    """The run the user described: its settings (run.Settings: theirs, defaults for the rest), what they fixed, and the
+    GPU."""
 
-    base: RunSpec
+    base: Settings
     fixed: tuple[str, ...]  # settings the user fixed: method, batch_size, gradient_checkpointing, zero_stage, seq_len...
     gpu_bytes: int | None
     gpu_name: str | None
@@ -475,9 +476,9 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                  training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                  trl_chunks: bool = False, config_precision: bool = True,
                  defaults: tuple[Default, ...] = (), precision_source: str = "recommended") -> RunRequest:
-    """The options and the training config as a base RunSpec (what they fix, defaults for the rest) and the GPU's
-    memory. ``lora_targets``: the targets the recommendation writes for this model, where the user named none;
-    ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
+    """The options and the training config as the run's base settings (run.Settings: what they fix, defaults for the
+    rest) and the GPU's memory. ``lora_targets``: the targets the recommendation writes for this model, where the user
+    named none; ``trl_chunks``: the stack's TRL computes SFT log-probs in chunks (versioning.TRL_CHUNKED_LOGPROBS);
     ``config_precision``: the precision the training config sets is the run's (check's plan of the user's run), not
     ``precision`` (False: the search, whose candidates each write their own); ``defaults``: trainer_defaults, what
     the trainer fixes where the options and the config leave a setting open; ``precision_source``: where ``precision``
@@ -517,7 +518,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
         precision, method)
     if method == "qlora":
         sources.pop("load_dtype", None)
-    base = RunSpec(method=method, precision=precision, load_dtype=load,
+    base = Settings(method=method, precision=precision, load_dtype=load,
                    optimizer=values.get("optimizer", memory.DEFAULT_OPTIMIZER),
                    batch_size=values.get("batch_size", memory.DEFAULT_BATCH),
                    seq_len=values.get("seq_len", memory.DEFAULT_SEQ_LEN),

@@ -23,7 +23,7 @@ from gemma_doctor import frozen, rules, trainers
 from gemma_doctor.codes import CODES, Cure, codes_of
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
-from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape, RunSpec
+from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.report import Finding, Severity
@@ -236,7 +236,7 @@ class Judged:
         return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
 
 
-# The LoRA settings a user's training config names (their sources in a RunSpec).
+# The LoRA settings a user's training config names (their sources in run.Settings).
 _USERS_LORA = ("lora", "lora_r", "lora_targets")
 
 
