@@ -279,7 +279,9 @@ def assert_views_agree(world: World, case: Case, args: tuple[str, ...], m: dict[
     # The Python the text prints says the same settings as the data.
     python = m["snippets"]["python"]
     assert called(python["transformers"], "dict") == fw["transformers"]["training_arguments"]
-    if fw["trl"]["config"] is not None:
+    # TRL's SFTConfig is another run beside axolotl's prescription (chunked log-probs): shown only with --trainer trl.
+    assert ("trl" in python) is (fw["trl"]["config"] is not None and fw["trl"]["config_class"] != "SFTConfig")
+    if "trl" in python:
         trl = called(python["trl"], fw["trl"]["config_class"])
         assert {k: v for k, v in trl.items() if k != "output_dir"} == fw["trl"]["config"]
     if method != "full":

@@ -609,17 +609,26 @@ def _kwargs(d: Mapping[str, Any], dtypes: bool = False) -> str:
     return ", ".join(f"{k}={_py(v) if dtypes else repr(v)}" for k, v in d.items())
 
 
+def other_trainers_run(rec: Recommendation) -> bool:
+    """TRL's config snippet would state another run than the prescription: its SFTTrainer computes chunked log-probs
+    (TRL >= 1.15), so an SFTConfig beside an axolotl or plain-Trainer prescription is a run of other memory, shown
+    only as that trainer's own prescription (--trainer trl). TRL's preference trainers' configs are the same run as
+    axolotl's `rl:` (axolotl runs them)."""
+    return rec.trainer != "trl" and rec.frameworks["trl"]["config_class"] == "SFTConfig"
+
+
 def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth."""
     fw = rec.frameworks
     tr = fw["transformers"]
     out: dict[str, str] = {}
-    out["transformers"] = (
-        "from transformers import TrainingArguments\n\n"
-        f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
-        f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
+    if rec.trainer != "trl":  # a plain Trainer holds the full logits: not the run TRL's SFTTrainer prescribes
+        out["transformers"] = (
+            "from transformers import TrainingArguments\n\n"
+            f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
+            f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
     trl = fw["trl"]
-    if trl["config_class"]:
+    if trl["config_class"] and not other_trainers_run(rec):
         out["trl"] = (f"from {trl['module']} import {trl['config_class']}\n\n"
                       f"config = {trl['config_class']}(output_dir={OUTPUT_DIR!r}, {_kwargs(trl['config'])})\n")
     bnb = fw["peft"]["bitsandbytes_config"]
