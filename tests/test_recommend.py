@@ -186,7 +186,7 @@ def test_trl_snippet_constructs(family, native, task, planned_gpu):
     # preference trainers): beside an axolotl SFT prescription its SFTConfig would be another run (chunked log-probs).
     rec = decide(inputs(family, native, task=task, versions={**NEW, "trl": trl.__version__}, trainer="trl"))
     axolotl = decide(inputs(family, native, task=task, versions={**NEW, "trl": trl.__version__}))
-    assert ("trl" in python_snippets(axolotl, "m")) is (task != "sft")
+    assert ("trl" in python_snippets(axolotl, "m")) is (axolotl.frameworks["trl"]["config_class"] != "SFTConfig")
     code = python_snippets(rec, "m")["trl"]
     ns: dict = {}
     exec(compile(code, "<snippet>", "exec"), ns)
