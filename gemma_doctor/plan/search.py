@@ -808,25 +808,23 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
         if line not in out:
             out.append(line)
     if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
-        out[:0] = _trainer_way_out(shape, ask)
+        out[:0] = _trainer_way_out(shape, req, ask)
         out.extend(_memory_way_out(shape, req, ask))
     return out
 
 
-def _trainer_way_out(shape: ModelShape, ask: _Ask) -> list[str]:
-    """Where the user left the trainer open: another trainer whose run passes check (TRL's SFTTrainer, which holds no
-    full logits under a TRL that chunks them), as the command line with --trainer prescribes it."""
-    if trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS:
+def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
+    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer, which holds no full logits
+    under a TRL that chunks them, when a chunked run fits at all (a cheap test before its search), as the command line
+    with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's run holds: never asked here."""
+    if trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS or req.base.num_gpus > 1:
         return []
-    mine = trainer_format(ask.options, ask.env)
-    out: list[str] = []
-    for fmt in recommend.TRAINER_FORMATS:
-        if fmt == mine:
-            continue
-        p = ask.plan(shape, trainer=fmt)
-        if p is not None:
-            out.append(f"--trainer {fmt} (its run: {_TRAINER_WORDS[fmt]}): {p.summary()}")
-    return out
+    if trainer_format(ask.options, ask.env) == "trl" or not runplan.trl_chunks(ask.env.libraries):
+        return []
+    if _fits_with(shape, req, chunked_loss=True) is None:
+        return []
+    p = ask.plan(shape, trainer="trl")
+    return [f"--trainer trl (its run: {_TRAINER_WORDS['trl']}): {p.summary()}"] if p is not None else []
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
