@@ -1,12 +1,13 @@
 """Rendering a prescribed run and reading it back is the identity (issue 32): for random runs, the training config the
-prescription emits (axolotl's keys, `recommend --format yaml`, the only trainer format it writes) read by
+prescription emits (axolotl's keys, `recommend --format yaml`; and each trainer format `recommend --trainer` writes,
+TRL's `trl sft --config` and TrainingArguments', in test_each_trainers_config_reads_back_as_the_same_run) read by
 `check --training-config`'s reader gives back the same method, batch, accumulation, sequence, checkpointing, LoRA
 rank and targets, GPUs, sharding and attention; the training config the search judges each candidate by (built from
 the run, never printed: search.as_read) is exactly that YAML read back, so judging the run directly is judging its
 YAML; and the TRL / TrainingArguments settings of the snippets, read as a TRL config, state the same batch,
 accumulation, checkpointing, sequence and precision. Hypothesis, in the derandomised CI profile (tests/conftest.py). The Run planned from the training config built from
 the run equals the Run planned from the YAML read back, for random runs and for every candidate the search judges at
-points of the prescription grid (the search prints axolotl's format alone: `recommend --format yaml`)."""
+points of the prescription grid, each trainer format's among them."""
 
 from __future__ import annotations
 

@@ -139,3 +139,28 @@ def test_the_obvious_spellings_are_accepted(cli, value):
 def test_what_a_trl_config_cannot_state_is_one_line(cli, extra):
     r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "trl", *extra)
     assert r.code == 2 and "--trainer axolotl" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def test_a_sample_of_the_grids_trainer_dimension_passes_its_own_check(cli, examples, tmp_path):
+    """benchmarks/prescription_grid.py's trainer-format points (every example, GPU and SFT task for --trainer trl and
+    --trainer transformers; 96 points, run in full by the benchmark): a fixed sample, each a prescription that passes
+    check under its own trainer (keys its parser accepts, the same memory line) or an honest none with a way out."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import prescription_grid as grid
+    finally:
+        sys.path.pop(0)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = cli(*args)
+        return r.code, r.out, r.err
+
+    points = grid.trainer_points(examples)
+    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora")]
+    outcomes = [grid.judge_point(run, p, tmp_path) for p in sample]
+    assert not [o for o in outcomes if o.kind == "violation"], [o.detail for o in outcomes if o.kind == "violation"]
+    prescribed = {o.point.extra[1] for o in outcomes if o.kind == "prescribed"}
+    assert prescribed == set(grid.TRAINERS), prescribed

@@ -7,7 +7,9 @@ accumulation keeps the effective batch); checkpointing before a smaller batch; s
 (ZeRO-2, ZeRO-3) before changing the method; full fine-tuning, then LoRA, then QLoRA; the default attention backend,
 then eager. Each candidate that fits the GPU's memory is handed to `check`'s own rules, with the same GPU and stack,
 as the very training config `check --training-config` reads from the YAML `recommend --format yaml` prints (built
-from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone):
+from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone), in the
+format of the one trainer the run is written for (``trainer_format``: --trainer, the training config's, else axolotl)
+and planned as that trainer runs it (TRL's SFTTrainer: chunked log-probs, ``_for_trainer``):
 whatever `check` would flag (an error or a warning, other than what `gemma-doctor fix` cures in the model files) rejects
 it. The first that passes is the prescription; when none does, there is none, and the way out says what would make one.
 """
@@ -398,8 +400,8 @@ class _Under:
 
 
 def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
-    """The training config `check --training-config` reads from the prescription's YAML, built directly from the run's
-    own mapping and lines (recommend.training_config_data -> training_config.of_rendering), never by printing that
+    """The training config `check --training-config` reads from the prescription's YAML (in its trainer's format,
+    rec.trainer, recognised as that format's kind), built directly from the run's own mapping and lines (recommend.training_config_data -> training_config.of_rendering), never by printing that
     YAML and parsing it back: the rules judge the candidate directly. tests/test_run_roundtrip.py proves it equal to
     the YAML read back, for random runs and for every candidate the search judges at points of the example grid."""
     data, lines = recommend.training_config_data(rec)
