@@ -11,7 +11,9 @@ violation. tests/test_prescription.py runs the same points (GRID below) through 
 holds a stack that names no transformers (the prescription's pins are handed to check), 1-8 GPUs on every GPU of
 gemma_doctor's table (full fine-tuning among them, sharded), every GPU of the table, and LoRA targets (list, regex, all-linear) in a user's axolotl or TRL config; a point also
 fails when check's memory line differs from the prescription's, or when the YAML writes a key axolotl's schema lacks
-(readers/axolotl_keys.json; axolotl drops such a key without a word) other than the known gap in NOT_AXOLOTLS. ``--dump`` writes every command's exit code and
+(readers/axolotl_keys.json; axolotl drops such a key without a word) other than the known gap in NOT_AXOLOTLS, or, for
+the trainer-format dimension (`--trainer trl|transformers`, trainer_points), a key TRL's parser lacks, or a run check
+executes under another trainer than the prescription's. ``--dump`` writes every command's exit code and
 stdout, in order (the temporary folder's name blanked): two trees' dumps of one cache are byte-equal when their
 searches give the same answers in one process, whatever each remembers between points.
 """
@@ -87,6 +89,18 @@ def axolotl_keys() -> set[str]:
     return set(json.loads((ROOT / "gemma_doctor" / "readers" / "axolotl_keys.json").read_text())["keys"])
 
 
+def trainer_keys() -> set[str]:
+    """The keys TRL's and TrainingArguments' parsers accept (gemma_doctor/readers/trainer_keys.json, GD680's table)."""
+    return set(json.loads((ROOT / "gemma_doctor" / "readers" / "trainer_keys.json").read_text())["keys"])
+
+
+# The trainer formats `recommend --trainer` writes (plan/recommend.TRAINER_FORMATS), by the Run's trainer that executes
+# each: the keys its parser accepts, and its name of the per-device batch.
+FORMATS = {"axolotl": (axolotl_keys, "micro_batch_size"), "trl-sft": (trainer_keys, "per_device_train_batch_size"),
+           "transformers": (trainer_keys, "per_device_train_batch_size")}
+TRAINERS = ("trl", "transformers")  # beside axolotl, the default: the grid's trainer-format dimension
+
+
 def _yaml_keys(text: str) -> list[str]:
     """The top-level keys of a YAML document."""
     import yaml
@@ -109,16 +123,26 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     if code != 0:
         return Outcome(point, "violation", f"a prescription but exit {code}")
     yaml_text = model["snippets"]["yaml"]
-    # axolotl drops a key its schema has no field for (GD986's table): every key the YAML writes must be axolotl's own.
-    foreign = sorted(set(_yaml_keys(yaml_text)) - axolotl_keys() - set(NOT_AXOLOTLS))
+    trainer = model["prescription"]["run"]["trainer"]["value"]
+    if trainer not in FORMATS:
+        return Outcome(point, "violation", f"the prescription's trainer {trainer} has no format of its own")
+    asked = point.extra[point.extra.index("--trainer") + 1] if "--trainer" in point.extra else None
+    if asked is not None and {"trl": "trl-sft"}.get(asked, asked) != trainer:
+        return Outcome(point, "violation", f"--trainer {asked} prescribed a run of {trainer}")
+    keys, batch_key = FORMATS[trainer]
+    # axolotl drops a key its schema has no field for (GD986's table), TRL's parser refuses one (GD680's): every key
+    # the YAML writes must be its trainer's own.
+    foreign = sorted(set(_yaml_keys(yaml_text)) - keys() - set(NOT_AXOLOTLS))
     if foreign:
-        return Outcome(point, "violation", f"the YAML writes keys axolotl's schema lacks: {', '.join(foreign)}")
+        return Outcome(point, "violation", f"the YAML writes keys {trainer}'s parser lacks: {', '.join(foreign)}")
     path = workdir / "prescription.yaml"
     path.write_text(yaml_text)
     pins = tuple(a for pin in model["prescription"].get("pins", ()) for a in ("--with", pin["requirement"]))
     # The same inputs as recommend's, the task included (a DPO run pairs its sequences: the plan counts both).
+    # A TrainingArguments file leaves the sequence length to the script: check is told it, as the YAML's head says.
+    seq = ("--seq-len", str(model["prescription"]["seq_len"])) if trainer == "transformers" else ()
     code, out, err = run("check", *point.check_target, *stack, *pins, "--task", point.task, "--training-config",
-                         str(path), "--format", "json", "--fail-on", "never")
+                         str(path), "--format", "json", "--fail-on", "never", *seq)
     if code != 0:
         return Outcome(point, "violation", f"check exit {code}: {err.strip()[-300:]}")
     checked = json.loads(out)["models"][0]
@@ -131,10 +155,15 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     if checked["memory"]["summary"] != p["memory"]:  # check plans the very run recommend prescribed
         return Outcome(point, "violation", f"check plans {checked['memory']['summary']}, recommend {p['memory']}")
     # The YAML says the same run as the JSON prescription.
-    for key, value in (("micro_batch_size", p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]),
+    for key, value in ((batch_key, p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]),
                        ("gradient_checkpointing", p["gradient_checkpointing"])):
-        if f"\n{key}: {json.dumps(value)}\n" not in "\n" + yaml_text:
+        # transformers 5.23's name of checkpointing (activation_checkpointing) says it as well
+        names = (key, "activation_checkpointing") if key == "gradient_checkpointing" else (key,)
+        if not any(f"\n{k}: {json.dumps(value)}\n" in "\n" + yaml_text for k in names):
             return Outcome(point, "violation", f"the YAML does not say {key}: {value}")
+    if checked["run"]["trainer"]["value"] != trainer:
+        return Outcome(point, "violation", f"check runs the YAML under {checked['run']['trainer']['value']}, "
+                                           f"the prescription under {trainer}")
     return Outcome(point, "prescribed")
 
 
@@ -184,6 +213,15 @@ def gpu_count_points(cache: Path) -> list[Point]:
     return points
 
 
+def trainer_points(cache: Path) -> list[Point]:
+    """The trainer-format dimension (issue 32): each example on every GPU of the grid, for each SFT task, written for
+    TRL's SFTTrainer (`trl sft --config`) and for a plain Trainer's TrainingArguments (--trainer); the default
+    (axolotl) is every other point's."""
+    where = ("--cache-dir", str(cache))
+    return [Point((m, *where), (m, *where), g, "5.23.0", t, ("--trainer", tr))
+            for m in EXAMPLES for g in GPUS for t in ("sft", "lora", "qlora", "full") for tr in TRAINERS]
+
+
 def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
     """Beyond the example grid (issue 32): no transformers named on every GPU of the grid; 1-8 GPUs on every GPU of
     gemma_doctor's table (gpu_count_points); every GPU of the table with and without transformers; and (with
@@ -194,6 +232,7 @@ def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
     where = ("--cache-dir", str(cache))
     points = [Point((m, *where), (m, *where), g, NO_TRANSFORMERS, t) for m in EXAMPLES for g in GPUS for t in TASKS]
     points += gpu_count_points(cache)
+    points += trainer_points(cache)
     points += [Point((m, *where), (m, *where), g.name, v, "sft")
                for m in EXAMPLES for g in gpu_table.KNOWN_GPUS for v in ("5.23.0", NO_TRANSFORMERS)]
     if workdir is not None:

@@ -68,6 +68,9 @@ class CheckOptions:
     remote: bool = False
     # The memory plan's options (--method, --batch-size, --seq-len, --gradient-checkpointing, --gpu-memory, --num-gpus).
     memory: MemoryRequest | None = None
+    # The trainer whose config `recommend` writes and judges its prescription as (recommend --trainer: one of
+    # plan/recommend.TRAINER_FORMATS); None: the training config's trainer, else axolotl.
+    trainer: str | None = None
 
 
 @dataclass(frozen=True)

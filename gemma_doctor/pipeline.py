@@ -529,12 +529,12 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
                     gpu_spec: str | None, task: str | None, quantization: str | None,
                     with_packages: tuple[str, ...] = (), requirements: str | None = None, remote: bool = False,
                     request: runplan.MemoryRequest | None = None, training_config_path: str | None = None,
-                    ) -> tuple[GpuFacts, list[advice.Item], list[str]]:
+                    trainer: str | None = None) -> tuple[GpuFacts, list[advice.Item], list[str]]:
     """(GPU facts, recommendations, hints for stderr) for `gemma-doctor recommend`. Raises UsageError."""
     # Check every option before touching the cache: a typo fails fast with a usage line.
     options = CheckOptions(gpu=gpu_spec, task=recommend.normalise_task(task), with_packages=with_packages,
                            requirements=requirements, remote=remote, memory=request,
-                           training_config=training_config_path)
+                           training_config=training_config_path, trainer=recommend.normalise_trainer(trainer))
     if quantization is not None:
         recommend.normalise_quantization(quantization)
     fam = recommend.normalise_family(family) if family is not None else None

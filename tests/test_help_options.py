@@ -118,6 +118,7 @@ CASES: list[tuple[str, str, list[str], tuple[int, ...]]] = [
     ("recommend", "--num-gpus", ["--gpu", "A100", "--num-gpus", "2"], (0,)),
     ("recommend", "--size", ["--family", "gemma3", "--size", "12b"], (0,)),
     ("recommend", "--training-config", ["--training-config", "{train}"], (0,)),
+    ("recommend", "--trainer", ["--trainer", "trl"], (0,)),
     # A --family plan: the option's path without a child (no config.json to build a twin from, said in one line);
     # tests/test_rehearse.py rehearses real prescriptions.
     ("recommend", "--rehearse", ["--family", "gemma3", "--rehearse"], (0,)),

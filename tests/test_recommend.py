@@ -182,7 +182,11 @@ def test_training_arguments_snippet_constructs(family, native, task, planned_gpu
 @pytest.mark.parametrize("family,native,task", ROWS)
 def test_trl_snippet_constructs(family, native, task, planned_gpu):
     trl = pytest.importorskip("trl")
-    rec = decide(inputs(family, native, task=task, versions={**NEW, "trl": trl.__version__}))
+    # TRL's config snippet is the prescription's where TRL's trainer runs it (--trainer trl; axolotl's `rl:` runs TRL's
+    # preference trainers): beside an axolotl SFT prescription its SFTConfig would be another run (chunked log-probs).
+    rec = decide(inputs(family, native, task=task, versions={**NEW, "trl": trl.__version__}, trainer="trl"))
+    axolotl = decide(inputs(family, native, task=task, versions={**NEW, "trl": trl.__version__}))
+    assert ("trl" in python_snippets(axolotl, "m")) is (axolotl.frameworks["trl"]["config_class"] != "SFTConfig")
     code = python_snippets(rec, "m")["trl"]
     ns: dict = {}
     exec(compile(code, "<snippet>", "exec"), ns)

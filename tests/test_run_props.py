@@ -258,8 +258,23 @@ def assert_views_agree(world: World, case: Case, args: tuple[str, ...], m: dict[
     assert code == 0 and yaml_text.endswith(m["snippets"]["yaml"]), "".join(
         difflib.unified_diff(m["snippets"]["yaml"].splitlines(True), yaml_text.splitlines(True)))
     y = yaml.safe_load(yaml_text)
-    assert (y["micro_batch_size"], y.get("gradient_accumulation_steps", 1), y["sequence_len"]) == (b, acc, seq)
     assert (_yaml_flag(y, "bf16"), _yaml_flag(y, "fp16")) == (precision == "bf16", precision == "fp16")
+    if run["trainer"]["value"] != "axolotl":
+        # A user's TRL / TrainingArguments config names its trainer: the prescription is written in its format
+        # (recommend --trainer; tests/test_trainer_formats.py), TRL's keys for the run, one process.
+        assert (y["per_device_train_batch_size"], y.get("gradient_accumulation_steps", 1)) == (b, acc)
+        assert y.get("max_length", seq) == seq and ("max_length" in y) is (run["trainer"]["value"] == "trl-sft")
+        assert bool(y.get("use_peft")) is (method != "full") and bool(y.get("load_in_4bit")) is (method == "qlora")
+        assert bool(y.get("gradient_checkpointing", y.get("activation_checkpointing"))) is p["gradient_checkpointing"]
+        assert p["num_gpus"] == 1 and (method == "full" or y["lora_target_modules"] == p["lora"]["target_modules"])
+    else:
+        _axolotl_yaml_states(y, p, b, acc, seq, method)
+    _snippets_state(m, rec, b, acc, seq, precision, method, p)
+    _text_states(world, args, mem, b, acc, precision, method, p)
+
+
+def _axolotl_yaml_states(y: dict[str, Any], p: dict[str, Any], b: int, acc: int, seq: int, method: str) -> None:
+    assert (y["micro_batch_size"], y.get("gradient_accumulation_steps", 1), y["sequence_len"]) == (b, acc, seq)
     assert y.get("adapter") == (None if method == "full" else method)
     assert bool(y.get("gradient_checkpointing")) is p["gradient_checkpointing"]
     assert y.get("world_size", 1) == p["num_gpus"]  # axolotl's key for the process count (its schema has no num_processes)
@@ -267,6 +282,10 @@ def assert_views_agree(world: World, case: Case, args: tuple[str, ...], m: dict[
         # axolotl spells all-linear lora_target_linear: true.
         said = "all-linear" if y.get("lora_target_linear") is True else y["lora_target_modules"]
         assert said == p["lora"]["target_modules"] and y["lora_r"] == p["lora"]["r"]
+
+
+def _snippets_state(m: dict[str, Any], rec: dict[str, Any], b: int, acc: int, seq: int, precision: str, method: str,
+                    p: dict[str, Any]) -> None:
     # The TrainingArguments and TRL snippets, as data and as the Python the text prints.
     fw = rec["frameworks"]
     for name, config in (("transformers", fw["transformers"]["training_arguments"]), ("trl", fw["trl"]["config"])):
@@ -278,13 +297,23 @@ def assert_views_agree(world: World, case: Case, args: tuple[str, ...], m: dict[
             assert config.get("max_length", seq) == seq
     # The Python the text prints says the same settings as the data.
     python = m["snippets"]["python"]
-    assert called(python["transformers"], "dict") == fw["transformers"]["training_arguments"]
-    if fw["trl"]["config"] is not None:
+    # TRL's SFTConfig is another run beside axolotl's prescription (chunked log-probs): shown only with --trainer trl;
+    # a TRL prescription shows no plain Trainer's TrainingArguments (full logits).
+    trl_run = m["prescription"]["run"]["trainer"]["value"] == "trl-sft"
+    assert ("trl" in python) is (fw["trl"]["config"] is not None and (trl_run or fw["trl"]["config_class"] != "SFTConfig"))
+    assert ("transformers" in python) is not trl_run
+    if "transformers" in python:
+        assert called(python["transformers"], "dict") == fw["transformers"]["training_arguments"]
+    if "trl" in python:
         trl = called(python["trl"], fw["trl"]["config_class"])
         assert {k: v for k, v in trl.items() if k != "output_dir"} == fw["trl"]["config"]
     if method != "full":
         lora = called(python["peft"], "LoraConfig")
         assert (lora["r"], lora["target_modules"]) == (p["lora"]["r"], p["lora"]["target_modules"]), python["peft"]
+
+
+def _text_states(world: World, args: tuple[str, ...], mem: dict[str, Any], b: int, acc: int, precision: str,
+                 method: str, p: dict[str, Any]) -> None:
     # The text: the precision line and the memory line.
     code, text, _ = _recommend(world, args, "text")
     assert code == 0
@@ -325,6 +354,9 @@ def check_prescription(world: World, case: Case, m: dict[str, Any], workdir: Pat
         target = world.followed_fix(case, pins)
     gpu = p["run"]["hardware"]["gpu"]
     stack = list(world.stack(case))
+    # A TrainingArguments file leaves the sequence length to the script (its head says so): check is told it.
+    if p["run"]["trainer"]["value"] == "transformers":
+        stack += ["--seq-len", str(p["seq_len"])]
     code, out, err = world.run("check", *target, *stack, *pins, "--task", task, "--training-config", str(path),
                                "--format", "json", "--fail-on", "warning")
     assert out, err[-2000:]

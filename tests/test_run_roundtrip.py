@@ -1,12 +1,13 @@
 """Rendering a prescribed run and reading it back is the identity (issue 32): for random runs, the training config the
-prescription emits (axolotl's keys, `recommend --format yaml`, the only trainer format it writes) read by
+prescription emits (axolotl's keys, `recommend --format yaml`; and each trainer format `recommend --trainer` writes,
+TRL's `trl sft --config` and TrainingArguments', in test_each_trainers_config_reads_back_as_the_same_run) read by
 `check --training-config`'s reader gives back the same method, batch, accumulation, sequence, checkpointing, LoRA
 rank and targets, GPUs, sharding and attention; the training config the search judges each candidate by (built from
 the run, never printed: search.as_read) is exactly that YAML read back, so judging the run directly is judging its
 YAML; and the TRL / TrainingArguments settings of the snippets, read as a TRL config, state the same batch,
 accumulation, checkpointing, sequence and precision. Hypothesis, in the derandomised CI profile (tests/conftest.py). The Run planned from the training config built from
 the run equals the Run planned from the YAML read back, for random runs and for every candidate the search judges at
-points of the prescription grid (the search prints axolotl's format alone: `recommend --format yaml`)."""
+points of the prescription grid, each trainer format's among them."""
 
 from __future__ import annotations
 
@@ -117,6 +118,69 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
     assert got == expected, text
 
 
+@st.composite
+def one_process_runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.MemoryAdvice]:
+    """A random run on one GPU (what the TRL and TrainingArguments formats state), with attention and targets."""
+    import dataclasses
+
+    inputs, advice = draw(runs())
+    advice = dataclasses.replace(advice, num_gpus=1, zero_stage=0)
+    versions = draw(st.sampled_from(({}, {"transformers": "5.23.0"}, {"transformers": "4.57.6"})))
+    return dataclasses.replace(inputs, memory=advice, versions=versions), advice
+
+
+# The trainer each format's config is executed by (trainers.ConfigKind.decide), read back by check's reader.
+FORMAT_TRAINERS = {"axolotl": run_mod.Trainer.AXOLOTL, "trl": run_mod.Trainer.TRL_SFT,
+                   "transformers": run_mod.Trainer.TRANSFORMERS}
+
+
+@pytest.mark.parametrize("fmt", recommend.TRAINER_FORMATS)
+@settings(max_examples=40)
+@given(run=one_process_runs())
+def test_each_trainers_config_reads_back_as_the_same_run(fmt, run):
+    """recommend --trainer FMT --format yaml, read by check's reader, is the run: the trainer that executes it, the
+    method, batch, accumulation, checkpointing (written off where TRL's default is on), sequence (TRL's max_length;
+    the TrainingArguments format leaves it to the script), LoRA rank and targets, quantization, attention, precision
+    switches and load dtype; the config the search judges (as_read) is that YAML read back, and the Run planned from
+    each is the same. Every key is one the trainer's parser accepts (readers/trainer_keys.json: TRL 1.16's)."""
+    import dataclasses
+
+    inputs, advice = run
+    rec = recommend.decide(dataclasses.replace(inputs, trainer=fmt))
+    text = recommend.training_config_yaml(rec)
+    read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
+    assert read_back.error is None and not read_back.problems, text
+    assert read_back.trainer.value is FORMAT_TRAINERS[fmt], text
+    assert repr(search.as_read(rec)) == repr(read_back), text
+    table = "axolotl_keys" if fmt == "axolotl" else "trainer_keys"
+    assert not set(yaml.safe_load(text)) - set(tc_reader.key_table(table)["keys"]), text
+    shape, gpu = SHAPES[inputs.nested], gpu_reader.resolve("A100" if inputs.gpu_native_bf16 else "T4")
+    defaults = runplan.trainer_defaults(read_back, None)
+    planned = planned_run(read_back, shape, rec.precision, gpu, runplan.MemoryRequest(), "sft", True, defaults)
+    assert planned_run(search.as_read(rec), shape, rec.precision, gpu, runplan.MemoryRequest(), "sft", True,
+                       defaults) == planned, text
+    assert said_precision(planned.written) == rec.precision, text
+    values, _ = runplan.run_request(read_back, runplan.MemoryRequest(), "sft")
+    expected = {"method": advice.method, "batch_size": advice.batch_size,
+                "gradient_accumulation_steps": advice.gradient_accumulation_steps,
+                "gradient_checkpointing": advice.gradient_checkpointing}
+    if fmt != "transformers":
+        expected["seq_len"] = advice.seq_len
+    if advice.method != "full":
+        expected["lora_r"] = advice.lora_r
+    if advice.lora_targets is not None:
+        expected["lora_targets"] = advice.lora_targets
+    if advice.attention is not None:
+        expected["attention"] = advice.attention
+    # Left out means the trainer's default: full fine-tuning (no use_peft), no accumulation.
+    got = {k: values.get(k, {**DEFAULTS, "method": "full"}.get(k)) for k in expected}
+    assert got == expected, text
+    if fmt != "axolotl" and advice.method != "qlora":
+        # TRL loads in float32 and a plain Trainer's from_pretrained in the checkpoint's dtype unless told: the dtype
+        # the plan counts is written.
+        assert dict((n, v) for n, v, _ in defaults).get("load_dtype") == rec.load_dtype, text
+
+
 DEFAULTS = {"gradient_checkpointing": False, "gradient_accumulation_steps": 1}
 
 
@@ -162,6 +226,8 @@ GRID_POINTS = (
     ("--family", "gemma4", "--size", "e2b", "--gpu", "V100", "--with", "transformers==5.5.1"),
     ("--family", "gemma2", "--size", "9b", "--gpu", "A100", "--num-gpus", "4", "--method", "full"),
     ("--family", "gemma3", "--size", "4b", "--gpu", "RTX 3060", "--requirements", "{reqs}"),
+    ("--family", "gemma3", "--size", "12b", "--gpu", "T4", "--trainer", "trl"),
+    ("--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "transformers", "--requirements", "{reqs}"),
 )
 
 
@@ -205,6 +271,7 @@ def test_every_candidate_the_search_judges_is_its_yaml_read_back(judged_candidat
     check's reader, and the Run check plans from each is the same: judging the Run is judging its YAML."""
     assert len(judged_candidates) >= len(GRID_POINTS)
     kinds = set()
+    trainers_seen = set()
     for rec, direct, shape, precision, gpu, request, task, trl_chunks, defaults in judged_candidates:
         text = recommend.training_config_yaml(rec)
         read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
@@ -214,4 +281,6 @@ def test_every_candidate_the_search_judges_is_its_yaml_read_back(judged_candidat
         assert planned_run(direct, shape, precision, gpu, request, task, trl_chunks, defaults) == \
             planned_run(read_back, shape, precision, gpu, request, task, trl_chunks, defaults), text
         kinds.add((rec.method, direct.get("num_processes") is not None, direct.get("rl") is not None))
+        trainers_seen.add(direct.trainer.value)
     assert len(kinds) >= 4, kinds  # full, LoRA and QLoRA runs, sharded and not, SFT and DPO were among them
+    assert trainers_seen == set(FORMAT_TRAINERS.values()), trainers_seen  # each trainer format's candidates too

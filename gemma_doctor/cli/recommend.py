@@ -32,6 +32,10 @@ from gemma_doctor.report import ExitCode
                                            "1b, 4b, 12b, 27b; gemma4: e2b, e4b, 31b, 26b-a4b).")
 @click.option("--training-config", type=common.FILE, default=None,
               help="A training config whose batch, sequence length, method and sharding the memory plan uses.")
+@click.option("--trainer", default=None,
+              help="The trainer the run is written for, searched and judged as: axolotl (its YAML), trl (a `trl sft "
+                   "--config` YAML: TRL's SFTTrainer, chunked log-probs) or transformers (a TrainingArguments YAML for "
+                   "a plain Trainer script). Default: the --training-config's trainer, else axolotl.")
 @click.option("--rehearse", "rehearse_run", is_flag=True,
               help="Rehearse each prescription before printing it (its YAML as the training config, on a twin of the "
                    "model, through the installed stack: gemma-doctor rehearse); one that breaks is withdrawn.")
@@ -43,7 +47,7 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
               hub_deadline: Optional[float], method: Optional[str], batch_size: Optional[int],
               seq_len: Optional[int], gradient_checkpointing: Optional[bool], gpu_memory: Optional[str],
               num_gpus: Optional[int], size: Optional[str], training_config: Optional[Path],
-              rehearse_run: bool = False, rehearse_timeout: float = 300.0) -> int:
+              trainer: Optional[str] = None, rehearse_run: bool = False, rehearse_timeout: float = 300.0) -> int:
     """Recommend a training precision (bf16, fp16 or fp32) with its reasons and ready-to-paste settings."""
     from gemma_doctor.pipeline import recommend_items
 
@@ -56,7 +60,7 @@ def recommend(targets: tuple[str, ...], family: Optional[str], gpu: Optional[str
     with common.hub_deadline(hub_deadline):
         gpu_facts, items, skipped = recommend_items(list(targets), cache_dir, revision, family, gpu, task,
                                                     quantization, tuple(with_packages), requirements, remote, request,
-                                                    str(training_config) if training_config else None)
+                                                    str(training_config) if training_config else None, trainer)
     for line in skipped:
         common.hint(line)
     rehearsed: Optional[list[Optional[tuple[str, str]]]] = None

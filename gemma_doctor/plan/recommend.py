@@ -61,6 +61,45 @@ def normalise_quantization(text: str | None) -> str | None:
     return None if q == "none" else q
 
 
+# The trainers whose config a prescription is written in (recommend --trainer), by trainers.ConfigKind name: the
+# format check's reader recognises in it, and the trainer that executes it (trainers.ConfigKind.decide).
+# axolotl: its YAML (`axolotl train`); trl: a `trl sft --config` YAML of SFTConfig / ModelConfig keys, which TRL's
+# SFTTrainer runs; transformers: a TrainingArguments YAML (with TRL's ModelConfig keys for the model and LoRA), which a
+# plain transformers Trainer script reads (HfArgumentParser / TrlParser).
+TRAINER_FORMATS = ("axolotl", "trl", "transformers")
+# Named by trainers.Trainer / ConfigKind but not written yet (a one-line refusal, not a silent other format).
+UNWRITTEN_TRAINERS = {"llama-factory": "LLaMA-Factory"}
+_TRAINER_ALIASES = {"axolotl": "axolotl", "trl": "trl", "trl-sft": "trl", "sft": "trl", "sfttrainer": "trl",
+                    "transformers": "transformers", "trainer": "transformers", "hf": "transformers",
+                    "trainingarguments": "transformers", "huggingface": "transformers",
+                    "llama-factory": "llama-factory", "llamafactory": "llama-factory", "lf": "llama-factory"}
+
+
+def normalise_trainer(text: str | None) -> str | None:
+    """A --trainer value -> one of TRAINER_FORMATS (None for none given); UsageError, with the nearest name, otherwise."""
+    if text is None:
+        return None
+    key = text.strip().lower().replace("_", "-").replace(" ", "-")
+    name = _TRAINER_ALIASES.get(key) or _TRAINER_ALIASES.get(key.replace("-", ""))
+    if name in UNWRITTEN_TRAINERS:
+        raise UsageError(f"--trainer {text!r}: recommend does not write {UNWRITTEN_TRAINERS[name]}'s config yet; use "
+                         f"one of: {', '.join(TRAINER_FORMATS)}")
+    if name is None:
+        import difflib
+
+        near = difflib.get_close_matches(key, list(_TRAINER_ALIASES), n=1, cutoff=0.6)
+        hint = f" (did you mean {_TRAINER_ALIASES[near[0]]!r}?)" if near else ""
+        raise UsageError(f"--trainer {text!r} is not known{hint}; use one of: {', '.join(TRAINER_FORMATS)}")
+    return name
+
+
+def trainer_format(chosen: Any) -> str | None:
+    """The TRAINER_FORMATS name of a training config's trainer (trainers.Chosen's value), None where recommend
+    writes no config of it (LLaMA-Factory, TRL's preference trainers, a launcher's script)."""
+    value = getattr(chosen, "value", None)
+    return {"axolotl": "axolotl", "trl-sft": "trl", "transformers": "transformers"}.get(getattr(value, "value", ""))
+
+
 @dataclass(frozen=True)
 class MemoryAdvice:
     """What the memory plan chose (runplan.py): the method, batch and checkpointing that fit the GPU."""
@@ -110,6 +149,8 @@ class Inputs:
     # A KV-shared Gemma 4 on transformers 5.5.0-5.5.1 (or a version that cannot be told): use_cache=False and
     # gradient checkpointing skip the sharing and give a wrong loss (GD107, GD620), so the cache stays on.
     keep_use_cache: bool = False
+    # The trainer whose config the prescription is written in and judged as (TRAINER_FORMATS; recommend --trainer).
+    trainer: str = "axolotl"
 
 
 @dataclass(frozen=True)
@@ -128,6 +169,9 @@ class Recommendation:
     # which check's text view renders from check's own Run (run_clause).
     head: str = ""
     adapters: bool = True  # the run trains LoRA adapters, or may (False only where full fine-tuning is decided)
+    trainer: str = "axolotl"  # the trainer format the run is written in (TRAINER_FORMATS): its config is the run
+    # TrainingArguments' name of gradient checkpointing on the stack (checkpointing_keys): a TRL config writes it off.
+    checkpointing_key: str = "gradient_checkpointing"
 
     @property
     def training_arguments(self) -> dict[str, Any]:
@@ -297,7 +341,8 @@ def decide(i: Inputs) -> Recommendation:
     method = mem.method if mem is not None else ("qlora" if quant else "lora" if lora else "full")
     frameworks["serving"] = serving(i, unsafe, fam)
     return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head,
-                          adapters=not full)
+                          adapters=not full, trainer=i.trainer,
+                          checkpointing_key=checkpointing_keys(i.versions.get("transformers"))[0])
 
 
 def run_clause(method: str, batch: int, accumulation: int, checkpointing: bool) -> str:
@@ -564,17 +609,26 @@ def _kwargs(d: Mapping[str, Any], dtypes: bool = False) -> str:
     return ", ".join(f"{k}={_py(v) if dtypes else repr(v)}" for k, v in d.items())
 
 
+def other_trainers_run(rec: Recommendation) -> bool:
+    """TRL's config snippet would state another run than the prescription: its SFTTrainer computes chunked log-probs
+    (TRL >= 1.15), so an SFTConfig beside an axolotl or plain-Trainer prescription is a run of other memory, shown
+    only as that trainer's own prescription (--trainer trl). TRL's preference trainers' configs are the same run as
+    axolotl's `rl:` (axolotl runs them)."""
+    return rec.trainer != "trl" and rec.frameworks["trl"]["config_class"] == "SFTConfig"
+
+
 def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
     """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth."""
     fw = rec.frameworks
     tr = fw["transformers"]
     out: dict[str, str] = {}
-    out["transformers"] = (
-        "from transformers import TrainingArguments\n\n"
-        f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
-        f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
+    if rec.trainer != "trl":  # a plain Trainer holds the full logits: not the run TRL's SFTTrainer prescribes
+        out["transformers"] = (
+            "from transformers import TrainingArguments\n\n"
+            f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
+            f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
     trl = fw["trl"]
-    if trl["config_class"]:
+    if trl["config_class"] and not other_trainers_run(rec):
         out["trl"] = (f"from {trl['module']} import {trl['config_class']}\n\n"
                       f"config = {trl['config_class']}(output_dir={OUTPUT_DIR!r}, {_kwargs(trl['config'])})\n")
     bnb = fw["peft"]["bitsandbytes_config"]
@@ -689,22 +743,85 @@ def _yaml_value(value: Any) -> str:
     return _yaml_scalar(value)
 
 
-# The trainer format training_config_yaml writes (trainers.REGISTRY's name): the kind check's reader recognises in it.
+# The trainer format training_config_yaml writes by default (trainers.REGISTRY's name): the kind check's reader
+# recognises in it. A Recommendation names its own (Recommendation.trainer, TRAINER_FORMATS).
 TRAINING_CONFIG_KIND = "axolotl"
 
 _YAML_HEAD = ("# axolotl: precision set explicitly. Never `bf16: auto`: axolotl resolves it with torch.cuda.is_bf16_supported(),\n"
               "# which says true on a T4/V100 (emulated, slow) and false on a CPU runner, so the run's precision would\n"
               "# depend on the machine that reads the file.\n")
+_TRL_HEAD = ("# trl sft --config THIS_FILE --dataset_name YOUR_DATASET: TRL's SFTConfig and ModelConfig keys. TRL's\n"
+             "# SFTTrainer runs it (chunked log-probs from TRL 1.15: no batch x sequence x vocabulary logits held).\n"
+             "# Precision, dtype and gradient checkpointing set explicitly (TRL's own defaults differ: bf16 = not fp16,\n"
+             "# weights loaded in float32, checkpointing on).\n")
+_TRANSFORMERS_HEAD = ("# A plain transformers Trainer: TrainingArguments keys, with TRL's ModelConfig keys for the model\n"
+                      "# and LoRA (your script reads them: TrlParser((TrainingArguments, ModelConfig)) or your own).\n"
+                      "# The full logits are held at the loss (no chunking). The sequence length is your script's:\n")
+
+# The kind check's reader recognises in each format (trainers.REGISTRY's names).
+FORMAT_KINDS = {"axolotl": "axolotl", "trl": "transformers", "transformers": "transformers"}
+
+
+def _head(rec: Recommendation) -> str:
+    if rec.trainer == "trl":
+        return _TRL_HEAD
+    if rec.trainer == "transformers":
+        seq = (rec.frameworks["trl"].get("config") or {}).get("max_length")
+        return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
+                                     if seq else "# check --training-config THIS_FILE --seq-len N with your length.\n")
+    return _YAML_HEAD
+
+
+def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
+    """The keys of a `trl sft --config` YAML (rec.trainer "trl") or of a TrainingArguments YAML with ModelConfig's
+    (rec.trainer "transformers") for the prescribed run: TRL 1.16's ModelConfig names (dtype, attn_implementation,
+    use_peft, lora_*, load_in_4bit / load_in_8bit, bnb_4bit_quant_type, use_bnb_nested_quant: readers/trainer_keys.json)
+    and the TrainingArguments / SFTConfig settings of the snippets. Every setting whose trainer default differs from the
+    run is written: TRL loads in float32, checkpoints and trains in bf16 by default."""
+    fw = rec.frameworks
+    trl = rec.trainer == "trl"
+    out: dict[str, Any] = {}
+    if trl:
+        out["model_name_or_path"] = fw["axolotl"]["base_model"]
+    load = fw["transformers"]["from_pretrained"]
+    # ModelConfig.dtype is both the load dtype and bitsandbytes' compute dtype (TRL's get_quantization_config).
+    out["dtype"] = next((v for k, v in load.items() if k in ("dtype", "torch_dtype")), rec.load_dtype)
+    if "attn_implementation" in load:
+        out["attn_implementation"] = load["attn_implementation"]
+    ax = fw["axolotl"]
+    if rec.adapters and ax.get("adapter"):
+        peft = fw["peft"]
+        out.update({"use_peft": True, "lora_r": peft["r"], "lora_alpha": peft["lora_alpha"],
+                    "lora_target_modules": peft["target_modules"]})
+        if ax.get("load_in_4bit"):
+            out.update({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": True})
+        elif ax.get("load_in_8bit"):
+            out["load_in_8bit"] = True
+    args = dict(fw["trl"].get("config") or fw["transformers"]["training_arguments"])
+    if not trl:
+        args.pop("max_length", None)  # SFTConfig's alone: a TrainingArguments file with it is TRL's
+    ckpt_key = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if k in args), None)
+    if ckpt_key is None:
+        # TRL's SFTConfig checkpoints by default: "off" must be written (TrainingArguments' default, said all the same)
+        args[rec.checkpointing_key] = False
+    out.update(args)
+    out["output_dir"] = OUTPUT_DIR
+    return out
+
+
+def format_mapping(rec: Recommendation) -> dict[str, Any]:
+    """The prescribed run as its trainer's config keys (rec.trainer): axolotl's, or TRL's / TrainingArguments'."""
+    return rec.frameworks["axolotl"] if rec.trainer == "axolotl" else _trl_mapping(rec)
 
 
 def training_config_data(rec: Recommendation) -> tuple[dict[str, Any], dict[str, int]]:
     """What `check --training-config` reads from training_config_yaml(rec), without printing or parsing it: the mapping
-    of axolotl's keys (tuples as the lists YAML gives) and each dotted key's 1-based line in that YAML (a nested
+    of the trainer's keys (tuples as the lists YAML gives) and each dotted key's 1-based line in that YAML (a nested
     mapping is written on its parent's line). tests/test_run_roundtrip.py proves both equal to the YAML read back."""
-    first = _YAML_HEAD.count("\n") + 1
+    first = _head(rec).count("\n") + 1
     data: dict[str, Any] = {}
     lines: dict[str, int] = {}
-    for n, (k, v) in enumerate(rec.frameworks["axolotl"].items(), start=first):
+    for n, (k, v) in enumerate(format_mapping(rec).items(), start=first):
         data[k] = _as_yaml_reads(v)
         lines[k] = n
         if isinstance(v, dict):  # the reader records keys three levels deep; a flow mapping keeps them on one line
@@ -726,12 +843,14 @@ def _as_yaml_reads(value: Any) -> Any:
 
 
 def training_config_yaml(rec: Recommendation) -> str:
-    """The prescribed run as one YAML document: axolotl's keys, which `gemma-doctor check --training-config` reads
-    back as the same run (method, batch x accumulation, sequence length, checkpointing, attention, sharding)."""
-    ax = rec.frameworks["axolotl"]
-    head = _YAML_HEAD
-    body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in ax.items())
+    """The prescribed run as one YAML document in its trainer's format (rec.trainer): axolotl's keys, a `trl sft
+    --config` file, or TrainingArguments', which `gemma-doctor check --training-config` reads back as the same run
+    (method, batch x accumulation, sequence length, checkpointing, attention, sharding; the memory plan its trainer
+    makes)."""
+    body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in format_mapping(rec).items())
+    if rec.trainer != "axolotl":
+        return _head(rec) + body
     acc = rec.frameworks["accelerate"]
     tail = ("# accelerate (accelerate config / accelerate launch): "
             + ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in acc.items()) + "\n")
-    return head + body + tail
+    return _head(rec) + body + tail

@@ -7,7 +7,9 @@ accumulation keeps the effective batch); checkpointing before a smaller batch; s
 (ZeRO-2, ZeRO-3) before changing the method; full fine-tuning, then LoRA, then QLoRA; the default attention backend,
 then eager. Each candidate that fits the GPU's memory is handed to `check`'s own rules, with the same GPU and stack,
 as the very training config `check --training-config` reads from the YAML `recommend --format yaml` prints (built
-from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone):
+from the run, never printed and parsed back: ``as_read``; the YAML is rendered for the prescription alone), in the
+format of the one trainer the run is written for (``trainer_format``: --trainer, the training config's, else axolotl)
+and planned as that trainer runs it (TRL's SFTTrainer: chunked log-probs, ``_for_trainer``):
 whatever `check` would flag (an error or a warning, other than what `gemma-doctor fix` cures in the model files) rejects
 it. The first that passes is the prescription; when none does, there is none, and the way out says what would make one.
 """
@@ -58,6 +60,7 @@ class Decision:
     # each resolves a finding's window, e.g. ("transformers>=5.6.0", "GD105"). Part of the prescribed run.
     pins: tuple[tuple[str, str], ...] = ()
     run: Run | None = None  # the prescribed run, typed, each field with its source (gemma_doctor/run.py)
+    trainer: str = "axolotl"  # the trainer whose config the run is written in and judged as (recommend.TRAINER_FORMATS)
 
     @property
     def ok(self) -> bool:
@@ -397,12 +400,12 @@ class _Under:
 
 
 def as_read(rec: recommend.Recommendation) -> tc_reader.TrainingConfig:
-    """The training config `check --training-config` reads from the prescription's YAML, built directly from the run's
-    own mapping and lines (recommend.training_config_data -> training_config.of_rendering), never by printing that
+    """The training config `check --training-config` reads from the prescription's YAML (in its trainer's format,
+    rec.trainer, recognised as that format's kind), built directly from the run's own mapping and lines (recommend.training_config_data -> training_config.of_rendering), never by printing that
     YAML and parsing it back: the rules judge the candidate directly. tests/test_run_roundtrip.py proves it equal to
     the YAML read back, for random runs and for every candidate the search judges at points of the example grid."""
     data, lines = recommend.training_config_data(rec)
-    return tc_reader.of_rendering(data, PRESCRIPTION, trainers.kind_named(recommend.TRAINING_CONFIG_KIND), lines)
+    return tc_reader.of_rendering(data, PRESCRIPTION, trainers.kind_named(recommend.FORMAT_KINDS[rec.trainer]), lines)
 
 
 def _config_key(rec: recommend.Recommendation) -> str:
@@ -410,8 +413,9 @@ def _config_key(rec: recommend.Recommendation) -> str:
     (_PLANS, runplan._REQUESTS) and the search's environments (_Under): its axolotl mapping's repr, the repo id
     blanked (a scan makes the same few candidates for every model of one architecture; the reader keeps only that
     ``base_model`` is there; repr tells True from 1 and "1" from 1)."""
-    ax = rec.frameworks["axolotl"]
-    return repr({**ax, "base_model": ""}) if "base_model" in ax else repr(ax)
+    data = recommend.format_mapping(rec)
+    blank = {k: "" for k in ("base_model", "model_name_or_path") if k in data}
+    return rec.trainer + repr({**data, **blank})
 
 
 # --- the decision --------------------------------------------------------------------------------------------------
@@ -428,16 +432,22 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     limit = limit or MAX_JUDGED
     shared = shared if shared is not None else rules.Shared()
     given = env  # the stack as the command line gives it: the way out's lines are that command with one change
-    inputs = advice.inputs_for(facts, gpu, options.task, quantization, env.libraries)
+    fmt = trainer_format(options, env)
+    inputs = replace(advice.inputs_for(facts, gpu, options.task, quantization, env.libraries), trainer=fmt)
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
-        return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs))
+        return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs), trainer=fmt)
     req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
                                task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries),
                                config_precision=False,  # each candidate writes the precision it is planned in
                                precision_source=PRESCRIBED)
     req = _with_targets(_with_quantization(req, first), first)
+    if fmt != recommend.TRAINING_CONFIG_KIND and options.trainer is None and _unwritten(req) is not None:
+        # The user's training config is TRL's or TrainingArguments', but the run is one it cannot state: axolotl's.
+        fmt = recommend.TRAINING_CONFIG_KIND
+        inputs = replace(inputs, trainer=fmt)
+    req = _for_trainer(req, fmt, env, options)
     judged = 0
     under = _Under(env, options)  # this search's: what every candidate is judged under
     pins: list[tuple[str, str]] = []
@@ -481,7 +491,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                         rec, mem = _relaxed(j, rec, req, strict, shape)
                     return Decision(rec, mem, j.yaml if explain else None, j.findings, (), judged,
                                     versions=_versions(inputs), pins=tuple(pins),
-                                    run=_run_of(mem, facts, env, rec) if explain else None)
+                                    run=_run_of(mem, facts, env, rec) if explain else None, trainer=fmt)
                 rejected.append(tried)
                 if not relax:
                     strict.append(tried)
@@ -502,7 +512,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml if explain else None, nearest.findings,
                             (), judged, versions=_versions(inputs), pins=tuple(pins),
-                            run=_run_of(nearest.memory, facts, env, nearest.recommendation) if explain else None)
+                            run=_run_of(nearest.memory, facts, env, nearest.recommendation) if explain else None,
+                            trainer=fmt)
     # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
     # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
     # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets
@@ -510,16 +521,64 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     ways = tuple(way_out(shape, req, nearest, _Ask(facts, given, options, quantization))) if explain else ()
     return Decision(None, None, None, (), ways, judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
-                    pins=tuple(pins))
+                    pins=tuple(pins), trainer=fmt)
 
 
 def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment, rec: recommend.Recommendation) -> Run:
-    """The prescribed run as a typed Run: the plan check made of the prescription's YAML (read by the axolotl reader),
-    on the stack it was judged with (pins included)."""
+    """The prescribed run as a typed Run: the plan check made of the prescription's config (read by its trainer's
+    reader), on the stack it was judged with (pins included)."""
+    tc = as_read(rec)
     # The model by its type, never its repo name: judgements are shared between models whose facts are equal.
     return resolve_run(mem, model=facts.family.model_type, stack=env.libraries,
-                       trainer=Sourced(Trainer.AXOLOTL, PRESCRIBED_TRAINER), quantization=rec.inputs.get("quantization"),
-                       training_config=as_read(rec))
+                       trainer=Sourced(trainer_of(tc).value, PRESCRIBED_TRAINER),
+                       quantization=rec.inputs.get("quantization"), training_config=tc)
+
+
+def trainer_format(options: CheckOptions, env: Environment) -> str:
+    """The trainer the prescription is written for (recommend.TRAINER_FORMATS): --trainer, else the user's training
+    config's trainer where recommend writes its format, else axolotl."""
+    return (options.trainer or recommend.trainer_format(getattr(env.training_config, "trainer", None))
+            or recommend.TRAINING_CONFIG_KIND)
+
+
+def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
+    """The user chose the trainer (--trainer, or a training config of a trainer recommend writes)."""
+    return options.trainer is not None or recommend.trainer_format(getattr(env.training_config, "trainer", None)) \
+        is not None
+
+
+# TRL's SFTTrainer runs a `trl sft` config: its memory plan holds no logits where the stack's TRL chunks them.
+_CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the stack's TRL)"
+
+
+def _unwritten(req: runplan.RunRequest) -> str | None:
+    """Why a run cannot be written as a TRL / TrainingArguments config here, or None."""
+    if req.base.task in _RL_TASKS:
+        return (f"recommend writes `trl sft` and TrainingArguments configs for SFT, LoRA and QLoRA; --task "
+                f"{req.base.task} is prescribed as axolotl's YAML (--trainer axolotl)")
+    if req.base.num_gpus > 1:
+        return (f"recommend writes its config for one process; a run on {req.base.num_gpus} GPUs is prescribed as "
+                "axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
+    return None
+
+
+def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: CheckOptions) -> runplan.RunRequest:
+    """The request as the trainer ``fmt`` executes it: TRL's SFTTrainer holds no b x s x V logits where the stack's
+    TRL computes chunked log-probs (as check plans its `trl sft` config read back: runplan.request_spec), so every
+    candidate is planned, and filtered by the GPU's memory, as that trainer runs it. UsageError for what the TRL and
+    TrainingArguments formats cannot state: several processes (the launch and its DeepSpeed file are axolotl's YAML's
+    alone here) and TRL's preference / RL trainers."""
+    from gemma_doctor.errors import UsageError
+
+    if fmt == recommend.TRAINING_CONFIG_KIND:
+        return req
+    why = _unwritten(req)
+    if why is not None:
+        raise UsageError(f"--trainer {fmt}: {why}")
+    if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
+        src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
+        return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
+    return req
 
 
 # The most version pins one prescription adds: each resolves one window of a model's findings (a handful at most).
@@ -668,17 +727,23 @@ class _Ask:
     options: CheckOptions
     quantization: str | None
 
-    def plan(self, shape: ModelShape, gpu_name: str | None = None, **memory_options: Any) -> MemoryPlan | None:
+    def plan(self, shape: ModelShape, gpu_name: str | None = None, trainer: str | None = None,
+             **memory_options: Any) -> MemoryPlan | None:
         """The memory plan of the prescription with ``memory_options`` (--method, --seq-len, --num-gpus) or another GPU
         (--gpu), None when there is none: what the command line with that change prescribes, so the line passes check
         when followed. Remembered per process by the search's inputs (_WAY_OUTS)."""
         import hashlib
         import pickle
 
-        args = self._inputs(shape, gpu_name, memory_options)
+        args = self._inputs(shape, gpu_name, memory_options, trainer)
 
         def find() -> tuple[MemoryPlan | None]:
-            d = prescribe(*args, limit=WAY_OUT_JUDGED, explain=False)
+            from gemma_doctor.errors import UsageError
+
+            try:
+                d = prescribe(*args, limit=WAY_OUT_JUDGED, explain=False)
+            except UsageError:  # a change this trainer cannot state (several processes): no way out through it
+                return (None,)
             return (d.memory.plan if d.ok and d.memory is not None else None,)  # a tuple: None is an answer too
 
         try:
@@ -710,12 +775,14 @@ class _Ask:
         made for the original GPU and options): a search reads none of it, each candidate is judged with its own."""
         return self.facts.with_(run=None)
 
-    def _inputs(self, shape: ModelShape, gpu_name: str | None, memory_options: dict[str, Any]) -> tuple[Any, ...]:
+    def _inputs(self, shape: ModelShape, gpu_name: str | None, memory_options: dict[str, Any],
+                trainer: str | None = None) -> tuple[Any, ...]:
         """prescribe()'s arguments for the command line with the change."""
         from gemma_doctor.readers import gpu as gpu_reader
 
         mem = replace(self.options.memory or runplan.MemoryRequest(), **memory_options)
-        options = replace(self.options, memory=mem, gpu=gpu_name or self.options.gpu)
+        options = replace(self.options, memory=mem, gpu=gpu_name or self.options.gpu, trainer=trainer or
+                          self.options.trainer)
         gpu = gpu_reader.resolve(options.gpu) if gpu_name else (self.env.gpu or gpu_reader.for_options(self.options))
         env = replace(self.env, gpu=gpu)
         return self._facts, env, options, gpu, shape, self.quantization
@@ -743,8 +810,27 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
         if line not in out:
             out.append(line)
     if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
+        out[:0] = _trainer_way_out(shape, req, ask)
         out.extend(_memory_way_out(shape, req, ask))
     return out
+
+
+def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
+    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer, which holds no full logits
+    under a TRL that chunks them, when a chunked run fits at all (a cheap test before its search), as the command line
+    with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's run holds: never asked here."""
+    if trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS or req.base.num_gpus > 1:
+        return []
+    if trainer_format(ask.options, ask.env) == "trl" or not runplan.trl_chunks(ask.env.libraries):
+        return []
+    if _fits_with(shape, req, chunked_loss=True) is None:
+        return []
+    p = ask.plan(shape, trainer="trl")
+    return [f"--trainer trl (its run: {_TRAINER_WORDS['trl']}): {p.summary()}"] if p is not None else []
+
+
+_TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
+                  "transformers": "a transformers Trainer script"}
 
 
 def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> MemoryPlan | None:

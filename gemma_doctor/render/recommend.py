@@ -16,6 +16,11 @@ SECTION_TITLES = {
 }
 
 
+# The prescribed trainer's config, as the text view names it (plan/recommend.TRAINER_FORMATS).
+TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "a `trl sft --config` YAML (TRL's SFTTrainer)",
+                 "transformers": "a TrainingArguments YAML (a plain transformers Trainer)"}
+
+
 class RecommendFormat(str, enum.Enum):
     """--format choices of `recommend`."""
 
@@ -137,6 +142,8 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             from gemma_doctor.plan.memory import components_line
 
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
+            lines.append(f"  [bold]trainer[/] {escape(rec.trainer)}: the run as "
+                         f"{escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))}")
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")
             lines.append(f"    {escape(components_line(mem.plan.components))}")
             for f in (item.decision.findings if item.decision is not None else ()):
@@ -156,7 +163,13 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
             lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
             lines.append("")
-        lines.append("  [dim]the run as a training config (check --training-config reads it): gemma-doctor recommend ... --format yaml[/dim]")
+        lines.append(f"  [dim]the run as {escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))} (check --training-config "
+                     "reads it): gemma-doctor recommend ... --format yaml[/dim]")
+        from gemma_doctor.plan.recommend import other_trainers_run
+
+        if other_trainers_run(rec):
+            lines.append("  [dim]TRL's SFTTrainer is another run (chunked log-probs: no full logits held): its own "
+                         "prescription and memory line with --trainer trl[/dim]")
         lines.append("")
     return to_string(lines, color, width=160)
 

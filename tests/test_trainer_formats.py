@@ -1,0 +1,166 @@
+"""The prescription is a Run of ONE named trainer (issue 32): `recommend --trainer axolotl|trl|transformers` searches,
+judges and writes the run as that trainer's config, check of that config plans the very run (its memory line), the
+views show that trainer's snippets only (TRL's SFTConfig beside axolotl's run was a run of other memory), and where
+the user left the trainer open the way out names another trainer whose run passes, which holds when followed. On the
+bundled example cache (gemma-3-12b-it, real safetensors headers) and the test stack (TRL 1.16: chunked log-probs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.builders import build_example_cache
+
+G3 = "google/gemma-3-12b-it"
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("trainers") / "hub"
+    build_example_cache(cache)
+    return cache
+
+
+def _memory_line(text: str) -> str:
+    return next(line.strip() for line in text.splitlines() if line.strip().startswith("memory "))
+
+
+def _check_memory(cli, examples: Path, gpu: str, path: Path, *extra: str) -> tuple[int, dict]:
+    r = cli("check", G3, "--cache-dir", examples, "--gpu", gpu, "--training-config", path, "--fail-on", "warning",
+            "--format", "json", *extra)
+    return r.code, r.json()
+
+
+@pytest.mark.parametrize("trainer,seq", [("trl", ()), ("transformers", ("--seq-len", "1024")), ("axolotl", ())])
+def test_l4_the_text_memory_line_is_the_run_check_plans_from_that_trainers_yaml(cli, examples, tmp_path, trainer, seq):
+    """On an L4, the memory line recommend prints for --trainer T is the line check plans from T's YAML read back
+    (TRL's SFTTrainer: no full logits, 16.3 GiB at batch 4; axolotl's and a plain Trainer's: 19.7 GiB at batch 2).
+    On main the TRL SFTConfig snippet stood beside axolotl's 19.7 GiB line and no TRL config could be asked for."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", trainer)
+    text = cli(*args)
+    assert text.code == 0, text.err
+    r = cli(*args, "--format", "yaml")
+    path = tmp_path / f"{trainer}.yaml"
+    path.write_text(r.out)
+    data = yaml.safe_load(r.out)
+    code, doc = _check_memory(cli, examples, "L4", path, *seq)
+    assert code == 0, doc
+    model = doc["models"][0]
+    assert f"memory {model['memory']['summary']}" == _memory_line(text.out)
+    assert model["run"]["trainer"]["value"] == {"trl": "trl-sft", "transformers": "transformers",
+                                                "axolotl": "axolotl"}[trainer]
+    chunked = "logits" not in model["memory"]["components"] or model["memory"]["components"]["logits"] < 2 ** 30
+    assert chunked is (trainer == "trl"), model["memory"]["components"]
+    assert ("model_name_or_path" in data) is (trainer == "trl") and ("base_model" in data) is (trainer == "axolotl")
+    # JSON's prescription states the trainer its run is written for, and the same memory.
+    j = cli(*args, "--format", "json").json()["models"][0]
+    assert j["prescription"]["run"]["trainer"]["value"] == model["run"]["trainer"]["value"]
+    assert j["prescription"]["memory"] == model["memory"]["summary"]
+
+
+def test_l4_trl_holds_less_than_axolotls_run(cli, examples):
+    """The figures of the issue: TRL's run of the same model and GPU holds less (chunked log-probs)."""
+    lines = {t: _memory_line(cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", t).out)
+             for t in ("trl", "axolotl")}
+    assert "16.3 GiB" in lines["trl"] and "batch 4" in lines["trl"], lines
+    assert "19.7 GiB" in lines["axolotl"] and "batch 2" in lines["axolotl"], lines
+
+
+def test_the_snippets_shown_are_the_prescribed_trainers(cli, examples):
+    """Beside axolotl's run no TRL SFTConfig (another run: chunked log-probs) is shown as if it were the prescription;
+    with --trainer trl, the TRL config is shown and the plain Trainer's TrainingArguments (full logits) is not."""
+    axolotl = cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--format", "json").json()["models"][0]
+    trl = cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", "trl",
+              "--format", "json").json()["models"][0]
+    assert "trl" not in axolotl["snippets"]["python"] and "transformers" in axolotl["snippets"]["python"]
+    assert "trl" in trl["snippets"]["python"] and "transformers" not in trl["snippets"]["python"]
+    text = cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4").out
+    assert "trainer axolotl" in text and "--trainer trl" in text and "SFTConfig(" not in text
+
+
+def test_t4_the_way_out_names_trl_and_following_it_passes_check(cli, examples, tmp_path):
+    """On a T4 axolotl's run of gemma-3-12b-it does not fit (15.6 GiB of 15.0): no prescription. TRL's SFTTrainer
+    holds no full logits: the way out names `--trainer trl` with its figure, and that command's YAML passes check at
+    that very figure. On main the way out said nothing of another trainer."""
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "T4", "--format", "json")
+    assert r.code == 1
+    way = r.json()["models"][0]["way_out"]
+    line = next((w for w in way if w.startswith("--trainer trl")), None)
+    assert line is not None, way
+    followed = cli("recommend", G3, "--cache-dir", examples, "--gpu", "T4", "--trainer", "trl", "--format", "json")
+    assert followed.code == 0, followed.err
+    m = followed.json()["models"][0]
+    assert line.endswith(m["prescription"]["memory"]), (line, m["prescription"]["memory"])
+    path = tmp_path / "t4.yaml"
+    path.write_text(cli("recommend", G3, "--cache-dir", examples, "--gpu", "T4", "--trainer", "trl",
+                        "--format", "yaml").out)
+    code, doc = _check_memory(cli, examples, "T4", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
+
+def test_a_chosen_trainer_gets_no_other_trainers_way_out(cli, examples):
+    """The user's choice is kept: with --trainer axolotl the way out does not switch trainers."""
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "T4", "--trainer", "axolotl", "--format", "json")
+    assert r.code == 1
+    assert not [w for w in r.json()["models"][0]["way_out"] if w.startswith("--trainer")]
+
+
+def test_the_training_configs_trainer_is_the_default(cli, examples, tmp_path):
+    """A TRL config given as --training-config: the prescription is TRL's (its format, its memory plan)."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n")
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--training-config", path,
+            "--format", "json").json()["models"][0]
+    assert m["prescription"]["run"]["trainer"]["value"] == "trl-sft"
+    assert "model_name_or_path" in yaml.safe_load(m["snippets"]["yaml"])
+
+
+@pytest.mark.parametrize("value,said", [
+    ("trll", "did you mean 'trl'?"),
+    ("axolot", "did you mean 'axolotl'?"),
+    ("llama-factory", "does not write LLaMA-Factory's config yet"),
+    ("unsloth", "use one of: axolotl, trl, transformers"),
+])
+def test_an_unknown_trainer_is_one_line_and_exit_2(cli, value, said):
+    r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", value)
+    assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+@pytest.mark.parametrize("value", ["TRL", "trl_sft", "sft", "Transformers", "hf", "Axolotl"])
+def test_the_obvious_spellings_are_accepted(cli, value):
+    r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", value, "--format", "json")
+    assert r.code == 0, r.err
+
+
+@pytest.mark.parametrize("extra", [("--num-gpus", "2"), ("--task", "dpo")])
+def test_what_a_trl_config_cannot_state_is_one_line(cli, extra):
+    r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "trl", *extra)
+    assert r.code == 2 and "--trainer axolotl" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def test_a_sample_of_the_grids_trainer_dimension_passes_its_own_check(cli, examples, tmp_path):
+    """benchmarks/prescription_grid.py's trainer-format points (every example, GPU and SFT task for --trainer trl and
+    --trainer transformers; 96 points, run in full by the benchmark): a fixed sample, each a prescription that passes
+    check under its own trainer (keys its parser accepts, the same memory line) or an honest none with a way out."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import prescription_grid as grid
+    finally:
+        sys.path.pop(0)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = cli(*args)
+        return r.code, r.out, r.err
+
+    points = grid.trainer_points(examples)
+    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora")]
+    outcomes = [grid.judge_point(run, p, tmp_path) for p in sample]
+    assert not [o for o in outcomes if o.kind == "violation"], [o.detail for o in outcomes if o.kind == "violation"]
+    prescribed = {o.point.extra[1] for o in outcomes if o.kind == "prescribed"}
+    assert prescribed == set(grid.TRAINERS), prescribed
