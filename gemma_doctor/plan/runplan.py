@@ -509,6 +509,10 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     sources.setdefault("precision", precision_source)
     if "num_gpus" not in src and seen > 1:
         sources["num_gpus"] = GPUS_VISIBLE
+    processes = tc.get("num_processes") if tc is not None and getattr(tc, "ok", False) else None
+    if "num_gpus" not in src and processes is not None and is_auto(processes.value):
+        # `torchrun --nproc-per-node auto|gpu` (readers/launch.py): one process per GPU visible when the run starts.
+        sources["num_gpus"] = f"{FROM_CONFIG}{processes.key} auto: one process per GPU visible ({seen})"
     if "lora_r" in src or "lora_targets" in src:
         sources["lora"] = src.get("lora_targets") or src.get("lora_r", "default")
     # The dtype the trainer loads the weights in (TRL's float32 default, a config's dtype), except for QLoRA, whose
