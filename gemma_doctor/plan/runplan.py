@@ -18,7 +18,7 @@ from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, is_auto, truthy
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
-from gemma_doctor.trainers import Trainer
+from gemma_doctor.trainers import TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read from here)
 from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
@@ -230,8 +230,6 @@ _TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trai
                 Trainer.TRL_RL: "trainer config"}
 Default = tuple[str, Any, str]  # (setting, the trainer's default value, where that default comes from)
 
-# TrainingArguments' per_device_train_batch_size default, which TRL's configs keep (trainer_defaults).
-TRAINING_ARGUMENTS_BATCH = 8
 
 
 def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
