@@ -273,7 +273,7 @@ def _plan_args(facts: ModelFacts, rec: recommend.Recommendation, options: CheckO
                 lora_targets=tuple(targets) if isinstance(targets, list) else targets,
                 trl_chunks=runplan.trl_chunks(env.libraries),
                 defaults=runplan.trainer_defaults(env.training_config, env.libraries,
-                                                   runplan.checkpoint_dtype(facts.census)))
+                                                   runplan.checkpoint_dtype(facts.census), gpu.backend))
 
 
 def model_report(judgement: Judgement, env: Environment, prescription: bool = True) -> ModelReport:

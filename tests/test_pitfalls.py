@@ -518,6 +518,15 @@ LF = {"stage": "sft", "finetuning_type": "lora"}
     # checkpoint's dtype
     (LF, "A100", "fp32", "bfloat16", {"GD609"}),
     ({**LF, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+    # axolotl on Apple MPS (0.19.0's resolve_dtype, run on the real module with the device a Mac gives,
+    # tests/test_training_keys.py): bf16 on or auto becomes fp16 with float16 weights unless fp16 is written false
+    # (then fp32), whatever the chip's bf16: GD602 on Gemma 3, never GD603 / GD605, GD609 only where it is fp32 (was
+    # bf16 on an M3; on an M1 bf16 with GD605 or GD603)
+    (AX, "M3", "fp16", "float16", {"GD602"}),
+    (AX, "M1", "fp16", "float16", {"GD602"}),
+    ({**AX, "bf16": True}, "M1", "fp16", "float16", {"GD602"}),
+    ({**AX, "bf16": True, "fp16": False}, "M3", "fp32", "float32", set()),
+    ({**AX, "bf16": False}, "M3", "fp32", "float32", {"GD609"}),
 ])
 def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_trainer_runs(
         cli, hub, tmp_path, training, gpu, precision, load, codes):
@@ -533,7 +542,7 @@ def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_tra
     run = model["run"]
     assert (run["precision"]["value"], run["load_dtype"]) == (precision, load)
     assert (model["memory"]["run"]["precision"], model["memory"]["run"]["load_dtype"]) == (precision, load)
-    assert {f["code"] for f in model["findings"]} & {"GD602", "GD605", "GD609"} == codes
+    assert {f["code"] for f in model["findings"]} & {"GD602", "GD603", "GD605", "GD609"} == codes
     if "switch" not in str(training) and "bf16" not in training and "fp16" not in training:
         trainer = "axolotl 0.19.0" if "base_model" in training else "llamafactory 0.9.5"
         assert run["precision"]["source"].startswith(f"default of {trainer} (assumed: ")

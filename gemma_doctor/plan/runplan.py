@@ -16,7 +16,8 @@ from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape, RunSpec
 from gemma_doctor.readers import dtypes
-from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, is_auto, truthy
+from gemma_doctor.readers.training_config import (DEEPSPEED_BATCH, axolotl_load_dtype, axolotl_on_mps, is_auto,
+                                                  truthy)
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, config_sharding, written
 from gemma_doctor.trainers import TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read from here)
 from gemma_doctor.units import positive_int
@@ -264,7 +265,8 @@ def checkpoint_dtype(census: Any | None) -> str | None:
     return next((d for d in map(_load_dtype_word, (census.declared, census.dominant)) if d is not None), None)
 
 
-def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None) -> tuple[Default, ...]:
+def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None,
+                     backend: str | None = None) -> tuple[Default, ...]:
     """The settings a training config leaves open that the trainer executing it fixes by its own default, each with
     that default's source: gradient checkpointing (TrainingArguments and axolotl: off; TRL's configs and LLaMA-Factory:
     on) and the dtype the weights load in where the config names none: TRL's trainers load a model id in float32
@@ -334,6 +336,13 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                 tf = stack.get("transformers").describe()
                 out.append(("load_dtype", checkpoint, f"default of from_pretrained with {tf} (>=5.0.0: the "
                                                       "checkpoint's dtype where the script passes none)"))
+    elif trainer is Trainer.AXOLOTL and backend == "mps":
+        # ``backend``: the GPU's (readers/gpu.py); on Apple MPS axolotl runs no bf16 (axolotl_on_mps).
+        autocast, load, why = axolotl_on_mps(s)
+        who = f"default of {trainer_release(trainer, stack)}: resolve_dtype on MPS, {why}"
+        out.append(("precision", autocast, who))
+        if "torch_dtype" not in s:
+            out.append(("load_dtype", load, who))
     elif trainer in (Trainer.AXOLOTL, Trainer.LLAMA_FACTORY):
         own = _own_precision(trainer, s, stack)
         if own is not None:
