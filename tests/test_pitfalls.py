@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config, generation_config, variant
 from tests.test_safetensors import st_file
@@ -546,6 +547,29 @@ def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_tra
     if "switch" not in str(training) and "bf16" not in training and "fp16" not in training:
         trainer = "axolotl 0.19.0" if "base_model" in training else "llamafactory 0.9.5"
         assert run["precision"]["source"].startswith(f"default of {trainer} (assumed: ")
+
+
+@pytest.mark.parametrize("gpu", ["M3", "M4"])
+def test_the_prescription_on_apple_mps_is_the_run_its_axolotl_yaml_runs_there(cli, hub, tmp_path, gpu):
+    """On an MPS chip with native bf16, recommend prescribed bf16 and wrote `bf16: true, fp16: false` into its axolotl
+    YAML, which axolotl 0.19.0 runs in fp32 there (resolve_dtype turns bf16 off on MPS; fp16 written false stays off):
+    check of that YAML planned another run than the prescription's. The prescription is now fp32 on MPS for a Gemma
+    that overflows fp16, its YAML says so, and check of it plans the very run, without an error or a warning."""
+    hub.add("acme/model", {"config.json": gemma3_1b_config()})
+    r = cli("recommend", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--format", "json")
+    [m] = r.json()["models"]
+    p = m["prescription"]
+    assert m["recommendation"]["precision"] == p["precision"] == "fp32"
+    assert any("runs none on Apple MPS" in why for why in m["recommendation"]["reasons"])
+    y = yaml.safe_load(m["snippets"]["yaml"])
+    assert (y["bf16"], y["fp16"]) == (False, False)
+    path = tmp_path / "run.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--training-config", str(path),
+            "--format", "json", "--fail-on", "warning")
+    [checked] = r.json()["models"]
+    assert r.code == 0 and not [f for f in checked["findings"] if f["severity"] in ("error", "warning")]
+    assert checked["memory"]["summary"] == p["memory"] and checked["run"]["precision"]["value"] == "fp32"
 
 
 @pytest.mark.parametrize("training, severity", [
