@@ -519,6 +519,15 @@ LF = {"stage": "sft", "finetuning_type": "lora"}
     # checkpoint's dtype
     (LF, "A100", "fp32", "bfloat16", {"GD609"}),
     ({**LF, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+    # LLaMA-Factory 0.9.5's pure_bf16 (hparams/parser.py: compute_dtype bfloat16; model/loader.py: torch_dtype "auto",
+    # the checkpoint's bfloat16; model/adapter.py: no fp32 upcast under pure_bf16) trains the weights in bfloat16,
+    # with or without `bf16`: never fp32 (was GD609, "trains in fp32", beside a plan in the recommended precision), and
+    # on a T4 bf16 is emulated (GD603; LLaMA-Factory's own check takes emulation for support). Full fine-tuning keeps
+    # bfloat16 weights (was float32 beside bf16).
+    ({**LF, "pure_bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "finetuning_type": "full", "pure_bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "finetuning_type": "full", "pure_bf16": True, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "pure_bf16": True}, "T4", "bf16", "bfloat16", {"GD603"}),
     # axolotl on Apple MPS (0.19.0's resolve_dtype, run on the real module with the device a Mac gives,
     # tests/test_training_keys.py): bf16 on or auto becomes fp16 with float16 weights unless fp16 is written false
     # (then fp32), whatever the chip's bf16: GD602 on Gemma 3, never GD603 / GD605, GD609 only where it is fp32 (was

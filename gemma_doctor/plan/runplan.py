@@ -389,6 +389,12 @@ def _own_precision(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) ->
         return ("precision", "bf16", f"default of {who}: {said}, on wherever torch.cuda.is_bf16_supported() says so "
                                      "(counting emulation): every CUDA GPU")
     pure = s.get("pure_bf16")
+    if pure is not None and truthy(pure.value) and not (fp16 is not None and truthy(fp16.value)):
+        # hparams/parser.py sets compute_dtype bfloat16 for pure_bf16 and leaves TrainingArguments' bf16 as written;
+        # init_adapter casts nothing to fp32: the weights train in bfloat16 with or without autocast.
+        return ("precision", "bf16", f"default of {who}: {pure.key}: true trains the weights, gradients and optimizer "
+                                     "states in bfloat16" + ("" if bf16 is not None and truthy(bf16.value) else
+                                                             " without autocast (bf16 is off)"))
     if bf16 is None and fp16 is None and "mixed_precision" not in s and not (pure is not None and truthy(pure.value)):
         return ("precision", "fp32", f"default of {who}: bf16 and fp16 false unless set (no autocast; it only "
                                      "recommends mixed precision)")
@@ -421,8 +427,12 @@ def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, c
         return "load_dtype", word, f"default of {who}: normalize_config's torch_dtype, {word} {why}"
     adapter, pure = s.get("adapter"), s.get("pure_bf16")
     kind = str(adapter.value).strip().lower() if adapter is not None else None
-    if "deepspeed" in s or (pure is not None and truthy(pure.value)):
+    if "deepspeed" in s:
         return None
+    if pure is not None and truthy(pure.value):
+        return ("load_dtype", checkpoint, f"default of {who}: from_pretrained(torch_dtype=\"auto\") loads the "
+                                          "checkpoint's dtype, which pure_bf16 trains as it is (no fp32 upcast)") \
+            if checkpoint is not None and kind in ("full", "lora", "oft", "freeze") else None
     if kind == "full":
         return ("load_dtype", "float32", f"default of {who}: init_adapter upcasts a full fine-tuning's "
                                          "weights to float32 without pure_bf16")

@@ -153,6 +153,12 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
     else:
         bf16_default = None
+    # LLaMA-Factory's pure_bf16 trains the weights themselves in bfloat16, with or without `bf16` (0.9.5
+    # runplan._own_precision): a bf16 run (GD603 where the GPU has none), never GD609's fp32.
+    pure = s.get("pure_bf16")
+    if bf16_default is None and not bf16_key and pure is not None and truthy(pure.value) \
+            and run_trainer(model, env).value is Trainer.LLAMA_FACTORY:
+        bf16_default = f"{pure.key}: true (LLaMA-Factory trains the weights in bfloat16)"
     # axolotl's schema defaults bf16 to `auto` (0.19.0; runplan._own_precision): an unset bf16 asks the machine as a
     # written `auto` does (GD605, not GD609's fp32).
     axolotl_auto = by_default and run.trainer.value is Trainer.AXOLOTL and not bf16_auto
