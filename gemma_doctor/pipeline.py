@@ -273,7 +273,7 @@ def _plan_args(facts: ModelFacts, rec: recommend.Recommendation, options: CheckO
                 lora_targets=tuple(targets) if isinstance(targets, list) else targets,
                 trl_chunks=runplan.trl_chunks(env.libraries),
                 defaults=runplan.trainer_defaults(env.training_config, env.libraries,
-                                                   runplan.checkpoint_dtype(facts.census)))
+                                                   runplan.checkpoint_dtype(facts.census), gpu.backend))
 
 
 def model_report(judgement: Judgement, env: Environment, prescription: bool = True) -> ModelReport:
@@ -557,6 +557,14 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
             sizes = tuple(dict.fromkeys(memory.published_sizes(fam) + family_mod.published_sizes(fam)))
             raise UsageError(f"--size {size!r}: gemma-doctor knows the published sizes of {fam} as "
                              + (", ".join(sizes) if sizes else "none (plan a downloaded model instead)"))
+        if shape is None:
+            # No published config of this family here (Gemma 3n, PaliGemma, T5Gemma...): its plan would be of a
+            # shape made up of memory.shape_from_config's defaults (2048 x 18 layers), not of the checkpoint it names.
+            sizes = family_mod.published_sizes(fam)
+            raise UsageError(f"--family {fam}: gemma-doctor has no published config of {fam} to size it without a "
+                             "download (its shape would be a guess, unverified"
+                             + (f"; the published sizes are {', '.join(sizes)}" if sizes else "")
+                             + f"); plan it once downloaded (gemma-doctor recommend {advice.PLAN_MODEL_IDS[fam]})")
         model_id = advice.PLAN_MODEL_IDS[fam] if size is None else _published_id(fam, size)
         facts = advice.planned_facts(fam, size, model_id)
         j = named(with_decision(facts, options, env, gpu, shape, quantization))

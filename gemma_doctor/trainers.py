@@ -93,6 +93,12 @@ TRL_COMMANDS = {"sft": Trainer.TRL_SFT, "dpo": Trainer.TRL_DPO, "grpo": Trainer.
                 "rloo": Trainer.TRL_RL, "reward": Trainer.TRL_RL, "distillation": Trainer.TRL_RL}
 
 
+# TrainingArguments' per_device_train_batch_size default (transformers 5.23.0, 5.6.0), which TRL's configs keep (SFT /
+# DPO / GRPO / KTO / Reward configs of TRL 1.16.0 and 0.24.0): the batch a plain Trainer or TRL trainer runs where the
+# config leaves it open (plan/runplan.trainer_defaults, GD663).
+TRAINING_ARGUMENTS_BATCH = 8
+
+
 # Keys that only a TRL DPOConfig has: a TRL JSON/YAML with them is a DPO run even without rl/stage.
 DPO_ONLY_KEYS = ("rpo_alpha", "reference_free", "ref_model_init_kwargs", "precompute_ref_log_probs")
 # Keys only TRL's GRPOConfig holds (TRL 1.16 trl/trainer/grpo_config.py, against its SFT and DPO configs and

@@ -151,3 +151,53 @@ def test_gd663_says_what_transformers_own_integration_raises(hub, cli, tmp_path,
         [finding] = said
         assert raised.splitlines()[1:-1] == finding["details"]["mismatches"]
         assert f'"{raised}"' in finding["message"]
+
+
+def test_gd663_judges_the_files_whatever_batch_the_plan_is_asked_for(hub, cli, tmp_path, monkeypatch):
+    """`--batch-size 2` plans another batch, but the files still run TrainingArguments' default 8 against the JSON's 2:
+    the Trainer stops all the same. Before, GD663 read the memory plan's Run, whose batch the option set, and said
+    nothing."""
+    hub.add(REPO, {"config.json": gemma3_1b_config()})
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}))
+    (tmp_path / "sft.yaml").write_text("deepspeed: ds.json\nbf16: true\n")
+    monkeypatch.chdir(tmp_path)
+    r = cli("check", REPO, "--cache-dir", hub.root, "--gpu", "A100", "--training-config", "sft.yaml", "--batch-size",
+            "2", "--format", "json", "--fail-on", "never")
+    [model] = r.json()["models"]
+    assert model["run"]["batch"]["value"] == 2  # the plan's batch is the option's
+    [finding] = gd663(model)
+    assert finding["details"]["mismatches"] == ["- ds train_micro_batch_size_per_gpu=2 vs hf "
+                                                "per_device_train_batch_size=8"]
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("deepspeed: ds.json\nbf16: true\n", ["- ds train_micro_batch_size_per_gpu=2 vs hf per_device_train_batch_size=8",
+                                         "- ds gradient_accumulation_steps=4 vs hf gradient_accumulation_steps=1"]),
+    ("deepspeed: ds.json\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 4\n", []),
+    ("deepspeed: ds.json\nauto_find_batch_size: true\n",
+     ["- ds gradient_accumulation_steps=4 vs hf gradient_accumulation_steps=1"]),
+])
+def test_gd663_is_judged_where_no_memory_plan_is_made(tmp_path, config, expected):
+    """The rule on a model with no Run (no memory plan made of it: the API's and the search's facts before a plan):
+    the DeepSpeed JSON against the training config's own batch or TrainingArguments' defaults. Before, nothing was
+    judged without a Run."""
+    from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+    from gemma_doctor.family import detect
+    from gemma_doctor.locate import Snapshot
+    from gemma_doctor.readers import training_config
+    from gemma_doctor.readers.jsonfile import JsonFile
+    from gemma_doctor.readers.versions import Versions
+    from gemma_doctor.rules import distributed
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2,
+                                                  "gradient_accumulation_steps": 4}))
+    (tmp_path / "sft.yaml").write_text(config)
+    tc = training_config.load(str(tmp_path / "sft.yaml"))
+    cfg = gemma3_1b_config()
+    facts = ModelFacts(Snapshot("x", tmp_path), JsonFile(tmp_path / "config.json", True, data=cfg),
+                       JsonFile(tmp_path / "generation_config.json", False), detect(cfg))
+    assert facts.run is None
+    env = Environment(Versions({"transformers": "5.23.0", "accelerate": "1.15.0", "torch": "2.13.0"}),
+                      training_config=tc)
+    found = [f for f in distributed.check(facts, env, CheckOptions(gpu=None)) if f.code == "GD663"]
+    assert [f.details["mismatches"] for f in found] == ([expected] if expected else [])

@@ -519,3 +519,70 @@ def test_the_precision_of_a_deepspeed_json_reached_through_launch_is_read(cli, t
     assert expected in codes and not {"GD603", "GD609"} - {expected} & set(codes)
     if expected == "GD603":
         assert "ds.json: bf16.enabled" in codes["GD603"]["key"]
+
+
+# What accelerate 1.15.0 and torch 2.13.0's torchrun do with a process count they do not run as written (run here:
+# `accelerate launch --num_processes 0 t.py` without a GPU runs t.py once; `--multi_gpu --num_processes 0` raises
+# "You need to use at least 2 processes"; `--num_processes 1e9` exits 2, "invalid int value"; `torchrun
+# --nproc-per-node 0|-1` stops in its elastic agent (AssertionError), `1e9` "Unsupported nproc_per_node value", `auto`
+# started one process per CPU core here (no GPU)). Each is read as the launcher runs it or refused in one line: never
+# a silent single process.
+@pytest.mark.parametrize("line, processes, said", [
+    ("accelerate launch --num_processes 0 train.py --bf16", 1, "num_processes 0 (accelerate's single-process launcher"),
+    ("accelerate launch --num_processes -1 train.py --bf16", 1,
+     "num_processes -1 (accelerate's single-process launcher"),
+    ("accelerate launch --num_processes 1e9 train.py", None, "is not an integer: accelerate launch refuses it"),
+    ("accelerate launch --num_processes nan train.py", None, "is not an integer"),
+    ("accelerate launch --multi_gpu --num_processes 0 train.py", None, "stops accelerate launch"),
+    ("accelerate launch --multi_gpu --num_processes 1 train.py", None, "at least 2 processes"),
+    ("accelerate launch --use_fsdp --num_processes -1 train.py", None, "stops accelerate launch"),
+    ("accelerate launch --config_file fsdp.yaml --num_processes 0 train.py", None, "stops accelerate launch"),
+    ("torchrun --nproc-per-node 0 train.py", None, "--nproc-per-node 0 stops torchrun"),
+    ("torchrun --nproc_per_node=-1 train.py", None, "--nproc-per-node -1 stops torchrun"),
+    ("torchrun --nproc-per-node 1e9 train.py", None, "is not a count torchrun reads"),
+    ("torchrun --nproc-per-node cpu train.py", None, "one process per CPU core"),
+    ("torchrun --nproc-per-node auto train.py --bf16", 3, "torchrun line: num_processes auto"),
+    ("torchrun --nnodes 2 --nproc-per-node gpu train.py --bf16", 3, "torchrun line: num_processes auto"),
+])
+def test_a_process_count_the_launcher_does_not_run_as_written_is_read_as_it_runs_or_refused(cli, tmp_path, monkeypatch,
+                                                                                              line, processes, said):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    (tmp_path / "fsdp.yaml").write_text(ACCEL_FSDP)
+    monkeypatch.chdir(tmp_path)
+    r = cli("check", str(model), "--launch", line, "--gpu", "A100", "--num-gpus", "3", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    doc = r.json()
+    run = doc["models"][0]["memory"]["run"]
+    if processes is None:  # refused in one line (GD601), the launcher's own reason in it
+        error = doc["environment"]["training_config"]["error"]
+        assert said in error and "\n" not in error
+        assert [f["code"] for f in doc["models"][0]["findings"] if said in f["message"]] == ["GD601"]
+    elif "auto" in said:  # one process per GPU visible: the count --num-gpus gives, said so
+        r = cli("check", str(model), "--launch", line, "--gpu", "A100", "--format", "json", "--fail-on", "never")
+        seen = r.json()["models"][0]["memory"]["run"]
+        assert seen["num_gpus"] == 1 and "one process per GPU visible (1)" in seen["sources"]["num_gpus"]
+        assert run["num_gpus"] == processes and run["sources"]["num_gpus"] == "option"
+    else:
+        setting = doc["environment"]["training_config"]["settings"]["num_processes"]
+        assert setting["value"] == processes and said in setting["key"]
+        assert run["num_gpus"] == 3  # --num-gpus wins, as over any config's count
+
+
+def test_the_launchers_themselves_treat_those_counts_so():
+    """The evidence, from the launchers installed here: accelerate's parser refuses a count that is not an integer;
+    torchrun's determine_local_world_size reads integers as given (its agent then refuses one under 1) and names."""
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import determine_local_world_size
+
+    for bad in ("1e9", "nan", "auto"):
+        with pytest.raises(SystemExit):
+            launch_command_parser().parse_args(["--num_processes", bad, "train.py"])
+    assert launch_command_parser().parse_args(["--num_processes", "-1", "train.py"]).num_processes == -1
+    assert determine_local_world_size("0") == 0 and determine_local_world_size("-1") == -1
+    for bad in ("1e9", "all"):
+        with pytest.raises(ValueError, match="Unsupported nproc_per_node value"):
+            determine_local_world_size(bad)
+    assert determine_local_world_size("cpu") >= 1

@@ -270,3 +270,17 @@ def test_recommend_gemma3n_and_paligemma2_sizes_are_the_published_ones_not_none(
     assert r.code == 2 and "google/paligemma2-10b-pt-224" in r.err and "none" not in r.err, r.err
     r = cli("recommend", "--family", "paligemma2", "--size", "9b", "--gpu", "A100")
     assert r.code == 2 and "as 3b, 10b, 28b" in r.err, r.err
+
+
+@pytest.mark.parametrize("family, checkpoint", [("gemma3n", "google/gemma-3n-E2B-it"),
+                                                ("paligemma2", "google/paligemma2-3b-pt-224"),
+                                                ("paligemma", "google/paligemma-3b-pt-224"),
+                                                ("t5gemma", "google/t5gemma-2b-2b-prefixlm-it")])
+def test_recommend_family_without_a_published_config_says_so_instead_of_planning_a_made_up_shape(cli, family,
+                                                                                                   checkpoint):
+    """`recommend --family gemma3n` (no --size) planned the default shape of memory.shape_from_config (hidden 2048, 18
+    layers) under the name of google/gemma-3n-E2B-it: a memory figure of no published model. Where gemma-doctor holds
+    no published config of the family, it says so in one line and names the checkpoint to download, as --size does."""
+    r = cli("recommend", "--family", family, "--gpu", "A100", "--format", "json")
+    assert r.code == 2 and not r.out and len(r.err.strip().splitlines()) == 1, r
+    assert "unverified" in r.err and f"gemma-doctor recommend {checkpoint}" in r.err, r.err

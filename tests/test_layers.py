@@ -254,10 +254,14 @@ _READ = re.compile(r'\btc\.trainer\b|\b(?:tc\.get|tc\.settings\.get|s\.get)\(\s*
                    r'|\b(?:tc\.settings|s)\[\s*"(' + _NAMES + r')"\]|"(' + _NAMES + r')" in (?:s|tc\.settings)\b')
 # What rules/ still reads of them from the training config, and why: the reads left to move to the Run (issue 32),
 # and judgements of the file itself. A module moved to the Run leaves this table; a new read fails the test.
-# Empty: the settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
+# Otherwise empty: the settings as the file writes them (the precision switches and tf32, the backend as named, packing, LoRA's
 # targets, modules_to_save and 4-bit loading) are the Run's (run.Written, read through common.written_of), and FSDP's
 # auto-wrap policy and version, as written or by default, are the Run's distributed (GD660, GD662).
-STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {}
+# GD663 (rules/distributed.py) compares the files themselves: the DeepSpeed JSON's batch against the batch, accumulation
+# and machines the training config writes (else TrainingArguments' defaults), as transformers' DeepSpeed integration
+# does at start-up, whatever batch the Run plans (`--batch-size`) and whether a Run is made at all.
+STILL_READ_FROM_CONFIG: dict[str, frozenset[str]] = {
+    "distributed": frozenset({"batch_size", "gradient_accumulation_steps", "num_machines"})}
 
 
 def config_reads(text: str) -> dict[str, list[int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from tests.builders import gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config, generation_config, variant
 from tests.test_safetensors import st_file
@@ -518,6 +519,24 @@ LF = {"stage": "sft", "finetuning_type": "lora"}
     # checkpoint's dtype
     (LF, "A100", "fp32", "bfloat16", {"GD609"}),
     ({**LF, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+    # LLaMA-Factory 0.9.5's pure_bf16 (hparams/parser.py: compute_dtype bfloat16; model/loader.py: torch_dtype "auto",
+    # the checkpoint's bfloat16; model/adapter.py: no fp32 upcast under pure_bf16) trains the weights in bfloat16,
+    # with or without `bf16`: never fp32 (was GD609, "trains in fp32", beside a plan in the recommended precision), and
+    # on a T4 bf16 is emulated (GD603; LLaMA-Factory's own check takes emulation for support). Full fine-tuning keeps
+    # bfloat16 weights (was float32 beside bf16).
+    ({**LF, "pure_bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "finetuning_type": "full", "pure_bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "finetuning_type": "full", "pure_bf16": True, "bf16": True}, "A100", "bf16", "bfloat16", set()),
+    ({**LF, "pure_bf16": True}, "T4", "bf16", "bfloat16", {"GD603"}),
+    # axolotl on Apple MPS (0.19.0's resolve_dtype, run on the real module with the device a Mac gives,
+    # tests/test_training_keys.py): bf16 on or auto becomes fp16 with float16 weights unless fp16 is written false
+    # (then fp32), whatever the chip's bf16: GD602 on Gemma 3, never GD603 / GD605, GD609 only where it is fp32 (was
+    # bf16 on an M3; on an M1 bf16 with GD605 or GD603)
+    (AX, "M3", "fp16", "float16", {"GD602"}),
+    (AX, "M1", "fp16", "float16", {"GD602"}),
+    ({**AX, "bf16": True}, "M1", "fp16", "float16", {"GD602"}),
+    ({**AX, "bf16": True, "fp16": False}, "M3", "fp32", "float32", set()),
+    ({**AX, "bf16": False}, "M3", "fp32", "float32", {"GD609"}),
 ])
 def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_trainer_runs(
         cli, hub, tmp_path, training, gpu, precision, load, codes):
@@ -533,10 +552,33 @@ def test_axolotl_and_llamafactory_configs_are_planned_in_the_precision_their_tra
     run = model["run"]
     assert (run["precision"]["value"], run["load_dtype"]) == (precision, load)
     assert (model["memory"]["run"]["precision"], model["memory"]["run"]["load_dtype"]) == (precision, load)
-    assert {f["code"] for f in model["findings"]} & {"GD602", "GD605", "GD609"} == codes
+    assert {f["code"] for f in model["findings"]} & {"GD602", "GD603", "GD605", "GD609"} == codes
     if "switch" not in str(training) and "bf16" not in training and "fp16" not in training:
         trainer = "axolotl 0.19.0" if "base_model" in training else "llamafactory 0.9.5"
         assert run["precision"]["source"].startswith(f"default of {trainer} (assumed: ")
+
+
+@pytest.mark.parametrize("gpu", ["M3", "M4"])
+def test_the_prescription_on_apple_mps_is_the_run_its_axolotl_yaml_runs_there(cli, hub, tmp_path, gpu):
+    """On an MPS chip with native bf16, recommend prescribed bf16 and wrote `bf16: true, fp16: false` into its axolotl
+    YAML, which axolotl 0.19.0 runs in fp32 there (resolve_dtype turns bf16 off on MPS; fp16 written false stays off):
+    check of that YAML planned another run than the prescription's. The prescription is now fp32 on MPS for a Gemma
+    that overflows fp16, its YAML says so, and check of it plans the very run, without an error or a warning."""
+    hub.add("acme/model", {"config.json": gemma3_1b_config()})
+    r = cli("recommend", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--format", "json")
+    [m] = r.json()["models"]
+    p = m["prescription"]
+    assert m["recommendation"]["precision"] == p["precision"] == "fp32"
+    assert any("runs none on Apple MPS" in why for why in m["recommendation"]["reasons"])
+    y = yaml.safe_load(m["snippets"]["yaml"])
+    assert (y["bf16"], y["fp16"]) == (False, False)
+    path = tmp_path / "run.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--training-config", str(path),
+            "--format", "json", "--fail-on", "warning")
+    [checked] = r.json()["models"]
+    assert r.code == 0 and not [f for f in checked["findings"] if f["severity"] in ("error", "warning")]
+    assert checked["memory"]["summary"] == p["memory"] and checked["run"]["precision"]["value"] == "fp32"
 
 
 @pytest.mark.parametrize("training, severity", [
@@ -716,3 +758,22 @@ def test_recommend_on_a_t4_never_prescribes_fp16_full_fine_tuning_of_float16_wei
     # LoRA the first way out (before: prescribed "full fine-tuning, fp16" while its YAML loads float16)
     assert m["status"] == "no-prescription", m.get("prescription")
     assert m["way_out"][0].startswith("GD611: ") and m["way_out"][1].startswith("--method lora: "), m["way_out"]
+
+
+@pytest.mark.parametrize("gpu", ["M3", "M4"])
+def test_on_apple_mps_a_trl_prescription_keeps_bf16_where_only_axolotls_yaml_loses_it(cli, hub, tmp_path, gpu):
+    """axolotl's resolve_dtype turns bf16 off on MPS; TRL's SFTTrainer does not: `recommend --trainer trl` on an MPS
+    chip with native bf16 prescribes bf16 (was fp32 for every trainer once the axolotl fp32 rule landed), and check of
+    its `trl sft --config` YAML plans that very run without an error or a warning."""
+    hub.add("acme/model", {"config.json": gemma3_1b_config()})
+    r = cli("recommend", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--trainer", "trl", "--format", "json")
+    [m] = r.json()["models"]
+    p = m["prescription"]
+    assert m["recommendation"]["precision"] == p["precision"] == "bf16"
+    path = tmp_path / "run.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    r = cli("check", "acme/model", "--cache-dir", str(hub.root), "--gpu", gpu, "--training-config", str(path),
+            "--format", "json", "--fail-on", "warning")
+    [checked] = r.json()["models"]
+    assert r.code == 0 and not [f for f in checked["findings"] if f["severity"] in ("error", "warning")], checked["findings"]
+    assert checked["memory"]["summary"] == p["memory"] and checked["run"]["precision"]["value"] == "bf16"

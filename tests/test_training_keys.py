@@ -227,3 +227,41 @@ def test_axolotl_s_own_config_path_gives_the_precision_and_load_dtype_check_plan
                 values[key] = value
         autocast = "bf16" if axolotl["bf16"] else "fp16" if axolotl["fp16"] else "fp32"
         assert (values.get("precision"), values.get("load_dtype")) == (autocast, axolotl["torch_dtype"]), name
+
+
+@pytest.mark.slow
+def test_axolotl_on_mps_runs_fp16_where_bf16_is_on_or_auto_and_check_plans_that(tmp_path):
+    """axolotl 0.19.0's resolve_dtype on the device its choose_device picks on a Mac ("mps"): bf16 on or auto (either
+    answer of is_torch_bf16_gpu_available: macOS 14+ says True) becomes fp16 with float16 weights unless fp16 is
+    written false, which leaves fp32 (run here on the real modules). check plans the same on an MPS GPU
+    (runplan.trainer_defaults with the GPU's backend); was bf16 with bfloat16 weights."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    from gemma_doctor.plan import runplan
+    from tests.venvs import ROOT, ensure_packages, subprocess_env
+
+    transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16, vocab_size=300).save_pretrained(tmp_path / "tiny")
+    cases = {"none": {}, "fp16 off": {"fp16": False}, "bf16 off": {"bf16": False}, "auto": {"bf16": "auto"},
+             "auto, fp16": {"bf16": "auto", "fp16": True}, "bf16": {"bf16": True},
+             "bf16, fp16 off": {"bf16": True, "fp16": False}, "fp16": {"fp16": True}}
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_precision.py"), str(tmp_path / "tiny"),
+                           json.dumps(cases), "mps"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["bf16|True|mps"] == {"bf16": False, "fp16": True, "torch_dtype": "float16"}
+    for name, settings in cases.items():
+        text = "base_model: m\nmicro_batch_size: 1\n" + "".join(f"{k}: {str(v).lower()}\n" for k, v in settings.items())
+        tc = parse(text, "ax.yaml", True)
+        values, _ = runplan.run_request(tc, runplan.MemoryRequest(), "sft")
+        for key, value, _why in runplan.trainer_defaults(tc, None, None, "mps"):
+            if key in ("precision", "load_dtype"):
+                values[key] = value
+        for gpu_bf16 in (True, False):  # macOS 14+ or older: the same run on MPS
+            axolotl = ran[f"{name}|{gpu_bf16}|mps"]
+            autocast = "bf16" if axolotl["bf16"] else "fp16" if axolotl["fp16"] else "fp32"
+            assert (values.get("precision"), values.get("load_dtype")) == (autocast, axolotl["torch_dtype"]), name

@@ -16,8 +16,9 @@ from gemma_doctor.report import ExitCode
 @click.command(context_settings=common.CONTEXT)
 @common.targets
 @click.option("--family", default=None, help="Plan for a family without a downloaded model (CI before download): "
-                                             "gemma, gemma2, gemma3, gemma3n, gemma4, paligemma, paligemma2 or "
-                                             "another member of docs/families.md.")
+                                             "gemma, gemma2, gemma3 or gemma4, whose published configs gemma-doctor "
+                                             "holds; another member of docs/families.md is refused, naming the "
+                                             "checkpoint to download.")
 @click.option("--gpu", default=None, help=common.GPU_HELP)
 @click.option("--task", default=None, help="sft (default), full, lora, qlora, dpo, orpo, kto, grpo, ppo.")
 @click.option("--quantization", default=None, help="4bit, 8bit or none (default: from the checkpoint's quantization_config).")

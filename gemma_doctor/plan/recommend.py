@@ -233,7 +233,7 @@ def decide(i: Inputs) -> Recommendation:
     if i.gpu_backend == "none":
         precision = "fp32"
         reasons.append(f"no GPU ({i.gpu_label}): on a CPU, train in fp32; pass --gpu to plan for the training machine")
-    elif i.gpu_native_bf16 is True:
+    elif i.gpu_native_bf16 is True and not (i.gpu_backend == "mps" and i.trainer == "axolotl"):
         precision = "bf16"
         reasons.append(f"{i.gpu_label} has native bf16"
                        + (" (compute capability >= 8.0)" if i.gpu_backend == "cuda" else "")
@@ -241,6 +241,8 @@ def decide(i: Inputs) -> Recommendation:
     else:
         what = "has no native bf16 (needs compute capability 8.0+; bf16 there is emulated through fp32, slowly)" \
             if i.gpu_native_bf16 is False and i.gpu_backend == "cuda" else \
+            ("has native bf16, but the prescription's axolotl YAML runs none on Apple MPS (axolotl 0.19.0's "
+             "resolve_dtype turns bf16 into fp16 there; --trainer trl keeps bf16)") if i.gpu_native_bf16 is True else \
             "has no native bf16" if i.gpu_native_bf16 is False else "has unknown bf16 support (treated as none)"
         reasons.append(f"{i.gpu_label} {what}")
         if unsafe:

@@ -16,9 +16,10 @@ from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
 from gemma_doctor.readers import dtypes
-from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, axolotl_load_dtype, is_auto, truthy
+from gemma_doctor.readers.training_config import (DEEPSPEED_BATCH, axolotl_load_dtype, axolotl_on_mps, is_auto,
+                                                  truthy)
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, written
-from gemma_doctor.trainers import Trainer
+from gemma_doctor.trainers import TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read from here)
 from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
@@ -230,8 +231,6 @@ _TRL_CONFIGS = {Trainer.TRL_SFT: "SFTConfig", Trainer.TRL_DPO: "DPOConfig", Trai
                 Trainer.TRL_RL: "trainer config"}
 Default = tuple[str, Any, str]  # (setting, the trainer's default value, where that default comes from)
 
-# TrainingArguments' per_device_train_batch_size default, which TRL's configs keep (trainer_defaults).
-TRAINING_ARGUMENTS_BATCH = 8
 
 
 def _llamafactory_checkpointing(s: Mapping[str, Any]) -> Default:
@@ -266,7 +265,8 @@ def checkpoint_dtype(census: Any | None) -> str | None:
     return next((d for d in map(_load_dtype_word, (census.declared, census.dominant)) if d is not None), None)
 
 
-def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None) -> tuple[Default, ...]:
+def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None = None,
+                     backend: str | None = None) -> tuple[Default, ...]:
     """The settings a training config leaves open that the trainer executing it fixes by its own default, each with
     that default's source: gradient checkpointing (TrainingArguments and axolotl: off; TRL's configs and LLaMA-Factory:
     on) and the dtype the weights load in where the config names none: TRL's trainers load a model id in float32
@@ -336,6 +336,13 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
                 tf = stack.get("transformers").describe()
                 out.append(("load_dtype", checkpoint, f"default of from_pretrained with {tf} (>=5.0.0: the "
                                                       "checkpoint's dtype where the script passes none)"))
+    elif trainer is Trainer.AXOLOTL and backend == "mps":
+        # ``backend``: the GPU's (readers/gpu.py); on Apple MPS axolotl runs no bf16 (axolotl_on_mps).
+        autocast, load, why = axolotl_on_mps(s)
+        who = f"default of {trainer_release(trainer, stack)}: resolve_dtype on MPS, {why}"
+        out.append(("precision", autocast, who))
+        if "torch_dtype" not in s:
+            out.append(("load_dtype", load, who))
     elif trainer in (Trainer.AXOLOTL, Trainer.LLAMA_FACTORY):
         own = _own_precision(trainer, s, stack)
         if own is not None:
@@ -382,6 +389,12 @@ def _own_precision(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) ->
         return ("precision", "bf16", f"default of {who}: {said}, on wherever torch.cuda.is_bf16_supported() says so "
                                      "(counting emulation): every CUDA GPU")
     pure = s.get("pure_bf16")
+    if pure is not None and truthy(pure.value) and not (fp16 is not None and truthy(fp16.value)):
+        # hparams/parser.py sets compute_dtype bfloat16 for pure_bf16 and leaves TrainingArguments' bf16 as written;
+        # init_adapter casts nothing to fp32: the weights train in bfloat16 with or without autocast.
+        return ("precision", "bf16", f"default of {who}: {pure.key}: true trains the weights, gradients and optimizer "
+                                     "states in bfloat16" + ("" if bf16 is not None and truthy(bf16.value) else
+                                                             " without autocast (bf16 is off)"))
     if bf16 is None and fp16 is None and "mixed_precision" not in s and not (pure is not None and truthy(pure.value)):
         return ("precision", "fp32", f"default of {who}: bf16 and fp16 false unless set (no autocast; it only "
                                      "recommends mixed precision)")
@@ -414,8 +427,12 @@ def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, c
         return "load_dtype", word, f"default of {who}: normalize_config's torch_dtype, {word} {why}"
     adapter, pure = s.get("adapter"), s.get("pure_bf16")
     kind = str(adapter.value).strip().lower() if adapter is not None else None
-    if "deepspeed" in s or (pure is not None and truthy(pure.value)):
+    if "deepspeed" in s:
         return None
+    if pure is not None and truthy(pure.value):
+        return ("load_dtype", checkpoint, f"default of {who}: from_pretrained(torch_dtype=\"auto\") loads the "
+                                          "checkpoint's dtype, which pure_bf16 trains as it is (no fp32 upcast)") \
+            if checkpoint is not None and kind in ("full", "lora", "oft", "freeze") else None
     if kind == "full":
         return ("load_dtype", "float32", f"default of {who}: init_adapter upcasts a full fine-tuning's "
                                          "weights to float32 without pure_bf16")
@@ -510,6 +527,10 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     sources.setdefault("precision", precision_source)
     if "num_gpus" not in src and seen > 1:
         sources["num_gpus"] = GPUS_VISIBLE
+    processes = tc.get("num_processes") if tc is not None and getattr(tc, "ok", False) else None
+    if "num_gpus" not in src and processes is not None and is_auto(processes.value):
+        # `torchrun --nproc-per-node auto|gpu` (readers/launch.py): one process per GPU visible when the run starts.
+        sources["num_gpus"] = f"{FROM_CONFIG}{processes.key} auto: one process per GPU visible ({seen})"
     if "lora_r" in src or "lora_targets" in src:
         sources["lora"] = src.get("lora_targets") or src.get("lora_r", "default")
     # The dtype the trainer loads the weights in (TRL's float32 default, a config's dtype), except for QLoRA, whose

@@ -106,11 +106,14 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
     launcher, rest = _launcher(words)
     layers: list[TrainingConfig] = []
     flags: dict[str, Any] = {}
+    processes: Any = None
+    note = ""  # what the launcher makes of a process count it does not run as written
     if launcher == "accelerate":
         options, script = _split(rest, _ACCELERATE_SWITCHES)
         config_file = options.pop("config_file", None) or options.pop("config-file", None)
         if isinstance(config_file, str):
             layers.append(_file(config_file, cwd, "--config_file"))
+        flagged = {name.replace("-", "_") for name, value in options.items() if value is True}
         for name, value in options.items():
             key = name.replace("-", "_")
             if key == "use_fsdp" and value is True:
@@ -119,14 +122,21 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
                 flags["distributed_type"] = "DEEPSPEED"
             elif key == "multi_gpu" and value is True:
                 flags.setdefault("distributed_type", "MULTI_GPU")
+            elif key == "num_processes":
+                processes = value
             elif key in _ACCELERATE_KEYS:
                 _put(flags, _ACCELERATE_KEYS[key], value)
+        if processes is not None:
+            written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
+                           None)
+            flags["num_processes"], note = _accelerate_processes(processes, flags.get("distributed_type") or written,
+                                                                 config_file is not None, "multi_gpu" in flagged)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _count(options.get("nnodes", 1), "--nnodes")
         per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
-        if per_node is not None and str(per_node).isascii() and str(per_node).isdigit() and len(str(per_node)) <= 18:
-            flags["num_processes"] = int(per_node) * nodes
+        if per_node is not None:
+            flags["num_processes"] = _torchrun_processes(per_node, nodes)
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
         options, script = _split(rest, _DEEPSPEED_SWITCHES)
@@ -151,7 +161,8 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
         if own is not None and not own.ok:
             raise _Bad(own.error or "unreadable")
         if own is not None:
-            settings.update({k: Setting(label + s.key, s.value) for k, s in own.settings.items()})
+            settings.update({k: Setting(label + s.key + (note if k == "num_processes" and label != "script --" else ""),
+                                        s.value) for k, s in own.settings.items()})
             if label == "script --":
                 script_trainer = own.trainer
     # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
@@ -305,6 +316,61 @@ def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
             child = node[part] = {}
         node = child
     node[last] = _value(value) if isinstance(value, str) else value
+
+
+def _accelerate_processes(value: Any, distributed: Any, config_file: bool, multi_gpu: bool) -> tuple[int, str]:
+    """(processes, a note on the count) for `accelerate launch --num_processes VALUE`, as accelerate 1.15.0's launch
+    does with it (commands/launch.py, run here on a CPU): its parser takes only an integer (`1e9`, `auto`: "invalid
+    int value", exit 2); 0 or less stops it where it starts several processes (`--multi_gpu`: "You need to use at least
+    2 processes"; FSDP / DeepSpeed / a config's MULTI_GPU: torchrun's agent refuses a local world size under 1; -1 with
+    a config file: "You need to manually pass in `--num_processes`"), and otherwise its simple launcher runs the script
+    as one process, which is what the plan then counts, saying so."""
+    text = str(value).strip()
+    try:
+        count = int(text) if len(text) <= 18 else None
+    except ValueError:
+        count = None
+    if count is None or isinstance(value, bool):
+        raise _Bad(f"--num_processes {_shown(text)} is not an integer: accelerate launch refuses it "
+                   "(\"invalid int value\")")
+    if count == 1 and multi_gpu:
+        raise _Bad("--multi_gpu with --num_processes 1 stops accelerate launch (\"You need to use at least 2 processes "
+                   "to use `--multi_gpu`\"): name the number of processes")
+    if count >= 1:
+        return count, ""
+    several = str(distributed or "NO").strip().upper() not in ("NO", "")
+    if several or (count == -1 and config_file):
+        raise _Bad(f"--num_processes {count} stops accelerate launch before the script starts (it needs a process "
+                   "count of at least 1, 2 with --multi_gpu): name the number of processes")
+    return 1, f" {count} (accelerate's single-process launcher: one process)"
+
+
+# torchrun's named process counts (torch 2.13.0 torch/distributed/run.py determine_local_world_size): each is the
+# count of that kind of device visible when the run starts ("auto": the accelerators, else the CPU cores).
+_TORCHRUN_NAMED = frozenset({"auto", "gpu", "xpu"})
+
+
+def _torchrun_processes(value: Any, nodes: int) -> int | str:
+    """The processes `torchrun --nproc-per-node VALUE` starts over ``nodes`` nodes, as torch 2.13.0's torchrun reads
+    it (run here on a CPU): an integer per node (0 or less: its elastic agent stops, "AssertionError"); "auto" / "gpu"
+    / "xpu": one per GPU visible, unknown until the run starts, kept as "auto" (the plan counts the GPUs visible and
+    says so); "cpu": one per CPU core, no count of GPUs; anything else: "Unsupported nproc_per_node value"."""
+    text = str(value).strip()
+    if text.lower() in _TORCHRUN_NAMED:
+        return "auto"
+    if text == "cpu":
+        raise _Bad("--nproc-per-node cpu starts one process per CPU core (torchrun), not one per GPU: name the "
+                   "number of processes")
+    try:
+        count = int(text) if len(text) <= 18 else None
+    except ValueError:
+        count = None
+    if count is None:
+        raise _Bad(f"--nproc-per-node {_shown(text)} is not a count torchrun reads (an integer, auto, gpu or cpu)")
+    if count < 1:
+        raise _Bad(f"--nproc-per-node {count} stops torchrun before the script starts (its agent needs at least one "
+                   "process a node): name the number of processes")
+    return count * nodes
 
 
 def _count(value: Any, flag: str) -> int:

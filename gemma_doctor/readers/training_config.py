@@ -493,6 +493,25 @@ def axolotl_load_dtype(settings: Mapping[str, Setting]) -> tuple[str, str | None
     return "float32", None
 
 
+def axolotl_on_mps(settings: Mapping[str, Setting]) -> tuple[str, str, str]:
+    """(autocast, load dtype, why) of an axolotl config run on Apple MPS: axolotl 0.19.0's resolve_dtype
+    (utils/config/__init__.py, in normalize_config), where choose_device picked "mps", turns bf16 off and fp16 on
+    beside a bf16 that is on or `auto` (its schema's default; auto resolves either way on a Mac: on, then fp16; off,
+    then fp16 where fp16 is unset), unless fp16 is written false; fp16 then loads the weights in float16, else float32
+    (load_in_8bit is switched off there). Run here on the real modules with the device it picks on a Mac
+    (tests/scripts/axolotl_precision.py)."""
+    bf16, fp16 = settings.get("bf16"), settings.get("fp16")
+    written_off = fp16 is not None and not truthy(fp16.value)
+    bf16_on = bf16 is None or is_auto(bf16.value) or truthy(bf16.value)
+    if fp16 is not None and truthy(fp16.value):
+        return "fp16", "float16", f"{fp16.key}: true on MPS: fp16 with float16 weights"
+    if bf16_on and not written_off:
+        said = "bf16 unset (its schema's auto)" if bf16 is None else f"{bf16.key}: {bf16.value}"
+        return "fp16", "float16", f"{said} turned into fp16 on MPS (bf16 off, fp16 on), float16 weights"
+    why = f"{fp16.key}: false" if written_off else f"{bf16.key}: {bf16.value}" if bf16 is not None else "no switch"
+    return "fp32", "float32", f"{why} on MPS: no mixed precision, float32 weights"
+
+
 def _settings_of_key() -> dict[str, tuple[tuple[str, int], ...]]:
     """Dotted key -> (setting, rank) for every key of KEYS: the settings that key states, and how far down each
     setting's list of keys it stands (the lowest rank present wins, as in ``from_data``)."""

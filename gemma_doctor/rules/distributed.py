@@ -9,11 +9,13 @@ from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import DEEPSPEED_BATCH, TrainingConfig, is_auto, truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import located, run_distributed
+from gemma_doctor.rules.common import located, run_distributed, run_trainer
 from gemma_doctor.rules.training import setting_finding
-from gemma_doctor.run import FROM_CONFIG, AutoWrap, Distributed, Engine, Sourced
+from gemma_doctor.run import AutoWrap, Distributed, Engine, Sourced
 from gemma_doctor.stack import Exposure
 from gemma_doctor.stack import Window
+from gemma_doctor.trainers import TRAINING_ARGUMENTS_BATCH, Trainer
+from gemma_doctor.units import positive_int
 from gemma_doctor.versioning import (FSDP2_SHARED_PARAM_CHECK, FSDP2_TIED_TAIL_GROUP, FSDP_WRAP_GEMMA3_TOWERS,
                                      FSDP_WRAP_GEMMA4_TOWERS, TRAINER_FSDP2_DEFAULTS, ZERO3_GEMMA4_CLIP_BUFFERS)
 
@@ -34,7 +36,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from _fsdp_wrap_named(model, tc, run)
     yield from _zero3_clip_buffers(model, env, tc, run)
     yield from _fsdp2_tied(model, env, tc, run)
-    yield from _deepspeed_batch(model, tc, run)
+    yield from _deepspeed_batch(model, env, tc, run)
 
 
 def _wrap_without_classes(run: Distributed) -> tuple[Sourced[Any], bool] | None:
@@ -192,28 +194,36 @@ def _fsdp2_tied(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Di
         **located(run.engine, tc))
 
 
-# The sources of a Run's batch that are TrainingArguments' own value (the config's key, or TrainingArguments' default
-# that plan/runplan.trainer_defaults states), not the search's choice.
-_TA_BATCH = (FROM_CONFIG, "default of transformers TrainingArguments")
+def _trainingarguments_batch(tc: TrainingConfig, trainer: Trainer) -> tuple[int | None, int | None]:
+    """(per_device_train_batch_size, gradient_accumulation_steps) that TrainingArguments holds for the run the training
+    config describes: the config's own values, else, for a plain Trainer or one of TRL's (whose configs keep
+    TrainingArguments' defaults), the defaults 8 and 1; None where neither says. Read from the config itself, not from
+    the memory plan's Run (whose batch an option or the search may set): the DeepSpeed integration compares the files
+    as they will run, whether or not a plan is made."""
+    s = tc.settings
+    batch = positive_int(s["batch_size"].value) if "batch_size" in s else None
+    accumulation = positive_int(s["gradient_accumulation_steps"].value) if "gradient_accumulation_steps" in s else None
+    if trainer.runs_trl or trainer is Trainer.TRANSFORMERS:
+        batch = batch if "batch_size" in s else TRAINING_ARGUMENTS_BATCH
+        accumulation = accumulation if "gradient_accumulation_steps" in s else 1
+    return batch, accumulation
 
 
-def _deepspeed_batch(model: ModelFacts, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
-    """GD663: the DeepSpeed JSON the config names writes a batch that differs from TrainingArguments' (the Run's batch
-    and accumulation: the config's own value, or the trainer's default). The Trainer's integration fills an "auto"
-    from TrainingArguments and refuses a number that differs: HfTrainerDeepSpeedConfig.fill_match collects each
-    mismatch and trainer_config_finalize raises one ValueError at start-up (transformers >= 4.7.0; 4.5 refused the
-    keys outright, 4.6 set "auto" only; reproduced with transformers 5.23.0). Under auto_find_batch_size the micro
-    batch and the global batch are not checked."""
-    s, whole = tc.settings, model.run
-    if whole is None or not any(name in s for name in DEEPSPEED_BATCH):
+def _deepspeed_batch(model: ModelFacts, env: Environment, tc: TrainingConfig, run: Distributed) -> Iterator[Finding]:
+    """GD663: the DeepSpeed JSON the config names writes a batch that differs from TrainingArguments' (the config's
+    own batch and accumulation, or the trainer's defaults). The Trainer's integration fills an "auto" from
+    TrainingArguments and refuses a number that differs: HfTrainerDeepSpeedConfig.fill_match collects each mismatch
+    and trainer_config_finalize raises one ValueError at start-up (transformers >= 4.7.0; 4.5 refused the keys
+    outright, 4.6 set "auto" only; reproduced with transformers 5.23.0). Under auto_find_batch_size the micro batch and
+    the global batch are not checked."""
+    s = tc.settings
+    if not any(name in s for name in DEEPSPEED_BATCH):
         return
     finder = "auto_find_batch_size" in s and truthy(s["auto_find_batch_size"].value)
-    batch = whole.batch.value if whole.batch.source.startswith(_TA_BATCH) else None
-    accumulation = whole.accumulation.value if whole.accumulation.source.startswith(FROM_CONFIG) or batch else None
+    batch, accumulation = _trainingarguments_batch(tc, run_trainer(model, env).value)
     # DeepSpeed's train_batch_size is world_size x micro batch x accumulation: checked where the processes are written.
-    nodes = whole.hardware.nodes
-    world = run.processes_per_node.value * nodes.value \
-        if run.processes_per_node.source != "default" and nodes.value else None
+    nodes = positive_int(s["num_machines"].value) if "num_machines" in s else 1
+    world = run.processes_per_node.value * nodes if run.processes_per_node.source != "default" and nodes else None
     total = batch * accumulation * world if batch and accumulation and world else None
     hf_keys = {"deepspeed_batch_size": ("per_device_train_batch_size", None if finder else batch),
                "deepspeed_accumulation": ("gradient_accumulation_steps", accumulation),

@@ -10,9 +10,9 @@ from gemma_doctor.errors import UsageError
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers.gpu import GpuFacts
-from gemma_doctor.readers.training_config import truthy
+from gemma_doctor.readers.training_config import axolotl_on_mps, truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import checkpoints, written_of
+from gemma_doctor.rules.common import checkpoints, run_trainer, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.trainers import Trainer
@@ -153,13 +153,24 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         bf16_default = f"bf16 (unset: TRL's config turns it on where fp16 is off, {env.libraries.get('trl').describe()})"
     else:
         bf16_default = None
+    # LLaMA-Factory's pure_bf16 trains the weights themselves in bfloat16, with or without `bf16` (0.9.5
+    # runplan._own_precision): a bf16 run (GD603 where the GPU has none), never GD609's fp32.
+    pure = s.get("pure_bf16")
+    if bf16_default is None and not bf16_key and pure is not None and truthy(pure.value) \
+            and run_trainer(model, env).value is Trainer.LLAMA_FACTORY:
+        bf16_default = f"{pure.key}: true (LLaMA-Factory trains the weights in bfloat16)"
     # axolotl's schema defaults bf16 to `auto` (0.19.0; runplan._own_precision): an unset bf16 asks the machine as a
     # written `auto` does (GD605, not GD609's fp32).
     axolotl_auto = by_default and run.trainer.value is Trainer.AXOLOTL and not bf16_auto
+    # axolotl on Apple MPS runs no bf16: its resolve_dtype turns bf16 (written or auto) into fp16 there
+    # (readers.training_config.axolotl_on_mps): GD602 where that fp16 meets this model, and no bf16 finding, nor GD609's
+    # fp32 where it runs fp16.
+    on_mps = getattr(env.gpu, "backend", None) == "mps" and not on_cpu \
+        and run_trainer(model, env).value is Trainer.AXOLOTL
     # Whether TRL's default applies where the stack's TRL version is unknown (GD609 then says both).
     trl_bf16 = tc.bf16_by_trainer(env.libraries)
     if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"} \
-            and bf16_default is None and not axolotl_auto:
+            and bf16_default is None and not axolotl_auto and not (on_mps and axolotl_on_mps(s)[0] != "fp32"):
         unless = ("unless the launcher adds it, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
                   "stack's TRL version is not known)" if trl_bf16 is Exposure.UNKNOWN else "unless the launcher adds it")
         yield _finding("GD609", Severity.INFO,
@@ -171,6 +182,15 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
         yield _finding("GD604", Severity.ERROR, "both fp16 and bf16 are enabled: transformers refuses to start "
                        "(or one silently wins, depending on the launcher)",
                        "enable one of them: bf16 on a GPU with native bf16, otherwise neither (fp32)", tc, fp16_key)
+    mps_fp16 = on_mps and axolotl_on_mps(s)[0] == "fp16"
+    if mps_fp16 and fp16_unsafe and not fp16_key:
+        yield _finding("GD602", Severity.ERROR,
+                       f"fp16 on {name}: axolotl runs this config in fp16 on Apple MPS (its resolve_dtype turns bf16, "
+                       "written or its default auto, into fp16 there, with float16 weights), and the model's "
+                       "activations exceed fp16's maximum (65504), giving inf/NaN losses (transformers #36822)"
+                       + embedding_note(model),
+                       "set bf16: false and fp16: false (fp32) for axolotl on MPS, or train on a GPU with native bf16",
+                       tc, "bf16")
     if fp16_key and fp16_unsafe:
         yield _finding("GD602", Severity.ERROR,
                        f"fp16 on {name}: the model was pretrained in bf16 and its activations exceed fp16's maximum "
@@ -178,13 +198,14 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
                        + embedding_note(model),
                        "use bf16 where the GPU has native bf16 (compute capability >= 8.0), otherwise train in fp32",
                        tc, fp16_key)
-    if (bf16_key or bf16_default) and gpu.native_bf16 is False:
+    # (axolotl turns bf16 off on MPS: no bf16 runs there for GD603 / GD605 to judge)
+    if (bf16_key or bf16_default) and gpu.native_bf16 is False and not on_mps:
         yield _finding("GD603", Severity.ERROR,
                        f"{'bf16 is enabled' if bf16_key else bf16_default} but {gpu.label} has no native bf16 (needs "
                        "compute capability >= 8.0): torch emulates it, slowly, or the run fails",
                        "set bf16 to false and train in fp32" + (" (never fp16 for this model)" if fp16_unsafe else "")
                        + ", or use an A100/L4/H100-class GPU", tc, bf16_key)
-    if (bf16_auto or axolotl_auto) and (gpu.emulated_trap or gpu.native_bf16 is False):
+    if (bf16_auto or axolotl_auto) and (gpu.emulated_trap or gpu.native_bf16 is False) and not on_mps:
         yield _finding("GD605", Severity.WARNING,
                        ("bf16 unset is bf16: auto under axolotl (its schema's default), which " if axolotl_auto
                         else "bf16: auto ")
