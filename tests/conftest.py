@@ -66,28 +66,37 @@ _pin_hypothesis_constants()
 # collection order (with --no-loadscope-reorder, pyproject.toml); its default order is by number of tests, which puts
 # the few-test, minute-long modules (a 2-rank rehearsal, a venv build and one evaluation in it) last, and the run then
 # ends with one worker in such a module and the other idle. Started first, the many short modules fill in behind them.
-# Ranked from the 29 Nov clean-clone run's durations (docs/ci.md "The ninth round"); a module
-# missing here starts after these if it has a test marked slow (it builds a venv or trains), else with the short ones.
+# Ranked from the worker seconds of round 10's clean-clone run B (docs/ci.md "The eleventh round"), after this round's
+# cuts; the modules of 15-40 s there that were not named (they ran among the short ones, by number of tests) are named
+# now: a 35-second module left to the end is the tail of the run. A module missing here starts after these if it has a
+# test marked slow (it builds a venv or trains), else with the short ones.
 LONGEST_FIRST = (
     "tests/test_rehearse_launch.py",  # 45 tests, each slow one a launched script's child importing the stack
     "tests/test_rehearse.py",
     "tests/test_rehearse_ranks.py",  # 8 tests, 5 children of two CPU ranks each
-    "tests/test_distributed.py",  # two venvs built, then reproductions on FSDP ranks
-    "tests/test_rehearse_deepspeed.py",  # DeepSpeed installed (pip builds its sdist), 2 children of 2 ranks each
-    "tests/test_hub_hostile.py",
-    "tests/test_rehearse_preference.py",  # six children (KTO x2, ORPO, reward x2, online DPO)
-    "tests/test_rehearse_llamafactory.py",  # its own venv, then two LLaMA-Factory runs
+    "tests/test_distributed.py",  # reproductions with accelerate's own code, one venv (V4_LATE)
+    "tests/test_rehearse_llamafactory.py",  # its own venv, then LLaMA-Factory runs
     "tests/test_rehearse_axolotl.py",
+    "tests/test_rehearse_preference.py",  # six children (KTO x2, ORPO, reward x2, online DPO)
+    "tests/test_rehearse_deepspeed.py",  # DeepSpeed installed, 2 children of 2 ranks each
+    "tests/test_hub_hostile.py",
     "tests/test_rehearse_grpo.py",
     "tests/test_crashes_venvs.py",
     "tests/test_rehearse_venvs.py",  # 4 tests, each a rehearsal child in a reproduction venv
     "tests/test_prescription.py",
-    "tests/test_e2e_transformers450.py",  # 1 test, 80-130 s with the LEGACY venv: it ran last by count
+    "tests/test_e2e_transformers450.py",  # 1 test, 40-130 s with the LEGACY venv: it ran last by count
     "tests/test_pitfalls_repro.py",
+    "tests/test_help_options.py",
+    "tests/test_deepspeed_batch.py",
+    "tests/test_co_user_scans.py",
     "tests/test_after_training_repro.py",
-    "tests/test_attacker.py",
-    "tests/test_hub.py",
     "tests/test_api.py",
+    "tests/test_newest_releases.py",
+    "tests/test_attacker.py",
+    "tests/test_crash_safety.py",
+    "tests/test_cache_layouts.py",
+    "tests/test_hub.py",
+    "tests/test_install.py",
     "tests/test_twin.py",
     "tests/test_catalogue.py",
     "tests/test_scan_speed.py",

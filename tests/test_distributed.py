@@ -26,7 +26,7 @@ from gemma_doctor.readers.versions import Versions
 from gemma_doctor.rules import distributed
 from tests.builders import gemma3_1b_config, gemma3_12b_config
 from tests.test_crashes import gemma4_config
-from tests.venvs import ACCEL_FSDP2_TIED, V4_LATE, ensure_venv, subprocess_env
+from tests.venvs import ACCEL_FSDP2_TIED_PACKAGES, ROOT, V4_LATE, ensure_packages, ensure_venv, subprocess_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_wrap_cases.py"
 TIED_SCRIPT = Path(__file__).parent / "scripts" / "fsdp2_tied.py"
@@ -197,18 +197,22 @@ def _cases(python: str, out: Path, classes: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _check(python: str, folder: Path, launch: Path) -> dict[str, dict]:
+def _check(python: str, folder: Path, launch: Path, env: dict[str, str] | None = None) -> dict[str, dict]:
     done = subprocess.run([python, "-m", "gemma_doctor", "check", str(folder), "--training-config", str(launch),
                            "--format", "json", "--fail-on", "never"], capture_output=True, text=True, timeout=300,
-                          env=subprocess_env())
+                          env=env or subprocess_env())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return {f["code"]: f for f in json.loads(done.stdout)["models"][0]["findings"]}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """Per venv: the run with no class list, check's findings before and after pasting the cure, the cured run."""
+    """Per venv: the run with no class list, check's findings before and after pasting the cure, the cured run. The
+    main stack's cured run also passes GD682's class list for gemma3_text (the cure of a wrong class, a Gemma 1
+    layer: test_accelerate_stops_on_a_wrap_class_the_model_lacks...), one run of the script instead of two: the
+    script takes a class list per model, and that model's run with no list is the uncured run's."""
     out = {}
+    _, [gd682] = lint(WITH_CLASSES.replace(": X\n", ": GemmaDecoderLayer\n"), "gemma3_text")
     for label, python in (("4.57.6", str(ensure_venv(V4_LATE))), ("5.23.0", sys.executable)):
         work = tmp_path_factory.mktemp(f"fsdp-{label}")
         before = _cases(python, work, {})
@@ -226,9 +230,10 @@ def runs(tmp_path_factory) -> dict:
         for name, cure in cures.items():
             cured_launch.write_text(WITH_CLASSES.replace(": X\n", f": {','.join(cure)}\n"))
             after_findings[name] = _check(python, work / name, cured_launch)
-        after = _cases(python, work, cures)
+        wrong_class_cure = {"gemma3_text": gd682.details["classes_to_wrap"]} if label == "5.23.0" else {}
+        after = _cases(python, work, {**cures, **wrong_class_cure})
         out[label] = {"before": before, "findings": findings, "cures": cures, "after_findings": after_findings,
-                      "after": after}
+                      "after": after, "wrong_class_cure": wrong_class_cure}
     return out
 
 
@@ -331,12 +336,14 @@ def tied_runs(tmp_path_factory) -> dict:
     launch = work / "fsdp2.yaml"
     launch.write_text(FSDP2.replace("  fsdp_sharding_strategy: FULL_SHARD\n", "  fsdp_reshard_after_forward: true\n"))
     out = {}
-    for python in (str(ensure_venv(ACCEL_FSDP2_TIED)), sys.executable):
-        done = subprocess.run([python, str(TIED_SCRIPT)], capture_output=True, text=True, timeout=600,
-                              env=subprocess_env())
+    # accelerate 1.14.0 beside this interpreter's stack, first on the path: the very versions of the ACCEL_FSDP2_TIED
+    # venv's lock, which differs from the test stack in accelerate alone (tests/test_venvs_lock.py), without building it.
+    accelerate_114 = subprocess_env(PYTHONPATH=f"{ensure_packages(ACCEL_FSDP2_TIED_PACKAGES)}:{ROOT}")
+    for env in (accelerate_114, subprocess_env()):
+        done = subprocess.run([sys.executable, str(TIED_SCRIPT)], capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         run = json.loads(done.stdout.strip().splitlines()[-1])
-        run["findings"] = _check(python, folder, launch)
+        run["findings"] = _check(sys.executable, folder, launch, env)
         out[run["accelerate"]] = run
     return out
 
@@ -471,10 +478,11 @@ def test_a_count_of_non_ascii_digits_is_not_a_count(cli, tmp_path, line):
 
 
 @pytest.mark.slow
-def test_accelerate_stops_on_a_wrap_class_the_model_lacks_and_the_class_table_is_the_installed_transformers(tmp_path):
+def test_accelerate_stops_on_a_wrap_class_the_model_lacks_and_the_class_table_is_the_installed_transformers(tmp_path,
+                                                                                                        runs):
     """GD682's evidence: accelerate's own auto-wrap on a tiny Gemma 3 built here stops on GemmaDecoderLayer (Gemma 1's)
-    and on a misspelling, and wraps with the class the finding names; model_classes.json equals what
-    docs/gen_model_classes.py reads from this transformers."""
+    and on a misspelling, and wraps with the class the finding names (in the runs fixture's cured run of this stack);
+    model_classes.json equals what docs/gen_model_classes.py reads from this transformers."""
     classes = {"gemma3_text": ["GemmaDecoderLayer"]}
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), json.dumps(classes)], capture_output=True,
                           text=True, timeout=600, env=subprocess_env())
@@ -483,10 +491,9 @@ def test_accelerate_stops_on_a_wrap_class_the_model_lacks_and_the_class_table_is
     assert "Could not find the transformer layer class GemmaDecoderLayer" in got["fsdp1"], got
     _, [finding] = lint(WITH_CLASSES.replace(": X\n", ": GemmaDecoderLayer\n"), "gemma3_text")
     assert finding.code == "GD682" and finding.details["classes_to_wrap"] == ["Gemma3DecoderLayer"]
-    cured = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), json.dumps(
-        {"gemma3_text": finding.details["classes_to_wrap"]})], capture_output=True, text=True, timeout=600,
-        env=subprocess_env())
-    assert json.loads(cured.stdout)["models"]["gemma3_text"]["fsdp1"] == "ok"
+    cured = runs["5.23.0"]
+    assert cured["wrong_class_cure"] == {"gemma3_text": finding.details["classes_to_wrap"]}
+    assert cured["after"]["transformers"] == "5.23.0" and cured["after"]["models"]["gemma3_text"]["fsdp1"] == "ok"
     import importlib.util
 
     import transformers

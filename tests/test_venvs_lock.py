@@ -34,3 +34,19 @@ def test_a_lock_that_misses_a_package_or_pins_another_version_is_refused():
 def test_a_lock_line_and_an_installed_distribution_compare_by_normalised_name_and_version():
     assert venvs._pin("typing_extensions==4.16.0") == venvs._pin("Typing-Extensions==4.16.0")
     assert venvs._pin("torch==2.13.0+cpu") == ("torch", "2.13.0")
+
+
+def test_the_tied_embedding_venv_is_the_test_stack_but_for_accelerate():
+    """tests/test_distributed.py runs GD662's accelerate 1.14.0 as this interpreter with ACCEL_FSDP2_TIED_PACKAGES first
+    on its path instead of building the ACCEL_FSDP2_TIED venv: the same run only while that venv's lock holds the test
+    stack's version of every package but accelerate, and accelerate at the folder's version."""
+    from packaging.utils import canonicalize_name
+
+    def pins(lines: list[str]) -> dict[str, str]:
+        return dict(venvs._pin(line) for line in (line.split("#", 1)[0].strip() for line in lines) if "==" in line)
+
+    lock = pins(_pins(venvs.ACCEL_FSDP2_TIED))
+    stack = pins(venvs.CONSTRAINTS.read_text().splitlines())
+    [(name, version)] = (spec.split("==") for spec in venvs.ACCEL_FSDP2_TIED_PACKAGES)
+    assert canonicalize_name(name) == "accelerate" and lock["accelerate"] == version != stack["accelerate"]
+    assert {k: v for k, v in lock.items() if k != "accelerate"} == {k: stack[k] for k in lock if k != "accelerate"}

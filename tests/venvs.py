@@ -44,8 +44,12 @@ V5_EARLY = ("transformers==5.5.1", "accelerate==1.13.0", "peft==0.18.1")
 # as nothing there (GD760).
 V4_PRE_LAYOUT = ("transformers==4.51.3", "accelerate==1.6.0", "huggingface_hub<1.0", "peft==0.15.2")
 # The one accelerate whose FSDP2 preparation splits a tied embedding over two FSDP groups, which torch 2.13 refuses
-# (GD662; accelerate PR #4171, fixed in 1.15.0), beside the main venv's transformers.
+# (GD662; accelerate PR #4171, fixed in 1.15.0), beside the main venv's transformers. Its lock is the test stack's
+# every version but accelerate's (tests/test_venvs_lock.py), so the suite runs it as the main interpreter with
+# ACCEL_FSDP2_TIED_PACKAGES first on PYTHONPATH (ensure_packages: one wheel) instead of building the venv;
+# benchmarks/field_recall.py reads its lock.
 ACCEL_FSDP2_TIED = ("transformers==5.23.0", "accelerate==1.14.0")
+ACCEL_FSDP2_TIED_PACKAGES = ("accelerate==1.14.0",)
 
 
 CONSTRAINTS = ROOT / "tests" / "constraints.txt"
