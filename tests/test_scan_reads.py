@@ -64,7 +64,8 @@ def test_a_read_with_its_components_given_is_the_read_from_its_path(hub, tmp_pat
         plain = fsafe.read_file(path, 1 << 20, area, follow=follow)
         given = fsafe.read_file(os.fspath(path), 1 << 20, area, follow=follow, parts=area.parts(path))
         assert vars(given) == vars(plain), name
-    assert fsafe.read_file(snap / "absolute_out.json", 1 << 20, area, parts=area.parts(snap / "absolute_out.json")).escapes
+    out = snap / "absolute_out.json"
+    assert fsafe.read_file(out, 1 << 20, area, parts=area.parts(out)).escapes
 
 
 def test_a_ref_and_snapshot_entry_read_with_their_components_are_what_they_were(hub, tmp_path):
