@@ -159,10 +159,11 @@ def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, 
     # A ref read (a commit hash through a real repo folder and a real refs/ folder) says the repo folder is fine; else
     # the repo folder is looked at first, as it always was: a link, or a folder this user cannot enter, is the repo's
     # problem, whatever the ref says.
-    ref = _read_ref(repo_dir, revision) if not all_revisions else None
+    area = fsafe.Area(repo_dir)  # one per repo: its root's absolute path worked out once for the ref and the snapshot
+    ref = _read_ref(repo_dir, revision, area) if not all_revisions else None
     if not isinstance(ref, str):
         try:
-            fsafe.kind(repo_dir / "refs", fsafe.Area(repo_dir))
+            fsafe.kind(repo_dir / "refs", area)
         except fsafe.Refused as e:
             return [broken("GD020", f"{e}; not read")]
         except OSError as e:
@@ -174,7 +175,7 @@ def _repo_snapshots(target: str, repo_id: str, repo_dir: Path, cache_dir: Path, 
             # The ref names the snapshot: no listing needed (a folder this user may only traverse still works).
             path = repo_dir / "snapshots" / ref
             try:
-                kind = fsafe.kind(path, fsafe.Area(repo_dir))
+                kind = fsafe.kind(path, area, parts=["snapshots", ref])
             except fsafe.Refused as e:
                 return [broken("GD020", f"{e}; not read")]
             except OSError as e:
@@ -432,9 +433,13 @@ def _list_snapshots(repo_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]
     return good, bad
 
 
-def _read_ref(repo_dir: Path, revision: str) -> str | RepoProblem | None:
-    """The commit hash ``refs/<revision>`` holds; None when there is no such ref; a problem when it is not a hash."""
-    got = fsafe.read_file(repo_dir / "refs" / revision, _MAX_REF_BYTES, fsafe.Area(repo_dir), follow=False)
+def _read_ref(repo_dir: Path, revision: str, area: fsafe.Area | None = None) -> str | RepoProblem | None:
+    """The commit hash ``refs/<revision>`` holds; None when there is no such ref; a problem when it is not a hash.
+    ``revision``: a valid one (validate_revision) or a name listed below refs/; ``area``: the repo folder's, when the
+    caller has it."""
+    # The path as text and its components as known (no Path made and cut up again: a scan asks this once per repo).
+    got = fsafe.read_file(os.path.join(repo_dir, "refs", revision), _MAX_REF_BYTES, area or fsafe.Area(repo_dir),
+                          follow=False, parts=["refs", *revision.split("/")])
     if not got.exists or got.error == "is a folder, not a file":
         return None  # missing, or a folder of nested refs (pr/1)
     if got.error:

@@ -82,13 +82,31 @@ class LocalSource:
         """The repo folder as an fsafe.Area, made once for all of this model's reads."""
         return fsafe.Area(self.root) if self.root is not None else None
 
+    @cached_property
+    def _folder_parts(self) -> list[str] | None:
+        """The folder's components below the repo folder (``snapshots/<commit>``), worked out once per model; None
+        without a repo folder, or where the folder is not below it (fsafe then says so, as it always did)."""
+        area = self._area
+        if area is None:
+            return None
+        try:
+            return area.parts(self.folder)
+        except fsafe.Refused:
+            return None
+
+    def _parts_of(self, name: str) -> list[str] | None:
+        """fsafe's components of the file ``name`` below the repo folder, for a plain name (None: fsafe works them
+        out of the path, as for any other)."""
+        folder = self._folder_parts if _entry_name(name) else None
+        return None if folder is None else [*folder, name]
+
     def read_json(self, name: str) -> JsonFile:
         """read_json_file confined to the repo folder (a name missing from the folder's listing, when has() made one,
         is missing, unread: config.json alone, all a whole-cache scan reads of most repos, lists nothing)."""
         names = self.__dict__.get("_names") if _entry_name(name) else None  # only a listing has() made
         if names is not None and name not in names:
             return JsonFile(self.folder / name, exists=False)
-        return read_json_file(self.folder / name, self.root, self._area)
+        return read_json_file(self.folder / name, self.root, self._area, parts=self._parts_of(name))
 
     def read_header(self, name: str) -> SafetensorsHeader:
         """The header of ``name``; a link leading outside the repo folder is refused unread (at the moment of use)."""

@@ -136,13 +136,14 @@ def _json_type(value: Any) -> str:
     return "number"
 
 
-def read_json_file(path: Path, root: Path | None = None, area: fsafe.Area | None = None) -> JsonFile:
+def read_json_file(path: Path, root: Path | None = None, area: fsafe.Area | None = None,
+                   parts: list[str] | None = None) -> JsonFile:
     """Read and parse ``path`` at the moment of use (fsafe.read_file); with ``root`` (a cache repo folder), links are
     followed only while they stay inside it, and one leading out is refused unread (``area``: that folder's Area,
-    when the caller has one)."""
+    ``parts``: the path's components below it, when the caller has them)."""
     if area is None and root is not None:
         area = fsafe.Area(root)
-    got = fsafe.read_file(path, MAX_JSON_BYTES, area, unread_over=True)
+    got = fsafe.read_file(path, MAX_JSON_BYTES, area, unread_over=True, parts=parts if area is not None else None)
     if not got.exists:
         return JsonFile(path, exists=False)
     if got.too_large:  # by its size: not a byte read (300 of them held by a scan took it to 4.66 GB; issue 33)

@@ -1,0 +1,92 @@
+"""A whole-cache scan locates and reads each repo with the components of its paths known (issue 32 item 5): each
+path below a repo folder is worked out once per model, not once per file, and every read is the same read (fsafe's
+walk from the repo folder, one component at a time, links followed only inside it). No test asserts on time; the
+figures are in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gemma_doctor import fsafe, locate, pipeline
+from gemma_doctor.model import source_of
+from tests.builders import gemma3_12b_config, generation_config, llama_config, variant
+
+
+def _scan(cache):
+    located = [(s, source_of(s)) for s in locate.snapshots_in(cache, locate.cache_folders(cache))]
+    return list(pipeline.select_each(located, explicit=False))
+
+
+def test_a_scan_works_out_each_models_paths_once(hub, monkeypatch):
+    gemma, other, gen = gemma3_12b_config(), llama_config(), generation_config()
+    for i in range(6):
+        cfg = gemma if i % 2 == 0 else other
+        hub.add(f"org/model-{i}", {"config.json": variant(cfg, _name_or_path=f"m{i}"), "generation_config.json": gen})
+    cut: list[str] = []
+    real = fsafe.Area.parts
+    monkeypatch.setattr(fsafe.Area, "parts", lambda self, path: cut.append(os.fspath(path)) or real(self, path))
+    got = _scan(hub.root)
+    assert sum(m is not None for m, _ in got) == 3 and len(got) == 6
+    assert all(m.config.ok and m.generation_config.ok for m, _ in got if m is not None)
+    # One per model read (its snapshot folder), where each ref, snapshot entry and file was one (21 here).
+    assert len(cut) == 6 and all(os.path.basename(os.path.dirname(p)) == "snapshots" for p in cut)
+
+
+def _planted(hub, tmp_path):
+    """A repo whose snapshot holds what an attacker may plant: links out (relative and absolute), a dangling link, a
+    FIFO, a folder, a link to a folder, a link through a linked folder, and a hub link that stays inside."""
+    snap = hub.add("org/planted", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"x": 1}')
+    os.symlink(outside, snap / "absolute_out.json")
+    os.symlink("../../../../secret.json", snap / "relative_out.json")
+    os.symlink("../../blobs/missing", snap / "dangling.json")
+    os.mkfifo(snap / "fifo.json")
+    (snap / "folder.json").mkdir()
+    os.symlink(str(tmp_path), snap / "linked_dir")
+    os.symlink("linked_dir/secret.json", snap / "through_link.json")
+    os.symlink("config.json", snap / "to_config.json")
+    return snap
+
+
+NAMES = ["config.json", "generation_config.json", "absolute_out.json", "relative_out.json", "dangling.json",
+         "fifo.json", "folder.json", "through_link.json", "to_config.json", "missing.json"]
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_read_with_its_components_given_is_the_read_from_its_path(hub, tmp_path, follow):
+    snap = _planted(hub, tmp_path)
+    area = fsafe.Area(hub.repo_dir("org/planted"))
+    for name in NAMES:
+        path = snap / name
+        plain = fsafe.read_file(path, 1 << 20, area, follow=follow)
+        given = fsafe.read_file(os.fspath(path), 1 << 20, area, follow=follow, parts=area.parts(path))
+        assert vars(given) == vars(plain), name
+    out = snap / "absolute_out.json"
+    assert fsafe.read_file(out, 1 << 20, area, parts=area.parts(out)).escapes
+
+
+def test_a_ref_and_snapshot_entry_read_with_their_components_are_what_they_were(hub, tmp_path):
+    """locate's ref read and snapshot look, given their components, against the paths read whole."""
+    snap = _planted(hub, tmp_path)
+    repo = hub.repo_dir("org/planted")
+    area = fsafe.Area(repo)
+    os.symlink("main", repo / "refs" / "linked")
+    (repo / "refs" / "pr").mkdir()
+    (repo / "refs" / "pr" / "1").write_text(snap.name)
+    for rev in ("main", "linked", "pr", "pr/1", "nothing", "pr/2"):
+        assert locate._read_ref(repo, rev, area) == locate._read_ref(repo, rev) == _ref_by_path(repo, rev), rev
+    for entry in (snap.name, "0" * 40):
+        path = repo / "snapshots" / entry
+        assert fsafe.kind(path, area, parts=["snapshots", entry]) == fsafe.kind(path, area)
+
+
+def _ref_by_path(repo, rev):
+    got = fsafe.read_file(repo / "refs" / rev, locate._MAX_REF_BYTES, fsafe.Area(repo), follow=False)
+    if not got.exists or got.error == "is a folder, not a file":
+        return None
+    if got.error:
+        return locate.RepoProblem("GD021", f"refs/{rev}: {got.error}")
+    return got.data.decode().strip()
