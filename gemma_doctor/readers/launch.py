@@ -54,6 +54,9 @@ _ACCELERATE_KEYS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
 }
 
+# accelerate launch's options that its parser reads with type=int (accelerate 1.15.0's launch_command_parser).
+_ACCELERATE_INTS = frozenset({"num_processes", "num_machines", "zero_stage", "gradient_accumulation_steps",
+                              "fsdp_min_num_params"})
 
 # The deepest dotted script argument a setting of the key table needs (`--fsdp_config.fsdp_version`), with room.
 _MAX_DOTS = 8
@@ -124,6 +127,9 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
                 flags.setdefault("distributed_type", "MULTI_GPU")
             elif key == "num_processes":
                 processes = value
+            elif key in _ACCELERATE_INTS and value is not True and _integer(value) is None:
+                # accelerate's parser reads these with type=int: anything int() refuses stops the launch there.
+                raise _Bad(f"--{_shown(name)} {_shown(str(value))} is not an integer (accelerate launch refuses it)")
             elif key in _ACCELERATE_KEYS:
                 _put(flags, _ACCELERATE_KEYS[key], value)
         if processes is not None:
@@ -133,7 +139,7 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
                                                                  config_file is not None, "multi_gpu" in flagged)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
-        nodes = _count(options.get("nnodes", 1), "--nnodes")
+        nodes = _nodes(options.get("nnodes", "1"))
         per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
         if per_node is not None:
             flags["num_processes"] = _torchrun_processes(per_node, nodes)
@@ -326,10 +332,7 @@ def _accelerate_processes(value: Any, distributed: Any, config_file: bool, multi
     a config file: "You need to manually pass in `--num_processes`"), and otherwise its simple launcher runs the script
     as one process, which is what the plan then counts, saying so."""
     text = str(value).strip()
-    try:
-        count = int(text) if len(text) <= 18 else None
-    except ValueError:
-        count = None
+    count = _integer(value)
     if count is None or isinstance(value, bool):
         raise _Bad(f"--num_processes {_shown(text)} is not an integer: accelerate launch refuses it "
                    "(\"invalid int value\")")
@@ -361,10 +364,7 @@ def _torchrun_processes(value: Any, nodes: int) -> int | str:
     if text == "cpu":
         raise _Bad("--nproc-per-node cpu starts one process per CPU core (torchrun), not one per GPU: name the "
                    "number of processes")
-    try:
-        count = int(text) if len(text) <= 18 else None
-    except ValueError:
-        count = None
+    count = _integer(value)
     if count is None:
         raise _Bad(f"--nproc-per-node {_shown(text)} is not a count torchrun reads (an integer, auto, gpu or cpu)")
     if count < 1:
@@ -382,6 +382,31 @@ def _count(value: Any, flag: str) -> int:
     return int(text)
 
 
+def _integer(value: Any) -> int | None:
+    """The launchers' own reading of a number: Python's ``int()`` on the word (spaces, a sign, ``1_000`` and other
+    scripts' digits such as ``٣`` allowed, ``1e9`` / ``2.5`` / ``''`` not), or None where int() refuses it or it is
+    over 18 digits (no machine runs that many; past 4,300 digits int() itself refuses)."""
+    text = str(value)
+    if len(text) > 40:
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        return None
+    return number if abs(number) < 10**18 else None
+
+
+def _nodes(value: Any) -> int:
+    """torchrun's --nnodes as torch 2.13's parse_min_max_nnodes and config_from_args read it: N or MIN:MAX with
+    0 < MIN <= MAX, else the launch stops (`4:1`, `0:4`, `1:2:3`, `0`); the most it may run."""
+    parts = str(value).split(":")
+    bounds = [_integer(part) for part in parts]
+    if len(parts) > 2 or None in bounds or not 0 < bounds[0] <= bounds[-1]:  # type: ignore[operator]
+        raise _Bad(f"--nnodes {_shown(str(value))} is not a count or MIN:MAX with 0 < MIN <= MAX (torchrun refuses "
+                   "it)")
+    return bounds[-1]  # type: ignore[return-value]
+
+
 def _file(path: str, cwd: str | None, flag: str) -> TrainingConfig:
     """A config file the line names, read as --training-config reads one (relative to the working folder)."""
     full = path if os.path.isabs(path) or cwd is None else os.path.join(cwd, path)
@@ -394,4 +419,4 @@ def _file(path: str, cwd: str | None, flag: str) -> TrainingConfig:
 
 
 def _shown(text: str) -> str:
-    return text if text.isprintable() and len(text) <= 200 else repr(text[:200])
+    return text if text and text.isprintable() and len(text) <= 200 else repr(text[:200])
