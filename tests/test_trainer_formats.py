@@ -33,7 +33,8 @@ def _check_memory(cli, examples: Path, gpu: str, path: Path, *extra: str) -> tup
     return r.code, r.json()
 
 
-@pytest.mark.parametrize("trainer,seq", [("trl", ()), ("transformers", ("--seq-len", "1024")), ("axolotl", ())])
+@pytest.mark.parametrize("trainer,seq", [("trl", ()), ("transformers", ("--seq-len", "1024")), ("axolotl", ()),
+                                         ("llama-factory", ())])
 def test_l4_the_text_memory_line_is_the_run_check_plans_from_that_trainers_yaml(cli, examples, tmp_path, trainer, seq):
     """On an L4, the memory line recommend prints for --trainer T is the line check plans from T's YAML read back
     (TRL's SFTTrainer: no full logits, 16.3 GiB at batch 4; axolotl's and a plain Trainer's: 19.7 GiB at batch 2).
@@ -50,10 +51,11 @@ def test_l4_the_text_memory_line_is_the_run_check_plans_from_that_trainers_yaml(
     model = doc["models"][0]
     assert f"memory {model['memory']['summary']}" == _memory_line(text.out)
     assert model["run"]["trainer"]["value"] == {"trl": "trl-sft", "transformers": "transformers",
-                                                "axolotl": "axolotl"}[trainer]
+                                                "axolotl": "axolotl", "llama-factory": "llama-factory"}[trainer]
     chunked = "logits" not in model["memory"]["components"] or model["memory"]["components"]["logits"] < 2 ** 30
     assert chunked is (trainer == "trl"), model["memory"]["components"]
-    assert ("model_name_or_path" in data) is (trainer == "trl") and ("base_model" in data) is (trainer == "axolotl")
+    assert ("model_name_or_path" in data) is (trainer in ("trl", "llama-factory"))
+    assert ("base_model" in data) is (trainer == "axolotl") and ("stage" in data) is (trainer == "llama-factory")
     # JSON's prescription states the trainer its run is written for, and the same memory.
     j = cli(*args, "--format", "json").json()["models"][0]
     assert j["prescription"]["run"]["trainer"]["value"] == model["run"]["trainer"]["value"]
@@ -121,23 +123,25 @@ def test_the_training_configs_trainer_is_the_default(cli, examples, tmp_path):
 @pytest.mark.parametrize("value,said", [
     ("trll", "did you mean 'trl'?"),
     ("axolot", "did you mean 'axolotl'?"),
-    ("llama-factory", "does not write LLaMA-Factory's config yet"),
-    ("unsloth", "use one of: axolotl, trl, transformers"),
+    ("lama-factory", "did you mean 'llama-factory'?"),
+    ("unsloth", "use one of: axolotl, trl, transformers, llama-factory"),
 ])
 def test_an_unknown_trainer_is_one_line_and_exit_2(cli, value, said):
     r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", value)
     assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, r.err
 
 
-@pytest.mark.parametrize("value", ["TRL", "trl_sft", "sft", "Transformers", "hf", "Axolotl"])
+@pytest.mark.parametrize("value", ["TRL", "trl_sft", "sft", "Transformers", "hf", "Axolotl", "LLaMA-Factory",
+                                   "llamafactory", "lf"])
 def test_the_obvious_spellings_are_accepted(cli, value):
     r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", value, "--format", "json")
     assert r.code == 0, r.err
 
 
+@pytest.mark.parametrize("trainer", ["trl", "llama-factory"])
 @pytest.mark.parametrize("extra", [("--num-gpus", "2"), ("--task", "dpo")])
-def test_what_a_trl_config_cannot_state_is_one_line(cli, extra):
-    r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "trl", *extra)
+def test_what_a_trl_config_cannot_state_is_one_line(cli, extra, trainer):
+    r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", trainer, *extra)
     assert r.code == 2 and "--trainer axolotl" in r.err and len(r.err.strip().splitlines()) == 1, r.err
 
 

@@ -551,15 +551,21 @@ def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
 _CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the stack's TRL)"
 
 
-def _unwritten(req: runplan.RunRequest) -> str | None:
-    """Why a run cannot be written as a TRL / TrainingArguments config here, or None."""
+def _unwritten(req: runplan.RunRequest, fmt: str = "trl") -> str | None:
+    """Why a run cannot be written in the format ``fmt`` (TRL's, TrainingArguments' or LLaMA-Factory's: one SFT
+    process) here, or None."""
     if req.base.task in _RL_TASKS:
-        return (f"recommend writes `trl sft` and TrainingArguments configs for SFT, LoRA and QLoRA; --task "
-                f"{req.base.task} is prescribed as axolotl's YAML (--trainer axolotl)")
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA; --task {req.base.task} is "
+                "prescribed as axolotl's YAML (--trainer axolotl)")
     if req.base.num_gpus > 1:
-        return (f"recommend writes its config for one process; a run on {req.base.num_gpus} GPUs is prescribed as "
-                "axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for one process; a run on {req.base.num_gpus} GPUs is "
+                "prescribed as axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
     return None
+
+
+# The formats a run of one SFT process is written in, as the refusals name them.
+_FORMAT_NAMES = {"trl": "`trl sft` configs", "transformers": "TrainingArguments configs",
+                 "llama-factory": "LLaMA-Factory's YAML"}
 
 
 def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: CheckOptions) -> runplan.RunRequest:
@@ -572,9 +578,14 @@ def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: C
 
     if fmt == recommend.TRAINING_CONFIG_KIND:
         return req
-    why = _unwritten(req)
+    why = _unwritten(req, fmt)
     if why is not None:
         raise UsageError(f"--trainer {fmt}: {why}")
+    targets = req.base.lora_targets
+    if fmt == "llama-factory" and isinstance(targets, str) and targets not in recommend.LF_ALL_TARGETS:
+        # lora_target holds module names (comma-separated) or `all`: a regex is no setting of LLaMA-Factory's
+        raise UsageError(f"--trainer {fmt}: LLaMA-Factory's lora_target takes module names or `all`, not the "
+                         f"pattern {targets[:80]!r}: list the module names in your training config")
     if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
         src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
         return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
@@ -830,7 +841,7 @@ def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> l
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
-                  "transformers": "a transformers Trainer script"}
+                  "transformers": "a transformers Trainer script", "llama-factory": "`llamafactory-cli train`"}
 
 
 def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> MemoryPlan | None:

@@ -18,7 +18,8 @@ SECTION_TITLES = {
 
 # The prescribed trainer's config, as the text view names it (plan/recommend.TRAINER_FORMATS).
 TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "a `trl sft --config` YAML (TRL's SFTTrainer)",
-                 "transformers": "a TrainingArguments YAML (a plain transformers Trainer)"}
+                 "transformers": "a TrainingArguments YAML (a plain transformers Trainer)",
+                 "llama-factory": "LLaMA-Factory's YAML (`llamafactory-cli train`)"}
 
 
 class RecommendFormat(str, enum.Enum):
