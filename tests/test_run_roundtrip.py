@@ -198,12 +198,20 @@ def test_each_trainers_config_reads_back_as_the_same_run(fmt, run):
 
 
 DEFAULTS = {"gradient_checkpointing": False, "gradient_accumulation_steps": 1}
-# The keys recommend writes in LLaMA-Factory's YAML (ModelArguments, DataArguments, FinetuningArguments and its
-# Seq2SeqTrainingArguments), each parsed by LLaMA-Factory 0.9.5 itself in tests/test_trainer_formats.py (slow).
-LF_KEYS = {"model_name_or_path", "stage", "do_train", "finetuning_type", "lora_rank", "lora_alpha", "lora_target",
-           "quantization_bit", "quantization_method", "quantization_type", "double_quantization", "template",
-           "cutoff_len", "flash_attn", "bf16", "fp16", "pure_bf16", "tf32", "per_device_train_batch_size",
-           "gradient_accumulation_steps", "use_reentrant_gc", "disable_gradient_checkpointing", "optim", "output_dir"}
+
+
+def _lf_keys() -> frozenset[str]:
+    """The keys recommend writes in LLaMA-Factory's YAML, each parsed by LLaMA-Factory 0.9.5 itself
+    (benchmarks/prescription_grid.LF_KEYS)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import prescription_grid as grid
+    finally:
+        sys.path.pop(0)
+    return grid.LF_KEYS
+
+
+LF_KEYS = _lf_keys()
 
 
 @settings(max_examples=40)

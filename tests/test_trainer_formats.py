@@ -168,3 +168,114 @@ def test_a_sample_of_the_grids_trainer_dimension_passes_its_own_check(cli, examp
     assert not [o for o in outcomes if o.kind == "violation"], [o.detail for o in outcomes if o.kind == "violation"]
     prescribed = {o.point.extra[1] for o in outcomes if o.kind == "prescribed"}
     assert prescribed == set(grid.TRAINERS), prescribed
+
+
+# --- LLaMA-Factory (issue 32) ------------------------------------------------------------------------------------------
+
+def test_llamafactory_bf16_full_fine_tuning_writes_pure_bf16_and_check_plans_bf16_weights(cli, examples, tmp_path):
+    """LLaMA-Factory 0.9.5 upcasts full fine-tuning's trainable weights to float32 unless pure_bf16 (model/adapter.py
+    init_adapter): the bf16 full fine-tuning recommend prescribes writes it, and check of that YAML plans the same
+    memory line with bfloat16 weights; without it check plans float32 weights, another run."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "H200", "--trainer", "llama-factory", "--method", "full")
+    r = cli(*args, "--format", "json")
+    assert r.code == 0, r.err
+    m = r.json()["models"][0]
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    assert (data["finetuning_type"], data["bf16"], data["pure_bf16"], data["stage"]) == ("full", True, True, "sft")
+    path = tmp_path / "lf.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "H200", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+    assert doc["models"][0]["run"]["trainer"]["value"] == "llama-factory"
+    data.pop("pure_bf16")
+    path.write_text(yaml.safe_dump(data))
+    _, upcast = _check_memory(cli, examples, "H200", path)
+    assert upcast["models"][0]["memory"]["summary"] != m["prescription"]["memory"]
+
+
+def test_llamafactory_lora_of_a_multimodal_gemma3_targets_all_and_passes_its_own_check(cli, examples, tmp_path):
+    """On an L4 the QLoRA run as LLaMA-Factory's YAML: `lora_target: all` (LF leaves the vision tower out while
+    freeze_vision_tower, its default, is on), 4-bit nf4 by quantization_bit, the gemma3 template of a multimodal
+    checkpoint; check of it plans the same memory line and flags nothing."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", "llama-factory")
+    r = cli(*args, "--format", "json")
+    assert r.code == 0, r.err
+    m = r.json()["models"][0]
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    assert (data["finetuning_type"], data["lora_target"], data["quantization_bit"], data["template"]) == \
+        ("lora", "all", 4, "gemma3"), data
+    path = tmp_path / "lf.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "L4", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
+
+def test_a_target_pattern_is_no_llamafactory_setting(cli, examples, tmp_path):
+    """LLaMA-Factory's lora_target holds names or `all`: a user's regex is refused in one line, not written as `all`."""
+    path = tmp_path / "mine.json"
+    path.write_text('{"use_peft": true, "lora_target_modules": ".*\\\\.(q_proj|v_proj)"}')
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
+            "--trainer", "llama-factory")
+    assert r.code == 2 and "not the pattern" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+_LF_PARSE = """
+import json, sys, yaml
+from transformers import HfArgumentParser
+from llamafactory.hparams.parser import _TRAIN_ARGS
+out = []
+for path in sys.argv[1:]:
+    d = yaml.safe_load(open(path))
+    d["dataset"] = "identity"
+    for k in ("bf16", "tf32"):
+        d.pop(k, None)
+    m, data, t, f, g = HfArgumentParser(_TRAIN_ARGS).parse_dict(d, allow_extra_keys=False)
+    out.append([f.finetuning_type, f.lora_rank, f.lora_target, f.pure_bf16, m.quantization_bit, m.quantization_type,
+                m.double_quantization, m.disable_gradient_checkpointing, m.use_reentrant_gc,
+                t.per_device_train_batch_size, t.gradient_accumulation_steps, data.cutoff_len, data.template])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_every_key_recommend_writes_is_one_llamafactorys_parser_accepts(cli, examples, tmp_path):
+    """LLaMA-Factory 0.9.5's own HfArgumentParser over its five argument classes (hparams/parser.py _TRAIN_ARGS), with
+    allow_extra_keys=False, parses the YAML of full, LoRA, QLoRA and 8-bit prescriptions and reads the same run:
+    method, rank, targets, quantization, batch, accumulation, cutoff_len, template, checkpointing. (bf16 and tf32 are
+    left out of the parse: TrainingArguments refuses them on this CPU; both are its own fields.)"""
+    import json
+    import os
+    import subprocess
+
+    from tests.venvs import ROOT, ensure_llamafactory, subprocess_env
+
+    points = [(G3, "A100", ("--quantization", "4bit")), (G3, "H200", ("--method", "full")),
+              (G3, "A100", ()), (G3, "H100", ("--quantization", "8bit"))]
+    quantized = [4, None, None, 8]
+    paths, runs = [], []
+    for n, (model, gpu, extra) in enumerate(points):
+        r = cli("recommend", model, "--cache-dir", examples, "--gpu", gpu, "--trainer", "llama-factory", *extra,
+                "--format", "json")
+        assert r.code == 0, r.err
+        m = r.json()["models"][0]
+        path = tmp_path / f"lf{n}.yaml"
+        path.write_text(m["snippets"]["yaml"])
+        paths.append(str(path))
+        runs.append(m["prescription"])
+    python, packages = ensure_llamafactory()
+    done = subprocess.run([str(python), "-c", _LF_PARSE, *paths], capture_output=True, text=True, timeout=600,
+                          env=subprocess_env(PYTHONPATH=os.pathsep.join((str(ROOT), str(packages)))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for parsed, p, want in zip(json.loads(done.stdout), runs, quantized):
+        ftype, rank, target, pure, bits, qtype, double, no_ckpt, reentrant, batch, accumulation, cutoff, template = parsed
+        assert ftype == ("full" if p["method"] == "full" else "lora"), (parsed, p)
+        assert (batch, accumulation, cutoff) == (p["batch_size"], p["gradient_accumulation_steps"], p["seq_len"])
+        assert no_ckpt is not p["gradient_checkpointing"] and (reentrant is False or no_ckpt), parsed
+        assert template == "gemma3" and pure is (p["method"] == "full"), parsed
+        if p["method"] != "full":
+            assert target == ["all"] and rank == 16, parsed
+        assert bits == want, parsed
+        if bits == 4:
+            assert (qtype, double) == ("nf4", True), parsed
