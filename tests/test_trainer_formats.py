@@ -279,3 +279,36 @@ def test_every_key_recommend_writes_is_one_llamafactorys_parser_accepts(cli, exa
         assert bits == want, parsed
         if bits == 4:
             assert (qtype, double) == ("nf4", True), parsed
+
+
+@pytest.mark.parametrize("config,extra,said", [
+    ("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n", ("--num-gpus", "2"),
+     "TRL's format holds one process, the run is on 2 GPUs; your config's trainer was trl-sft"),
+    ("model_name_or_path: google/gemma-3-12b-it\nstage: sft\nfinetuning_type: lora\ntemplate: gemma3\n",
+     ("--task", "dpo"), "LLaMA-Factory's format holds SFT, LoRA and QLoRA, not dpo; your config's trainer was llama-factory"),
+])
+def test_a_fallback_from_the_configs_trainer_to_axolotl_is_said_in_text_and_json(cli, examples, tmp_path, config,
+                                                                                 extra, said):
+    """The user's --training-config names a trainer whose format cannot state the prescribed run (one process, SFT):
+    the run is written as axolotl's YAML, and the trainer line and JSON's prescription say why, naming the user's
+    trainer. On main the prescription fell back to axolotl without a word."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(config)
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path, *extra)
+    text = cli(*args)
+    assert text.code == 0, text.err
+    line = next(line.strip() for line in text.out.splitlines() if line.strip().startswith("trainer "))
+    assert line == f"trainer axolotl: the run as axolotl's YAML ({said})", line
+    p = cli(*args, "--format", "json").json()["models"][0]["prescription"]
+    assert p["trainer_fallback"] == said and p["run"]["trainer"]["value"] == "axolotl"
+
+
+def test_no_fallback_is_said_where_the_configs_trainer_writes_the_run(cli, examples, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n")
+    p = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
+            "--format", "json").json()["models"][0]["prescription"]
+    assert p["trainer_fallback"] is None and p["run"]["trainer"]["value"] == "trl-sft"
+    p = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--num-gpus", "2", "--format",
+            "json").json()["models"][0]["prescription"]
+    assert p["trainer_fallback"] is None
