@@ -68,8 +68,6 @@ def normalise_quantization(text: str | None) -> str | None:
 # plain transformers Trainer script reads (HfArgumentParser / TrlParser).
 # llama-factory: LLaMA-Factory 0.9.5's YAML (`llamafactory-cli train`), its own SFT trainer and loader.
 TRAINER_FORMATS = ("axolotl", "trl", "transformers", "llama-factory")
-# Named by trainers.Trainer / ConfigKind but not written yet (a one-line refusal, not a silent other format).
-UNWRITTEN_TRAINERS: dict[str, str] = {}
 _TRAINER_ALIASES = {"axolotl": "axolotl", "trl": "trl", "trl-sft": "trl", "sft": "trl", "sfttrainer": "trl",
                     "transformers": "transformers", "trainer": "transformers", "hf": "transformers",
                     "trainingarguments": "transformers", "huggingface": "transformers",
@@ -82,9 +80,6 @@ def normalise_trainer(text: str | None) -> str | None:
         return None
     key = text.strip().lower().replace("_", "-").replace(" ", "-")
     name = _TRAINER_ALIASES.get(key) or _TRAINER_ALIASES.get(key.replace("-", ""))
-    if name in UNWRITTEN_TRAINERS:
-        raise UsageError(f"--trainer {text!r}: recommend does not write {UNWRITTEN_TRAINERS[name]}'s config yet; use "
-                         f"one of: {', '.join(TRAINER_FORMATS)}")
     if name is None:
         import difflib
 
