@@ -94,11 +94,28 @@ def trainer_keys() -> set[str]:
     return set(json.loads((ROOT / "gemma_doctor" / "readers" / "trainer_keys.json").read_text())["keys"])
 
 
+# The keys recommend writes in LLaMA-Factory's YAML (its ModelArguments, DataArguments, FinetuningArguments and
+# Seq2SeqTrainingArguments): each parsed by LLaMA-Factory 0.9.5's own HfArgumentParser with allow_extra_keys=False in
+# tests/test_trainer_formats.py (slow). The project has no table of LF's every key; this is the part recommend writes.
+LF_KEYS = frozenset({
+    "model_name_or_path", "stage", "do_train", "finetuning_type", "lora_rank", "lora_alpha", "lora_target",
+    "quantization_bit", "quantization_method", "quantization_type", "double_quantization", "template", "cutoff_len",
+    "flash_attn", "bf16", "fp16", "pure_bf16", "tf32", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "use_reentrant_gc", "disable_gradient_checkpointing", "optim", "output_dir"})
+
+
+def llamafactory_keys() -> set[str]:
+    """The LLaMA-Factory 0.9.5 keys recommend writes (LF_KEYS)."""
+    return set(LF_KEYS)
+
+
 # The trainer formats `recommend --trainer` writes (plan/recommend.TRAINER_FORMATS), by the Run's trainer that executes
 # each: the keys its parser accepts, and its name of the per-device batch.
 FORMATS = {"axolotl": (axolotl_keys, "micro_batch_size"), "trl-sft": (trainer_keys, "per_device_train_batch_size"),
-           "transformers": (trainer_keys, "per_device_train_batch_size")}
-TRAINERS = ("trl", "transformers")  # beside axolotl, the default: the grid's trainer-format dimension
+           "transformers": (trainer_keys, "per_device_train_batch_size"),
+           "llama-factory": (llamafactory_keys, "per_device_train_batch_size")}
+# beside axolotl, the default: the grid's trainer-format dimension
+TRAINERS = ("trl", "transformers", "llama-factory")
 
 
 def _yaml_keys(text: str) -> list[str]:
@@ -155,8 +172,14 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     if checked["memory"]["summary"] != p["memory"]:  # check plans the very run recommend prescribed
         return Outcome(point, "violation", f"check plans {checked['memory']['summary']}, recommend {p['memory']}")
     # The YAML says the same run as the JSON prescription.
-    for key, value in ((batch_key, p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]),
-                       ("gradient_checkpointing", p["gradient_checkpointing"])):
+    said = ((batch_key, p["batch_size"]), ("gradient_accumulation_steps", p["gradient_accumulation_steps"]))
+    if trainer == "llama-factory":  # it checkpoints unless told: off is written, on is its default
+        off = "\ndisable_gradient_checkpointing: true\n" in "\n" + yaml_text
+        if off is p["gradient_checkpointing"]:
+            return Outcome(point, "violation", f"the YAML does not say gradient checkpointing {p['gradient_checkpointing']}")
+    else:
+        said += (("gradient_checkpointing", p["gradient_checkpointing"]),)
+    for key, value in said:
         # transformers 5.23's name of checkpointing (activation_checkpointing) says it as well
         names = (key, "activation_checkpointing") if key == "gradient_checkpointing" else (key,)
         if not any(f"\n{k}: {json.dumps(value)}\n" in "\n" + yaml_text for k in names):
@@ -215,7 +238,7 @@ def gpu_count_points(cache: Path) -> list[Point]:
 
 def trainer_points(cache: Path) -> list[Point]:
     """The trainer-format dimension (issue 32): each example on every GPU of the grid, for each SFT task, written for
-    TRL's SFTTrainer (`trl sft --config`) and for a plain Trainer's TrainingArguments (--trainer); the default
+    TRL's SFTTrainer (`trl sft --config`), a plain Trainer's TrainingArguments and LLaMA-Factory (--trainer); the default
     (axolotl) is every other point's."""
     where = ("--cache-dir", str(cache))
     return [Point((m, *where), (m, *where), g, "5.23.0", t, ("--trainer", tr))

@@ -86,6 +86,17 @@ def test_axolotl_lora_target_linear_on_gemma3n_warns_about_both_towers(cli, hub,
     assert f["key"] == "lora_target_linear" and "vision/audio tower" in f["message"]
 
 
+@pytest.mark.parametrize("freeze, flagged", [("", False), ("freeze_vision_tower: true\n", False),
+                                            ("freeze_vision_tower: false\n", True)])
+def test_llamafactory_all_targets_leave_the_towers_out_while_it_freezes_them(cli, hub, tmp_path, freeze, flagged):
+    """LLaMA-Factory 0.9.5's `lora_target: all` (find_all_linear_modules) and its names (patch_target_modules) skip a
+    Gemma composite's towers while freeze_vision_tower is on, its default: no GD421 then (recommend --trainer
+    llama-factory prescribes exactly this); with the towers unfrozen they are wrapped."""
+    got = check(cli, hub, tmp_path, MM, "model_name_or_path: google/gemma-3-4b-it\nstage: sft\nfinetuning_type: lora\n"
+                "lora_target: all\nbf16: true\n" + freeze, "--gpu", "A100")
+    assert ("GD421" in got) is flagged, sorted(got)
+
+
 def test_bare_names_on_a_text_only_gemma3_are_fine(cli, hub, tmp_path):
     got = check(cli, hub, tmp_path, {"config.json": gemma3_1b_config()},
                 {"use_peft": True, "lora_target_modules": ["q_proj", "v_proj"]}, "--gpu", "A100")

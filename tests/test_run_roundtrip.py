@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import yaml
@@ -131,7 +131,7 @@ def one_process_runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.Memor
 
 # The trainer each format's config is executed by (trainers.ConfigKind.decide), read back by check's reader.
 FORMAT_TRAINERS = {"axolotl": run_mod.Trainer.AXOLOTL, "trl": run_mod.Trainer.TRL_SFT,
-                   "transformers": run_mod.Trainer.TRANSFORMERS}
+                   "transformers": run_mod.Trainer.TRANSFORMERS, "llama-factory": run_mod.Trainer.LLAMA_FACTORY}
 
 
 @pytest.mark.parametrize("fmt", recommend.TRAINER_FORMATS)
@@ -146,14 +146,20 @@ def test_each_trainers_config_reads_back_as_the_same_run(fmt, run):
     import dataclasses
 
     inputs, advice = run
+    # a pattern of the user's is no LLaMA-Factory lora_target: refused before (tests/test_trainer_formats.py)
+    assume(fmt != "llama-factory" or not isinstance(advice.lora_targets, str)
+           or advice.lora_targets in recommend.LF_ALL_TARGETS)
     rec = recommend.decide(dataclasses.replace(inputs, trainer=fmt))
     text = recommend.training_config_yaml(rec)
     read_back = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
     assert read_back.error is None and not read_back.problems, text
     assert read_back.trainer.value is FORMAT_TRAINERS[fmt], text
     assert repr(search.as_read(rec)) == repr(read_back), text
-    table = "axolotl_keys" if fmt == "axolotl" else "trainer_keys"
-    assert not set(yaml.safe_load(text)) - set(tc_reader.key_table(table)["keys"]), text
+    if fmt == "llama-factory":  # its parser's own keys: LF_KEYS, each accepted by LLaMA-Factory 0.9.5's (a slow test)
+        assert not set(yaml.safe_load(text)) - LF_KEYS, text
+    else:
+        table = "axolotl_keys" if fmt == "axolotl" else "trainer_keys"
+        assert not set(yaml.safe_load(text)) - set(tc_reader.key_table(table)["keys"]), text
     shape, gpu = SHAPES[inputs.nested], gpu_reader.resolve("A100" if inputs.gpu_native_bf16 else "T4")
     defaults = runplan.trainer_defaults(read_back, None)
     planned = planned_run(read_back, shape, rec.precision, gpu, runplan.MemoryRequest(), "sft", True, defaults)
@@ -169,19 +175,43 @@ def test_each_trainers_config_reads_back_as_the_same_run(fmt, run):
     if advice.method != "full":
         expected["lora_r"] = advice.lora_r
     if advice.lora_targets is not None:
-        expected["lora_targets"] = advice.lora_targets
+        # LLaMA-Factory's `all` is all-linear, the towers left out on a multimodal checkpoint (freeze_vision_tower)
+        lf_all = fmt == "llama-factory" and isinstance(advice.lora_targets, str)
+        expected["lora_targets"] = "all-linear" if lf_all else advice.lora_targets
     if advice.attention is not None:
         expected["attention"] = advice.attention
-    # Left out means the trainer's default: full fine-tuning (no use_peft), no accumulation.
-    got = {k: values.get(k, {**DEFAULTS, "method": "full"}.get(k)) for k in expected}
+    # Left out means the trainer's default: full fine-tuning (no use_peft), no accumulation; the trainer's own
+    # (LLaMA-Factory checkpoints unless disable_gradient_checkpointing).
+    own = dict((n, v) for n, v, _ in defaults)
+    got = {k: values.get(k, {**DEFAULTS, "method": "full", **own}.get(k)) for k in expected}
     assert got == expected, text
-    if fmt != "axolotl" and advice.method != "qlora":
+    if fmt == "llama-factory":
+        # LLaMA-Factory loads the checkpoint's dtype (torch_dtype="auto": none known here) and upcasts full
+        # fine-tuning's weights to float32 unless pure_bf16, which a bf16 full fine-tuning writes.
+        full_upcast = advice.method == "full" and rec.precision != "bf16"
+        assert own.get("load_dtype") == ("float32" if full_upcast else None), text
+        assert (yaml.safe_load(text).get("pure_bf16") is True) is (advice.method == "full" and rec.precision == "bf16")
+    elif fmt != "axolotl" and advice.method != "qlora":
         # TRL loads in float32 and a plain Trainer's from_pretrained in the checkpoint's dtype unless told: the dtype
         # the plan counts is written.
-        assert dict((n, v) for n, v, _ in defaults).get("load_dtype") == rec.load_dtype, text
+        assert own.get("load_dtype") == rec.load_dtype, text
 
 
 DEFAULTS = {"gradient_checkpointing": False, "gradient_accumulation_steps": 1}
+
+
+def _lf_keys() -> frozenset[str]:
+    """The keys recommend writes in LLaMA-Factory's YAML, each parsed by LLaMA-Factory 0.9.5 itself
+    (benchmarks/prescription_grid.LF_KEYS)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import prescription_grid as grid
+    finally:
+        sys.path.pop(0)
+    return grid.LF_KEYS
+
+
+LF_KEYS = _lf_keys()
 
 
 @settings(max_examples=40)
@@ -228,6 +258,8 @@ GRID_POINTS = (
     ("--family", "gemma3", "--size", "4b", "--gpu", "RTX 3060", "--requirements", "{reqs}"),
     ("--family", "gemma3", "--size", "12b", "--gpu", "T4", "--trainer", "trl"),
     ("--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "transformers", "--requirements", "{reqs}"),
+    ("--family", "gemma3", "--size", "4b", "--gpu", "A100", "--trainer", "llama-factory", "--method", "full"),
+    ("--family", "gemma3", "--size", "12b", "--gpu", "L4", "--trainer", "llama-factory"),
 )
 
 

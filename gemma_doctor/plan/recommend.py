@@ -66,9 +66,8 @@ def normalise_quantization(text: str | None) -> str | None:
 # axolotl: its YAML (`axolotl train`); trl: a `trl sft --config` YAML of SFTConfig / ModelConfig keys, which TRL's
 # SFTTrainer runs; transformers: a TrainingArguments YAML (with TRL's ModelConfig keys for the model and LoRA), which a
 # plain transformers Trainer script reads (HfArgumentParser / TrlParser).
-TRAINER_FORMATS = ("axolotl", "trl", "transformers")
-# Named by trainers.Trainer / ConfigKind but not written yet (a one-line refusal, not a silent other format).
-UNWRITTEN_TRAINERS = {"llama-factory": "LLaMA-Factory"}
+# llama-factory: LLaMA-Factory 0.9.5's YAML (`llamafactory-cli train`), its own SFT trainer and loader.
+TRAINER_FORMATS = ("axolotl", "trl", "transformers", "llama-factory")
 _TRAINER_ALIASES = {"axolotl": "axolotl", "trl": "trl", "trl-sft": "trl", "sft": "trl", "sfttrainer": "trl",
                     "transformers": "transformers", "trainer": "transformers", "hf": "transformers",
                     "trainingarguments": "transformers", "huggingface": "transformers",
@@ -81,9 +80,6 @@ def normalise_trainer(text: str | None) -> str | None:
         return None
     key = text.strip().lower().replace("_", "-").replace(" ", "-")
     name = _TRAINER_ALIASES.get(key) or _TRAINER_ALIASES.get(key.replace("-", ""))
-    if name in UNWRITTEN_TRAINERS:
-        raise UsageError(f"--trainer {text!r}: recommend does not write {UNWRITTEN_TRAINERS[name]}'s config yet; use "
-                         f"one of: {', '.join(TRAINER_FORMATS)}")
     if name is None:
         import difflib
 
@@ -95,9 +91,10 @@ def normalise_trainer(text: str | None) -> str | None:
 
 def trainer_format(chosen: Any) -> str | None:
     """The TRAINER_FORMATS name of a training config's trainer (trainers.Chosen's value), None where recommend
-    writes no config of it (LLaMA-Factory, TRL's preference trainers, a launcher's script)."""
+    writes no config of it (TRL's preference trainers, a launcher's script)."""
     value = getattr(chosen, "value", None)
-    return {"axolotl": "axolotl", "trl-sft": "trl", "transformers": "transformers"}.get(getattr(value, "value", ""))
+    return {"axolotl": "axolotl", "trl-sft": "trl", "transformers": "transformers",
+            "llama-factory": "llama-factory"}.get(getattr(value, "value", ""))
 
 
 @dataclass(frozen=True)
@@ -761,10 +758,28 @@ _TRANSFORMERS_HEAD = ("# A plain transformers Trainer: TrainingArguments keys, w
                       "# The full logits are held at the loss (no chunking). The sequence length is your script's:\n")
 
 # The kind check's reader recognises in each format (trainers.REGISTRY's names).
-FORMAT_KINDS = {"axolotl": "axolotl", "trl": "transformers", "transformers": "transformers"}
+FORMAT_KINDS = {"axolotl": "axolotl", "trl": "transformers", "transformers": "transformers",
+                "llama-factory": "llama-factory"}
+
+_LF_HEAD = ("# llamafactory-cli train THIS_FILE dataset=YOUR_DATASET: LLaMA-Factory 0.9.5's keys, its own SFT trainer.\n"
+            "# Precision set explicitly (LLaMA-Factory with no switch trains in fp32), and what its own defaults would\n"
+            "# change: it loads the checkpoint's dtype and upcasts full fine-tuning's weights to fp32 unless pure_bf16,\n"
+            "# checkpoints unless disable_gradient_checkpointing, with use_reentrant_gc true unless told.\n")
+# LLaMA-Factory 0.9.5's chat template of each family (data/template.py register_template names), by whether the
+# checkpoint is multimodal: its gemma3 template asks for a processor a text-only Gemma 3 has not (GD712), and its
+# text template `gemma` writes the same turns. Gemma 4 is left to the user (gemma4 or gemma4n: not told apart here).
+LF_TEMPLATES = {("gemma", False): "gemma", ("gemma2", False): "gemma2", ("gemma3", False): "gemma",
+                ("gemma3", True): "gemma3", ("gemma3n", True): "gemma3n"}
+# The targets LLaMA-Factory's `lora_target: all` states: every linear layer, and the language model's alone on a
+# multimodal checkpoint (it leaves the towers out while freeze_vision_tower, its default, is on).
+LF_ALL_TARGETS = ("all-linear", LM_ONLY_TARGETS, LANGUAGE_MODEL_REGEX)
+# transformers' attention names -> LLaMA-Factory's flash_attn (hparams/model_args.py AttentionFunction).
+_LF_ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
 
 
 def _head(rec: Recommendation) -> str:
+    if rec.trainer == "llama-factory":
+        return _LF_HEAD
     if rec.trainer == "trl":
         return _TRL_HEAD
     if rec.trainer == "transformers":
@@ -811,8 +826,63 @@ def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
     return out
 
 
+def _lf_mapping(rec: Recommendation) -> dict[str, Any]:
+    """The keys of LLaMA-Factory 0.9.5's YAML (ModelArguments, DataArguments, FinetuningArguments and its
+    Seq2SeqTrainingArguments: hparams/*.py) for the prescribed run: one SFT process. Where LLaMA-Factory's own default
+    differs from the run it is written: bf16 / fp16 (it trains in fp32 otherwise), pure_bf16 for bf16 full
+    fine-tuning (init_adapter upcasts the trainable weights to float32 unless it is set), gradient checkpointing off
+    (disable_gradient_checkpointing; it checkpoints by default) or on without reentrancy (use_reentrant_gc: false)."""
+    fw = rec.frameworks
+    ax = fw["axolotl"]
+    out: dict[str, Any] = {"model_name_or_path": ax["base_model"], "stage": "sft", "do_train": True}
+    lora = bool(rec.adapters and ax.get("adapter"))
+    out["finetuning_type"] = "lora" if lora else "full"
+    if lora:
+        targets = ax.get("lora_target_modules")
+        # "all": every linear layer but the head (and, on a multimodal checkpoint, but the vision tower LLaMA-Factory
+        # freezes by default: freeze_vision_tower), LLaMA-Factory's own LM-only set; a list as its comma-separated names.
+        # (a pattern of the user's is refused before: search._for_trainer)
+        target = ",".join(targets) if isinstance(targets, (list, tuple)) else "all"
+        out.update({"lora_rank": ax["lora_r"], "lora_alpha": ax["lora_alpha"], "lora_target": target})
+        if ax.get("load_in_4bit"):
+            # bitsandbytes nf4 with double quantization: LLaMA-Factory's defaults for 4 bits, written all the same
+            out.update({"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": "nf4",
+                        "double_quantization": True})
+        elif ax.get("load_in_8bit"):
+            out.update({"quantization_bit": 8, "quantization_method": "bnb"})
+    nested = fw["transformers"]["auto_class"] == "AutoModelForImageTextToText"
+    template = LF_TEMPLATES.get((str(rec.inputs.get("family") or ""), nested))
+    if template:
+        out["template"] = template
+    if "sequence_len" in ax:
+        out["cutoff_len"] = ax["sequence_len"]
+    attention = ax.get("attn_implementation")
+    if attention in _LF_ATTENTION:
+        out["flash_attn"] = _LF_ATTENTION[attention]
+    out.update({"bf16": bool(ax.get("bf16")), "fp16": bool(ax.get("fp16"))})
+    if rec.precision == "bf16" and not lora:
+        out["pure_bf16"] = True
+    if "tf32" in ax:
+        out["tf32"] = ax["tf32"]
+    if "micro_batch_size" in ax:
+        out["per_device_train_batch_size"] = ax["micro_batch_size"]
+    if "gradient_accumulation_steps" in ax:
+        out["gradient_accumulation_steps"] = ax["gradient_accumulation_steps"]
+    if ax.get("gradient_checkpointing"):
+        out["use_reentrant_gc"] = False
+    else:
+        out["disable_gradient_checkpointing"] = True
+    if ax.get("optimizer"):
+        out["optim"] = ax["optimizer"]
+    out["output_dir"] = OUTPUT_DIR
+    return out
+
+
 def format_mapping(rec: Recommendation) -> dict[str, Any]:
-    """The prescribed run as its trainer's config keys (rec.trainer): axolotl's, or TRL's / TrainingArguments'."""
+    """The prescribed run as its trainer's config keys (rec.trainer): axolotl's, TRL's / TrainingArguments', or
+    LLaMA-Factory's."""
+    if rec.trainer == "llama-factory":
+        return _lf_mapping(rec)
     return rec.frameworks["axolotl"] if rec.trainer == "axolotl" else _trl_mapping(rec)
 
 

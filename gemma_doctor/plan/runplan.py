@@ -137,10 +137,12 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
         if "optimizer" in s and isinstance(s["optimizer"].value, str):
             put("optimizer", s["optimizer"].value, where("optimizer"))
         attn = s.get("attn_implementation")
+        # LLaMA-Factory's flash_attn names them disabled (eager: the s x s scores held), sdpa, fa2, fa3
+        lf_names = {"fa2": "flash_attention_2", "fa3": "flash_attention_3", "disabled": "eager"}
         if attn is not None and isinstance(attn.value, str) and attn.value.strip().lower() in (
-                "eager", "sdpa", "flash_attention_2", "flash_attention_3", "fa2"):
+                "eager", "sdpa", "flash_attention_2", "flash_attention_3", *lf_names):
             v = attn.value.strip().lower()
-            put("attention", "flash_attention_2" if v == "fa2" else v, where("attn_implementation"))
+            put("attention", lf_names.get(v, v), where("attn_implementation"))
         targets = s.get("lora_target_modules")
         if targets is not None:
             v = targets.value

@@ -61,6 +61,9 @@ class Decision:
     pins: tuple[tuple[str, str], ...] = ()
     run: Run | None = None  # the prescribed run, typed, each field with its source (gemma_doctor/run.py)
     trainer: str = "axolotl"  # the trainer whose config the run is written in and judged as (recommend.TRAINER_FORMATS)
+    # Why the run is not written for the trainer of the user's --training-config (its format cannot state the run),
+    # naming that trainer; None where it is (or none was named, or --trainer chose).
+    trainer_fallback: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -93,6 +96,7 @@ class Decision:
             "pins": [{"requirement": req, "resolves": code} for req, code in self.pins],
             "fix_first": sorted({f.code for f in self.findings if cured_by_fix(f)}),
             "run": self.run.to_json() if self.run is not None else None,
+            "trainer_fallback": self.trainer_fallback,
         }
         return out
 
@@ -443,10 +447,12 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                                config_precision=False,  # each candidate writes the precision it is planned in
                                precision_source=PRESCRIBED)
     req = _with_targets(_with_quantization(req, first), first)
-    if fmt != recommend.TRAINING_CONFIG_KIND and options.trainer is None and _unwritten(req) is not None:
-        # The user's training config is TRL's or TrainingArguments', but the run is one it cannot state: axolotl's.
+    if fmt != recommend.TRAINING_CONFIG_KIND and options.trainer is None and _unwritten(req, fmt) is not None:
+        # The user's training config is TRL's, TrainingArguments' or LLaMA-Factory's, but the run is one it cannot
+        # state: axolotl's, and the prescription says so (trainer_fallback).
         fmt = recommend.TRAINING_CONFIG_KIND
         inputs = replace(inputs, trainer=fmt)
+    fallback = trainer_fallback(options, env, fmt, req)
     req = _for_trainer(req, fmt, env, options)
     judged = 0
     under = _Under(env, options)  # this search's: what every candidate is judged under
@@ -491,7 +497,8 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
                         rec, mem = _relaxed(j, rec, req, strict, shape)
                     return Decision(rec, mem, j.yaml if explain else None, j.findings, (), judged,
                                     versions=_versions(inputs), pins=tuple(pins),
-                                    run=_run_of(mem, facts, env, rec) if explain else None, trainer=fmt)
+                                    run=_run_of(mem, facts, env, rec) if explain else None, trainer=fmt,
+                                    trainer_fallback=fallback)
                 rejected.append(tried)
                 if not relax:
                     strict.append(tried)
@@ -513,7 +520,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml if explain else None, nearest.findings,
                             (), judged, versions=_versions(inputs), pins=tuple(pins),
                             run=_run_of(nearest.memory, facts, env, nearest.recommendation) if explain else None,
-                            trainer=fmt)
+                            trainer=fmt, trainer_fallback=fallback)
     # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
     # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
     # for GD107, which also rules out GD109) did not hold when followed, where no run of the changed command meets
@@ -521,7 +528,7 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     ways = tuple(way_out(shape, req, nearest, _Ask(facts, given, options, quantization))) if explain else ()
     return Decision(None, None, None, (), ways, judged,
                     nearest=nearest.recommendation, nearest_memory=nearest.memory, blocking=nearest.blocking,
-                    pins=tuple(pins), trainer=fmt)
+                    pins=tuple(pins), trainer=fmt, trainer_fallback=fallback)
 
 
 def _run_of(mem: runplan.MemoryFacts, facts: ModelFacts, env: Environment, rec: recommend.Recommendation) -> Run:
@@ -541,6 +548,34 @@ def trainer_format(options: CheckOptions, env: Environment) -> str:
             or recommend.TRAINING_CONFIG_KIND)
 
 
+# Each written format's trainer (trainers.Trainer's value) and its name in a fallback's words.
+_FORMAT_TRAINER = {"axolotl": "axolotl", "trl": "trl-sft", "transformers": "transformers",
+                   "llama-factory": "llama-factory"}
+_FORMAT_OWNER = {"trl": "TRL's", "transformers": "TrainingArguments'", "llama-factory": "LLaMA-Factory's"}
+
+
+def trainer_fallback(options: CheckOptions, env: Environment, fmt: str, req: runplan.RunRequest) -> str | None:
+    """Why the run is written for ``fmt`` and not for the trainer the user's --training-config names, naming it (e.g.
+    "TRL's format holds one process, the run is on 2 GPUs; your config's trainer was trl-sft"); None where the
+    prescription is that trainer's, where none is named (a launcher's own config) or where --trainer chose."""
+    if options.trainer is not None:
+        return None
+    chosen = getattr(env.training_config, "trainer", None)
+    named = getattr(getattr(chosen, "value", None), "value", None)
+    if named is None or named == "script" or named == _FORMAT_TRAINER.get(fmt):
+        return None
+    wanted = recommend.trainer_format(chosen)
+    if wanted is None:
+        why = "recommend writes no config for that trainer"
+    elif req.base.task in _RL_TASKS:
+        why = f"{_FORMAT_OWNER[wanted]} format holds SFT, LoRA and QLoRA, not {req.base.task}"
+    elif req.base.num_gpus > 1:
+        why = f"{_FORMAT_OWNER[wanted]} format holds one process, the run is on {req.base.num_gpus} GPUs"
+    else:
+        return None
+    return f"{why}; your config's trainer was {named}"
+
+
 def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
     """The user chose the trainer (--trainer, or a training config of a trainer recommend writes)."""
     return options.trainer is not None or recommend.trainer_format(getattr(env.training_config, "trainer", None)) \
@@ -551,15 +586,21 @@ def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
 _CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the stack's TRL)"
 
 
-def _unwritten(req: runplan.RunRequest) -> str | None:
-    """Why a run cannot be written as a TRL / TrainingArguments config here, or None."""
+def _unwritten(req: runplan.RunRequest, fmt: str = "trl") -> str | None:
+    """Why a run cannot be written in the format ``fmt`` (TRL's, TrainingArguments' or LLaMA-Factory's: one SFT
+    process) here, or None."""
     if req.base.task in _RL_TASKS:
-        return (f"recommend writes `trl sft` and TrainingArguments configs for SFT, LoRA and QLoRA; --task "
-                f"{req.base.task} is prescribed as axolotl's YAML (--trainer axolotl)")
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA; --task {req.base.task} is "
+                "prescribed as axolotl's YAML (--trainer axolotl)")
     if req.base.num_gpus > 1:
-        return (f"recommend writes its config for one process; a run on {req.base.num_gpus} GPUs is prescribed as "
-                "axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for one process; a run on {req.base.num_gpus} GPUs is "
+                "prescribed as axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
     return None
+
+
+# The formats a run of one SFT process is written in, as the refusals name them.
+_FORMAT_NAMES = {"trl": "`trl sft` configs", "transformers": "TrainingArguments configs",
+                 "llama-factory": "LLaMA-Factory's YAML"}
 
 
 def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: CheckOptions) -> runplan.RunRequest:
@@ -572,9 +613,14 @@ def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: C
 
     if fmt == recommend.TRAINING_CONFIG_KIND:
         return req
-    why = _unwritten(req)
+    why = _unwritten(req, fmt)
     if why is not None:
         raise UsageError(f"--trainer {fmt}: {why}")
+    targets = req.base.lora_targets
+    if fmt == "llama-factory" and isinstance(targets, str) and targets not in recommend.LF_ALL_TARGETS:
+        # lora_target holds module names (comma-separated) or `all`: a regex is no setting of LLaMA-Factory's
+        raise UsageError(f"--trainer {fmt}: LLaMA-Factory's lora_target takes module names or `all`, not the "
+                         f"pattern {targets[:80]!r}: list the module names in your training config")
     if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
         src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
         return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
@@ -830,7 +876,7 @@ def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> l
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
-                  "transformers": "a transformers Trainer script"}
+                  "transformers": "a transformers Trainer script", "llama-factory": "`llamafactory-cli train`"}
 
 
 def _fits_with(shape: ModelShape, req: runplan.RunRequest, **changes: Any) -> MemoryPlan | None:

@@ -18,7 +18,8 @@ SECTION_TITLES = {
 
 # The prescribed trainer's config, as the text view names it (plan/recommend.TRAINER_FORMATS).
 TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "a `trl sft --config` YAML (TRL's SFTTrainer)",
-                 "transformers": "a TrainingArguments YAML (a plain transformers Trainer)"}
+                 "transformers": "a TrainingArguments YAML (a plain transformers Trainer)",
+                 "llama-factory": "LLaMA-Factory's YAML (`llamafactory-cli train`)"}
 
 
 class RecommendFormat(str, enum.Enum):
@@ -142,8 +143,10 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             from gemma_doctor.plan.memory import components_line
 
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
+            fallback = getattr(item.decision, "trainer_fallback", None) if item.decision is not None else None
             lines.append(f"  [bold]trainer[/] {escape(rec.trainer)}: the run as "
-                         f"{escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))}")
+                         f"{escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))}"
+                         + (f" ({escape(fallback)})" if fallback else ""))
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")
             lines.append(f"    {escape(components_line(mem.plan.components))}")
             for f in (item.decision.findings if item.decision is not None else ()):

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
+from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import LoraWritten, target_regex
 from gemma_doctor.rules.common import text_config, text_key, train_tied_embedding, written_of
@@ -65,6 +66,11 @@ def _lora_targets(model: ModelFacts, tc: Any, lora: LoraWritten) -> Iterator[Fin
                 fix, tc, "adapter", model_type=mt)
         return
     if tc.get("lora_exclude_modules") is not None:
+        return
+    freeze = tc.get("freeze_vision_tower")
+    if tc.format.own_lora_targets and (freeze is None or truthy(freeze.value)):
+        # LLaMA-Factory 0.9.5 leaves every tower of a Gemma composite out of its targets while freeze_vision_tower is
+        # on, its default (model/model_utils/visual.py patch_target_modules; find_all_linear_modules for `all`).
         return
     targets = (list(setting.value) if isinstance(setting.value, tuple) else setting.value) if setting is not None \
         else "all-linear"
