@@ -146,9 +146,9 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
         options, script = _split(rest, _DEEPSPEED_SWITCHES)
-        nodes = _count(options.get("num_nodes", 1), "--num_nodes")
-        if options.get("num_gpus") is not None:
-            flags["num_processes"] = _count(options["num_gpus"], "--num_gpus") * nodes
+        processes, nodes, note = _deepspeed_counts(options)
+        if processes is not None:
+            flags["num_processes"] = processes
         flags["num_machines"] = nodes
     else:
         script = rest
@@ -173,6 +173,8 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
                 script_trainer = own.trainer
     # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
     followed = tc_reader._with_deepspeed_file(TrainingConfig(os.path.join(cwd or ".", WHERE), kind, settings))
+    if not followed.ok:  # it names a folder, a FIFO, a dangling link or a file that is not JSON
+        raise _Bad(followed.error or "unreadable")
     return TrainingConfig(WHERE, kind, followed.settings, trainer=_trainer(words, layers, script_trainer, kind, settings))
 
 
@@ -373,13 +375,68 @@ def _torchrun_processes(value: Any, nodes: int) -> int | str:
     return count * nodes
 
 
-def _count(value: Any, flag: str) -> int:
-    """A process or node count: an integer, or torchrun's elastic `MIN:MAX` (the most it may run)."""
-    text = str(value).split(":")[-1]
-    # Over 18 digits is no count (and over 4,300 Python refuses to convert: exit 70 before; issue 33).
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
-        raise _Bad(f"{flag} {_shown(str(value))} is not a count")
-    return int(text)
+def _deepspeed_counts(options: dict[str, Any]) -> tuple[int | str | None, int, str]:
+    """(processes, nodes, a note on the count) for a `deepspeed` line, as DeepSpeed 0.19.8's launcher/runner.py reads
+    it (parse_args, main, parse_resource_filter, apply_num_nodes_and_gpus; its parser run here): --num_nodes and
+    --num_gpus (alias --num_accelerators) are argparse type=int, default -1 (`1:4`, `abc`, `2.5` stop it: "invalid int
+    value"); --num_gpus N > 0 runs N a node, 0 or less every GPU visible on each node (kept as "auto", as torchrun's
+    auto is); --num_nodes N > 0 the first N hosts, 0 or less every host (one here: no hostfile is read);
+    --include/-i `host:slot,slot@host` runs the slots it lists (a host alone: its every GPU); --include or --exclude
+    beside --num_nodes/--num_gpus ("Cannot specify num_nodes/gpus with include/exclude"), both together ("mutually
+    exclusive") or a slot int() refuses stop it. --exclude leaves the GPUs visible less those it lists: no count is
+    taken from it (the GPUs visible stand). None: the line names no count."""
+    numbers = {}
+    for flag, names in (("--num_nodes", ("num_nodes",)), ("--num_gpus", ("num_gpus", "num_accelerators"))):
+        value = next((options[name] for name in names if name in options), None)
+        if value is None:
+            numbers[flag] = -1
+            continue
+        number = _integer(value) if not isinstance(value, bool) else None
+        if number is None:
+            raise _Bad(f"{flag} {_shown(str(value))} is not an integer: the deepspeed launcher refuses it "
+                       "(\"invalid int value\")")
+        numbers[flag] = number
+    nodes, gpus = numbers["--num_nodes"], numbers["--num_gpus"]
+    include = options.get("include", options.get("i", ""))
+    exclude = options.get("exclude", options.get("e", ""))
+    include = "" if include is True else str(include)
+    exclude = "" if exclude is True else str(exclude)
+    if (include or exclude) and (nodes >= 0 or gpus >= 0):
+        raise _Bad(f"--{'include' if include else 'exclude'} with --num_nodes/--num_gpus stops the deepspeed launcher "
+                   "(\"Cannot specify num_nodes/gpus with include/exclude\"): name the GPUs one way")
+    if include and exclude:
+        raise _Bad("--include with --exclude stops the deepspeed launcher (\"include_str and exclude_str are mutually "
+                   "exclusive\")")
+    if include or exclude:
+        hosts = _deepspeed_hosts(include or exclude, "--include" if include else "--exclude")
+        if exclude:
+            return None, 1, ""
+        if any(not slots for slots in hosts.values()):
+            return "auto", len(hosts), ""  # a host named alone: its every GPU
+        return sum(len(slots) for slots in hosts.values()), len(hosts), ""
+    nodes_run = nodes if nodes > 0 else 1
+    if gpus > 0:
+        return gpus * nodes_run, nodes_run, ""
+    if "num_gpus" in options or "num_accelerators" in options:
+        return "auto", nodes_run, f" {gpus} (deepspeed: every GPU visible)"
+    return None, nodes_run, ""
+
+
+def _deepspeed_hosts(text: str, flag: str) -> dict[str, set[int]]:
+    """DeepSpeed 0.19.8's parse_node_config_list: `host[:slot,slot][@host...]` -> {host: its slots, empty for all (a
+    host named alone and with slots elsewhere in the list runs those slots, as DeepSpeed merges them)}; a
+    spec with two colons, a slot int() refuses or below 0 (no GPU has it: "No slot") or an empty host name stops the
+    launcher."""
+    hosts: dict[str, set[int]] = {}
+    for spec in text.split("@"):
+        name, colon, slots = spec.partition(":")
+        numbers = [_integer(slot) for slot in slots.split(",")] if colon else []
+        if ":" in slots or None in numbers or not name:
+            raise _Bad(f"{flag} {_shown(text)} is not host[:slot,...][@host...] as the deepspeed launcher reads it")
+        if any(n < 0 for n in numbers):  # type: ignore[operator]
+            raise _Bad(f"{flag} {_shown(text)} names a GPU slot below 0 (the deepspeed launcher: \"No slot\")")
+        hosts[name] = hosts.get(name, set()) | set(numbers)  # type: ignore[arg-type]
+    return hosts
 
 
 def _integer(value: Any) -> int | None:

@@ -683,6 +683,9 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     if not tc.ok:
         return tc
     ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
+    problem = _deepspeed_path_problem(ref.value, tc.path) if ref is not None and isinstance(ref.value, str) else None
+    if problem is not None:
+        return TrainingConfig(tc.path, error=f"{ref.key}: {_shown_path(ref.value.strip())} {problem}")
     if ref is None or not isinstance(ref.value, str) or not ref.value.strip().lower().endswith(".json") \
             or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key
                    for name in (*_DEEPSPEED_FILE_SETTINGS, *DEEPSPEED_BATCH)):
@@ -704,6 +707,63 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     added.update({name: Setting(f"{ref.key} ({written.name}: {ds.settings[own_name].key})", ds.settings[own_name].value)
                   for name, own_name in DEEPSPEED_BATCH.items() if own_name in ds.settings and name not in own})
     return replace(tc, settings={**own, **added}) if added or len(own) < len(tc.settings) else tc
+
+
+# What transformers 5.23.0's TrainingArguments (accelerate 1.15.0's HfDeepSpeedConfig, which accelerate's own
+# DeepSpeedPlugin uses too) does with a `deepspeed` path, run here with DeepSpeed 0.19.8 installed: a path that exists is
+# opened and read with json.load (a folder: IsADirectoryError; a FIFO: open() waits for a writer; text that is not JSON:
+# JSONDecodeError); one that does not (a missing file, a dangling link) is tried as JSON text, then base64 ("Expected a
+# string path to an existing deepspeed config, ..."). Each stops the run before training starts.
+_DS_SOURCE = "TrainingArguments stops at start-up"
+
+
+def _deepspeed_path_problem(value: str, config_path: str) -> str | None:
+    """Why the DeepSpeed config a `deepspeed:` setting names would stop the run, or None where it names a readable JSON
+    file, no path at all (inline JSON or base64, which transformers also reads) or a file not on this machine (the
+    training machine may hold it: not judged). Tried as written, then next to the config, as _with_deepspeed_file reads
+    it; a path that is a JSON file in either place is fine. Never opened blocking (fsafe: a FIFO is refused, not read)."""
+    from gemma_doctor import fsafe
+
+    text = value.strip()
+    if not text or text.startswith(("{", "[")) or len(text) > 4096 or "\0" in text:
+        return None
+    written = Path(text)
+    problems = []
+    for candidate in (written, Path(config_path).parent / written):
+        try:
+            os.lstat(candidate)
+        except (OSError, ValueError):
+            continue  # not there (or a name no file system holds): nothing known here
+        try:
+            raw = fsafe.read_user_file(candidate, MAX_BYTES)
+        except fsafe.Refused as e:
+            folder = str(e).startswith("is a folder")
+            problems.append(f"is a folder, not a DeepSpeed JSON file ({_DS_SOURCE}: IsADirectoryError)" if folder else
+                            f"is not a regular file (a pipe, socket or device): {_DS_SOURCE} (it opens the path and "
+                            "waits or fails)")
+            continue
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) and os.path.islink(candidate):
+                problems.append(f"is a link to {_shown_path(os.readlink(candidate))}, which does not exist ({_DS_SOURCE}: "
+                                "\"Expected a string path to an existing deepspeed config\")")
+            else:
+                problems.append(f"cannot be read ({getattr(e, 'strerror', None) or e}): {_DS_SOURCE}")
+            continue
+        if len(raw) > MAX_BYTES:
+            return None  # no DeepSpeed JSON is this large; not read whole, not judged
+        try:
+            json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else (
+                f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not JSON")
+            problems.append(f"is not a JSON file ({why}): {_DS_SOURCE} (json.load: JSONDecodeError)")
+            continue
+        return None  # a JSON file: read by _with_deepspeed_file
+    return problems[0] if problems else None
+
+
+def _shown_path(text: str) -> str:
+    return text if text.isprintable() and len(text) <= 200 else repr(text[:200])
 
 
 def _bundled_deepspeed_settings(settings: Mapping[str, Setting]) -> dict[str, Setting]:
