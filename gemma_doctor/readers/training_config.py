@@ -678,8 +678,9 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     LLaMA-Factory `deepspeed: ds_z3.json`, accelerate's `deepspeed_config.deepspeed_config_file`) when the config
     itself does not state them. The path is tried as written (relative to the working folder, as the launchers read
     it), then next to the config; a file found replaces what an axolotl config's bundled file of that name was taken
-    to say (``_bundled_deepspeed_settings``). A file that cannot be read adds nothing: the config's own settings
-    stand."""
+    to say (``_bundled_deepspeed_settings``). A path here that transformers would stop at (a folder, a FIFO, a dangling
+    link, text that is not JSON: ``_deepspeed_path_problem``) makes the config's error (GD601); a file not here, or
+    one that is JSON but no DeepSpeed config, adds nothing: the config's own settings stand."""
     if not tc.ok:
         return tc
     ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
