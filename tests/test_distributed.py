@@ -455,7 +455,7 @@ def test_check_reads_the_launch_line_end_to_end(cli, tmp_path, monkeypatch):
                       ("accelerate launch --config_file missing.yaml train.py", "does not exist"),
                       ("torchrun 'unclosed", "not a command line"),
                       ("python t.py --" + ".".join(["a"] * 3000) + " 1", "nested deeper"),
-                      ("deepspeed --num_gpus x t.py", "is not a count"),
+                      ("deepspeed --num_gpus x t.py", "is not an integer"),
                       ("accelerate launch --config_file /dev/null/x t.py", "does not exist")):
         r = cli("check", str(model), "--launch", bad, "--gpu", "A100", "--format", "json", "--fail-on", "never")
         assert r.code == 0 and "Traceback" not in r.err, r
