@@ -711,8 +711,8 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
 
 
 # What transformers 5.23.0's TrainingArguments (accelerate 1.15.0's HfDeepSpeedConfig, which accelerate's own
-# DeepSpeedPlugin uses too) does with a `deepspeed` path, run here with DeepSpeed 0.19.8 installed: a path that exists is
-# opened and read with json.load (a folder: IsADirectoryError; a FIFO: open() waits for a writer; text that is not JSON:
+# DeepSpeedPlugin uses too) does with a `deepspeed` path, run here with DeepSpeed 0.19.8 installed: a path that
+# exists is opened and read with json.load (a folder: IsADirectoryError; a FIFO: open() waits for a writer; text that is not JSON:
 # JSONDecodeError); one that does not (a missing file, a dangling link) is tried as JSON text, then base64 ("Expected a
 # string path to an existing deepspeed config, ..."). Each stops the run before training starts.
 _DS_SOURCE = "TrainingArguments stops at start-up"
@@ -722,7 +722,8 @@ def _deepspeed_path_problem(value: str, config_path: str) -> str | None:
     """Why the DeepSpeed config a `deepspeed:` setting names would stop the run, or None where it names a readable JSON
     file, no path at all (inline JSON or base64, which transformers also reads) or a file not on this machine (the
     training machine may hold it: not judged). Tried as written, then next to the config, as _with_deepspeed_file reads
-    it; a path that is a JSON file in either place is fine. Never opened blocking (fsafe: a FIFO is refused, not read)."""
+    it; a path that is a JSON file in either place is fine. Never opened blocking (fsafe: a FIFO is refused, not
+    read)."""
     from gemma_doctor import fsafe
 
     text = value.strip()
@@ -745,10 +746,10 @@ def _deepspeed_path_problem(value: str, config_path: str) -> str | None:
             continue
         except OSError as e:
             if isinstance(e, FileNotFoundError) and os.path.islink(candidate):
-                problems.append(f"is a link to {_shown_path(os.readlink(candidate))}, which does not exist ({_DS_SOURCE}: "
+                target = _shown_path(os.readlink(candidate))
+                problems.append(f"is a link to {target}, which does not exist ({_DS_SOURCE}: "
                                 "\"Expected a string path to an existing deepspeed config\")")
-            else:
-                problems.append(f"cannot be read ({getattr(e, 'strerror', None) or e}): {_DS_SOURCE}")
+            # else unreadable to this user (the training machine's may read it): not judged
             continue
         if len(raw) > MAX_BYTES:
             return None  # no DeepSpeed JSON is this large; not read whole, not judged
