@@ -644,3 +644,53 @@ def test_a_run_that_does_not_fit_at_the_trainers_default_batch_names_the_batch_t
     assert "per_device_train_batch_size: 2 and gradient_accumulation_steps: 8 (by the default of transformers " \
            "TrainingArguments (per_device_train_batch_size 8))" in found[0]["fix"], found[0]["fix"]
     assert "batch 2 (x8 accumulation)" in found[0]["fix"]
+
+
+# Each kind of training config as its trainer runs it, on GPUs with and without bf16 and on Apple MPS: (config, GPU,
+# the precision that trainer trains in). Issue 32: the precision line said the recommendation's bf16 beside GD609's
+# "trains in fp32" for a TrainingArguments config that sets no bf16/fp16.
+_KINDS = {
+    "TrainingArguments, no switch": ("per_device_train_batch_size: 1\nlora_r: 8\nload_in_4bit: true\n",
+                                     {"L4": "fp32", "A100": "fp32", "T4": "fp32"}),
+    "TrainingArguments bf16": ("bf16: true\nper_device_train_batch_size: 1\nlora_r: 8\n",
+                               {"L4": "bf16", "A100": "bf16", "T4": "bf16"}),
+    "TRL SFT, no switch": ("per_device_train_batch_size: 1\nmax_length: 1024\nuse_peft: true\n",
+                           {"L4": "bf16", "A100": "bf16", "T4": "bf16"}),
+    "axolotl, bf16 unset (auto)": ("base_model: google/gemma-3-1b-it\nadapter: lora\nmicro_batch_size: 1\n"
+                                   "sequence_len: 1024\ndatasets:\n  - path: x\n    type: alpaca\n",
+                                   {"L4": "bf16", "A100": "bf16", "T4": "bf16", "M3": "fp16"}),
+    # A DeepSpeed JSON's precision: `enabled: true` is the run's; `auto` copies TrainingArguments' bf16 (false).
+    "TrainingArguments + DeepSpeed bf16": ("per_device_train_batch_size: 1\nlora_r: 8\ndeepspeed: {ds_on}\n",
+                                           {"L4": "bf16", "A100": "bf16"}),
+    "TrainingArguments + DeepSpeed bf16 auto": ("per_device_train_batch_size: 1\nlora_r: 8\ndeepspeed: {ds_auto}\n",
+                                                {"L4": "fp32", "A100": "fp32"}),
+    "LLaMA-Factory, no switch": ("stage: sft\nfinetuning_type: lora\nper_device_train_batch_size: 1\ncutoff_len: 1024\n",
+                                 {"L4": "fp32", "A100": "fp32"}),
+    "LLaMA-Factory pure_bf16": ("stage: sft\nfinetuning_type: lora\npure_bf16: true\nper_device_train_batch_size: 1\n"
+                                "cutoff_len: 1024\n", {"L4": "bf16", "A100": "bf16"}),
+}
+
+
+@pytest.mark.parametrize("kind, gpu, precision", [(k, g, p) for k, (_, gpus) in _KINDS.items()
+                                                  for g, p in gpus.items()])
+def test_the_precision_line_states_the_precision_the_run_trains_in(cli, hub, tmp_path, kind, gpu, precision):
+    """The precision line, run.precision and the memory plan's precision are one: the precision the config's trainer
+    trains in; where the recommendation differs, the line names it as the cure, and the JSON keeps it apart."""
+    hub.add("google/gemma-3-1b-it", {"config.json": gemma3_1b_config()})
+    tc = tmp_path / "train.yaml"
+    for name, enabled in (("ds_on", True), ("ds_auto", "auto")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"bf16": {"enabled": enabled},
+                                                           "zero_optimization": {"stage": 2}}))
+    tc.write_text(_KINDS[kind][0].format(ds_on=tmp_path / "ds_on.json", ds_auto=tmp_path / "ds_auto.json"))
+    args = ["check", "--cache-dir", hub.root, "--gpu", gpu, "--training-config", tc, "--fail-on", "never"]
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["run"]["precision"]["value"] == precision, m["run"]["precision"]
+    assert m["memory"]["run"]["precision"] == precision
+    line = next(ln for ln in cli(*args).out.splitlines() if ln.startswith("  precision "))
+    assert line.split()[1].rstrip(":") == precision, line
+    recommended = m["recommendation"]["precision"]
+    if recommended != precision:
+        cure = "set bf16: false and fp16: false" if recommended == "fp32" else f"set {recommended}: true"
+        assert f"; recommended {recommended}: {cure} (" in line, line
+    else:
+        assert "recommended" not in line.split("(")[0], line

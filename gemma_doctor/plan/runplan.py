@@ -316,6 +316,16 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
         window = versioning.TRL_BF16_DEFAULT[trainer.value]
         out.append(("precision", "bf16", f"default of TRL {_TRL_CONFIGS[trainer]} ({window.describe()}: bf16 = not "
                                          "fp16)"))
+    elif (trainer.runs_trl or trainer is Trainer.TRANSFORMERS) and not any(
+            n in s for n in ("bf16", "fp16", "mixed_precision")) and tc.bf16_by_trainer(stack) is Exposure.SAFE:
+        # No switch at all: TrainingArguments' bf16 and fp16 default to false, so the Trainer runs no autocast (GD609's
+        # fp32). The run that executes is fp32, not the recommendation (issue 32: the precision line said bf16 beside
+        # GD609's fp32); a launcher's mixed precision (--launch) reaches the settings as mixed_precision. TRL whose
+        # version is unknown stays open (GD609 says both).
+        who = "default of transformers TrainingArguments" if trainer is Trainer.TRANSFORMERS else \
+            (f"default of transformers TrainingArguments (TRL {_TRL_CONFIGS[trainer]} before "
+               f"{versioning.TRL_BF16_DEFAULT[trainer.value].spec.lstrip('>=')})")
+        out.append(("precision", "fp32", f"{who}: the config sets no bf16/fp16, both false (no autocast)"))
     if trainer.runs_trl or trainer is Trainer.TRANSFORMERS:
         given = s.get("torch_dtype")
         word = _load_dtype_word(given.value) if given is not None else None

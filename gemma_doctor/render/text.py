@@ -43,7 +43,10 @@ def _model_lines(m: ModelReport) -> list[str]:
         if isinstance(rec, dict) and rec.get("precision") not in (None, run.precision.value):
             # The training config sets another precision than the one recommended: the run trains in the config's
             # (the memory line plans it), and the recommendation is named beside it, not in its place.
-            head = f"{run.precision.value} ({run.precision.source}; recommended {m.precision})"
+            # The cure is the switch that gives the recommended precision (bf16/fp16 are every trainer's keys here).
+            want = rec["precision"]
+            cure = "set bf16: false and fp16: false" if want == "fp32" else f"set {want}: true"
+            head = f"{run.precision.value} ({run.precision.source}); recommended {want}: {cure} ({m.precision})"
         lines.append(f"  [bold]precision[/bold] {escape(head + clause)}")
     elif isinstance(rec, dict) and rec.get("summary"):
         lines.append(f"  [bold]precision[/bold] {escape(rec['summary'])}")
