@@ -59,11 +59,15 @@ def environment(options: CheckOptions) -> Environment:
     versions = installed()
     stack = stack_mod.resolve(versions, options.with_packages, options.requirements)
     tc = training_config.load(options.training_config) if options.training_config else None
+    gpu = gpu_reader.resolve(getattr(options, "gpu", None))
     if options.launch is not None:
         from gemma_doctor.readers import launch
 
-        tc = launch.combine(tc, launch.parse(options.launch))
-    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc), training_config=tc)
+        # DeepSpeed's launcher without a hostfile pools the GPUs it sees: the probe's, where this machine was probed.
+        visible = len(gpu.devices) if gpu.source == "probe" and gpu.devices else None
+        tc = launch.combine(tc, launch.parse(options.launch, visible=visible))
+    return Environment(versions=versions, stack=stack, gpu=gpu_reader.for_options(options, tc, gpu),
+                       training_config=tc)
 
 
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:

@@ -423,11 +423,12 @@ def probe(environ: Mapping[str, str] | None = None, *, system: str | None = None
 
 # --- the run's GPU -------------------------------------------------------------------------------
 
-def for_options(options: Any, training_config: Any | None = None) -> GpuFacts:
-    """The run's GPU: resolve(options.gpu) with the count and nodes the options and the training config say, in the
-    run's precedence (--num-gpus, then the config's num_processes; the config's num_machines). Made once per run by
-    pipeline.environment(), which hands it on in Environment.gpu; nothing is kept here, so a later run probes afresh."""
-    facts = resolve(getattr(options, "gpu", None))
+def for_options(options: Any, training_config: Any | None = None, facts: GpuFacts | None = None) -> GpuFacts:
+    """The run's GPU: resolve(options.gpu) (``facts``, where the caller resolved it already) with the count and nodes
+    the options and the training config say, in the run's precedence (--num-gpus, then the config's num_processes; the
+    config's num_machines). Made once per run by pipeline.environment(), which hands it on in Environment.gpu; nothing
+    is kept here, so a later run probes afresh."""
+    facts = facts if facts is not None else resolve(getattr(options, "gpu", None))
     memory = getattr(options, "memory", None)
     settings = training_config.settings if training_config is not None and getattr(training_config, "ok", False) else {}
     count = positive_int(getattr(memory, "num_gpus", None)) or _setting(settings, "num_processes")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 from typing import Any
 
@@ -66,10 +67,11 @@ class _Bad(ValueError):
     """The line cannot be read as a launch command; the message says why."""
 
 
-def parse(line: str, cwd: str | None = None) -> TrainingConfig:
-    """The run a launch command line describes, as a training config (``error`` set when the line cannot be read)."""
+def parse(line: str, cwd: str | None = None, visible: int | None = None) -> TrainingConfig:
+    """The run a launch command line describes, as a training config (``error`` set when the line cannot be read).
+    ``visible``: the GPUs this machine shows (the probe's), where known: DeepSpeed's pool without a hostfile."""
     try:
-        return _parse(line, cwd)
+        return _parse(line, cwd, visible)
     except _Bad as e:
         return TrainingConfig(WHERE, error=str(e))
     except RecursionError:
@@ -88,10 +90,11 @@ def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConf
         return base
     # The trainer: the one the line names (`trl sft`) or its own config decides, else the file's.
     trainer = launch.trainer if launch.trainer is not None and not launch.trainer.default else base.trainer
-    return TrainingConfig(base.path, base.kind, {**base.settings, **launch.settings}, trainer=trainer)
+    return TrainingConfig(base.path, base.kind, {**base.settings, **launch.settings}, trainer=trainer,
+                          problems=(*base.problems, *launch.problems))
 
 
-def _parse(line: str, cwd: str | None) -> TrainingConfig:
+def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
     # A line continued with backslash-newline (a CI step, a job script): the shell drops both; shlex would keep the
     # newline as a word of its own, which ends the launcher's options there.
     line = line.replace("\\\r\n", " ").replace("\\\n", " ")
@@ -146,7 +149,7 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
         options, script = _split(rest, _DEEPSPEED_SWITCHES)
-        processes, nodes, note = _deepspeed_counts(options)
+        processes, nodes, note = _deepspeed_counts(options, cwd, visible)
         if processes is not None:
             flags["num_processes"] = processes
         flags["num_machines"] = nodes
@@ -172,10 +175,11 @@ def _parse(line: str, cwd: str | None) -> TrainingConfig:
             if label == "script --":
                 script_trainer = own.trainer
     # A DeepSpeed JSON named on the line (`--deepspeed ds.json`) is read relative to the folder the line runs in.
+    # One naming a folder, a FIFO, a dangling link or a file that is not JSON is a problem of the line (GD601) beside
+    # its settings, which are planned.
     followed = tc_reader._with_deepspeed_file(TrainingConfig(os.path.join(cwd or ".", WHERE), kind, settings))
-    if not followed.ok:  # it names a folder, a FIFO, a dangling link or a file that is not JSON
-        raise _Bad(followed.error or "unreadable")
-    return TrainingConfig(WHERE, kind, followed.settings, trainer=_trainer(words, layers, script_trainer, kind, settings))
+    return TrainingConfig(WHERE, kind, followed.settings, problems=followed.problems,
+                          trainer=_trainer(words, layers, script_trainer, kind, settings))
 
 
 def _trainer(words: list[str], layers: list[TrainingConfig], script: trainers.Chosen | None, kind: str,
@@ -375,16 +379,20 @@ def _torchrun_processes(value: Any, nodes: int) -> int | str:
     return count * nodes
 
 
-def _deepspeed_counts(options: dict[str, Any]) -> tuple[int | str | None, int, str]:
+def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
+                      visible: int | None = None) -> tuple[int | str | None, int, str]:
     """(processes, nodes, a note on the count) for a `deepspeed` line, as DeepSpeed 0.19.8's launcher/runner.py reads
-    it (parse_args, main, parse_resource_filter, apply_num_nodes_and_gpus; its parser run here): --num_nodes and
-    --num_gpus (alias --num_accelerators) are argparse type=int, default -1 (`1:4`, `abc`, `2.5` stop it: "invalid int
-    value"); --num_gpus N > 0 runs N a node, 0 or less every GPU visible on each node (kept as "auto", as torchrun's
-    auto is); --num_nodes N > 0 the first N hosts, 0 or less every host (one here: no hostfile is read);
-    --include/-i `host:slot,slot@host` runs the slots it lists (a host alone: its every GPU); --include or --exclude
-    beside --num_nodes/--num_gpus ("Cannot specify num_nodes/gpus with include/exclude"), both together ("mutually
-    exclusive") or a slot int() refuses stop it. --exclude leaves the GPUs visible less those it lists: no count is
-    taken from it (the GPUs visible stand). None: the line names no count."""
+    it (parse_args, main, fetch_hostfile, parse_inclusion_exclusion, apply_num_nodes_and_gpus; run here): --num_nodes
+    and --num_gpus (alias --num_accelerators) are argparse type=int, default -1 (`1:4`, `abc`, `2.5` stop it: "invalid
+    int value"). The resource pool is the hostfile's (`--hostfile`/`-H`, else /job/hostfile where it is a file:
+    ``_deepspeed_pool``), else this machine's GPUs (``visible``, where known) on localhost. --include/-i
+    `host:slot,slot@host` runs the slots it lists of the pool (a host alone: all its slots), --exclude/-e the pool less
+    those it lists, each host and slot checked against the pool ("not found in hostfile", "No slot"); --num_nodes N > 0
+    keeps the first N hosts, --num_gpus N > 0 runs N on each (0 or less: every GPU visible, kept as "auto", as
+    torchrun's auto is); --include or --exclude beside --num_nodes/--num_gpus, both together, or a slot int() refuses
+    stop it. Without a pool read here (no hostfile on this machine, the training machine may hold one) a host other
+    than localhost is not judged, --num_nodes is taken as written, and an --exclude whose GPUs visible are not known
+    leaves the GPUs visible (no count). None: the line names no count."""
     numbers = {}
     for flag, names in (("--num_nodes", ("num_nodes",)), ("--num_gpus", ("num_gpus", "num_accelerators"))):
         value = next((options[name] for name in names if name in options), None)
@@ -397,6 +405,7 @@ def _deepspeed_counts(options: dict[str, Any]) -> tuple[int | str | None, int, s
                        "(\"invalid int value\")")
         numbers[flag] = number
     nodes, gpus = numbers["--num_nodes"], numbers["--num_gpus"]
+    pool, note = _deepspeed_pool(options, cwd)
     include = options.get("include", options.get("i", ""))
     exclude = options.get("exclude", options.get("e", ""))
     include = "" if include is True else str(include)
@@ -407,8 +416,24 @@ def _deepspeed_counts(options: dict[str, Any]) -> tuple[int | str | None, int, s
     if include and exclude:
         raise _Bad("--include with --exclude stops the deepspeed launcher (\"include_str and exclude_str are mutually "
                    "exclusive\")")
+    hosts = _deepspeed_hosts(include or exclude, "--include" if include else "--exclude") if include or exclude \
+        else {}
+    local = pool is None and visible is not None and bool(hosts) and set(hosts) <= {"localhost"}
+    if local:  # DeepSpeed's own pool without a hostfile: {"localhost": the GPUs it sees}
+        pool = {"localhost": visible}
+        note = f" (the {visible} GPUs visible on localhost)"
+    if pool is not None:
+        active = _deepspeed_filter(pool, hosts, bool(include), "hostfile" if not local else "GPUs visible")
+        if nodes > 0:
+            active = dict(list(active.items())[:nodes])
+        if gpus > 0:
+            active = {host: list(range(gpus)) for host in active}
+        processes = sum(len(slots) for slots in active.values())
+        if processes == 0:
+            raise _Bad(f"the deepspeed launcher's resource pool{note} is left with no GPU slot: it starts no training "
+                       "process (its launch: IndexError)")
+        return processes, len(active), note
     if include or exclude:
-        hosts = _deepspeed_hosts(include or exclude, "--include" if include else "--exclude")
         if exclude:
             return None, 1, ""
         if any(not slots for slots in hosts.values()):
@@ -420,6 +445,87 @@ def _deepspeed_counts(options: dict[str, Any]) -> tuple[int | str | None, int, s
     if "num_gpus" in options or "num_accelerators" in options:
         return "auto", nodes_run, f" {gpus} (deepspeed: every GPU visible)"
     return None, nodes_run, ""
+
+
+def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str) -> dict[str, list[int]]:
+    """DeepSpeed 0.19.8's parse_inclusion_exclusion / parse_resource_filter: the pool's slots ({host: count}) that
+    an --include keeps or an --exclude leaves (``hosts``: ``_deepspeed_hosts``' reading of it; empty: the pool whole),
+    in the pool's order, hosts left with no slot dropped; a host or slot the pool lacks stops the launcher."""
+    active = {host: list(range(count)) for host, count in pool.items()}
+    if not hosts:
+        return active
+    kept: dict[str, list[int]] = {} if include else {host: list(slots) for host, slots in active.items()}
+    for host, slots in hosts.items():
+        if host not in active:
+            raise _Bad(f"{'--include' if include else '--exclude'} names {_shown(host)}, which the {named} lacks (the "
+                       f"deepspeed launcher: \"Hostname '{_shown(host)}' not found in hostfile\")")
+        missing = sorted(slot for slot in slots if slot not in active[host])
+        if missing:
+            raise _Bad(f"{'--include' if include else '--exclude'} names GPU slot {missing[0]} of {_shown(host)}, which "
+                       f"has {len(active[host])} in the {named} (the deepspeed launcher: \"No slot '{missing[0]}' "
+                       f"specified on host '{_shown(host)}'\")")
+        if include:
+            kept[host] = sorted(slots) if slots else active[host]
+        else:
+            kept[host] = [slot for slot in kept[host] if slot not in slots] if slots else []
+    return {host: kept[host] for host in active if kept.get(host)}
+
+
+# DeepSpeed 0.19.8's runner.py: the hostfile read where the line names none (DLTS_HOSTFILE), a line of it
+# (_parse_hostfile's pattern, matched at the start of the stripped line), and the most of one read here (a hostfile of
+# a thousand hosts is some 30 kB).
+DEEPSPEED_HOSTFILE = "/job/hostfile"
+_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
+MAX_HOSTFILE_BYTES = 1 << 20
+
+
+def _deepspeed_pool(options: dict[str, Any], cwd: str | None) -> tuple[dict[str, int] | None, str]:
+    """({host: slots}, a note naming the hostfile) as DeepSpeed 0.19.8's fetch_hostfile reads `--hostfile`/`-H`
+    (default /job/hostfile): a path that is no regular file (missing, a folder, a FIFO, a device, a dangling link) is no
+    pool ("Unable to find hostfile, will proceed with training with local resources only": None); a file is read line
+    by line, comments and blank lines skipped, each other line `host slots=N` (_parse_hostfile), and a line that is not,
+    a host named twice, no host at all or text that is not UTF-8 stop it (GD601). A file this user cannot read is not
+    judged (the training machine's user may read it: None). Read without blocking, at most MAX_HOSTFILE_BYTES."""
+    from gemma_doctor import fsafe
+
+    named = next((options[name] for name in ("hostfile", "H") if name in options), None)
+    path = str(named) if named is not None and named is not True else DEEPSPEED_HOSTFILE
+    flag = f"--hostfile {_shown(path)}" if named is not None else f"the deepspeed launcher's default hostfile {path}"
+    full = path if os.path.isabs(path) or cwd is None else os.path.join(cwd, path)
+    try:
+        raw = fsafe.read_user_file(full, MAX_HOSTFILE_BYTES)
+    except (fsafe.Refused, OSError, ValueError):
+        return None, ""  # os.path.isfile() is False there (or this user cannot read it): no hostfile is read
+    if len(raw) > MAX_HOSTFILE_BYTES:
+        raise _Bad(f"{flag} is larger than {MAX_HOSTFILE_BYTES >> 20} MiB, which no hostfile is (not read whole): name "
+                   "the hostfile of the run")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Bad(f"{flag} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): the deepspeed "
+                   "launcher stops reading it (UnicodeDecodeError)") from None
+    pool: dict[str, int] = {}
+    # readlines() in text mode: universal newlines, each line then stripped (str.strip, as DeepSpeed's).
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        line = line.strip()
+        if line.startswith("#") or line == "":
+            continue
+        match = _HOSTFILE_LINE.search(line)
+        slots = _integer(match.group(2)) if match else None
+        if match is not None and slots is None:
+            raise _Bad(f"{flag} gives {_shown(match.group(1))} slots={_shown(match.group(2)[:40])}, past any machine's "
+                       "GPUs")
+        if match is None or slots is None:
+            raise _Bad(f"{flag} has a line that is not `host slots=N`: {_shown(line[:80])} (the deepspeed launcher: "
+                       "\"Hostfile contains a bad entry\")")
+        if match.group(1) in pool:
+            raise _Bad(f"{flag} names {_shown(match.group(1))} twice (the deepspeed launcher: \"Hostfile contains "
+                       "multiple entries\")")
+        pool[match.group(1)] = slots
+    if not pool:
+        raise _Bad(f"{flag} names no host (the deepspeed launcher: \"Hostfile is empty or not formatted correctly\")")
+    return pool, f" (hostfile {_shown(path)}: {len(pool)} host{'s' if len(pool) > 1 else ''}, " \
+                 f"{sum(pool.values())} slots)"
 
 
 def _deepspeed_hosts(text: str, flag: str) -> dict[str, set[int]]:

@@ -139,16 +139,18 @@ class KeyProblem:
     (``unknown-key``, with the field it most likely misspells) or a boolean field's value no parser reads as one
     (``not-boolean``, with true or false when it is a misspelling of one)."""
 
-    kind: str  # "unknown-key" | "not-boolean"
+    kind: str  # "unknown-key" | "not-boolean" | "deepspeed-file" (a `deepspeed:` path the run stops at: GD601)
     key: str
     value: Any
     line: int | None
     suggestion: str | None
+    why: str | None = None  # deepspeed-file: why the run stops there (_deepspeed_file)
 
     def to_json(self) -> dict[str, Any]:
         """JSON view."""
-        return {"kind": self.kind, "key": self.key, "value": _json_value(self.value), "line": self.line,
-                "suggestion": self.suggestion}
+        out = {"kind": self.kind, "key": self.key, "value": _json_value(self.value), "line": self.line,
+               "suggestion": self.suggestion}
+        return {**out, "why": self.why} if self.why is not None else out
 
 
 @dataclass(frozen=True)
@@ -677,29 +679,27 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     """Add the ZeRO stage and offload of the DeepSpeed JSON a config names (TrainingArguments / TRL / axolotl /
     LLaMA-Factory `deepspeed: ds_z3.json`, accelerate's `deepspeed_config.deepspeed_config_file`) when the config
     itself does not state them. The path is tried as written (relative to the working folder, as the launchers read
-    it), then next to the config; a file found replaces what an axolotl config's bundled file of that name was taken
-    to say (``_bundled_deepspeed_settings``). A path here that transformers would stop at (a folder, a FIFO, a dangling
-    link, text that is not JSON: ``_deepspeed_path_problem``) makes the config's error (GD601); a file not here, or
-    one that is JSON but no DeepSpeed config, adds nothing: the config's own settings stand."""
+    it), then next to the config, and the file found is read once (``_deepspeed_file``); it replaces what an axolotl
+    config's bundled file of that name was taken to say (``_bundled_deepspeed_settings``). A path here that
+    transformers would stop at (a folder, a FIFO, a dangling link, text that is not JSON) is a problem of the config
+    (GD601, ``KeyProblem`` "deepspeed-file") beside its own settings, which stand and are planned; a file not here, or
+    one that is JSON but no DeepSpeed config, adds nothing."""
     if not tc.ok:
         return tc
     ref = tc.get("deepspeed") or tc.get("deepspeed_config_file")
-    problem = _deepspeed_path_problem(ref.value, tc.path) if ref is not None and isinstance(ref.value, str) else None
+    if ref is None or not isinstance(ref.value, str):
+        return tc
+    problem, found, text = _deepspeed_file(ref.value, tc.path)
     if problem is not None:
-        return TrainingConfig(tc.path, error=f"{ref.key}: {_shown_path(ref.value.strip())} {problem}")
-    if ref is None or not isinstance(ref.value, str) or not ref.value.strip().lower().endswith(".json") \
-            or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key
-                   for name in (*_DEEPSPEED_FILE_SETTINGS, *DEEPSPEED_BATCH)):
+        shown = _shown_path(ref.value.strip())
+        return replace(tc, problems=(*tc.problems, KeyProblem("deepspeed-file", ref.key, shown, ref.line, None, problem)))
+    if found is None or text is None or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key
+                                            for name in (*_DEEPSPEED_FILE_SETTINGS, *DEEPSPEED_BATCH)):
         return tc
-    written = Path(ref.value.strip())
-    for candidate in (written, Path(tc.path).parent / written):
-        if _is_file(candidate):
-            break
-    else:
-        return tc
-    ds = read(str(candidate), follow=False)
+    ds = parse(text, found, yaml_first=False)
     if not ds.ok or not isinstance(ds.format, trainers.DeepSpeed):
         return tc
+    written = Path(ref.value.strip())
     # The file on disk replaces what axolotl's bundled file of that name was taken to say.
     own = {name: v for name, v in tc.settings.items() if _BUNDLED not in v.key}
     added = {name: Setting(f"{ref.key} ({written.name}: {ds.settings[name].key})", ds.settings[name].value)
@@ -718,17 +718,19 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
 _DS_SOURCE = "TrainingArguments stops at start-up"
 
 
-def _deepspeed_path_problem(value: str, config_path: str) -> str | None:
-    """Why the DeepSpeed config a `deepspeed:` setting names would stop the run, or None where it names a readable JSON
-    file, no path at all (inline JSON or base64, which transformers also reads) or a file not on this machine (the
-    training machine may hold it: not judged). Tried as written, then next to the config, as _with_deepspeed_file reads
-    it; a path that is a JSON file in either place is fine. Never opened blocking (fsafe: a FIFO is refused, not
-    read)."""
+def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | None, str | None]:
+    """(why the run stops, the JSON file found, its text) for the DeepSpeed config a `deepspeed:` setting names, each
+    file read once: tried as written, then next to the config; the first that is a JSON file is the one (its path and
+    text, no problem). A path that names no file here (inline JSON or base64, which transformers also reads, or a file
+    the training machine may hold) is (None, None, None), and so is one that exists but this user cannot read or that
+    is too large to be read whole: that is the file as named, not judged, and the other place is not tried. Where
+    neither place holds a JSON file, the first place's problem (a folder, a FIFO, a dangling link, text that is not
+    JSON) is why the run stops. Never opened blocking (fsafe: a FIFO is refused, not read)."""
     from gemma_doctor import fsafe
 
     text = value.strip()
     if not text or text.startswith(("{", "[")) or len(text) > 4096 or "\0" in text:
-        return None
+        return None, None, None
     written = Path(text)
     problems = []
     for candidate in (written, Path(config_path).parent / written):
@@ -749,19 +751,24 @@ def _deepspeed_path_problem(value: str, config_path: str) -> str | None:
                 target = _shown_path(os.readlink(candidate))
                 problems.append(f"is a link to {target}, which does not exist ({_DS_SOURCE}: "
                                 "\"Expected a string path to an existing deepspeed config\")")
-            # else unreadable to this user (the training machine's may read it): not judged
-            continue
+                continue
+            if isinstance(e, FileNotFoundError):
+                continue  # gone since the lstat: nothing known here
+            break  # unreadable to this user (the training machine's may read it): the file named, not judged
         if len(raw) > MAX_BYTES:
-            return None  # no DeepSpeed JSON is this large; not read whole, not judged
+            break  # no DeepSpeed JSON is this large; not read whole, not judged
         try:
-            json.loads(raw.decode("utf-8"))
+            decoded = raw.decode("utf-8")
+            json.loads(decoded)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else (
                 f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not JSON")
             problems.append(f"is not a JSON file ({why}): {_DS_SOURCE} (json.load: JSONDecodeError)")
             continue
-        return None  # a JSON file: read by _with_deepspeed_file
-    return problems[0] if problems else None
+        return None, str(candidate), decoded
+    else:
+        return (problems[0] if problems else None), None, None
+    return None, None, None
 
 
 def _shown_path(text: str) -> str:

@@ -86,9 +86,16 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
     an axolotl config that its schema drops."""
     from gemma_doctor.readers.training_config import key_table
 
+    for p in tc.problems:
+        if p.kind == "deepspeed-file":
+            # The rest of the config was read and is planned; the run itself stops at start-up on this path.
+            yield Finding("GD601", Severity.ERROR, f"the DeepSpeed config it names cannot be read: {p.key}: {p.value} "
+                          f"{p.why}", file=tc.path, key=p.key,
+                          fix=f"point {p.key} at the DeepSpeed JSON file (or write its JSON inline)",
+                          details={"line": p.line} if p.line else {})
     table = tc.format.key_table or "trainer_keys"
     read = key_table(table)["read_from"]
-    for p in tc.problems:
+    for p in (p for p in tc.problems if p.kind != "deepspeed-file"):
         details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
                                                                                             "read_from": dict(read)}
         if table == "axolotl_keys":
