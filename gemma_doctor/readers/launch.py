@@ -119,6 +119,10 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         config_file = options.pop("config_file", None) or options.pop("config-file", None)
         if isinstance(config_file, str):
             layers.append(_file(config_file, cwd, "--config_file"))
+        elif options.get("cpu") is not True:
+            default = _accelerate_default_config()
+            if default is not None:
+                layers.append(default)
         flagged = {name.replace("-", "_") for name, value in options.items() if value is True}
         for name, value in options.items():
             key = name.replace("-", "_")
@@ -139,7 +143,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
             written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
                            None)
             flags["num_processes"], note = _accelerate_processes(processes, flags.get("distributed_type") or written,
-                                                                 config_file is not None, "multi_gpu" in flagged)
+                                                                 bool(layers), "multi_gpu" in flagged)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _nodes(options.get("nnodes", "1"))
@@ -568,6 +572,27 @@ def _nodes(value: Any) -> int:
         raise _Bad(f"--nnodes {_shown(str(value))} is not a count or MIN:MAX with 0 < MIN <= MAX (torchrun refuses "
                    "it)")
     return bounds[-1]  # type: ignore[return-value]
+
+
+def _accelerate_default_config() -> TrainingConfig | None:
+    """The config `accelerate launch` reads where the line names none and has no --cpu: accelerate 1.15.0's
+    default_config_file (commands/config/config_args.py: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else
+    ~/.cache/huggingface; then accelerate/default_config.yaml), where it is a file (os.path.isfile; else none is read
+    and the flags and accelerate's defaults stand: no mixed precision, one process). Read as --config_file is (never
+    blocking, bounded); one accelerate cannot read stops it (GD601)."""
+    home = os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
+                                                                      "huggingface")))
+    path = os.path.join(home, "accelerate", "default_config.yaml")
+    try:
+        if not os.path.isfile(path):
+            return None
+    except (OSError, ValueError):
+        return None
+    read = tc_reader.read(path)
+    if not read.ok:
+        raise _Bad(f"accelerate's default config {_shown(path)} (read where the line names no --config_file): "
+                   f"{read.error}")
+    return read
 
 
 def _file(path: str, cwd: str | None, flag: str) -> TrainingConfig:

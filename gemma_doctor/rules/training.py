@@ -178,8 +178,12 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     trl_bf16 = tc.bf16_by_trainer(env.libraries)
     if fp16_key is None and bf16_key is None and not bf16_auto and not refused & {"fp16", "bf16"} \
             and bf16_default is None and not axolotl_auto and not (on_mps and axolotl_on_mps(s)[0] != "fp32"):
-        unless = ("unless the launcher adds it, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
-                  "stack's TRL version is not known)" if trl_bf16 is Exposure.UNKNOWN else "unless the launcher adds it")
+        # A launch line read (--launch) states what its launcher adds: its flags, its config file or accelerate's
+        # default config (readers/launch.py); only where none was read may a launcher still add autocast.
+        launcher = "unless the launcher adds it" if getattr(options, "launch", None) is None else \
+            "(the launch line and the config files its launcher reads add none)"
+        unless = (f"{launcher}, or TRL >= 0.19 turns bf16 on (its configs set bf16 = not fp16; the "
+                  "stack's TRL version is not known)" if trl_bf16 is Exposure.UNKNOWN else launcher)
         yield _finding("GD609", Severity.INFO,
                        f"{tc.path} ({tc.kind}) sets no mixed precision (fp16/bf16/mixed_precision): the run trains in fp32 "
                        + unless, "nothing to do if fp32 is intended" + (
