@@ -434,8 +434,9 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
             active = {host: list(range(gpus)) for host in active}
         processes = sum(len(slots) for slots in active.values())
         if processes == 0:
+            # Every host dropped: its launch.py stops (IndexError); hosts of 0 slots: it starts no process on them.
             raise _Bad(f"the deepspeed launcher's resource pool{note} is left with no GPU slot: it starts no training "
-                       "process (its launch: IndexError)")
+                       "process")
         return processes, len(active), note
     if include or exclude:
         if exclude:
