@@ -263,3 +263,16 @@ def test_a_hostile_hostfile_never_blocks_nor_crashes(cli, model, tmp_path, kind,
 def test_an_exclude_without_a_hostfile_counts_the_gpus_visible_less_its_slots(line, visible, processes):
     tc = launch.parse(line, visible=visible)
     assert tc.ok and (tc.get("num_processes").value if tc.get("num_processes") else None) == processes, tc
+
+
+# --- a config's problems survive a launch line ---------------------------------------------------------------------
+
+def test_a_config_s_refused_key_is_still_said_when_a_launch_line_joins_it(cli, model, tmp_path):
+    # launch.combine built the joined config without the file's problems: GD680 vanished once --launch was given.
+    config = tmp_path / "trl.yaml"
+    config.write_text("bf16: true\nper_device_train_batch_sze: 2\n")
+    r = cli("check", str(model), "--training-config", str(config), "--launch", "torchrun --nproc-per-node 2 train.py",
+            "--gpu", "A100", "--format", "json", "--fail-on", "never")
+    assert r.code == 0, r
+    assert [f["key"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD680"] == \
+        ["per_device_train_batch_sze"], r.out
