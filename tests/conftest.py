@@ -143,8 +143,11 @@ def plan_450(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path):
-    """No test ever sees the developer's real cache or colour settings."""
+    """No test ever sees the developer's real cache, accelerate config or colour settings."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "default-hub"))
+    # accelerate's default config ($HF_HOME/accelerate/default_config.yaml) is read for an `accelerate launch` line
+    # without --config_file (readers/launch.py): a developer's own must not change what a test plans.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)
     for name in ("GEMMA_DOCTOR_WITH", "GEMMA_DOCTOR_REQUIREMENTS", "GEMMA_DOCTOR_WORKERS"):
