@@ -364,6 +364,21 @@ def not_training() -> dict[str, str]:
     return {k.name: k.refusal for k in REGISTRY if not k.trains}
 
 
+# The preference / RL tasks a config's trainer names (an `rl` / `stage` value, or TRL's DPO / GRPO keys), by the names
+# `--task` takes (plan/recommend.TASKS): check plans the run as that task where --task says none.
+NAMED_TASKS = frozenset({"dpo", "orpo", "kto", "grpo", "ppo"})
+_TRAINER_TASKS = {Trainer.TRL_DPO: "dpo", Trainer.TRL_GRPO: "grpo"}
+
+
+def task_named(rl: Any, chosen: Chosen | None) -> str | None:
+    """The task (NAMED_TASKS) a config's `rl` / `stage` setting (``rl``: its value) or the trainer that executes it
+    names, else None (SFT, pre-training, or a trainer gemma-doctor plans as SFT: ipo, simpo, a reward model...)."""
+    named = rl_trainer(rl)
+    if named in NAMED_TASKS:
+        return named
+    return _TRAINER_TASKS.get(chosen.value) if chosen is not None else None
+
+
 def rl_trainer(value: Any) -> str | None:
     """The RL trainer an `rl` / `stage` setting names, lower case; None for SFT or pre-training (LLaMA-Factory's
     stage: sft / pt) and for no setting."""

@@ -138,8 +138,9 @@ def test_the_obvious_spellings_are_accepted(cli, value):
     assert r.code == 0, r.err
 
 
-@pytest.mark.parametrize("trainer", ["trl", "llama-factory"])
-@pytest.mark.parametrize("extra", [("--num-gpus", "2"), ("--task", "dpo")])
+@pytest.mark.parametrize("trainer,extra", [("trl", ("--num-gpus", "2")), ("trl", ("--task", "grpo")),
+                                           ("llama-factory", ("--num-gpus", "2")), ("llama-factory", ("--task", "dpo")),
+                                           ("transformers", ("--task", "dpo"))])
 def test_what_a_trl_config_cannot_state_is_one_line(cli, extra, trainer):
     r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", trainer, *extra)
     assert r.code == 2 and "--trainer axolotl" in r.err and len(r.err.strip().splitlines()) == 1, r.err
@@ -312,3 +313,98 @@ def test_no_fallback_is_said_where_the_configs_trainer_writes_the_run(cli, examp
     p = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--num-gpus", "2", "--format",
             "json").json()["models"][0]["prescription"]
     assert p["trainer_fallback"] is None
+
+
+# --- TRL's DPOTrainer (issue 32) ----------------------------------------------------------------------------------------
+
+def test_trl_dpo_is_a_trl_dpo_config_and_check_plans_it_as_that_dpo_run_without_task(cli, examples, tmp_path):
+    """`recommend --trainer trl --task dpo` writes a `trl dpo --config` YAML (DPOConfig's beta and loss_type, max_length,
+    ModelConfig's LoRA keys), which check reads as TRL's DPOTrainer's run and plans at the same memory line with no
+    --task: the config names its task. On main the run fell back to axolotl's YAML."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "trl", "--task", "dpo")
+    text = cli(*args)
+    assert text.code == 0, text.err
+    assert "trainer trl: the run as a `trl dpo --config` YAML (TRL's DPOTrainer)" in text.out, text.out
+    m = cli(*args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert p["run"]["trainer"]["value"] == "trl-dpo" and p["trainer_fallback"] is None, p
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    assert m["snippets"]["yaml"].startswith("# trl dpo --config THIS_FILE"), m["snippets"]["yaml"][:200]
+    assert (data["beta"], data["loss_type"], data["max_length"], data["per_device_train_batch_size"]) == \
+        (0.1, ["sigmoid"], p["seq_len"], p["batch_size"]), data
+    assert "rl" not in data and "base_model" not in data
+    path = tmp_path / "dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    model = doc["models"][0]
+    assert model["run"]["trainer"]["value"] == "trl-dpo", model["run"]
+    assert any(a.startswith("dpo: chosen and rejected") for a in model["memory"]["assumptions"]), model["memory"]
+    assert model["memory"]["summary"] == p["memory"] == _memory_line(text.out).removeprefix("memory ")
+
+
+def test_check_of_an_axolotl_dpo_yaml_plans_the_dpo_run_without_task(cli, examples, tmp_path):
+    """axolotl's `rl: dpo` YAML (recommend --task dpo) read by check without --task: the paired DPO run recommend
+    planned (33.2 GiB on an A100), not an SFT run of it (29.3 GiB on main)."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--task", "dpo", "--format", "json")
+    m = cli(*args).json()["models"][0]
+    assert yaml.safe_load(m["snippets"]["yaml"])["rl"] == "dpo"
+    path = tmp_path / "axolotl-dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+    assert any(a.startswith("dpo: chosen and rejected") for a in doc["models"][0]["memory"]["assumptions"])
+
+
+def test_a_users_trl_dpo_config_gets_trls_dpo_format(cli, examples, tmp_path):
+    """A `trl dpo` config given as --training-config (its own keys say DPOConfig): the prescription is TRL's DPOTrainer's
+    run in its format, with no fallback to axolotl and no --task."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nbeta: 0.1\nloss_type: [sigmoid]\nmax_length: 1024\n")
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
+            "--format", "json").json()["models"][0]
+    assert m["prescription"]["run"]["trainer"]["value"] == "trl-dpo" and m["prescription"]["trainer_fallback"] is None
+    assert yaml.safe_load(m["snippets"]["yaml"])["beta"] == 0.1
+
+
+@pytest.mark.slow
+def test_every_key_of_trls_sft_and_dpo_configs_is_one_trls_parser_accepts(cli, examples, tmp_path):
+    """TRL 1.16's own TrlParser, as `trl sft|dpo --config` builds it (trl/scripts/sft.py, dpo.py: ScriptArguments, the
+    trainer's config, ModelConfig, DatasetMixtureConfig), refusing unknown keys (fail_with_unknown_args), parses the
+    YAML of SFT and DPO prescriptions (LoRA, QLoRA, full) and reads the same run: batch, accumulation, max_length,
+    checkpointing, beta and loss type, LoRA rank. (bf16 is written false and tf32 left out: TrainingArguments refuses
+    both on this CPU.)"""
+    trl = pytest.importorskip("trl")
+    from trl import DPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    from trl.scripts.utils import DatasetMixtureConfig
+
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"the formats are TRL 1.16.0's, not {trl.__version__}'s")
+    points = [("sft", "A100", ()), ("dpo", "A100", ()), ("dpo", "A100", ("--quantization", "4bit")),
+              ("dpo", "H200", ("--method", "full"))]
+    for n, (task, gpu, extra) in enumerate(points):
+        r = cli("recommend", G3, "--cache-dir", examples, "--gpu", gpu, "--trainer", "trl", "--task", task, *extra,
+                "--format", "json")
+        assert r.code == 0, r.err
+        m = r.json()["models"][0]
+        p = m["prescription"]
+        data = yaml.safe_load(m["snippets"]["yaml"])
+        data.pop("tf32", None)
+        data.update(bf16=False, use_cpu=True)
+        path = tmp_path / f"trl{n}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        config = DPOConfig if task == "dpo" else SFTConfig
+        parser = TrlParser((ScriptArguments, config, ModelConfig, DatasetMixtureConfig))
+        _, args, model, _ = parser.parse_args_and_config(
+            args=["--config", str(path), "--dataset_name", "d"], fail_with_unknown_args=True)
+        checkpointing = getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
+        assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_length,
+                bool(checkpointing)) == (p["batch_size"], p["gradient_accumulation_steps"], p["seq_len"],
+                                         p["gradient_checkpointing"]), (task, data)
+        assert model.use_peft is (p["method"] != "full") and model.dtype == p["load_dtype"], (task, data)
+        if p["method"] != "full":
+            assert model.lora_r == p["lora"]["r"], data
+        assert model.load_in_4bit is (p["method"] == "qlora"), data
+        if task == "dpo":
+            assert (args.beta, list(args.loss_type)) == (0.1, ["sigmoid"]), data

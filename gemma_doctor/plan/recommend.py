@@ -67,6 +67,7 @@ def normalise_quantization(text: str | None) -> str | None:
 # SFTTrainer runs; transformers: a TrainingArguments YAML (with TRL's ModelConfig keys for the model and LoRA), which a
 # plain transformers Trainer script reads (HfArgumentParser / TrlParser).
 # llama-factory: LLaMA-Factory 0.9.5's YAML (`llamafactory-cli train`), its own SFT trainer and loader.
+# trl with --task dpo: a `trl dpo --config` YAML of DPOConfig / ModelConfig keys, which TRL's DPOTrainer runs (TRL_TASKS).
 TRAINER_FORMATS = ("axolotl", "trl", "transformers", "llama-factory")
 _TRAINER_ALIASES = {"axolotl": "axolotl", "trl": "trl", "trl-sft": "trl", "sft": "trl", "sfttrainer": "trl",
                     "transformers": "transformers", "trainer": "transformers", "hf": "transformers",
@@ -91,10 +92,26 @@ def normalise_trainer(text: str | None) -> str | None:
 
 def trainer_format(chosen: Any) -> str | None:
     """The TRAINER_FORMATS name of a training config's trainer (trainers.Chosen's value), None where recommend
-    writes no config of it (TRL's preference trainers, a launcher's script)."""
+    writes no config of it (TRL's GRPO and other RL trainers, a launcher's script)."""
     value = getattr(chosen, "value", None)
-    return {"axolotl": "axolotl", "trl-sft": "trl", "transformers": "transformers",
+    return {"axolotl": "axolotl", "trl-sft": "trl", "trl-dpo": "trl", "transformers": "transformers",
             "llama-factory": "llama-factory"}.get(getattr(value, "value", ""))
+
+
+# The tasks each format writes beside SFT / LoRA / QLoRA / full fine-tuning (the `trl` format's TRL command: `trl dpo`
+# for DPO); axolotl's YAML writes every task (its `rl:`).
+TRL_TASKS = {"sft": "sft", "full": "sft", "lora": "sft", "qlora": "sft", "dpo": "dpo"}
+FORMAT_TASKS = {"trl": frozenset(TRL_TASKS), "transformers": frozenset({"sft", "full", "lora", "qlora"}),
+                "llama-factory": frozenset({"sft", "full", "lora", "qlora"})}
+# TRL's DPOConfig defaults the `trl dpo` YAML states (TRL 1.16.0 trl/trainer/dpo_config.py: beta 0.1, loss_type
+# ["sigmoid"]): written so the file says the run, and so that check's reader knows it for TRL's DPOConfig
+# (trainers.rl_named_by_keys: beta with DPO's loss types) without `rl:`.
+TRL_DPO_KEYS: dict[str, Any] = {"beta": 0.1, "loss_type": ("sigmoid",)}
+
+
+def trl_command(rec: "Recommendation") -> str:
+    """The `trl` subcommand that runs the prescription's TRL config (sft | dpo)."""
+    return TRL_TASKS.get(str(rec.inputs.get("task") or "sft"), "sft")
 
 
 @dataclass(frozen=True)
@@ -777,11 +794,18 @@ LF_ALL_TARGETS = ("all-linear", LM_ONLY_TARGETS, LANGUAGE_MODEL_REGEX)
 _LF_ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
 
 
+_TRL_DPO_HEAD = ("# trl dpo --config THIS_FILE --dataset_name YOUR_PREFERENCE_DATASET: TRL's DPOConfig and ModelConfig keys.\n"
+                 "# TRL's DPOTrainer runs it: chosen and rejected answers in one pass, each up to max_length tokens;\n"
+                 "# the reference model is the base with the adapters disabled under LoRA, a frozen copy otherwise.\n"
+                 "# Precision, dtype and gradient checkpointing set explicitly (TRL's own defaults differ: bf16 = not fp16,\n"
+                 "# weights loaded in float32, checkpointing on).\n")
+
+
 def _head(rec: Recommendation) -> str:
     if rec.trainer == "llama-factory":
         return _LF_HEAD
     if rec.trainer == "trl":
-        return _TRL_HEAD
+        return _TRL_DPO_HEAD if trl_command(rec) == "dpo" else _TRL_HEAD
     if rec.trainer == "transformers":
         seq = (rec.frameworks["trl"].get("config") or {}).get("max_length")
         return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
@@ -822,6 +846,8 @@ def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
         # TRL's SFTConfig checkpoints by default: "off" must be written (TrainingArguments' default, said all the same)
         args[rec.checkpointing_key] = False
     out.update(args)
+    if trl and trl_command(rec) == "dpo":
+        out.update(TRL_DPO_KEYS)
     out["output_dir"] = OUTPUT_DIR
     return out
 

@@ -181,8 +181,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             if setting is not None:
                 put(name, setting.value, setting.source)
     put("method", TASK_METHODS.get(task), f"--task {task}")
-    if task in ("dpo", "orpo", "kto", "grpo", "ppo"):
-        # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
+    if task in ("dpo", "orpo", "kto", "grpo", "ppo") and getattr(tc, "task", None) != task:
+        # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on. Not over a config that
+        # names the task itself: its trainer runs it, and what the config leaves open is that trainer's default.
         put("gradient_checkpointing", True, f"--task {task} (the stable setting)")
     return values, src
 

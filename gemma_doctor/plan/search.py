@@ -551,6 +551,12 @@ def trainer_format(options: CheckOptions, env: Environment) -> str:
 # Each written format's trainer (trainers.Trainer's value) and its name in a fallback's words.
 _FORMAT_TRAINER = {"axolotl": "axolotl", "trl": "trl-sft", "transformers": "transformers",
                    "llama-factory": "llama-factory"}
+
+
+def format_trainer(fmt: str, task: str) -> str:
+    """The trainer (trainers.Trainer's value) that executes a run of ``task`` written in the format ``fmt``: TRL's
+    DPOTrainer for the `trl` format's DPO (`trl dpo --config`), else the format's own."""
+    return "trl-dpo" if fmt == "trl" and recommend.TRL_TASKS.get(task) == "dpo" else _FORMAT_TRAINER[fmt]
 _FORMAT_OWNER = {"trl": "TRL's", "transformers": "TrainingArguments'", "llama-factory": "LLaMA-Factory's"}
 
 
@@ -562,13 +568,14 @@ def trainer_fallback(options: CheckOptions, env: Environment, fmt: str, req: run
         return None
     chosen = getattr(env.training_config, "trainer", None)
     named = getattr(getattr(chosen, "value", None), "value", None)
-    if named is None or named == "script" or named == _FORMAT_TRAINER.get(fmt):
+    if named is None or named == "script" or named == format_trainer(fmt, req.base.task):
         return None
     wanted = recommend.trainer_format(chosen)
     if wanted is None:
         why = "recommend writes no config for that trainer"
-    elif req.base.task in _RL_TASKS:
-        why = f"{_FORMAT_OWNER[wanted]} format holds SFT, LoRA and QLoRA, not {req.base.task}"
+    elif req.base.task not in recommend.FORMAT_TASKS[wanted]:
+        holds = "SFT, LoRA, QLoRA and DPO" if wanted == "trl" else "SFT, LoRA and QLoRA"
+        why = f"{_FORMAT_OWNER[wanted]} format holds {holds}, not {req.base.task}"
     elif req.base.num_gpus > 1:
         why = f"{_FORMAT_OWNER[wanted]} format holds one process, the run is on {req.base.num_gpus} GPUs"
     else:
@@ -589,9 +596,10 @@ _CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the st
 def _unwritten(req: runplan.RunRequest, fmt: str = "trl") -> str | None:
     """Why a run cannot be written in the format ``fmt`` (TRL's, TrainingArguments' or LLaMA-Factory's: one SFT
     process) here, or None."""
-    if req.base.task in _RL_TASKS:
-        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA; --task {req.base.task} is "
-                "prescribed as axolotl's YAML (--trainer axolotl)")
+    if req.base.task not in recommend.FORMAT_TASKS.get(fmt, frozenset(recommend.TASKS)):
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA"
+                + (" (and `trl dpo` configs for DPO)" if fmt == "trl" else "")
+                + f"; --task {req.base.task} is prescribed as axolotl's YAML (--trainer axolotl)")
     if req.base.num_gpus > 1:
         return (f"recommend writes {_FORMAT_NAMES[fmt]} for one process; a run on {req.base.num_gpus} GPUs is "
                 "prescribed as axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
@@ -621,7 +629,8 @@ def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: C
         # lora_target holds module names (comma-separated) or `all`: a regex is no setting of LLaMA-Factory's
         raise UsageError(f"--trainer {fmt}: LLaMA-Factory's lora_target takes module names or `all`, not the "
                          f"pattern {targets[:80]!r}: list the module names in your training config")
-    if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
+    if fmt == "trl" and format_trainer(fmt, req.base.task) == "trl-sft" and runplan.trl_chunks(env.libraries) \
+            and not req.base.chunked_loss:
         src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
         return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
     return req

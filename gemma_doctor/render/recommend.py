@@ -22,6 +22,15 @@ TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "a `trl sft --config` YAML 
                  "llama-factory": "LLaMA-Factory's YAML (`llamafactory-cli train`)"}
 
 
+def trainer_words(rec: Any) -> str:
+    """The prescribed trainer's config in the text view's words (TRAINER_WORDS; TRL's by its command: sft or dpo)."""
+    from gemma_doctor.plan.recommend import trl_command
+
+    if rec.trainer == "trl" and trl_command(rec) == "dpo":
+        return "a `trl dpo --config` YAML (TRL's DPOTrainer)"
+    return TRAINER_WORDS.get(rec.trainer, rec.trainer)
+
+
 class RecommendFormat(str, enum.Enum):
     """--format choices of `recommend`."""
 
@@ -145,7 +154,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
             fallback = getattr(item.decision, "trainer_fallback", None) if item.decision is not None else None
             lines.append(f"  [bold]trainer[/] {escape(rec.trainer)}: the run as "
-                         f"{escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))}"
+                         f"{escape(trainer_words(rec))}"
                          + (f" ({escape(fallback)})" if fallback else ""))
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")
             lines.append(f"    {escape(components_line(mem.plan.components))}")
@@ -166,7 +175,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
             lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
             lines.append("")
-        lines.append(f"  [dim]the run as {escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))} (check --training-config "
+        lines.append(f"  [dim]the run as {escape(trainer_words(rec))} (check --training-config "
                      "reads it): gemma-doctor recommend ... --format yaml[/dim]")
         from gemma_doctor.plan.recommend import other_trainers_run
 
