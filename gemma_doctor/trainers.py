@@ -41,9 +41,9 @@ class Trainer(str, enum.Enum):
         return self.value.startswith("trl-")
 
     def chunks_logprobs(self, stack: Any) -> bool:
-        """The loss never holds the b x s x V logits: TRL's SFTTrainer under a TRL that computes its log-probs through
-        the fused LM head (every version the stack may run is in versioning.TRL_CHUNKED_LOGPROBS)."""
-        if self is not Trainer.TRL_SFT or stack is None:
+        """The loss never holds the b x s x V logits: TRL's SFTTrainer or DPOTrainer under a TRL that computes their
+        log-probs through the fused LM head (every version the stack may run is in versioning.TRL_CHUNKED_LOGPROBS)."""
+        if self not in CHUNKING_TRAINERS or stack is None:
             return False
         from gemma_doctor.stack import Exposure
         from gemma_doctor.versioning import TRL_CHUNKED_LOGPROBS
@@ -68,6 +68,15 @@ class Trainer(str, enum.Enum):
         keys describe)."""
         return {Trainer.TRL_SFT: "trl-sft", Trainer.TRL_DPO: "trl-dpo", Trainer.TRL_GRPO: "trl-grpo",
                 Trainer.TRANSFORMERS: "transformers"}.get(self)
+
+
+# TRL's trainers that compute per-token log-probs through a fused LM head from TRL 1.15.0 (add_fused_lm_head in
+# trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.15.0 and 1.16.0 wheels, absent from 1.14.0's): SFT, and DPO for
+# the policy and the reference model alike. Reproduced for DPO with TRL 1.16.0 on a tiny Gemma 3 text model with the
+# real vocabulary (docs/memory.md): the largest tensor of a training step is one [tokens x 32,768] tile, never the
+# b x s x V logits that the model's own loss builds. (GRPO's trainer has the fused head too; recommend writes no
+# `trl grpo` config, and its generation is not planned.)
+CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO})
 
 
 @dataclass(frozen=True)

@@ -590,7 +590,7 @@ def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
 
 
 # TRL's SFTTrainer runs a `trl sft` config: its memory plan holds no logits where the stack's TRL chunks them.
-_CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the stack's TRL)"
+_CHUNKED_SOURCE = "TRL >= 1.15 {} (the prescription's trainer and the stack's TRL)"
 
 
 def _unwritten(req: runplan.RunRequest, fmt: str = "trl") -> str | None:
@@ -629,9 +629,10 @@ def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: C
         # lora_target holds module names (comma-separated) or `all`: a regex is no setting of LLaMA-Factory's
         raise UsageError(f"--trainer {fmt}: LLaMA-Factory's lora_target takes module names or `all`, not the "
                          f"pattern {targets[:80]!r}: list the module names in your training config")
-    if fmt == "trl" and format_trainer(fmt, req.base.task) == "trl-sft" and runplan.trl_chunks(env.libraries) \
-            and not req.base.chunked_loss:
-        src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
+    if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
+        # TRL's SFTTrainer and DPOTrainer (trainers.CHUNKING_TRAINERS), the two the `trl` format writes
+        who = "DPOTrainer" if format_trainer(fmt, req.base.task) == "trl-dpo" else "SFTTrainer"
+        src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE.format(who)}.items()))
         return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
     return req
 
