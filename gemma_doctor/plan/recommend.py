@@ -633,14 +633,55 @@ def other_trainers_run(rec: Recommendation) -> bool:
     return rec.trainer != "trl" and rec.frameworks["trl"]["config_class"] == "SFTConfig"
 
 
+# The file the run's command reads: what `recommend --format yaml` printed, saved.
+RUN_FILE = "run.yaml"
+
+
+def run_command(rec: Recommendation) -> str | None:
+    """The command that starts the prescribed run from its YAML (saved as RUN_FILE), as its trainer's own CLI takes it:
+    `axolotl train`, `trl sft|dpo --config`, `llamafactory-cli train` (LLaMA-Factory merges `key=value` words over the
+    file: hparams/parser.py read_args, OmegaConf.from_cli); None for the TrainingArguments format, which the user's own
+    script reads. A run on several GPUs is started by its launch line (launch_line)."""
+    if rec.trainer == "axolotl":
+        return None if launch_line(rec) is not None else f"axolotl train {RUN_FILE}"
+    if rec.trainer == "trl":
+        data = "YOUR_PREFERENCE_DATASET" if trl_command(rec) == "dpo" else "YOUR_DATASET"
+        return f"trl {trl_command(rec)} --config {RUN_FILE} --dataset_name {data}"
+    if rec.trainer == "llama-factory":
+        return f"llamafactory-cli train {RUN_FILE} dataset=YOUR_DATASET"
+    return None
+
+
+def llamafactory_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
+    """LLaMA-Factory's own run of the prescription: it loads, quantizes, wraps LoRA and trains from its keys alone, so
+    the one Python that states this run is its API over the same keys as the YAML (llamafactory.train.tuner.run_exp,
+    which takes the mapping `llamafactory-cli train` reads from the file); transformers' or PEFT's code would be another
+    trainer's run."""
+    keys = {**_lf_mapping(rec), "model_name_or_path": model_id, "dataset": "YOUR_DATASET"}
+    body = ",\n".join(f"    {k}={v!r}" for k, v in keys.items())
+    return {"llama-factory": (
+        "# LLaMA-Factory 0.9.5 runs it: its own loader, LoRA / quantization and SFT trainer, from these keys alone (the\n"
+        f"# YAML of --format yaml, started as: {run_command(rec)}).\n"
+        "from llamafactory.train.tuner import run_exp\n\n"
+        f"run_exp(dict(\n{body},\n))\n")}
+
+
 def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
-    """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth."""
+    """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth; for a
+    LLaMA-Factory prescription, LLaMA-Factory's own (llamafactory_snippets)."""
+    if rec.trainer == "llama-factory":
+        return llamafactory_snippets(rec, model_id)
     fw = rec.frameworks
     tr = fw["transformers"]
     out: dict[str, str] = {}
     if rec.trainer != "trl":  # a plain Trainer holds the full logits: not the run TRL's SFTTrainer prescribes
+        seq = told_seq_len(rec)
         out["transformers"] = (
             "from transformers import TrainingArguments\n\n"
+            + (f"# The sequence length is your script's (TrainingArguments has no key for it): tokenize to {seq} tokens,\n"
+               f"# tokenizer(text, truncation=True, max_length={seq}); check it: check --training-config {RUN_FILE} "
+               f"--seq-len {seq}\n" if seq else "")
+            + 
             f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
             f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
     trl = fw["trl"]
@@ -801,13 +842,24 @@ _TRL_DPO_HEAD = ("# trl dpo --config THIS_FILE --dataset_name YOUR_PREFERENCE_DA
                  "# weights loaded in float32, checkpointing on).\n")
 
 
+def told_seq_len(rec: Recommendation) -> int | None:
+    """The sequence length check must be told beside the prescription's config (`check --training-config FILE
+    --seq-len N`): the TrainingArguments format has no key for it (the user's script tokenizes to it), so its YAML's
+    head, the text view and the Python snippet name N, and the search judges each candidate as check reads its YAML
+    with that option. None for the formats that state it (axolotl's sequence_len, TRL's max_length, LLaMA-Factory's
+    cutoff_len)."""
+    if rec.trainer != "transformers":
+        return None
+    return (rec.frameworks["trl"].get("config") or {}).get("max_length")
+
+
 def _head(rec: Recommendation) -> str:
     if rec.trainer == "llama-factory":
         return _LF_HEAD
     if rec.trainer == "trl":
         return _TRL_DPO_HEAD if trl_command(rec) == "dpo" else _TRL_HEAD
     if rec.trainer == "transformers":
-        seq = (rec.frameworks["trl"].get("config") or {}).get("max_length")
+        seq = told_seq_len(rec)
         return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
                                      if seq else "# check --training-config THIS_FILE --seq-len N with your length.\n")
     return _YAML_HEAD

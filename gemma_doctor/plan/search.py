@@ -321,6 +321,12 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     if under is None or under.env is not env:
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
+    told = recommend.told_seq_len(rec)
+    if told is not None:
+        # The format states no sequence (TrainingArguments): judged as `check --training-config FILE --seq-len N`
+        # reads it, the command its YAML's head names; without it the plan read back was of the default 1024 tokens
+        # while the head said N (recommend --seq-len 2048 --trainer transformers planned 1024).
+        opts = replace(opts, memory=replace(opts.memory or runplan.MemoryRequest(), seq_len=told))
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries),
                         runplan.trainer_defaults(tc, env2.libraries, runplan.checkpoint_dtype(facts.census)))

@@ -13,6 +13,7 @@ SECTION_TITLES = {
     "peft": "PEFT LoRA adapters",
     "launch": "launch on several GPUs (accelerate)",
     "unsloth": "Unsloth",
+    "llama-factory": "LLaMA-Factory (its Python API: the same run as llamafactory-cli train)",
 }
 
 
@@ -175,8 +176,14 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
             lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
             lines.append("")
-        lines.append(f"  [dim]the run as {escape(trainer_words(rec))} (check --training-config "
-                     "reads it): gemma-doctor recommend ... --format yaml[/dim]")
+        from gemma_doctor.plan.recommend import RUN_FILE, run_command, told_seq_len
+
+        command, seq = run_command(rec), told_seq_len(rec)
+        # The TrainingArguments format states no sequence: check is told it, and the user's script tokenizes to it.
+        reads = f"check --training-config {RUN_FILE}" + (f" --seq-len {seq}" if seq else "") + " reads it"
+        start = command or (f"your training script, tokenizing to {seq} tokens" if seq else None)
+        lines.append(f"  [dim]the run as {escape(trainer_words(rec))} ({escape(reads)}): gemma-doctor recommend ... "
+                     f"--format yaml > {RUN_FILE}" + (f"; start it: {escape(start)}" if start else "") + "[/dim]")
         from gemma_doctor.plan.recommend import other_trainers_run
 
         if other_trainers_run(rec):
