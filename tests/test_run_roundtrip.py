@@ -180,6 +180,15 @@ def test_each_trainers_config_reads_back_as_the_same_run(fmt, run):
                 "gradient_checkpointing": advice.gradient_checkpointing}
     if fmt != "transformers":
         expected["seq_len"] = advice.seq_len
+    else:
+        # The format has no key for it: the YAML's head names the option check is given (`--seq-len N`), and with it
+        # the run read back is the run's sequence (recommend.told_seq_len; the search judges it so).
+        import re
+
+        told = re.findall(r"--seq-len (\d+)", text)
+        assert told == [str(advice.seq_len)] == [str(recommend.told_seq_len(rec))], text
+        with_told, _ = runplan.run_request(read_back, runplan.MemoryRequest(seq_len=int(told[0])), task)
+        assert with_told["seq_len"] == advice.seq_len, text
     if advice.method != "full":
         expected["lora_r"] = advice.lora_r
     if advice.lora_targets is not None:

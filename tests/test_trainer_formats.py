@@ -408,3 +408,71 @@ def test_every_key_of_trls_sft_and_dpo_configs_is_one_trls_parser_accepts(cli, e
         assert model.load_in_4bit is (p["method"] == "qlora"), data
         if task == "dpo":
             assert (args.beta, list(args.loss_type)) == (0.1, ["sigmoid"]), data
+
+
+# --- LLaMA-Factory's views, each format's command, the TrainingArguments format's sequence (issue 32) ------------------
+
+def _run_exp_keys(code: str) -> dict:
+    """The mapping a `run_exp(dict(...))` snippet passes, read by Python's own parser (never executed)."""
+    import ast
+
+    call = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "dict")
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+def test_llamafactorys_views_are_its_yaml_its_run_exp_and_its_command(cli, examples):
+    """A LLaMA-Factory prescription's Python is LLaMA-Factory's own API over the very keys of its YAML
+    (llamafactory.train.tuner.run_exp takes the mapping `llamafactory-cli train` reads from the file), and its command
+    is `llamafactory-cli train run.yaml dataset=...`; no transformers / PEFT / Unsloth code, which is another trainer's
+    run. On main the snippets were TrainingArguments', the loading code and PEFT's."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", "llama-factory")
+    m = cli(*args, "--format", "json").json()["models"][0]
+    snippets = m["snippets"]
+    assert set(snippets["python"]) == {"llama-factory"}, list(snippets["python"])
+    code = snippets["python"]["llama-factory"]
+    assert "from llamafactory.train.tuner import run_exp" in code
+    assert _run_exp_keys(code) == {**yaml.safe_load(snippets["yaml"]), "dataset": "YOUR_DATASET"}
+    assert snippets["command"] == "llamafactory-cli train run.yaml dataset=YOUR_DATASET"
+    text = cli(*args).out
+    assert "start it: llamafactory-cli train run.yaml dataset=YOUR_DATASET" in text and "TrainingArguments(" not in text
+    python = cli(*args, "--format", "python").out
+    assert "run_exp(dict(" in python and "from_pretrained" not in python
+    compile(python, "recommend.py", "exec")  # the python view stays paste-able Python
+
+
+@pytest.mark.parametrize("trainer,extra,command", [
+    ("axolotl", (), "axolotl train run.yaml"),
+    ("trl", (), "trl sft --config run.yaml --dataset_name YOUR_DATASET"),
+    ("trl", ("--task", "dpo"), "trl dpo --config run.yaml --dataset_name YOUR_PREFERENCE_DATASET"),
+    ("transformers", (), None),
+    ("llama-factory", (), "llamafactory-cli train run.yaml dataset=YOUR_DATASET"),
+])
+def test_each_format_names_the_command_that_starts_it(cli, examples, trainer, extra, command):
+    """JSON's snippets.command and the text view's "start it:" are the trainer's own CLI over the YAML saved as
+    run.yaml; a TrainingArguments file is read by the user's own script (null)."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", trainer, *extra)
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["snippets"]["command"] == command
+    line = next(x for x in cli(*args).out.splitlines() if "the run as" in x and "start it:" in x)
+    assert line.endswith(f"start it: {command}" if command else "start it: your training script, tokenizing to "
+                         f"{m['prescription']['seq_len']} tokens"), line
+
+
+def test_a_trainingarguments_prescription_is_planned_at_the_sequence_its_check_command_names(cli, examples, tmp_path):
+    """The TrainingArguments format has no key for the sequence: its YAML's head, the text view and the Python snippet
+    name `--seq-len N` (and where the script tokenizes to N), and the prescription is planned as check plans that YAML
+    with it. On main `recommend --seq-len 2048 --trainer transformers` printed a memory line of 1024 tokens (the YAML
+    read back without the option) beside a head saying 2048."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "transformers", "--seq-len", "2048")
+    m = cli(*args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert p["seq_len"] == 2048 and "x 2048 tokens" in p["memory"], p["memory"]
+    assert "check --training-config THIS_FILE --seq-len 2048" in m["snippets"]["yaml"]
+    assert "max_length=2048" in m["snippets"]["python"]["transformers"]
+    assert "(check --training-config run.yaml --seq-len 2048 reads it)" in cli(*args).out
+    path = tmp_path / "run.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path, "--seq-len", "2048")
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == p["memory"]
+    assert doc["models"][0]["run"]["seq_len"]["value"] == 2048
