@@ -164,7 +164,7 @@ def test_a_sample_of_the_grids_trainer_dimension_passes_its_own_check(cli, examp
         return r.code, r.out, r.err
 
     points = grid.trainer_points(examples)
-    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora")]
+    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora", "dpo")]
     outcomes = [grid.judge_point(run, p, tmp_path) for p in sample]
     assert not [o for o in outcomes if o.kind == "violation"], [o.detail for o in outcomes if o.kind == "violation"]
     prescribed = {o.point.extra[1] for o in outcomes if o.kind == "prescribed"}

@@ -681,8 +681,7 @@ def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
             + (f"# The sequence length is your script's (TrainingArguments has no key for it): tokenize to {seq} tokens,\n"
                f"# tokenizer(text, truncation=True, max_length={seq}); check it: check --training-config {RUN_FILE} "
                f"--seq-len {seq}\n" if seq else "")
-            + 
-            f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
+            + f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
             f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
     trl = fw["trl"]
     if trl["config_class"] and not other_trainers_run(rec):
