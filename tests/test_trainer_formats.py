@@ -476,3 +476,24 @@ def test_a_trainingarguments_prescription_is_planned_at_the_sequence_its_check_c
     assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
     assert doc["models"][0]["memory"]["summary"] == p["memory"]
     assert doc["models"][0]["run"]["seq_len"]["value"] == 2048
+
+
+def test_v100_dpo_the_way_out_names_trls_dpotrainer_and_following_it_passes_check(cli, examples, tmp_path):
+    """On a V100 axolotl's DPO run of gemma-3-12b-it does not fit; TRL's DPOTrainer holds no full logits (TRL >= 1.15):
+    the way out names `--trainer trl` with its figure, and that command's `trl dpo` YAML passes check at that figure.
+    On main a DPO run had no trainer line in its way out (TRL's format did not state DPO)."""
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "V100", "--task", "dpo", "--format", "json")
+    assert r.code == 1
+    way = r.json()["models"][0]["way_out"]
+    line = next((w for w in way if w.startswith("--trainer trl (its run: TRL's DPOTrainer")), None)
+    assert line is not None, way
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "V100", "--task", "dpo", "--trainer", "trl")
+    followed = cli(*args, "--format", "json")
+    assert followed.code == 0, followed.err
+    m = followed.json()["models"][0]
+    assert line.endswith(m["prescription"]["memory"]), (line, m["prescription"]["memory"])
+    path = tmp_path / "v100-dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "V100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]

@@ -878,17 +878,20 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
 
 
 def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
-    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer, which holds no full logits
-    under a TRL that chunks them, when a chunked run fits at all (a cheap test before its search), as the command line
-    with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's run holds: never asked here."""
-    if trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS or req.base.num_gpus > 1:
+    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer (or, for DPO, its DPOTrainer),
+    which holds no full logits under a TRL that chunks them, when a chunked run fits at all (a cheap test before its
+    search), as the command line with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's
+    run holds: never asked here."""
+    task = req.base.task
+    if trainer_fixed(ask.options, ask.env) or task not in recommend.TRL_TASKS or req.base.num_gpus > 1:
         return []
     if trainer_format(ask.options, ask.env) == "trl" or not runplan.trl_chunks(ask.env.libraries):
         return []
     if _fits_with(shape, req, chunked_loss=True) is None:
         return []
     p = ask.plan(shape, trainer="trl")
-    return [f"--trainer trl (its run: {_TRAINER_WORDS['trl']}): {p.summary()}"] if p is not None else []
+    words = "TRL's DPOTrainer, `trl dpo --config`" if recommend.TRL_TASKS[task] == "dpo" else _TRAINER_WORDS["trl"]
+    return [f"--trainer trl (its run: {words}): {p.summary()}"] if p is not None else []
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
