@@ -277,6 +277,7 @@ GRID_POINTS = (
     ("--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", "transformers", "--requirements", "{reqs}"),
     ("--family", "gemma3", "--size", "4b", "--gpu", "A100", "--trainer", "llama-factory", "--method", "full"),
     ("--family", "gemma3", "--size", "12b", "--gpu", "L4", "--trainer", "llama-factory"),
+    ("--family", "gemma3", "--size", "12b", "--gpu", "A100", "--trainer", "trl", "--task", "dpo"),
 )
 
 
@@ -332,4 +333,5 @@ def test_every_candidate_the_search_judges_is_its_yaml_read_back(judged_candidat
         kinds.add((rec.method, direct.get("num_processes") is not None, direct.get("rl") is not None))
         trainers_seen.add(direct.trainer.value)
     assert len(kinds) >= 4, kinds  # full, LoRA and QLoRA runs, sharded and not, SFT and DPO were among them
-    assert trainers_seen == set(FORMAT_TRAINERS.values()), trainers_seen  # each trainer format's candidates too
+    # each trainer format's candidates too, TRL's DPOTrainer's among them
+    assert trainers_seen == set(FORMAT_TRAINERS.values()) | set(TASK_TRAINERS.values()), trainers_seen
