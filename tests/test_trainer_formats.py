@@ -497,3 +497,21 @@ def test_v100_dpo_the_way_out_names_trls_dpotrainer_and_following_it_passes_chec
     code, doc = _check_memory(cli, examples, "V100", path)
     assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
     assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
+
+def test_a_trl_dpo_launch_line_plans_the_dpo_run_of_its_config(cli, examples, tmp_path):
+    """`check --launch "trl dpo --config FILE"`: the launch line names TRL's DPOTrainer, so the file (here without
+    DPOConfig's own keys, which alone would read as `trl sft`) is planned as the paired DPO run, with no --task, at the
+    memory line recommend prescribed for it."""
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "trl", "--task", "dpo",
+            "--format", "json").json()["models"][0]
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    for key in ("beta", "loss_type"):
+        data.pop(key)
+    path = tmp_path / "args.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = cli("check", G3, "--cache-dir", examples, "--gpu", "A100", "--launch", f"trl dpo --config {path}",
+            "--format", "json")
+    model = r.json()["models"][0]
+    assert model["run"]["trainer"]["value"] == "trl-dpo", model["run"]["trainer"]
+    assert model["memory"]["summary"] == m["prescription"]["memory"]
