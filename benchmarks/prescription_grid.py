@@ -112,6 +112,7 @@ def llamafactory_keys() -> set[str]:
 # The trainer formats `recommend --trainer` writes (plan/recommend.TRAINER_FORMATS), by the Run's trainer that executes
 # each: the keys its parser accepts, and its name of the per-device batch.
 FORMATS = {"axolotl": (axolotl_keys, "micro_batch_size"), "trl-sft": (trainer_keys, "per_device_train_batch_size"),
+           "trl-dpo": (trainer_keys, "per_device_train_batch_size"),
            "transformers": (trainer_keys, "per_device_train_batch_size"),
            "llama-factory": (llamafactory_keys, "per_device_train_batch_size")}
 # beside axolotl, the default: the grid's trainer-format dimension
@@ -144,7 +145,8 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     if trainer not in FORMATS:
         return Outcome(point, "violation", f"the prescription's trainer {trainer} has no format of its own")
     asked = point.extra[point.extra.index("--trainer") + 1] if "--trainer" in point.extra else None
-    if asked is not None and {"trl": "trl-sft"}.get(asked, asked) != trainer:
+    # the `trl` format's DPO is TRL's DPOTrainer's (`trl dpo --config`)
+    if asked is not None and {"trl": "trl-dpo" if point.task == "dpo" else "trl-sft"}.get(asked, asked) != trainer:
         return Outcome(point, "violation", f"--trainer {asked} prescribed a run of {trainer}")
     keys, batch_key = FORMATS[trainer]
     # axolotl drops a key its schema has no field for (GD986's table), TRL's parser refuses one (GD680's): every key
@@ -238,11 +240,12 @@ def gpu_count_points(cache: Path) -> list[Point]:
 
 def trainer_points(cache: Path) -> list[Point]:
     """The trainer-format dimension (issue 32): each example on every GPU of the grid, for each SFT task, written for
-    TRL's SFTTrainer (`trl sft --config`), a plain Trainer's TrainingArguments and LLaMA-Factory (--trainer); the default
-    (axolotl) is every other point's."""
+    TRL's SFTTrainer (`trl sft --config`), a plain Trainer's TrainingArguments and LLaMA-Factory (--trainer), and DPO
+    written for TRL's DPOTrainer (`trl dpo --config`); the default (axolotl) is every other point's."""
     where = ("--cache-dir", str(cache))
     return [Point((m, *where), (m, *where), g, "5.23.0", t, ("--trainer", tr))
-            for m in EXAMPLES for g in GPUS for t in ("sft", "lora", "qlora", "full") for tr in TRAINERS]
+            for m in EXAMPLES for g in GPUS for t in ("sft", "lora", "qlora", "full") for tr in TRAINERS] + \
+        [Point((m, *where), (m, *where), g, "5.23.0", "dpo", ("--trainer", "trl")) for m in EXAMPLES for g in GPUS]
 
 
 def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
@@ -286,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", help="a hub cache holding the bundled examples (built when not given)")
     ap.add_argument("--dump", help="write every command's exit code and stdout here, in order")
+    ap.add_argument("--trainers", action="store_true",
+                    help="only the trainer-format points (trainer_points), counted per trainer and task")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
@@ -306,12 +311,20 @@ def main(argv: list[str] | None = None) -> int:
                 dumped.append(f"{code}\n{out}".replace(tmp, "<tmp>"))
                 return code, out, err
 
-        outcomes = [judge_point(run, p, Path(tmp)) for p in example_points(cache) + extended_points(cache, Path(tmp))]
+        points = trainer_points(cache) if args.trainers else example_points(cache) + extended_points(cache, Path(tmp))
+        outcomes = [judge_point(run, p, Path(tmp)) for p in points]
         if args.dump:
             Path(args.dump).write_text("\n".join(dumped))
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
     print(f"{len(outcomes)} points: {kinds['prescribed']} prescriptions pass check, {kinds['none']} honest 'none' "
           f"with a way out, {kinds['violation']} violations")
+    if args.trainers:
+        by: dict[tuple[str, str], dict[str, int]] = {}
+        for o in outcomes:
+            key = (o.point.extra[1], "dpo" if o.point.task == "dpo" else "sft tasks")
+            by.setdefault(key, {"prescribed": 0, "none": 0, "violation": 0})[o.kind] += 1
+        for (trainer, task), n in sorted(by.items()):
+            print(f"  {trainer} ({task}): {n['prescribed']} prescribed, {n['none']} none, {n['violation']} violations")
     reasons: dict[str, int] = {}
     for o in outcomes:
         if o.kind == "none":

@@ -70,6 +70,16 @@ def environment(options: CheckOptions) -> Environment:
                        training_config=tc)
 
 
+def with_config_task(options: CheckOptions, env: Environment, default: str | None = None) -> CheckOptions:
+    """The options with the task the training config names (TrainingConfig.task: an axolotl `rl: dpo`, a `trl dpo`
+    config's own keys) where --task names none, else ``default``: check plans the run that config executes, as the
+    prescription that wrote it was planned (a DPO run pairs its sequences)."""
+    if options.task is not None:
+        return options
+    task = getattr(env.training_config, "task", None) or default
+    return dataclasses.replace(options, task=task) if task is not None else options
+
+
 def gather(facts: ModelFacts, options: CheckOptions, env: Environment) -> Judgement:
     """Fill in a Gemma model's facts, in order: dtype census (headers only) and tokenizer_config.json, weights scan
     (--weights), recommendation."""
@@ -395,6 +405,7 @@ def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = 
     models, skipped = select_sources(located, explicit=bool(targets))
     models = [adapters.with_base(m, cache, hub=bool(targets)) for m in models]
     env = environment(options)
+    options = with_config_task(options, env)
     remembered = None
     if len(models) > 1:
         from gemma_doctor.memo import Memo  # a scan's only: one model's check imports none of it
@@ -413,6 +424,7 @@ def _scan(cache: Path, revision: str, all_revisions: bool, options: CheckOptions
     """check with no target: every model repo of the cache, its repos spread over processes (gemma_doctor/parallel.py;
     the report is the same for any number of them)."""
     env, names = scan_start(cache, revision, options)
+    options = with_config_task(options, env)
     from gemma_doctor.memo import Memo
 
     remembered = Memo(env, options, share)  # the scan's: forked workers each take it as the lead repos left it
@@ -536,7 +548,8 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
                     trainer: str | None = None) -> tuple[GpuFacts, list[advice.Item], list[str]]:
     """(GPU facts, recommendations, hints for stderr) for `gemma-doctor recommend`. Raises UsageError."""
     # Check every option before touching the cache: a typo fails fast with a usage line.
-    options = CheckOptions(gpu=gpu_spec, task=recommend.normalise_task(task), with_packages=with_packages,
+    options = CheckOptions(gpu=gpu_spec, task=recommend.normalise_task(task) if task is not None else None,
+                           with_packages=with_packages,
                            requirements=requirements, remote=remote, memory=request,
                            training_config=training_config_path, trainer=recommend.normalise_trainer(trainer))
     if quantization is not None:
@@ -546,6 +559,7 @@ def recommend_items(targets: list[str], cache_dir: Path | None, revision: str, f
         raise UsageError("--family plans for a model that is not downloaded; drop it or the TARGET "
                          "(a cached model's family is read from its config.json)")
     env = environment(options)
+    options = with_config_task(options, env, "sft")  # the training config's task, as check plans it
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
     if request is not None and request.size is not None and fam is None:
         raise UsageError("--size names a published size of --family; a cached model's size is read from its files")

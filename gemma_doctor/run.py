@@ -716,7 +716,7 @@ class Run:
 
 
 # The trainer of a run that no training config or launch line describes: what the memory plan counts (a plain
-# transformers Trainer, its loss upcasting the full logits; runplan.sft_trainer_config), said as an assumption.
+# transformers Trainer, its loss upcasting the full logits; runplan.chunking_trainer_config), said as an assumption.
 ASSUMED_TRAINER = "assumed: no training config or launch line names one (the memory plan counts a plain Trainer's logits)"
 # The prescription's trainer: the training config recommend prints (axolotl's YAML, a `trl sft --config` YAML or a
 # TrainingArguments YAML: `recommend --trainer`) is the prescribed run, as check reads it back.

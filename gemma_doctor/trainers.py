@@ -41,9 +41,9 @@ class Trainer(str, enum.Enum):
         return self.value.startswith("trl-")
 
     def chunks_logprobs(self, stack: Any) -> bool:
-        """The loss never holds the b x s x V logits: TRL's SFTTrainer under a TRL that computes its log-probs through
-        the fused LM head (every version the stack may run is in versioning.TRL_CHUNKED_LOGPROBS)."""
-        if self is not Trainer.TRL_SFT or stack is None:
+        """The loss never holds the b x s x V logits: TRL's SFTTrainer or DPOTrainer under a TRL that computes their
+        log-probs through the fused LM head (every version the stack may run is in versioning.TRL_CHUNKED_LOGPROBS)."""
+        if self not in CHUNKING_TRAINERS or stack is None:
             return False
         from gemma_doctor.stack import Exposure
         from gemma_doctor.versioning import TRL_CHUNKED_LOGPROBS
@@ -68,6 +68,15 @@ class Trainer(str, enum.Enum):
         keys describe)."""
         return {Trainer.TRL_SFT: "trl-sft", Trainer.TRL_DPO: "trl-dpo", Trainer.TRL_GRPO: "trl-grpo",
                 Trainer.TRANSFORMERS: "transformers"}.get(self)
+
+
+# TRL's trainers that compute per-token log-probs through a fused LM head from TRL 1.15.0 (add_fused_lm_head in
+# trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.15.0 and 1.16.0 wheels, absent from 1.14.0's): SFT, and DPO for
+# the policy and the reference model alike. Reproduced for DPO with TRL 1.16.0 on a tiny Gemma 3 text model with the
+# real vocabulary (docs/memory.md): the largest tensor of a training step is one [tokens x 32,768] tile, never the
+# b x s x V logits that the model's own loss builds. (GRPO's trainer has the fused head too; recommend writes no
+# `trl grpo` config, and its generation is not planned.)
+CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO})
 
 
 @dataclass(frozen=True)
@@ -362,6 +371,21 @@ def kind_named(name: str) -> ConfigKind:
 def not_training() -> dict[str, str]:
     """Kind name -> why a config of that kind is refused, for every kind that trains nothing."""
     return {k.name: k.refusal for k in REGISTRY if not k.trains}
+
+
+# The preference / RL tasks a config's trainer names (an `rl` / `stage` value, or TRL's DPO / GRPO keys), by the names
+# `--task` takes (plan/recommend.TASKS): check plans the run as that task where --task says none.
+NAMED_TASKS = frozenset({"dpo", "orpo", "kto", "grpo", "ppo"})
+_TRAINER_TASKS = {Trainer.TRL_DPO: "dpo", Trainer.TRL_GRPO: "grpo"}
+
+
+def task_named(rl: Any, chosen: Chosen | None) -> str | None:
+    """The task (NAMED_TASKS) a config's `rl` / `stage` setting (``rl``: its value) or the trainer that executes it
+    names, else None (SFT, pre-training, or a trainer gemma-doctor plans as SFT: ipo, simpo, a reward model...)."""
+    named = rl_trainer(rl)
+    if named in NAMED_TASKS:
+        return named
+    return _TRAINER_TASKS.get(chosen.value) if chosen is not None else None
 
 
 def rl_trainer(value: Any) -> str | None:

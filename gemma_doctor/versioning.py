@@ -78,7 +78,8 @@ SDPA_SOFTCAP_RAISES = Window("transformers", ">=5.21.0")
 PACKED_MASK_MISSING = Window("transformers", "<4.53.1", "4.53.1")
 # TRL's collator drops position_ids unless the backend is flash_attention_2 and keeps an all-ones attention_mask.
 TRL_PACKING_NO_POSITION_IDS = Window("trl", ">=0.19.0,<0.20.0", "0.20.0")
-# TRL's SFTTrainer computes per-token log-probs in chunks, never materialising b*s*V logits (1.15.0).
+# TRL's SFTTrainer and DPOTrainer compute per-token log-probs in chunks, never materialising b*s*V logits (1.15.0;
+# trainers.CHUNKING_TRAINERS).
 TRL_CHUNKED_LOGPROBS = Window("trl", ">=1.15.0")
 # TRL adds a second <bos> to a conversational dataset before 0.17.0 (TRL PR #3328).
 TRL_CONVERSATIONAL_DOUBLE_BOS = Window("trl", "<0.17.0", "0.17.0")

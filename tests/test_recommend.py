@@ -334,7 +334,8 @@ def test_recommend_json_shape(cli, hub):
     assert fw["trl"] == {"config_class": "DPOConfig", "module": "trl",
                          "config": {**fw["transformers"]["training_arguments"], "max_length": run["seq_len"]}}
     assert fw["accelerate"] == {"mixed_precision": "bf16"}
-    assert set(m["snippets"]) == {"python", "yaml"} and m["snippets"]["yaml"].count("\nbase_model: ") == 1
+    assert set(m["snippets"]) == {"python", "yaml", "command"} and m["snippets"]["yaml"].count("\nbase_model: ") == 1
+    assert m["snippets"]["command"] == "axolotl train run.yaml"  # the trainer's own CLI over the YAML saved
 
 
 def test_recommend_text_has_reasons_and_python(cli, hub):

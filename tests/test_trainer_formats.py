@@ -138,8 +138,9 @@ def test_the_obvious_spellings_are_accepted(cli, value):
     assert r.code == 0, r.err
 
 
-@pytest.mark.parametrize("trainer", ["trl", "llama-factory"])
-@pytest.mark.parametrize("extra", [("--num-gpus", "2"), ("--task", "dpo")])
+@pytest.mark.parametrize("trainer,extra", [("trl", ("--num-gpus", "2")), ("trl", ("--task", "grpo")),
+                                           ("llama-factory", ("--num-gpus", "2")), ("llama-factory", ("--task", "dpo")),
+                                           ("transformers", ("--task", "dpo"))])
 def test_what_a_trl_config_cannot_state_is_one_line(cli, extra, trainer):
     r = cli("recommend", "--family", "gemma3", "--size", "1b", "--gpu", "L4", "--trainer", trainer, *extra)
     assert r.code == 2 and "--trainer axolotl" in r.err and len(r.err.strip().splitlines()) == 1, r.err
@@ -163,7 +164,7 @@ def test_a_sample_of_the_grids_trainer_dimension_passes_its_own_check(cli, examp
         return r.code, r.out, r.err
 
     points = grid.trainer_points(examples)
-    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora")]
+    sample = [p for p in points if p.gpu in ("L4", "A100") and p.task in ("sft", "qlora", "dpo")]
     outcomes = [grid.judge_point(run, p, tmp_path) for p in sample]
     assert not [o for o in outcomes if o.kind == "violation"], [o.detail for o in outcomes if o.kind == "violation"]
     prescribed = {o.point.extra[1] for o in outcomes if o.kind == "prescribed"}
@@ -312,3 +313,205 @@ def test_no_fallback_is_said_where_the_configs_trainer_writes_the_run(cli, examp
     p = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--num-gpus", "2", "--format",
             "json").json()["models"][0]["prescription"]
     assert p["trainer_fallback"] is None
+
+
+# --- TRL's DPOTrainer (issue 32) ----------------------------------------------------------------------------------------
+
+def test_trl_dpo_is_a_trl_dpo_config_and_check_plans_it_as_that_dpo_run_without_task(cli, examples, tmp_path):
+    """`recommend --trainer trl --task dpo` writes a `trl dpo --config` YAML (DPOConfig's beta and loss_type, max_length,
+    ModelConfig's LoRA keys), which check reads as TRL's DPOTrainer's run and plans at the same memory line with no
+    --task: the config names its task. On main the run fell back to axolotl's YAML."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "trl", "--task", "dpo")
+    text = cli(*args)
+    assert text.code == 0, text.err
+    assert "trainer trl: the run as a `trl dpo --config` YAML (TRL's DPOTrainer)" in text.out, text.out
+    m = cli(*args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert p["run"]["trainer"]["value"] == "trl-dpo" and p["trainer_fallback"] is None, p
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    assert m["snippets"]["yaml"].startswith("# trl dpo --config THIS_FILE"), m["snippets"]["yaml"][:200]
+    assert (data["beta"], data["loss_type"], data["max_length"], data["per_device_train_batch_size"]) == \
+        (0.1, ["sigmoid"], p["seq_len"], p["batch_size"]), data
+    assert "rl" not in data and "base_model" not in data
+    path = tmp_path / "dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    model = doc["models"][0]
+    assert model["run"]["trainer"]["value"] == "trl-dpo", model["run"]
+    assert any(a.startswith("dpo: chosen and rejected") for a in model["memory"]["assumptions"]), model["memory"]
+    assert model["memory"]["summary"] == p["memory"] == _memory_line(text.out).removeprefix("memory ")
+
+
+def test_check_of_an_axolotl_dpo_yaml_plans_the_dpo_run_without_task(cli, examples, tmp_path):
+    """axolotl's `rl: dpo` YAML (recommend --task dpo) read by check without --task: the paired DPO run recommend
+    planned (33.2 GiB on an A100), not an SFT run of it (29.3 GiB on main)."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--task", "dpo", "--format", "json")
+    m = cli(*args).json()["models"][0]
+    assert yaml.safe_load(m["snippets"]["yaml"])["rl"] == "dpo"
+    path = tmp_path / "axolotl-dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+    assert any(a.startswith("dpo: chosen and rejected") for a in doc["models"][0]["memory"]["assumptions"])
+
+
+def test_a_users_trl_dpo_config_gets_trls_dpo_format(cli, examples, tmp_path):
+    """A `trl dpo` config given as --training-config (its own keys say DPOConfig): the prescription is TRL's DPOTrainer's
+    run in its format, with no fallback to axolotl and no --task."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nbeta: 0.1\nloss_type: [sigmoid]\nmax_length: 1024\n")
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
+            "--format", "json").json()["models"][0]
+    assert m["prescription"]["run"]["trainer"]["value"] == "trl-dpo" and m["prescription"]["trainer_fallback"] is None
+    assert yaml.safe_load(m["snippets"]["yaml"])["beta"] == 0.1
+
+
+@pytest.mark.slow
+def test_every_key_of_trls_sft_and_dpo_configs_is_one_trls_parser_accepts(cli, examples, tmp_path):
+    """TRL 1.16's own TrlParser, as `trl sft|dpo --config` builds it (trl/scripts/sft.py, dpo.py: ScriptArguments, the
+    trainer's config, ModelConfig, DatasetMixtureConfig), refusing unknown keys (fail_with_unknown_args), parses the
+    YAML of SFT and DPO prescriptions (LoRA, QLoRA, full) and reads the same run: batch, accumulation, max_length,
+    checkpointing, beta and loss type, LoRA rank. (bf16 is written false and tf32 left out: TrainingArguments refuses
+    both on this CPU.)"""
+    trl = pytest.importorskip("trl")
+    from trl import DPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    from trl.scripts.utils import DatasetMixtureConfig
+
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"the formats are TRL 1.16.0's, not {trl.__version__}'s")
+    points = [("sft", "A100", ()), ("dpo", "A100", ()), ("dpo", "A100", ("--quantization", "4bit")),
+              ("dpo", "H200", ("--method", "full"))]
+    for n, (task, gpu, extra) in enumerate(points):
+        r = cli("recommend", G3, "--cache-dir", examples, "--gpu", gpu, "--trainer", "trl", "--task", task, *extra,
+                "--format", "json")
+        assert r.code == 0, r.err
+        m = r.json()["models"][0]
+        p = m["prescription"]
+        data = yaml.safe_load(m["snippets"]["yaml"])
+        data.pop("tf32", None)
+        data.update(bf16=False, use_cpu=True)
+        path = tmp_path / f"trl{n}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        config = DPOConfig if task == "dpo" else SFTConfig
+        parser = TrlParser((ScriptArguments, config, ModelConfig, DatasetMixtureConfig))
+        _, args, model, _ = parser.parse_args_and_config(
+            args=["--config", str(path), "--dataset_name", "d"], fail_with_unknown_args=True)
+        checkpointing = getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
+        assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_length,
+                bool(checkpointing)) == (p["batch_size"], p["gradient_accumulation_steps"], p["seq_len"],
+                                         p["gradient_checkpointing"]), (task, data)
+        assert model.use_peft is (p["method"] != "full") and model.dtype == p["load_dtype"], (task, data)
+        if p["method"] != "full":
+            assert model.lora_r == p["lora"]["r"], data
+        assert model.load_in_4bit is (p["method"] == "qlora"), data
+        if task == "dpo":
+            assert (args.beta, list(args.loss_type)) == (0.1, ["sigmoid"]), data
+
+
+# --- LLaMA-Factory's views, each format's command, the TrainingArguments format's sequence (issue 32) ------------------
+
+def _run_exp_keys(code: str) -> dict:
+    """The mapping a `run_exp(dict(...))` snippet passes, read by Python's own parser (never executed)."""
+    import ast
+
+    call = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "dict")
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+def test_llamafactorys_views_are_its_yaml_its_run_exp_and_its_command(cli, examples):
+    """A LLaMA-Factory prescription's Python is LLaMA-Factory's own API over the very keys of its YAML
+    (llamafactory.train.tuner.run_exp takes the mapping `llamafactory-cli train` reads from the file), and its command
+    is `llamafactory-cli train run.yaml dataset=...`; no transformers / PEFT / Unsloth code, which is another trainer's
+    run. On main the snippets were TrainingArguments', the loading code and PEFT's."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--trainer", "llama-factory")
+    m = cli(*args, "--format", "json").json()["models"][0]
+    snippets = m["snippets"]
+    assert set(snippets["python"]) == {"llama-factory"}, list(snippets["python"])
+    code = snippets["python"]["llama-factory"]
+    assert "from llamafactory.train.tuner import run_exp" in code
+    assert _run_exp_keys(code) == {**yaml.safe_load(snippets["yaml"]), "dataset": "YOUR_DATASET"}
+    assert snippets["command"] == "llamafactory-cli train run.yaml dataset=YOUR_DATASET"
+    text = cli(*args).out
+    assert "start it: llamafactory-cli train run.yaml dataset=YOUR_DATASET" in text and "TrainingArguments(" not in text
+    python = cli(*args, "--format", "python").out
+    assert "run_exp(dict(" in python and "from_pretrained" not in python
+    compile(python, "recommend.py", "exec")  # the python view stays paste-able Python
+
+
+@pytest.mark.parametrize("trainer,extra,command", [
+    ("axolotl", (), "axolotl train run.yaml"),
+    ("trl", (), "trl sft --config run.yaml --dataset_name YOUR_DATASET"),
+    ("trl", ("--task", "dpo"), "trl dpo --config run.yaml --dataset_name YOUR_PREFERENCE_DATASET"),
+    ("transformers", (), None),
+    ("llama-factory", (), "llamafactory-cli train run.yaml dataset=YOUR_DATASET"),
+])
+def test_each_format_names_the_command_that_starts_it(cli, examples, trainer, extra, command):
+    """JSON's snippets.command and the text view's "start it:" are the trainer's own CLI over the YAML saved as
+    run.yaml; a TrainingArguments file is read by the user's own script (null)."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", trainer, *extra)
+    m = cli(*args, "--format", "json").json()["models"][0]
+    assert m["snippets"]["command"] == command
+    line = next(x for x in cli(*args).out.splitlines() if "the run as" in x and "start it:" in x)
+    assert line.endswith(f"start it: {command}" if command else "start it: your training script, tokenizing to "
+                         f"{m['prescription']['seq_len']} tokens"), line
+
+
+def test_a_trainingarguments_prescription_is_planned_at_the_sequence_its_check_command_names(cli, examples, tmp_path):
+    """The TrainingArguments format has no key for the sequence: its YAML's head, the text view and the Python snippet
+    name `--seq-len N` (and where the script tokenizes to N), and the prescription is planned as check plans that YAML
+    with it. On main `recommend --seq-len 2048 --trainer transformers` printed a memory line of 1024 tokens (the YAML
+    read back without the option) beside a head saying 2048."""
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "transformers", "--seq-len", "2048")
+    m = cli(*args, "--format", "json").json()["models"][0]
+    p = m["prescription"]
+    assert p["seq_len"] == 2048 and "x 2048 tokens" in p["memory"], p["memory"]
+    assert "check --training-config THIS_FILE --seq-len 2048" in m["snippets"]["yaml"]
+    assert "max_length=2048" in m["snippets"]["python"]["transformers"]
+    assert "(check --training-config run.yaml --seq-len 2048 reads it)" in cli(*args).out
+    path = tmp_path / "run.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "A100", path, "--seq-len", "2048")
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == p["memory"]
+    assert doc["models"][0]["run"]["seq_len"]["value"] == 2048
+
+
+def test_v100_dpo_the_way_out_names_trls_dpotrainer_and_following_it_passes_check(cli, examples, tmp_path):
+    """On a V100 axolotl's DPO run of gemma-3-12b-it does not fit; TRL's DPOTrainer holds no full logits (TRL >= 1.15):
+    the way out names `--trainer trl` with its figure, and that command's `trl dpo` YAML passes check at that figure.
+    On main a DPO run had no trainer line in its way out (TRL's format did not state DPO)."""
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "V100", "--task", "dpo", "--format", "json")
+    assert r.code == 1
+    way = r.json()["models"][0]["way_out"]
+    line = next((w for w in way if w.startswith("--trainer trl (its run: TRL's DPOTrainer")), None)
+    assert line is not None, way
+    args = ("recommend", G3, "--cache-dir", examples, "--gpu", "V100", "--task", "dpo", "--trainer", "trl")
+    followed = cli(*args, "--format", "json")
+    assert followed.code == 0, followed.err
+    m = followed.json()["models"][0]
+    assert line.endswith(m["prescription"]["memory"]), (line, m["prescription"]["memory"])
+    path = tmp_path / "v100-dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    code, doc = _check_memory(cli, examples, "V100", path)
+    assert code == 0, [f["code"] for f in doc["models"][0]["findings"]]
+    assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
+
+
+def test_a_trl_dpo_launch_line_plans_the_dpo_run_of_its_config(cli, examples, tmp_path):
+    """`check --launch "trl dpo --config FILE"`: the launch line names TRL's DPOTrainer, so the file (here without
+    DPOConfig's own keys, which alone would read as `trl sft`) is planned as the paired DPO run, with no --task, at the
+    memory line recommend prescribed for it."""
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--trainer", "trl", "--task", "dpo",
+            "--format", "json").json()["models"][0]
+    data = yaml.safe_load(m["snippets"]["yaml"])
+    for key in ("beta", "loss_type"):
+        data.pop(key)
+    path = tmp_path / "args.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = cli("check", G3, "--cache-dir", examples, "--gpu", "A100", "--launch", f"trl dpo --config {path}",
+            "--format", "json")
+    model = r.json()["models"][0]
+    assert model["run"]["trainer"]["value"] == "trl-dpo", model["run"]["trainer"]
+    assert model["memory"]["summary"] == m["prescription"]["memory"]

@@ -35,7 +35,7 @@ from gemma_doctor.report import ExitCode
               help="A training config whose batch, sequence length, method and sharding the memory plan uses.")
 @click.option("--trainer", default=None,
               help="The trainer the run is written for, searched and judged as: axolotl (its YAML), trl (a `trl sft "
-                   "--config` YAML: TRL's SFTTrainer, chunked log-probs), transformers (a TrainingArguments YAML for "
+                   "--config` YAML: TRL's SFTTrainer, chunked log-probs; `trl dpo --config` with --task dpo), transformers (a TrainingArguments YAML for "
                    "a plain Trainer script) or llama-factory (LLaMA-Factory's YAML: `llamafactory-cli train`). "
                    "Default: the --training-config's trainer, else axolotl.")
 @click.option("--rehearse", "rehearse_run", is_flag=True,

@@ -224,7 +224,9 @@ class Item:
                     "memory": self.memory.to_json() if self.memory is not None else None,
                     "snippets": {"python": recommend.python_snippets(self.recommendation, self.model_id),
                                  "yaml": self.decision.training_config if self.decision is not None else
-                                 recommend.training_config_yaml(self.recommendation)} if ok and self.recommendation else None})
+                                 recommend.training_config_yaml(self.recommendation),
+                                 "command": recommend.run_command(self.recommendation)}
+                    if ok and self.recommendation else None})
         if not ok and self.recommendation is not None:
             out["nearest"] = self.recommendation.to_json()
         return out

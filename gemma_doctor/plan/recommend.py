@@ -67,6 +67,7 @@ def normalise_quantization(text: str | None) -> str | None:
 # SFTTrainer runs; transformers: a TrainingArguments YAML (with TRL's ModelConfig keys for the model and LoRA), which a
 # plain transformers Trainer script reads (HfArgumentParser / TrlParser).
 # llama-factory: LLaMA-Factory 0.9.5's YAML (`llamafactory-cli train`), its own SFT trainer and loader.
+# trl with --task dpo: a `trl dpo --config` YAML of DPOConfig / ModelConfig keys, which TRL's DPOTrainer runs (TRL_TASKS).
 TRAINER_FORMATS = ("axolotl", "trl", "transformers", "llama-factory")
 _TRAINER_ALIASES = {"axolotl": "axolotl", "trl": "trl", "trl-sft": "trl", "sft": "trl", "sfttrainer": "trl",
                     "transformers": "transformers", "trainer": "transformers", "hf": "transformers",
@@ -91,10 +92,26 @@ def normalise_trainer(text: str | None) -> str | None:
 
 def trainer_format(chosen: Any) -> str | None:
     """The TRAINER_FORMATS name of a training config's trainer (trainers.Chosen's value), None where recommend
-    writes no config of it (TRL's preference trainers, a launcher's script)."""
+    writes no config of it (TRL's GRPO and other RL trainers, a launcher's script)."""
     value = getattr(chosen, "value", None)
-    return {"axolotl": "axolotl", "trl-sft": "trl", "transformers": "transformers",
+    return {"axolotl": "axolotl", "trl-sft": "trl", "trl-dpo": "trl", "transformers": "transformers",
             "llama-factory": "llama-factory"}.get(getattr(value, "value", ""))
+
+
+# The tasks each format writes beside SFT / LoRA / QLoRA / full fine-tuning (the `trl` format's TRL command: `trl dpo`
+# for DPO); axolotl's YAML writes every task (its `rl:`).
+TRL_TASKS = {"sft": "sft", "full": "sft", "lora": "sft", "qlora": "sft", "dpo": "dpo"}
+FORMAT_TASKS = {"trl": frozenset(TRL_TASKS), "transformers": frozenset({"sft", "full", "lora", "qlora"}),
+                "llama-factory": frozenset({"sft", "full", "lora", "qlora"})}
+# TRL's DPOConfig defaults the `trl dpo` YAML states (TRL 1.16.0 trl/trainer/dpo_config.py: beta 0.1, loss_type
+# ["sigmoid"]): written so the file says the run, and so that check's reader knows it for TRL's DPOConfig
+# (trainers.rl_named_by_keys: beta with DPO's loss types) without `rl:`.
+TRL_DPO_KEYS: dict[str, Any] = {"beta": 0.1, "loss_type": ("sigmoid",)}
+
+
+def trl_command(rec: "Recommendation") -> str:
+    """The `trl` subcommand that runs the prescription's TRL config (sft | dpo)."""
+    return TRL_TASKS.get(str(rec.inputs.get("task") or "sft"), "sft")
 
 
 @dataclass(frozen=True)
@@ -616,15 +633,55 @@ def other_trainers_run(rec: Recommendation) -> bool:
     return rec.trainer != "trl" and rec.frameworks["trl"]["config_class"] == "SFTConfig"
 
 
+# The file the run's command reads: what `recommend --format yaml` printed, saved.
+RUN_FILE = "run.yaml"
+
+
+def run_command(rec: Recommendation) -> str | None:
+    """The command that starts the prescribed run from its YAML (saved as RUN_FILE), as its trainer's own CLI takes it:
+    `axolotl train`, `trl sft|dpo --config`, `llamafactory-cli train` (LLaMA-Factory merges `key=value` words over the
+    file: hparams/parser.py read_args, OmegaConf.from_cli); None for the TrainingArguments format, which the user's own
+    script reads. A run on several GPUs is started by its launch line (launch_line)."""
+    if rec.trainer == "axolotl":
+        return None if launch_line(rec) is not None else f"axolotl train {RUN_FILE}"
+    if rec.trainer == "trl":
+        data = "YOUR_PREFERENCE_DATASET" if trl_command(rec) == "dpo" else "YOUR_DATASET"
+        return f"trl {trl_command(rec)} --config {RUN_FILE} --dataset_name {data}"
+    if rec.trainer == "llama-factory":
+        return f"llamafactory-cli train {RUN_FILE} dataset=YOUR_DATASET"
+    return None
+
+
+def llamafactory_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
+    """LLaMA-Factory's own run of the prescription: it loads, quantizes, wraps LoRA and trains from its keys alone, so
+    the one Python that states this run is its API over the same keys as the YAML (llamafactory.train.tuner.run_exp,
+    which takes the mapping `llamafactory-cli train` reads from the file); transformers' or PEFT's code would be another
+    trainer's run."""
+    keys = {**_lf_mapping(rec), "model_name_or_path": model_id, "dataset": "YOUR_DATASET"}
+    body = ",\n".join(f"    {k}={v!r}" for k, v in keys.items())
+    return {"llama-factory": (
+        "# LLaMA-Factory 0.9.5 runs it: its own loader, LoRA / quantization and SFT trainer, from these keys alone (the\n"
+        f"# YAML of --format yaml, started as: {run_command(rec)}).\n"
+        "from llamafactory.train.tuner import run_exp\n\n"
+        f"run_exp(dict(\n{body},\n))\n")}
+
+
 def python_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
-    """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth."""
+    """Paste-able, self-contained Python per stack: transformers, trl, loading (+bitsandbytes), peft, unsloth; for a
+    LLaMA-Factory prescription, LLaMA-Factory's own (llamafactory_snippets)."""
+    if rec.trainer == "llama-factory":
+        return llamafactory_snippets(rec, model_id)
     fw = rec.frameworks
     tr = fw["transformers"]
     out: dict[str, str] = {}
     if rec.trainer != "trl":  # a plain Trainer holds the full logits: not the run TRL's SFTTrainer prescribes
+        seq = told_seq_len(rec)
         out["transformers"] = (
             "from transformers import TrainingArguments\n\n"
-            f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
+            + (f"# The sequence length is your script's (TrainingArguments has no key for it): tokenize to {seq} tokens,\n"
+               f"# tokenizer(text, truncation=True, max_length={seq}); check it: check --training-config {RUN_FILE} "
+               f"--seq-len {seq}\n" if seq else "")
+            + f"training_arguments = dict({_kwargs(tr['training_arguments'])})\n"
             f"args = TrainingArguments(output_dir={OUTPUT_DIR!r}, **training_arguments)\n")
     trl = fw["trl"]
     if trl["config_class"] and not other_trainers_run(rec):
@@ -777,13 +834,31 @@ LF_ALL_TARGETS = ("all-linear", LM_ONLY_TARGETS, LANGUAGE_MODEL_REGEX)
 _LF_ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
 
 
+_TRL_DPO_HEAD = ("# trl dpo --config THIS_FILE --dataset_name YOUR_PREFERENCE_DATASET: TRL's DPOConfig and ModelConfig keys.\n"
+                 "# TRL's DPOTrainer runs it: chosen and rejected answers in one pass, each up to max_length tokens;\n"
+                 "# the reference model is the base with the adapters disabled under LoRA, a frozen copy otherwise.\n"
+                 "# Precision, dtype and gradient checkpointing set explicitly (TRL's own defaults differ: bf16 = not fp16,\n"
+                 "# weights loaded in float32, checkpointing on).\n")
+
+
+def told_seq_len(rec: Recommendation) -> int | None:
+    """The sequence length check must be told beside the prescription's config (`check --training-config FILE
+    --seq-len N`): the TrainingArguments format has no key for it (the user's script tokenizes to it), so its YAML's
+    head, the text view and the Python snippet name N, and the search judges each candidate as check reads its YAML
+    with that option. None for the formats that state it (axolotl's sequence_len, TRL's max_length, LLaMA-Factory's
+    cutoff_len)."""
+    if rec.trainer != "transformers":
+        return None
+    return (rec.frameworks["trl"].get("config") or {}).get("max_length")
+
+
 def _head(rec: Recommendation) -> str:
     if rec.trainer == "llama-factory":
         return _LF_HEAD
     if rec.trainer == "trl":
-        return _TRL_HEAD
+        return _TRL_DPO_HEAD if trl_command(rec) == "dpo" else _TRL_HEAD
     if rec.trainer == "transformers":
-        seq = (rec.frameworks["trl"].get("config") or {}).get("max_length")
+        seq = told_seq_len(rec)
         return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
                                      if seq else "# check --training-config THIS_FILE --seq-len N with your length.\n")
     return _YAML_HEAD
@@ -822,6 +897,8 @@ def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
         # TRL's SFTConfig checkpoints by default: "off" must be written (TrainingArguments' default, said all the same)
         args[rec.checkpointing_key] = False
     out.update(args)
+    if trl and trl_command(rec) == "dpo":
+        out.update(TRL_DPO_KEYS)
     out["output_dir"] = OUTPUT_DIR
     return out
 

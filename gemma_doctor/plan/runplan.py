@@ -19,7 +19,7 @@ from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import (DEEPSPEED_BATCH, axolotl_load_dtype, axolotl_on_mps, is_auto,
                                                   truthy)
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, written
-from gemma_doctor.trainers import TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read from here)
+from gemma_doctor.trainers import CHUNKING_TRAINERS, TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read here)
 from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
@@ -181,8 +181,9 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             if setting is not None:
                 put(name, setting.value, setting.source)
     put("method", TASK_METHODS.get(task), f"--task {task}")
-    if task in ("dpo", "orpo", "kto", "grpo", "ppo"):
-        # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on.
+    if task in ("dpo", "orpo", "kto", "grpo", "ppo") and getattr(tc, "task", None) != task:
+        # The stable RL setting the recommendation writes (TRL #3236) turns checkpointing on. Not over a config that
+        # names the task itself: its trainer runs it, and what the config leaves open is that trainer's default.
         put("gradient_checkpointing", True, f"--task {task} (the stable setting)")
     return values, src
 
@@ -455,18 +456,20 @@ def _own_load_dtype(trainer: Trainer, s: Mapping[str, Any], stack: Any | None, c
 
 
 def trl_chunks(stack: Any) -> bool:
-    """The TRL that will run computes SFT log-probs in chunks (every version it may be is in TRL_CHUNKED_LOGPROBS)."""
+    """The TRL that will run computes SFT and DPO log-probs in chunks (every version it may be is in
+    TRL_CHUNKED_LOGPROBS)."""
     from gemma_doctor.stack import Exposure
     from gemma_doctor.versioning import TRL_CHUNKED_LOGPROBS
 
     return stack is not None and stack.exposure(TRL_CHUNKED_LOGPROBS) is Exposure.AFFECTED
 
 
-def sft_trainer_config(tc: Any) -> bool:
-    """TRL's SFTTrainer executes the training config (the reader's trainers.decide, which rules/attention.py's GD650
-    and the rehearsal's twin take too): the trainer whose fused LM head computes log-probs in chunks from TRL 1.15 on."""
+def chunking_trainer_config(tc: Any) -> bool:
+    """TRL's SFTTrainer or DPOTrainer executes the training config (the reader's trainers.decide, which
+    rules/attention.py's GD650 and the rehearsal's twin take too): a trainer whose fused LM head computes log-probs in
+    chunks from TRL 1.15 on (trainers.CHUNKING_TRAINERS)."""
     chosen = getattr(tc, "trainer", None)
-    return chosen is not None and chosen.value is Trainer.TRL_SFT
+    return chosen is not None and chosen.value in CHUNKING_TRAINERS
 
 
 def gpu_memory(gpu: Any, override: int | None) -> tuple[int | None, str | None, int, str | None]:
@@ -525,10 +528,11 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     else:
         src.pop("precision", None)
     tc = training_config
-    if trl_chunks and tc is not None and getattr(tc, "ok", False) and sft_trainer_config(tc):
+    if trl_chunks and tc is not None and getattr(tc, "ok", False) and chunking_trainer_config(tc):
         # The same condition as GD650's "does not apply here": the plan then holds no b*s*V logits either.
         values["chunked_loss"] = True
-        src["chunked_loss"] = "TRL >= 1.15 SFTTrainer (the training config's trainer and the stack's TRL)"
+        src["chunked_loss"] = (f"TRL >= 1.15 {'DPOTrainer' if tc.trainer.value is Trainer.TRL_DPO else 'SFTTrainer'} "
+                               "(the training config's trainer and the stack's TRL)")
     if lora_targets is not None:
         values.setdefault("lora_targets", lora_targets)
     gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, request.gpu_memory)

@@ -321,6 +321,12 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     if under is None or under.env is not env:
         under = _Under(env, options)
     env2, opts = under.env_for(key, tc), under.options
+    told = recommend.told_seq_len(rec)
+    if told is not None:
+        # The format states no sequence (TrainingArguments): judged as `check --training-config FILE --seq-len N`
+        # reads it, the command its YAML's head names; without it the plan read back was of the default 1024 tokens
+        # while the head said N (recommend --seq-len 2048 --trainer transformers planned 1024).
+        opts = replace(opts, memory=replace(opts.memory or runplan.MemoryRequest(), seq_len=told))
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
                         str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries),
                         runplan.trainer_defaults(tc, env2.libraries, runplan.checkpoint_dtype(facts.census)))
@@ -551,6 +557,12 @@ def trainer_format(options: CheckOptions, env: Environment) -> str:
 # Each written format's trainer (trainers.Trainer's value) and its name in a fallback's words.
 _FORMAT_TRAINER = {"axolotl": "axolotl", "trl": "trl-sft", "transformers": "transformers",
                    "llama-factory": "llama-factory"}
+
+
+def format_trainer(fmt: str, task: str) -> str:
+    """The trainer (trainers.Trainer's value) that executes a run of ``task`` written in the format ``fmt``: TRL's
+    DPOTrainer for the `trl` format's DPO (`trl dpo --config`), else the format's own."""
+    return "trl-dpo" if fmt == "trl" and recommend.TRL_TASKS.get(task) == "dpo" else _FORMAT_TRAINER[fmt]
 _FORMAT_OWNER = {"trl": "TRL's", "transformers": "TrainingArguments'", "llama-factory": "LLaMA-Factory's"}
 
 
@@ -562,13 +574,14 @@ def trainer_fallback(options: CheckOptions, env: Environment, fmt: str, req: run
         return None
     chosen = getattr(env.training_config, "trainer", None)
     named = getattr(getattr(chosen, "value", None), "value", None)
-    if named is None or named == "script" or named == _FORMAT_TRAINER.get(fmt):
+    if named is None or named == "script" or named == format_trainer(fmt, req.base.task):
         return None
     wanted = recommend.trainer_format(chosen)
     if wanted is None:
         why = "recommend writes no config for that trainer"
-    elif req.base.task in _RL_TASKS:
-        why = f"{_FORMAT_OWNER[wanted]} format holds SFT, LoRA and QLoRA, not {req.base.task}"
+    elif req.base.task not in recommend.FORMAT_TASKS[wanted]:
+        holds = "SFT, LoRA, QLoRA and DPO" if wanted == "trl" else "SFT, LoRA and QLoRA"
+        why = f"{_FORMAT_OWNER[wanted]} format holds {holds}, not {req.base.task}"
     elif req.base.num_gpus > 1:
         why = f"{_FORMAT_OWNER[wanted]} format holds one process, the run is on {req.base.num_gpus} GPUs"
     else:
@@ -583,15 +596,16 @@ def trainer_fixed(options: CheckOptions, env: Environment) -> bool:
 
 
 # TRL's SFTTrainer runs a `trl sft` config: its memory plan holds no logits where the stack's TRL chunks them.
-_CHUNKED_SOURCE = "TRL >= 1.15 SFTTrainer (the prescription's trainer and the stack's TRL)"
+_CHUNKED_SOURCE = "TRL >= 1.15 {} (the prescription's trainer and the stack's TRL)"
 
 
 def _unwritten(req: runplan.RunRequest, fmt: str = "trl") -> str | None:
     """Why a run cannot be written in the format ``fmt`` (TRL's, TrainingArguments' or LLaMA-Factory's: one SFT
     process) here, or None."""
-    if req.base.task in _RL_TASKS:
-        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA; --task {req.base.task} is "
-                "prescribed as axolotl's YAML (--trainer axolotl)")
+    if req.base.task not in recommend.FORMAT_TASKS.get(fmt, frozenset(recommend.TASKS)):
+        return (f"recommend writes {_FORMAT_NAMES[fmt]} for SFT, LoRA and QLoRA"
+                + (" (and `trl dpo` configs for DPO)" if fmt == "trl" else "")
+                + f"; --task {req.base.task} is prescribed as axolotl's YAML (--trainer axolotl)")
     if req.base.num_gpus > 1:
         return (f"recommend writes {_FORMAT_NAMES[fmt]} for one process; a run on {req.base.num_gpus} GPUs is "
                 "prescribed as axolotl's YAML with its DeepSpeed file (--trainer axolotl)")
@@ -622,7 +636,9 @@ def _for_trainer(req: runplan.RunRequest, fmt: str, env: Environment, options: C
         raise UsageError(f"--trainer {fmt}: LLaMA-Factory's lora_target takes module names or `all`, not the "
                          f"pattern {targets[:80]!r}: list the module names in your training config")
     if fmt == "trl" and runplan.trl_chunks(env.libraries) and not req.base.chunked_loss:
-        src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE}.items()))
+        # TRL's SFTTrainer and DPOTrainer (trainers.CHUNKING_TRAINERS), the two the `trl` format writes
+        who = "DPOTrainer" if format_trainer(fmt, req.base.task) == "trl-dpo" else "SFTTrainer"
+        src = tuple(sorted({**dict(req.base.sources), "chunked_loss": _CHUNKED_SOURCE.format(who)}.items()))
         return replace(req, base=replace(req.base, chunked_loss=True, sources=src))
     return req
 
@@ -862,17 +878,20 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
 
 
 def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> list[str]:
-    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer, which holds no full logits
-    under a TRL that chunks them, when a chunked run fits at all (a cheap test before its search), as the command line
-    with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's run holds: never asked here."""
-    if trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS or req.base.num_gpus > 1:
+    """Where the user left the trainer open and memory is what blocks: TRL's SFTTrainer (or, for DPO, its DPOTrainer),
+    which holds no full logits under a TRL that chunks them, when a chunked run fits at all (a cheap test before its
+    search), as the command line with --trainer trl prescribes it. The TrainingArguments format holds what axolotl's
+    run holds: never asked here."""
+    task = req.base.task
+    if trainer_fixed(ask.options, ask.env) or task not in recommend.TRL_TASKS or req.base.num_gpus > 1:
         return []
     if trainer_format(ask.options, ask.env) == "trl" or not runplan.trl_chunks(ask.env.libraries):
         return []
     if _fits_with(shape, req, chunked_loss=True) is None:
         return []
     p = ask.plan(shape, trainer="trl")
-    return [f"--trainer trl (its run: {_TRAINER_WORDS['trl']}): {p.summary()}"] if p is not None else []
+    words = "TRL's DPOTrainer, `trl dpo --config`" if recommend.TRL_TASKS[task] == "dpo" else _TRAINER_WORDS["trl"]
+    return [f"--trainer trl (its run: {words}): {p.summary()}"] if p is not None else []
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",

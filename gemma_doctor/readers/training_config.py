@@ -187,6 +187,15 @@ class TrainingConfig:
         """The setting called ``name`` (a key of KEYS), or None when the file does not set it."""
         return self.settings.get(name)
 
+    @property
+    def task(self) -> str | None:
+        """The preference / RL task the config names (trainers.task_named: `rl: dpo`, `stage: dpo`, TRL's DPOConfig or
+        GRPOConfig keys), None for an SFT config: what check plans where --task names none."""
+        if self.error is not None:
+            return None
+        rl = self.settings.get("rl")
+        return trainers.task_named(rl.value if rl is not None else None, self.trainer)
+
     def bf16_by_trainer(self, stack: Any) -> Any:
         """Whether the run trains in bf16 by its trainer's default, as a stack.Exposure: a config that sets no bf16, no
         mixed_precision and no fp16 on, run by one of TRL's trainers (their configs set `bf16 = not fp16` where bf16 is

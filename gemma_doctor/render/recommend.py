@@ -13,6 +13,7 @@ SECTION_TITLES = {
     "peft": "PEFT LoRA adapters",
     "launch": "launch on several GPUs (accelerate)",
     "unsloth": "Unsloth",
+    "llama-factory": "LLaMA-Factory (its Python API: the same run as llamafactory-cli train)",
 }
 
 
@@ -20,6 +21,15 @@ SECTION_TITLES = {
 TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "a `trl sft --config` YAML (TRL's SFTTrainer)",
                  "transformers": "a TrainingArguments YAML (a plain transformers Trainer)",
                  "llama-factory": "LLaMA-Factory's YAML (`llamafactory-cli train`)"}
+
+
+def trainer_words(rec: Any) -> str:
+    """The prescribed trainer's config in the text view's words (TRAINER_WORDS; TRL's by its command: sft or dpo)."""
+    from gemma_doctor.plan.recommend import trl_command
+
+    if rec.trainer == "trl" and trl_command(rec) == "dpo":
+        return "a `trl dpo --config` YAML (TRL's DPOTrainer)"
+    return TRAINER_WORDS.get(rec.trainer, rec.trainer)
 
 
 class RecommendFormat(str, enum.Enum):
@@ -145,7 +155,7 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             colour = {"fits": "green", "tight": "yellow"}.get(mem.plan.verdict, "red")
             fallback = getattr(item.decision, "trainer_fallback", None) if item.decision is not None else None
             lines.append(f"  [bold]trainer[/] {escape(rec.trainer)}: the run as "
-                         f"{escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))}"
+                         f"{escape(trainer_words(rec))}"
                          + (f" ({escape(fallback)})" if fallback else ""))
             lines.append(f"  [bold {colour}]memory[/] {escape(mem.plan.summary())}")
             lines.append(f"    {escape(components_line(mem.plan.components))}")
@@ -166,8 +176,14 @@ def render_text(items: Sequence[Any], gpu: Any, color: bool) -> str:
             lines.append(f"  [dim]# {escape(SECTION_TITLES[key])}[/dim]")
             lines.extend("  " + escape(line) if line else "" for line in code.rstrip("\n").splitlines())
             lines.append("")
-        lines.append(f"  [dim]the run as {escape(TRAINER_WORDS.get(rec.trainer, rec.trainer))} (check --training-config "
-                     "reads it): gemma-doctor recommend ... --format yaml[/dim]")
+        from gemma_doctor.plan.recommend import RUN_FILE, run_command, told_seq_len
+
+        command, seq = run_command(rec), told_seq_len(rec)
+        # The TrainingArguments format states no sequence: check is told it, and the user's script tokenizes to it.
+        reads = f"check --training-config {RUN_FILE}" + (f" --seq-len {seq}" if seq else "") + " reads it"
+        start = command or (f"your training script, tokenizing to {seq} tokens" if seq else None)
+        lines.append(f"  [dim]the run as {escape(trainer_words(rec))} ({escape(reads)}): gemma-doctor recommend ... "
+                     f"--format yaml > {RUN_FILE}" + (f"; start it: {escape(start)}" if start else "") + "[/dim]")
         from gemma_doctor.plan.recommend import other_trainers_run
 
         if other_trainers_run(rec):

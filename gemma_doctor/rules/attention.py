@@ -248,8 +248,9 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
                f"{', the soft-capped logits' if per_logit > 12 else ''}; the memory plan's logits component)")
     if chunked:
         yield Finding("GD650", Severity.INFO,
-                      f"{numbers}; this does not apply here: {trl.describe()} computes SFT log-probs in chunks "
-                      "(TRL >= 1.15), never holding the full logits", fix="nothing to do",
+                      f"{numbers}; this does not apply here: {trl.describe()} computes "
+                      f"{'DPO' if trainer.value == 'trl-dpo' else 'SFT'} log-probs in chunks (TRL >= 1.15), never "
+                      "holding the full logits", fix="nothing to do",
                       **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True))
         return
     trl_v = parse(trl.version)
