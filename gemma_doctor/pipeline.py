@@ -360,8 +360,9 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
             continue
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")
+        fam = family_mod.detect(config.data) if config.ok else None  # detected once: read_model takes it
         # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
-        if not explicit and config.ok and not (fam := family_mod.detect(config.data)).is_gemma and not fam.unknown_gemma:
+        if not explicit and fam is not None and not fam.is_gemma and not fam.unknown_gemma:
             yield None, {"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"}
             continue
         if not explicit and not config.ok and not config.exists:
@@ -370,7 +371,7 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
             yield None, {"target": snap.target, "path": source.location,
                          "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"}
             continue
-        yield read_model(snap, config, source), {}
+        yield read_model(snap, config, source, fam), {}
 
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",
