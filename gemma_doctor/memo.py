@@ -193,7 +193,7 @@ class Memo:
         self.env, self.options = env, options
         self.on = share and enabled()  # share=False: every model judged directly (the caller's switch, no state)
         self.gates: set[bytes | None] = set()  # the gates seen (gate()): a new one is judged without a key
-        # key -> (name-free facts, their judgement) or _DIRECT (judged directly: see the module doc)
+        # key -> (the fields its judgement filled in, what else it gives) or _DIRECT (judged directly: module doc)
         self.entries: dict[bytes, Any] = {}
         self.judgements = 0  # judgements made name-free (each shared by every later model of its key)
         self.served = 0  # models served a judgement made for another
@@ -225,15 +225,14 @@ class Memo:
                 return judge(facts)
         else:
             self.served += 1
-        judged_in, (out, beside) = hit
-        # The fields the judgement filled in (the recommendation, the memory plan) are the shared ones; the others
-        # are the model's own facts as read.
-        changed = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)
-                   if getattr(out, f.name) is not getattr(judged_in, f.name)}
-        return facts.with_(**changed), beside
+        # The fields the judgement filled in (the recommendation, the memory plan) are the shared ones, found once per
+        # entry; the others are the model's own facts as read.
+        made, beside = hit
+        return facts.with_(**made), beside
 
     def _entry(self, neutral: Any, judge: Callable[[Any], tuple[Any, Any]]) -> Any:
-        """The judgement of name-free facts, or _DIRECT when it read the source or left a neutral name in its result."""
+        """The judgement of name-free facts as (the fields it filled in, what else it gives), or _DIRECT when it read
+        the source or left a neutral name in its result."""
         try:
             out, beside = judge(neutral)
         except Unmemoisable:
@@ -247,4 +246,4 @@ class Memo:
         if any(n in blob for n in _NEUTRAL):
             return _DIRECT
         self.judgements += 1
-        return neutral, (out, beside)
+        return made, beside

@@ -284,17 +284,19 @@ def _alike(hub, n: int) -> None:
 
 
 @pytest.mark.parametrize("prescription", [False, True])
-def test_a_served_model_is_copied_without_dataclasses_replace(tmp_path, monkeypatch, prescription) -> None:
+@pytest.mark.parametrize("work", ["replace", "fields"])
+def test_a_served_model_is_copied_without_dataclasses_replace(tmp_path, monkeypatch, prescription, work) -> None:
     """A whole-cache scan of models equal but for their names judges one and serves the rest (gemma_doctor/memo.py);
     each served model's copies (its files made name-free, its judgement named, its text block) are frozen.replace's,
     which assigns the fields, not dataclasses.replace's, which checks every field and runs __init__: the calls to
-    dataclasses.replace do not grow with the models served (main: 6 more per model, 2 of them JsonFile's)."""
+    dataclasses.replace do not grow with the models served (main: 6 more per model, 2 of them JsonFile's). Nor do
+    dataclasses.fields': the fields a judgement filled in are found once per memo entry, not per model served."""
     from gemma_doctor.facts import CheckOptions
     from gemma_doctor.render.text import with_block
     from tests.builders import HubCache
 
     monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
-    calls = counting(monkeypatch, dataclasses, "replace")
+    calls = counting(monkeypatch, dataclasses, work)
     counts = {}
     for n in (2, 3, 6):  # the first scan warms what a process keeps (tables parsed once), counted by no other
         cache = tmp_path / f"c{n}"

@@ -127,7 +127,8 @@ def test_a_scan_checks_mappings_without_typing(tmp_path, monkeypatch):
     cls = type(typing.Mapping)
     real = cls.__instancecheck__
     calls = [0]
-    monkeypatch.setattr(cls, "__instancecheck__", lambda self, obj: calls.__setitem__(0, calls[0] + 1) or real(self, obj))
+    monkeypatch.setattr(cls, "__instancecheck__",
+                        lambda self, obj: calls.__setitem__(0, calls[0] + 1) or real(self, obj))
     counts = {}
     for n in (2, 3, 6):  # the first scan judges what every later one serves
         cache = tmp_path / f"c{n}"
