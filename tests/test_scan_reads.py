@@ -138,3 +138,33 @@ def test_a_scan_checks_mappings_without_typing(tmp_path, monkeypatch):
         assert len(report.models) == n
         counts[n] = calls[0]
     assert counts[6] == counts[3]
+
+
+def test_a_judgement_checks_mappings_without_typing(tmp_path, monkeypatch):
+    """Where each model is judged (no two alike), the readers, the precision advice, the catalogue and the crash and
+    library rules test for a mapping with collections.abc.Mapping too: none of their checks goes through typing's
+    (main: 26 per judged model, 20 of them theirs; plan/runplan.py's and plan/memory.py's are their owners' to change)."""
+    import sys
+    import typing
+
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.render.text import with_block
+    from tests.builders import HubCache
+
+    hub = HubCache(tmp_path / "hub")
+    for i in range(3):
+        text = dict(gemma3_12b_config()["text_config"], num_hidden_layers=8 + i)
+        hub.add(f"team/tune-{i}", {"config.json": variant(gemma3_12b_config(), text_config=text),
+                                   "generation_config.json": generation_config()})
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    cls = type(typing.Mapping)
+    real = cls.__instancecheck__
+    callers: list[str] = []
+    monkeypatch.setattr(cls, "__instancecheck__",
+                        lambda self, obj: callers.append(sys._getframe(1).f_globals["__name__"]) or real(self, obj))
+    report = pipeline.diagnose([], hub.root, options=CheckOptions(), finish=with_block, prescription=False)
+    assert len(report.models) == 3
+    mine = {"gemma_doctor.family", "gemma_doctor.traits", "gemma_doctor.readers.dtypes", "gemma_doctor.readers.tokenizer",
+            "gemma_doctor.plan.advice", "gemma_doctor.catalogue", "gemma_doctor.rules.libraries",
+            "gemma_doctor.rules.crashes"}
+    assert not [c for c in callers if c in mine]
