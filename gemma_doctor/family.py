@@ -7,8 +7,9 @@ Sources per member: docs/families.md (transformers 5.23 source, released wheels 
 
 from __future__ import annotations
 
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

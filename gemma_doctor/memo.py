@@ -29,6 +29,7 @@ import pickle
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from gemma_doctor import frozen
 from gemma_doctor.locate import Snapshot
 from gemma_doctor.report import MODEL, MODEL_ID, PLACE
 from gemma_doctor.source import LocalSource
@@ -77,7 +78,7 @@ def shareable(facts: Any) -> bool:
     """Whether a model may share a judgement: a snapshot of a hub cache, read from the cache, with a small config."""
     snap = facts.snapshot
     if (snap.problem is not None or snap.remote or snap.repo_dir is None or snap.repo_id is None or snap.commit is None
-            or snap.path.parent.parent != snap.repo_dir):
+            or os.path.dirname(os.path.dirname(os.fspath(snap.path))) != os.fspath(snap.repo_dir)):
         return False
     if type(facts.source) is not LocalSource or facts.source.kind != "cache":
         return False
@@ -110,8 +111,9 @@ def gate(facts: Any) -> bytes | None:
 
 def _under(path: Path, snap: Snapshot) -> Path:
     """``path`` as the same file of "this model" (a file of the snapshot, or of its repo folder)."""
-    if path.parent == snap.path:
-        return SNAPSHOT / path.name
+    folder, name = os.path.split(os.fspath(path))  # a file of the folder itself (every one a scan reads): no Path made
+    if folder == os.fspath(snap.path):
+        return SNAPSHOT / name
     try:
         return SNAPSHOT / path.relative_to(snap.path)
     except ValueError:
@@ -128,7 +130,7 @@ def _json_file(jf: Any, snap: Snapshot, raw: bytes | None = None, data: Any = No
         changes["link_target"] = BLOB  # names the blob, a hash of the file's bytes (which hold the model's name)
     if raw is not None:
         changes["raw"], changes["data"] = raw, data
-    return dataclasses.replace(jf, **changes)
+    return frozen.replace(jf, **changes)
 
 
 def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -155,15 +157,15 @@ def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
         made = []
         for h in census.headers:
             ident = None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents)))
-            made.append(dataclasses.replace(h, path=_under(h.path, snap), ident=ident,
+            made.append(frozen.replace(h, path=_under(h.path, snap), ident=ident,
                                             root=None if h.root is None else REPO_DIR))
         headers = tuple((h.path, h.exists, h.file_size, h.header_len, h.digest or h.tensors, h.metadata, h.error,
                          h.ident, h.root) for h in made)
-        changes["census"] = dataclasses.replace(census, headers=tuple(made))
+        changes["census"] = frozen.replace(census, headers=tuple(made))
     neutral = facts.with_(**changes)
     # The key's parts: the facts but the snapshot (the same neutral one for all, but for these fields), the source (its
     # kind: pickling the neutral source would ask it for attributes) and the headers (each by its digest).
-    keyed = neutral.with_(census=dataclasses.replace(neutral.census, headers=()) if headers else neutral.census,
+    keyed = neutral.with_(census=frozen.replace(neutral.census, headers=()) if headers else neutral.census,
                           snapshot=None, source=None)
     return neutral, ((snap.revision, snap.cache_dir, snap.remote, snap.problem), facts.source.kind, keyed, headers)
 
@@ -191,7 +193,7 @@ class Memo:
         self.env, self.options = env, options
         self.on = share and enabled()  # share=False: every model judged directly (the caller's switch, no state)
         self.gates: set[bytes | None] = set()  # the gates seen (gate()): a new one is judged without a key
-        # key -> (name-free facts, their judgement) or _DIRECT (judged directly: see the module doc)
+        # key -> (the fields its judgement filled in, what else it gives) or _DIRECT (judged directly: module doc)
         self.entries: dict[bytes, Any] = {}
         self.judgements = 0  # judgements made name-free (each shared by every later model of its key)
         self.served = 0  # models served a judgement made for another
@@ -223,15 +225,14 @@ class Memo:
                 return judge(facts)
         else:
             self.served += 1
-        judged_in, (out, beside) = hit
-        # The fields the judgement filled in (the recommendation, the memory plan) are the shared ones; the others
-        # are the model's own facts as read.
-        changed = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)
-                   if getattr(out, f.name) is not getattr(judged_in, f.name)}
-        return facts.with_(**changed), beside
+        # The fields the judgement filled in (the recommendation, the memory plan) are the shared ones, found once per
+        # entry; the others are the model's own facts as read.
+        made, beside = hit
+        return facts.with_(**made), beside
 
     def _entry(self, neutral: Any, judge: Callable[[Any], tuple[Any, Any]]) -> Any:
-        """The judgement of name-free facts, or _DIRECT when it read the source or left a neutral name in its result."""
+        """The judgement of name-free facts as (the fields it filled in, what else it gives), or _DIRECT when it read
+        the source or left a neutral name in its result."""
         try:
             out, beside = judge(neutral)
         except Unmemoisable:
@@ -245,4 +246,4 @@ class Memo:
         if any(n in blob for n in _NEUTRAL):
             return _DIRECT
         self.judgements += 1
-        return neutral, (out, beside)
+        return made, beside

@@ -21,8 +21,10 @@ def source_of(snapshot: Snapshot) -> ModelSource:
     return sources.local(snapshot.path, snapshot.read_root)
 
 
-def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: ModelSource | None = None) -> ModelFacts:
-    """Read one snapshot's config files and undo record (``config`` when already read).
+def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: ModelSource | None = None,
+               family: family_mod.FamilyInfo | None = None) -> ModelFacts:
+    """Read one snapshot's config files and undo record (``config`` when already read; ``family``: its family, when
+    already detected from it).
 
     A snapshot whose repo could not be read safely (``snapshot.problem``) is not read at all: its facts say so.
     """
@@ -32,7 +34,10 @@ def read_model(snapshot: Snapshot, config: JsonFile | None = None, source: Model
     if config is None:
         config = src.read_json("config.json")
     generation = src.read_json("generation_config.json")
-    fam = family_mod.detect(config.data) if config.ok else family_mod.NOT_GEMMA
+    if not config.ok:
+        fam = family_mod.NOT_GEMMA
+    else:
+        fam = family if family is not None else family_mod.detect(config.data)
     undo_facts = undo.facts_for(snapshot) if src.kind != "hub" else None
     facts = ModelFacts(snapshot=snapshot, config=config, generation_config=generation, family=fam, source=src)
     # An adapter (or a checkpoint of one) enters through the same source: its own files, its base looked up later.

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from gemma_doctor import adapters, fsafe, locate, parallel, rules
+from gemma_doctor import adapters, fsafe, frozen, locate, parallel, rules
 from gemma_doctor import run as run_mod
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor import family as family_mod
@@ -175,7 +175,7 @@ def named(judgement: Judgement, snippets: bool = True) -> Judgement:
     rec = judgement.recommendation
     d = decision = judgement.decision
     if d is not None:
-        d2 = dataclasses.replace(
+        d2 = frozen.replace(
             d, findings=tuple(naming.finding(f) for f in d.findings),
             blocking=tuple(naming.finding(f) for f in d.blocking),
             way_out=tuple(naming.text(w) for w in d.way_out),
@@ -185,10 +185,10 @@ def named(judgement: Judgement, snippets: bool = True) -> Judgement:
                 or d2.recommendation is not d.recommendation or d2.nearest is not d.nearest:
             decision = d2
             if rec is d.recommendation:
-                return dataclasses.replace(judgement, decision=d2, findings=findings, recommendation=d2.recommendation)
+                return frozen.replace(judgement, decision=d2, findings=findings, recommendation=d2.recommendation)
     if rec is not None:
         rec = _named_recommendation(rec, naming, snippets)
-    return dataclasses.replace(judgement, decision=decision, findings=findings, recommendation=rec)
+    return frozen.replace(judgement, decision=decision, findings=findings, recommendation=rec)
 
 
 def _quoted(text: str) -> str:
@@ -211,7 +211,7 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming,
     frameworks = naming.value(rec.frameworks) if snippets else {}
     if frameworks is rec.frameworks and all(a is b for a, b in zip(notes, rec.notes)):
         return rec
-    return dataclasses.replace(rec, notes=notes, frameworks=frameworks)
+    return frozen.replace(rec, notes=notes, frameworks=frameworks)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,
@@ -374,8 +374,9 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
             continue
         # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
         config = source.read_json("config.json")
+        fam = family_mod.detect(config.data) if config.ok else None  # detected once: read_model takes it
         # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
-        if not explicit and config.ok and not (fam := family_mod.detect(config.data)).is_gemma and not fam.unknown_gemma:
+        if not explicit and fam is not None and not fam.is_gemma and not fam.unknown_gemma:
             yield None, {"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"}
             continue
         if not explicit and not config.ok and not config.exists:
@@ -384,7 +385,7 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
             yield None, {"target": snap.target, "path": source.location,
                          "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"}
             continue
-        yield read_model(snap, config, source), {}
+        yield read_model(snap, config, source, fam), {}
 
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",

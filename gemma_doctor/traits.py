@@ -4,7 +4,8 @@ and fixes, so that none of them has to import another for these (docs/architectu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
+from typing import TYPE_CHECKING, Any
 
 from gemma_doctor import family as family_mod
 from gemma_doctor.readers.adapter import head_pair

@@ -270,3 +270,40 @@ def test_list_names_see_why_only_for_the_rows_a_hint_names(examples) -> None:
     quiet = [r for r in rows if r.status not in (listing.RowStatus.NEEDS_FIX, listing.RowStatus.ERROR)]
     assert quiet and all(r.check_command is None for r in quiet)
     assert all(r.check_command for r in rows if r.status in (listing.RowStatus.NEEDS_FIX, listing.RowStatus.ERROR))
+
+
+# --- a model served a shared judgement is copied field for field ----------------------------------------------------
+
+def _alike(hub, n: int) -> None:
+    from tests.builders import gemma3_12b_config, generation_config, variant
+
+    for i in range(n):
+        repo = f"team/tune-{i}"
+        hub.add(repo, {"config.json": variant(gemma3_12b_config(), _name_or_path=repo),
+                       "generation_config.json": generation_config()})
+
+
+@pytest.mark.parametrize("prescription", [False, True])
+@pytest.mark.parametrize("work", ["replace", "fields"])
+def test_a_served_model_is_copied_without_dataclasses_replace(tmp_path, monkeypatch, prescription, work) -> None:
+    """A whole-cache scan of models equal but for their names judges one and serves the rest (gemma_doctor/memo.py);
+    each served model's copies (its files made name-free, its judgement named, its text block) are frozen.replace's,
+    which assigns the fields, not dataclasses.replace's, which checks every field and runs __init__: the calls to
+    dataclasses.replace do not grow with the models served (main: 6 more per model, 2 of them JsonFile's). Nor do
+    dataclasses.fields': the fields a judgement filled in are found once per memo entry, not per model served."""
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.render.text import with_block
+    from tests.builders import HubCache
+
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    calls = counting(monkeypatch, dataclasses, work)
+    counts = {}
+    for n in (2, 3, 6):  # the first scan warms what a process keeps (tables parsed once), counted by no other
+        cache = tmp_path / f"c{n}"
+        _alike(HubCache(cache), n)
+        calls[0] = 0
+        report = pipeline.diagnose([], cache, options=CheckOptions(), finish=with_block,
+                                   prescription=prescription)
+        assert len(report.models) == n and all(m.block is not None for m in report.models)
+        counts[n] = calls[0]
+    assert counts[6] == counts[3]

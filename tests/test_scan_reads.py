@@ -90,3 +90,81 @@ def _ref_by_path(repo, rev):
     if got.error:
         return locate.RepoProblem("GD021", f"refs/{rev}: {got.error}")
     return got.data.decode().strip()
+
+
+def _fine_tunes(hub, n: int) -> None:
+    for i in range(n):
+        hub.add(f"team/tune-{i}", {"config.json": variant(gemma3_12b_config(), _name_or_path=f"team/tune-{i}"),
+                                   "generation_config.json": generation_config()})
+        hub.add(f"team/other-{i}", {"config.json": variant(llama_config(), _name_or_path=f"o{i}")})
+
+
+def test_a_scan_detects_each_models_family_once(hub, monkeypatch):
+    """config.json's family decides whether a scan reads a repo further, and read_model takes it from there: one
+    detection per repo read (main: a second one for every Gemma repo, from the same parsed config)."""
+    from gemma_doctor import family
+
+    _fine_tunes(hub, 3)
+    calls = [0]
+    real = family.detect
+    monkeypatch.setattr(family, "detect", lambda config: calls.__setitem__(0, calls[0] + 1) or real(config))
+    got = _scan(hub.root)
+    assert sum(m is not None and m.family.is_gemma for m, _ in got) == 3 and len(got) == 6
+    assert calls[0] == 6
+
+
+def test_a_scan_checks_mappings_without_typing(tmp_path, monkeypatch):
+    """The readers and traits a scan runs per model test a value for a mapping against collections.abc.Mapping
+    (isinstance in C), not typing.Mapping (each test a Python call through typing): the checks through typing do
+    not grow with the models read and served (main: 12 more per alike Gemma model)."""
+    import typing
+
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.render.text import with_block
+    from tests.builders import HubCache
+
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    cls = type(typing.Mapping)
+    real = cls.__instancecheck__
+    calls = [0]
+    monkeypatch.setattr(cls, "__instancecheck__",
+                        lambda self, obj: calls.__setitem__(0, calls[0] + 1) or real(self, obj))
+    counts = {}
+    for n in (2, 3, 6):  # the first scan judges what every later one serves
+        cache = tmp_path / f"c{n}"
+        _fine_tunes(HubCache(cache), n)
+        calls[0] = 0
+        report = pipeline.diagnose([], cache, options=CheckOptions(), finish=with_block, prescription=False)
+        assert len(report.models) == n
+        counts[n] = calls[0]
+    assert counts[6] == counts[3]
+
+
+def test_a_judgement_checks_mappings_without_typing(tmp_path, monkeypatch):
+    """Where each model is judged (no two alike), the readers, the precision advice, the catalogue and the crash and
+    library rules test for a mapping with collections.abc.Mapping too: none of their checks goes through typing's
+    (main: 26 per judged model, 20 of them theirs; plan/runplan.py's and plan/memory.py's are their owners' to change)."""
+    import sys
+    import typing
+
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.render.text import with_block
+    from tests.builders import HubCache
+
+    hub = HubCache(tmp_path / "hub")
+    for i in range(3):
+        text = dict(gemma3_12b_config()["text_config"], num_hidden_layers=8 + i)
+        hub.add(f"team/tune-{i}", {"config.json": variant(gemma3_12b_config(), text_config=text),
+                                   "generation_config.json": generation_config()})
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    cls = type(typing.Mapping)
+    real = cls.__instancecheck__
+    callers: list[str] = []
+    monkeypatch.setattr(cls, "__instancecheck__",
+                        lambda self, obj: callers.append(sys._getframe(1).f_globals["__name__"]) or real(self, obj))
+    report = pipeline.diagnose([], hub.root, options=CheckOptions(), finish=with_block, prescription=False)
+    assert len(report.models) == 3
+    mine = {"gemma_doctor.family", "gemma_doctor.traits", "gemma_doctor.readers.dtypes", "gemma_doctor.readers.tokenizer",
+            "gemma_doctor.plan.advice", "gemma_doctor.catalogue", "gemma_doctor.rules.libraries",
+            "gemma_doctor.rules.crashes"}
+    assert not [c for c in callers if c in mine]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 FILE = Path(__file__).with_name("field.json")
 

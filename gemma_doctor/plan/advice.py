@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from gemma_doctor.plan import recommend
 from gemma_doctor.facts import ModelFacts

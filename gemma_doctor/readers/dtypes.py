@@ -6,9 +6,10 @@ Reads headers only (never tensor data) and imports nothing heavy: it runs on eve
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gemma_doctor.readers.safetensors_header import FLOAT_DTYPES, SafetensorsHeader
 

@@ -10,8 +10,9 @@ template is where transformers put it: in tokenizer_config.json, or, since trans
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gemma_doctor.source import ModelSource

@@ -78,8 +78,7 @@ def _model_lines(m: ModelReport) -> list[str]:
 def with_block(m: ModelReport) -> ModelReport:
     """``m`` with its lines as the colourless view prints them (what render_report's plain path makes of it): a
     whole-cache scan has each worker make its models' lines (pipeline.diagnose's ``finish``)."""
-    from dataclasses import replace
-
+    from gemma_doctor.frozen import replace
     from gemma_doctor.render.style import plain
 
     return replace(m, block=("text", "".join(plain(line) + "\n" for line in _model_lines(m)) + "\n"))

@@ -6,8 +6,9 @@ vision tower without timm). Pure: facts in, findings out; the windows are in ver
 
 from __future__ import annotations
 
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from packaging.version import Version
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Mapping  # isinstance in C (typing.Mapping's checks through Python per call)
+from typing import Any, Iterator
 
 from gemma_doctor.codes import emits
 from gemma_doctor import horizon
