@@ -75,7 +75,7 @@ class Decision:
         rec, mem = self.recommendation, self.memory
         if rec is None:
             return None
-        run = mem.plan.run if mem is not None else None
+        run = mem.plan.settings if mem is not None else None
         args = rec.training_arguments
         ckpt = bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing"))
         out: dict[str, Any] = {
@@ -232,23 +232,19 @@ class Judged:
         """The memory block of the prescription: check's plan, each setting's source as the user reads it. Made only
         for the run that is prescribed (or the nearest), not for every candidate the rules reject."""
         mem, req = self.checked, self.request
-        src = dict(mem.plan.run.sources)
+        src = dict(mem.plan.settings.sources)
         for k, v in src.items():
             if v.startswith("training config"):
                 # The search never changes the LoRA targets or rank the user named: they keep the user's source.
                 kept = k in req.fixed or k in ("seq_len", "optimizer") or (
                     k in _USERS_LORA and req.base.source(k).startswith("training config"))
                 src[k] = req.base.source(k) if kept else "chosen by the search"
-        relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
+        relabelled = replace(mem.plan, settings=replace(mem.plan.settings, sources=tuple(sorted(src.items()))))
         return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
 
 
 # The LoRA settings a user's training config names (their sources in run.Settings).
 _USERS_LORA = ("lora", "lora_r", "lora_targets")
-
-
-def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
-    return advice.run_advice(plan, plan.fits or not plan.gpu_bytes, plan.summary())
 
 
 def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -315,7 +311,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again. ``shared``:
     the model part of the model's judgement (rules.Shared), shared with check's rules and the other candidates."""
     if made is None:
-        rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
+        rec = recommend.decide(frozen.replace(inputs, settings=plan.settings))
         made = (rec, _config_key(rec), as_read(rec))
     rec, key, tc = made
     if under is None or under.env is not env:
@@ -683,11 +679,11 @@ def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, 
         at = _smallest(shape, req)
         why = f"even the smallest run at that batch does not fit: {at.summary()}"
     plan = j.memory.plan
-    sources = dict(plan.run.sources)
+    sources = dict(plan.settings.sources)
     sources["batch_size"] = f"relaxed from {what}"
-    relabelled = replace(plan, run=replace(plan.run, sources=tuple(sorted(sources.items()))))
+    relabelled = replace(plan, settings=replace(plan.settings, sources=tuple(sorted(sources.items()))))
     mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
-    run = plan.run
+    run = plan.settings
     note = (f"{what} (your choice) cannot pass check here ({why}); relaxed to batch {run.batch_size} x "
             f"{run.gradient_accumulation_steps} accumulation, which keeps the effective batch of "
             f"{base.batch_size * base.gradient_accumulation_steps}")
@@ -914,7 +910,7 @@ def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> li
         if n > base.num_gpus and _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage")):
             p = ask.plan(shape, num_gpus=n)
             if p is not None:
-                out.append(f"{n} GPUs with ZeRO-{p.run.zero_stage} (--num-gpus {n}): {p.summary()}")
+                out.append(f"{n} GPUs with ZeRO-{p.settings.zero_stage} (--num-gpus {n}): {p.summary()}")
                 break
     from gemma_doctor import gpus as gpu_table
 
