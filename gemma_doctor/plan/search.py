@@ -851,8 +851,13 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
         line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
         if line not in out:
             out.append(line)
-    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
-        out[:0] = _trainer_way_out(shape, req, ask)
+    memory_blocks = bool(req.gpu_bytes) and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking))
+    trainer = _trainer_way_out(shape, req, ask) if memory_blocks else []
+    if trainer:
+        out[:0] = trainer
+    else:
+        out.extend(_blocker_trainer_way_out(shape, req, nearest, ask))
+    if memory_blocks:
         out.extend(_memory_way_out(shape, req, ask))
     return out
 
@@ -869,6 +874,45 @@ def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> l
         return []
     p = ask.plan(shape, trainer="trl")
     return [f"--trainer trl (its run: {_TRAINER_WORDS['trl']}): {p.summary()}"] if p is not None else []
+
+
+# The trainers a way out may name where a blocker of the run itself (not its memory) stops every candidate, in the order
+# tried (TRAINER_FORMATS' order): the first whose run passes check is named.
+_OTHER_TRAINERS = ("trl", "transformers", "llama-factory")
+
+
+def _blocker_trainer_way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _Ask) -> list[str]:
+    """Where the user left the trainer open and a finding on the run itself (not its memory) stops every candidate of
+    the trainer prescribed: the first other trainer whose run passes check, as the command line with --trainer NAME
+    prescribes it. A real case: a KV-shared Gemma 4 on transformers 5.5.0-5.5.1 (GD107): axolotl switches use_cache
+    off whatever its YAML says (check_model_config, 0.19.0), while TRL's and TrainingArguments' configs keep it on.
+    Cheap test first: the nearest run, written in that trainer's format, is judged once (the rules cheapest first,
+    until one flags it); a trainer whose run meets one of the same blockers is not searched."""
+    from gemma_doctor.errors import UsageError
+    from gemma_doctor.readers import gpu as gpu_reader
+
+    blockers = {f.code for f in nearest.blocking if not _on_memory(f)}
+    if not blockers or trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS:
+        return []
+    current = trainer_format(ask.options, ask.env)
+    gpu = ask.env.gpu or gpu_reader.for_options(ask.options)
+    for fmt in _OTHER_TRAINERS:
+        if fmt == current or _unwritten(req, fmt) is not None:
+            continue
+        try:
+            as_fmt = _for_trainer(req, fmt, ask.env, ask.options)
+        except UsageError:  # a setting this trainer's format cannot state (a user's pattern for LLaMA-Factory)
+            continue
+        inputs = replace(advice.inputs_for(ask.facts, gpu, ask.options.task, ask.quantization, ask.env.libraries),
+                         trainer=fmt)
+        tried = _judge(ask._facts, ask.env, ask.options, gpu, shape, nearest.plan, as_fmt, inputs,
+                       quick=True)
+        if isinstance(tried, _Rejected) and blockers & {f.code for f in tried.findings}:
+            continue
+        p = ask.plan(shape, trainer=fmt)
+        if p is not None:
+            return [f"--trainer {fmt} (its run: {_TRAINER_WORDS[fmt]}): {p.summary()}"]
+    return []
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
