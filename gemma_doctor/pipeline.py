@@ -272,7 +272,7 @@ def with_memory(facts: ModelFacts, rec: recommend.Recommendation, options: Check
     if shape is None:
         return rec, None
     mem = runplan.plan_memory(shape, **_plan_args(facts, rec, options, env, gpu))
-    chosen = advice.memory_advice(mem)
+    chosen = advice.planned_settings(mem)
     if chosen is not None:
         rec = advice.recommendation_for(facts, gpu, options.task, env.libraries, chosen)
     return rec, mem

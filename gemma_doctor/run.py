@@ -279,9 +279,9 @@ class Alternative:
         small, plan = choice.smallest_gpu_plan, choice.plan
         return cls(choice.fits, plan.summary() if plan is not None else None, choice.smallest_gpu,
                    small.summary() if small is not None else None, choice.reason,
-                   plan.run.gradient_checkpointing if plan is not None else None,
-                   plan.run.batch_size if plan is not None else None,
-                   plan.run.gradient_accumulation_steps if plan is not None else None)
+                   plan.settings.gradient_checkpointing if plan is not None else None,
+                   plan.settings.batch_size if plan is not None else None,
+                   plan.settings.gradient_accumulation_steps if plan is not None else None)
 
 
 @dataclass(frozen=True)
@@ -1011,7 +1011,7 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
     one the plan was made of: config_sharding), else from the settings' own count and stage (the prescription's); and
     the settings as that training config writes them (``written``)."""
     plan = memory.plan
-    settings: Settings = plan.run
+    settings: Settings = plan.settings
     shape = plan.shape
     figures = Memory(plan.summary(), plan.verdict, plan.per_gpu_bytes, plan.gpu_bytes, plan.gpu_name,
                      tuple(plan.components.items()), memory.fixed, Alternative.of(memory.choice),

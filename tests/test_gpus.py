@@ -172,7 +172,7 @@ def test_the_gpu_value_carries_the_runs_count_and_nodes(one_model, tmp_path, num
     assert (gpu.count, gpu.num_nodes) == (count, nodes)
     models, _ = pipeline.select(locate.resolve(["google/gemma-3-12b-it"], one_model, "main", False), explicit=True)
     j = pipeline.judged(models[0], options, env)
-    run = j.memory.plan.run
+    run = j.memory.plan.settings
     assert (run.num_gpus, run.num_nodes) == (gpu.count, gpu.num_nodes)
     hardware = j.facts.run.hardware  # the Run the rules read states the same
     assert (hardware.count.value, hardware.nodes.value) == (gpu.count, gpu.num_nodes)

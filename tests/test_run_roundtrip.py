@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 import yaml
 
 from gemma_doctor import run as run_mod
+from gemma_doctor.run import DEFAULT_LORA_R, DEFAULT_LORA_TARGETS, Settings
 from gemma_doctor.plan import recommend, runplan, search
 from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers import training_config as tc_reader
@@ -50,22 +52,48 @@ def said_precision(written: run_mod.Written) -> str | None:
     return on.pop() if on else ("fp32" if written.switches.fp32 else None)
 
 
+@dataclass(frozen=True)
+class Drawn:
+    """A random prescribed run as drawn: what its config states (None: the trainer's default, left unwritten)."""
+
+    method: str
+    batch_size: int
+    gradient_accumulation_steps: int
+    gradient_checkpointing: bool
+    seq_len: int
+    lora_r: int | None
+    lora_targets: str | tuple[str, ...] | None  # None: PEFT's own, not named
+    num_gpus: int
+    zero_stage: int
+    attention: str | None  # None: sdpa, transformers' default
+
+    def settings(self) -> Settings:
+        """The run's settings, as the search's memory plan holds them (the views read these, nothing else)."""
+        named = (("lora", "chosen by the search"),) if self.lora_targets is not None else ()
+        return Settings(method=self.method, batch_size=self.batch_size,
+                        gradient_accumulation_steps=self.gradient_accumulation_steps,
+                        gradient_checkpointing=self.gradient_checkpointing, seq_len=self.seq_len,
+                        quant_bits=4 if self.method == "qlora" else None, lora_r=self.lora_r or DEFAULT_LORA_R,
+                        lora_targets=self.lora_targets if self.lora_targets is not None else DEFAULT_LORA_TARGETS,
+                        num_gpus=self.num_gpus, zero_stage=self.zero_stage, attention=self.attention or "sdpa",
+                        sources=named)
+
+
 @st.composite
-def runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.MemoryAdvice]:
+def runs(draw: st.DrawFn) -> tuple[recommend.Inputs, Drawn]:
     method = draw(st.sampled_from(("full", "lora", "qlora")))
     gpus = draw(st.sampled_from((1, 2, 4, 8)))
     nested = draw(st.booleans())
     family = draw(st.sampled_from(("gemma3", "gemma2", "gemma"))) if not nested else "gemma3"
     targets = draw(st.sampled_from((None, ("q_proj", "v_proj"), r".*\.(q_proj|o_proj)"))) if method != "full" else None
-    advice = recommend.MemoryAdvice(
+    advice = Drawn(
         method=method, batch_size=draw(st.integers(1, 64)), gradient_accumulation_steps=draw(st.integers(1, 64)),
-        gradient_checkpointing=draw(st.booleans()), fits=True, summary="", quant_bits=4 if method == "qlora" else None,
-        seq_len=draw(st.sampled_from((128, 512, 1024, 2048, 8192))),
+        gradient_checkpointing=draw(st.booleans()), seq_len=draw(st.sampled_from((128, 512, 1024, 2048, 8192))),
         lora_r=draw(st.sampled_from((4, 8, 16, 64))) if method != "full" else None, lora_targets=targets,
         num_gpus=gpus, zero_stage=draw(st.sampled_from((2, 3))) if gpus > 1 else 0,
         attention=draw(st.sampled_from((None, "eager"))))
     inputs = recommend.Inputs(family=family, gpu_native_bf16=draw(st.booleans()), nested=nested,
-                              quantization="4bit" if method == "qlora" else None, memory=advice,
+                              quantization="4bit" if method == "qlora" else None, settings=advice.settings(),
                               model_id="google/gemma-3-12b-it" if nested else "google/gemma-3-1b-it")
     return inputs, advice
 
@@ -119,7 +147,7 @@ def test_the_prescription_yaml_reads_back_as_the_same_run(run):
 
 
 @st.composite
-def one_process_runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.MemoryAdvice]:
+def one_process_runs(draw: st.DrawFn) -> tuple[recommend.Inputs, Drawn]:
     """A random run on one GPU (what the TRL and TrainingArguments formats state), with attention and targets."""
     import dataclasses
 
@@ -127,7 +155,7 @@ def one_process_runs(draw: st.DrawFn) -> tuple[recommend.Inputs, recommend.Memor
     advice = dataclasses.replace(advice, num_gpus=1, zero_stage=0)
     versions = draw(st.sampled_from(({}, {"transformers": "5.23.0"}, {"transformers": "4.57.6"})))
     task = draw(st.sampled_from(("sft", "dpo")))  # DPO: the `trl` format's `trl dpo --config` (SFT for the others)
-    return dataclasses.replace(inputs, memory=advice, versions=versions, task=task), advice
+    return dataclasses.replace(inputs, settings=advice.settings(), versions=versions, task=task), advice
 
 
 # The trainer each format's config is executed by (trainers.ConfigKind.decide), read back by check's reader; the `trl`

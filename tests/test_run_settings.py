@@ -42,8 +42,9 @@ def test_the_run_keeps_one_copy_of_its_settings() -> None:
     assert not (views | {f.name for f in dataclasses.fields(Settings)}) & set(fields), sorted(fields)
     # Settings is the memory plan's input: no other type of the run is left in plan/memory.py (RunSpec went).
     assert memory.Settings is Settings and not hasattr(memory, "RunSpec")
-    assert dataclasses.fields(memory.MemoryPlan)[[f.name for f in dataclasses.fields(memory.MemoryPlan)].index(
-        "run")].type in (Settings, "Settings")
+    # The plan keeps its settings under their own name (``MemoryPlan.settings``; ``run`` was the Run's word for them).
+    plan_fields = {f.name: f.type for f in dataclasses.fields(memory.MemoryPlan)}
+    assert plan_fields["settings"] in (Settings, "Settings") and "run" not in plan_fields
 
 
 @st.composite
@@ -122,7 +123,7 @@ def test_the_plan_of_a_run_is_the_plan_of_its_settings(case: tuple[Any, ...]) ->
     assert again.summary() == run.memory.summary, case
     assert (again.verdict, again.per_gpu_bytes, tuple(again.components.items()), again.trainable_params) == (
         run.memory.verdict, run.memory.per_gpu_bytes, run.memory.components, run.memory.trainable), case
-    assert again.run == s
+    assert again.settings == s
     # What the Run states of each setting is the settings' value and source, nothing copied beside them.
     for view, name in STATED.items():
         stated = getattr(run, view)
@@ -141,3 +142,41 @@ def test_the_plan_of_a_run_is_the_plan_of_its_settings(case: tuple[Any, ...]) ->
             view["precision"]["value"], view["method"]["value"]) == (
         planned["batch_size"], planned["gradient_accumulation_steps"], planned["seq_len"], planned["precision"],
         planned["method"])
+
+
+# The run's settings a description of a run would repeat (Settings' fields beyond method, precision and task, which a
+# decision's inputs and a request name too).
+_RUN_FIELDS = frozenset({"batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "seq_len", "lora_r",
+                         "lora_targets", "num_gpus", "zero_stage", "optimizer", "attention", "quant_bits", "eval_batch",
+                         "offload_optimizer", "offload_params", "fsdp"})
+# Classes allowed to name several of them, and why: the user's ask before it is resolved (each None where left open).
+_ASKS = {("facts", "MemoryRequest")}
+
+
+def test_no_second_description_of_the_run() -> None:
+    """Issue 32: the precision decision, snippets and YAML render the run's Settings, not a copy of them. No class of
+    the package but run.Settings declares more than three of the run's settings (recommend.MemoryAdvice did: method,
+    batch, accumulation, checkpointing, sequence, LoRA, GPUs, ZeRO stage, optimizer, attention, built from the plan
+    and read by the views); the decision's inputs hold the Settings themselves, and check hands the plan's own."""
+    import ast
+    from pathlib import Path
+
+    from gemma_doctor.plan import advice, recommend
+
+    package = Path(run_mod.__file__).parent
+    repeated = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+                where = (".".join(path.relative_to(package).with_suffix("").parts), node.name)
+                if len(names & _RUN_FIELDS) > 3 and where not in _ASKS and where != ("run", "Settings"):
+                    repeated.append((*where, sorted(names & _RUN_FIELDS)))
+    assert not repeated, repeated
+    assert not hasattr(recommend, "MemoryAdvice")
+    fields = {f.name: f.type for f in dataclasses.fields(recommend.Inputs)}
+    assert fields["settings"] in (Settings, "Settings | None") and "memory" not in fields
+    # What the recommendation renders is the memory plan's own Settings (the one the Run keeps), not a copy.
+    mem = runplan.plan_memory(SHAPES[1], precision="bf16", gpu=gpu_reader.resolve("L4"),
+                              request=runplan.MemoryRequest(method="lora", batch_size=2), training_config=None, task="sft")
+    assert advice.planned_settings(mem) is mem.plan.settings

@@ -82,11 +82,14 @@ def test_a_prescription_as_read_is_the_reader_on_its_yaml(repo_id):
     by the YAML, so it never changes a setting)."""
     from gemma_doctor.plan import recommend
 
-    advice = recommend.MemoryAdvice(method="lora", batch_size=8, gradient_accumulation_steps=2,
-                                    gradient_checkpointing=True, fits=True, summary="", seq_len=1024)
-    first = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id="org0/model-00000", memory=advice))
+    from gemma_doctor.run import Settings
+
+    advice = Settings(method="lora", batch_size=8, gradient_accumulation_steps=2, gradient_checkpointing=True,
+                      seq_len=1024)
+    first = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id="org0/model-00000",
+                                              settings=advice))
     search.as_read(first)
-    rec = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id=repo_id, memory=advice))
+    rec = recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, model_id=repo_id, settings=advice))
     text = recommend.training_config_yaml(rec)
     want = tc_reader.parse(text, search.PRESCRIPTION, yaml_first=True)
     assert repr(search.as_read(rec)) == repr(want) and want.get("batch_size").value == 8
@@ -223,12 +226,12 @@ def test_plan_with_new_sources_is_the_plan_made_again(family, size, gpu_bytes):
                 num_gpus=n), training_config=None, task=task)
             req = replace(req, gpu_bytes=gpu_bytes)
             for p in search._candidates(shape, req, ("fits", "tight", "does-not-fit")):
-                sources = tuple(sorted({**dict(p.run.sources), "method": "chosen by the search",
+                sources = tuple(sorted({**dict(p.settings.sources), "method": "chosen by the search",
                                         "lora": "chosen by the search", "seq_len": "--seq-len"}.items()))
-                run = replace(p.run, sources=sources)
-                want = replace(p, run=run, assumptions=memory.plan(shape, run, gpu_bytes, None).assumptions)
+                run = replace(p.settings, sources=sources)
+                want = replace(p, settings=run, assumptions=memory.plan(shape, run, gpu_bytes, None).assumptions)
                 assert memory.with_sources(p, shape, sources, gpu_bytes, None) == want
-                relabelled = replace(p, run=replace(p.run, sources=(("method", "x"),)), assumptions=p.assumptions + ("y",))
+                relabelled = replace(p, settings=replace(p.settings, sources=(("method", "x"),)), assumptions=p.assumptions + ("y",))
                 assert memory.with_sources(relabelled, shape, sources, gpu_bytes, None) == want
                 checked += 1
     assert checked > 20
@@ -266,7 +269,7 @@ def test_frozen_replace_is_dataclasses_replace():
 
     shape = memory.published_shape("gemma3", "1b")
     p = memory.plan(shape, Settings(method="lora"), 16 * 2**30, None)
-    for obj, changes in ((p.run, {"batch_size": 2, "attention": "eager"}), (p, {"assumptions": ("x",)}),
+    for obj, changes in ((p.settings, {"batch_size": 2, "attention": "eager"}), (p, {"assumptions": ("x",)}),
                          (p, {})):
         got, want = frozen.replace(obj, **changes), dataclasses.replace(obj, **changes)
         assert got == want and type(got) is type(want) and list(vars(got)) == list(vars(want))
@@ -275,7 +278,7 @@ def test_frozen_replace_is_dataclasses_replace():
     with pytest.raises(UsageError):  # MemoryRequest validates in __post_init__: not skipped
         frozen.replace(runplan.MemoryRequest(), method="nope")
     with pytest.raises(TypeError):
-        frozen.replace(p.run, no_such_field=1)
+        frozen.replace(p.settings, no_such_field=1)
 
 
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):

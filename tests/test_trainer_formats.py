@@ -103,6 +103,51 @@ def test_t4_the_way_out_names_trl_and_following_it_passes_check(cli, examples, t
     assert doc["models"][0]["memory"]["summary"] == m["prescription"]["memory"]
 
 
+G4 = "google/gemma-4-E2B-it"
+
+
+def test_a_blocker_of_axolotls_run_names_the_trainer_whose_run_passes_and_following_it_passes_check(cli, examples,
+                                                                                                     tmp_path):
+    """A blocker that is not memory: Gemma 4 E2B (20 KV-shared layers) on transformers 5.5.1 trains a wrong loss
+    without the cache (GD107), and axolotl switches use_cache off whatever its YAML says (check_model_config, 0.19.0):
+    every axolotl run is GD107, no prescription. TRL's config keeps use_cache on (GD107 info): the way out names
+    `--trainer trl` with its run's line, and that command's YAML passes check --fail-on warning at that very figure.
+    On main the way out named only the transformers upgrade (the trainer was tried only where memory blocked)."""
+    stack = ("--gpu", "A100", "--with", "transformers==5.5.1")
+    r = cli("recommend", G4, "--cache-dir", examples, *stack, "--format", "json")
+    assert r.code == 1
+    m = r.json()["models"][0]
+    assert [b.split(":", 1)[0] for b in m["blocking"]] == ["GD107"], m["blocking"]
+    line = next((w for w in m["way_out"] if w.startswith("--trainer ")), None)
+    assert line is not None and line.startswith("--trainer trl (its run: "), m["way_out"]
+    followed = cli("recommend", G4, "--cache-dir", examples, *stack, "--trainer", "trl", "--format", "json")
+    assert followed.code == 0, followed.err
+    p = followed.json()["models"][0]["prescription"]
+    assert line.endswith(p["memory"]) and p["run"]["trainer"]["value"] == "trl-sft", (line, p["memory"])
+    path = tmp_path / "g4.yaml"
+    path.write_text(cli("recommend", G4, "--cache-dir", examples, *stack, "--trainer", "trl", "--format", "yaml").out)
+    assert yaml.safe_load(path.read_text())["use_cache"] is True
+    r = cli("check", G4, "--cache-dir", examples, *stack, "--training-config", path, "--fail-on", "warning",
+            "--format", "json")
+    doc = r.json()["models"][0]
+    assert r.code == 0, [(f["code"], f["severity"]) for f in doc["findings"]]
+    assert doc["memory"]["summary"] == p["memory"]
+    assert [f["severity"] for f in doc["findings"] if f["code"] == "GD107"] == ["info"]
+    # The user's choice is kept: with --trainer axolotl, or an axolotl config, no other trainer is named.
+    chosen = cli("recommend", G4, "--cache-dir", examples, *stack, "--trainer", "axolotl", "--format", "json")
+    assert chosen.code == 1 and not [w for w in chosen.json()["models"][0]["way_out"] if w.startswith("--trainer")]
+
+
+def test_a_blocker_every_trainer_meets_names_no_trainer(cli, examples):
+    """A blocker of the stack whatever the trainer (GD108: transformers 4.49.0 cannot load a Gemma 3) gets no trainer
+    line: only its cure."""
+    r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--with", "transformers==4.49.0",
+            "--format", "json")
+    assert r.code == 1
+    way = r.json()["models"][0]["way_out"]
+    assert way == ['GD108: pip install "transformers>=4.50.0"'], way
+
+
 def test_a_chosen_trainer_gets_no_other_trainers_way_out(cli, examples):
     """The user's choice is kept: with --trainer axolotl the way out does not switch trainers."""
     r = cli("recommend", G3, "--cache-dir", examples, "--gpu", "T4", "--trainer", "axolotl", "--format", "json")

@@ -11,8 +11,8 @@ from typing import Any
 from gemma_doctor.plan import recommend
 from gemma_doctor.facts import ModelFacts
 from gemma_doctor.readers.gpu import GpuFacts
+from gemma_doctor.run import Settings
 from gemma_doctor.rules import crashes
-from gemma_doctor.plan.memory import MemoryPlan
 from gemma_doctor.plan.runplan import MemoryFacts
 from gemma_doctor.family import FAMILY_TEXT_TYPE, HYBRID_CACHE_TEXT_TYPES
 from gemma_doctor.stack import Exposure, Stack
@@ -121,7 +121,7 @@ def checkpoint_quantization(facts: ModelFacts) -> tuple[str | None, str | None, 
 
 def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None, quantization: str | None = None,
                stack: Stack | Mapping[str, str | None] | None = None, family: str | None = None,
-               memory: recommend.MemoryAdvice | None = None) -> recommend.Inputs:
+               settings: Settings | None = None) -> recommend.Inputs:
     """The decision's inputs for a cached model (facts) or, with facts None, a --family plan."""
     if isinstance(stack, Stack):
         pkgs = {key: p.version for key, p in stack.packages.items()}  # normalised names: transformers, peft, trl
@@ -134,7 +134,7 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
     task_name = recommend.normalise_task(task)
     quant_opt = recommend.normalise_quantization(quantization) if quantization is not None else None
     common = dict(gpu_native_bf16=gpu.native_bf16, gpu_backend=gpu.backend, gpu_label=gpu.label,
-                  gpu_trap=gpu.emulated_bf16_trap, task=task_name, versions=pkgs, memory=memory,
+                  gpu_trap=gpu.emulated_bf16_trap, task=task_name, versions=pkgs, settings=settings,
                   hybridcache=hybridcache)
     if facts is None:
         fam = family or "gemma3"
@@ -160,34 +160,19 @@ def inputs_for(facts: ModelFacts | None, gpu: GpuFacts, task: str | None = None,
 
 
 def recommendation_for(facts: ModelFacts, gpu: GpuFacts, task: str | None, stack: Stack,
-                       memory: recommend.MemoryAdvice | None = None) -> recommend.Recommendation:
-    """The precision decision for one model (its census, when taken, gives the saved dtype and quantization)."""
-    return recommend.decide(inputs_for(facts, gpu, task, None, stack, memory=memory))
+                       settings: Settings | None = None) -> recommend.Recommendation:
+    """The precision decision for one model (its census, when taken, gives the saved dtype and quantization), for the
+    run of ``settings`` where a memory plan states one."""
+    return recommend.decide(inputs_for(facts, gpu, task, None, stack, settings=settings))
 
 
-def memory_advice(mem: MemoryFacts) -> recommend.MemoryAdvice | None:
-    """What the recommendation takes from a memory plan: the chosen method, batch and checkpointing (None when the
-    GPU's memory is unknown and the user fixed none of them: nothing to choose against, nothing to state)."""
+def planned_settings(mem: MemoryFacts) -> Settings | None:
+    """The settings of the run the memory plan planned (method, batch, checkpointing ... as the plan chose or the user
+    fixed them), which the recommendation renders; None when the GPU's memory is unknown and the user fixed none of
+    them: nothing to choose against, nothing to state."""
     if not mem.plan.gpu_bytes and not mem.fixed:
         return None
-    return run_advice(mem.plan, mem.choice.fits, mem.plan.summary() if mem.choice.fits else mem.choice.reason)
-
-
-def run_advice(plan: MemoryPlan, fits: bool, summary: str) -> recommend.MemoryAdvice:
-    """The run of ``plan`` as the recommendation renders it: what the user or the search set, defaults left out
-    (the optimizer transformers picks anyway, SDPA, PEFT's own targets for a tuple the user did not give)."""
-    run = plan.run
-    lora = run.method != "full"
-    return recommend.MemoryAdvice(
-        method=run.method, batch_size=run.batch_size, gradient_accumulation_steps=run.gradient_accumulation_steps,
-        gradient_checkpointing=run.gradient_checkpointing, fits=fits, summary=summary, quant_bits=run.quant_bits,
-        seq_len=run.seq_len, lora_r=run.lora_r if lora else None,
-        # Targets the user or the search named are written as named, all-linear included (a user's all-linear was
-        # dropped here, and the prescription then wrote the language-model regex in its place without a word).
-        lora_targets=run.lora_targets if lora and run.source("lora") != "default" else None,
-        num_gpus=run.num_gpus, zero_stage=run.zero_stage if run.num_gpus > 1 else 0,
-        optimizer=run.optimizer if run.source("optimizer") != "default" else None,
-        attention=run.attention if run.attention != "sdpa" else None)
+    return mem.plan.settings
 
 
 # --- the `recommend` command ---------------------------------------------------------------------

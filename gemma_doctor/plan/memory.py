@@ -544,7 +544,7 @@ class MemoryPlan:
     peak: str  # loss | embedding-backward | optimizer-step | evaluation (where an eval batch is written)
     trainable_params: int
     assumptions: tuple[str, ...]
-    run: Settings
+    settings: Settings
     shape: ModelShape
     tensor_bytes: int = 0  # the peak without the framework overhead (what torch.cuda.max_memory_allocated measures)
     gpu_name: str | None = None
@@ -561,12 +561,12 @@ class MemoryPlan:
         return {"method": self.method, "summary": self.summary(), "total_bytes": self.total_bytes, "per_gpu_bytes": self.per_gpu_bytes,
                 "gpu_bytes": self.gpu_bytes, "gpu": self.gpu_name, "verdict": self.verdict,
                 "components": dict(self.components), "peak": self.peak, "tensor_bytes": self.tensor_bytes,
-                "trainable_params": self.trainable_params, "run": self.run.to_json(), "model": self.shape.to_json(),
+                "trainable_params": self.trainable_params, "run": self.settings.to_json(), "model": self.shape.to_json(),
                 "assumptions": list(self.assumptions)}
 
     def summary(self) -> str:
         """One line: "LoRA r=16, bf16, batch 8 x 1024 tokens: 13.2 GiB of 15.0 GiB (T4): fits"."""
-        r = self.run
+        r = self.settings
         how = {"full": "full fine-tuning", "lora": f"LoRA r={r.lora_r}",
                "qlora": f"QLoRA {r.quant_bits or 4}-bit r={r.lora_r}"}[self.method]
         ck = ", gradient checkpointing" if r.gradient_checkpointing else ""
@@ -789,7 +789,7 @@ def plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_nam
     notes[:0] = lines
     made = MemoryPlan(method=run.method, components=comps, per_gpu_bytes=per_gpu, total_bytes=total, gpu_bytes=gpu_bytes,
                       verdict=verdict_for(per_gpu, gpu_bytes), peak=peak, trainable_params=trainable,
-                      assumptions=tuple(notes), run=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name,
+                      assumptions=tuple(notes), settings=run, shape=shape, tensor_bytes=tensor, gpu_name=gpu_name,
                       phases=phases)
     # plan()'s own (a replace() copy has no mark): its first ``lines`` assumptions are the ones the sources change.
     object.__setattr__(made, "_source_lines", len(lines))
@@ -897,13 +897,13 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
     """``p`` with its run's ``sources`` and the assumptions of ``plan(shape, that run, gpu_bytes, gpu_name)``, the rest
     of ``p`` kept. plan() reads the sources only for its first assumption lines (_assumptions), so for a plan as plan()
     made it (it marks how many lines those are) only they are made again; any other plan is planned anew."""
-    run = frozen.replace(p.run, sources=sources)
+    run = frozen.replace(p.settings, sources=sources)
     lines = p.__dict__.get("_source_lines")
     if lines is None or p.shape != shape:
-        return replace(p, run=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
+        return replace(p, settings=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
     wbytes = DTYPE_BYTES.get(run.load_dtype, 2)
     towers = shape.params.towers if run.text_only else 0
-    return frozen.replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
+    return frozen.replace(p, settings=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
 
 
 def _assumptions(shape: ModelShape, run: Settings, towers: int, wbytes: int) -> list[str]:

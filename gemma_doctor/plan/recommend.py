@@ -16,6 +16,7 @@ from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse  
 
 from gemma_doctor.family import FAMILY_NAMES, LANGUAGE_MODEL_REGEX, family_from_name, fp16_unsafe_family, not_planned
 from gemma_doctor.readers.training_config import AXOLOTL_DEEPSPEED_FILES
+from gemma_doctor.run import Settings
 
 TASKS = ("sft", "full", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "ppo")
 # Preference and RL trainers get seed 003's stable setting (TRL #3236).
@@ -114,25 +115,21 @@ def trl_command(rec: "Recommendation") -> str:
     return TRL_TASKS.get(str(rec.inputs.get("task") or "sft"), "sft")
 
 
-@dataclass(frozen=True)
-class MemoryAdvice:
-    """What the memory plan chose (runplan.py): the method, batch and checkpointing that fit the GPU."""
+def _stated_targets(s: Settings) -> str | tuple[str, ...] | None:
+    """The LoRA targets the run's config writes: those the user or the search named (all-linear included), as named;
+    None for PEFT's own default the settings hold unnamed, and for full fine-tuning. (A user's all-linear was dropped
+    once, and the prescription wrote the language-model regex in its place without a word.)"""
+    return s.lora_targets if s.method != "full" and s.source("lora") != "default" else None
 
-    method: str  # full | lora | qlora
-    batch_size: int
-    gradient_accumulation_steps: int
-    gradient_checkpointing: bool
-    fits: bool
-    summary: str  # the plan's one line, or why nothing fits
-    quant_bits: int | None = None
-    # The rest of the prescribed run, so that every view (snippets, the training-config YAML) says the same run.
-    seq_len: int | None = None
-    lora_r: int | None = None
-    lora_targets: str | tuple[str, ...] | None = None
-    num_gpus: int = 1
-    zero_stage: int = 0
-    optimizer: str | None = None
-    attention: str | None = None  # None: the transformers default (sdpa); eager where the model needs it
+
+def _stated_optimizer(s: Settings) -> str | None:
+    """The optimizer the run's config writes: one the user or the search named; None for the one transformers picks."""
+    return s.optimizer if s.source("optimizer") != "default" else None
+
+
+def _stated_attention(s: Settings) -> str | None:
+    """The attention the run's config writes: None for the transformers default (sdpa); eager where the model needs it."""
+    return s.attention if s.attention != "sdpa" else None
 
 
 @dataclass(frozen=True)
@@ -155,7 +152,10 @@ class Inputs:
     nested: bool = False  # multimodal config with text_config (Gemma 3 4B+, PaliGemma, Gemma 3n)
     # Activations beyond fp16's range; None = from the family label (a --family plan).
     fp16_unsafe: bool | None = None
-    memory: MemoryAdvice | None = None  # the method and batch the memory plan chose
+    # The prescribed run's settings, as its memory plan planned them (plan.memory.MemoryPlan.settings): the method,
+    # batch, accumulation, checkpointing, sequence, LoRA, GPUs, sharding, optimizer and attention every view writes.
+    # None where no plan states them (the GPU's memory unknown and nothing fixed by the user).
+    settings: Settings | None = None
     # Whether the text model builds a HybridCache (Gemma 2/3) and whether the transformers that will run crashes on
     # it (affected | safe | unknown): what `gemma-doctor fix` would write on disk follows from both.
     builds_hybrid_cache: bool = True
@@ -235,13 +235,13 @@ def decide(i: Inputs) -> Recommendation:
     unsafe = i.fp16_unsafe if i.fp16_unsafe is not None else fp16_unsafe_family(i.family)
     rl = i.task in RL_TASKS
     quant = i.quantization or ("4bit" if i.task == "qlora" else None)
-    mem = i.memory
-    if mem is not None and mem.method == "qlora" and quant is None:
-        quant = "8bit" if mem.quant_bits == 8 else "4bit"
-    lora = quant is not None or i.task in ("lora", "qlora") or (mem is not None and mem.method in ("lora", "qlora"))
+    run = i.settings
+    if run is not None and run.method == "qlora" and quant is None:
+        quant = "8bit" if run.quant_bits == 8 else "4bit"
+    lora = quant is not None or i.task in ("lora", "qlora") or (run is not None and run.method in ("lora", "qlora"))
     # Full fine-tuning decided (by the memory plan's method, or --task full): no adapter in the run, so neither the
     # adapters' precision reason nor the PEFT snippet belongs to it.
-    full = not lora and ((mem is not None and mem.method == "full") or i.task == "full")
+    full = not lora and ((run is not None and run.method == "full") or i.task == "full")
 
     # 1. The GPU decides whether bf16 is on the table at all.
     if i.gpu_backend == "none":
@@ -328,7 +328,7 @@ def decide(i: Inputs) -> Recommendation:
     if rl:
         reasons.append(f"{i.task}: the stable setting from TRL #3236: gradient_checkpointing=True, "
                        "optim=\"adamw_torch_fused\", max_grad_norm=1.0, with the precision above")
-    if i.keep_use_cache and mem is not None and mem.gradient_checkpointing:
+    if i.keep_use_cache and run is not None and run.gradient_checkpointing:
         reasons.append("the memory plan fits only with gradient checkpointing, which this model cannot use on "
                        "transformers 5.5.0-5.5.1 (GD620): upgrade to transformers >= 5.5.2 for that plan")
     if i.keep_use_cache:
@@ -350,11 +350,11 @@ def decide(i: Inputs) -> Recommendation:
         f", LoRA on the {i.quant_method} {quant.replace('bit', '-bit')} checkpoint" if _saved_by_another(i, quant)
         else f", {quant} {'QLoRA' if quant == '4bit' else 'quantized'}" if quant else "") \
         + (f", {i.task}" if i.task != "sft" else "")
-    summary = head if mem is None else head + run_clause(mem.method, mem.batch_size, mem.gradient_accumulation_steps,
-                                                         mem.gradient_checkpointing)
+    summary = head if run is None else head + run_clause(run.method, run.batch_size, run.gradient_accumulation_steps,
+                                                         run.gradient_checkpointing)
     inputs = {"family": i.family, "saved_dtype": saved, "gpu": i.gpu_label, "gpu_backend": i.gpu_backend,
               "native_bf16": i.gpu_native_bf16, "quantization": quant, "quant_method": i.quant_method, "task": i.task}
-    method = mem.method if mem is not None else ("qlora" if quant else "lora" if lora else "full")
+    method = run.method if run is not None else ("qlora" if quant else "lora" if lora else "full")
     frameworks["serving"] = serving(i, unsafe, fam)
     return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head,
                           adapters=not full, trainer=i.trainer,
@@ -465,17 +465,18 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     tf32 = bf16 and i.gpu_backend == "cuda"
     if tf32:
         args["tf32"] = True
-    mem = i.memory
+    run = i.settings
     if rl:
         args.update(STABLE_RL_SETTINGS)
-        if mem is not None:  # the prescribed run decides; the stable setting is only the preferred one
-            args["gradient_checkpointing"] = mem.gradient_checkpointing
+        if run is not None:  # the prescribed run decides; the stable setting is only the preferred one
+            args["gradient_checkpointing"] = run.gradient_checkpointing
     ckpt_key, ckpt_kwargs_key = checkpointing_keys(i.versions.get("transformers"))
-    ckpt = bool(args.pop("gradient_checkpointing", False)) or (mem is not None and mem.gradient_checkpointing)
-    if mem is not None:
-        args.update({"per_device_train_batch_size": mem.batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps})
-        if mem.optimizer and "optim" not in args:
-            args["optim"] = mem.optimizer
+    ckpt = bool(args.pop("gradient_checkpointing", False)) or (run is not None and run.gradient_checkpointing)
+    if run is not None:
+        args.update({"per_device_train_batch_size": run.batch_size, "gradient_accumulation_steps": run.gradient_accumulation_steps})
+        optimizer = _stated_optimizer(run)
+        if optimizer and "optim" not in args:
+            args["optim"] = optimizer
     if ckpt:
         # Non-reentrant: the reentrant kind corrupts the gradients of KV-shared Gemma 4 layers (GD130).
         args[ckpt_key] = True
@@ -484,7 +485,7 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         args["use_cache"] = True
     dtype_key = "dtype" if _at_least(i.versions.get("transformers"), TRANSFORMERS_DTYPE_KWARG) else "torch_dtype"
     load_kwargs: dict[str, Any] = {dtype_key: load}
-    attention = mem.attention if mem is not None else None
+    attention = _stated_attention(run) if run is not None else None
     if attention and attention != "sdpa":
         load_kwargs["attn_implementation"] = attention
     bnb: dict[str, Any] | None = None
@@ -495,15 +496,16 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         bnb = {"load_in_8bit": True}
     trl_cls = trl_config_class(i.task, i.versions.get("trl"))
     trl_config = dict(args) if trl_cls else None
-    if trl_config is not None and mem is not None and mem.seq_len:
-        trl_config["max_length"] = mem.seq_len
+    if trl_config is not None and run is not None and run.seq_len:
+        trl_config["max_length"] = run.seq_len
     targets = lora_targets(i.family, i.nested)
-    lora_r = (mem.lora_r if mem is not None and mem.lora_r else 16)
-    if mem is not None and mem.lora_targets is not None:
+    lora_r = run.lora_r if run is not None and run.method != "full" and run.lora_r else 16
+    named = _stated_targets(run) if run is not None else None
+    if named is not None:
         # the user's own (a training config's lora_target_modules: a list, or a regex PEFT matches whole names with)
-        targets = list(mem.lora_targets) if isinstance(mem.lora_targets, tuple) else mem.lora_targets
+        targets = list(named) if isinstance(named, tuple) else named
     adapter = "qlora" if quant == "4bit" else "lora" if (quant == "8bit" or i.task in ("lora", "qlora") or (
-        mem is not None and mem.method in ("lora", "qlora"))) else None
+        run is not None and run.method in ("lora", "qlora"))) else None
     axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}
     # Only keys of axolotl's schema (readers/axolotl_keys.json): it drops any other without a word (GD986). No dtype
     # key: axolotl loads in the dtype bf16 / fp16 / load_in_8bit say (normalize_config), which is always explicit, so
@@ -531,10 +533,10 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
             axolotl["lora_target_linear"] = True
         else:
             axolotl["lora_target_modules"] = targets
-    if mem is not None:
-        if mem.seq_len:
-            axolotl["sequence_len"] = mem.seq_len
-        axolotl.update({"micro_batch_size": mem.batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps})
+    if run is not None:
+        if run.seq_len:
+            axolotl["sequence_len"] = run.seq_len
+        axolotl.update({"micro_batch_size": run.batch_size, "gradient_accumulation_steps": run.gradient_accumulation_steps})
     axolotl["gradient_checkpointing"] = ckpt
     if ckpt:
         axolotl["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
@@ -547,19 +549,19 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
         axolotl.update({"optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
-    elif mem is not None and mem.optimizer:
-        axolotl["optimizer"] = mem.optimizer
+    elif run is not None and _stated_optimizer(run):
+        axolotl["optimizer"] = _stated_optimizer(run)
     sharding: dict[str, Any] | None = None
-    if mem is not None and mem.num_gpus > 1:
-        sharding = {"num_processes": mem.num_gpus, "zero_stage": mem.zero_stage}
+    if run is not None and run.num_gpus > 1:
+        sharding = {"num_processes": run.num_gpus, "zero_stage": run.zero_stage}
         # axolotl's own name for the process count; it takes the value from the launcher's WORLD_SIZE
         # (normalize_config), so the YAML states the run the launcher must start (the accelerate line below)
-        axolotl["world_size"] = mem.num_gpus
-        if mem.zero_stage:
+        axolotl["world_size"] = run.num_gpus
+        if run.zero_stage:
             # A file axolotl ships (readers/training_config.AXOLOTL_DEEPSPEED_FILES, `axolotl fetch
             # deepspeed_configs`): zero3_bf16.json for bf16, else the file whose bf16 / fp16 "auto" copy the YAML's
             # switches (zero{1,2,3}_bf16 / _fp16 beside them do not exist). zero2.json offloads the optimizer to the CPU.
-            name = "zero3_bf16.json" if mem.zero_stage == 3 and precision == "bf16" else f"zero{mem.zero_stage}.json"
+            name = "zero3_bf16.json" if run.zero_stage == 3 and precision == "bf16" else f"zero{run.zero_stage}.json"
             axolotl["deepspeed"] = f"deepspeed_configs/{name}"
             # The launch line states the same engine as that file: its optimizer offload too (accelerate launch's
             # --offload_optimizer_device), else the script it starts would hold the states a GPU the plan freed.

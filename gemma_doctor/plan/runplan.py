@@ -663,10 +663,10 @@ def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryR
 def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[str, ...], unconstrained: Choice | None,
             gpu_bytes: int | None, gpu_name: str | None, gpu_note: str | None) -> MemoryFacts:
     # Where the chosen settings came from, for the assumptions: what the user left open was chosen to fit.
-    chosen = dict(plan.run.sources)
+    chosen = dict(plan.settings.sources)
     for k in ("method", "batch_size", "gradient_checkpointing"):
         chosen.setdefault(k, "chosen to fit" if gpu_bytes else "default")
-    if "lora" not in chosen and plan.run.method != "full" and any(v == "chosen by the search" for v in chosen.values()):
+    if "lora" not in chosen and plan.settings.method != "full" and any(v == "chosen by the search" for v in chosen.values()):
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
     plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)

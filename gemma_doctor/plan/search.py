@@ -75,7 +75,7 @@ class Decision:
         rec, mem = self.recommendation, self.memory
         if rec is None:
             return None
-        run = mem.plan.run if mem is not None else None
+        run = mem.plan.settings if mem is not None else None
         args = rec.training_arguments
         ckpt = bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing"))
         out: dict[str, Any] = {
@@ -232,23 +232,19 @@ class Judged:
         """The memory block of the prescription: check's plan, each setting's source as the user reads it. Made only
         for the run that is prescribed (or the nearest), not for every candidate the rules reject."""
         mem, req = self.checked, self.request
-        src = dict(mem.plan.run.sources)
+        src = dict(mem.plan.settings.sources)
         for k, v in src.items():
             if v.startswith("training config"):
                 # The search never changes the LoRA targets or rank the user named: they keep the user's source.
                 kept = k in req.fixed or k in ("seq_len", "optimizer") or (
                     k in _USERS_LORA and req.base.source(k).startswith("training config"))
                 src[k] = req.base.source(k) if kept else "chosen by the search"
-        relabelled = replace(mem.plan, run=replace(mem.plan.run, sources=tuple(sorted(src.items()))))
+        relabelled = replace(mem.plan, settings=replace(mem.plan.settings, sources=tuple(sorted(src.items()))))
         return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
 
 
 # The LoRA settings a user's training config names (their sources in run.Settings).
 _USERS_LORA = ("lora", "lora_r", "lora_targets")
-
-
-def _run_advice(plan: MemoryPlan) -> recommend.MemoryAdvice:
-    return advice.run_advice(plan, plan.fits or not plan.gpu_bytes, plan.summary())
 
 
 def judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuFacts, shape: ModelShape,
@@ -315,7 +311,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
     (a pin): none of them reads the stack (``inputs`` are the search's own), so they are not made again. ``shared``:
     the model part of the model's judgement (rules.Shared), shared with check's rules and the other candidates."""
     if made is None:
-        rec = recommend.decide(frozen.replace(inputs, memory=_run_advice(plan)))
+        rec = recommend.decide(frozen.replace(inputs, settings=plan.settings))
         made = (rec, _config_key(rec), as_read(rec))
     rec, key, tc = made
     if under is None or under.env is not env:
@@ -699,11 +695,11 @@ def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, 
         at = _smallest(shape, req)
         why = f"even the smallest run at that batch does not fit: {at.summary()}"
     plan = j.memory.plan
-    sources = dict(plan.run.sources)
+    sources = dict(plan.settings.sources)
     sources["batch_size"] = f"relaxed from {what}"
-    relabelled = replace(plan, run=replace(plan.run, sources=tuple(sorted(sources.items()))))
+    relabelled = replace(plan, settings=replace(plan.settings, sources=tuple(sorted(sources.items()))))
     mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
-    run = plan.run
+    run = plan.settings
     note = (f"{what} (your choice) cannot pass check here ({why}); relaxed to batch {run.batch_size} x "
             f"{run.gradient_accumulation_steps} accumulation, which keeps the effective batch of "
             f"{base.batch_size * base.gradient_accumulation_steps}")
@@ -871,8 +867,13 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
         line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
         if line not in out:
             out.append(line)
-    if req.gpu_bytes and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking)):
-        out[:0] = _trainer_way_out(shape, req, ask)
+    memory_blocks = bool(req.gpu_bytes) and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking))
+    trainer = _trainer_way_out(shape, req, ask) if memory_blocks else []
+    if trainer:
+        out[:0] = trainer
+    else:
+        out.extend(_blocker_trainer_way_out(shape, req, nearest, ask))
+    if memory_blocks:
         out.extend(_memory_way_out(shape, req, ask))
     return out
 
@@ -892,6 +893,45 @@ def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> l
     p = ask.plan(shape, trainer="trl")
     words = "TRL's DPOTrainer, `trl dpo --config`" if recommend.TRL_TASKS[task] == "dpo" else _TRAINER_WORDS["trl"]
     return [f"--trainer trl (its run: {words}): {p.summary()}"] if p is not None else []
+
+
+# The trainers a way out may name where a blocker of the run itself (not its memory) stops every candidate, in the order
+# tried (TRAINER_FORMATS' order): the first whose run passes check is named.
+_OTHER_TRAINERS = ("trl", "transformers", "llama-factory")
+
+
+def _blocker_trainer_way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _Ask) -> list[str]:
+    """Where the user left the trainer open and a finding on the run itself (not its memory) stops every candidate of
+    the trainer prescribed: the first other trainer whose run passes check, as the command line with --trainer NAME
+    prescribes it. A real case: a KV-shared Gemma 4 on transformers 5.5.0-5.5.1 (GD107): axolotl switches use_cache
+    off whatever its YAML says (check_model_config, 0.19.0), while TRL's and TrainingArguments' configs keep it on.
+    Cheap test first: the nearest run, written in that trainer's format, is judged once (the rules cheapest first,
+    until one flags it); a trainer whose run meets one of the same blockers is not searched."""
+    from gemma_doctor.errors import UsageError
+    from gemma_doctor.readers import gpu as gpu_reader
+
+    blockers = {f.code for f in nearest.blocking if not _on_memory(f)}
+    if not blockers or trainer_fixed(ask.options, ask.env) or ask.options.task in _RL_TASKS:
+        return []
+    current = trainer_format(ask.options, ask.env)
+    gpu = ask.env.gpu or gpu_reader.for_options(ask.options)
+    for fmt in _OTHER_TRAINERS:
+        if fmt == current or _unwritten(req, fmt) is not None:
+            continue
+        try:
+            as_fmt = _for_trainer(req, fmt, ask.env, ask.options)
+        except UsageError:  # a setting this trainer's format cannot state (a user's pattern for LLaMA-Factory)
+            continue
+        inputs = replace(advice.inputs_for(ask.facts, gpu, ask.options.task, ask.quantization, ask.env.libraries),
+                         trainer=fmt)
+        tried = _judge(ask._facts, ask.env, ask.options, gpu, shape, nearest.plan, as_fmt, inputs,
+                       quick=True)
+        if isinstance(tried, _Rejected) and blockers & {f.code for f in tried.findings}:
+            continue
+        p = ask.plan(shape, trainer=fmt)
+        if p is not None:
+            return [f"--trainer {fmt} (its run: {_TRAINER_WORDS[fmt]}): {p.summary()}"]
+    return []
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
@@ -933,7 +973,7 @@ def _memory_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> li
         if n > base.num_gpus and _fits_with(shape, req, num_gpus=n, fixed=tuple(k for k in fixed if k != "zero_stage")):
             p = ask.plan(shape, num_gpus=n)
             if p is not None:
-                out.append(f"{n} GPUs with ZeRO-{p.run.zero_stage} (--num-gpus {n}): {p.summary()}")
+                out.append(f"{n} GPUs with ZeRO-{p.settings.zero_stage} (--num-gpus {n}): {p.summary()}")
                 break
     from gemma_doctor import gpus as gpu_table
 
