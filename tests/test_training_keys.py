@@ -121,6 +121,70 @@ def test_a_misspelt_axolotl_key_is_named_with_the_field_meant(hub, cli, tmp_path
     assert not [f for f in found if f["code"] in ("GD680", "GD681")]  # TRL's table is not axolotl's
 
 
+def test_a_misspelt_axolotl_boolean_is_an_error_not_a_run_in_fp32(hub, cli, tmp_path):
+    """Issue 32: `bf16: ture` passed silently. A TRL config's was GD681 already; an axolotl config's was read as off
+    and check said GD609 "trains in fp32", while axolotl 0.19.0's schema refuses the config before training starts
+    (a pydantic ValidationError: test_axolotl_s_schema_refuses_the_booleans_check_flags runs it)."""
+    code, found = _findings(hub, cli, tmp_path, "base_model: google/gemma-3-12b-it\nadapter: lora\nbf16: ture\n",
+                            "axolotl.yaml")
+    by_code = {f["code"]: f for f in found}
+    assert code == 1 and by_code["GD681"]["severity"] == "error", sorted(by_code)
+    gd681 = by_code["GD681"]
+    assert (gd681["key"], gd681["details"]["line"], gd681["fix"]) == ("bf16", 3, "bf16: true")
+    assert "axolotl 0.19.0's schema refuses the config" in gd681["message"] and "did you mean true?" in gd681["message"]
+    assert "GD609" not in by_code and "GD986" not in by_code  # the run does not start; bf16 is axolotl's own key
+
+
+# (key, value as a YAML string, refused by axolotl 0.19.0's schema): pydantic reads yes/no, true/false, on/off, t/f,
+# y/n, 1/0 in any case and strips nothing; a `Literal["auto"] | bool` field (bf16, tf32) its word as written, a plain
+# bool field (fp16) not even "auto"; gradient_checkpointing is `Literal["offload", "offload_disk"] | bool`.
+AXOLOTL_BOOLEANS = (("bf16", "ture", True), ("bf16", "True", False), ("bf16", "ON", False), ("bf16", " true", True),
+                    ("bf16", "Auto", True), ("bf16", "auto", False), ("bf16", "off", False), ("fp16", "auto", True),
+                    ("fp16", "ture", True), ("fp16", "No", False), ("tf32", "auto", False), ("tf32", "yse", True),
+                    ("gradient_checkpointing", "offload", False), ("gradient_checkpointing", "ture", True),
+                    ("sample_packing", "Y", False), ("sample_packing", "1", False), ("sample_packing", "2", True))
+
+
+@pytest.mark.parametrize("key, value, refused", AXOLOTL_BOOLEANS)
+def test_an_axolotl_boolean_is_read_as_pydantic_reads_it(key, value, refused):
+    tc = parse(f"base_model: m\n{key}: {json.dumps(value)}\n", "ax.yaml", True)
+    assert [(p.kind, p.key) for p in tc.problems] == ([("not-boolean", key)] if refused else [])
+
+
+@pytest.mark.slow
+def test_axolotl_s_schema_refuses_the_booleans_check_flags():
+    """The evidence: axolotl 0.19.0's AxolotlInputConfig (what `axolotl train` validates first) refuses exactly the
+    values AXOLOTL_BOOLEANS flags, and the literal words of axolotl_keys.json are docs/gen_axolotl_keys.py's reading of
+    that schema."""
+    import subprocess
+    import sys
+
+    from tests.venvs import ROOT, ensure_packages, subprocess_env
+
+    script = (
+        "import json, sys\n"
+        "from axolotl.utils.schemas.config import AxolotlInputConfig\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "import gen_axolotl_keys\n"
+        "base = dict(base_model='m', datasets=[{'path': 'd', 'type': 'alpaca'}], micro_batch_size=1, num_epochs=1,\n"
+        "            learning_rate=1e-4, output_dir='o', sequence_len=512)\n"
+        "refused = []\n"
+        "for key, value in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        AxolotlInputConfig(**base, **{key: value})\n"
+        "        refused.append(False)\n"
+        "    except ValueError:\n"
+        "        refused.append(True)\n"
+        "print(json.dumps({'refused': refused, 'table': gen_axolotl_keys.render()}))\n")
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps([(k, v) for k, v, _ in AXOLOTL_BOOLEANS]),
+                           str(ROOT / "docs")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["refused"] == [refused for _, _, refused in AXOLOTL_BOOLEANS]
+    assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "axolotl_keys.json").read_text()
+
+
 def test_the_axolotl_yaml_recommend_writes_has_no_key_axolotl_drops(hub, cli, tmp_path):
     """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate) and is a
     field of axolotl's schema (GD986 flags only near-misspellings: num_processes, torch_dtype and a bare

@@ -583,11 +583,24 @@ def key_table(name: str) -> dict[str, Any]:
 MISSPELT_KEY_RATIO = 0.85
 # transformers' string_to_bool (hf_argparser.py): what TRL's parser and HfArgumentParser read as a boolean.
 _BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
+# pydantic 2's bool parsing (axolotl 0.19.0's schema, run here): these words in any case, nothing stripped.
+_PYDANTIC_BOOLEAN_WORDS = _BOOLEAN_WORDS | {"on", "off"}
+
+
+def _not_boolean(value: Any, table_name: str, literals: tuple[str, ...]) -> bool:
+    """Whether a string value of a boolean setting is one its trainer's parser refuses: TRL's string_to_bool (stripped,
+    any case; `auto` left to GD605), or axolotl's pydantic (any case, unstripped; a `Literal[...] | bool` field's
+    words exactly: bf16's "auto")."""
+    if not isinstance(value, str):
+        return False
+    if table_name == "trainer_keys":
+        return value.strip().lower() not in _BOOLEAN_WORDS and value.strip().lower() != "auto"
+    return value.lower() not in _PYDANTIC_BOOLEAN_WORDS and value not in literals
 
 
 def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer_keys") -> tuple[KeyProblem, ...]:
-    """The unknown keys (and, for TRL / TrainingArguments, the non-boolean values) of a config, against its trainer's
-    key table (trainer_keys.json, axolotl_keys.json).
+    """The unknown keys and the non-boolean values of boolean settings of a config, against its trainer's key table
+    (trainer_keys.json, axolotl_keys.json).
 
     A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
     keys, and keys of older releases that the table (read from one release) no longer lists. Keys gemma-doctor
@@ -596,17 +609,19 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
 
     table = key_table(table_name)
     fields = frozenset(table["keys"])
-    # axolotl's booleans are pydantic's (it refuses `ture` itself, with a message): only TRL's parser is judged here.
-    booleans = frozenset(table["booleans"]) if table_name == "trainer_keys" else frozenset()
+    # axolotl's booleans are pydantic's, which refuses `bf16: ture` at start-up (a ValidationError, 0.19.0 run here);
+    # a Literal["auto"] | bool field (bf16, tf32) takes its literal words too.
+    literal_booleans: dict[str, list[str]] = table.get("literal_booleans", {})
+    booleans = frozenset(table["booleans"]) | frozenset(literal_booleans)
     # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
     own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []
     for key, value in data.items():
         if not isinstance(key, str):
             continue
-        if key in booleans and isinstance(value, str) and value.strip().lower() not in _BOOLEAN_WORDS \
-                and value.strip().lower() != "auto":  # bf16: auto is axolotl's; GD605 judges it
-            close = difflib.get_close_matches(value.strip().lower(), ["true", "false"], n=1, cutoff=0.5)
+        literals = tuple(literal_booleans.get(key, ()))
+        if key in booleans and _not_boolean(value, table_name, literals):
+            close = difflib.get_close_matches(value.strip().lower(), ["true", "false", *literals], n=1, cutoff=0.5)
             out.append(KeyProblem("not-boolean", key, value, line_of(key), close[0] if close else None))
         elif key not in fields and key not in own:
             close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=MISSPELT_KEY_RATIO)

@@ -82,8 +82,8 @@ def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name:
 
 
 def _key_problems(tc: Any) -> Iterator[Finding]:
-    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses; GD986: a key of
-    an axolotl config that its schema drops."""
+    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses (GD681 also an
+    axolotl boolean its schema refuses); GD986: a key of an axolotl config that its schema drops."""
     from gemma_doctor.readers.training_config import key_table
 
     table = tc.format.key_table or "trainer_keys"
@@ -91,6 +91,17 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
     for p in tc.problems:
         details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
                                                                                             "read_from": dict(read)}
+        if table == "axolotl_keys" and p.kind == "not-boolean":
+            meant = f" (did you mean {p.suggestion}?)" if p.suggestion else ""
+            literal = key_table(table).get("literal_booleans", {}).get(p.key, ())
+            also = f", and {' or '.join(literal)} as written" if literal else ""
+            yield Finding(
+                "GD681", Severity.ERROR,
+                f"{p.key}: {p.value!r} is not a boolean{meant}: axolotl {read['axolotl']}'s schema refuses the config "
+                f"before training starts (a pydantic ValidationError; it reads true/false, yes/no, on/off, t/f, y/n "
+                f"and 1/0 in any case{also}), and a reader that takes any non-empty string for true turns it on",
+                file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
+            continue
         if table == "axolotl_keys":
             yield Finding(
                 "GD986", Severity.WARNING,
