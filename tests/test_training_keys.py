@@ -185,6 +185,71 @@ def test_axolotl_s_schema_refuses_the_booleans_check_flags():
     assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "axolotl_keys.json").read_text()
 
 
+LF_TYPO = ("model_name_or_path: google/gemma-3-12b-it\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+           "template: gemma3\nper_device_train_batch_sze: 4\n")
+
+
+def test_a_misspelt_llamafactory_key_is_named_with_the_field_meant(hub, cli, tmp_path):
+    """Issue 32: key typos passed silently. LLaMA-Factory 0.9.5 refuses a key its argument classes lack
+    (test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments runs it); check said nothing."""
+    code, found = _findings(hub, cli, tmp_path, LF_TYPO, "lf.yaml")
+    gd680 = [f for f in found if f["code"] == "GD680"]
+    assert code == 1 and len(gd680) == 1, found
+    assert (gd680[0]["key"], gd680[0]["severity"], gd680[0]["details"]["line"]) == ("per_device_train_batch_sze", "error", 6)
+    assert "LLaMA-Factory 0.9.5's arguments; did you mean per_device_train_batch_size?" in gd680[0]["message"]
+    assert gd680[0]["fix"] == "rename per_device_train_batch_sze to per_device_train_batch_size"
+    # the keys recommend writes for LLaMA-Factory are its own (a flagged one would reject every candidate)
+    from gemma_doctor.readers.training_config import key_table
+
+    sys_path = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import prescription_grid
+    finally:
+        sys.path.remove(sys_path)
+    assert prescription_grid.LF_KEYS <= set(key_table("llamafactory_keys")["keys"])
+
+
+@pytest.mark.slow
+def test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments():
+    """The evidence: LLaMA-Factory 0.9.5's own parser (`_parse_train_args`, what `llamafactory-cli train` runs) stops
+    on the misspelt key and reads the config without it, and llamafactory_keys.json is docs/gen_llamafactory_keys.py's
+    reading of its argument classes."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from tests.venvs import ROOT, ensure_llamafactory, subprocess_env
+
+    script = (
+        "import json, sys\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "import gen_llamafactory_keys\n"
+        "from llamafactory.hparams.parser import _parse_train_args\n"
+        "config = json.loads(sys.argv[1])\n"
+        "out = {'table': gen_llamafactory_keys.render()}\n"
+        "try:\n"
+        "    _parse_train_args(config)\n"
+        "    out['typo'] = 'read'\n"
+        "except ValueError as e:\n"
+        "    out['typo'] = str(e)\n"
+        "config.pop('per_device_train_batch_sze')\n"
+        "out['batch'] = _parse_train_args(config)[2].per_device_train_batch_size\n"
+        "print(json.dumps(out))\n")
+    config = {**yaml.safe_load(LF_TYPO), "dataset": "identity", "output_dir": "out"}
+    python, packages = ensure_llamafactory()
+    done = subprocess.run([str(python), "-c", script, json.dumps(config), str(ROOT / "docs")], capture_output=True,
+                          text=True, timeout=600, env=subprocess_env(PYTHONPATH=os.pathsep.join((str(ROOT), str(packages)))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["typo"] == "Some keys are not used by the HfArgumentParser: ['per_device_train_batch_sze']", ran["typo"]
+    assert ran["batch"] == 8  # TrainingArguments' default: the run the typo meant to change
+    assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "llamafactory_keys.json").read_text()
+
+
 def test_the_axolotl_yaml_recommend_writes_has_no_key_axolotl_drops(hub, cli, tmp_path):
     """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate) and is a
     field of axolotl's schema (GD986 flags only near-misspellings: num_processes, torch_dtype and a bare

@@ -570,10 +570,11 @@ def trainer_keys() -> dict[str, Any]:
     return key_table("trainer_keys")
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def key_table(name: str) -> dict[str, Any]:
     """readers/<name>.json: the keys a trainer accepts in its config file, its booleans, and the release they were read
-    from (trainer_keys: TRL's, docs/gen_trainer_keys.py; axolotl_keys: axolotl's schema, docs/gen_axolotl_keys.py).
+    from (trainer_keys: TRL's, docs/gen_trainer_keys.py; axolotl_keys: axolotl's schema, docs/gen_axolotl_keys.py;
+    llamafactory_keys: LLaMA-Factory's argument classes, docs/gen_llamafactory_keys.py).
     Read once per process: it is package data."""
     return json.loads((Path(__file__).parent / f"{name}.json").read_text(encoding="utf-8"))
 
@@ -613,6 +614,10 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
     # a Literal["auto"] | bool field (bf16, tf32) takes its literal words too.
     literal_booleans: dict[str, list[str]] = table.get("literal_booleans", {})
     booleans = frozenset(table["booleans"]) | frozenset(literal_booleans)
+    # LLaMA-Factory hands the YAML's values to its dataclasses as they are (HfArgumentParser.parse_dict): no string is
+    # refused as a boolean there, so only its unknown keys are judged.
+    if table_name == "llamafactory_keys":
+        booleans = frozenset()
     # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
     own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []

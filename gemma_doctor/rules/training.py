@@ -82,8 +82,9 @@ def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name:
 
 
 def _key_problems(tc: Any) -> Iterator[Finding]:
-    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses (GD681 also an
-    axolotl boolean its schema refuses); GD986: a key of an axolotl config that its schema drops."""
+    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses (GD680 also a
+    LLaMA-Factory key, GD681 an axolotl boolean its schema refuses); GD986: a key of an axolotl config that its schema
+    drops."""
     from gemma_doctor.readers.training_config import key_table
 
     table = tc.format.key_table or "trainer_keys"
@@ -108,6 +109,14 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 f"{p.key} is not a setting of axolotl {read['axolotl']}'s config; did you mean {p.suggestion}? "
                 f"axolotl's schema drops a key it does not know without a word, so the run trains with the default "
                 f"{p.suggestion}", file=tc.path, key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
+            continue
+        if table == "llamafactory_keys":
+            yield Finding(
+                "GD680", Severity.ERROR,
+                f"{p.key} is not a setting of LLaMA-Factory {read['llamafactory']}'s arguments; did you mean "
+                f"{p.suggestion}? `llamafactory-cli train` stops with \"Some keys are not used by the HfArgumentParser\" "
+                "(it parses the file with allow_extra_keys=False unless ALLOW_EXTRA_ARGS is set)", file=tc.path,
+                key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
             continue
         source = f"TRL {read['trl']} / transformers {read['transformers']}"
         if p.kind == "unknown-key":
