@@ -212,11 +212,33 @@ def test_a_misspelt_llamafactory_key_is_named_with_the_field_meant(hub, cli, tmp
     assert prescription_grid.LF_KEYS <= set(key_table("llamafactory_keys")["keys"])
 
 
+@pytest.mark.parametrize("written, flagged", [('"false"', True), ("ture", True), ('"no"', True), ("false", False),
+                                              ('"true"', False), ("true", False)])
+def test_a_llamafactory_boolean_written_as_a_string_is_read_as_llamafactory_runs_it(hub, cli, tmp_path, written, flagged):
+    """LLaMA-Factory 0.9.5 hands a string to bf16 unconverted, where any non-empty one is true (the slow test below runs
+    its parser): `bf16: "false"` trains in bf16. check planned it in the recommended bf16 and said GD609 "trains in
+    fp32" beside it (`bf16: ture`), or planned fp32 (`"false"`); now the Run is bf16 from the key and GD681 says why."""
+    (tmp_path / "lf.yaml").write_text(f"model_name_or_path: google/gemma-3-12b-it\nstage: sft\nfinetuning_type: lora\n"
+                                      f"bf16: {written}\n")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config",
+            tmp_path / "lf.yaml", "--format", "json")
+    m = r.json()["models"][0]
+    codes = {f["code"]: f for f in m["findings"]}
+    on = written != "false"
+    assert (m["run"]["precision"]["value"], m["run"]["precision"]["source"]) == ("bf16" if on else "fp32",
+                                                                                 "training config bf16")
+    assert ("GD609" in codes) is not on
+    assert ("GD681" in codes) is flagged, sorted(codes)
+    if flagged:
+        assert codes["GD681"]["key"] == "bf16" and "any non-empty string is true" in codes["GD681"]["message"]
+
+
 @pytest.mark.slow
 def test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments():
     """The evidence: LLaMA-Factory 0.9.5's own parser (`_parse_train_args`, what `llamafactory-cli train` runs) stops
-    on the misspelt key and reads the config without it, and llamafactory_keys.json is docs/gen_llamafactory_keys.py's
-    reading of its argument classes."""
+    on the misspelt key and reads the config without it, turns bf16 on for any string, and llamafactory_keys.json is
+    docs/gen_llamafactory_keys.py's reading of its argument classes."""
     import os
     import subprocess
 
@@ -238,6 +260,13 @@ def test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments():
         "    out['typo'] = str(e)\n"
         "config.pop('per_device_train_batch_sze')\n"
         "out['batch'] = _parse_train_args(config)[2].per_device_train_batch_size\n"
+        "out['bf16'] = {}\n"
+        "for written in ('false', 'ture', 'no', 'true'):\n"
+        "    try:\n"
+        "        _parse_train_args({**config, 'bf16': written})\n"
+        "        out['bf16'][written] = 'off'\n"
+        "    except ValueError as e:  # TrainingArguments on a machine without bf16: bf16 was on\n"
+        "        out['bf16'][written] = 'on' if 'bf16' in str(e) else str(e)\n"
         "print(json.dumps(out))\n")
     config = {**yaml.safe_load(LF_TYPO), "dataset": "identity", "output_dir": "out"}
     python, packages = ensure_llamafactory()
@@ -247,6 +276,8 @@ def test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments():
     ran = json.loads(done.stdout.strip().splitlines()[-1])
     assert ran["typo"] == "Some keys are not used by the HfArgumentParser: ['per_device_train_batch_sze']", ran["typo"]
     assert ran["batch"] == 8  # TrainingArguments' default: the run the typo meant to change
+    # a string is no boolean to LLaMA-Factory: any non-empty one turns bf16 on ("Your setup doesn't support bf16/gpu")
+    assert ran["bf16"] == {"false": "on", "ture": "on", "no": "on", "true": "on"}, ran["bf16"]
     assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "llamafactory_keys.json").read_text()
 
 

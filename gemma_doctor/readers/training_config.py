@@ -420,6 +420,9 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     if not fmt.trains:
         return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
     settings: dict[str, Setting] = {}
+    # LLaMA-Factory hands a string to its boolean fields unconverted (HfArgumentParser.parse_dict), where any non-empty
+    # one is true: `bf16: "false"` trains in bf16 (0.9.5, run here). Its run is read as it runs (GD681 says so).
+    as_python = frozenset(key_table(fmt.key_table)["booleans"]) if fmt.key_table == "llamafactory_keys" else frozenset()
     for name, keys in KEYS.items():
         for key in keys:
             found, value = _lookup(data, key)
@@ -432,6 +435,8 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 if name in RUN_BOUNDS and (what := _beyond_any_run(name, value)) is not None:
                     return TrainingConfig(path, error=f"{key} is {what}, beyond any real run (at most "
                                                       f"{RUN_BOUNDS[name]:,}); not a training config")
+                if key in as_python and isinstance(value, str):
+                    value = bool(value)
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
@@ -591,11 +596,14 @@ _PYDANTIC_BOOLEAN_WORDS = _BOOLEAN_WORDS | {"on", "off"}
 def _not_boolean(value: Any, table_name: str, literals: tuple[str, ...]) -> bool:
     """Whether a string value of a boolean setting is one its trainer's parser refuses: TRL's string_to_bool (stripped,
     any case; `auto` left to GD605), or axolotl's pydantic (any case, unstripped; a `Literal[...] | bool` field's
-    words exactly: bf16's "auto")."""
+    words exactly: bf16's "auto"); or, for LLaMA-Factory, which refuses none, one whose truth (any non-empty string)
+    is not what it says."""
     if not isinstance(value, str):
         return False
     if table_name == "trainer_keys":
         return value.strip().lower() not in _BOOLEAN_WORDS and value.strip().lower() != "auto"
+    if table_name == "llamafactory_keys":  # read as bool(value): wrong unless it says true
+        return value.strip().lower() not in ("true", "yes", "y", "t", "1", "on")
     return value.lower() not in _PYDANTIC_BOOLEAN_WORDS and value not in literals
 
 
@@ -615,9 +623,7 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
     literal_booleans: dict[str, list[str]] = table.get("literal_booleans", {})
     booleans = frozenset(table["booleans"]) | frozenset(literal_booleans)
     # LLaMA-Factory hands the YAML's values to its dataclasses as they are (HfArgumentParser.parse_dict): no string is
-    # refused as a boolean there, so only its unknown keys are judged.
-    if table_name == "llamafactory_keys":
-        booleans = frozenset()
+    # refused as a boolean there, but any non-empty one is true, so a string that does not say true is judged.
     # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
     own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []

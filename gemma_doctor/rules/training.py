@@ -110,6 +110,13 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 f"axolotl's schema drops a key it does not know without a word, so the run trains with the default "
                 f"{p.suggestion}", file=tc.path, key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
             continue
+        if table == "llamafactory_keys" and p.kind == "not-boolean":
+            yield Finding(
+                "GD681", Severity.ERROR,
+                f"{p.key}: {p.value!r} is not a boolean: LLaMA-Factory {read['llamafactory']} hands it to its arguments "
+                "unconverted (HfArgumentParser.parse_dict), where any non-empty string is true, so the run has "
+                f"{p.key} on", file=tc.path, key=p.key, fix=f"{p.key}: true or false (unquoted)", details=details)
+            continue
         if table == "llamafactory_keys":
             yield Finding(
                 "GD680", Severity.ERROR,
