@@ -305,6 +305,7 @@ class LlamaFactory(ConfigKind):
     name = "llama-factory"
     checkpoints_by_default = True
     own_lora_targets = True
+    key_table = "llamafactory_keys"  # its five argument classes' fields (parse_dict with allow_extra_keys=False)
 
     def recognises(self, data: Mapping[str, Any]) -> bool:
         return "stage" in data and ("finetuning_type" in data or "template" in data)

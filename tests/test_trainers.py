@@ -57,7 +57,7 @@ def test_the_registry_names_each_kind_once_and_refuses_what_trains_nothing():
     ask = {"packs_with_trl": {"transformers"}, "lora_targets_peft_default": {"transformers"},
            "checkpoints_by_default": {"llama-factory"}, "own_lora_targets": {"llama-factory"},
            "auto_copies_training_arguments": {"deepspeed"}, "full_without_adapter": {"axolotl"},
-           "key_table": {"transformers", "axolotl"}}
+           "key_table": {"transformers", "axolotl", "llama-factory"}}
     for fact, kinds in ask.items():
         assert {k.name for k in trainers.REGISTRY if getattr(k, fact)} == kinds, fact
     assert {k.name for k in trainers.REGISTRY if k.trains and not k.fsdp_by_training_arguments} == {"accelerate"}

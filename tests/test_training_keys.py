@@ -121,6 +121,166 @@ def test_a_misspelt_axolotl_key_is_named_with_the_field_meant(hub, cli, tmp_path
     assert not [f for f in found if f["code"] in ("GD680", "GD681")]  # TRL's table is not axolotl's
 
 
+def test_a_misspelt_axolotl_boolean_is_an_error_not_a_run_in_fp32(hub, cli, tmp_path):
+    """Issue 32: `bf16: ture` passed silently. A TRL config's was GD681 already; an axolotl config's was read as off
+    and check said GD609 "trains in fp32", while axolotl 0.19.0's schema refuses the config before training starts
+    (a pydantic ValidationError: test_axolotl_s_schema_refuses_the_booleans_check_flags runs it)."""
+    code, found = _findings(hub, cli, tmp_path, "base_model: google/gemma-3-12b-it\nadapter: lora\nbf16: ture\n",
+                            "axolotl.yaml")
+    by_code = {f["code"]: f for f in found}
+    assert code == 1 and by_code["GD681"]["severity"] == "error", sorted(by_code)
+    gd681 = by_code["GD681"]
+    assert (gd681["key"], gd681["details"]["line"], gd681["fix"]) == ("bf16", 3, "bf16: true")
+    assert "axolotl 0.19.0's schema refuses the config" in gd681["message"] and "did you mean true?" in gd681["message"]
+    assert "GD609" not in by_code and "GD986" not in by_code  # the run does not start; bf16 is axolotl's own key
+
+
+# (key, value as a YAML string, refused by axolotl 0.19.0's schema): pydantic reads yes/no, true/false, on/off, t/f,
+# y/n, 1/0 in any case and strips nothing; a `Literal["auto"] | bool` field (bf16, tf32) its word as written, a plain
+# bool field (fp16) not even "auto"; gradient_checkpointing is `Literal["offload", "offload_disk"] | bool`.
+AXOLOTL_BOOLEANS = (("bf16", "ture", True), ("bf16", "True", False), ("bf16", "ON", False), ("bf16", " true", True),
+                    ("bf16", "Auto", True), ("bf16", "auto", False), ("bf16", "off", False), ("fp16", "auto", True),
+                    ("fp16", "ture", True), ("fp16", "No", False), ("tf32", "auto", False), ("tf32", "yse", True),
+                    ("gradient_checkpointing", "offload", False), ("gradient_checkpointing", "ture", True),
+                    ("sample_packing", "Y", False), ("sample_packing", "1", False), ("sample_packing", "2", True))
+
+
+@pytest.mark.parametrize("key, value, refused", AXOLOTL_BOOLEANS)
+def test_an_axolotl_boolean_is_read_as_pydantic_reads_it(key, value, refused):
+    tc = parse(f"base_model: m\n{key}: {json.dumps(value)}\n", "ax.yaml", True)
+    assert [(p.kind, p.key) for p in tc.problems] == ([("not-boolean", key)] if refused else [])
+
+
+@pytest.mark.slow
+def test_axolotl_s_schema_refuses_the_booleans_check_flags():
+    """The evidence: axolotl 0.19.0's AxolotlInputConfig (what `axolotl train` validates first) refuses exactly the
+    values AXOLOTL_BOOLEANS flags, and the literal words of axolotl_keys.json are docs/gen_axolotl_keys.py's reading of
+    that schema."""
+    import subprocess
+    import sys
+
+    from tests.venvs import ROOT, ensure_packages, subprocess_env
+
+    script = (
+        "import json, sys\n"
+        "from axolotl.utils.schemas.config import AxolotlInputConfig\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "import gen_axolotl_keys\n"
+        "base = dict(base_model='m', datasets=[{'path': 'd', 'type': 'alpaca'}], micro_batch_size=1, num_epochs=1,\n"
+        "            learning_rate=1e-4, output_dir='o', sequence_len=512)\n"
+        "refused = []\n"
+        "for key, value in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        AxolotlInputConfig(**base, **{key: value})\n"
+        "        refused.append(False)\n"
+        "    except ValueError:\n"
+        "        refused.append(True)\n"
+        "print(json.dumps({'refused': refused, 'table': gen_axolotl_keys.render()}))\n")
+    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps([(k, v) for k, v, _ in AXOLOTL_BOOLEANS]),
+                           str(ROOT / "docs")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["refused"] == [refused for _, _, refused in AXOLOTL_BOOLEANS]
+    assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "axolotl_keys.json").read_text()
+
+
+LF_TYPO = ("model_name_or_path: google/gemma-3-12b-it\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+           "template: gemma3\nper_device_train_batch_sze: 4\n")
+
+
+def test_a_misspelt_llamafactory_key_is_named_with_the_field_meant(hub, cli, tmp_path):
+    """Issue 32: key typos passed silently. LLaMA-Factory 0.9.5 refuses a key its argument classes lack
+    (test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments runs it); check said nothing."""
+    code, found = _findings(hub, cli, tmp_path, LF_TYPO, "lf.yaml")
+    gd680 = [f for f in found if f["code"] == "GD680"]
+    assert code == 1 and len(gd680) == 1, found
+    assert (gd680[0]["key"], gd680[0]["severity"], gd680[0]["details"]["line"]) == ("per_device_train_batch_sze", "error", 6)
+    assert "LLaMA-Factory 0.9.5's arguments; did you mean per_device_train_batch_size?" in gd680[0]["message"]
+    assert gd680[0]["fix"] == "rename per_device_train_batch_sze to per_device_train_batch_size"
+    # the keys recommend writes for LLaMA-Factory are its own (a flagged one would reject every candidate)
+    from gemma_doctor.readers.training_config import key_table
+
+    sys_path = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import prescription_grid
+    finally:
+        sys.path.remove(sys_path)
+    assert prescription_grid.LF_KEYS <= set(key_table("llamafactory_keys")["keys"])
+
+
+@pytest.mark.parametrize("written, flagged", [('"false"', True), ("ture", True), ('"no"', True), ("false", False),
+                                              ('"true"', False), ("true", False)])
+def test_a_llamafactory_boolean_written_as_a_string_is_read_as_llamafactory_runs_it(hub, cli, tmp_path, written, flagged):
+    """LLaMA-Factory 0.9.5 hands a string to bf16 unconverted, where any non-empty one is true (the slow test below runs
+    its parser): `bf16: "false"` trains in bf16. check planned it in the recommended bf16 and said GD609 "trains in
+    fp32" beside it (`bf16: ture`), or planned fp32 (`"false"`); now the Run is bf16 from the key and GD681 says why."""
+    (tmp_path / "lf.yaml").write_text(f"model_name_or_path: google/gemma-3-12b-it\nstage: sft\nfinetuning_type: lora\n"
+                                      f"bf16: {written}\n")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config",
+            tmp_path / "lf.yaml", "--format", "json")
+    m = r.json()["models"][0]
+    codes = {f["code"]: f for f in m["findings"]}
+    on = written != "false"
+    assert (m["run"]["precision"]["value"], m["run"]["precision"]["source"]) == ("bf16" if on else "fp32",
+                                                                                 "training config bf16")
+    assert ("GD609" in codes) is not on
+    assert ("GD681" in codes) is flagged, sorted(codes)
+    if flagged:
+        assert codes["GD681"]["key"] == "bf16" and "any non-empty string is true" in codes["GD681"]["message"]
+
+
+@pytest.mark.slow
+def test_llamafactory_itself_refuses_the_typo_and_the_table_is_its_arguments():
+    """The evidence: LLaMA-Factory 0.9.5's own parser (`_parse_train_args`, what `llamafactory-cli train` runs) stops
+    on the misspelt key and reads the config without it, turns bf16 on for any string, and llamafactory_keys.json is
+    docs/gen_llamafactory_keys.py's reading of its argument classes."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from tests.venvs import ROOT, ensure_llamafactory, subprocess_env
+
+    script = (
+        "import json, sys\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "import gen_llamafactory_keys\n"
+        "from llamafactory.hparams.parser import _parse_train_args\n"
+        "config = json.loads(sys.argv[1])\n"
+        "out = {'table': gen_llamafactory_keys.render()}\n"
+        "try:\n"
+        "    _parse_train_args(config)\n"
+        "    out['typo'] = 'read'\n"
+        "except ValueError as e:\n"
+        "    out['typo'] = str(e)\n"
+        "config.pop('per_device_train_batch_sze')\n"
+        "out['batch'] = _parse_train_args(config)[2].per_device_train_batch_size\n"
+        "out['bf16'] = {}\n"
+        "for written in ('false', 'ture', 'no', 'true'):\n"
+        "    try:\n"
+        "        _parse_train_args({**config, 'bf16': written})\n"
+        "        out['bf16'][written] = 'off'\n"
+        "    except ValueError as e:  # TrainingArguments on a machine without bf16: bf16 was on\n"
+        "        out['bf16'][written] = 'on' if 'bf16' in str(e) else str(e)\n"
+        "print(json.dumps(out))\n")
+    config = {**yaml.safe_load(LF_TYPO), "dataset": "identity", "output_dir": "out"}
+    python, packages = ensure_llamafactory()
+    done = subprocess.run([str(python), "-c", script, json.dumps(config), str(ROOT / "docs")], capture_output=True,
+                          text=True, timeout=600, env=subprocess_env(PYTHONPATH=os.pathsep.join((str(ROOT), str(packages)))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ran["typo"] == "Some keys are not used by the HfArgumentParser: ['per_device_train_batch_sze']", ran["typo"]
+    assert ran["batch"] == 8  # TrainingArguments' default: the run the typo meant to change
+    # a string is no boolean to LLaMA-Factory: any non-empty one turns bf16 on ("Your setup doesn't support bf16/gpu")
+    assert ran["bf16"] == {"false": "on", "ture": "on", "no": "on", "true": "on"}, ran["bf16"]
+    assert ran["table"] == (ROOT / "gemma_doctor" / "readers" / "llamafactory_keys.json").read_text()
+
+
 def test_the_axolotl_yaml_recommend_writes_has_no_key_axolotl_drops(hub, cli, tmp_path):
     """Every key of the prescription's axolotl YAML passes GD986 (a rejected key would reject every candidate) and is a
     field of axolotl's schema (GD986 flags only near-misspellings: num_processes, torch_dtype and a bare

@@ -431,6 +431,9 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
     if not fmt.trains:
         return TrainingConfig(path, kind=kind)  # no setting of it is a training run's
     settings: dict[str, Setting] = {}
+    # LLaMA-Factory hands a string to its boolean fields unconverted (HfArgumentParser.parse_dict), where any non-empty
+    # one is true: `bf16: "false"` trains in bf16 (0.9.5, run here). Its run is read as it runs (GD681 says so).
+    as_python = frozenset(key_table(fmt.key_table)["booleans"]) if fmt.key_table == "llamafactory_keys" else frozenset()
     for name, keys in KEYS.items():
         for key in keys:
             found, value = _lookup(data, key)
@@ -443,6 +446,8 @@ def from_data(data: dict[str, Any], path: str, line_of: Callable[[str], int | No
                 if name in RUN_BOUNDS and (what := _beyond_any_run(name, value)) is not None:
                     return TrainingConfig(path, error=f"{key} is {what}, beyond any real run (at most "
                                                       f"{RUN_BOUNDS[name]:,}); not a training config")
+                if key in as_python and isinstance(value, str):
+                    value = bool(value)
                 line = line_of(key)
                 settings[name] = Setting(key, value, line)
                 break
@@ -581,10 +586,11 @@ def trainer_keys() -> dict[str, Any]:
     return key_table("trainer_keys")
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def key_table(name: str) -> dict[str, Any]:
     """readers/<name>.json: the keys a trainer accepts in its config file, its booleans, and the release they were read
-    from (trainer_keys: TRL's, docs/gen_trainer_keys.py; axolotl_keys: axolotl's schema, docs/gen_axolotl_keys.py).
+    from (trainer_keys: TRL's, docs/gen_trainer_keys.py; axolotl_keys: axolotl's schema, docs/gen_axolotl_keys.py;
+    llamafactory_keys: LLaMA-Factory's argument classes, docs/gen_llamafactory_keys.py).
     Read once per process: it is package data."""
     return json.loads((Path(__file__).parent / f"{name}.json").read_text(encoding="utf-8"))
 
@@ -594,11 +600,27 @@ def key_table(name: str) -> dict[str, Any]:
 MISSPELT_KEY_RATIO = 0.85
 # transformers' string_to_bool (hf_argparser.py): what TRL's parser and HfArgumentParser read as a boolean.
 _BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
+# pydantic 2's bool parsing (axolotl 0.19.0's schema, run here): these words in any case, nothing stripped.
+_PYDANTIC_BOOLEAN_WORDS = _BOOLEAN_WORDS | {"on", "off"}
+
+
+def _not_boolean(value: Any, table_name: str, literals: tuple[str, ...]) -> bool:
+    """Whether a string value of a boolean setting is one its trainer's parser refuses: TRL's string_to_bool (stripped,
+    any case; `auto` left to GD605), or axolotl's pydantic (any case, unstripped; a `Literal[...] | bool` field's
+    words exactly: bf16's "auto"); or, for LLaMA-Factory, which refuses none, one whose truth (any non-empty string)
+    is not what it says."""
+    if not isinstance(value, str):
+        return False
+    if table_name == "trainer_keys":
+        return value.strip().lower() not in _BOOLEAN_WORDS and value.strip().lower() != "auto"
+    if table_name == "llamafactory_keys":  # read as bool(value): wrong unless it says true
+        return value.strip().lower() not in ("true", "yes", "y", "t", "1", "on")
+    return value.lower() not in _PYDANTIC_BOOLEAN_WORDS and value not in literals
 
 
 def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer_keys") -> tuple[KeyProblem, ...]:
-    """The unknown keys (and, for TRL / TrainingArguments, the non-boolean values) of a config, against its trainer's
-    key table (trainer_keys.json, axolotl_keys.json).
+    """The unknown keys and the non-boolean values of boolean settings of a config, against its trainer's key table
+    (trainer_keys.json, axolotl_keys.json).
 
     A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
     keys, and keys of older releases that the table (read from one release) no longer lists. Keys gemma-doctor
@@ -607,17 +629,21 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
 
     table = key_table(table_name)
     fields = frozenset(table["keys"])
-    # axolotl's booleans are pydantic's (it refuses `ture` itself, with a message): only TRL's parser is judged here.
-    booleans = frozenset(table["booleans"]) if table_name == "trainer_keys" else frozenset()
+    # axolotl's booleans are pydantic's, which refuses `bf16: ture` at start-up (a ValidationError, 0.19.0 run here);
+    # a Literal["auto"] | bool field (bf16, tf32) takes its literal words too.
+    literal_booleans: dict[str, list[str]] = table.get("literal_booleans", {})
+    booleans = frozenset(table["booleans"]) | frozenset(literal_booleans)
+    # LLaMA-Factory hands the YAML's values to its dataclasses as they are (HfArgumentParser.parse_dict): no string is
+    # refused as a boolean there, but any non-empty one is true, so a string that does not say true is judged.
     # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
     own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []
     for key, value in data.items():
         if not isinstance(key, str):
             continue
-        if key in booleans and isinstance(value, str) and value.strip().lower() not in _BOOLEAN_WORDS \
-                and value.strip().lower() != "auto":  # bf16: auto is axolotl's; GD605 judges it
-            close = difflib.get_close_matches(value.strip().lower(), ["true", "false"], n=1, cutoff=0.5)
+        literals = tuple(literal_booleans.get(key, ()))
+        if key in booleans and _not_boolean(value, table_name, literals):
+            close = difflib.get_close_matches(value.strip().lower(), ["true", "false", *literals], n=1, cutoff=0.5)
             out.append(KeyProblem("not-boolean", key, value, line_of(key), close[0] if close else None))
         elif key not in fields and key not in own:
             close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=MISSPELT_KEY_RATIO)

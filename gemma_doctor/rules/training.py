@@ -82,8 +82,9 @@ def setting_finding(code: str, sev: Severity, msg: str, fix: str, tc: Any, name:
 
 
 def _key_problems(tc: Any) -> Iterator[Finding]:
-    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses; GD986: a key of
-    an axolotl config that its schema drops."""
+    """GD680 / GD681: keys and values a TRL / TrainingArguments config has that its trainer refuses (GD680 also a
+    LLaMA-Factory key, GD681 an axolotl boolean its schema refuses); GD986: a key of an axolotl config that its schema
+    drops."""
     from gemma_doctor.readers.training_config import key_table
 
     for p in tc.problems:
@@ -98,12 +99,38 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
     for p in (p for p in tc.problems if p.kind != "deepspeed-file"):
         details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
                                                                                             "read_from": dict(read)}
+        if table == "axolotl_keys" and p.kind == "not-boolean":
+            meant = f" (did you mean {p.suggestion}?)" if p.suggestion else ""
+            literal = key_table(table).get("literal_booleans", {}).get(p.key, ())
+            also = f", and {' or '.join(literal)} as written" if literal else ""
+            yield Finding(
+                "GD681", Severity.ERROR,
+                f"{p.key}: {p.value!r} is not a boolean{meant}: axolotl {read['axolotl']}'s schema refuses the config "
+                f"before training starts (a pydantic ValidationError; it reads true/false, yes/no, on/off, t/f, y/n "
+                f"and 1/0 in any case{also}), and a reader that takes any non-empty string for true turns it on",
+                file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
+            continue
         if table == "axolotl_keys":
             yield Finding(
                 "GD986", Severity.WARNING,
                 f"{p.key} is not a setting of axolotl {read['axolotl']}'s config; did you mean {p.suggestion}? "
                 f"axolotl's schema drops a key it does not know without a word, so the run trains with the default "
                 f"{p.suggestion}", file=tc.path, key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
+            continue
+        if table == "llamafactory_keys" and p.kind == "not-boolean":
+            yield Finding(
+                "GD681", Severity.ERROR,
+                f"{p.key}: {p.value!r} is not a boolean: LLaMA-Factory {read['llamafactory']} hands it to its arguments "
+                "unconverted (HfArgumentParser.parse_dict), where any non-empty string is true, so the run has "
+                f"{p.key} on", file=tc.path, key=p.key, fix=f"{p.key}: true or false (unquoted)", details=details)
+            continue
+        if table == "llamafactory_keys":
+            yield Finding(
+                "GD680", Severity.ERROR,
+                f"{p.key} is not a setting of LLaMA-Factory {read['llamafactory']}'s arguments; did you mean "
+                f"{p.suggestion}? `llamafactory-cli train` stops with \"Some keys are not used by the HfArgumentParser\" "
+                "(it parses the file with allow_extra_keys=False unless ALLOW_EXTRA_ARGS is set)", file=tc.path,
+                key=p.key, fix=f"rename {p.key} to {p.suggestion}", details=details)
             continue
         source = f"TRL {read['trl']} / transformers {read['transformers']}"
         if p.kind == "unknown-key":
