@@ -116,6 +116,19 @@ def test_plain_lora_targets_hit_the_towers_clippable_linears(hub, cli, tmp_path)
     assert f["GD443"]["severity"] == "info"  # k_proj/v_proj: the 20 shared layers have none
 
 
+@pytest.mark.parametrize("with_,says", [("5.5.1", "5.5.0-5.5.1 still build"), ("5.23.0", "have no k_proj/v_proj")])
+def test_gd443_states_the_shared_layers_of_the_transformers_the_run_uses(hub, cli, tmp_path, with_, says):
+    """On transformers 5.5.0-5.5.1 the shared layers still build k_proj/v_proj (unused with the cache): GD443 said they
+    had none "(transformers >= 5.5.2)" on a 5.5.1 stack too."""
+    hub.add("google/gemma-4-E2B-it", {"config.json": E2B})
+    (tmp_path / "train.yaml").write_text("bf16: true\nlora_target_modules: '.*language_model.*\\.(q_proj|k_proj|v_proj)'\n")
+    r = cli("check", "google/gemma-4-E2B-it", "--cache-dir", hub.root, "--gpu", "A100", "--with",
+            f"transformers=={with_}", "--training-config", tmp_path / "train.yaml", "--format", "json")
+    [model] = r.json()["models"]
+    [f] = [f for f in model["findings"] if f["code"] == "GD443"]
+    assert says in f["message"], f["message"]
+
+
 def test_a_language_model_regex_is_fine_and_all_linear_warns(hub, cli, tmp_path):
     regex = "bf16: true\nlora_target_modules: '.*language_model.*\\.(q_proj|o_proj)'\n"
     assert not {"GD440", "GD441", "GD443"} & set(_lint(hub, cli, tmp_path, regex))

@@ -14,6 +14,8 @@ from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.rules.common import checkpoints, run_distributed, written_of
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine, LoraWritten, Written, target_regex
+from gemma_doctor.stack import Exposure
+from gemma_doctor.versioning import GEMMA4_KV_SHARE_NO_CACHE
 
 # flash-attn's mha_fwd: TORCH_CHECK(head_size_og <= 256, "FlashAttention forward only supports head dimension at most 256")
 FLASH_MAX_HEAD_DIM = 256
@@ -53,7 +55,9 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     written = written_of(model, env)  # the backend and LoRA targets as the file names them (the Run's written)
     yield from _attention(model, tc, written)
     yield from _ddp_towers(model, env, tc)
-    yield from _peft(model, tc, written.lora)
+    # transformers 5.5.0-5.5.1 still build the shared layers' k_proj/v_proj (GD443 says what their adapters do there).
+    kv_built = env.libraries.exposure(GEMMA4_KV_SHARE_NO_CACHE) is Exposure.AFFECTED
+    yield from _peft(model, tc, written.lora, kv_built)
 
 
 def _reentrant(model: ModelFacts, tc: TrainingConfig) -> Iterator[Finding]:
@@ -155,7 +159,7 @@ def _clippable(model: ModelFacts) -> list[str]:
                    if t.name.endswith("_proj" + suffix) and ("vision_tower" in t.name or "audio_tower" in t.name)})
 
 
-def _peft(model: ModelFacts, tc: TrainingConfig, lora: LoraWritten) -> Iterator[Finding]:
+def _peft(model: ModelFacts, tc: TrainingConfig, lora: LoraWritten, kv_built: bool = False) -> Iterator[Finding]:
     fam = model.family
     setting, linear = lora.targets, lora.all_linear  # as the file writes them
     targets = _targets(setting.value) if setting is not None else []
@@ -210,9 +214,14 @@ def _peft(model: ModelFacts, tc: TrainingConfig, lora: LoraWritten) -> Iterator[
     shared = fam.trait("kv_shared_layers")
     kv = [t for t in targets if re.search(r"(^|[^a-z])[kv]_proj", t)]
     if shared and kv:
+        if kv_built:  # the stack's transformers is 5.5.0-5.5.1: the projections exist and a cached run skips them
+            what = (f"{fam.display_name}'s last {shared} layers share the K/V of earlier layers; transformers "
+                    "5.5.0-5.5.1 still build their k_proj/v_proj, which a run with the cache never uses, so those "
+                    "adapters train nothing (from 5.5.2 the layers have none)")
+        else:
+            what = (f"{fam.display_name}'s last {shared} layers share the K/V of earlier layers and have no "
+                    "k_proj/v_proj (transformers >= 5.5.2): the k_proj/v_proj adapters go to the other layers only")
         yield _finding(
-            "GD443", Severity.INFO,
-            f"{fam.display_name}'s last {shared} layers share the K/V of earlier layers and have no k_proj/v_proj "
-            "(transformers >= 5.5.2): the k_proj/v_proj adapters go to the other layers only",
+            "GD443", Severity.INFO, what,
             "nothing to fix; count on fewer adapters than layers x targets", tc, "lora_target_modules",
             kv_shared_layers=shared)
