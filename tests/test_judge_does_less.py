@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_doctor.plan import memory, runplan, search
+from gemma_doctor.plan import advice, memory, runplan, search
 from tests.builders import HubCache, gemma3_12b_config, generation_config, variant
 from tests.test_scan_does_less import counting
 
@@ -88,3 +88,41 @@ def test_a_plan_remembered_is_the_plan_made(family, size) -> None:
                 assert again == memory._plan(shape, replace(relabelled, sources=other), 24 * 2**30, "L4")
                 checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_own_recommendation_where_the_prescription_is_checks_run(cli, unalike, monkeypatch, fmt) -> None:
+    """Where the user described no run, check's run and its precision line are the prescription's (with no GPU, every
+    model has one): check's own recommendation, which on main was made for every model and then dropped, is not made.
+    That the views are the same as with it made first: test_scan_does_less.test_the_plan_not_made_changes_no_output."""
+    made = counting(monkeypatch, advice, "recommendation_for")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert made[0] == 0
+
+
+def test_an_own_recommendation_where_the_user_fixed_a_setting(cli, unalike, monkeypatch) -> None:
+    """A setting fixed by an option makes check's run the user's own: its recommendation is made for each model."""
+    made = counting(monkeypatch, advice, "recommendation_for")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--method", "lora", "--fail-on", "never")
+    assert r.code == 0, r
+    assert made[0] >= MODELS
+
+
+@pytest.mark.parametrize("quantized", [None, ("awq", 4, 128)])
+@pytest.mark.parametrize("task", ["sft", "dpo", "full"])
+def test_what_is_fixed_reads_no_value_of_the_run(quantized, task) -> None:
+    """runplan.fixed_settings asked without the run's precision, LoRA targets and chunking (as check asks before it
+    has its recommendation) is plan_memory's ``fixed`` for each of them."""
+    from tests.test_scan_does_less import REQUESTS
+
+    shape = memory.published_shape("gemma3", "12b")
+    if quantized is not None:
+        shape = replace(shape, saved_quantization=quantized)
+    for request in REQUESTS:
+        asked = runplan.fixed_settings(shape, gpu=None, request=request, training_config=None, task=task)
+        for precision, targets, chunks in (("bf16", None, False), ("fp32", "all-linear", True),
+                                           ("fp16", ("q_proj", "v_proj"), False)):
+            kw = dict(precision=precision, gpu=None, request=request, training_config=None, task=task,
+                      lora_targets=targets, trl_chunks=chunks)
+            assert asked == runplan.plan_memory(shape, **kw).fixed, (request, task, precision)

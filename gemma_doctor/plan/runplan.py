@@ -615,11 +615,13 @@ def _fixed(req: RunRequest) -> tuple[str, ...]:
     return tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in req.fixed)
 
 
-def fixed_settings(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest,
+def fixed_settings(shape: ModelShape, *, precision: str = "fp32", gpu: Any, request: MemoryRequest,
                    training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                    trl_chunks: bool = False, defaults: tuple[Default, ...] = ()) -> tuple[str, ...]:
     """``plan_memory(...).fixed`` for the same arguments, without the plan (no run is chosen or counted): whether the
-    user fixed a setting decides whether check plans their run at all (pipeline.decide)."""
+    user fixed a setting decides whether check plans their run at all (pipeline.decide). What is fixed reads none of
+    ``precision``, ``lora_targets`` and ``trl_chunks`` (the run's values, not whether the user chose them): the same
+    answer whichever are given, so check asks before it has its recommendation."""
     return _fixed(_on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
                                                        trl_chunks, defaults=defaults), shape))
 
