@@ -44,11 +44,16 @@ def test_one_run_is_counted_once(cli, unalike, monkeypatch, fmt) -> None:
     """With no GPU the search's first candidate is each model's prescription and check's run: the candidate, check's
     plan of the candidate's training config read back and the prescription's memory block are one run under three
     sets of sources. Its bytes are counted once (memory.plan's body, whose one call of layer_activation_bytes is
-    counted); on main three times a model."""
+    counted); on main three times a model, and plan() asked three times."""
     counted = counting(monkeypatch, memory, "layer_activation_bytes")
+    asked = counting(monkeypatch, memory, "plan")
     r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never", "--format", fmt)
     assert r.code == 0, r
     assert counted[0] == MODELS
+    # plan() is asked for the candidate and for check's plan of its config; the prescription's memory block is check's
+    # plan relabelled (Judged.memory: memory.with_sources of a plan marked as plan()'s own, its GPU note kept apart by
+    # memory.with_notes), never asked for again
+    assert asked[0] == 2 * MODELS
 
 
 def _runs(shape: memory.ModelShape) -> list[memory.MemoryPlan]:

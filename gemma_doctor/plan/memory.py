@@ -927,10 +927,22 @@ def _relabelled(p: MemoryPlan, shape: ModelShape, run: Settings) -> MemoryPlan:
     """``p`` (plan()'s own of ``shape``: marked) as plan() makes it for ``run``, a run of the same bytes: only its first
     assumption lines are made again (they name the run's settings and their sources); marked as plan()'s own."""
     lines = p.__dict__["_source_lines"]
+    own = len(p.assumptions) - p.__dict__.get("_notes", 0)  # without the notes a caller added (with_notes)
     wbytes = DTYPE_BYTES.get(run.deepspeed_cast() or run.load_dtype, 2)  # as plan() weighs the towers
     towers = shape.params.towers if run.text_only else 0
-    made = frozen.replace(p, run=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
+    made = frozen.replace(p, run=run,
+                          assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:own])
     object.__setattr__(made, "_source_lines", lines)
+    return made
+
+
+def with_notes(p: MemoryPlan, notes: tuple[str, ...]) -> MemoryPlan:
+    """``p`` with ``notes`` after its assumptions (a caller's own, such as the GPU's note), which with_sources leaves
+    out of the plan it makes again: a plan plan() made stays one whose sources are relabelled without planning."""
+    made = frozen.replace(p, assumptions=p.assumptions + notes)
+    if "_source_lines" in p.__dict__:
+        object.__setattr__(made, "_source_lines", p.__dict__["_source_lines"])
+        object.__setattr__(made, "_notes", p.__dict__.get("_notes", 0) + len(notes))
     return made
 
 

@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from gemma_doctor import frozen
 from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
@@ -668,12 +667,18 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
     plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)
-    plan = frozen.replace(plan, assumptions=plan.assumptions + extra)
-    return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
+    # The GPU's note after plan()'s own lines, as a note (memory.with_notes): the plan can be relabelled again
+    # (memory_facts with new sources) without planning it anew.
+    return MemoryFacts(plan=memory.with_notes(plan, extra), choice=choice, fixed=fixed, unconstrained=unconstrained)
 
 
-def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: str) -> MemoryFacts:
-    """MemoryFacts of a run the search chose (it fits: ``plan``)."""
+def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: Callable[[MemoryPlan], str],
+                 sources: tuple[tuple[str, str], ...] | None = None) -> MemoryFacts:
+    """MemoryFacts of a run the search chose (it fits: ``plan``; a MemoryFacts' own plan, the search's check of the
+    run, relabelled with ``sources`` where given: memory.with_sources), and ``reason(plan)`` as the choice's reason."""
+    if sources is not None:
+        plan = memory.with_sources(plan, shape, sources, req.gpu_bytes, req.gpu_name)
+    reason = reason(plan)
     fixed = _fixed(req)
     choice = Choice(plan, plan.fits if req.gpu_bytes else False, (plan,), reason=reason)
     return _finish(shape, plan, choice, fixed, None, req.gpu_bytes, req.gpu_name, req.gpu_note)
