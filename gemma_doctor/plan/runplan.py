@@ -512,13 +512,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     the trainer fixes where the options and the config leave a setting open; ``precision_source``: where ``precision``
     comes from where the run takes it ("recommended": check's run of a config that sets none; "prescription": a
     candidate of the search, whose config writes the precision it is planned in)."""
-    values, src = run_request(training_config, request, task)
-    for name, value, where in defaults:
-        # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
-        # is unset), so it stands over what the switches alone say (`fp16: false` alone is bf16 under TRL, not fp32).
-        if name not in values or name == "precision":
-            values[name] = value
-            src[name] = where
+    values, src = _with_defaults(run_request(training_config, request, task), defaults)
     if config_precision and "precision" in values:
         precision = values["precision"]
     else:
@@ -566,10 +560,27 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                    eval_accumulation=values.get("eval_accumulation"), device=device, task=task,
                    attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
                    sources=tuple(sorted(sources.items())))
-    # A preference (the stable RL setting) is not the user's choice: the search may drop it.
-    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
-                  if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
-    return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
+    return RunRequest(base, _fixed_of(values, src), gpu_bytes, gpu_name, gpu_note)
+
+
+def _with_defaults(request: tuple[dict[str, Any], dict[str, str]],
+                   defaults: tuple[Default, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """run_request's values and sources with the trainer's ``defaults`` (trainer_defaults) where they are open."""
+    values, src = request
+    for name, value, where in defaults:
+        # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
+        # is unset), so it stands over what the switches alone say (`fp16: false` alone is bf16 under TRL, not fp32).
+        if name not in values or name == "precision":
+            values[name] = value
+            src[name] = where
+    return values, src
+
+
+def _fixed_of(values: Mapping[str, Any], src: Mapping[str, str]) -> tuple[str, ...]:
+    """The settings of a request the user fixed (RunRequest.fixed). A preference (the stable RL setting) is not the
+    user's choice: the search may drop it."""
+    return tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
+                 if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
 
 
 def remembered(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], Any], most: int = 1024) -> Any:
@@ -620,9 +631,13 @@ def fixed_settings(shape: ModelShape, *, precision: str = "fp32", gpu: Any, requ
     """``plan_memory(...).fixed`` for the same arguments, without the plan (no run is chosen or counted): whether the
     user fixed a setting decides whether check plans their run at all (pipeline.decide). What is fixed reads none of
     ``precision``, ``lora_targets`` and ``trl_chunks`` (the run's values, not whether the user chose them): the same
-    answer whichever are given, so check asks before it has its recommendation."""
-    return _fixed(_on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
-                                                       trl_chunks, defaults=defaults), shape))
+    answer whichever are given, so check asks before it has its recommendation; nor the GPU: no run's settings are
+    made for it (request_spec's values and sources, and _on_saved_quantization's rule)."""
+    values, src = _with_defaults(run_request(training_config, request, task), defaults)
+    fixed = _fixed_of(values, src)
+    if shape.saved_quantization is not None and "method" not in fixed:  # LoRA or QLoRA on it: its method is fixed
+        fixed += ("method",)
+    return tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in fixed)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
