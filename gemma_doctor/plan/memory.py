@@ -602,21 +602,25 @@ def verdict_for(per_gpu: int, gpu_bytes: int | None) -> str:
 
 def plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
     """The memory plan of ``run`` on ``shape`` (per GPU), judged against ``gpu_bytes`` when known. A run is counted
-    once per process (_counted) by the settings its bytes are a function of: the search's candidate, check's plan of
+    once per process (_COUNTED) by the settings its bytes are a function of: the search's candidate, check's plan of
     the candidate's training config read back and the prescription's memory block are one run under three sets of
     sources (and a full fine-tuning's LoRA targets, which it never reads), of which only the first assumption lines
     say anything (made again for ``run``: _relabelled)."""
     if run.eval_batch:  # the evaluation's notes read its sources too: counted as it is
         return _plan(shape, run, gpu_bytes, gpu_name)
-    bare = frozen.replace(run, sources=(), **({"lora_r": DEFAULT_LORA_R, "lora_targets": DEFAULT_LORA_TARGETS}
-                                                if run.method == "full" else {}))
-    return _relabelled(_counted(shape, bare, gpu_bytes, gpu_name), shape, run)
+    key = (shape, frozen.replace(run, sources=(), **({"lora_r": DEFAULT_LORA_R, "lora_targets": DEFAULT_LORA_TARGETS}
+                                                     if run.method == "full" else {})), gpu_bytes, gpu_name)
+    made = _COUNTED.get(key)
+    if made is None:
+        if len(_COUNTED) >= 256:
+            _COUNTED.clear()
+        made = _COUNTED[key] = _plan(shape, run, gpu_bytes, gpu_name)  # the first asker's, sources and all
+    return made if made.run == run else _relabelled(made, shape, run)
 
 
-@functools.lru_cache(maxsize=256)
-def _counted(shape: ModelShape, run: Settings, gpu_bytes: int | None, gpu_name: str | None) -> MemoryPlan:
-    """_plan of a run without sources, by value (a pure function of the four)."""
-    return _plan(shape, run, gpu_bytes, gpu_name)
+# A run's plan by the settings its bytes are a function of (plan(): the shape, the settings without their sources
+# and a full fine-tuning's LoRA settings, the GPU): pure, relabelled for each asker; bounded, cleared when full.
+_COUNTED: dict[tuple[Any, ...], MemoryPlan] = {}
 
 
 def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
@@ -920,6 +924,8 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
             run.source(k) != p.run.source(k) for k in ("eval_batch", "keeps_predictions", "eval_accumulation"))):
         # (the evaluation's notes, after the first lines, read those three sources)
         return replace(p, run=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
+    if sources == p.run.sources and not p.__dict__.get("_notes"):
+        return p  # plan()'s own for these very sources: nothing to make again
     return _relabelled(p, shape, run)
 
 
