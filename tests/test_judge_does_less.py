@@ -47,6 +47,7 @@ def test_one_run_is_counted_once(cli, unalike, monkeypatch, fmt) -> None:
     counted); on main three times a model, and plan() asked three times."""
     counted = counting(monkeypatch, memory, "layer_activation_bytes")
     asked = counting(monkeypatch, memory, "plan")
+    lines = counting(monkeypatch, memory, "_assumptions")
     r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never", "--format", fmt)
     assert r.code == 0, r
     assert counted[0] == MODELS
@@ -54,6 +55,9 @@ def test_one_run_is_counted_once(cli, unalike, monkeypatch, fmt) -> None:
     # plan relabelled (Judged.memory: memory.with_sources of a plan marked as plan()'s own, its GPU note kept apart by
     # memory.with_notes), never asked for again
     assert asked[0] == 2 * MODELS
+    # the lines naming the run's settings and their sources: the candidate's, its config's read back, the
+    # prescription's (on main four times a model: three plans and a relabelling)
+    assert lines[0] == 3 * MODELS
 
 
 def _runs(shape: memory.ModelShape) -> list[memory.MemoryPlan]:
