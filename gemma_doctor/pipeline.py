@@ -114,15 +114,17 @@ def decide(facts: ModelFacts, options: CheckOptions, env: Environment,
     if not facts.family.is_gemma:
         return Judgement(facts)
     gpu = env.gpu if env.gpu is not None else gpu_reader.for_options(options)
-    rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     # One shape for the memory plan and the search: both plan the same model (its headers counted once, not twice).
     shape = runplan.shape_for(facts.config.data if facts.config.ok else None, facts.census)
-    if shape is not None and env.training_config is None \
-            and not runplan.fixed_settings(shape, **_plan_args(facts, rec, options, env, gpu)):
+    if shape is not None and env.training_config is None and not runplan.fixed_settings(
+            shape, gpu=gpu, request=options.memory or runplan.MemoryRequest(), training_config=None,
+            task=recommend.normalise_task(options.task)):
         # The user described no run: check's run is the prescribed one wherever the search finds one (with_decision),
-        # so check's own plan of it is made only where the search finds none.
+        # so check's own recommendation and plan of it are made only where the search finds none.
         return with_decision(facts, options, env, gpu, shape, shared=shared, explain=prescription,
-                             own_plan=lambda: with_memory(facts, rec, options, env, gpu, shape))
+                             own_plan=lambda: with_memory(facts, advice.recommendation_for(
+                                 facts, gpu, options.task, env.libraries), options, env, gpu, shape))
+    rec = advice.recommendation_for(facts, gpu, options.task, env.libraries)
     rec, mem = with_memory(facts, rec, options, env, gpu, shape)
     if not prescription and _users_run(mem, env):
         # check's run is the user's own (with_decision keeps it): the prescription would be shown by no view asked for.

@@ -601,7 +601,29 @@ def verdict_for(per_gpu: int, gpu_bytes: int | None) -> str:
 
 
 def plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
-    """The memory plan of ``run`` on ``shape`` (per GPU), judged against ``gpu_bytes`` when known."""
+    """The memory plan of ``run`` on ``shape`` (per GPU), judged against ``gpu_bytes`` when known. A run is counted
+    once per process (_COUNTED) by the settings its bytes are a function of: the search's candidate, check's plan of
+    the candidate's training config read back and the prescription's memory block are one run under three sets of
+    sources (and a full fine-tuning's LoRA targets, which it never reads), of which only the first assumption lines
+    say anything (made again for ``run``: _relabelled)."""
+    if run.eval_batch:  # the evaluation's notes read its sources too: counted as it is
+        return _plan(shape, run, gpu_bytes, gpu_name)
+    key = (shape, frozen.replace(run, sources=(), **({"lora_r": DEFAULT_LORA_R, "lora_targets": DEFAULT_LORA_TARGETS}
+                                                     if run.method == "full" else {})), gpu_bytes, gpu_name)
+    made = _COUNTED.get(key)
+    if made is None:
+        if len(_COUNTED) >= 256:
+            _COUNTED.clear()
+        made = _COUNTED[key] = _plan(shape, run, gpu_bytes, gpu_name)  # the first asker's, sources and all
+    return made if made.settings == run else _relabelled(made, shape, run)
+
+
+# A run's plan by the settings its bytes are a function of (plan(): the shape, the settings without their sources
+# and a full fine-tuning's LoRA settings, the GPU): pure, relabelled for each asker; bounded, cleared when full.
+_COUNTED: dict[tuple[Any, ...], MemoryPlan] = {}
+
+
+def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_name: str | None = None) -> MemoryPlan:
     p = shape.params
     notes: list[str] = []
     mixed = run.precision != "fp32"
@@ -898,12 +920,36 @@ def with_sources(p: MemoryPlan, shape: ModelShape, sources: tuple[tuple[str, str
     of ``p`` kept. plan() reads the sources only for its first assumption lines (_assumptions), so for a plan as plan()
     made it (it marks how many lines those are) only they are made again; any other plan is planned anew."""
     run = frozen.replace(p.settings, sources=sources)
-    lines = p.__dict__.get("_source_lines")
-    if lines is None or p.shape != shape:
+    if p.__dict__.get("_source_lines") is None or p.shape != shape or (run.eval_batch and any(
+            run.source(k) != p.settings.source(k) for k in ("eval_batch", "keeps_predictions", "eval_accumulation"))):
+        # (the evaluation's notes, after the first lines, read those three sources)
         return replace(p, settings=run, assumptions=plan(shape, run, gpu_bytes, gpu_name).assumptions)
-    wbytes = DTYPE_BYTES.get(run.load_dtype, 2)
+    if sources == p.settings.sources and not p.__dict__.get("_notes"):
+        return p  # plan()'s own for these very sources: nothing to make again
+    return _relabelled(p, shape, run)
+
+
+def _relabelled(p: MemoryPlan, shape: ModelShape, run: Settings) -> MemoryPlan:
+    """``p`` (plan()'s own of ``shape``: marked) as plan() makes it for ``run``, a run of the same bytes: only its first
+    assumption lines are made again (they name the run's settings and their sources); marked as plan()'s own."""
+    lines = p.__dict__["_source_lines"]
+    own = len(p.assumptions) - p.__dict__.get("_notes", 0)  # without the notes a caller added (with_notes)
+    wbytes = DTYPE_BYTES.get(run.deepspeed_cast() or run.load_dtype, 2)  # as plan() weighs the towers
     towers = shape.params.towers if run.text_only else 0
-    return frozen.replace(p, settings=run, assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:])
+    made = frozen.replace(p, settings=run,
+                          assumptions=tuple(_assumptions(shape, run, towers, wbytes)) + p.assumptions[lines:own])
+    object.__setattr__(made, "_source_lines", lines)
+    return made
+
+
+def with_notes(p: MemoryPlan, notes: tuple[str, ...]) -> MemoryPlan:
+    """``p`` with ``notes`` after its assumptions (a caller's own, such as the GPU's note), which with_sources leaves
+    out of the plan it makes again: a plan plan() made stays one whose sources are relabelled without planning."""
+    made = frozen.replace(p, assumptions=p.assumptions + notes)
+    if "_source_lines" in p.__dict__:
+        object.__setattr__(made, "_source_lines", p.__dict__["_source_lines"])
+        object.__setattr__(made, "_notes", p.__dict__.get("_notes", 0) + len(notes))
+    return made
 
 
 def _assumptions(shape: ModelShape, run: Settings, towers: int, wbytes: int) -> list[str]:

@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from gemma_doctor import frozen
 from gemma_doctor.plan import memory
 from gemma_doctor.facts import MemoryRequest  # noqa: F401 (the options' memory request, read here)
 from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
@@ -516,13 +515,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     the trainer fixes where the options and the config leave a setting open; ``precision_source``: where ``precision``
     comes from where the run takes it ("recommended": check's run of a config that sets none; "prescription": a
     candidate of the search, whose config writes the precision it is planned in)."""
-    values, src = run_request(training_config, request, task)
-    for name, value, where in defaults:
-        # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
-        # is unset), so it stands over what the switches alone say (`fp16: false` alone is bf16 under TRL, not fp32).
-        if name not in values or name == "precision":
-            values[name] = value
-            src[name] = where
+    values, src = _with_defaults(run_request(training_config, request, task), defaults)
     if config_precision and "precision" in values:
         precision = values["precision"]
     else:
@@ -571,10 +564,27 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                    eval_accumulation=values.get("eval_accumulation"), device=device, task=task,
                    attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
                    sources=tuple(sorted(sources.items())))
-    # A preference (the stable RL setting) is not the user's choice: the search may drop it.
-    fixed = tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
-                  if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
-    return RunRequest(base, fixed, gpu_bytes, gpu_name, gpu_note)
+    return RunRequest(base, _fixed_of(values, src), gpu_bytes, gpu_name, gpu_note)
+
+
+def _with_defaults(request: tuple[dict[str, Any], dict[str, str]],
+                   defaults: tuple[Default, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """run_request's values and sources with the trainer's ``defaults`` (trainer_defaults) where they are open."""
+    values, src = request
+    for name, value, where in defaults:
+        # A trainer's precision default is its own rule over the config's switches (TRL: bf16 = not fp16 where bf16
+        # is unset), so it stands over what the switches alone say (`fp16: false` alone is bf16 under TRL, not fp32).
+        if name not in values or name == "precision":
+            values[name] = value
+            src[name] = where
+    return values, src
+
+
+def _fixed_of(values: Mapping[str, Any], src: Mapping[str, str]) -> tuple[str, ...]:
+    """The settings of a request the user fixed (RunRequest.fixed). A preference (the stable RL setting) is not the
+    user's choice: the search may drop it."""
+    return tuple(k for k in ("method", "batch_size", "gradient_checkpointing", "seq_len", "zero_stage", "attention")
+                 if k in values and not str(src.get(k, "")).endswith("(the stable setting)"))
 
 
 def remembered(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], Any], most: int = 1024) -> Any:
@@ -619,13 +629,19 @@ def _fixed(req: RunRequest) -> tuple[str, ...]:
     return tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in req.fixed)
 
 
-def fixed_settings(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest,
+def fixed_settings(shape: ModelShape, *, precision: str = "fp32", gpu: Any, request: MemoryRequest,
                    training_config: Any | None, task: str, lora_targets: str | tuple[str, ...] | None = None,
                    trl_chunks: bool = False, defaults: tuple[Default, ...] = ()) -> tuple[str, ...]:
     """``plan_memory(...).fixed`` for the same arguments, without the plan (no run is chosen or counted): whether the
-    user fixed a setting decides whether check plans their run at all (pipeline.decide)."""
-    return _fixed(_on_saved_quantization(_request_spec(precision, gpu, request, training_config, task, lora_targets,
-                                                       trl_chunks, defaults=defaults), shape))
+    user fixed a setting decides whether check plans their run at all (pipeline.decide). What is fixed reads none of
+    ``precision``, ``lora_targets`` and ``trl_chunks`` (the run's values, not whether the user chose them): the same
+    answer whichever are given, so check asks before it has its recommendation; nor the GPU: no run's settings are
+    made for it (request_spec's values and sources, and _on_saved_quantization's rule)."""
+    values, src = _with_defaults(run_request(training_config, request, task), defaults)
+    fixed = _fixed_of(values, src)
+    if shape.saved_quantization is not None and "method" not in fixed:  # LoRA or QLoRA on it: its method is fixed
+        fixed += ("method",)
+    return tuple(k for k in ("method", "batch_size", "gradient_checkpointing") if k in fixed)
 
 
 def plan_memory(shape: ModelShape, *, precision: str, gpu: Any, request: MemoryRequest, training_config: Any | None, task: str,
@@ -670,12 +686,18 @@ def _finish(shape: ModelShape, plan: MemoryPlan, choice: Choice, fixed: tuple[st
         chosen["lora"] = "chosen by the search"
     extra = (gpu_note,) if gpu_note else ()
     plan = memory.with_sources(plan, shape, tuple(sorted(chosen.items())), gpu_bytes, gpu_name)
-    plan = frozen.replace(plan, assumptions=plan.assumptions + extra)
-    return MemoryFacts(plan=plan, choice=choice, fixed=fixed, unconstrained=unconstrained)
+    # The GPU's note after plan()'s own lines, as a note (memory.with_notes): the plan can be relabelled again
+    # (memory_facts with new sources) without planning it anew.
+    return MemoryFacts(plan=memory.with_notes(plan, extra), choice=choice, fixed=fixed, unconstrained=unconstrained)
 
 
-def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: str) -> MemoryFacts:
-    """MemoryFacts of a run the search chose (it fits: ``plan``)."""
+def memory_facts(shape: ModelShape, plan: MemoryPlan, req: RunRequest, reason: Callable[[MemoryPlan], str],
+                 sources: tuple[tuple[str, str], ...] | None = None) -> MemoryFacts:
+    """MemoryFacts of a run the search chose (it fits: ``plan``; a MemoryFacts' own plan, the search's check of the
+    run, relabelled with ``sources`` where given: memory.with_sources), and ``reason(plan)`` as the choice's reason."""
+    if sources is not None:
+        plan = memory.with_sources(plan, shape, sources, req.gpu_bytes, req.gpu_name)
+    reason = reason(plan)
     fixed = _fixed(req)
     choice = Choice(plan, plan.fits if req.gpu_bytes else False, (plan,), reason=reason)
     return _finish(shape, plan, choice, fixed, None, req.gpu_bytes, req.gpu_name, req.gpu_note)

@@ -239,8 +239,13 @@ class Judged:
                 kept = k in req.fixed or k in ("seq_len", "optimizer") or (
                     k in _USERS_LORA and req.base.source(k).startswith("training config"))
                 src[k] = req.base.source(k) if kept else "chosen by the search"
-        relabelled = replace(mem.plan, settings=replace(mem.plan.settings, sources=tuple(sorted(src.items()))))
-        return runplan.memory_facts(self.shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+        # check's plan relabelled, never planned again (runplan.memory_facts: memory.with_sources)
+        return runplan.memory_facts(self.shape, mem.plan, req, _prescribed, sources=tuple(sorted(src.items())))
+
+
+def _prescribed(plan: MemoryPlan) -> str:
+    """The choice's reason for the prescribed run ``plan``."""
+    return f"the prescribed run: {plan.summary()}"
 
 
 # The LoRA settings a user's training config names (their sources in run.Settings).
@@ -324,7 +329,7 @@ def _judge(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: GpuF
         # while the head said N (recommend --seq-len 2048 --trainer transformers planned 1024).
         opts = replace(opts, memory=replace(opts.memory or runplan.MemoryRequest(), seq_len=told))
     mem = _checked_plan(shape, rec.precision, gpu, opts.memory or runplan.MemoryRequest(), key, tc,
-                        str(rec.inputs.get("task") or "sft"), runplan.trl_chunks(env2.libraries),
+                        str(rec.inputs.get("task") or "sft"), under.trl_chunks,
                         runplan.trainer_defaults(tc, env2.libraries, runplan.checkpoint_dtype(facts.census)))
     # The candidate as check reads its YAML back: the rules read its Run (precision, shape, memory verdict).
     run = resolve_run(mem, model=facts.family.model_type, stack=env2.libraries, trainer=trainer_of(env2.training_config),
@@ -394,8 +399,10 @@ class _Under:
         self.options = replace(options, training_config=PRESCRIPTION, memory=runplan.MemoryRequest(
             gpu_memory=options.memory.gpu_memory) if options.memory else None)
         self._envs: dict[str, Environment] = {}  # by the candidate's training-config key (_config_key): by value
-        # The stack's libraries as each candidate's Run states them: one stack for every candidate judged under it.
+        # The stack's libraries as each candidate's Run states them, and whether its TRL computes log-probs in chunks:
+        # one stack for every candidate judged under it.
         self.libraries = run_libraries(env.libraries)
+        self.trl_chunks = runplan.trl_chunks(env.libraries)
 
     def env_for(self, key: str, tc: tc_reader.TrainingConfig) -> Environment:
         """The environment with the candidate's training config (``tc``, as_read's for ``key``)."""
@@ -443,9 +450,10 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     first = recommend.decide(inputs)
     if shape is None:  # no shape to plan memory for: the precision decision alone
         return Decision(first, None, recommend.training_config_yaml(first), versions=_versions(inputs), trainer=fmt)
+    under = _Under(env, options)  # this search's: what every candidate is judged under
     req = runplan.request_spec(precision=first.precision, gpu=gpu,
                                request=options.memory or runplan.MemoryRequest(), training_config=env.training_config,
-                               task=str(first.inputs.get("task") or "sft"), trl_chunks=runplan.trl_chunks(env.libraries),
+                               task=str(first.inputs.get("task") or "sft"), trl_chunks=under.trl_chunks,
                                config_precision=False,  # each candidate writes the precision it is planned in
                                precision_source=PRESCRIBED)
     req = _with_targets(_with_quantization(req, first), first)
@@ -457,7 +465,6 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     fallback = trainer_fallback(options, env, fmt, req)
     req = _for_trainer(req, fmt, env, options)
     judged = 0
-    under = _Under(env, options)  # this search's: what every candidate is judged under
     pins: list[tuple[str, str]] = []
     strict: list[_Rejected] = []  # candidates that kept every choice the user made, rejected
     nearest: Judged | None = None
@@ -697,8 +704,7 @@ def _relaxed(j: Judged, rec: recommend.Recommendation, req: runplan.RunRequest, 
     plan = j.memory.plan
     sources = dict(plan.settings.sources)
     sources["batch_size"] = f"relaxed from {what}"
-    relabelled = replace(plan, settings=replace(plan.settings, sources=tuple(sorted(sources.items()))))
-    mem = runplan.memory_facts(shape, relabelled, req, f"the prescribed run: {relabelled.summary()}")
+    mem = runplan.memory_facts(shape, plan, req, _prescribed, sources=tuple(sorted(sources.items())))
     run = plan.settings
     note = (f"{what} (your choice) cannot pass check here ({why}); relaxed to batch {run.batch_size} x "
             f"{run.gradient_accumulation_steps} accumulation, which keeps the effective batch of "

@@ -1,0 +1,137 @@
+"""A whole-cache check of models that are not alike does each model's work once (issue 32 item 5): what is computed
+is counted here (calls of real functions, never time); that the output is the same is held by the tests of each part
+named below and by benchmarks/output_ab.py (against main's tree, byte for byte)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gemma_doctor.plan import advice, memory, runplan, search
+from tests.builders import HubCache, gemma3_12b_config, generation_config, variant
+from tests.test_scan_does_less import counting
+
+MODELS = 4  # Gemma 3 repos, no two alike (startup.py's "distinct" shape: the layer count differs)
+
+
+_BUILT = [0]
+
+
+@pytest.fixture
+def unalike(tmp_path) -> Path:
+    """A cache of MODELS Gemma 3 repos whose shapes no earlier test of this process planned (plans are remembered per
+    process, as a fresh process starts without them)."""
+    root, gem = tmp_path / "hub", gemma3_12b_config()
+    hub = HubCache(root)
+    _BUILT[0] += 1
+    for j in range(MODELS):
+        text = dict(gem["text_config"], num_hidden_layers=8 + j, intermediate_size=15360 + 256 * _BUILT[0])
+        hub.add(f"org/model-{j}", {"config.json": variant(gem, text_config=text),
+                                   "generation_config.json": generation_config()})
+    return root
+
+
+@pytest.fixture(autouse=True)
+def one_process(monkeypatch) -> None:
+    """The scan in this process (no forked workers), so that every call is counted here."""
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_one_run_is_counted_once(cli, unalike, monkeypatch, fmt) -> None:
+    """With no GPU the search's first candidate is each model's prescription and check's run: the candidate, check's
+    plan of the candidate's training config read back and the prescription's memory block are one run under three
+    sets of sources. Its bytes are counted once (memory.plan's body, whose one call of layer_activation_bytes is
+    counted); on main three times a model, and plan() asked three times."""
+    counted = counting(monkeypatch, memory, "layer_activation_bytes")
+    asked = counting(monkeypatch, memory, "plan")
+    lines = counting(monkeypatch, memory, "_assumptions")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert counted[0] == MODELS
+    # plan() is asked for the candidate and for check's plan of its config; the prescription's memory block is check's
+    # plan relabelled (Judged.memory: memory.with_sources of a plan marked as plan()'s own, its GPU note kept apart by
+    # memory.with_notes), never asked for again
+    assert asked[0] == 2 * MODELS
+    # the lines naming the run's settings and their sources: the candidate's, its config's read back, the
+    # prescription's (on main four times a model: three plans and a relabelling)
+    assert lines[0] == 3 * MODELS
+
+
+def _runs(shape: memory.ModelShape) -> list[memory.MemoryPlan]:
+    """Candidates of the search for several requests (methods, QLoRA, ZeRO, an RL task)."""
+    out: list[memory.MemoryPlan] = []
+    for task in ("sft", "dpo"):
+        for n in (1, 4):
+            req = runplan.request_spec(precision="bf16", gpu=None, request=runplan.MemoryRequest(num_gpus=n),
+                                       training_config=None, task=task)
+            out += list(search._candidates(replace(shape), replace(req, gpu_bytes=24 * 2**30),
+                                           ("fits", "tight", "does-not-fit")))
+    return out
+
+
+@pytest.mark.parametrize("family,size", [("gemma3", "12b"), ("gemma4", "e2b")])
+def test_a_plan_remembered_is_the_plan_made(family, size) -> None:
+    """memory.plan of a run is memory._plan's (the body, not remembered) for every candidate run under any sources,
+    an evaluation batch among them (whose notes read the evaluation's sources), however often and in whatever order
+    it is asked; memory.with_sources of a remembered plan is the plan made again, marked as plan()'s own."""
+    shape = memory.published_shape(family, size)
+    checked = 0
+    for p in _runs(shape):
+        for extra in ({}, {"eval_batch": 4}, {"eval_batch": 2, "keeps_predictions": True, "eval_accumulation": 3}):
+            run = replace(p.run, **extra)
+            for sources in (run.sources, (("method", "chosen by the search"),),
+                            tuple(sorted({**dict(run.sources), "eval_batch": "training config x",
+                                          "keeps_predictions": "training config y"}.items()))):
+                relabelled = replace(run, sources=sources)
+                want = memory._plan(shape, relabelled, 24 * 2**30, "L4")
+                for _ in range(2):
+                    got = memory.plan(shape, relabelled, 24 * 2**30, "L4")
+                    assert got == want and got.phases == want.phases
+                    assert "_source_lines" in vars(got)
+                other = tuple(sorted({**dict(sources), "batch_size": "chosen by the search",
+                                      "eval_batch": "--eval-batch"}.items()))
+                again = memory.with_sources(got, shape, other, 24 * 2**30, "L4")
+                assert again == memory._plan(shape, replace(relabelled, sources=other), 24 * 2**30, "L4")
+                checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_own_recommendation_where_the_prescription_is_checks_run(cli, unalike, monkeypatch, fmt) -> None:
+    """Where the user described no run, check's run and its precision line are the prescription's (with no GPU, every
+    model has one): check's own recommendation, which on main was made for every model and then dropped, is not made.
+    That the views are the same as with it made first: test_scan_does_less.test_the_plan_not_made_changes_no_output."""
+    made = counting(monkeypatch, advice, "recommendation_for")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never", "--format", fmt)
+    assert r.code == 0, r
+    assert made[0] == 0
+
+
+def test_an_own_recommendation_where_the_user_fixed_a_setting(cli, unalike, monkeypatch) -> None:
+    """A setting fixed by an option makes check's run the user's own: its recommendation is made for each model."""
+    made = counting(monkeypatch, advice, "recommendation_for")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--method", "lora", "--fail-on", "never")
+    assert r.code == 0, r
+    assert made[0] >= MODELS
+
+
+@pytest.mark.parametrize("quantized", [None, ("awq", 4, 128)])
+@pytest.mark.parametrize("task", ["sft", "dpo", "full"])
+def test_what_is_fixed_reads_no_value_of_the_run(quantized, task) -> None:
+    """runplan.fixed_settings asked without the run's precision, LoRA targets and chunking (as check asks before it
+    has its recommendation) is plan_memory's ``fixed`` for each of them."""
+    from tests.test_scan_does_less import REQUESTS
+
+    shape = memory.published_shape("gemma3", "12b")
+    if quantized is not None:
+        shape = replace(shape, saved_quantization=quantized)
+    for request in REQUESTS:
+        asked = runplan.fixed_settings(shape, gpu=None, request=request, training_config=None, task=task)
+        for precision, targets, chunks in (("bf16", None, False), ("fp32", "all-linear", True),
+                                           ("fp16", ("q_proj", "v_proj"), False)):
+            kw = dict(precision=precision, gpu=None, request=request, training_config=None, task=task,
+                      lora_targets=targets, trl_chunks=chunks)
+            assert asked == runplan.plan_memory(shape, **kw).fixed, (request, task, precision)
