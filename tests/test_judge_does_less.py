@@ -81,7 +81,7 @@ def test_a_plan_remembered_is_the_plan_made(family, size) -> None:
     checked = 0
     for p in _runs(shape):
         for extra in ({}, {"eval_batch": 4}, {"eval_batch": 2, "keeps_predictions": True, "eval_accumulation": 3}):
-            run = replace(p.run, **extra)
+            run = replace(p.settings, **extra)
             for sources in (run.sources, (("method", "chosen by the search"),),
                             tuple(sorted({**dict(run.sources), "eval_batch": "training config x",
                                           "keeps_predictions": "training config y"}.items()))):
