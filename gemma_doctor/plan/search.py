@@ -76,16 +76,21 @@ class Decision:
         if rec is None:
             return None
         run = mem.plan.settings if mem is not None else None
-        args = rec.training_arguments
-        ckpt = bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing"))
+        if run is not None:  # the prescribed run's own settings (every format renders them: test_run_roundtrip)
+            batch, accumulation, ckpt, attention = (run.batch_size, run.gradient_accumulation_steps,
+                                                    run.gradient_checkpointing, run.attention)
+        else:  # no memory plan (no shape): what the recommendation's arguments write
+            args = rec.training_arguments
+            batch, accumulation = args.get("per_device_train_batch_size"), args.get("gradient_accumulation_steps", 1)
+            ckpt = bool(args.get("gradient_checkpointing") or args.get("activation_checkpointing"))
+            attention = rec.frameworks["transformers"]["from_pretrained"].get("attn_implementation", "sdpa")
         out: dict[str, Any] = {
             "precision": rec.precision, "load_dtype": rec.load_dtype, "method": rec.method,
             "quantization": rec.inputs.get("quantization"),
-            "batch_size": args.get("per_device_train_batch_size", run.batch_size if run else None),
-            "gradient_accumulation_steps": args.get("gradient_accumulation_steps", 1),
+            "batch_size": batch, "gradient_accumulation_steps": accumulation,
             "seq_len": run.seq_len if run else None,
             "gradient_checkpointing": ckpt, "checkpointing": "non-reentrant" if ckpt else None,
-            "attention": rec.frameworks["transformers"]["from_pretrained"].get("attn_implementation", "sdpa"),
+            "attention": attention,
             "use_cache": bool(rec.frameworks["transformers"]["use_cache"]),
             "lora": ({"r": rec.frameworks["peft"]["r"], "alpha": rec.frameworks["peft"]["lora_alpha"],
                       "target_modules": rec.frameworks["peft"]["target_modules"]} if rec.method != "full" else None),
