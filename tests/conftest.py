@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from tests.builders import HubCache
+from tests.builders import HubCache, gemma3_12b_config
 
 # No test reaches the internet. huggingface_hub reads these once, when it is imported, so they are set before any
 # test module can import it; the tests that talk to the local Hub (tests/hubserver.py) run the CLI in a subprocess
@@ -139,6 +140,16 @@ def plan_450(monkeypatch):
     """Plan every command for a training machine with transformers 4.50.3 (GEMMA_DOCTOR_WITH, as a CI job would)."""
     monkeypatch.setenv("GEMMA_DOCTOR_WITH", PLANNED_450)
     return PLANNED_450
+
+
+@pytest.fixture
+def model(tmp_path):
+    """A local model folder holding Gemma 3 12B's config.json alone (the launch and DeepSpeed readers' tests plan it; a
+    module's own ``model`` fixture takes precedence)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(gemma3_12b_config()))
+    return folder
 
 
 @pytest.fixture(autouse=True)

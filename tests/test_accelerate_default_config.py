@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-from tests.builders import gemma3_12b_config
 
 DEFAULT = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 2\n" \
           "num_machines: 1\n"
@@ -34,14 +33,6 @@ for line in json.loads(sys.argv[1]):
     out.append([args.mixed_precision, args.num_processes])
 print(json.dumps(out))
 """
-
-
-@pytest.fixture
-def model(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(gemma3_12b_config()))
-    return folder
 
 
 @pytest.fixture

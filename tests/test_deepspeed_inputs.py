@@ -22,15 +22,6 @@ import sys
 import pytest
 
 from gemma_doctor.readers import launch, training_config
-from tests.builders import gemma3_12b_config
-
-
-@pytest.fixture
-def model(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(gemma3_12b_config()))
-    return folder
 
 
 def _check(cli, model, *args: str) -> tuple[dict, list[str]]:

@@ -15,19 +15,9 @@ Each such line is now GD601 with one line saying why; a line the launcher runs i
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from tests.builders import gemma3_12b_config
-
-
-@pytest.fixture
-def model(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(gemma3_12b_config()))
-    return folder
 
 
 def _run(cli, model, line: str):
