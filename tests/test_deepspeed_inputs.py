@@ -22,6 +22,7 @@ import sys
 import pytest
 
 from gemma_doctor.readers import launch, training_config
+from tests.test_hostile_round11 import deepspeed_target
 
 
 def _check(cli, model, *args: str) -> tuple[dict, list[str]]:
@@ -72,23 +73,9 @@ def test_a_json_next_to_the_config_is_read_where_the_path_as_written_names_a_fol
 
 # --- a bad deepspeed: path is GD601 beside a planned config ----------------------------------------------------------
 
-def _bad_target(tmp_path, kind: str) -> str:
-    if kind == "folder":
-        (tmp_path / "adir").mkdir()
-        return "adir"
-    if kind == "fifo":
-        os.mkfifo(tmp_path / "pipe.json")
-        return "pipe.json"
-    if kind == "dangling":
-        os.symlink("nowhere.json", tmp_path / "ds.json")
-        return "ds.json"
-    (tmp_path / "ds.yaml").write_text("zero_optimization:\n  stage: 3\n")
-    return "ds.yaml"
-
-
 @pytest.mark.parametrize("kind", ["folder", "fifo", "dangling", "yaml"])
 def test_a_deepspeed_path_the_run_stops_at_is_gd601_and_the_rest_of_the_config_is_planned(cli, model, tmp_path, kind):
-    target = _bad_target(tmp_path, kind)
+    target = deepspeed_target(tmp_path, kind)
     config = tmp_path / "train.yaml"
     config.write_text(f"fp16: true\nper_device_train_batch_size: 3\ngradient_accumulation_steps: 5\ndeepspeed: {target}\n")
     run, gd601 = _check(cli, model, "--training-config", str(config))

@@ -117,7 +117,8 @@ def test_deepspeed_every_gpu_is_the_gpus_visible_said_so(cli, model, line, said)
 # transformers 5.23.0's TrainingArguments(deepspeed=PATH), run here with DeepSpeed 0.19.8: a folder raises
 # IsADirectoryError, a dangling link ValueError ("Expected a string path to an existing deepspeed config"), a YAML file
 # JSONDecodeError (a FIFO: open() waits for a writer). gemma-doctor ignored each ("an unreadable file adds nothing").
-def _deepspeed_target(tmp_path, kind: str) -> str:
+def deepspeed_target(tmp_path, kind: str) -> str:
+    """A `deepspeed:` path the run stops at, of ``kind`` (folder, fifo, dangling, yaml), made in ``tmp_path``."""
     import os
 
     if kind == "folder":
@@ -140,7 +141,7 @@ def _deepspeed_target(tmp_path, kind: str) -> str:
     ("yaml", "is not a JSON file"),
 ])
 def test_a_deepspeed_setting_naming_no_json_file_is_gd601(cli, model, tmp_path, kind, said):
-    target = _deepspeed_target(tmp_path, kind)
+    target = deepspeed_target(tmp_path, kind)
     config = tmp_path / "train.yaml"
     config.write_text(f"bf16: true\ndeepspeed: {target}\n")
     r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
