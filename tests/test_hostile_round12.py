@@ -6,6 +6,8 @@ attacker's pass found and what each input now gives. Every input: a finding or a
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 
@@ -50,3 +52,37 @@ def test_a_hostfile_of_huge_slot_counts_is_gd601_not_a_memory_error(cli, model, 
 def test_the_counted_pool_runs_what_deepspeed_runs(cli, model, tmp_path, extra, processes):
     (tmp_path / "hostfile").write_text("a slots=2\nb slots=4\n")
     assert _run(cli, model, f"deepspeed -H {tmp_path / 'hostfile'} {extra} train.py") == (processes, [])
+
+
+# A `deepspeed:` path that is a link loop or a socket: accelerate 1.15.0's HfDeepSpeedConfig (which transformers'
+# TrainingArguments builds) was run here on each: a loop fails os.path.exists as a dangling link does ("Expected a
+# string path to an existing deepspeed config"), a socket passes it and open() fails (OSError: [Errno 6] No such device
+# or address). gemma-doctor judged the dangling link and the FIFO but took both of these as "unreadable to this user"
+# and said nothing.
+def _socket(folder, name):
+    """A Unix socket bound at folder/name (bound relative: a pytest folder is longer than a socket's path may be)."""
+    s = socket.socket(socket.AF_UNIX)
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        s.bind(name)
+    finally:
+        os.chdir(here)
+    return s
+
+
+@pytest.mark.parametrize("kind, said", [("loop", "is a link loop"), ("socket", "is not a regular file")])
+def test_a_deepspeed_path_that_is_a_link_loop_or_a_socket_is_gd601(cli, model, tmp_path, kind, said):
+    ds = tmp_path / "ds.json"
+    if kind == "loop":
+        (tmp_path / "other.json").symlink_to("ds.json")
+        ds.symlink_to("other.json")
+    else:
+        held = _socket(tmp_path, "ds.json")  # noqa: F841 (kept open for the run)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"per_device_train_batch_size: 2\nbf16: true\ndeepspeed: {ds}\n")
+    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    gd601 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD601"]
+    assert any(f"deepspeed: {ds} {said}" in m for m in gd601), gd601

@@ -3,6 +3,7 @@ into the precision settings the run will use, as a frozen fact. Never raises for
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -786,6 +787,14 @@ def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | Non
                 target = _shown_path(os.readlink(candidate))
                 problems.append(f"is a link to {target}, which does not exist ({_DS_SOURCE}: "
                                 "\"Expected a string path to an existing deepspeed config\")")
+                continue
+            if e.errno == errno.ELOOP:  # os.path.exists is False there, as for a dangling link (accelerate 1.15.0)
+                problems.append(f"is a link loop ({_DS_SOURCE}: \"Expected a string path to an existing deepspeed "
+                                "config\")")
+                continue
+            if e.errno == errno.ENXIO:  # a socket: open() fails (accelerate 1.15.0's HfDeepSpeedConfig, run here)
+                problems.append(f"is not a regular file (a pipe, socket or device): {_DS_SOURCE} (it opens the path "
+                                "and waits or fails)")
                 continue
             if isinstance(e, FileNotFoundError):
                 continue  # gone since the lstat: nothing known here
