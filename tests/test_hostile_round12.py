@@ -86,3 +86,20 @@ def test_a_deepspeed_path_that_is_a_link_loop_or_a_socket_is_gd601(cli, model, t
     assert r.code == 0 and "Traceback" not in r.err, r
     gd601 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD601"]
     assert any(f"deepspeed: {ds} {said}" in m for m in gd601), gd601
+
+
+_LF = "model_name_or_path: google/gemma-3-12b\nstage: sft\nfinetuning_type: lora\ndo_train: true\n"
+
+
+# LLaMA-Factory's `bf16: ''`: transformers 5.23.0's HfArgumentParser.parse_dict (as LLaMA-Factory calls it) keeps the
+# string, and '' is false (run here: bf16 '' passed where 'false' raised transformers' "Your setup doesn't support
+# bf16/gpu", the error of a bf16 run on a CPU). GD681 said "so the run has bf16 on" of both.
+@pytest.mark.parametrize("value, said", [("''", "so the run has bf16 off"), ("'false'", "so the run has bf16 on")])
+def test_gd681_says_an_empty_string_leaves_the_boolean_off(cli, model, tmp_path, value, said):
+    config = tmp_path / "lf.yaml"
+    config.write_text(f"{_LF}bf16: {value}\n")
+    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    gd681 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD681"]
+    assert len(gd681) == 1 and gd681[0].endswith(said), gd681
