@@ -431,8 +431,8 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
         if nodes > 0:
             active = dict(list(active.items())[:nodes])
         if gpus > 0:
-            active = {host: list(range(gpus)) for host in active}
-        processes = sum(len(slots) for slots in active.values())
+            active = {host: gpus for host in active}
+        processes = sum(active.values())
         if processes == 0:
             # Every host dropped: its launch.py stops (IndexError); hosts of 0 slots: it starts no process on them.
             raise _Bad(f"the deepspeed launcher's resource pool{note} is left with no GPU slot: it starts no training "
@@ -452,28 +452,28 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     return None, nodes_run, ""
 
 
-def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str) -> dict[str, list[int]]:
-    """DeepSpeed 0.19.8's parse_inclusion_exclusion / parse_resource_filter: the pool's slots ({host: count}) that
-    an --include keeps or an --exclude leaves (``hosts``: ``_deepspeed_hosts``' reading of it; empty: the pool whole),
-    in the pool's order, hosts left with no slot dropped; a host or slot the pool lacks stops the launcher."""
-    active = {host: list(range(count)) for host, count in pool.items()}
+def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str) -> dict[str, int]:
+    """DeepSpeed 0.19.8's parse_inclusion_exclusion / parse_resource_filter: how many of each host's slots (the pool:
+    {host: count}) an --include keeps or an --exclude leaves (``hosts``: ``_deepspeed_hosts``' reading of it; empty:
+    the pool whole), in the pool's order, hosts left with no slot dropped; a host or slot the pool lacks stops the
+    launcher. Counted, never listed: a hostfile's `slots=` may be any number of digits."""
     if not hosts:
-        return active
-    kept: dict[str, list[int]] = {} if include else {host: list(slots) for host, slots in active.items()}
+        return dict(pool)
+    kept: dict[str, int] = {} if include else dict(pool)
     for host, slots in hosts.items():
-        if host not in active:
+        if host not in pool:
             raise _Bad(f"{'--include' if include else '--exclude'} names {_shown(host)}, which the {named} lacks (the "
                        f"deepspeed launcher: \"Hostname '{_shown(host)}' not found in hostfile\")")
-        missing = sorted(slot for slot in slots if slot not in active[host])
+        missing = sorted(slot for slot in slots if not 0 <= slot < pool[host])
         if missing:
             raise _Bad(f"{'--include' if include else '--exclude'} names GPU slot {missing[0]} of {_shown(host)}, which "
-                       f"has {len(active[host])} in the {named} (the deepspeed launcher: \"No slot '{missing[0]}' "
+                       f"has {pool[host]} in the {named} (the deepspeed launcher: \"No slot '{missing[0]}' "
                        f"specified on host '{_shown(host)}'\")")
         if include:
-            kept[host] = sorted(slots) if slots else active[host]
+            kept[host] = len(slots) if slots else pool[host]
         else:
-            kept[host] = [slot for slot in kept[host] if slot not in slots] if slots else []
-    return {host: kept[host] for host in active if kept.get(host)}
+            kept[host] = pool[host] - len(slots) if slots else 0
+    return {host: kept[host] for host in pool if kept.get(host)}
 
 
 # DeepSpeed 0.19.8's runner.py: the hostfile read where the line names none (DLTS_HOSTFILE), a line of it

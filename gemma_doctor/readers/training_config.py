@@ -3,6 +3,7 @@ into the precision settings the run will use, as a frozen fact. Never raises for
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -598,6 +599,9 @@ def key_table(name: str) -> dict[str, Any]:
 # How close an unknown key must be to a field to be taken for its misspelling (difflib's ratio):
 # per_device_train_batch_sze is 0.98 from per_device_train_batch_size; a script's own keys (model_path, lr) are far.
 MISSPELT_KEY_RATIO = 0.85
+# The most keys of one config that no field has which are matched against the table (about a millisecond each): a
+# config is some tens of keys; a 1 MiB file of a hundred thousand took minutes. Those past it are not judged.
+MAX_KEYS_MATCHED = 1000
 # transformers' string_to_bool (hf_argparser.py): what TRL's parser and HfArgumentParser read as a boolean.
 _BOOLEAN_WORDS = frozenset({"yes", "no", "true", "false", "t", "f", "y", "n", "1", "0"})
 # pydantic 2's bool parsing (axolotl 0.19.0's schema, run here): these words in any case, nothing stripped.
@@ -624,7 +628,8 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
 
     A key no field has is reported only when it is close to one (a misspelling): a config may carry a script's own
     keys, and keys of older releases that the table (read from one release) no longer lists. Keys gemma-doctor
-    reads itself (KEYS) are never unknown, except where the table is axolotl's (its keys are all it reads)."""
+    reads itself (KEYS) are never unknown, except where the table is axolotl's (its keys are all it reads). The first
+    MAX_KEYS_MATCHED keys no field has are matched, no more (a file of 100,000 keys is no trainer's config)."""
     import difflib
 
     table = key_table(table_name)
@@ -638,6 +643,8 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
     # gemma-doctor's own keys of other formats (micro_batch_size in a TRL config) are no typo; axolotl's table is whole.
     own = {k.split(".", 1)[0] for keys in KEYS.values() for k in keys} if table_name == "trainer_keys" else set()
     out: list[KeyProblem] = []
+    names = sorted(fields)
+    matched = 0
     for key, value in data.items():
         if not isinstance(key, str):
             continue
@@ -645,8 +652,9 @@ def _key_problems(data: dict[str, Any], line_of: Any, table_name: str = "trainer
         if key in booleans and _not_boolean(value, table_name, literals):
             close = difflib.get_close_matches(value.strip().lower(), ["true", "false", *literals], n=1, cutoff=0.5)
             out.append(KeyProblem("not-boolean", key, value, line_of(key), close[0] if close else None))
-        elif key not in fields and key not in own:
-            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=MISSPELT_KEY_RATIO)
+        elif key not in fields and key not in own and matched < MAX_KEYS_MATCHED:
+            matched += 1
+            close = difflib.get_close_matches(key, names, n=1, cutoff=MISSPELT_KEY_RATIO)
             if close:
                 out.append(KeyProblem("unknown-key", key, None, line_of(key), close[0]))
     return tuple(out)
@@ -786,6 +794,14 @@ def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | Non
                 target = _shown_path(os.readlink(candidate))
                 problems.append(f"is a link to {target}, which does not exist ({_DS_SOURCE}: "
                                 "\"Expected a string path to an existing deepspeed config\")")
+                continue
+            if e.errno == errno.ELOOP:  # os.path.exists is False there, as for a dangling link (accelerate 1.15.0)
+                problems.append(f"is a link loop ({_DS_SOURCE}: \"Expected a string path to an existing deepspeed "
+                                "config\")")
+                continue
+            if e.errno == errno.ENXIO:  # a socket: open() fails (accelerate 1.15.0's HfDeepSpeedConfig, run here)
+                problems.append(f"is not a regular file (a pipe, socket or device): {_DS_SOURCE} (it opens the path "
+                                "and waits or fails)")
                 continue
             if isinstance(e, FileNotFoundError):
                 continue  # gone since the lstat: nothing known here

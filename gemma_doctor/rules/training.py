@@ -121,8 +121,9 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
             yield Finding(
                 "GD681", Severity.ERROR,
                 f"{p.key}: {p.value!r} is not a boolean: LLaMA-Factory {read['llamafactory']} hands it to its arguments "
-                "unconverted (HfArgumentParser.parse_dict), where any non-empty string is true, so the run has "
-                f"{p.key} on", file=tc.path, key=p.key, fix=f"{p.key}: true or false (unquoted)", details=details)
+                "unconverted (HfArgumentParser.parse_dict), where any non-empty string is true"
+                + (f", so the run has {p.key} on" if p.value else f" and the empty one false, so the run has {p.key} off"),
+                file=tc.path, key=p.key, fix=f"{p.key}: true or false (unquoted)", details=details)
             continue
         if table == "llamafactory_keys":
             yield Finding(
