@@ -5,21 +5,19 @@ attacker's pass found and what each input now gives. Every input: a finding or a
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 
 import pytest
 
-from tests.builders import gemma3_12b_config
 
 
-@pytest.fixture
-def model(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(gemma3_12b_config()))
-    return folder
+def _messages(cli, model, config, code: str) -> list[str]:
+    """check of ``model`` with the training config ``config``: the messages of its findings of ``code`` (no traceback)."""
+    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    return [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == code]
 
 
 def _run(cli, model, line: str):
@@ -81,10 +79,7 @@ def test_a_deepspeed_path_that_is_a_link_loop_or_a_socket_is_gd601(cli, model, t
         held = _socket(tmp_path, "ds.json")  # noqa: F841 (kept open for the run)
     config = tmp_path / "train.yaml"
     config.write_text(f"per_device_train_batch_size: 2\nbf16: true\ndeepspeed: {ds}\n")
-    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
-            "--fail-on", "never")
-    assert r.code == 0 and "Traceback" not in r.err, r
-    gd601 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD601"]
+    gd601 = _messages(cli, model, config, "GD601")
     assert any(f"deepspeed: {ds} {said}" in m for m in gd601), gd601
 
 
@@ -98,10 +93,7 @@ _LF = "model_name_or_path: google/gemma-3-12b\nstage: sft\nfinetuning_type: lora
 def test_gd681_says_an_empty_string_leaves_the_boolean_off(cli, model, tmp_path, value, said):
     config = tmp_path / "lf.yaml"
     config.write_text(f"{_LF}bf16: {value}\n")
-    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
-            "--fail-on", "never")
-    assert r.code == 0 and "Traceback" not in r.err, r
-    gd681 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD681"]
+    gd681 = _messages(cli, model, config, "GD681")
     assert len(gd681) == 1 and gd681[0].endswith(said), gd681
 
 
