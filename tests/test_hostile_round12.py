@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from tests.test_hostile_round11 import _run  # check with a launch line: (processes planned, GD601 messages)
 
 
 def _messages(cli, model, config, code: str) -> list[str]:
@@ -18,14 +19,6 @@ def _messages(cli, model, config, code: str) -> list[str]:
             "--fail-on", "never")
     assert r.code == 0 and "Traceback" not in r.err, r
     return [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == code]
-
-
-def _run(cli, model, line: str):
-    r = cli("check", str(model), "--launch", line, "--gpu", "A100", "--format", "json", "--fail-on", "never")
-    assert r.code == 0 and "Traceback" not in r.err, r
-    doc = r.json()
-    gd601 = [f["message"] for f in doc["models"][0]["findings"] if f["code"] == "GD601"]
-    return doc["models"][0]["memory"]["run"]["num_gpus"], gd601
 
 
 # A hostfile's `slots=` is any run of digits (DeepSpeed 0.19.8's _parse_hostfile: `slots=(\d+)`, int()), and
