@@ -8,12 +8,10 @@ Usage: PYTHONPATH=<the folder with llamafactory==0.9.5> <its stack's python> doc
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import typing
 from pathlib import Path
 
-from gen_trainer_keys import _is_bool, write_or_check  # docs/: the same boolean test and --check as TRL's table
+from gen_trainer_keys import fields_of, write_or_check  # docs/: the same field walk and --check as TRL's table
 
 OUT = Path(__file__).resolve().parent.parent / "gemma_doctor" / "readers" / "llamafactory_keys.json"
 
@@ -23,16 +21,7 @@ def render() -> str:
     import llamafactory
     from llamafactory.hparams import parser
 
-    keys: set[str] = set()
-    booleans: set[str] = set()
-    for cls in parser._TRAIN_ARGS:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if not f.init:
-                continue
-            keys.add(f.name)
-            if _is_bool(hints.get(f.name)):
-                booleans.add(f.name)
+    keys, booleans = fields_of(parser._TRAIN_ARGS)
     table = {"read_from": {"llamafactory": llamafactory.__version__},
              "arguments": [cls.__name__ for cls in parser._TRAIN_ARGS], "keys": sorted(keys), "booleans": sorted(booleans)}
     return json.dumps(table, indent=1) + "\n"

@@ -26,23 +26,28 @@ def _is_bool(tp: typing.Any) -> bool:
         and args == [bool]
 
 
+def fields_of(classes: typing.Iterable[type]) -> tuple[set[str], set[str]]:
+    """The settings a parser of these dataclasses accepts (their init fields) and which of them are booleans."""
+    keys: set[str] = set()
+    booleans: set[str] = set()
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.init:
+                keys.add(f.name)
+                if _is_bool(hints.get(f.name)):
+                    booleans.add(f.name)
+    return keys, booleans
+
+
 def render() -> str:
     """The table as the installed TRL and transformers define it."""
     import transformers
     import trl
 
-    keys: set[str] = set()
-    booleans: set[str] = set()
-    for command in COMMANDS:
-        parser = importlib.import_module(f"trl.scripts.{command}").make_parser()
-        for cls in parser.dataclass_types:
-            hints = typing.get_type_hints(cls)
-            for f in dataclasses.fields(cls):
-                if not f.init:
-                    continue
-                keys.add(f.name)
-                if _is_bool(hints.get(f.name)):
-                    booleans.add(f.name)
+    classes = [cls for command in COMMANDS
+               for cls in importlib.import_module(f"trl.scripts.{command}").make_parser().dataclass_types]
+    keys, booleans = fields_of(classes)
     table = {"read_from": {"trl": trl.__version__, "transformers": transformers.__version__},
              "commands": list(COMMANDS), "keys": sorted(keys), "booleans": sorted(booleans)}
     return json.dumps(table, indent=1) + "\n"
