@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import pickle
 from pathlib import Path
@@ -139,7 +140,13 @@ def _json_file(jf: Any, snap: Snapshot, raw: bytes | None = None, data: Any = No
 # A JSON file's fields in the key, in their order; its parse stands there as this mark where the parse is a function of
 # the text beside it (_file_key), never a value a parse gives (a dict, or None).
 _FILE_FIELDS = tuple(f.name for f in dataclasses.fields(JsonFile))
-_FACT_FIELDS = tuple(f.name for f in dataclasses.fields(ModelFacts))
+_FILE_VALUES = operator.attrgetter(*_FILE_FIELDS)
+_PATH, _LINK, _RAW, _DATA = (_FILE_FIELDS.index(k) for k in ("path", "link_target", "raw", "data"))
+# The facts' fields in the key: all but the snapshot (its fields a judgement may read enter apart) and the source (its
+# kind enters apart: the source names the folder).
+_KEYED_FIELDS = tuple(f.name for f in dataclasses.fields(ModelFacts) if f.name not in ("snapshot", "source"))
+_KEYED_VALUES = operator.attrgetter(*_KEYED_FIELDS)
+_CONFIG, _GENERATION, _CENSUS = (_KEYED_FIELDS.index(k) for k in ("config", "generation_config", "census"))
 _OF_TEXT = "\u27e8the parse of raw\u27e9"
 _SNAPSHOT_TEXT = os.fspath(SNAPSHOT)
 
@@ -161,23 +168,23 @@ def _file_key(jf: Any, snap: Snapshot, raw: bytes | None, data: Any) -> tuple[An
     name the parse holds is then written in the text as it is, where key_of looks for the model's names; the neutral
     name is the only escape the neutral text adds). Equal keys are then equal
     files, parse included; a walk of the parse is not pickled for every model."""
-    values = {k: getattr(jf, k) for k in _FILE_FIELDS}
-    values["path"] = _under_text(jf.path, snap)
+    values = list(_FILE_VALUES(jf))
+    values[_PATH] = _under_text(jf.path, snap)
     if jf.link_target is not None:
-        values["link_target"] = BLOB
-    values["raw"] = raw
+        values[_LINK] = BLOB
+    values[_RAW] = raw
     if (jf.parsed and raw is not None and jf.raw is not None and b"\\" not in jf.raw
             and (data is jf.data or data == _parsed_text(raw))):
         data = _OF_TEXT
-    values["data"] = data
-    return tuple(values[k] for k in _FILE_FIELDS)
+    values[_DATA] = data
+    return tuple(values)
 
 
 def key_parts(facts: Any) -> tuple[Any, ...]:
     """The parts of the key of a model's name-free facts (key_of digests them), made without the name-free facts
     themselves, which only a model whose key is new is judged on (name_free): the snapshot's fields a judgement may
-    read but its names, the source's kind, every other field of the facts in order (its JSON files by _file_key, the
-    census without its headers) and the headers, each by the digest of its bytes. Raises Unmemoisable."""
+    read but its names, the source's kind, every other field of the facts in _KEYED_FIELDS' order (its JSON files by
+    _file_key, the census without its headers) and the headers, each by the digest of its bytes. Raises Unmemoisable."""
     snap = facts.snapshot
     cfg = facts.config
     name = _own_name(facts)
@@ -188,24 +195,18 @@ def key_parts(facts: Any) -> tuple[Any, ...]:
     else:
         config = _file_key(cfg, snap, cfg.raw, cfg.data)
     gen = facts.generation_config
-    keyed: list[Any] = []
+    keyed = list(_KEYED_VALUES(facts))
+    keyed[_CONFIG] = config
+    keyed[_GENERATION] = _file_key(gen, snap, gen.raw, gen.data)
     headers: tuple[Any, ...] = ()
-    for k in _FACT_FIELDS:
-        if k in ("snapshot", "source"):
-            continue
-        v = getattr(facts, k)
-        if k == "config":
-            v = config
-        elif k == "generation_config":
-            v = _file_key(gen, snap, gen.raw, gen.data)
-        elif k == "census" and v is not None and v.headers:
-            idents: dict[Any, tuple[int, int]] = {}
-            headers = tuple((_under_text(h.path, snap), h.exists, h.file_size, h.header_len, h.digest or h.tensors,
-                             h.metadata, h.error,
-                             None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents))),
-                             None if h.root is None else REPO_DIR) for h in v.headers)
-            v = frozen.replace(v, headers=())
-        keyed.append((k, v))
+    census = keyed[_CENSUS]
+    if census is not None and census.headers:
+        # A file's identity as its order of meeting: the same file met twice is still seen as one.
+        idents: dict[Any, tuple[int, int]] = {}
+        headers = tuple((_under_text(h.path, snap), h.exists, h.file_size, h.header_len, h.digest or h.tensors,
+                         h.metadata, h.error, None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents))),
+                         None if h.root is None else REPO_DIR) for h in census.headers)
+        keyed[_CENSUS] = frozen.replace(census, headers=())
     return (snap.revision, snap.cache_dir, snap.remote, snap.problem), facts.source.kind, tuple(keyed), headers
 
 

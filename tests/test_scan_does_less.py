@@ -387,7 +387,8 @@ def test_a_key_made_without_the_name_free_facts_is_theirs(tmp_path) -> None:
     assert keys["a/one"] == keys["b/two"] and keys["c/three"] == keys["d/four"] != keys["a/one"]
     assert len({keys[r] for r in ("e/five", "f/six", "g/seven", "h/eight", "i/nine", "j/ten")}) == 6
     # Where the text stands for the parse: the plain pair; the escaped one keeps its parse (where key_of looks for names)
-    config = dict(memo.key_parts(pipeline.read_more(models[0], CheckOptions()))[2])["config"]
+    at = memo._KEYED_FIELDS.index("config")
+    config = memo.key_parts(pipeline.read_more(models[0], CheckOptions()))[2][at]
     assert memo._OF_TEXT in config and models[0].snapshot.repo_id == "a/one"
     escaped = [m for m in models if m.snapshot.repo_id == "c/three"][0]
-    assert memo._OF_TEXT not in dict(memo.key_parts(pipeline.read_more(escaped, CheckOptions()))[2])["config"]
+    assert memo._OF_TEXT not in memo.key_parts(pipeline.read_more(escaped, CheckOptions()))[2][at]
