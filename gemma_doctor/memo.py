@@ -9,8 +9,10 @@ scan whose name-free facts are equal: most of a shared cache is fine-tunes of a 
   findings and decision hold references, never its names (docs/architecture.md lists where names enter).
 - **An ordinary cache keyed by those facts.** The key is a digest of the name-free facts pickled (every field, compared
   or not, with its type: ``1``, ``1.0`` and ``True`` differ; dicts in their order); a header's tensors enter it by the
-  digest of the bytes they were parsed from (readers/safetensors_header.py). Equal keys are equal judged inputs, so one
-  judgement serves every model of that key; the environment and options are the scan's own (fixed for it).
+  digest of the bytes they were parsed from (readers/safetensors_header.py), a JSON file's parse by the text it is the
+  parse of (``_file_key``). ``key_parts`` makes it from the facts' fields, without the name-free facts, which only a
+  model whose key is new is judged on (``neutral_facts``). Equal keys are equal judged inputs, so one judgement serves
+  every model of that key; the environment and options are the scan's own (fixed for it).
 - **Shared only where that is exact by construction**, else the model is judged directly on its own facts: a snapshot
   read from a hub cache; name-free facts that hold none of its folder or commit names (a name left in them) and no
   place for a name (report's marks: named() would fill a value of the model's files); a judgement that reads nothing
