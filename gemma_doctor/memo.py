@@ -9,8 +9,10 @@ scan whose name-free facts are equal: most of a shared cache is fine-tunes of a 
   findings and decision hold references, never its names (docs/architecture.md lists where names enter).
 - **An ordinary cache keyed by those facts.** The key is a digest of the name-free facts pickled (every field, compared
   or not, with its type: ``1``, ``1.0`` and ``True`` differ; dicts in their order); a header's tensors enter it by the
-  digest of the bytes they were parsed from (readers/safetensors_header.py). Equal keys are equal judged inputs, so one
-  judgement serves every model of that key; the environment and options are the scan's own (fixed for it).
+  digest of the bytes they were parsed from (readers/safetensors_header.py), a JSON file's parse by the text it is the
+  parse of (``_file_key``). ``key_parts`` makes it from the facts' fields, without the name-free facts, which only a
+  model whose key is new is judged on (``neutral_facts``). Equal keys are equal judged inputs, so one judgement serves
+  every model of that key; the environment and options are the scan's own (fixed for it).
 - **Shared only where that is exact by construction**, else the model is judged directly on its own facts: a snapshot
   read from a hub cache; name-free facts that hold none of its folder or commit names (a name left in them) and no
   place for a name (report's marks: named() would fill a value of the model's files); a judgement that reads nothing
@@ -24,13 +26,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import pickle
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from gemma_doctor import frozen
+from gemma_doctor.facts import ModelFacts
 from gemma_doctor.locate import Snapshot
+from gemma_doctor.readers.jsonfile import JsonFile
+from gemma_doctor.readers.jsonfile import parsed_text as _parsed_text
 from gemma_doctor.report import MODEL, MODEL_ID, PLACE
 from gemma_doctor.source import LocalSource
 
@@ -133,8 +139,87 @@ def _json_file(jf: Any, snap: Snapshot, raw: bytes | None = None, data: Any = No
     return frozen.replace(jf, **changes)
 
 
+# A JSON file's fields in the key, in their order; its parse stands there as this mark where the parse is a function of
+# the text beside it (_file_key), never a value a parse gives (a dict, or None).
+_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(JsonFile))
+_FILE_VALUES = operator.attrgetter(*_FILE_FIELDS)
+_PATH, _LINK, _RAW, _DATA = (_FILE_FIELDS.index(k) for k in ("path", "link_target", "raw", "data"))
+# The facts' fields in the key: all but the snapshot (its fields a judgement may read enter apart) and the source (its
+# kind enters apart: the source names the folder).
+_KEYED_FIELDS = tuple(f.name for f in dataclasses.fields(ModelFacts) if f.name not in ("snapshot", "source"))
+_KEYED_VALUES = operator.attrgetter(*_KEYED_FIELDS)
+_CONFIG, _GENERATION, _CENSUS = (_KEYED_FIELDS.index(k) for k in ("config", "generation_config", "census"))
+_OF_TEXT = "\u27e8the parse of raw\u27e9"
+_SNAPSHOT_TEXT = os.fspath(SNAPSHOT)
+
+
+def _under_text(path: Path, snap: Snapshot) -> str:
+    """_under(path, snap) as text (a file of the folder itself, every one a scan reads: no Path made)."""
+    folder, name = os.path.split(os.fspath(path))
+    if folder == os.fspath(snap.path):
+        return os.path.join(_SNAPSHOT_TEXT, name)
+    return os.fspath(_under(path, snap))
+
+
+def _file_key(jf: Any, snap: Snapshot, raw: bytes | None, data: Any) -> tuple[Any, ...]:
+    """A JSON file of the name-free facts (its path as "this model"'s, its blob link neutral, ``raw`` and ``data``
+    its name-free text and parse) as the key holds it: every field in order, as pickling the file held them, but the
+    parse, which is the mark _OF_TEXT where it is exactly the parse of ``raw`` (the reader parsed it from those bytes,
+    or, with the config's own name made neutral, the parse of the neutral text is equal to it: the name was that
+    key's value, so every other value was parsed from the same text) and the file's own text holds no escape (every
+    name the parse holds is then written in the text as it is, where key_of looks for the model's names; the neutral
+    name is the only escape the neutral text adds). Equal keys are then equal
+    files, parse included; a walk of the parse is not pickled for every model."""
+    values = list(_FILE_VALUES(jf))
+    values[_PATH] = _under_text(jf.path, snap)
+    if jf.link_target is not None:
+        values[_LINK] = BLOB
+    values[_RAW] = raw
+    if (jf.parsed and raw is not None and jf.raw is not None and b"\\" not in jf.raw
+            and (data is jf.data or data == _parsed_text(raw))):
+        data = _OF_TEXT
+    values[_DATA] = data
+    return tuple(values)
+
+
+def key_parts(facts: Any) -> tuple[Any, ...]:
+    """The parts of the key of a model's name-free facts (key_of digests them), made without the name-free facts
+    themselves, which only a model whose key is new is judged on (name_free): the snapshot's fields a judgement may
+    read but its names, the source's kind, every other field of the facts in _KEYED_FIELDS' order (its JSON files by
+    _file_key, the census without its headers) and the headers, each by the digest of its bytes. Raises Unmemoisable."""
+    snap = facts.snapshot
+    cfg = facts.config
+    name = _own_name(facts)
+    if name is not None:
+        data = dict(cfg.data)
+        data["_name_or_path"] = NAME
+        config = _file_key(cfg, snap, _neutral_raw(cfg.raw, name), data)
+    else:
+        config = _file_key(cfg, snap, cfg.raw, cfg.data)
+    gen = facts.generation_config
+    keyed = list(_KEYED_VALUES(facts))
+    keyed[_CONFIG] = config
+    keyed[_GENERATION] = _file_key(gen, snap, gen.raw, gen.data)
+    headers: tuple[Any, ...] = ()
+    census = keyed[_CENSUS]
+    if census is not None and census.headers:
+        # A file's identity as its order of meeting: the same file met twice is still seen as one.
+        idents: dict[Any, tuple[int, int]] = {}
+        headers = tuple((_under_text(h.path, snap), h.exists, h.file_size, h.header_len, h.digest or h.tensors,
+                         h.metadata, h.error, None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents))),
+                         None if h.root is None else REPO_DIR) for h in census.headers)
+        keyed[_CENSUS] = frozen.replace(census, headers=())
+    return (snap.revision, snap.cache_dir, snap.remote, snap.problem), facts.source.kind, tuple(keyed), headers
+
+
 def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
-    """(the facts without the model's names, the parts of its key): see the module doc. Raises Unmemoisable."""
+    """(the facts without the model's names, the parts of its key: key_parts): see the module doc. Raises
+    Unmemoisable."""
+    return neutral_facts(facts), key_parts(facts)
+
+
+def neutral_facts(facts: Any) -> Any:
+    """The facts without the model's names, which a model whose key is new is judged on. Raises Unmemoisable."""
     snap = facts.snapshot
     neutral_snap = Snapshot(MODEL, SNAPSHOT, MODEL_ID, snap.revision, COMMIT, REPO_DIR, snap.cache_dir, snap.remote,
                             snap.problem)
@@ -149,7 +234,6 @@ def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
     changes: dict[str, Any] = {"snapshot": neutral_snap, "config": config,
                                "generation_config": _json_file(facts.generation_config, snap),
                                "source": NeutralSource(facts.source.kind)}
-    headers: tuple[Any, ...] = ()
     census = facts.census
     if census is not None and census.headers:
         # A file's identity as its order of meeting: the same file met twice is still seen as one.
@@ -159,15 +243,8 @@ def name_free(facts: Any) -> tuple[Any, tuple[Any, ...]]:
             ident = None if h.ident is None else idents.setdefault(h.ident, (-1, len(idents)))
             made.append(frozen.replace(h, path=_under(h.path, snap), ident=ident,
                                             root=None if h.root is None else REPO_DIR))
-        headers = tuple((h.path, h.exists, h.file_size, h.header_len, h.digest or h.tensors, h.metadata, h.error,
-                         h.ident, h.root) for h in made)
         changes["census"] = frozen.replace(census, headers=tuple(made))
-    neutral = facts.with_(**changes)
-    # The key's parts: the facts but the snapshot (the same neutral one for all, but for these fields), the source (its
-    # kind: pickling the neutral source would ask it for attributes) and the headers (each by its digest).
-    keyed = neutral.with_(census=frozen.replace(neutral.census, headers=()) if headers else neutral.census,
-                          snapshot=None, source=None)
-    return neutral, ((snap.revision, snap.cache_dir, snap.remote, snap.problem), facts.source.kind, keyed, headers)
+    return facts.with_(**changes)
 
 
 def key_of(parts: tuple[Any, ...], facts: Any) -> bytes:
@@ -210,8 +287,7 @@ class Memo:
             self.gates.add(g)
             return judge(facts)  # the first model of a config text: most caches of unalike models stop here
         try:
-            neutral, parts = name_free(facts)
-            key = key_of(parts, facts)
+            key = key_of(key_parts(facts), facts)
         except Unmemoisable:
             return judge(facts)
         hit = self.entries.get(key)
@@ -220,7 +296,8 @@ class Memo:
         if hit is None:
             if len(self.entries) >= MAX_ENTRIES:
                 self.entries.clear()
-            hit = self.entries[key] = self._entry(neutral, judge)
+            # Only a new key's model is made name-free and judged so; the rest are served by their key alone.
+            hit = self.entries[key] = self._entry(neutral_facts(facts), judge)
             if hit is _DIRECT:
                 return judge(facts)
         else:

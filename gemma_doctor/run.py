@@ -124,8 +124,11 @@ class Settings:
     sources: tuple[tuple[str, str], ...] = ()
 
     def source(self, name: str) -> str:
-        """Where the setting ``name`` came from."""
-        return dict(self.sources).get(name, "default")
+        """Where the setting ``name`` came from (the last entry naming it, as a dict of ``sources`` would keep)."""
+        for key, source in reversed(self.sources):  # no dict made per question: a view asks six a model
+            if key == name:
+                return source
+        return "default"
 
     def sourced(self, name: str) -> Sourced[Any]:
         """The setting ``name`` (a field) with its source."""

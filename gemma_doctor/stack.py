@@ -44,6 +44,8 @@ class Exposure(str, enum.Enum):
 
 def normalise(name: str) -> str:
     """PEP 503 name normalisation (``Huggingface_Hub`` -> ``huggingface-hub``)."""
+    if name.islower() and "_" not in name and "." not in name and "--" not in name:
+        return name  # already normal (every name the rules ask for): no pattern run, a rule asks per model
     return re.sub(r"[-_.]+", "-", name).lower()
 
 

@@ -307,3 +307,88 @@ def test_a_served_model_is_copied_without_dataclasses_replace(tmp_path, monkeypa
         assert len(report.models) == n and all(m.block is not None for m in report.models)
         counts[n] = calls[0]
     assert counts[6] == counts[3]
+
+
+def test_a_served_model_is_never_made_name_free(tmp_path, monkeypatch) -> None:
+    """A model whose key is in the memo is served by its key alone: its name-free facts (a neutral snapshot, its files
+    copied with neutral paths and text, the facts copied around them) are made only for a model whose key is new, the
+    one judged so (main: made for every model whose config text was met before, 5 for 6 alike models, 2 for 3)."""
+    from gemma_doctor import memo
+    from gemma_doctor.facts import CheckOptions
+    from tests.builders import HubCache
+
+    monkeypatch.setenv("GEMMA_DOCTOR_WORKERS", "1")
+    made = counting(monkeypatch, memo, "Snapshot")  # name-free facts start with "this model"'s neutral snapshot
+    counts = {}
+    for n in (2, 3, 6):
+        cache = tmp_path / f"c{n}"
+        _alike(HubCache(cache), n)
+        made[0] = 0
+        report = pipeline.diagnose([], cache, options=CheckOptions(), prescription=False)
+        assert len(report.models) == n
+        counts[n] = made[0]
+    assert counts[6] == counts[3] == counts[2] == 1
+
+
+def _config_text(name_json: str, rest: str = '"note": "x"') -> bytes:
+    """A Gemma 3 config as text, its own ``_name_or_path`` written as ``name_json`` (a JSON string as written)."""
+    import json
+
+    from tests.builders import gemma3_12b_config
+
+    body = json.dumps({k: v for k, v in gemma3_12b_config().items() if k != "_name_or_path"})
+    return ('{"_name_or_path": ' + name_json + ", " + rest + ", " + body[1:]).encode()
+
+
+# (repo, config.json's text): pairs equal but for the repo's own name, and texts that only look alike once made neutral
+_TEXTS = (
+    ("a/one", _config_text('"a/one"')), ("b/two", _config_text('"b/two"')),  # equal but for their names
+    ("c/three", _config_text('"c/three"', '"note": "\\u0078"')),  # an escape: the parse stays in the key
+    ("d/four", _config_text('"d/four"', '"note": "\\u0078"')),
+    # the name written escaped, and as it is under another key: that key's value is what the text makes neutral
+    ("e/five", _config_text('"\\u0078"', '"note": "x"')), ("f/six", _config_text('"\\u0079"', '"note": "y"')),
+    ("g/seven", _config_text('"x"', '"note": "\\u0078"')),
+    ("h/eight", _config_text('"\\u27e8name-or-path\\u27e9"')),  # the neutral name itself
+    ("i/nine", b'{"model_type": "gemma3_text", "_name_or_path": 7}'),  # a name that is not text
+    ("j/ten", b'{"model_type": "gemma3_text", "_name_or_path": 7.0}'),
+)
+
+
+def test_a_key_made_without_the_name_free_facts_is_theirs(tmp_path) -> None:
+    """memo.key_parts makes a model's key without its name-free facts, and with a JSON file's text standing for its
+    parse where the parse is a function of it. Equal keys are equal name-free facts, pickled whole (every field with
+    its type, dicts in their order: the key as it was made of them), over configs whose own name is a plain value,
+    written escaped with the name under another key, the neutral name itself, or not text; and models whose texts hold
+    no escape share a key wherever those facts are equal (a text with one keeps its parse in the key: a key apart,
+    never a judgement shared that should not be)."""
+    import pickle
+
+    from gemma_doctor import locate, memo
+    from gemma_doctor.facts import CheckOptions
+    from gemma_doctor.readers import parsed
+    from tests.builders import HubCache, generation_config
+
+    hub = HubCache(tmp_path / "hub")
+    for repo, text in _TEXTS:
+        hub.add(repo, {"config.json": text, "generation_config.json": generation_config()})
+    with parsed.sharing():
+        models, _ = pipeline.select(locate.resolve([], hub.root, "main", False), explicit=False)
+        keys, whole = {}, {}
+        for m in models:
+            f = pipeline.read_more(m, CheckOptions())
+            neutral, parts = memo.name_free(f)
+            keys[m.snapshot.repo_id] = memo.key_of(parts, f)
+            whole[m.snapshot.repo_id] = pickle.dumps((parts[0], parts[1], neutral.with_(snapshot=None, source=None)))
+    assert len(keys) == len(_TEXTS)
+    plain = {repo for repo, text in _TEXTS if b"\\" not in text}
+    for a, b in product(keys, keys):
+        assert keys[a] != keys[b] or whole[a] == whole[b], (a, b)
+        assert not (a in plain and b in plain and whole[a] == whole[b]) or keys[a] == keys[b], (a, b)
+    assert keys["a/one"] == keys["b/two"] and keys["c/three"] == keys["d/four"] != keys["a/one"]
+    assert len({keys[r] for r in ("e/five", "f/six", "g/seven", "h/eight", "i/nine", "j/ten")}) == 6
+    # Where the text stands for the parse: the plain pair; the escaped one keeps its parse (where key_of looks for names)
+    at = memo._KEYED_FIELDS.index("config")
+    config = memo.key_parts(pipeline.read_more(models[0], CheckOptions()))[2][at]
+    assert memo._OF_TEXT in config and models[0].snapshot.repo_id == "a/one"
+    escaped = [m for m in models if m.snapshot.repo_id == "c/three"][0]
+    assert memo._OF_TEXT not in memo.key_parts(pipeline.read_more(escaped, CheckOptions()))[2][at]

@@ -168,3 +168,9 @@ _PARSED = parsed.Cache(16 * 1024 * 1024)
 
 def _parsed(raw: bytes) -> tuple[Any, str | None, bool]:
     return _PARSED.get(raw, len(raw), lambda: parse_json_object(raw))[0]
+
+
+def parsed_text(raw: bytes) -> Any:
+    """The ``data`` read_json_file gives for a file of the bytes ``raw`` (None where they do not parse to an object);
+    parsed once per whole-cache scan, as the reader's own."""
+    return _parsed(raw)[0]
