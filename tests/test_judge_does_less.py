@@ -135,3 +135,17 @@ def test_what_is_fixed_reads_no_value_of_the_run(quantized, task) -> None:
             kw = dict(precision=precision, gpu=None, request=request, training_config=None, task=task,
                       lora_targets=targets, trl_chunks=chunks)
             assert asked == runplan.plan_memory(shape, **kw).fixed, (request, task, precision)
+
+
+def test_the_catalogue_asks_a_run_only_the_entries_its_model_can_meet(cli, unalike, monkeypatch) -> None:
+    """A catalogue entry whose condition names a training setting is evaluated per run, unless a clause of it that
+    reads no run (the model type, config.json, the tokenizer, the GPU) fails for the model: no run of it then meets
+    the entry (rules/catalogue._never). A Gemma 3 is not asked the Gemma 4 entries' training settings: the search's
+    candidate evaluates none of the catalogue's run entries on these models (on main, each candidate evaluated 6, as
+    many as check's run without a training config skips: 4 models x 9 evaluations, now 4 x 3, the model part's)."""
+    from gemma_doctor.rules import catalogue
+
+    evaluated = counting(monkeypatch, catalogue, "evaluate")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
+    assert r.code == 0, r
+    assert evaluated[0] == 3 * MODELS
