@@ -149,3 +149,17 @@ def test_the_catalogue_asks_a_run_only_the_entries_its_model_can_meet(cli, unali
     r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
     assert r.code == 0, r
     assert evaluated[0] == 3 * MODELS
+
+
+def test_the_search_copies_without_running_init(cli, unalike, monkeypatch) -> None:
+    """The search's per-model and per-candidate copies (its request and settings, the options and environment its
+    candidates are judged under, the model part's key: rules.Shared) are frozen.replace's field copies, not
+    dataclasses.replace's new __init__ calls: the environment and the options are made once for the scan (on main
+    the environment copied through __init__ twice a model: 9 Environment __init__ calls for 4 models)."""
+    from gemma_doctor.facts import CheckOptions, Environment
+
+    made = {cls: counting(monkeypatch, cls, "__init__") for cls in (Environment, CheckOptions)}
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
+    assert r.code == 0, r
+    assert made[Environment][0] == 1
+    assert made[CheckOptions][0] == 1
