@@ -24,6 +24,7 @@ resolved from are read by their fields.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, TypeVar
@@ -125,7 +126,13 @@ class Settings:
 
     def source(self, name: str) -> str:
         """Where the setting ``name`` came from."""
-        return dict(self.sources).get(name, "default")
+        return self._sources.get(name, "default")
+
+    @functools.cached_property
+    def _sources(self) -> dict[str, str]:
+        # ``sources`` as a mapping, made on the first question (a plan's assumption lines and the Run ask about twenty
+        # a run), not once per question; a copy (frozen.replace, dataclasses.replace) starts without it
+        return dict(self.sources)
 
     def sourced(self, name: str) -> Sourced[Any]:
         """The setting ``name`` (a field) with its source."""

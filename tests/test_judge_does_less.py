@@ -163,3 +163,21 @@ def test_the_search_copies_without_running_init(cli, unalike, monkeypatch) -> No
     assert r.code == 0, r
     assert made[Environment][0] == 1
     assert made[CheckOptions][0] == 1
+
+
+def test_a_copy_of_settings_answers_its_own_sources() -> None:
+    """Settings.source reads a mapping made on the first question (run.Settings._sources); a copy with other sources,
+    by frozen.replace or dataclasses.replace, answers from its own, never from the mapping of the one it was copied
+    from."""
+    import dataclasses
+
+    from gemma_doctor import frozen
+    from gemma_doctor.run import Settings
+
+    s = Settings(sources=(("batch_size", "option"),))
+    assert s.source("batch_size") == "option" and s.source("method") == "default"
+    for copy in (frozen.replace, dataclasses.replace):
+        t = copy(s, sources=(("method", "chosen by the search"),))
+        assert t.source("batch_size") == "default" and t.source("method") == "chosen by the search"
+        assert t == Settings(sources=(("method", "chosen by the search"),)) and hash(t) == hash(copy(t))
+    assert s.source("batch_size") == "option"
