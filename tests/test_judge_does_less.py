@@ -135,3 +135,49 @@ def test_what_is_fixed_reads_no_value_of_the_run(quantized, task) -> None:
             kw = dict(precision=precision, gpu=None, request=request, training_config=None, task=task,
                       lora_targets=targets, trl_chunks=chunks)
             assert asked == runplan.plan_memory(shape, **kw).fixed, (request, task, precision)
+
+
+def test_the_catalogue_asks_a_run_only_the_entries_its_model_can_meet(cli, unalike, monkeypatch) -> None:
+    """A catalogue entry whose condition names a training setting is evaluated per run, unless a clause of it that
+    reads no run (the model type, config.json, the tokenizer, the GPU) fails for the model: no run of it then meets
+    the entry (rules/catalogue._never). A Gemma 3 is not asked the Gemma 4 entries' training settings: the search's
+    candidate evaluates none of the catalogue's run entries on these models (on main, each candidate evaluated 6, as
+    many as check's run without a training config skips: 4 models x 9 evaluations, now 4 x 3, the model part's)."""
+    from gemma_doctor.rules import catalogue
+
+    evaluated = counting(monkeypatch, catalogue, "evaluate")
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
+    assert r.code == 0, r
+    assert evaluated[0] == 3 * MODELS
+
+
+def test_the_search_copies_without_running_init(cli, unalike, monkeypatch) -> None:
+    """The search's per-model and per-candidate copies (its request and settings, the options and environment its
+    candidates are judged under, the model part's key: rules.Shared) are frozen.replace's field copies, not
+    dataclasses.replace's new __init__ calls: the environment and the options are made once for the scan (on main
+    the environment copied through __init__ twice a model: 9 Environment __init__ calls for 4 models)."""
+    from gemma_doctor.facts import CheckOptions, Environment
+
+    made = {cls: counting(monkeypatch, cls, "__init__") for cls in (Environment, CheckOptions)}
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
+    assert r.code == 0, r
+    assert made[Environment][0] == 1
+    assert made[CheckOptions][0] == 1
+
+
+def test_a_copy_of_settings_answers_its_own_sources() -> None:
+    """Settings.source reads a mapping made on the first question (run.Settings._sources); a copy with other sources,
+    by frozen.replace or dataclasses.replace, answers from its own, never from the mapping of the one it was copied
+    from."""
+    import dataclasses
+
+    from gemma_doctor import frozen
+    from gemma_doctor.run import Settings
+
+    s = Settings(sources=(("batch_size", "option"),))
+    assert s.source("batch_size") == "option" and s.source("method") == "default"
+    for copy in (frozen.replace, dataclasses.replace):
+        t = copy(s, sources=(("method", "chosen by the search"),))
+        assert t.source("batch_size") == "default" and t.source("method") == "chosen by the search"
+        assert t == Settings(sources=(("method", "chosen by the search"),)) and hash(t) == hash(copy(t))
+    assert s.source("batch_size") == "option"

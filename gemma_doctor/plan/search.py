@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from gemma_doctor import frozen, rules, trainers
 from gemma_doctor.codes import CODES, Cure, codes_of
+# dataclasses.replace's copy, without __init__ where it would only assign the fields (frozen.py): the search copies
+# its request, settings, options and environments per model and per candidate
+from gemma_doctor.frozen import replace
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Iterable
 
+from gemma_doctor import frozen
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import Finding
 from gemma_doctor.rules import (after, attention, catalogue, crashes, distributed, dtypes, files, libraries, loading,
@@ -88,8 +88,8 @@ class Shared:
     def of(self, model: ModelFacts, env: Environment, options: CheckOptions) -> ModelPart:
         """The model part for these inputs (the facts, environment and options the rules are handed)."""
         key = (model.with_(run=None) if model.run is not None else model,
-               dataclasses.replace(env, training_config=None) if env.training_config is not None else env,
-               dataclasses.replace(options, training_config=None, memory=None)
+               frozen.replace(env, training_config=None) if env.training_config is not None else env,
+               frozen.replace(options, training_config=None, memory=None)
                if options.training_config is not None or options.memory is not None else options)
         for k, part in self._parts:
             if k == key:

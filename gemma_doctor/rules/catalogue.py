@@ -43,7 +43,8 @@ def model_part(model: ModelFacts, env: Environment,
     out = []
     for entry in _live(catalogue.coded(), env.libraries):
         if entry["code"] in run:
-            out.append((entry, None))
+            if not _never(entry["when"], model, env):
+                out.append((entry, None))
         else:
             finding = evaluate(entry, model, env)
             if finding is not None:
@@ -71,6 +72,18 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions,
             finding = evaluate(entry, model, env)
         if finding is not None:
             yield finding
+
+
+# The clauses a model part can tell: the model's type, config.json, tokenizer_config.json and the GPU, read from what
+# the model part is keyed by (rules.Shared: the facts without their Run, the environment without its training config).
+_MODEL_CLAUSES = ("model_type", "config", "tokenizer", "gpu")
+
+
+def _never(when: Mapping[str, Any], model: ModelFacts, env: Environment) -> bool:
+    """Whether a clause at the top of ``when`` that reads no run fails for this model: _clauses is then False for every
+    run of it (a failed clause decides the AND whatever the training clause says), so the entry is not evaluated per
+    run (a Gemma 3 is never asked a Gemma 4 entry's training settings)."""
+    return any(_clause(kind, value, model, env) is False for kind, value in when.items() if kind in _MODEL_CLAUSES)
 
 
 @functools.lru_cache(maxsize=1)
