@@ -16,6 +16,15 @@ from tests.builders import HubCache, gemma3_12b_config
 # with HF_ENDPOINT pointing at it.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+# One compute thread per process. The suite runs one xdist worker per core, and every worker starts children that
+# train tiny models (the rehearsal's twins, the venv reproductions): each child took min(4, cores) OpenMP threads
+# (rehearse/process.py keeps a caller's OMP_NUM_THREADS), so two workers' children put 4 spinning threads on 2
+# cores, and a twin's products (hidden 32-64) are too small to gain from a second thread anyway. Measured on the
+# 2-core machine (docs/ci.md, "The thirteenth round"): one Gemma 3 text rehearsal's stages after the twin 28-33 s
+# with 2 threads, 9.7 s with 1 (CPU 21 s -> 13 s). Set here, before any test imports torch, so that in-process
+# torch, every subprocess and every launched rank inherit it; the tests that called torch.set_num_threads(1) did the
+# same for their own process. Forced, not defaulted: a caller's setting would change the suite's float reductions.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 # Property tests are deterministic by default: the same examples on every run and every machine, and no
 # example database in the work tree (a failure saved by one run must not replay on every later one).

@@ -55,3 +55,14 @@ def test_the_few_test_minute_long_modules_are_ranked_not_left_to_the_end():
     # Each ran among the last modules by number of tests (2-rank rehearsals 100-230 s, the LEGACY evaluation 80-130 s).
     for module in ("tests/test_rehearse_ranks.py", "tests/test_e2e_transformers450.py", "tests/test_rehearse_venvs.py"):
         assert module in LONGEST_FIRST
+
+
+def test_the_suites_children_compute_with_one_thread_each(tmp_path):
+    # One xdist worker per core already (pyproject addopts): a rehearsal child or a venv reproduction that took
+    # min(4, cores) OpenMP threads put its threads on the other worker's core (tests/conftest.py says why).
+    from gemma_doctor.rehearse.process import _environment
+    from tests.venvs import subprocess_env
+
+    assert _environment(tmp_path)["OMP_NUM_THREADS"] == "1"
+    assert _environment(tmp_path, "auto")["OMP_NUM_THREADS"] == "1"
+    assert subprocess_env()["OMP_NUM_THREADS"] == "1"
