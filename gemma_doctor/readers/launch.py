@@ -114,6 +114,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
     flags: dict[str, Any] = {}
     processes: Any = None
     note = ""  # what the launcher makes of a process count it does not run as written
+    counted: tuple[int, str] | None = None  # an accelerate config's num_processes as accelerate runs it, with a note
     if launcher == "accelerate":
         options, script = _split(rest, _ACCELERATE_SWITCHES)
         config_file = options.pop("config_file", None) or options.pop("config-file", None)
@@ -139,11 +140,17 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
                 raise _Bad(f"--{_shown(name)} {_shown(str(value))} is not an integer (accelerate launch refuses it)")
             elif key in _ACCELERATE_KEYS:
                 _put(flags, _ACCELERATE_KEYS[key], value)
+        written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
+                       None)
         if processes is not None:
-            written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
-                           None)
             flags["num_processes"], note = _accelerate_processes(processes, flags.get("distributed_type") or written,
                                                                  bool(layers), "multi_gpu" in flagged)
+        else:
+            configured = next((layer for layer in layers if layer.get("num_processes")), None)
+            if configured is not None:
+                # The config's own count, as accelerate runs it (its key and line stay the file's).
+                counted = _accelerate_config_processes(configured.get("num_processes"),  # type: ignore[arg-type]
+                                                       flags.get("distributed_type") or written, configured.path)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _nodes(options.get("nnodes", "1"))
@@ -168,6 +175,8 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
     for layer in layers:  # a file's settings keep its name: the line numbers are that file's
         name = os.path.basename(layer.path)
         settings.update({k: Setting(f"{name}: {s.key}", s.value) for k, s in layer.settings.items()})
+    if counted is not None and "num_processes" in settings:
+        settings["num_processes"] = Setting(settings["num_processes"].key + counted[1], counted[0])
     script_trainer = None
     for label, data in ((f"{launcher} line: ", flags), ("script --", _nest(args))):
         own = tc_reader.parse(json.dumps(data), WHERE, yaml_first=False) if data else None
@@ -356,6 +365,38 @@ def _accelerate_processes(value: Any, distributed: Any, config_file: bool, multi
         raise _Bad(f"--num_processes {count} stops accelerate launch before the script starts (it needs a process "
                    "count of at least 1, 2 with --multi_gpu): name the number of processes")
     return 1, f" {count} (accelerate's single-process launcher: one process)"
+
+
+def _accelerate_config_processes(setting: Setting, distributed: Any, path: str) -> tuple[int, str]:
+    """(processes, a note on the count) for an accelerate config's `num_processes` where the line names none, as
+    accelerate 1.15.0 runs it on one machine (commands/launch.py _validate_launch_command, utils/launch.py, torch
+    2.13.0's torchrun; run here on each value): the value is copied from the YAML unconverted. -1 stops the launch ("You
+    need to manually pass in `--num_processes` using this config yaml"). A run of several processes (MULTI_GPU, FSDP,
+    DeepSpeed) hands str(value) to torchrun's --nproc_per_node, which int() reads: `'3'` and `'٣'` run 3; 0 or less
+    stops its agent; `2.5`, `true`, `null` stop it ("Unsupported nproc_per_node value"). The single-process launcher
+    (`distributed_type: 'NO'`) compares the value with 1, which a string cannot be ("TypeError: '>' not supported"),
+    and otherwise runs one process whatever the number."""
+    value = setting.value
+    where = f"num_processes: {_shown(str(value)) if not isinstance(value, str) else repr(value)} in {_shown(path)}"
+    if isinstance(value, int) and not isinstance(value, bool) and value == -1:
+        raise _Bad(f"{where} stops accelerate launch (\"You need to manually pass in `--num_processes` using this "
+                   "config yaml\"): name the number of processes")
+    several = str(distributed or "NO").strip().upper() not in ("NO", "")
+    if not several:
+        if isinstance(value, str):
+            raise _Bad(f"{where} stops accelerate launch's single-process launcher, which compares it with 1 "
+                       "(TypeError: '>' not supported between 'str' and 'int'): write a number")
+        if value == 1 and isinstance(value, int) and not isinstance(value, bool):
+            return 1, ""
+        return 1, f" {_shown(str(value))} (accelerate's single-process launcher: one process)"
+    count = _integer(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    if count is None:
+        raise _Bad(f"{where} stops accelerate launch: torchrun refuses it as a process count (\"Unsupported "
+                   f"nproc_per_node value: {_shown(str(value))}\"): write a number")
+    if count < 1:
+        raise _Bad(f"{where} stops accelerate launch before the script starts (torchrun's agent needs at least one "
+                   "process): name the number of processes")
+    return count, "" if isinstance(value, int) else f" {value!r} (torchrun reads it as {count})"
 
 
 # torchrun's named process counts (torch 2.13.0 torch/distributed/run.py determine_local_world_size): each is the

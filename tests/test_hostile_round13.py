@@ -1,0 +1,91 @@
+"""Hostile input left from the twelfth round (accelerate's config `num_processes`, a YAML config of 100,000 keys): what
+the real launcher does with each, and what gemma-doctor now says. Every input: a count as the launcher runs it, or a
+finding or a one-line message, never exit 70 or a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_hostile_round11 import _run  # check with a launch line: (processes planned, GD601 messages)
+
+# accelerate 1.15.0 copies a config's num_processes into its arguments unconverted (commands/launch.py
+# _validate_launch_command). -1 stops it. A run of several processes hands str(value) to torchrun's --nproc_per_node,
+# which int() reads ('٣' runs 3; 0 or less stops its agent; 2.5, true, null: "Unsupported nproc_per_node value"); the
+# single-process launcher compares the value with 1 (a string: TypeError) and runs one process. Run here on each; before,
+# gemma-doctor planned one process for every one of them but '3' (3, also under 'NO', which stops) and said nothing.
+CASES = [  # (distributed_type, num_processes as written in the YAML, processes accelerate runs or None where it stops)
+    ("MULTI_GPU", "-1", None), ("NO", "-1", None), ("MULTI_GPU", "0", None), ("NO", "0", 1),
+    ("MULTI_GPU", "'٣'", 3), ("MULTI_GPU", "٣", 3), ("FSDP", "'٣'", 3), ("NO", "'٣'", None), ("NO", "'3'", None),
+    ("MULTI_GPU", "2.5", None), ("NO", "2.5", 1), ("FSDP", "true", None), ("MULTI_GPU", "null", None),
+    ("NO", "null", 1), ("NO", "2", 1), ("MULTI_GPU", "2", 2),
+]
+
+_ACCELERATE = """
+import json, sys
+from accelerate.commands.launch import launch_command_parser, _validate_launch_command
+from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from torch.distributed.run import determine_local_world_size
+out = []
+for path in json.loads(sys.argv[1]):
+    try:
+        args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+        _validate_launch_command(args)
+        if args.multi_gpu or args.use_fsdp:
+            prepare_multi_gpu_env(args)
+            n = determine_local_world_size(args.nproc_per_node)
+            out.append(n if n >= 1 else None)  # torchrun's agent refuses a local world size under 1
+        else:
+            prepare_simple_launcher_cmd_env(args)
+            out.append(1)
+    except (ValueError, TypeError):
+        out.append(None)
+print(json.dumps(out))
+"""
+
+
+def _config(folder, distributed: str, processes: str):
+    extra = "fsdp_config:\n  fsdp_version: 2\n" if distributed == "FSDP" else ""
+    path = folder / f"{distributed}-{processes.strip(chr(39))}.yaml"
+    path.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: {distributed}\nmixed_precision: bf16\n"
+                    f"num_processes: {processes}\nnum_machines: 1\n{extra}", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize("distributed, processes, runs", CASES)
+def test_an_accelerate_default_config_s_num_processes_is_counted_as_accelerate_runs_it(
+        cli, model, hf_home, distributed, processes, runs):
+    (hf_home / "accelerate" / "default_config.yaml").write_bytes(
+        _config(hf_home, distributed, processes).read_bytes())
+    planned, gd601 = _run(cli, model, "accelerate launch train.py")
+    if runs is None:
+        assert len(gd601) == 1 and "default_config.yaml stops accelerate launch" in gd601[0], gd601
+        assert "\n" not in gd601[0]
+    else:
+        assert (planned, gd601) == (runs, []), (planned, gd601)
+
+
+def test_a_count_on_the_line_leaves_the_config_s_unread(cli, model, tmp_path):
+    config = _config(tmp_path, "MULTI_GPU", "-1")  # accelerate: the line's --num_processes stands, -1 is never read
+    assert _run(cli, model, f"accelerate launch --config_file {config} --num_processes 4 train.py") == (4, [])
+
+
+@pytest.mark.slow
+def test_the_cases_are_what_accelerate_runs(tmp_path):
+    paths = [str(_config(tmp_path, d, p)) for d, p, _ in CASES]
+    out = subprocess.run([sys.executable, "-c", _ACCELERATE, json.dumps(paths)], capture_output=True, text=True,
+                         check=True, timeout=300, env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
+    assert json.loads(out.stdout.splitlines()[-1]) == [runs for _, _, runs in CASES]
