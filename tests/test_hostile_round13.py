@@ -89,3 +89,51 @@ def test_the_cases_are_what_accelerate_runs(tmp_path):
     out = subprocess.run([sys.executable, "-c", _ACCELERATE, json.dumps(paths)], capture_output=True, text=True,
                          check=True, timeout=300, env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
     assert json.loads(out.stdout.splitlines()[-1]) == [runs for _, _, runs in CASES]
+
+
+# A YAML config of 100,000 keys (1 MiB) took 24 s of check, nearly all in PyYAML's pure-Python composer, which every
+# launcher reads a config with (yaml.safe_load): libyaml's would be 8x faster here, but a file it reads otherwise than
+# the launcher (they differ on edge cases) would be judged as a run that never starts. The largest YAML in axolotl's
+# repository is 20.8 KiB, LLaMA-Factory's 4.6 KiB: a YAML config over 128 KiB is GD601 in one line, never composed.
+MAX_YAML_BYTES = 128 * 1024  # readers/training_config.py's
+
+
+def _many_keys(size: int) -> str:
+    head = "model_name_or_path: google/gemma-3-12b\nstage: sft\nfinetuning_type: lora\ndo_train: true\nbf16: true\n"
+    lines, n = [head], len(head)
+    while n <= size:
+        lines.append(f"k{len(lines)}: 1\n")
+        n += len(lines[-1])
+    return "".join(lines)[:size]
+
+
+@pytest.mark.parametrize("launch", [False, True])
+def test_a_yaml_config_over_the_limit_is_one_line_and_never_composed(cli, model, tmp_path, monkeypatch, launch):
+    import yaml
+
+    composed = []
+    real = yaml.SafeLoader.get_single_node
+    monkeypatch.setattr(yaml.SafeLoader, "get_single_node", lambda self: composed.append(1) or real(self))
+    config = tmp_path / "train.yaml"
+    config.write_text(_many_keys(MAX_YAML_BYTES + 1))
+    if launch:  # the same file named on a launch line
+        _, gd601 = _run(cli, model, f"accelerate launch --config_file {config} train.py")
+    else:
+        r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+                "--fail-on", "never")
+        assert r.code == 0 and "Traceback" not in r.err, r
+        gd601 = [f["message"] for f in r.json()["models"][0]["findings"] if f["code"] == "GD601"]
+    assert len(gd601) == 1 and "a YAML file of 128 KiB, larger than any training config" in gd601[0], gd601
+    assert "not read (at most 128 KiB)" in gd601[0] and "\n" not in gd601[0]
+    assert composed == []
+
+
+def test_a_yaml_config_at_the_limit_is_read(cli, model, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(_many_keys(MAX_YAML_BYTES).rsplit("\n", 1)[0] + "\n")
+    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    model_doc = r.json()["models"][0]
+    assert not [f for f in model_doc["findings"] if f["code"] == "GD601"]
+    assert model_doc["memory"]["run"]["precision"] == "bf16", model_doc["memory"]["run"]
