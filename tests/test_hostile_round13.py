@@ -137,3 +137,39 @@ def test_a_yaml_config_at_the_limit_is_read(cli, model, tmp_path):
     model_doc = r.json()["models"][0]
     assert not [f for f in model_doc["findings"] if f["code"] == "GD601"]
     assert model_doc["memory"]["run"]["precision"] == "bf16", model_doc["memory"]["run"]
+
+
+# A `deepspeed:` JSON whose top level is not an object, or over 1 MiB, got no finding: the first was read, found no
+# DeepSpeed config and added nothing; the second was not read whole and not judged. accelerate 1.15.0's HfDeepSpeedConfig
+# (the class transformers' TrainingArguments builds from `deepspeed`), run here: an array, number or null stops it
+# (AttributeError: 'list' object has no attribute 'get'); a 2 MiB object is read whole and its ZeRO stage 3 runs.
+@pytest.mark.parametrize("text, said", [
+    ('[{"zero_optimization": {"stage": 3}}]', "is JSON but an array, not an object of DeepSpeed settings"),
+    ("[]", "is JSON but an array"), ("3", "is JSON but a number"), ("null", "is JSON but null"),
+    (json.dumps({"zero_optimization": {"stage": 3}, "x": "a" * (1 << 20)}),
+     "is larger than 1 MiB, which no DeepSpeed config is: not read here, so its ZeRO stage, offload and batch are not "
+     "planned"),
+])
+def test_a_deepspeed_json_that_is_no_object_or_over_a_mib_is_gd601(cli, model, tmp_path, text, said):
+    (tmp_path / "ds.json").write_text(text)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"per_device_train_batch_size: 2\nbf16: true\ndeepspeed: {tmp_path / 'ds.json'}\n")
+    r = cli("check", str(model), "--training-config", str(config), "--gpu", "A100", "--format", "json",
+            "--fail-on", "never")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    found = r.json()["models"][0]
+    gd601 = [f["message"] for f in found["findings"] if f["code"] == "GD601"]
+    assert len(gd601) == 1 and f"deepspeed: {tmp_path / 'ds.json'} {said}" in gd601[0] and "\n" not in gd601[0], gd601
+    assert found["memory"]["run"]["precision"] == "bf16"  # the config's own settings are still planned
+
+
+@pytest.mark.slow
+def test_hf_deepspeed_config_stops_at_each_top_level_that_is_no_object(tmp_path):
+    for i, text in enumerate(['[{"zero_optimization": {"stage": 3}}]', "[]", "3", "null"]):
+        (tmp_path / f"{i}.json").write_text(text)
+    code = ("import sys\nfrom accelerate.utils.deepspeed import HfDeepSpeedConfig\nfor p in sys.argv[1:]:\n"
+            "    try:\n        HfDeepSpeedConfig(p); print('ran')\n"
+            "    except AttributeError as e:\n        print('stopped', e)\n")
+    out = subprocess.run([sys.executable, "-c", code, *(str(tmp_path / f"{i}.json") for i in range(4))],
+                         capture_output=True, text=True, check=True, timeout=300)
+    assert [line.split()[0] for line in out.stdout.splitlines()] == ["stopped"] * 4, out.stdout

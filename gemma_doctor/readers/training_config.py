@@ -818,14 +818,23 @@ def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | Non
                 continue  # gone since the lstat: nothing known here
             break  # unreadable to this user (the training machine's may read it): the file named, not judged
         if len(raw) > MAX_BYTES:
-            break  # no DeepSpeed JSON is this large; not read whole, not judged
+            # The run reads it whole (json.load: a 2 MiB one ran, ZeRO stage and all); no DeepSpeed config is near this
+            # size, and what it says is not planned: say so, rather than plan the run without its stage in silence.
+            return (f"is larger than {MAX_BYTES >> 20} MiB, which no DeepSpeed config is: not read here, so its ZeRO "
+                    "stage, offload and batch are not planned", None, None)
         try:
             decoded = raw.decode("utf-8")
-            json.loads(decoded)
+            top = json.loads(decoded)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else (
                 f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not JSON")
             problems.append(f"is not a JSON file ({why}): {_DS_SOURCE} (json.load: JSONDecodeError)")
+            continue
+        if not isinstance(top, dict):
+            # HfDeepSpeedConfig looks its ZeRO stage up with .get on the top level (accelerate 1.15.0, run here).
+            kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(top), "a number")
+            problems.append(f"is JSON but {kind}, not an object of DeepSpeed settings: {_DS_SOURCE} "
+                            f"(HfDeepSpeedConfig: AttributeError: '{type(top).__name__}' object has no attribute 'get')")
             continue
         return None, str(candidate), decoded
     else:
