@@ -173,3 +173,66 @@ def test_hf_deepspeed_config_stops_at_each_top_level_that_is_no_object(tmp_path)
     out = subprocess.run([sys.executable, "-c", code, *(str(tmp_path / f"{i}.json") for i in range(4))],
                          capture_output=True, text=True, check=True, timeout=300)
     assert [line.split()[0] for line in out.stdout.splitlines()] == ["stopped"] * 4, out.stdout
+
+
+# `CUDA_VISIBLE_DEVICES=0,1 deepspeed train.py`: DeepSpeed 0.19.8's runner.main, with no hostfile and none of
+# --include/--exclude/--num_gpus N > 0/--num_nodes N > 1, turns the variable into `--include localhost:0,1` and unsets
+# it (the slots are then the machine's own GPUs); with one of them it ignores the variable. The reader dropped the
+# variable: the run was planned on every GPU visible (or one, with --gpu). Below, main's own lines on each case, then
+# its parse_inclusion_exclusion and apply_num_nodes_and_gpus, on a machine of 4 GPUs.
+ENV_CASES = [("0,1", ""), ("2,3", ""), ("3", ""), ("0,1", "--num_gpus 3"), ("0", "--num_gpus 0"),
+             ("0,1", "--num_nodes 1"), ("", ""), ("4", ""), ("0,x", ""), ("1,1", "")]
+
+_DEEPSPEED_ENV = """
+import json, sys
+from deepspeed.launcher import runner
+out = []
+for visible_devices, options in json.loads(sys.argv[1]):
+    args = runner.parse_args([*options.split(), "--hostfile", "/nonexistent/hostfile", "train.py"])
+    try:
+        pool = runner.fetch_hostfile(args.hostfile)
+        if not pool and len(visible_devices):  # runner.main, 0.19.8
+            if not (len(args.include) or len(args.exclude) or args.num_nodes > 1 or args.num_gpus > 0):
+                args.include = f"localhost:{visible_devices}"
+        if args.num_nodes >= 0 or args.num_gpus >= 0:
+            if args.include != "" or args.exclude != "":
+                raise ValueError("Cannot specify num_nodes/gpus with include/exclude")
+        pool = pool or {"localhost": 4}
+        active = runner.parse_inclusion_exclusion(pool, args.include, args.exclude)
+        active = runner.apply_num_nodes_and_gpus(active, args.num_nodes, args.num_gpus)
+        out.append(sum(len(slots) for slots in active.values()))
+    except ValueError:
+        out.append("error")
+print(json.dumps(out))
+"""
+ENV_RUNS = [2, 2, 1, 3, "error", "error", 4, "error", "error", 1]
+
+
+def _env_line(visible_devices: str, options: str) -> str:
+    return f"CUDA_VISIBLE_DEVICES={visible_devices} deepspeed {options} train.py"
+
+
+@pytest.mark.parametrize("case, runs", list(zip(ENV_CASES, ENV_RUNS)))
+def test_cuda_visible_devices_on_a_deepspeed_line_is_its_include(case, runs):
+    from gemma_doctor.readers import launch
+
+    tc = launch.parse(_env_line(*case), visible=4)
+    ours = "error" if not tc.ok else (tc.get("num_processes").value if tc.get("num_processes") else 4)
+    assert ours == runs, (case, tc.error)
+    if not tc.ok and case[1] == "":
+        assert "CUDA_VISIBLE_DEVICES" in tc.error and "\n" not in tc.error, tc.error
+
+
+def test_check_plans_the_gpus_cuda_visible_devices_names(cli, model):
+    planned, gd601 = _run(cli, model, "CUDA_VISIBLE_DEVICES=0,1 deepspeed train.py")  # --gpu A100: no probe
+    assert (planned, gd601) == (2, []), (planned, gd601)
+
+
+@pytest.mark.slow
+def test_the_env_cases_are_what_deepspeed_s_runner_runs():
+    from tests.venvs import ensure_deepspeed
+
+    env = {**os.environ, "PYTHONPATH": str(ensure_deepspeed())}
+    out = subprocess.run([sys.executable, "-c", _DEEPSPEED_ENV, json.dumps(ENV_CASES)], capture_output=True, text=True,
+                         env=env, check=True, timeout=600)
+    assert json.loads(out.stdout.splitlines()[-1]) == ENV_RUNS

@@ -102,8 +102,11 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         words = shlex.split(line, comments=True)
     except ValueError as e:
         raise _Bad(f"not a command line: {e}") from None
+    env: dict[str, str] = {}
     while words and "=" in words[0] and not words[0].startswith(("-", "/", ".")):
-        words = words[1:]  # VAR=value before the command
+        name, _, value = words[0].partition("=")  # VAR=value before the command: that command's environment
+        env[name] = value
+        words = words[1:]
     if not words:
         raise _Bad("an empty command line")
     serving = _serving(words)
@@ -160,7 +163,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
         options, script = _split(rest, _DEEPSPEED_SWITCHES)
-        processes, nodes, note = _deepspeed_counts(options, cwd, visible)
+        processes, nodes, note = _deepspeed_counts(options, cwd, visible, env.get("CUDA_VISIBLE_DEVICES"))
         if processes is not None:
             flags["num_processes"] = processes
         flags["num_machines"] = nodes
@@ -424,8 +427,8 @@ def _torchrun_processes(value: Any, nodes: int) -> int | str:
     return count * nodes
 
 
-def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
-                      visible: int | None = None) -> tuple[int | str | None, int, str]:
+def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None, visible: int | None = None,
+                      cuda_visible: str | None = None) -> tuple[int | str | None, int, str]:
     """(processes, nodes, a note on the count) for a `deepspeed` line, as DeepSpeed 0.19.8's launcher/runner.py reads
     it (parse_args, main, fetch_hostfile, parse_inclusion_exclusion, apply_num_nodes_and_gpus; run here): --num_nodes
     and --num_gpus (alias --num_accelerators) are argparse type=int, default -1 (`1:4`, `abc`, `2.5` stop it: "invalid
@@ -437,7 +440,10 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     torchrun's auto is); --include or --exclude beside --num_nodes/--num_gpus, both together, or a slot int() refuses
     stop it. Without a pool read here (no hostfile on this machine, the training machine may hold one) a host other
     than localhost is not judged, --num_nodes is taken as written, and an --exclude whose GPUs visible are not known
-    leaves the GPUs visible (no count). None: the line names no count."""
+    leaves the GPUs visible (no count). ``cuda_visible``: CUDA_VISIBLE_DEVICES as the line sets it; without a hostfile
+    and with none of --include/--exclude/--num_gpus N > 0/--num_nodes N > 1, runner.main turns it into
+    `--include localhost:<it>` (and unsets it, so the slots are the machine's own GPUs), which then meets every check an
+    --include does (a --num_gpus 0 or --num_nodes 1 beside it stops it). None: the line names no count."""
     numbers = {}
     for flag, names in (("--num_nodes", ("num_nodes",)), ("--num_gpus", ("num_gpus", "num_accelerators"))):
         value = next((options[name] for name in names if name in options), None)
@@ -455,20 +461,26 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     exclude = options.get("exclude", options.get("e", ""))
     include = "" if include is True else str(include)
     exclude = "" if exclude is True else str(exclude)
+    from_env = ""
+    if pool is None and cuda_visible and not (include or exclude or nodes > 1 or gpus > 0):
+        include, from_env = f"localhost:{cuda_visible}", f" (CUDA_VISIBLE_DEVICES={_shown(cuda_visible)}, which the " \
+                                                         "deepspeed launcher turns into --include)"
+        note = f" (--include localhost:{_shown(cuda_visible)}, from CUDA_VISIBLE_DEVICES)"
     if (include or exclude) and (nodes >= 0 or gpus >= 0):
-        raise _Bad(f"--{'include' if include else 'exclude'} with --num_nodes/--num_gpus stops the deepspeed launcher "
-                   "(\"Cannot specify num_nodes/gpus with include/exclude\"): name the GPUs one way")
+        raise _Bad(f"--{'include' if include else 'exclude'}{from_env} with --num_nodes/--num_gpus stops the deepspeed "
+                   "launcher (\"Cannot specify num_nodes/gpus with include/exclude\"): name the GPUs one way")
     if include and exclude:
         raise _Bad("--include with --exclude stops the deepspeed launcher (\"include_str and exclude_str are mutually "
                    "exclusive\")")
-    hosts = _deepspeed_hosts(include or exclude, "--include" if include else "--exclude") if include or exclude \
-        else {}
+    hosts = _deepspeed_hosts(include or exclude, ("--include" + from_env) if include else "--exclude") \
+        if include or exclude else {}
     local = pool is None and visible is not None and bool(hosts) and set(hosts) <= {"localhost"}
     if local:  # DeepSpeed's own pool without a hostfile: {"localhost": the GPUs it sees}
         pool = {"localhost": visible}
         note = f" (the {visible} GPUs visible on localhost)"
     if pool is not None:
-        active = _deepspeed_filter(pool, hosts, bool(include), "hostfile" if not local else "GPUs visible")
+        active = _deepspeed_filter(pool, hosts, bool(include), "hostfile" if not local else "GPUs visible",
+                                   ("--include" + from_env) if from_env else "")
         if nodes > 0:
             active = dict(list(active.items())[:nodes])
         if gpus > 0:
@@ -484,7 +496,7 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
             return None, 1, ""
         if any(not slots for slots in hosts.values()):
             return "auto", len(hosts), ""  # a host named alone: its every GPU
-        return sum(len(slots) for slots in hosts.values()), len(hosts), ""
+        return sum(len(slots) for slots in hosts.values()), len(hosts), note
     nodes_run = nodes if nodes > 0 else 1
     if gpus > 0:
         return gpus * nodes_run, nodes_run, ""
@@ -493,21 +505,23 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     return None, nodes_run, ""
 
 
-def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str) -> dict[str, int]:
+def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str,
+                      flag: str = "") -> dict[str, int]:
     """DeepSpeed 0.19.8's parse_inclusion_exclusion / parse_resource_filter: how many of each host's slots (the pool:
     {host: count}) an --include keeps or an --exclude leaves (``hosts``: ``_deepspeed_hosts``' reading of it; empty:
     the pool whole), in the pool's order, hosts left with no slot dropped; a host or slot the pool lacks stops the
     launcher. Counted, never listed: a hostfile's `slots=` may be any number of digits."""
     if not hosts:
         return dict(pool)
+    flag = flag or ("--include" if include else "--exclude")  # how the line named it (CUDA_VISIBLE_DEVICES, a flag)
     kept: dict[str, int] = {} if include else dict(pool)
     for host, slots in hosts.items():
         if host not in pool:
-            raise _Bad(f"{'--include' if include else '--exclude'} names {_shown(host)}, which the {named} lacks (the "
+            raise _Bad(f"{flag} names {_shown(host)}, which the {named} lacks (the "
                        f"deepspeed launcher: \"Hostname '{_shown(host)}' not found in hostfile\")")
         missing = sorted(slot for slot in slots if not 0 <= slot < pool[host])
         if missing:
-            raise _Bad(f"{'--include' if include else '--exclude'} names GPU slot {missing[0]} of {_shown(host)}, which "
+            raise _Bad(f"{flag} names GPU slot {missing[0]} of {_shown(host)}, which "
                        f"has {pool[host]} in the {named} (the deepspeed launcher: \"No slot '{missing[0]}' "
                        f"specified on host '{_shown(host)}'\")")
         if include:
