@@ -403,10 +403,10 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
             # Integers over 4300 digits: Python refuses to convert them with a plain ValueError.
             return TrainingConfig(path, error=f"not a training config: {e}".splitlines()[0])
     if not is_json:
-        if not c_yaml and len(text) > MAX_YAML_BYTES:
-            return TrainingConfig(path, error=_yaml_too_large(len(text)))
         if _flow_nesting_over(text, MAX_FLOW_NESTING):
             return TrainingConfig(path, error="nested too deeply to be a training config")
+        if not c_yaml and len(text) > MAX_YAML_BYTES:
+            return TrainingConfig(path, error=_yaml_too_large(len(text)))
         try:
             import yaml
         except ImportError:
