@@ -609,20 +609,33 @@ def inside(path: Path, root: Path) -> bool:
     return True
 
 
+def _link_parts(area: Area, path: Path, target: str) -> list[str]:
+    """The components below the root that a link at ``path`` to ``target`` names: an absolute target's own; a
+    relative one's from ``path``'s folder, whose name its leading ``..`` steps leave as text.
+
+    A link is read or written only in the real folder at ``path``'s place (reached without following a link), whose
+    parent is the one named: so ``../../blobs/<hash>`` from ``snapshots/<commit>/`` is ``blobs/<hash>``, and a
+    snapshot folder swapped for a link (or moved away) a moment after it was opened is not walked again to find
+    where the link leads (restore blamed the record or the blob for such a swap). Refused when it leads out."""
+    if os.path.isabs(target):
+        inner = _inner_of_absolute(area.root, target)
+        if inner is None:
+            raise Refused(f"a link leads out of the repo folder ({target})", escapes=True, link_target=target)
+        return inner
+    folder, rest = area.parts(path)[:-1], _split(target)
+    ups = 0
+    while ups < len(rest) and rest[ups] == "..":
+        ups += 1
+    if ups > len(folder):
+        raise Refused("a link leads out of the repo folder", escapes=True)
+    return folder[:len(folder) - ups] + rest[ups:]
+
+
 def link_stays_inside(path: Path, target: str, root: Path) -> bool:
     """True when a link at ``path`` to ``target`` would resolve inside ``root`` (checked before it exists)."""
     area = Area(root)
     try:
-        parts = area.parts(path)[:-1]
-    except Refused:
-        return False
-    if os.path.isabs(target):
-        inner = _inner_of_absolute(root, target)
-        if inner is None:
-            return False
-        parts, target = [], "/".join(inner)
-    try:
-        fd, _name, _t = _resolve(area, parts + _split(target))
+        fd, _name, _t = _resolve(area, _link_parts(area, path, target))
     except (Refused, OSError, ValueError):
         return False
     os.close(fd)
@@ -681,13 +694,7 @@ def _open_through(path: Path, target: str, area: Area) -> Opened:
     """Open the regular file a link at ``path`` to ``target`` leads to (inside the root, for a cache area)."""
     if area.user_named:
         return open_file(Path(target) if os.path.isabs(target) else path.parent / target)
-    parts = area.parts(path)[:-1]
-    if os.path.isabs(target):
-        inner = _inner_of_absolute(area.root, target)
-        if inner is None:
-            raise Refused(f"a link leads out of the repo folder ({target})", escapes=True, link_target=target)
-        parts, target = [], "/".join(inner)
-    dir_fd, name, _t = _resolve(area, parts + _split(target))
+    dir_fd, name, _t = _resolve(area, _link_parts(area, path, target))
     try:
         fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
     finally:

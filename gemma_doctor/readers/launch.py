@@ -102,8 +102,11 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         words = shlex.split(line, comments=True)
     except ValueError as e:
         raise _Bad(f"not a command line: {e}") from None
+    env: dict[str, str] = {}
     while words and "=" in words[0] and not words[0].startswith(("-", "/", ".")):
-        words = words[1:]  # VAR=value before the command
+        name, _, value = words[0].partition("=")  # VAR=value before the command: that command's environment
+        env[name] = value
+        words = words[1:]
     if not words:
         raise _Bad("an empty command line")
     serving = _serving(words)
@@ -114,6 +117,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
     flags: dict[str, Any] = {}
     processes: Any = None
     note = ""  # what the launcher makes of a process count it does not run as written
+    counted: tuple[int, str] | None = None  # an accelerate config's num_processes as accelerate runs it, with a note
     if launcher == "accelerate":
         options, script = _split(rest, _ACCELERATE_SWITCHES)
         config_file = options.pop("config_file", None) or options.pop("config-file", None)
@@ -139,11 +143,17 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
                 raise _Bad(f"--{_shown(name)} {_shown(str(value))} is not an integer (accelerate launch refuses it)")
             elif key in _ACCELERATE_KEYS:
                 _put(flags, _ACCELERATE_KEYS[key], value)
+        written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
+                       None)
         if processes is not None:
-            written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
-                           None)
             flags["num_processes"], note = _accelerate_processes(processes, flags.get("distributed_type") or written,
                                                                  bool(layers), "multi_gpu" in flagged)
+        else:
+            configured = next((layer for layer in layers if layer.get("num_processes")), None)
+            if configured is not None:
+                # The config's own count, as accelerate runs it (its key and line stay the file's).
+                counted = _accelerate_config_processes(configured.get("num_processes"),  # type: ignore[arg-type]
+                                                       flags.get("distributed_type") or written, configured.path)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _nodes(options.get("nnodes", "1"))
@@ -153,7 +163,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
         options, script = _split(rest, _DEEPSPEED_SWITCHES)
-        processes, nodes, note = _deepspeed_counts(options, cwd, visible)
+        processes, nodes, note = _deepspeed_counts(options, cwd, visible, env.get("CUDA_VISIBLE_DEVICES"))
         if processes is not None:
             flags["num_processes"] = processes
         flags["num_machines"] = nodes
@@ -168,6 +178,8 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
     for layer in layers:  # a file's settings keep its name: the line numbers are that file's
         name = os.path.basename(layer.path)
         settings.update({k: Setting(f"{name}: {s.key}", s.value) for k, s in layer.settings.items()})
+    if counted is not None and "num_processes" in settings:
+        settings["num_processes"] = Setting(settings["num_processes"].key + counted[1], counted[0])
     script_trainer = None
     for label, data in ((f"{launcher} line: ", flags), ("script --", _nest(args))):
         own = tc_reader.parse(json.dumps(data), WHERE, yaml_first=False) if data else None
@@ -358,6 +370,38 @@ def _accelerate_processes(value: Any, distributed: Any, config_file: bool, multi
     return 1, f" {count} (accelerate's single-process launcher: one process)"
 
 
+def _accelerate_config_processes(setting: Setting, distributed: Any, path: str) -> tuple[int, str]:
+    """(processes, a note on the count) for an accelerate config's `num_processes` where the line names none, as
+    accelerate 1.15.0 runs it on one machine (commands/launch.py _validate_launch_command, utils/launch.py, torch
+    2.13.0's torchrun; run here on each value): the value is copied from the YAML unconverted. -1 stops the launch ("You
+    need to manually pass in `--num_processes` using this config yaml"). A run of several processes (MULTI_GPU, FSDP,
+    DeepSpeed) hands str(value) to torchrun's --nproc_per_node, which int() reads: `'3'` and `'٣'` run 3; 0 or less
+    stops its agent; `2.5`, `true`, `null` stop it ("Unsupported nproc_per_node value"). The single-process launcher
+    (`distributed_type: 'NO'`) compares the value with 1, which a string cannot be ("TypeError: '>' not supported"),
+    and otherwise runs one process whatever the number."""
+    value = setting.value
+    where = f"num_processes: {_shown(str(value)) if not isinstance(value, str) else repr(value)} in {_shown(path)}"
+    if isinstance(value, int) and not isinstance(value, bool) and value == -1:
+        raise _Bad(f"{where} stops accelerate launch (\"You need to manually pass in `--num_processes` using this "
+                   "config yaml\"): name the number of processes")
+    several = str(distributed or "NO").strip().upper() not in ("NO", "")
+    if not several:
+        if isinstance(value, str):
+            raise _Bad(f"{where} stops accelerate launch's single-process launcher, which compares it with 1 "
+                       "(TypeError: '>' not supported between 'str' and 'int'): write a number")
+        if value == 1 and isinstance(value, int) and not isinstance(value, bool):
+            return 1, ""
+        return 1, f" {_shown(str(value))} (accelerate's single-process launcher: one process)"
+    count = _integer(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    if count is None:
+        raise _Bad(f"{where} stops accelerate launch: torchrun refuses it as a process count (\"Unsupported "
+                   f"nproc_per_node value: {_shown(str(value))}\"): write a number")
+    if count < 1:
+        raise _Bad(f"{where} stops accelerate launch before the script starts (torchrun's agent needs at least one "
+                   "process): name the number of processes")
+    return count, "" if isinstance(value, int) else f" {value!r} (torchrun reads it as {count})"
+
+
 # torchrun's named process counts (torch 2.13.0 torch/distributed/run.py determine_local_world_size): each is the
 # count of that kind of device visible when the run starts ("auto": the accelerators, else the CPU cores).
 _TORCHRUN_NAMED = frozenset({"auto", "gpu", "xpu"})
@@ -383,8 +427,8 @@ def _torchrun_processes(value: Any, nodes: int) -> int | str:
     return count * nodes
 
 
-def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
-                      visible: int | None = None) -> tuple[int | str | None, int, str]:
+def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None, visible: int | None = None,
+                      cuda_visible: str | None = None) -> tuple[int | str | None, int, str]:
     """(processes, nodes, a note on the count) for a `deepspeed` line, as DeepSpeed 0.19.8's launcher/runner.py reads
     it (parse_args, main, fetch_hostfile, parse_inclusion_exclusion, apply_num_nodes_and_gpus; run here): --num_nodes
     and --num_gpus (alias --num_accelerators) are argparse type=int, default -1 (`1:4`, `abc`, `2.5` stop it: "invalid
@@ -396,7 +440,10 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     torchrun's auto is); --include or --exclude beside --num_nodes/--num_gpus, both together, or a slot int() refuses
     stop it. Without a pool read here (no hostfile on this machine, the training machine may hold one) a host other
     than localhost is not judged, --num_nodes is taken as written, and an --exclude whose GPUs visible are not known
-    leaves the GPUs visible (no count). None: the line names no count."""
+    leaves the GPUs visible (no count). ``cuda_visible``: CUDA_VISIBLE_DEVICES as the line sets it; without a hostfile
+    and with none of --include/--exclude/--num_gpus N > 0/--num_nodes N > 1, runner.main turns it into
+    `--include localhost:<it>` (and unsets it, so the slots are the machine's own GPUs), which then meets every check an
+    --include does (a --num_gpus 0 or --num_nodes 1 beside it stops it). None: the line names no count."""
     numbers = {}
     for flag, names in (("--num_nodes", ("num_nodes",)), ("--num_gpus", ("num_gpus", "num_accelerators"))):
         value = next((options[name] for name in names if name in options), None)
@@ -414,20 +461,26 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     exclude = options.get("exclude", options.get("e", ""))
     include = "" if include is True else str(include)
     exclude = "" if exclude is True else str(exclude)
+    from_env = ""
+    if pool is None and cuda_visible and not (include or exclude or nodes > 1 or gpus > 0):
+        include, from_env = f"localhost:{cuda_visible}", f" (CUDA_VISIBLE_DEVICES={_shown(cuda_visible)}, which the " \
+                                                         "deepspeed launcher turns into --include)"
+        note = f" (--include localhost:{_shown(cuda_visible)}, from CUDA_VISIBLE_DEVICES)"
     if (include or exclude) and (nodes >= 0 or gpus >= 0):
-        raise _Bad(f"--{'include' if include else 'exclude'} with --num_nodes/--num_gpus stops the deepspeed launcher "
-                   "(\"Cannot specify num_nodes/gpus with include/exclude\"): name the GPUs one way")
+        raise _Bad(f"--{'include' if include else 'exclude'}{from_env} with --num_nodes/--num_gpus stops the deepspeed "
+                   "launcher (\"Cannot specify num_nodes/gpus with include/exclude\"): name the GPUs one way")
     if include and exclude:
         raise _Bad("--include with --exclude stops the deepspeed launcher (\"include_str and exclude_str are mutually "
                    "exclusive\")")
-    hosts = _deepspeed_hosts(include or exclude, "--include" if include else "--exclude") if include or exclude \
-        else {}
+    hosts = _deepspeed_hosts(include or exclude, ("--include" + from_env) if include else "--exclude") \
+        if include or exclude else {}
     local = pool is None and visible is not None and bool(hosts) and set(hosts) <= {"localhost"}
     if local:  # DeepSpeed's own pool without a hostfile: {"localhost": the GPUs it sees}
         pool = {"localhost": visible}
         note = f" (the {visible} GPUs visible on localhost)"
     if pool is not None:
-        active = _deepspeed_filter(pool, hosts, bool(include), "hostfile" if not local else "GPUs visible")
+        active = _deepspeed_filter(pool, hosts, bool(include), "hostfile" if not local else "GPUs visible",
+                                   ("--include" + from_env) if from_env else "")
         if nodes > 0:
             active = dict(list(active.items())[:nodes])
         if gpus > 0:
@@ -443,7 +496,7 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
             return None, 1, ""
         if any(not slots for slots in hosts.values()):
             return "auto", len(hosts), ""  # a host named alone: its every GPU
-        return sum(len(slots) for slots in hosts.values()), len(hosts), ""
+        return sum(len(slots) for slots in hosts.values()), len(hosts), note
     nodes_run = nodes if nodes > 0 else 1
     if gpus > 0:
         return gpus * nodes_run, nodes_run, ""
@@ -452,21 +505,23 @@ def _deepspeed_counts(options: dict[str, Any], cwd: str | None = None,
     return None, nodes_run, ""
 
 
-def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str) -> dict[str, int]:
+def _deepspeed_filter(pool: dict[str, int], hosts: dict[str, set[int]], include: bool, named: str,
+                      flag: str = "") -> dict[str, int]:
     """DeepSpeed 0.19.8's parse_inclusion_exclusion / parse_resource_filter: how many of each host's slots (the pool:
     {host: count}) an --include keeps or an --exclude leaves (``hosts``: ``_deepspeed_hosts``' reading of it; empty:
     the pool whole), in the pool's order, hosts left with no slot dropped; a host or slot the pool lacks stops the
     launcher. Counted, never listed: a hostfile's `slots=` may be any number of digits."""
     if not hosts:
         return dict(pool)
+    flag = flag or ("--include" if include else "--exclude")  # how the line named it (CUDA_VISIBLE_DEVICES, a flag)
     kept: dict[str, int] = {} if include else dict(pool)
     for host, slots in hosts.items():
         if host not in pool:
-            raise _Bad(f"{'--include' if include else '--exclude'} names {_shown(host)}, which the {named} lacks (the "
+            raise _Bad(f"{flag} names {_shown(host)}, which the {named} lacks (the "
                        f"deepspeed launcher: \"Hostname '{_shown(host)}' not found in hostfile\")")
         missing = sorted(slot for slot in slots if not 0 <= slot < pool[host])
         if missing:
-            raise _Bad(f"{'--include' if include else '--exclude'} names GPU slot {missing[0]} of {_shown(host)}, which "
+            raise _Bad(f"{flag} names GPU slot {missing[0]} of {_shown(host)}, which "
                        f"has {pool[host]} in the {named} (the deepspeed launcher: \"No slot '{missing[0]}' "
                        f"specified on host '{_shown(host)}'\")")
         if include:

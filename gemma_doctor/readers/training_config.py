@@ -17,6 +17,10 @@ from gemma_doctor.errors import UsageError
 
 # Training configs are a few KiB; anything larger is not one and is not read whole (PyYAML parses ~1 MB/s).
 MAX_BYTES = 1024 * 1024
+# A user's YAML is read by PyYAML's pure-Python loader, as every launcher reads it (yaml.safe_load), at some 4 us a
+# byte (a 1 MiB file of 100,000 keys: 24 s of check). The largest YAML in axolotl's repository is 20.8 KiB (its
+# examples: at most 12.2 KiB), LLaMA-Factory's 4.6 KiB (2026 snapshots): a YAML config over this is not read.
+MAX_YAML_BYTES = 128 * 1024
 # A setting's value, once aliases are expanded: far more than any real value (a list of target modules...).
 MAX_VALUE_ITEMS = 10_000
 MAX_VALUE_DEPTH = 32
@@ -375,6 +379,11 @@ def _flow_nesting_over(text: str, limit: int) -> bool:
     return False
 
 
+def _yaml_too_large(size: int) -> str:
+    return (f"a YAML file of {size // 1024:,} KiB, larger than any training config (axolotl's and LLaMA-Factory's are "
+            f"under 21 KiB); not read (at most {MAX_YAML_BYTES // 1024} KiB)")
+
+
 def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> TrainingConfig:
     """Parse training-config text (JSON or YAML) into settings; never raises. ``c_yaml``: compose with libyaml's parser
     where PyYAML has it (for the YAML gemma-doctor prints itself; a user's file is read by the pure-Python one)."""
@@ -396,6 +405,8 @@ def parse(text: str, path: str, yaml_first: bool, c_yaml: bool = False) -> Train
     if not is_json:
         if _flow_nesting_over(text, MAX_FLOW_NESTING):
             return TrainingConfig(path, error="nested too deeply to be a training config")
+        if not c_yaml and len(text) > MAX_YAML_BYTES:
+            return TrainingConfig(path, error=_yaml_too_large(len(text)))
         try:
             import yaml
         except ImportError:
@@ -807,14 +818,23 @@ def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | Non
                 continue  # gone since the lstat: nothing known here
             break  # unreadable to this user (the training machine's may read it): the file named, not judged
         if len(raw) > MAX_BYTES:
-            break  # no DeepSpeed JSON is this large; not read whole, not judged
+            # The run reads it whole (json.load: a 2 MiB one ran, ZeRO stage and all); no DeepSpeed config is near this
+            # size, and what it says is not planned: say so, rather than plan the run without its stage in silence.
+            return (f"is larger than {MAX_BYTES >> 20} MiB, which no DeepSpeed config is: not read here, so its ZeRO "
+                    "stage, offload and batch are not planned", None, None)
         try:
             decoded = raw.decode("utf-8")
-            json.loads(decoded)
+            top = json.loads(decoded)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else (
                 f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not JSON")
             problems.append(f"is not a JSON file ({why}): {_DS_SOURCE} (json.load: JSONDecodeError)")
+            continue
+        if not isinstance(top, dict):
+            # HfDeepSpeedConfig looks its ZeRO stage up with .get on the top level (accelerate 1.15.0, run here).
+            kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(top), "a number")
+            problems.append(f"is JSON but {kind}, not an object of DeepSpeed settings: {_DS_SOURCE} "
+                            f"(HfDeepSpeedConfig: AttributeError: '{type(top).__name__}' object has no attribute 'get')")
             continue
         return None, str(candidate), decoded
     else:
@@ -853,8 +873,10 @@ def raw_mapping(path: str) -> dict[str, Any]:
 
     try:
         text = fsafe.read_user_file(path, MAX_BYTES)[:MAX_BYTES].decode("utf-8-sig")
-        data = json.loads(text) if not path.endswith((".yaml", ".yml")) and text.lstrip().startswith("{") \
-            else yaml.safe_load(text)
+        is_json = not path.endswith((".yaml", ".yml")) and text.lstrip().startswith("{")
+        if not is_json and len(text) > MAX_YAML_BYTES:
+            raise ValueError(_yaml_too_large(len(text)))
+        data = json.loads(text) if is_json else yaml.safe_load(text)
         data = plain_value(data)
     except (fsafe.Refused, OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read: {getattr(e, 'strerror', None) or e}") from None
