@@ -144,7 +144,9 @@ class KeyProblem:
     (``unknown-key``, with the field it most likely misspells) or a boolean field's value no parser reads as one
     (``not-boolean``, with true or false when it is a misspelling of one)."""
 
-    kind: str  # "unknown-key" | "not-boolean" | "deepspeed-file" (a `deepspeed:` path the run stops at: GD601)
+    # "unknown-key" | "not-boolean" | "deepspeed-file" (a `deepspeed:` path the run stops at: GD601) |
+    # "deepspeed-unplanned" (a `deepspeed:` file the run reads but this reader does not: GD601, a warning)
+    kind: str
     key: str
     value: Any
     line: int | None
@@ -746,7 +748,8 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
     problem, found, text = _deepspeed_file(ref.value, tc.path)
     if problem is not None:
         shown = _shown_path(ref.value.strip())
-        return replace(tc, problems=(*tc.problems, KeyProblem("deepspeed-file", ref.key, shown, ref.line, None, problem)))
+        kind = "deepspeed-unplanned" if problem == _DS_TOO_LARGE else "deepspeed-file"
+        return replace(tc, problems=(*tc.problems, KeyProblem(kind, ref.key, shown, ref.line, None, problem)))
     if found is None or text is None or all(tc.get(name) is not None and _BUNDLED not in tc.get(name).key
                                             for name in (*_DEEPSPEED_FILE_SETTINGS, *DEEPSPEED_BATCH)):
         return tc
@@ -770,6 +773,12 @@ def _with_deepspeed_file(tc: TrainingConfig) -> TrainingConfig:
 # JSONDecodeError); one that does not (a missing file, a dangling link) is tried as JSON text, then base64 ("Expected a
 # string path to an existing deepspeed config, ..."). Each stops the run before training starts.
 _DS_SOURCE = "TrainingArguments stops at start-up"
+
+
+# A `deepspeed:` file over MAX_BYTES: the run reads it whole and starts (a warning, KeyProblem "deepspeed-unplanned"),
+# but what it says is not planned here.
+_DS_TOO_LARGE = (f"is larger than {MAX_BYTES >> 20} MiB, which no DeepSpeed config is: not read here, so its ZeRO stage, "
+                 "offload and batch are not planned")
 
 
 def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | None, str | None]:
@@ -820,8 +829,7 @@ def _deepspeed_file(value: str, config_path: str) -> tuple[str | None, str | Non
         if len(raw) > MAX_BYTES:
             # The run reads it whole (json.load: a 2 MiB one ran, ZeRO stage and all); no DeepSpeed config is near this
             # size, and what it says is not planned: say so, rather than plan the run without its stage in silence.
-            return (f"is larger than {MAX_BYTES >> 20} MiB, which no DeepSpeed config is: not read here, so its ZeRO "
-                    "stage, offload and batch are not planned", None, None)
+            return _DS_TOO_LARGE, None, None
         try:
             decoded = raw.decode("utf-8")
             top = json.loads(decoded)

@@ -88,6 +88,12 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
     from gemma_doctor.readers.training_config import key_table
 
     for p in tc.problems:
+        if p.kind == "deepspeed-unplanned":
+            # The run reads the file and starts; only this plan lacks what it says.
+            yield Finding("GD601", Severity.WARNING, f"the DeepSpeed config it names is not read here: {p.key}: {p.value} "
+                          f"{p.why}", file=tc.path, key=p.key,
+                          fix=f"check that {p.key} names the DeepSpeed JSON you meant (a few KiB of settings)",
+                          details={"line": p.line} if p.line else {})
         if p.kind == "deepspeed-file":
             # The rest of the config was read and is planned; the run itself stops at start-up on this path.
             yield Finding("GD601", Severity.ERROR, f"the DeepSpeed config it names cannot be read: {p.key}: {p.value} "
@@ -96,7 +102,7 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                           details={"line": p.line} if p.line else {})
     table = tc.format.key_table or "trainer_keys"
     read = key_table(table)["read_from"]
-    for p in (p for p in tc.problems if p.kind != "deepspeed-file"):
+    for p in (p for p in tc.problems if not p.kind.startswith("deepspeed-")):
         details = {"line": p.line, **p.to_json(), "read_from": dict(read)} if p.line else {**p.to_json(),
                                                                                             "read_from": dict(read)}
         if table == "axolotl_keys" and p.kind == "not-boolean":
