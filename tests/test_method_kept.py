@@ -78,9 +78,9 @@ def _planned(text: str, name: str = "c.yaml") -> tuple[str, str, tuple[str, ...]
     ("per_device_train_batch_size: 2\noutput_dir: out\nbf16: true\n", Trainer.TRANSFORMERS, "full",
      "default of transformers Trainer: the config names no PEFT"),
     ("model_name_or_path: google/gemma-2b\nstage: sft\ntemplate: gemma\nbf16: true\n", Trainer.LLAMA_FACTORY, "lora",
-     "default of llamafactory 0.9.5 (assumed: llamafactory is not installed here): finetuning_type lora unless set"),
+     "default of LLaMA-Factory (0.9.5's finetuning_type: lora unless set)"),
     ("base_model: google/gemma-2b\nbf16: true\n", Trainer.AXOLOTL, "full",
-     "default of axolotl 0.19.0 (assumed: axolotl is not installed here): no adapter"),
+     "default of axolotl (0.19.0: no adapter, every weight trains)"),
 ], ids=["trl-sft", "trl-dpo", "training-arguments", "llama-factory", "axolotl"])
 def test_a_config_that_names_no_method_plans_its_trainers_default_with_its_source(text, trainer, method, source):
     """Where a config leaves the method to its trainer, the Run takes that trainer's default, fixed (the config settles
@@ -90,6 +90,28 @@ def test_a_config_that_names_no_method_plans_its_trainers_default_with_its_sourc
     assert tc.trainer.value is trainer
     got, where, fixed = _planned(text)
     assert (got, "method" in fixed) == (method, True) and where.startswith(source), where
+
+
+@pytest.mark.parametrize("name, text, method", [
+    ("trl.yaml", "model_name_or_path: google/gemma-2b\nmax_length: 1024\n", "full"),
+    ("args.yaml", "per_device_train_batch_size: 1\noutput_dir: out\n", "full"),
+    ("axolotl.yaml", "base_model: google/gemma-2b\n", "full"),
+    ("lf.yaml", "model_name_or_path: google/gemma-2b\nstage: sft\ntemplate: gemma\n", "lora"),
+], ids=["trl", "training-arguments", "axolotl", "llama-factory"])
+def test_recommend_keeps_the_method_a_users_config_leaves_to_its_trainer(cli, gemma1, tmp_path, name, text, method):
+    """The search keeps the method of the user's config as check plans it (the search's own request takes no trainer
+    defaults, so a default read there alone was open to it: an axolotl config without `adapter`, full fine-tuning, got
+    a QLoRA prescription). Gemma 1 2B on a T4: full fine-tuning fits nowhere, so no prescription, its nearest run a
+    full one; LLaMA-Factory's LoRA is prescribed."""
+    path = tmp_path / name
+    path.write_text(text)
+    m = cli("recommend", "google/gemma-2b", "--cache-dir", gemma1, "--gpu", "T4", "--training-config", path,
+            "--format", "json").json()["models"][0]
+    assert m["memory"]["method"] == method and "method" in m["memory"]["fixed"], m["memory"]["summary"]
+    if m["prescription"] is not None:
+        assert m["prescription"]["method"] == m["prescription"]["run"]["method"]["value"] == method
+    else:
+        assert method == "full", m["blocking"]
 
 
 @pytest.mark.parametrize("text, method", [

@@ -122,7 +122,13 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
             put("method", _ADAPTERS.get(str(adapter.value).strip().lower()), where("adapter"))
-        # (A config that names no adapter leaves the method to its trainer's default: trainer_defaults.)
+        elif getattr(tc, "trainer", None) is not None:
+            # A config that names no adapter runs its trainer's default method: it fixes the method as much as
+            # `adapter: lora` does, for check and for the search alike (the search's own request takes no
+            # trainer_defaults: a default batch or checkpointing stays the search's to choose, a method does not).
+            default = _method_default(tc.trainer.value, s)
+            if default is not None:
+                put("method", default[1], default[2])
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and positive_int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value),
@@ -283,9 +289,6 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
 
     trainer, s = tc.trainer.value, tc.settings
     out: list[Default] = []
-    method = _method_default(trainer, s, stack)
-    if method is not None:
-        out.append(method)
     if trainer is Trainer.LLAMA_FACTORY:
         out.append(_llamafactory_checkpointing(s))
     elif "gradient_checkpointing" not in s:
@@ -389,19 +392,20 @@ _PEFT_KEYS = ("adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_target_
               "lora_target_parameters")
 
 
-def _method_default(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) -> Default | None:
+def _method_default(trainer: Trainer, s: Mapping[str, Any]) -> Default | None:
     """The method the trainer runs where its config names none (issue 32: `recommend --trainer trl --method full` wrote
     a YAML without use_peft, which check planned as QLoRA "chosen to fit"): full fine-tuning for TRL's trainers (TRL
     1.16's ModelConfig.use_peft defaults to false, and get_peft_config then gives no peft_config: `trl sft` trains
     every weight), for a plain Trainer (it trains the model it is given; the config names no PEFT) and for axolotl
     (no `adapter`: 0.19.0 trains every weight); LoRA for LLaMA-Factory (0.9.5's FinetuningArguments.finetuning_type
-    defaults to "lora"). None where the config names the method (run_request), or a launched script decides."""
+    defaults to "lora"). None where the config names the method, or a launched script decides. (Read by
+    run_request: the release named is the one read, whatever the stack holds.)"""
     if "adapter" in s:
         return None
     if trainer is Trainer.AXOLOTL:
-        return "method", "full", f"default of {trainer_release(trainer, stack)}: no adapter, every weight trains"
+        return "method", "full", "default of axolotl (0.19.0: no adapter, every weight trains)"
     if trainer is Trainer.LLAMA_FACTORY:
-        return "method", "lora", f"default of {trainer_release(trainer, stack)}: finetuning_type lora unless set"
+        return "method", "lora", "default of LLaMA-Factory (0.9.5's finetuning_type: lora unless set)"
     if any(k in s for k in _PEFT_KEYS):
         return None
     if trainer.runs_trl:
