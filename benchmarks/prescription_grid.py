@@ -171,6 +171,11 @@ def judge_point(run: Runner, point: Point, workdir: Path) -> Outcome:
     if flagged:
         return Outcome(point, "violation", " | ".join(flagged))
     p = model["prescription"]
+    # One method in the prescription, its memory plan and check's plan of its YAML (the memory line said QLoRA under
+    # a full fine-tuning prescription: issue 32)
+    if not p["method"] == model["memory"]["method"] == checked["memory"]["method"]:
+        return Outcome(point, "violation", f"the prescription's method {p['method']}, its memory plan's "
+                                           f"{model['memory']['method']}, check's {checked['memory']['method']}")
     if checked["memory"]["summary"] != p["memory"]:  # check plans the very run recommend prescribed
         return Outcome(point, "violation", f"check plans {checked['memory']['summary']}, recommend {p['memory']}")
     # The YAML says the same run as the JSON prescription.
@@ -241,10 +246,14 @@ def gpu_count_points(cache: Path) -> list[Point]:
 def trainer_points(cache: Path) -> list[Point]:
     """The trainer-format dimension (issue 32): each example on every GPU of the grid, for each SFT task, written for
     TRL's SFTTrainer (`trl sft --config`), a plain Trainer's TrainingArguments and LLaMA-Factory (--trainer), and DPO
-    written for TRL's DPOTrainer (`trl dpo --config`); the default (axolotl) is every other point's."""
+    written for TRL's DPOTrainer (`trl dpo --config`); the default (axolotl) is every other point's. Full fine-tuning
+    also as `--method full` (with `--task full` check is told the method; with `--method` only the YAML tells it: TRL's
+    and TrainingArguments' write no use_peft, which check planned as a method chosen to fit, issue 32)."""
     where = ("--cache-dir", str(cache))
     return [Point((m, *where), (m, *where), g, "5.23.0", t, ("--trainer", tr))
             for m in EXAMPLES for g in GPUS for t in ("sft", "lora", "qlora", "full") for tr in TRAINERS] + \
+        [Point((m, *where), (m, *where), g, "5.23.0", "sft", ("--trainer", tr, "--method", "full"))
+         for m in EXAMPLES for g in GPUS for tr in TRAINERS] + \
         [Point((m, *where), (m, *where), g, "5.23.0", "dpo", ("--trainer", "trl")) for m in EXAMPLES for g in GPUS]
 
 

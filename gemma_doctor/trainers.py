@@ -171,8 +171,6 @@ class ConfigKind:
     # FSDP is set up by TrainingArguments (its defaults: transformer-based wrap, FSDP2 from transformers 5.10), not by
     # a launcher's plugin (accelerate's: NO_WRAP without a policy, FSDP1 unless fsdp_version says 2).
     fsdp_by_training_arguments: ClassVar[bool] = True
-    # Without `adapter`, every weight trains: the config fixes full fine-tuning (axolotl).
-    full_without_adapter: ClassVar[bool] = False
     # The table of the keys its trainer accepts (readers/<name>.json), where it has one: a key close to one of them but
     # not one is a misspelling (GD680 for TRL / TrainingArguments, whose non-boolean switches are GD681; GD986 for
     # axolotl).
@@ -284,7 +282,6 @@ class Axolotl(ConfigKind):
     """axolotl's YAML (base_model, micro_batch_size): its own trainer, a transformers Trainer subclass."""
 
     name = "axolotl"
-    full_without_adapter = True
     # axolotl's schema drops a key it has no field for (pydantic's extra="ignore"): a misspelt key trains with the
     # field's default without a word (axolotl 0.19.0, reproduced), GD986.
     key_table = "axolotl_keys"

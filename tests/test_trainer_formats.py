@@ -156,9 +156,11 @@ def test_a_chosen_trainer_gets_no_other_trainers_way_out(cli, examples):
 
 
 def test_the_training_configs_trainer_is_the_default(cli, examples, tmp_path):
-    """A TRL config given as --training-config: the prescription is TRL's (its format, its memory plan)."""
+    """A TRL config given as --training-config: the prescription is TRL's (its format, its memory plan). (These
+    configs say their method: without use_peft TRL trains every weight, which check plans; Gemma 3 12B fits an L4 with
+    QLoRA alone, the method the search chose where the config named none.)"""
     path = tmp_path / "mine.yaml"
-    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n")
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\nuse_peft: true\nload_in_4bit: true\n")
     m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "L4", "--training-config", path,
             "--format", "json").json()["models"][0]
     assert m["prescription"]["run"]["trainer"]["value"] == "trl-sft"
@@ -328,7 +330,7 @@ def test_every_key_recommend_writes_is_one_llamafactorys_parser_accepts(cli, exa
 
 
 @pytest.mark.parametrize("config,extra,said", [
-    ("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n", ("--num-gpus", "2"),
+    ("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\nuse_peft: true\n", ("--num-gpus", "2"),
      "TRL's format holds one process, the run is on 2 GPUs; your config's trainer was trl-sft"),
     ("model_name_or_path: google/gemma-3-12b-it\nstage: sft\nfinetuning_type: lora\ntemplate: gemma3\n",
      ("--task", "dpo"), "LLaMA-Factory's format holds SFT, LoRA and QLoRA, not dpo; your config's trainer was llama-factory"),
@@ -351,7 +353,7 @@ def test_a_fallback_from_the_configs_trainer_to_axolotl_is_said_in_text_and_json
 
 def test_no_fallback_is_said_where_the_configs_trainer_writes_the_run(cli, examples, tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\n")
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nmax_length: 1024\nuse_peft: true\n")
     p = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
             "--format", "json").json()["models"][0]["prescription"]
     assert p["trainer_fallback"] is None and p["run"]["trainer"]["value"] == "trl-sft"
@@ -406,7 +408,8 @@ def test_a_users_trl_dpo_config_gets_trls_dpo_format(cli, examples, tmp_path):
     """A `trl dpo` config given as --training-config (its own keys say DPOConfig): the prescription is TRL's DPOTrainer's
     run in its format, with no fallback to axolotl and no --task."""
     path = tmp_path / "mine.yaml"
-    path.write_text("model_name_or_path: google/gemma-3-12b-it\nbeta: 0.1\nloss_type: [sigmoid]\nmax_length: 1024\n")
+    path.write_text("model_name_or_path: google/gemma-3-12b-it\nbeta: 0.1\nloss_type: [sigmoid]\nmax_length: 1024\n"
+                    "use_peft: true\n")
     m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--training-config", path,
             "--format", "json").json()["models"][0]
     assert m["prescription"]["run"]["trainer"]["value"] == "trl-dpo" and m["prescription"]["trainer_fallback"] is None

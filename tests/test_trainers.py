@@ -56,7 +56,7 @@ def test_the_registry_names_each_kind_once_and_refuses_what_trains_nothing():
     # The facts the rules ask instead of names: each is one kind's, not a default that every kind shares by accident.
     ask = {"packs_with_trl": {"transformers"}, "lora_targets_peft_default": {"transformers"},
            "checkpoints_by_default": {"llama-factory"}, "own_lora_targets": {"llama-factory"},
-           "auto_copies_training_arguments": {"deepspeed"}, "full_without_adapter": {"axolotl"},
+           "auto_copies_training_arguments": {"deepspeed"},
            "key_table": {"transformers", "axolotl", "llama-factory"}}
     for fact, kinds in ask.items():
         assert {k.name for k in trainers.REGISTRY if getattr(k, fact)} == kinds, fact

@@ -44,7 +44,10 @@ def test_trl_json_fp16_dpo_on_gemma3_points_at_each_key_and_line(hub, cli, tmp_p
     r, path, findings = _lint(hub, cli, tmp_path, "dpo.json", TRL_DPO_FP16, "--gpu", "A100")
     got = _by_code(findings)
     assert r.code == 1
-    assert set(got) == {"GD602", "GD606", "GD607", "GD610"}  # GD610: model_init_kwargs.torch_dtype float16
+    # GD610: model_init_kwargs.torch_dtype float16. GD611: the config names no use_peft, so TRL's DPOTrainer trains every
+    # weight (ModelConfig.use_peft false), loaded in float16, under fp16: the GradScaler refuses (on main the method was
+    # left open and chosen, so GD611 was not said)
+    assert set(got) == {"GD602", "GD606", "GD607", "GD610", "GD611"}
     assert (got["GD602"]["severity"], got["GD602"]["file"], got["GD602"]["key"]) == ("error", str(path), "fp16")
     assert got["GD602"]["details"]["line"] == 3  # json.dumps(indent=2): line 1 "{", line 2 output_dir, line 3 fp16
     assert (got["GD606"]["key"], got["GD606"]["severity"]) == ("model_init_kwargs.use_cache", "warning")

@@ -122,10 +122,13 @@ def run_request(tc: Any | None, request: MemoryRequest, task: str) -> tuple[dict
             put("quant_bits", 8, where("load_in_8bit" if q8 is not None else "load_in_4bit"))
         if adapter is not None:
             put("method", _ADAPTERS.get(str(adapter.value).strip().lower()), where("adapter"))
-        elif tc.format.full_without_adapter:
-            # axolotl trains every weight unless `adapter` names lora/qlora: a config without one (as recommend writes
-            # a full fine-tuning run) fixes the method as much as `adapter: lora` does.
-            put("method", "full", "training config (axolotl: no adapter, full fine-tuning)")
+        elif getattr(tc, "trainer", None) is not None:
+            # A config that names no adapter runs its trainer's default method: it fixes the method as much as
+            # `adapter: lora` does, for check and for the search alike (the search's own request takes no
+            # trainer_defaults: a default batch or checkpointing stays the search's to choose, a method does not).
+            default = _method_default(tc.trainer.value, s)
+            if default is not None:
+                put("method", default[1], default[2])
         for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "lora_r", "num_processes"):
             if name in s and positive_int(s[name].value):
                 put("num_gpus" if name == "num_processes" else name, positive_int(s[name].value),
@@ -379,6 +382,39 @@ def trainer_release(trainer: Trainer, stack: Any | None) -> str:
     if pkg is not None and not pkg.absent:
         return pkg.describe()
     return f"{name} {version} (assumed: {name} is not installed here)"
+
+
+# Keys by which a TRL / TrainingArguments config says it trains adapters or loads quantized weights (besides `adapter`:
+# TRL's use_peft, axolotl's adapter, LLaMA-Factory's finetuning_type): where it names one, its method is not left to
+# the trainer's full fine-tuning default (run_request reads the adapter and the quantization; LoRA keys without
+# use_peft stay open).
+_PEFT_KEYS = ("adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_target_modules", "lora_target_linear",
+              "lora_target_parameters")
+
+
+def _method_default(trainer: Trainer, s: Mapping[str, Any]) -> Default | None:
+    """The method the trainer runs where its config names none (issue 32: `recommend --trainer trl --method full` wrote
+    a YAML without use_peft, which check planned as QLoRA "chosen to fit"): full fine-tuning for TRL's trainers (TRL
+    1.16's ModelConfig.use_peft defaults to false, and get_peft_config then gives no peft_config: `trl sft` trains
+    every weight), for a plain Trainer (it trains the model it is given; the config names no PEFT) and for axolotl
+    (no `adapter`: 0.19.0 trains every weight); LoRA for LLaMA-Factory (0.9.5's FinetuningArguments.finetuning_type
+    defaults to "lora"). None where the config names the method, or a launched script decides. (Read by
+    run_request: the release named is the one read, whatever the stack holds.)"""
+    if "adapter" in s:
+        return None
+    if trainer is Trainer.AXOLOTL:
+        return "method", "full", "default of axolotl (0.19.0: no adapter, every weight trains)"
+    if trainer is Trainer.LLAMA_FACTORY:
+        return "method", "lora", "default of LLaMA-Factory (0.9.5's finetuning_type: lora unless set)"
+    if any(k in s for k in _PEFT_KEYS):
+        return None
+    if trainer.runs_trl:
+        return ("method", "full", "default of TRL's ModelConfig (use_peft false unless set): the trainer gets no "
+                                  "peft_config and trains every weight")
+    if trainer is Trainer.TRANSFORMERS:
+        return ("method", "full", "default of transformers Trainer: the config names no PEFT (use_peft, lora_*, "
+                                  "load_in_4bit/8bit), so every weight of the model trains")
+    return None
 
 
 def _own_precision(trainer: Trainer, s: Mapping[str, Any], stack: Any | None) -> Default | None:

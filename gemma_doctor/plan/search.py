@@ -906,7 +906,7 @@ def _trainer_way_out(shape: ModelShape, req: runplan.RunRequest, ask: _Ask) -> l
         return []
     p = ask.plan(shape, trainer="trl")
     words = "TRL's DPOTrainer, `trl dpo --config`" if recommend.TRL_TASKS[task] == "dpo" else _TRAINER_WORDS["trl"]
-    return [f"--trainer trl (its run: {words}): {p.summary()}"] if p is not None and _keeps_method(p, req) else []
+    return [f"--trainer trl (its run: {words}): {p.summary()}"] if p is not None else []
 
 
 # The trainers a way out may name where a blocker of the run itself (not its memory) stops every candidate, in the order
@@ -943,16 +943,9 @@ def _blocker_trainer_way_out(shape: ModelShape, req: runplan.RunRequest, nearest
         if isinstance(tried, _Rejected) and blockers & {f.code for f in tried.findings}:
             continue
         p = ask.plan(shape, trainer=fmt)
-        if p is not None and _keeps_method(p, req):
+        if p is not None:
             return [f"--trainer {fmt} (its run: {_TRAINER_WORDS[fmt]}): {p.summary()}"]
     return []
-
-
-def _keeps_method(p: MemoryPlan, req: runplan.RunRequest) -> bool:
-    """Whether another trainer's run ``p`` keeps the method the user fixed (--method, the config's adapter): a way
-    out through another trainer changes the trainer alone (Gemma 1 full fine-tuning on a T4 under TRL's format was
-    planned as QLoRA while its YAML writes full fine-tuning: not a line to follow)."""
-    return "method" not in req.fixed or p.settings.method == req.base.method
 
 
 _TRAINER_WORDS = {"axolotl": "axolotl's YAML", "trl": "TRL's SFTTrainer, `trl sft --config`",
