@@ -61,6 +61,11 @@ COMMANDS: list[tuple[str, ...]] = [
     ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "json"),
     ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "python"),
     ("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--rehearse", "--format", "yaml"),
+    # Each trainer format recommend writes besides axolotl's (plan/recommend.FORMATS), in YAML, Python and JSON.
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "L4", "--trainer", "trl", "--format", "yaml"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "A100", "--trainer", "trl", "--task", "dpo", "--format", "json"),
+    ("recommend", "google/gemma-3-12b-it", "--gpu", "L4", "--trainer", "transformers", "--format", "python"),
+    ("recommend", "google/gemma-4-E2B-it", "--gpu", "T4", "--trainer", "llama-factory", "--format", "yaml"),
     # The rehearse view without a child: LLaMA-Factory's CLI is not installed here (GD950). Text only: the JSON holds
     # the seconds the rehearsal took.
     ("rehearse", "google/gemma-4-E2B-it", "--launch", f"llamafactory-cli train {TRAIN}"),

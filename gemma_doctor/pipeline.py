@@ -211,9 +211,13 @@ def _named_recommendation(rec: recommend.Recommendation | None, naming: Naming,
     notes = tuple(naming.text(n) for n in rec.notes)
     # axolotl's base_model: the model id (report.MODEL_ID when shared); none at all where no view asked for shows them
     frameworks = naming.value(rec.frameworks) if snippets else {}
-    if frameworks is rec.frameworks and all(a is b for a, b in zip(notes, rec.notes)):
+    # the model id each trainer format renders from the decision's inputs (recommend.FORMATS)
+    given = rec.given
+    if given is not None and naming.text(given.model_id) != given.model_id:
+        given = frozen.replace(given, model_id=naming.text(given.model_id))
+    if frameworks is rec.frameworks and given is rec.given and all(a is b for a, b in zip(notes, rec.notes)):
         return rec
-    return frozen.replace(rec, notes=notes, frameworks=frameworks)
+    return frozen.replace(rec, notes=notes, frameworks=frameworks, given=given)
 
 
 def with_decision(facts: ModelFacts, options: CheckOptions, env: Environment, gpu: GpuFacts,

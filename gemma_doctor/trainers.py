@@ -76,6 +76,13 @@ class Trainer(str, enum.Enum):
 # real vocabulary (docs/memory.md): the largest tensor of a training step is one [tokens x 32,768] tile, never the
 # b x s x V logits that the model's own loss builds. (GRPO's trainer has the fused head too; recommend writes no
 # `trl grpo` config, and its generation is not planned.)
+# Not axolotl, for DPO either: axolotl 0.19.0 (the newest release) runs DPO through AxolotlDPOTrainer
+# (core/trainers/dpo/trainer.py), a subclass of TRL's DPOTrainer that overrides only _tokenize, training_step and
+# push_to_hub, so its log-probs are the TRL's it runs with; and axolotl 0.19.0 requires trl==1.9.0, whose
+# DPOTrainer._compute_loss takes `outputs.logits` whole (its fused path is only Liger's, `use_liger_kernel`). It cannot
+# run a chunking TRL: with TRL 1.16.0 its DPO config fails to import (`trl.experimental.prm` is gone). Reproduced with
+# axolotl 0.19.0, TRL 1.9.0, transformers 5.16.1 on the tiny Gemma 3 of benchmarks/axolotl_dpo_logits.py: the largest
+# tensor of a DPO step is the [256 x 262,144] logits, LoRA and full fine-tuning alike (docs/memory.md).
 CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO})
 
 

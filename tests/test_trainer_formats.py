@@ -563,3 +563,100 @@ def test_a_trl_dpo_launch_line_plans_the_dpo_run_of_its_config(cli, examples, tm
     model = r.json()["models"][0]
     assert model["run"]["trainer"]["value"] == "trl-dpo", model["run"]["trainer"]
     assert model["memory"]["summary"] == m["prescription"]["memory"]
+
+
+# --- One renderer per trainer format, each rendering the run's Settings (issue 32) -----------------------------------
+
+def test_every_trainer_format_is_one_registered_renderer():
+    """recommend --trainer's formats are one interface (recommend.TrainerFormat) in one registry (FORMATS), in
+    TRAINER_FORMATS' order; the kind check's reader recognises and the tasks each writes come from it."""
+    from gemma_doctor.plan import recommend
+
+    assert tuple(recommend.FORMATS) == recommend.TRAINER_FORMATS
+    assert all(isinstance(f, recommend.TrainerFormat) and f.name == name for name, f in recommend.FORMATS.items())
+    assert recommend.FORMAT_KINDS == {"axolotl": "axolotl", "trl": "transformers", "transformers": "transformers",
+                                      "llama-factory": "llama-factory"}
+    assert recommend.FORMAT_TASKS["axolotl"] == frozenset(recommend.TASKS)
+    assert recommend.FORMAT_TASKS["trl"] == frozenset(recommend.TRL_TASKS)
+
+
+def _decided(trainer: str, task: str = "sft", **settings):
+    from gemma_doctor.plan import recommend
+    from gemma_doctor.run import Settings
+
+    run = Settings(**{"method": "lora", "batch_size": 2, "gradient_accumulation_steps": 4, "seq_len": 1024,
+                      "gradient_checkpointing": True, **settings})
+    return recommend.decide(recommend.Inputs(family="gemma3", gpu_native_bf16=True, gpu_label="A100", task=task,
+                                             model_id=G3, nested=True, settings=run, trainer=trainer,
+                                             versions={"transformers": "5.23.0", "trl": "1.16.0"}))
+
+
+@pytest.mark.parametrize("trainer,task,settings", [
+    ("trl", "sft", {}), ("trl", "sft", {"method": "qlora", "quant_bits": 4}), ("trl", "dpo", {"method": "full"}),
+    ("transformers", "sft", {"method": "qlora", "quant_bits": 8, "attention": "eager"}),
+    ("llama-factory", "sft", {"method": "qlora", "quant_bits": 4, "lora_targets": ("q_proj", "v_proj")}),
+    ("llama-factory", "sft", {"method": "full", "gradient_checkpointing": False, "optimizer": "adamw_8bit",
+                              "attention": "eager"}),
+])
+def test_trl_transformers_and_llamafactory_formats_render_the_runs_settings_not_axolotls_keys(trainer, task, settings):
+    """TRL's, TrainingArguments' and LLaMA-Factory's YAML are rendered from the run's Settings (with the precision
+    decision), not from axolotl's rendering of them: with axolotl's keys gone the format is the same, and it states the
+    Settings' batch, accumulation, sequence, checkpointing and LoRA rank. On main they read axolotl's keys
+    (`frameworks["axolotl"]`: a KeyError without them)."""
+    from gemma_doctor import frozen
+    from gemma_doctor.plan import recommend
+
+    rec = _decided(trainer, task, lora_r=8, **settings)
+    keys = recommend.format_mapping(rec)
+    bare = frozen.replace(rec, frameworks={k: v for k, v in rec.frameworks.items() if k != "axolotl"})
+    assert recommend.format_mapping(bare) == keys
+    assert recommend.training_config_yaml(bare) == recommend.training_config_yaml(rec)
+    run = rec.given.settings
+    lf = trainer == "llama-factory"
+    assert (keys["per_device_train_batch_size"], keys["gradient_accumulation_steps"]) == (2, 4)
+    if lf:
+        assert (keys["cutoff_len"], keys["finetuning_type"]) == (1024, "full" if run.method == "full" else "lora")
+        assert keys.get("use_reentrant_gc") is (False if run.gradient_checkpointing else None)
+        assert keys.get("disable_gradient_checkpointing") is (None if run.gradient_checkpointing else True)
+    elif trainer == "trl":
+        assert keys["max_length"] == 1024 and keys["model_name_or_path"] == G3
+    if run.method != "full":
+        assert keys["lora_rank" if lf else "lora_r"] == 8
+
+
+def test_axolotls_dpo_is_planned_with_the_full_logits_on_a_stack_whose_trl_chunks_dpo(cli, examples, tmp_path):
+    """axolotl 0.19.0 runs DPO through AxolotlDPOTrainer, TRL's DPOTrainer with no log-prob code of its own, under the
+    TRL it requires (trl==1.9.0), which holds the whole logits; with TRL 1.16 its DPO config does not import
+    (benchmarks/axolotl_dpo_logits.py, docs/memory.md). So check of axolotl's `rl: dpo` YAML plans chosen and rejected
+    rows' b x s x V logits (12 bytes each) even on the test stack, whose TRL 1.16 chunks its own DPOTrainer's: axolotl
+    is not a chunking trainer (trainers.CHUNKING_TRAINERS). A guard: the plan was so before this was read."""
+    from gemma_doctor.trainers import CHUNKING_TRAINERS, Trainer
+
+    assert Trainer.AXOLOTL not in CHUNKING_TRAINERS
+    m = cli("recommend", G3, "--cache-dir", examples, "--gpu", "A100", "--task", "dpo",
+            "--format", "json").json()["models"][0]
+    path = tmp_path / "axolotl-dpo.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    _, doc = _check_memory(cli, examples, "A100", path)
+    memory = doc["models"][0]["memory"]
+    run = memory["run"]
+    assert doc["models"][0]["run"]["trainer"]["value"] == "axolotl" and run["task"] == "dpo", run
+    assert run["chunked_loss"] is False, run
+    assert memory["components"]["logits"] == 2 * run["batch_size"] * run["seq_len"] * 262_144 * 12, memory["components"]
+
+
+def test_trls_grpoconfig_states_no_prompt_length_so_recommend_writes_no_trl_grpo_config(cli):
+    """Why `--trainer trl --task grpo` stays one line naming axolotl (docs/decision.md): TRL 1.16's GRPOConfig bounds
+    the completion (max_completion_length) and not the prompt (no max_prompt_length: the trainer truncates no prompt),
+    so a `trl grpo` YAML cannot state the run's sequence, and check reading it back could not plan it. A TRL that
+    brings a prompt bound back fails here: the format can then be written."""
+    import dataclasses
+
+    trl = pytest.importorskip("trl")
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"read in TRL 1.16.0, not {trl.__version__}")
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert {"max_completion_length", "num_generations", "use_vllm"} <= fields
+    assert not {f for f in fields if "prompt" in f and "length" in f}, fields
+    r = cli("recommend", "--family", "gemma3", "--size", "12b", "--gpu", "A100", "--trainer", "trl", "--task", "grpo")
+    assert r.code == 2 and "--task grpo is prescribed as axolotl's YAML (--trainer axolotl)" in r.err, r.err

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from gemma_doctor.errors import UsageError
 from gemma_doctor.versioning import PEFT_ADAPTER_FP32, PEFT_CAST_HELPER, parse  # noqa: F401 (named here too)
@@ -99,11 +99,9 @@ def trainer_format(chosen: Any) -> str | None:
             "llama-factory": "llama-factory"}.get(getattr(value, "value", ""))
 
 
-# The tasks each format writes beside SFT / LoRA / QLoRA / full fine-tuning (the `trl` format's TRL command: `trl dpo`
-# for DPO); axolotl's YAML writes every task (its `rl:`).
+# The `trl` format's TRL command per task (`trl sft`, `trl dpo`); the tasks each format writes are FORMAT_TASKS (from
+# FORMATS: axolotl's YAML writes every task, its `rl:`).
 TRL_TASKS = {"sft": "sft", "full": "sft", "lora": "sft", "qlora": "sft", "dpo": "dpo"}
-FORMAT_TASKS = {"trl": frozenset(TRL_TASKS), "transformers": frozenset({"sft", "full", "lora", "qlora"}),
-                "llama-factory": frozenset({"sft", "full", "lora", "qlora"})}
 # TRL's DPOConfig defaults the `trl dpo` YAML states (TRL 1.16.0 trl/trainer/dpo_config.py: beta 0.1, loss_type
 # ["sigmoid"]): written so the file says the run, and so that check's reader knows it for TRL's DPOConfig
 # (trainers.rl_named_by_keys: beta with DPO's loss types) without `rl:`.
@@ -186,6 +184,9 @@ class Recommendation:
     trainer: str = "axolotl"  # the trainer format the run is written in (TRAINER_FORMATS): its config is the run
     # TrainingArguments' name of gradient checkpointing on the stack (checkpointing_keys): a TRL config writes it off.
     checkpointing_key: str = "gradient_checkpointing"
+    # What the decision was made from: the plan's run.Settings (given.settings), which each trainer's format renders
+    # directly (FORMATS), with the model id (named per model where a judgement is shared: pipeline).
+    given: Inputs | None = field(default=None, compare=False, repr=False)
 
     @property
     def training_arguments(self) -> dict[str, Any]:
@@ -234,10 +235,8 @@ def decide(i: Inputs) -> Recommendation:
     fam = _family_name(i.family)
     unsafe = i.fp16_unsafe if i.fp16_unsafe is not None else fp16_unsafe_family(i.family)
     rl = i.task in RL_TASKS
-    quant = i.quantization or ("4bit" if i.task == "qlora" else None)
+    quant = _quantization(i)
     run = i.settings
-    if run is not None and run.method == "qlora" and quant is None:
-        quant = "8bit" if run.quant_bits == 8 else "4bit"
     lora = quant is not None or i.task in ("lora", "qlora") or (run is not None and run.method in ("lora", "qlora"))
     # Full fine-tuning decided (by the memory plan's method, or --task full): no adapter in the run, so neither the
     # adapters' precision reason nor the PEFT snippet belongs to it.
@@ -358,7 +357,15 @@ def decide(i: Inputs) -> Recommendation:
     frameworks["serving"] = serving(i, unsafe, fam)
     return Recommendation(precision, tuple(reasons), frameworks, load, summary, inputs, tuple(notes), method, head,
                           adapters=not full, trainer=i.trainer,
-                          checkpointing_key=checkpointing_keys(i.versions.get("transformers"))[0])
+                          checkpointing_key=checkpointing_keys(i.versions.get("transformers"))[0], given=i)
+
+
+def _quantization(i: Inputs) -> str | None:
+    """The run's quantization ("4bit" | "8bit" | None): --quantization, --task qlora, else the plan's QLoRA bits."""
+    quant = i.quantization or ("4bit" if i.task == "qlora" else None)
+    if quant is None and i.settings is not None and i.settings.method == "qlora":
+        quant = "8bit" if i.settings.quant_bits == 8 else "4bit"
+    return quant
 
 
 def run_clause(method: str, batch: int, accumulation: int, checkpointing: bool) -> str:
@@ -457,36 +464,111 @@ def checkpointing_keys(transformers_version: str | None) -> tuple[str, str]:
     return "gradient_checkpointing", "gradient_checkpointing_kwargs"
 
 
-def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute: str | None, rl: bool,
-                cast_needed: bool, peft_ok: bool | None) -> dict[str, Any]:
-    bf16, fp16 = precision == "bf16", precision == "fp16"
-    args: dict[str, Any] = {"bf16": bf16, "fp16": fp16}
-    # tf32 only exists on NVIDIA Ampere+; transformers refuses tf32=True elsewhere.
-    tf32 = bf16 and i.gpu_backend == "cuda"
-    if tf32:
+def _tf32(i: Inputs, precision: str) -> bool:
+    """tf32 is written on: bf16 on NVIDIA Ampere+ (it exists there only; transformers refuses tf32=True elsewhere)."""
+    return precision == "bf16" and i.gpu_backend == "cuda"
+
+
+def _checkpointing(i: Inputs) -> bool:
+    """Gradient checkpointing: the prescribed run's; without a plan, the stable RL setting's (on for RL tasks)."""
+    return i.settings.gradient_checkpointing if i.settings is not None else i.task in RL_TASKS
+
+
+def _attention(i: Inputs) -> str | None:
+    """The attention every format writes (_stated_attention of the run); None for the default."""
+    return _stated_attention(i.settings) if i.settings is not None else None
+
+
+def _adapter(i: Inputs, quant: str | None) -> str | None:
+    """The adapter the run trains (axolotl's `adapter` value): "qlora" on a bitsandbytes 4-bit load, "lora" on an
+    8-bit one, on a checkpoint another quantizer saved, or for a LoRA task / plan; None for full fine-tuning."""
+    run = i.settings
+    if _saved_by_another(i, quant):
+        return "lora"
+    if quant == "4bit":
+        return "qlora"
+    if quant == "8bit" or i.task in ("lora", "qlora") or (run is not None and run.method in ("lora", "qlora")):
+        return "lora"
+    return None
+
+
+def _loads_in(i: Inputs, quant: str | None) -> int | None:
+    """The bits bitsandbytes quantizes the weights to at load (4 | 8), None where it quantizes nothing (no
+    quantization, or a checkpoint saved quantized by another quantizer)."""
+    if quant is None or _saved_by_another(i, quant):
+        return None
+    return 4 if quant == "4bit" else 8 if quant == "8bit" else None
+
+
+def _lora_r(i: Inputs) -> int:
+    """The LoRA rank: the run's, else 16."""
+    run = i.settings
+    return run.lora_r if run is not None and run.method != "full" and run.lora_r else 16
+
+
+def _targets(i: Inputs) -> str | list[str]:
+    """PEFT's target_modules: those the run names (a list, or a regex PEFT matches whole names with), else this
+    family's (lora_targets)."""
+    named = _stated_targets(i.settings) if i.settings is not None else None
+    if named is not None:
+        return list(named) if isinstance(named, tuple) else named
+    return lora_targets(i.family, i.nested)
+
+
+def _rl_optimizer(i: Inputs) -> str | None:
+    """The optimizer axolotl's and LLaMA-Factory's keys write: the stable RL setting's for an RL task, else the one
+    the run names (None: the trainer's own)."""
+    if i.task in RL_TASKS:
+        return STABLE_RL_SETTINGS["optim"]
+    return _stated_optimizer(i.settings) if i.settings is not None else None
+
+
+def training_arguments(i: Inputs, precision: str) -> dict[str, Any]:
+    """The run's TrainingArguments keywords (valid for TRL's configs too): precision, the stable RL setting, batch,
+    accumulation, optimizer, checkpointing (non-reentrant), use_cache where it must stay on."""
+    args: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+    if _tf32(i, precision):
         args["tf32"] = True
     run = i.settings
-    if rl:
-        args.update(STABLE_RL_SETTINGS)
-        if run is not None:  # the prescribed run decides; the stable setting is only the preferred one
-            args["gradient_checkpointing"] = run.gradient_checkpointing
+    if i.task in RL_TASKS:
+        args.update((k, v) for k, v in STABLE_RL_SETTINGS.items() if k != "gradient_checkpointing")
     ckpt_key, ckpt_kwargs_key = checkpointing_keys(i.versions.get("transformers"))
-    ckpt = bool(args.pop("gradient_checkpointing", False)) or (run is not None and run.gradient_checkpointing)
     if run is not None:
         args.update({"per_device_train_batch_size": run.batch_size, "gradient_accumulation_steps": run.gradient_accumulation_steps})
         optimizer = _stated_optimizer(run)
         if optimizer and "optim" not in args:
             args["optim"] = optimizer
-    if ckpt:
+    if _checkpointing(i):
         # Non-reentrant: the reentrant kind corrupts the gradients of KV-shared Gemma 4 layers (GD130).
         args[ckpt_key] = True
         args[ckpt_kwargs_key] = {"use_reentrant": False}
     if i.keep_use_cache:
         args["use_cache"] = True
+    return args
+
+
+def trl_config(i: Inputs, precision: str) -> dict[str, Any] | None:
+    """The keywords of the task's TRL config (training_arguments and the run's max_length); None where the TRL that
+    will run has no config for the task (trl_config_class)."""
+    if trl_config_class(i.task, i.versions.get("trl")) is None:
+        return None
+    config = training_arguments(i, precision)
+    if i.settings is not None and i.settings.seq_len:
+        config["max_length"] = i.settings.seq_len
+    return config
+
+
+def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute: str | None, rl: bool,
+                cast_needed: bool, peft_ok: bool | None) -> dict[str, Any]:
+    bf16, fp16 = precision == "bf16", precision == "fp16"
+    tf32 = _tf32(i, precision)
+    run = i.settings
+    args = training_arguments(i, precision)
+    ckpt = _checkpointing(i)
     dtype_key = "dtype" if _at_least(i.versions.get("transformers"), TRANSFORMERS_DTYPE_KWARG) else "torch_dtype"
     load_kwargs: dict[str, Any] = {dtype_key: load}
-    attention = _stated_attention(run) if run is not None else None
-    if attention and attention != "sdpa":
+    attention = _attention(i)
+    if attention:
         load_kwargs["attn_implementation"] = attention
     bnb: dict[str, Any] | None = None
     if quant == "4bit" and i.quant_method in (None, "bitsandbytes"):
@@ -495,17 +577,10 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     elif quant == "8bit" and i.quant_method in (None, "bitsandbytes"):
         bnb = {"load_in_8bit": True}
     trl_cls = trl_config_class(i.task, i.versions.get("trl"))
-    trl_config = dict(args) if trl_cls else None
-    if trl_config is not None and run is not None and run.seq_len:
-        trl_config["max_length"] = run.seq_len
-    targets = lora_targets(i.family, i.nested)
-    lora_r = run.lora_r if run is not None and run.method != "full" and run.lora_r else 16
-    named = _stated_targets(run) if run is not None else None
-    if named is not None:
-        # the user's own (a training config's lora_target_modules: a list, or a regex PEFT matches whole names with)
-        targets = list(named) if isinstance(named, tuple) else named
-    adapter = "qlora" if quant == "4bit" else "lora" if (quant == "8bit" or i.task in ("lora", "qlora") or (
-        run is not None and run.method in ("lora", "qlora"))) else None
+    trl_keys = trl_config(i, precision)
+    targets = _targets(i)
+    lora_r = _lora_r(i)
+    adapter = _adapter(i, quant)
     axolotl: dict[str, Any] = {"base_model": i.model_id, "bf16": bf16, "fp16": fp16, "tf32": tf32}
     # Only keys of axolotl's schema (readers/axolotl_keys.json): it drops any other without a word (GD986). No dtype
     # key: axolotl loads in the dtype bf16 / fp16 / load_in_8bit say (normalize_config), which is always explicit, so
@@ -526,7 +601,7 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     elif quant == "8bit":
         axolotl.update({"adapter": "lora", "load_in_8bit": True})
     elif adapter:
-        axolotl["adapter"] = "lora"
+        axolotl["adapter"] = adapter
     if axolotl.get("adapter"):
         axolotl.update({"lora_r": lora_r, "lora_alpha": 2 * lora_r})
         if targets == "all-linear":
@@ -548,9 +623,9 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     if rl:
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
-        axolotl.update({"optimizer": "adamw_torch_fused", "max_grad_norm": 1.0})
-    elif run is not None and _stated_optimizer(run):
-        axolotl["optimizer"] = _stated_optimizer(run)
+        axolotl.update({"optimizer": _rl_optimizer(i), "max_grad_norm": STABLE_RL_SETTINGS["max_grad_norm"]})
+    elif _rl_optimizer(i):
+        axolotl["optimizer"] = _rl_optimizer(i)
     sharding: dict[str, Any] | None = None
     if run is not None and run.num_gpus > 1:
         sharding = {"num_processes": run.num_gpus, "zero_stage": run.zero_stage}
@@ -573,7 +648,7 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
                          "from_pretrained": load_kwargs, "use_cache": i.keep_use_cache,
                          "text_only": text_only_loading(i.family, i.nested, i.versions.get("transformers"))},
         "trl": {"config_class": trl_cls[1] if trl_cls else None, "module": trl_cls[0] if trl_cls else None,
-                "config": trl_config},
+                "config": trl_keys},
         "peft": {"bitsandbytes_config": bnb,
                  "prepare_model_for_kbit_training": bnb is not None or _saved_by_another(i, quant),
                  "adapter_dtype": "float32", "autocast_adapter_dtype": True, "cast_adapters_to_fp32": cast_needed,
@@ -644,14 +719,7 @@ def run_command(rec: Recommendation) -> str | None:
     `axolotl train`, `trl sft|dpo --config`, `llamafactory-cli train` (LLaMA-Factory merges `key=value` words over the
     file: hparams/parser.py read_args, OmegaConf.from_cli); None for the TrainingArguments format, which the user's own
     script reads. A run on several GPUs is started by its launch line (launch_line)."""
-    if rec.trainer == "axolotl":
-        return None if launch_line(rec) is not None else f"axolotl train {RUN_FILE}"
-    if rec.trainer == "trl":
-        data = "YOUR_PREFERENCE_DATASET" if trl_command(rec) == "dpo" else "YOUR_DATASET"
-        return f"trl {trl_command(rec)} --config {RUN_FILE} --dataset_name {data}"
-    if rec.trainer == "llama-factory":
-        return f"llamafactory-cli train {RUN_FILE} dataset=YOUR_DATASET"
-    return None
+    return FORMATS[rec.trainer].command(rec)
 
 
 def llamafactory_snippets(rec: Recommendation, model_id: str) -> dict[str, str]:
@@ -816,9 +884,6 @@ _TRANSFORMERS_HEAD = ("# A plain transformers Trainer: TrainingArguments keys, w
                       "# and LoRA (your script reads them: TrlParser((TrainingArguments, ModelConfig)) or your own).\n"
                       "# The full logits are held at the loss (no chunking). The sequence length is your script's:\n")
 
-# The kind check's reader recognises in each format (trainers.REGISTRY's names).
-FORMAT_KINDS = {"axolotl": "axolotl", "trl": "transformers", "transformers": "transformers",
-                "llama-factory": "llama-factory"}
 
 _LF_HEAD = ("# llamafactory-cli train THIS_FILE dataset=YOUR_DATASET: LLaMA-Factory 0.9.5's keys, its own SFT trainer.\n"
             "# Precision set explicitly (LLaMA-Factory with no switch trains in fp32), and what its own defaults would\n"
@@ -855,45 +920,43 @@ def told_seq_len(rec: Recommendation) -> int | None:
 
 
 def _head(rec: Recommendation) -> str:
-    if rec.trainer == "llama-factory":
-        return _LF_HEAD
-    if rec.trainer == "trl":
-        return _TRL_DPO_HEAD if trl_command(rec) == "dpo" else _TRL_HEAD
-    if rec.trainer == "transformers":
-        seq = told_seq_len(rec)
-        return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
-                                     if seq else "# check --training-config THIS_FILE --seq-len N with your length.\n")
-    return _YAML_HEAD
+    return FORMATS[rec.trainer].head(rec)
+
+
+def _given(rec: Recommendation) -> Inputs:
+    """What the recommendation was decided from (its run.Settings, model id, stack): what every format renders."""
+    if rec.given is None:
+        raise ValueError("a Recommendation made without its Inputs has no trainer format (plan.recommend.decide makes one)")
+    return rec.given
 
 
 def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
-    """The keys of a `trl sft --config` YAML (rec.trainer "trl") or of a TrainingArguments YAML with ModelConfig's
-    (rec.trainer "transformers") for the prescribed run: TRL 1.16's ModelConfig names (dtype, attn_implementation,
-    use_peft, lora_*, load_in_4bit / load_in_8bit, bnb_4bit_quant_type, use_bnb_nested_quant: readers/trainer_keys.json)
-    and the TrainingArguments / SFTConfig settings of the snippets. Every setting whose trainer default differs from the
-    run is written: TRL loads in float32, checkpoints and trains in bf16 by default."""
-    fw = rec.frameworks
+    """The keys of a `trl sft|dpo --config` YAML (rec.trainer "trl") or of a TrainingArguments YAML with ModelConfig's
+    (rec.trainer "transformers") for the prescribed run, rendered from its run.Settings: TRL 1.16's ModelConfig names
+    (dtype, attn_implementation, use_peft, lora_*, load_in_4bit / load_in_8bit, bnb_4bit_quant_type,
+    use_bnb_nested_quant: readers/trainer_keys.json) and the TrainingArguments / SFTConfig / DPOConfig settings
+    (training_arguments, trl_config). Every setting whose trainer default differs from the run is written: TRL loads in
+    float32, checkpoints and trains in bf16 by default."""
+    i = _given(rec)
     trl = rec.trainer == "trl"
+    quant = _quantization(i)
     out: dict[str, Any] = {}
     if trl:
-        out["model_name_or_path"] = fw["axolotl"]["base_model"]
-    load = fw["transformers"]["from_pretrained"]
+        out["model_name_or_path"] = i.model_id
     # ModelConfig.dtype is both the load dtype and bitsandbytes' compute dtype (TRL's get_quantization_config).
-    out["dtype"] = next((v for k, v in load.items() if k in ("dtype", "torch_dtype")), rec.load_dtype)
-    if "attn_implementation" in load:
-        out["attn_implementation"] = load["attn_implementation"]
-    ax = fw["axolotl"]
-    if rec.adapters and ax.get("adapter"):
-        peft = fw["peft"]
-        out.update({"use_peft": True, "lora_r": peft["r"], "lora_alpha": peft["lora_alpha"],
-                    "lora_target_modules": peft["target_modules"]})
-        if ax.get("load_in_4bit"):
+    out["dtype"] = rec.load_dtype
+    attention = _attention(i)
+    if attention:
+        out["attn_implementation"] = attention
+    if rec.adapters and _adapter(i, quant):
+        r = _lora_r(i)
+        out.update({"use_peft": True, "lora_r": r, "lora_alpha": 2 * r, "lora_target_modules": _targets(i)})
+        bits = _loads_in(i, quant)
+        if bits == 4:
             out.update({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": True})
-        elif ax.get("load_in_8bit"):
+        elif bits == 8:
             out["load_in_8bit"] = True
-    args = dict(fw["trl"].get("config") or fw["transformers"]["training_arguments"])
-    if not trl:
-        args.pop("max_length", None)  # SFTConfig's alone: a TrainingArguments file with it is TRL's
+    args = (trl_config(i, rec.precision) if trl else None) or training_arguments(i, rec.precision)
     ckpt_key = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if k in args), None)
     if ckpt_key is None:
         # TRL's SFTConfig checkpoints by default: "off" must be written (TrainingArguments' default, said all the same)
@@ -907,62 +970,160 @@ def _trl_mapping(rec: Recommendation) -> dict[str, Any]:
 
 def _lf_mapping(rec: Recommendation) -> dict[str, Any]:
     """The keys of LLaMA-Factory 0.9.5's YAML (ModelArguments, DataArguments, FinetuningArguments and its
-    Seq2SeqTrainingArguments: hparams/*.py) for the prescribed run: one SFT process. Where LLaMA-Factory's own default
-    differs from the run it is written: bf16 / fp16 (it trains in fp32 otherwise), pure_bf16 for bf16 full
-    fine-tuning (init_adapter upcasts the trainable weights to float32 unless it is set), gradient checkpointing off
-    (disable_gradient_checkpointing; it checkpoints by default) or on without reentrancy (use_reentrant_gc: false)."""
-    fw = rec.frameworks
-    ax = fw["axolotl"]
-    out: dict[str, Any] = {"model_name_or_path": ax["base_model"], "stage": "sft", "do_train": True}
-    lora = bool(rec.adapters and ax.get("adapter"))
+    Seq2SeqTrainingArguments: hparams/*.py) for the prescribed run, rendered from its run.Settings: one SFT process.
+    Where LLaMA-Factory's own default differs from the run it is written: bf16 / fp16 (it trains in fp32 otherwise),
+    pure_bf16 for bf16 full fine-tuning (init_adapter upcasts the trainable weights to float32 unless it is set),
+    gradient checkpointing off (disable_gradient_checkpointing; it checkpoints by default) or on without reentrancy
+    (use_reentrant_gc: false)."""
+    i = _given(rec)
+    run = i.settings
+    quant = _quantization(i)
+    out: dict[str, Any] = {"model_name_or_path": i.model_id, "stage": "sft", "do_train": True}
+    lora = bool(rec.adapters and _adapter(i, quant))
     out["finetuning_type"] = "lora" if lora else "full"
     if lora:
-        targets = ax.get("lora_target_modules")
+        targets = _targets(i)
         # "all": every linear layer but the head (and, on a multimodal checkpoint, but the vision tower LLaMA-Factory
         # freezes by default: freeze_vision_tower), LLaMA-Factory's own LM-only set; a list as its comma-separated names.
         # (a pattern of the user's is refused before: search._for_trainer)
         target = ",".join(targets) if isinstance(targets, (list, tuple)) else "all"
-        out.update({"lora_rank": ax["lora_r"], "lora_alpha": ax["lora_alpha"], "lora_target": target})
-        if ax.get("load_in_4bit"):
+        r = _lora_r(i)
+        out.update({"lora_rank": r, "lora_alpha": 2 * r, "lora_target": target})
+        bits = _loads_in(i, quant)
+        if bits == 4:
             # bitsandbytes nf4 with double quantization: LLaMA-Factory's defaults for 4 bits, written all the same
             out.update({"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": "nf4",
                         "double_quantization": True})
-        elif ax.get("load_in_8bit"):
+        elif bits == 8:
             out.update({"quantization_bit": 8, "quantization_method": "bnb"})
-    nested = fw["transformers"]["auto_class"] == "AutoModelForImageTextToText"
-    template = LF_TEMPLATES.get((str(rec.inputs.get("family") or ""), nested))
+    template = LF_TEMPLATES.get((str(i.family or ""), i.nested))
     if template:
         out["template"] = template
-    if "sequence_len" in ax:
-        out["cutoff_len"] = ax["sequence_len"]
-    attention = ax.get("attn_implementation")
+    if run is not None and run.seq_len:
+        out["cutoff_len"] = run.seq_len
+    attention = _attention(i)
     if attention in _LF_ATTENTION:
         out["flash_attn"] = _LF_ATTENTION[attention]
-    out.update({"bf16": bool(ax.get("bf16")), "fp16": bool(ax.get("fp16"))})
+    out.update({"bf16": rec.precision == "bf16", "fp16": rec.precision == "fp16"})
     if rec.precision == "bf16" and not lora:
         out["pure_bf16"] = True
-    if "tf32" in ax:
-        out["tf32"] = ax["tf32"]
-    if "micro_batch_size" in ax:
-        out["per_device_train_batch_size"] = ax["micro_batch_size"]
-    if "gradient_accumulation_steps" in ax:
-        out["gradient_accumulation_steps"] = ax["gradient_accumulation_steps"]
-    if ax.get("gradient_checkpointing"):
+    out["tf32"] = _tf32(i, rec.precision)
+    if run is not None:
+        out["per_device_train_batch_size"] = run.batch_size
+        out["gradient_accumulation_steps"] = run.gradient_accumulation_steps
+    if _checkpointing(i):
         out["use_reentrant_gc"] = False
     else:
         out["disable_gradient_checkpointing"] = True
-    if ax.get("optimizer"):
-        out["optim"] = ax["optimizer"]
+    if _rl_optimizer(i):
+        out["optim"] = _rl_optimizer(i)
     out["output_dir"] = OUTPUT_DIR
     return out
+
+
+class TrainerFormat:
+    """One trainer's config format of a prescription (recommend --trainer; TRAINER_FORMATS): the YAML's head, its keys
+    rendered from the run's Settings, and the command that starts it. The interface every format implements, as
+    pip-audit's formats: the views and the search ask the format (FORMATS[rec.trainer]), never compare its name."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]  # the kind check's reader recognises in the file (trainers.REGISTRY's name)
+    tasks: ClassVar[frozenset[str]]  # the tasks the format writes (others fall back to axolotl's YAML: search)
+
+    def head(self, rec: Recommendation) -> str:
+        """The YAML's comment lines: which trainer runs it and what its defaults would change."""
+        raise NotImplementedError
+
+    def mapping(self, rec: Recommendation) -> dict[str, Any]:
+        """The run as the trainer's config keys, in the order the YAML writes them."""
+        raise NotImplementedError
+
+    def command(self, rec: Recommendation) -> str | None:
+        """The command that starts the run from its YAML (RUN_FILE); None where the user's script reads it."""
+        return None
+
+    def tail(self, rec: Recommendation) -> str:
+        """Comment lines after the keys."""
+        return ""
+
+
+class AxolotlFormat(TrainerFormat):
+    """axolotl's YAML (`axolotl train`): every task (its `rl:`), several processes (its launch line)."""
+
+    name, kind, tasks = "axolotl", "axolotl", frozenset(TASKS)
+
+    def head(self, rec: Recommendation) -> str:
+        return _YAML_HEAD
+
+    def mapping(self, rec: Recommendation) -> dict[str, Any]:
+        return rec.frameworks["axolotl"]
+
+    def command(self, rec: Recommendation) -> str | None:
+        return None if launch_line(rec) is not None else f"axolotl train {RUN_FILE}"
+
+    def tail(self, rec: Recommendation) -> str:
+        acc = rec.frameworks["accelerate"]
+        return ("# accelerate (accelerate config / accelerate launch): "
+                + ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in acc.items()) + "\n")
+
+
+class TrlFormat(TrainerFormat):
+    """A `trl sft|dpo --config` YAML of SFTConfig / DPOConfig and ModelConfig keys, which TRL's trainer runs."""
+
+    name, kind, tasks = "trl", "transformers", frozenset(TRL_TASKS)
+
+    def head(self, rec: Recommendation) -> str:
+        return _TRL_DPO_HEAD if trl_command(rec) == "dpo" else _TRL_HEAD
+
+    def mapping(self, rec: Recommendation) -> dict[str, Any]:
+        return _trl_mapping(rec)
+
+    def command(self, rec: Recommendation) -> str | None:
+        data = "YOUR_PREFERENCE_DATASET" if trl_command(rec) == "dpo" else "YOUR_DATASET"
+        return f"trl {trl_command(rec)} --config {RUN_FILE} --dataset_name {data}"
+
+
+class TransformersFormat(TrainerFormat):
+    """A TrainingArguments YAML (with TRL's ModelConfig keys), which a plain transformers Trainer script reads."""
+
+    name, kind, tasks = "transformers", "transformers", frozenset({"sft", "full", "lora", "qlora"})
+
+    def head(self, rec: Recommendation) -> str:
+        seq = told_seq_len(rec)
+        return _TRANSFORMERS_HEAD + (f"# tokenize to {seq} tokens (check --training-config THIS_FILE --seq-len {seq}).\n"
+                                     if seq else "# check --training-config THIS_FILE --seq-len N with your length.\n")
+
+    def mapping(self, rec: Recommendation) -> dict[str, Any]:
+        return _trl_mapping(rec)
+
+
+class LlamaFactoryFormat(TrainerFormat):
+    """LLaMA-Factory 0.9.5's YAML (`llamafactory-cli train`), its own SFT trainer and loader."""
+
+    name, kind, tasks = "llama-factory", "llama-factory", frozenset({"sft", "full", "lora", "qlora"})
+
+    def head(self, rec: Recommendation) -> str:
+        return _LF_HEAD
+
+    def mapping(self, rec: Recommendation) -> dict[str, Any]:
+        return _lf_mapping(rec)
+
+    def command(self, rec: Recommendation) -> str | None:
+        return f"llamafactory-cli train {RUN_FILE} dataset=YOUR_DATASET"
+
+
+# Every trainer format by its TRAINER_FORMATS name (tests/test_trainer_formats.py holds the two equal).
+FORMATS: dict[str, TrainerFormat] = {f.name: f for f in (AxolotlFormat(), TrlFormat(), TransformersFormat(),
+                                                          LlamaFactoryFormat())}
+# The kind check's reader recognises in each format, and the tasks each writes (from FORMATS).
+FORMAT_KINDS = {name: f.kind for name, f in FORMATS.items()}
+FORMAT_TASKS = {name: f.tasks for name, f in FORMATS.items()}
 
 
 def format_mapping(rec: Recommendation) -> dict[str, Any]:
     """The prescribed run as its trainer's config keys (rec.trainer): axolotl's, TRL's / TrainingArguments', or
     LLaMA-Factory's."""
-    if rec.trainer == "llama-factory":
-        return _lf_mapping(rec)
-    return rec.frameworks["axolotl"] if rec.trainer == "axolotl" else _trl_mapping(rec)
+    return FORMATS[rec.trainer].mapping(rec)
 
 
 def training_config_data(rec: Recommendation) -> tuple[dict[str, Any], dict[str, int]]:
@@ -998,10 +1159,6 @@ def training_config_yaml(rec: Recommendation) -> str:
     --config` file, or TrainingArguments', which `gemma-doctor check --training-config` reads back as the same run
     (method, batch x accumulation, sequence length, checkpointing, attention, sharding; the memory plan its trainer
     makes)."""
-    body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in format_mapping(rec).items())
-    if rec.trainer != "axolotl":
-        return _head(rec) + body
-    acc = rec.frameworks["accelerate"]
-    tail = ("# accelerate (accelerate config / accelerate launch): "
-            + ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in acc.items()) + "\n")
-    return _head(rec) + body + tail
+    fmt = FORMATS[rec.trainer]
+    body = "".join(f"{k}: {_yaml_value(v)}\n" for k, v in fmt.mapping(rec).items())
+    return fmt.head(rec) + body + fmt.tail(rec)
