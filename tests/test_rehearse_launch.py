@@ -218,6 +218,61 @@ def test_a_script_that_never_ends_is_killed_at_the_deadline_in_one_finding(tmp_p
         os.kill(pid, 0)
 
 
+# -- each rank's compute threads --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("line, ranks", [
+    ("python train.py", 1), ("torchrun train.py", 1), ("torchrun --nproc_per_node 2 train.py", 2),
+    ("torchrun --standalone --nnodes 1 --nproc-per-node=3 train.py", 3),
+    ("torchrun --nproc_per_node auto train.py", None),
+    ("python -m torch.distributed.run --standalone --nproc_per_node=2 -m gemma_doctor.rehearse.ranks", 2),
+    ("accelerate launch --num_processes 2 train.py", 2), ("accelerate launch train.py", None),
+    ("accelerate launch --config_file fsdp.yaml train.py", 2),
+])
+def test_the_processes_a_launch_line_starts_are_its_launchers_count(line, ranks, tmp_path):
+    from gemma_doctor.rehearse.launch import ranks_of
+
+    (tmp_path / "fsdp.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\n")
+    assert ranks_of([str(tmp_path / w) if w == "fsdp.yaml" else w for w in line.split()]) == ranks
+
+
+@pytest.mark.slow
+def test_each_rank_of_a_launched_run_gets_its_share_of_the_rehearsals_threads(tmp_path, cli, monkeypatch):
+    """torch 2.13's launcher gives each of its ranks OMP_NUM_THREADS=1 only where the variable is unset; the
+    rehearsal's child environment sets it (min(4, cores)), and the launcher passed that to every rank: on 8 cores 2
+    ranks ran 4 threads each, on this 2-core machine 2 each. Each rank now gets its share of the 4. The caller's own
+    OMP_NUM_THREADS (the suite's 1) would be kept, so none is set here."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.chdir(SCRIPTS)
+    code, doc = launch(cli, tmp_path, f"torchrun --nproc_per_node 2 threads.py {tmp_path}")
+    assert code == 0 and [f["code"] for f in doc["findings"]] == ["GD979"], doc["findings"]
+    seen = {p.name: json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))}
+    assert {name: rank["omp"] for name, rank in seen.items()} == {"rank0.json": "2", "rank1.json": "2"}, seen
+    # torch runs that many intra-op threads, or fewer where the machine has fewer cores (2 cores here: 2 each).
+    assert all(1 <= rank["torch"] <= 2 for rank in seen.values()), seen
+
+
+@pytest.mark.parametrize("line, caller, threads", [
+    ("python train.py", None, "4"),  # one process: the rehearsal's default, as before
+    ("torchrun --nproc_per_node 1 train.py", None, "4"),
+    ("torchrun --nproc_per_node 2 train.py", None, "2"),
+    ("accelerate launch --num_processes 3 train.py", None, "1"),
+    ("torchrun --nproc_per_node 16 train.py", None, "1"),  # at least 1
+    ("torchrun --nproc_per_node auto train.py", None, None),  # unsaid: the launcher's own choice
+    ("torchrun --nproc_per_node 2 train.py", "3", "3"),  # the caller's, as it is
+])
+def test_a_launched_commands_ranks_share_the_rehearsals_threads_and_a_callers_choice_is_kept(
+        line, caller, threads, monkeypatch, tmp_path):
+    from gemma_doctor.rehearse.launch import rank_threads
+    from gemma_doctor.rehearse.process import _environment
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    if caller is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", caller)
+    assert rank_threads(_environment(tmp_path), line.split()).get("OMP_NUM_THREADS") == threads
+
+
 # -- after train(): the reloaded copy generated from and merged; a catalogue cure rerun -------------------------------
 def launch_in(python: Path, tmp_path: Path, line: str, *extra: str, folder: Path | None = None) -> tuple[int, dict]:
     """`rehearse --launch LINE` by ``python`` (a reproduction venv's: its stack runs the script), from SCRIPTS, on

@@ -118,6 +118,75 @@ def _absolute(word: str, cwd: Path) -> str:
     return f"{flag}={value}" if flag else value
 
 
+def ranks_of(argv: list[str]) -> int | None:
+    """How many processes a launched command starts on this machine: torch's launcher's --nproc_per_node (torchrun,
+    `python -m torch.distributed.run`; 1 unless told), accelerate's --num_processes, else its --config_file's
+    num_processes; 1 for a plain Python script; None where the line does not say (torchrun's `auto`, accelerate's
+    default config), which the launcher then decides."""
+    if not argv:
+        return None
+    head = Path(argv[0]).name
+    if head == "torchrun":
+        start, names, takes = 1, ("--nproc_per_node", "--nproc-per-node"), _LAUNCHERS["torchrun"]
+    elif head.startswith("python") and argv[1:3] == ["-m", "torch.distributed.run"]:
+        start, names, takes = 3, ("--nproc_per_node", "--nproc-per-node"), _LAUNCHERS["torchrun"]
+    elif head == "accelerate" and argv[1:2] == ["launch"]:
+        start, names, takes = 2, ("--num_processes", "--num-processes"), _LAUNCHERS["accelerate"]
+    elif head.startswith("python"):
+        return 1
+    else:
+        return None
+    # torch's launcher starts one process unless told (its --nproc-per-node defaults to 1).
+    given, config = ("1" if "--nproc_per_node" in names else None), None
+    i = start
+    while i < len(argv) and argv[i].startswith("-"):
+        w = argv[i]
+        name, value = w.split("=", 1) if "=" in w else (w, argv[i + 1] if i + 1 < len(argv) else "")
+        if name in names:
+            given = value
+        elif name == "--config_file":
+            config = value
+        i += 1 if "=" in w or name not in (*names, *takes) else 2
+    if given is None and config is not None:
+        given = _config_processes(config)
+    try:
+        return int(given) if given is not None and int(given) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _config_processes(path: str) -> Any:
+    """The num_processes an accelerate config file names, or None."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return config.get("num_processes") if isinstance(config, dict) else None
+
+
+def rank_threads(env: dict[str, str], argv: list[str]) -> dict[str, str]:
+    """``env`` with each rank's compute threads for the launched command ``argv``: the caller's OMP_NUM_THREADS as it
+    is; else, where the command starts N > 1 processes, the threads one rehearsal process gets (process.threads) shared
+    among them, at least 1 each (torch 2.13's launcher gives each of its ranks 1 where OMP_NUM_THREADS is unset, but
+    the child's environment sets it, which the launcher then passes to every rank as it is); where the line does not
+    say how many, the variable is left unset for the launcher to decide, as it would in the user's run."""
+    from gemma_doctor.rehearse.process import threads
+
+    if "OMP_NUM_THREADS" in os.environ:
+        return env
+    ranks = ranks_of(argv)
+    if ranks == 1:
+        return env
+    env = dict(env)
+    if ranks is None:
+        env.pop("OMP_NUM_THREADS", None)
+    else:
+        env["OMP_NUM_THREADS"] = str(max(1, threads() // ranks))
+    return env
+
+
 def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[list[dict[str, Any]], str | None,
                                                                                  float]:
     """Build the twin, then run the user's command against it; (records, why it ended early or None, seconds the
@@ -154,7 +223,7 @@ def run_script(plan: dict[str, Any], argv: list[str], timeout: float) -> tuple[l
             return records, None if records else f"the twin was not built: {_tail(log)}", 0.0
         if twins and digest and found is None:
             kept.keep(Path(twins), digest, root / "hub", records)
-        env = {**env, "GEMMA_DOCTOR_LAUNCH_PLAN": str(root / "plan.json"),
+        env = {**rank_threads(env, argv), "GEMMA_DOCTOR_LAUNCH_PLAN": str(root / "plan.json"),
                "PYTHONPATH": os.pathsep.join((str(HOOK), env["PYTHONPATH"]))}
         # DeepSpeed's JIT-built ops, kept from an earlier rehearsal, in this one's own extensions folder (kept.py).
         extensions = Path(env["TORCH_EXTENSIONS_DIR"])

@@ -91,6 +91,12 @@ def _marked(token: str) -> list[int]:
     return found
 
 
+def threads() -> int:
+    """The compute threads of a rehearsal's one process where the caller sets none: min(4, cores) (a launched run's
+    ranks share them: launch.rank_threads)."""
+    return min(4, os.cpu_count() or 1)
+
+
 def _environment(root: Path, device: str = "cpu") -> dict[str, str]:
     """The child's environment: the user's, with every cache private and the network off; the GPUs the user's own
     CUDA_VISIBLE_DEVICES shows stay visible unless the rehearsal runs on the CPU (``device``)."""
@@ -111,7 +117,7 @@ def _environment(root: Path, device: str = "cpu") -> dict[str, str]:
         # nor a `lock` a killed build left there, which every later build waits on without end (kept.py).
         "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"),
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p),
-        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1))),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(threads())),
     })
     return env
 
