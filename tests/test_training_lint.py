@@ -214,7 +214,8 @@ def test_trainingarguments_lora_keys_are_the_scripts_business(hub, cli, tmp_path
 def test_recommends_trl_yaml_passes_check_without_gd612(hub, cli, tmp_path, method):
     """recommend --trainer trl writes use_peft: true for LoRA and QLoRA, so its prescription passes
     check --fail-on warning with no GD612."""
-    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(),
+                                      "generation_config.json": generation_config()})
     m = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--trainer", "trl",
             "--method", method, "--format", "json").json()["models"][0]
     assert m["prescription"] is not None, m.get("blocking")
