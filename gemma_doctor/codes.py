@@ -142,6 +142,7 @@ _CODES = [
     Code("GD609", "no-mixed-precision", "the training config sets no mixed precision: the run trains in fp32", site=Site.RUN),
     Code("GD610", "fp16-load-dtype", "the training config loads a Gemma 2/3 model in float16 (torch_dtype/dtype), whose range its activations overflow", site=Site.RUN),
     Code("GD611", "fp16-float16-trainable-weights", "full fine-tuning in fp16 mixed precision of weights loaded in float16 (a torch_dtype, or axolotl's fp16): the Trainer's GradScaler refuses float16 gradients at the first step", site=Site.RUN),
+    Code("GD612", "trl-lora-without-use-peft", "a TRL config writes lora_* keys or 4-bit / 8-bit loading without use_peft: true: TRL trains every weight, or refuses a quantized model without adapters", site=Site.RUN),
     Code("GD620", "kv-sharing-gradient-checkpointing", "gradient checkpointing on a KV-shared Gemma 4 with transformers 5.5.0-5.5.1: the sharing is skipped, the loss is wrong", site=Site.RUN),
     Code("GD683", "flash-attention-needs-ampere", "FlashAttention-2 on a GPU before Ampere (T4, V100): flash-attn 2 refuses it at the first forward", site=Site.RUN),
     Code("GD684", "flash-attention-fp32", "FlashAttention-2 on fp32 weights without mixed precision: flash-attn refuses fp32 inputs", site=Site.RUN),

@@ -1028,3 +1028,27 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
         memory=figures, quantization=quantization,
         shape=Shape(shape.vocab, shape.final_logit_softcapping, shape.params.towers,
                     tuple(sorted({k.name for k in shape.linears}))), written=written(training_config))
+
+
+# Settings (readers.training_config.KEYS) whose TRL spelling is a ModelConfig LoRA field (lora_r, lora_target_modules,
+# lora_target_parameters, lora_modules_to_save, lora_exclude_modules): read by get_peft_config only.
+_TRL_LORA_SETTINGS = ("lora_r", "lora_target_modules", "lora_target_parameters", "modules_to_save",
+                      "lora_exclude_modules")
+
+
+def trl_peft_off(trainer: Trainer, s: Mapping[str, Any]) -> bool:
+    """A config run by TRL's scripts whose use_peft is not true (unset: ModelConfig's default false): TRL 1.16.0's
+    get_peft_config then returns None and the trainer gets no adapters (reproduced with trl/scripts/sft.py's
+    make_parser)."""
+    peft = s.get("adapter")
+    return trainer.runs_trl and not (peft is not None and truthy(peft.value))
+
+
+def trl_unused_lora_keys(trainer: Trainer, s: Mapping[str, Any]) -> tuple[str, ...]:
+    """The settings (KEYS names) whose TRL spelling is a ModelConfig LoRA key that the run never reads: `trl sft
+    --config` trains every weight whatever lora_r / lora_target_modules say unless use_peft is true. Empty where
+    use_peft is true, or the config is not run by TRL's scripts (a TrainingArguments script reads the keys its own
+    way)."""
+    if not trl_peft_off(trainer, s):
+        return ()
+    return tuple(name for name in _TRL_LORA_SETTINGS if name in s and str(s[name].key).startswith("lora_"))

@@ -128,11 +128,44 @@ def test_a_config_that_names_its_method_keeps_it(text, method):
     assert got == method and "method" in fixed and where.startswith("training config"), where
 
 
-def test_lora_keys_without_use_peft_leave_the_method_open():
-    """A TRL / TrainingArguments config with LoRA keys but no use_peft is not planned as the default full run: what the
-    user meant is unclear (TRL itself would train every weight: get_peft_config reads use_peft alone)."""
-    got, where, fixed = _planned("max_length: 1024\nlora_r: 16\nlora_target_modules: all-linear\n")
+@pytest.mark.parametrize("text, method, source", [
+    ("max_length: 1024\nlora_r: 16\nlora_target_modules: all-linear\n", "full",
+     "default of TRL's ModelConfig (use_peft false unless set): lora_r, lora_target_modules unused"),
+    ("max_length: 1024\nuse_peft: true\nlora_r: 16\nlora_target_modules: all-linear\n", "lora",
+     "training config use_peft"),
+    ("max_length: 1024\nlora_r: 16\nload_in_4bit: true\n", "qlora", "training config load_in_4bit"),
+], ids=["lora-keys-no-use-peft", "use-peft", "4bit-no-use-peft"])
+def test_trl_lora_keys_without_use_peft_plan_the_full_run_trl_runs(text, method, source):
+    """A TRL config with LoRA keys but no use_peft: true trains every weight (TRL 1.16's get_peft_config reads use_peft
+    alone: test_trls_own_parser_ignores_lora_keys_without_use_peft), and check plans that, naming the unused keys. On
+    main the method was left open ("chosen to fit"). With load_in_4bit the quantized run stays planned: GD612 says
+    transformers refuses it."""
+    got, where, fixed = _planned(text)
+    assert (got, "method" in fixed) == (method, True) and where.startswith(source), where
+
+
+def test_lora_keys_of_a_trainingarguments_script_leave_the_method_open():
+    """A TrainingArguments config with LoRA keys but no use_peft: the user's script reads them its own way."""
+    got, where, fixed = _planned("per_device_train_batch_size: 1\noutput_dir: out\nlora_r: 16\n")
     assert "method" not in fixed, where
+
+
+def test_trls_own_parser_ignores_lora_keys_without_use_peft(tmp_path):
+    """TRL 1.16's own `trl sft` parser (trl/scripts/sft.py make_parser) reads lora_r / lora_target_modules without
+    use_peft as no PEFT, and still quantizes for load_in_4bit (get_quantization_config reads it alone)."""
+    trl = pytest.importorskip("trl")
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"read in TRL 1.16.0, not {trl.__version__}")
+    from trl import get_peft_config, get_quantization_config
+    from trl.scripts.sft import make_parser
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: google/gemma-2b\ndataset_name: d\noutput_dir: out\nuse_cpu: true\n"
+                    "lora_r: 16\nlora_alpha: 32\nlora_target_modules: [q_proj, v_proj]\nload_in_4bit: true\n")
+    _, _, model, *_ = make_parser().parse_args_and_config(args=["--config", str(path)], fail_with_unknown_args=True)
+    assert (model.use_peft, model.lora_r, model.lora_target_modules) == (False, 16, ["q_proj", "v_proj"])
+    assert get_peft_config(model) is None and get_quantization_config(model).load_in_4bit is True
+    assert training_config.parse(path.read_text(), "c.yaml", yaml_first=True).trainer.value.runs_trl
 
 
 def test_trls_own_parser_gives_no_peft_config_for_a_full_prescription(cli, gemma1, tmp_path):

@@ -166,3 +166,62 @@ def test_reader_never_raises_on_yaml_bombs_and_deep_nesting():
     assert tc.ok and tc.get("bf16").value is True
     deep = training_config.parse("[" * 100000 + "]" * 100000, "x.json", yaml_first=False)
     assert not deep.ok
+
+
+TRL_LORA_NO_PEFT = ("model_name_or_path: google/gemma-3-12b-it\nbf16: true\nmax_length: 1024\nlora_r: 16\n"
+                    "lora_alpha: 32\nlora_target_modules: [q_proj, v_proj]\n")
+
+
+@pytest.mark.parametrize("extra, severity, key, method", [
+    ("", "warning", "lora_r", "full"),
+    ("load_in_4bit: true\n", "error", "load_in_4bit", "qlora"),
+    ("use_peft: false\n", "warning", "lora_r", "full"),
+    ("use_peft: true\n", None, None, "lora"),
+    ("use_peft: true\nload_in_4bit: true\n", None, None, "qlora"),
+], ids=["lora-keys", "4bit", "use-peft-false", "use-peft", "qlora"])
+def test_trl_lora_keys_without_use_peft_are_planned_as_trl_runs_them(hub, cli, tmp_path, extra, severity, key, method):
+    """GD612: TRL 1.16's get_peft_config reads use_peft alone, so a TRL YAML with lora_r / lora_target_modules but no
+    use_peft: true trains every weight (planned as full fine-tuning, a warning), and with load_in_4bit loads a
+    quantized model without adapters, which transformers' Trainer refuses (an error). On main the method was left
+    open ("chosen to fit") and nothing was said."""
+    r, path, findings = _lint(hub, cli, tmp_path, "trl.yaml", TRL_LORA_NO_PEFT + extra, "--gpu", "H100")
+    got = _by_code(findings)
+    model = r.json()["models"][0]
+    assert model["memory"]["method"] == method, model["memory"]["summary"]
+    if severity is None:
+        assert "GD612" not in got, got["GD612"]["message"]
+        return
+    f = got["GD612"]
+    assert (f["severity"], f["file"], f["key"]) == (severity, str(path), key)
+    assert "use_peft: true" in f["message"] and "use_peft: true" in f["fix"]
+    if severity == "warning":
+        assert "lora_r, lora_target_modules" in f["message"] and "every weight" in f["message"]
+        assert model["run"]["method"]["source"].startswith(
+            "training config use_peft" if extra else "default of TRL's ModelConfig (use_peft false unless set): "
+                                                     "lora_r, lora_target_modules unused")
+    else:
+        assert "purely quantized" in f["message"] and r.code == 1
+
+
+def test_trainingarguments_lora_keys_are_the_scripts_business(hub, cli, tmp_path):
+    """A plain TrainingArguments config's LoRA keys are read by the user's own script: no GD612."""
+    _, _, findings = _lint(hub, cli, tmp_path, "args.yaml", "output_dir: out\nbf16: true\nlora_r: 16\n",
+                           "--gpu", "H100")
+    assert "GD612" not in _by_code(findings)
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_recommends_trl_yaml_passes_check_without_gd612(hub, cli, tmp_path, method):
+    """recommend --trainer trl writes use_peft: true for LoRA and QLoRA, so its prescription passes
+    check --fail-on warning with no GD612."""
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config(),
+                                      "generation_config.json": generation_config()})
+    m = cli("recommend", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--trainer", "trl",
+            "--method", method, "--format", "json").json()["models"][0]
+    assert m["prescription"] is not None, m.get("blocking")
+    path = tmp_path / "trl.yaml"
+    path.write_text(m["snippets"]["yaml"])
+    r = cli("check", "google/gemma-3-12b-it", "--cache-dir", hub.root, "--gpu", "A100", "--training-config", path,
+            "--fail-on", "warning", "--format", "json")
+    codes = [f["code"] for f in r.json()["models"][0]["findings"]]
+    assert "GD612" not in codes and r.code == 0, codes

@@ -17,7 +17,7 @@ from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import (DEEPSPEED_BATCH, axolotl_load_dtype, axolotl_on_mps, is_auto,
                                                   truthy)
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, written
+from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, trl_unused_lora_keys, written
 from gemma_doctor.trainers import CHUNKING_TRAINERS, TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read here)
 from gemma_doctor.units import positive_int
 
@@ -384,24 +384,29 @@ def trainer_release(trainer: Trainer, stack: Any | None) -> str:
     return f"{name} {version} (assumed: {name} is not installed here)"
 
 
-# Keys by which a TRL / TrainingArguments config says it trains adapters or loads quantized weights (besides `adapter`:
+# Keys by which a TrainingArguments config says it trains adapters or loads quantized weights (besides `adapter`:
 # TRL's use_peft, axolotl's adapter, LLaMA-Factory's finetuning_type): where it names one, its method is not left to
-# the trainer's full fine-tuning default (run_request reads the adapter and the quantization; LoRA keys without
-# use_peft stay open).
+# the trainer's full fine-tuning default (run_request reads the adapter and the quantization; a script's LoRA keys
+# without use_peft stay open: the script decides). TRL's own scripts read use_peft alone (run.trl_unused_lora_keys).
 _PEFT_KEYS = ("adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_target_modules", "lora_target_linear",
               "lora_target_parameters")
-
-
 def _method_default(trainer: Trainer, s: Mapping[str, Any]) -> Default | None:
     """The method the trainer runs where its config names none (issue 32: `recommend --trainer trl --method full` wrote
     a YAML without use_peft, which check planned as QLoRA "chosen to fit"): full fine-tuning for TRL's trainers (TRL
     1.16's ModelConfig.use_peft defaults to false, and get_peft_config then gives no peft_config: `trl sft` trains
     every weight), for a plain Trainer (it trains the model it is given; the config names no PEFT) and for axolotl
     (no `adapter`: 0.19.0 trains every weight); LoRA for LLaMA-Factory (0.9.5's FinetuningArguments.finetuning_type
-    defaults to "lora"). None where the config names the method, or a launched script decides. (Read by
+    defaults to "lora"). A TRL config with lora_* keys but no use_peft: true is full fine-tuning too (its keys unused:
+    run.trl_unused_lora_keys; GD612). None where the config names the method, or a launched script decides. (Read by
     run_request: the release named is the one read, whatever the stack holds.)"""
     if "adapter" in s:
         return None
+    unused = trl_unused_lora_keys(trainer, s)
+    if unused:  # (load_in_4bit / 8bit true: run_request planned the quantized run first; GD612 says TRL refuses it)
+        return ("method", "full", f"default of TRL's ModelConfig (use_peft false unless set): "
+                                  f"{', '.join(s[n].key for n in unused)} "
+                                  "unused (get_peft_config gives no peft_config without use_peft: true), every weight "
+                                  "trains")
     if trainer is Trainer.AXOLOTL:
         return "method", "full", "default of axolotl (0.19.0: no adapter, every weight trains)"
     if trainer is Trainer.LLAMA_FACTORY:

@@ -16,7 +16,7 @@ from gemma_doctor.rules.common import checkpoints, run_trainer, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.trainers import Trainer
-from gemma_doctor.run import Engine
+from gemma_doctor.run import Engine, trl_peft_off, trl_unused_lora_keys
 from gemma_doctor.versioning import HYBRIDCACHE, HYBRIDCACHE_FIRST_FIXED
 
 HYBRID_CRASH = "AttributeError: 'HybridCache' object has no attribute 'float'"
@@ -158,8 +158,8 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
                 file=tc.path, key=p.key, fix=f"{p.key}: {p.suggestion or 'true or false'}", details=details)
 
 
-@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD611", "GD680",
-       "GD681", "GD986")
+@emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD611", "GD612",
+       "GD680", "GD681", "GD986")
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config
@@ -263,6 +263,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from _use_cache(model, env, tc, fp16_key or bf16_key)
     yield from _dpo(model, options, tc, fp16_key, name)
     yield from _qlora(tc, gpu, fp16_unsafe, name, four_bit)
+    yield from _peft_off(model, env, tc, name)
 
 
 def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) -> Iterator[Finding]:
@@ -374,3 +375,37 @@ def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None, four_bit:
         yield _finding("GD608", Severity.ERROR,
                        f"4-bit QLoRA compute dtype is float16 on {name}: activations exceed fp16's range (inf/NaN)",
                        "use bnb_4bit_compute_dtype bfloat16 where bf16 is native, float32 otherwise", tc, key)
+
+
+def _peft_off(model: ModelFacts, env: Environment, tc: Any, name: str | None) -> Iterator[Finding]:
+    """GD612: a config run by TRL's scripts that writes LoRA keys or 4-bit / 8-bit loading without use_peft: true.
+    TRL 1.16.0's get_peft_config returns None unless use_peft is true, so the lora_* keys are unused and every weight
+    trains (warning: the run is not the one the file reads like); get_quantization_config reads load_in_4bit / 8bit
+    alone, so the model loads quantized with no adapter, which transformers' Trainer refuses (error:
+    trainer_utils.validate_quantization_for_training, "You cannot perform fine-tuning on purely quantized models")."""
+    trainer = run_trainer(model, env).value
+    if not trl_peft_off(trainer, tc.settings):
+        return
+    said = "without use_peft: true"
+    bits = written_of(model, env).lora.quant_bits
+    if bits is not None and bits.config_key is not None:
+        yield setting_finding(
+            "GD612", Severity.ERROR,
+            f"{bits.config_key}: true {said}: TRL loads {name} in {bits.value} bits (get_quantization_config "
+            "reads the key alone) but attaches no LoRA (get_peft_config gives no peft_config), and transformers' "
+            "Trainer refuses to train a purely quantized model (\"You cannot perform fine-tuning on purely quantized "
+            "models\"): the run stops before its first step",
+            "add use_peft: true to train QLoRA adapters, or remove the quantized loading to train every weight",
+            tc, "load_in_8bit" if bits.config_key == "load_in_8bit" else "load_in_4bit",
+            use_peft=False)
+        return
+    unused = trl_unused_lora_keys(trainer, tc.settings)
+    if not unused:
+        return
+    keys = ", ".join(tc.settings[n].key for n in unused)
+    yield setting_finding(
+        "GD612", Severity.WARNING,
+        f"{keys} written {said}: TRL reads LoRA from use_peft alone (get_peft_config gives no peft_config), so "
+        f"these keys are unused and the run trains every weight of {name}: planned here as full fine-tuning, not LoRA",
+        "add use_peft: true to train the LoRA these keys describe, or remove them to keep full fine-tuning",
+        tc, unused[0], use_peft=False, unused=[tc.settings[n].key for n in unused])
