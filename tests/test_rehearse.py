@@ -287,6 +287,23 @@ def test_llama_factory_lora_targets_are_read_as_llama_factory_reads_them(tmp_pat
     assert settings_of(training_config.load(str(config)), _raw(str(config)), None)["lora"]["targets"] == targets
 
 
+@pytest.mark.parametrize("lines, lora", [
+    # TRL's scripts read use_peft alone (TRL 1.16 get_peft_config): lora_* keys without it train every weight (GD612)
+    ("max_length: 256\nlora_r: 8\nlora_target_modules: [q_proj, v_proj]\n", False),
+    ("max_length: 256\nuse_peft: false\nlora_r: 8\n", False),
+    ("max_length: 256\nuse_peft: true\nlora_r: 8\n", True),
+    # a plain TrainingArguments script reads its LoRA keys its own way: rehearsed with LoRA, as before
+    ("per_device_train_batch_size: 2\nlora_r: 8\n", True),
+])
+def test_a_trl_config_without_use_peft_is_rehearsed_as_the_full_fine_tuning_trl_runs(tmp_path, lines, lora):
+    from gemma_doctor.readers import training_config
+    from gemma_doctor.rehearse.runner import _raw, settings_of
+
+    config = tmp_path / "train.yaml"
+    config.write_text(lines)
+    assert (settings_of(training_config.load(str(config)), _raw(str(config)), None)["lora"] is not None) is lora
+
+
 # -- the judgement, on plain records ----------------------------------------------------------------------------------
 def test_the_hybridcache_line_matches_its_catalogue_entry_with_a_rehearsable_cure():
     from gemma_doctor import catalogue

@@ -25,6 +25,7 @@ from gemma_doctor.rehearse import reward
 from gemma_doctor.rehearse.grpo import ONLINE_LOOPS
 from gemma_doctor.rehearse.process import Child, _environment, _records, _tail
 from gemma_doctor.report import Finding, Severity
+from gemma_doctor.run import trainer_of, trl_peft_off
 
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 300.0
@@ -91,8 +92,11 @@ def settings_of(tc: TrainingConfig | None, raw: Mapping[str, Any], config_dir: P
         # back to its own default targets for the model type, and refuses a member it has none for ("Please specify
         # `target_modules`"), a crash the real run never meets.
         targets = "all-linear"
-    lora_wanted = adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter")) \
-        or _setting(tc, "lora_r") is not None or targets is not None
+    # A config TRL's scripts run trains every weight unless use_peft is true, whatever its lora_* keys say (TRL 1.16's
+    # get_peft_config; GD612): rehearsed as it runs, as check plans it.
+    peft_off = tc is not None and trl_peft_off(trainer_of(tc).value, tc.settings)
+    lora_wanted = not peft_off and (adapter in ("lora", "qlora", "true") or truthy(_setting(tc, "adapter"))
+                                    or _setting(tc, "lora_r") is not None or targets is not None)
     lora = None
     own = tc is not None and tc.format.own_lora_targets
     if lora_wanted and own and targets in (None, "all", ["all"]):
