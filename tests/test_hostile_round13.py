@@ -74,8 +74,10 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
         out[f"org/tw{i}"] = {"config.json": _named(json.dumps(f"org/tw{i}"), '  "base_model": "org/tw%d",\n' % i)}
         out[f"org/ns{i}"] = {"config.json": _named('[1, "org/ns%d"]' % i)}
         out[f"org/cm{i}"] = {"config.json": _named(json.dumps(commit_of_another))}
-        out[f"org/ge{i}"] = {"config.json": BASE, "generation_config.json": b'{"use_c\\u0061che": false, "bos_token_id": 2}'}
-        out[f"org/gd{i}"] = {"config.json": BASE, "generation_config.json": json.dumps({"use_cache": bool(i)}).encode()}
+        out[f"org/gx{i}"] = {"config.json": BASE, "generation_config.json": b'{"use_c\\u0061che": false, "bos_token_id": 2}'}
+        out[f"org/gd{i}"] = {"config.json": BASE, "generation_config.json": b'{"use_cache": tru' if i else b"{}"}
+        out[f"org/ge{i}"] = {"config.json": BASE, "tokenizer_config.json": dumps(tokenizer_config()),
+                             "generation_config.json": b'{"eos_token_id": [1, 106]}' if i else b'{"eos_token_id": 1}'}
         out[f"org/td{i}"] = {"config.json": BASE,
                              "tokenizer_config.json": dumps(tokenizer_config(pad_token="<eos>" if i else "<pad>"))}
         out[f"org/nm{i}"] = {"config.json": BASE.replace(b'"num_key_value_heads": 1', b'"num_key_value_heads": 1.0')
@@ -83,6 +85,10 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
         out[f"org/wm{i}"] = {"config.json": TINY, "model.safetensors": _weights({"format": "pt", "source": f"org/wm{i}"})}
         out[f"org/wf{i}"] = {"config.json": TINY,
                              "model.safetensors": _weights({"format": "pt", "source": f"models--org--wf{i}"})}
+    # one neutral text, two parses: the name escaped, the plain twin made the stand-in by _neutral_raw in the first,
+    # written as the stand-in's escape in the second (their keys must hold the parse, not the text alone)
+    out["org/qa"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": "org/q",\n')}
+    out["org/qb"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": %s,\n' % json.dumps("\u27e8name-or-path\u27e9"))}
     return out
 
 
