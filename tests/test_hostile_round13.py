@@ -59,7 +59,8 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
     for i in range(3):
         out[f"org/own{i}"] = {"config.json": _named(json.dumps(f"org/own{i}"))}  # each its own name
         out[f"org/oth{i}"] = {"config.json": _named(json.dumps("org/oth0"))}  # the first one's name in all three
-        out[f"org/men{i}"] = {"config.json": _named('"x"', '  "base_model": "org/men0",\n  "folder": "models--org--men1",\n')}
+        out[f"org/men{i}"] = {"config.json": _named('"x"', '  "base_model": "org/men0",\n'
+                                                           '  "folder": "models--org--men1",\n')}
         out[f"org/wt{i}"] = {"config.json": TINY, "model.safetensors": _weights()}
     for i in range(2):
         # the name escaped where it is _name_or_path, plain in another key: the plain one is the only match of the
@@ -75,7 +76,8 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
         out[f"org/tw{i}"] = {"config.json": _named(json.dumps(f"org/tw{i}"), '  "base_model": "org/tw%d",\n' % i)}
         out[f"org/ns{i}"] = {"config.json": _named('[1, "org/ns%d"]' % i)}
         out[f"org/cm{i}"] = {"config.json": _named(json.dumps(commit_of_another))}
-        out[f"org/gx{i}"] = {"config.json": BASE, "generation_config.json": b'{"use_c\\u0061che": false, "bos_token_id": 2}'}
+        out[f"org/gx{i}"] = {"config.json": BASE,
+                             "generation_config.json": b'{"use_c\\u0061che": false, "bos_token_id": 2}'}
         out[f"org/gd{i}"] = {"config.json": BASE, "generation_config.json": b'{"use_cache": tru' if i else b"{}"}
         out[f"org/ge{i}"] = {"config.json": BASE, "tokenizer_config.json": dumps(tokenizer_config()),
                              "generation_config.json": b'{"eos_token_id": [1, 106]}' if i else b'{"eos_token_id": 1}'}
@@ -83,13 +85,15 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
                              "tokenizer_config.json": dumps(tokenizer_config(pad_token="<eos>" if i else "<pad>"))}
         out[f"org/nm{i}"] = {"config.json": BASE.replace(b'"num_key_value_heads": 1', b'"num_key_value_heads": 1.0')
                              if i else BASE}
-        out[f"org/wm{i}"] = {"config.json": TINY, "model.safetensors": _weights({"format": "pt", "source": f"org/wm{i}"})}
+        out[f"org/wm{i}"] = {"config.json": TINY,
+                             "model.safetensors": _weights({"format": "pt", "source": f"org/wm{i}"})}
         out[f"org/wf{i}"] = {"config.json": TINY,
                              "model.safetensors": _weights({"format": "pt", "source": f"models--org--wf{i}"})}
     # one neutral text, two parses: the name escaped, the plain twin made the stand-in by _neutral_raw in the first,
     # written as the stand-in's escape in the second (their keys must hold the parse, not the text alone)
     out["org/qa"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": "org/q",\n')}
-    out["org/qb"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": %s,\n' % json.dumps("\u27e8name-or-path\u27e9"))}
+    stand_in = json.dumps("\u27e8name-or-path\u27e9")
+    out["org/qb"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": %s,\n' % stand_in)}
     return out
 
 
@@ -129,7 +133,8 @@ def test_hostile_names_and_escapes_give_the_same_bytes_with_the_memo_on_and_off(
     assert shared[1] == direct[1]
     on = [m for m in made if m.on]
     # the attack reached the key: judgements made name-free and served to other repos
-    assert sum(m.judgements for m in on) >= 10 and sum(m.served for m in on) >= 3, [(m.judgements, m.served) for m in on]
+    counts = [(m.judgements, m.served) for m in on]
+    assert sum(j for j, _ in counts) >= 10 and sum(s for _, s in counts) >= 3, counts
 
 
 TRAINING = {
