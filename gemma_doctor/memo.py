@@ -130,6 +130,18 @@ def _under(path: Path, snap: Snapshot) -> Path:
         raise Unmemoisable("a file outside the model's folder") from None
 
 
+def _neutral_config(facts: Any) -> tuple[bytes | None, Any]:
+    """config.json's text and parse with the model's own ``_name_or_path`` neutral (NAME), or as read where the config
+    names no name of the model's own."""
+    cfg = facts.config
+    name = _own_name(facts)
+    if name is None:
+        return cfg.raw, cfg.data
+    data = dict(cfg.data)
+    data["_name_or_path"] = NAME
+    return _neutral_raw(cfg.raw, name), data
+
+
 def _json_file(jf: Any, snap: Snapshot, raw: bytes | None = None, data: Any = None) -> Any:
     changes: dict[str, Any] = {"path": _under(jf.path, snap)}
     if jf.link_target is not None:
@@ -189,13 +201,7 @@ def key_parts(facts: Any) -> tuple[Any, ...]:
     _file_key, the census without its headers) and the headers, each by the digest of its bytes. Raises Unmemoisable."""
     snap = facts.snapshot
     cfg = facts.config
-    name = _own_name(facts)
-    if name is not None:
-        data = dict(cfg.data)
-        data["_name_or_path"] = NAME
-        config = _file_key(cfg, snap, _neutral_raw(cfg.raw, name), data)
-    else:
-        config = _file_key(cfg, snap, cfg.raw, cfg.data)
+    config = _file_key(cfg, snap, *_neutral_config(facts))
     gen = facts.generation_config
     keyed = list(_KEYED_VALUES(facts))
     keyed[_CONFIG] = config
@@ -224,13 +230,7 @@ def neutral_facts(facts: Any) -> Any:
     neutral_snap = Snapshot(MODEL, SNAPSHOT, MODEL_ID, snap.revision, COMMIT, REPO_DIR, snap.cache_dir, snap.remote,
                             snap.problem)
     cfg = facts.config
-    name = _own_name(facts)
-    if name is not None:
-        data = dict(cfg.data)
-        data["_name_or_path"] = NAME
-        config = _json_file(cfg, snap, _neutral_raw(cfg.raw, name), data)
-    else:
-        config = _json_file(cfg, snap)
+    config = _json_file(cfg, snap, *_neutral_config(facts))
     changes: dict[str, Any] = {"snapshot": neutral_snap, "config": config,
                                "generation_config": _json_file(facts.generation_config, snap),
                                "source": NeutralSource(facts.source.kind)}
