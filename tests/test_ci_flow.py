@@ -27,9 +27,15 @@ from tests.hubserver import HubServer, repos_from_cache
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "google/gemma-3-12b-it"
 TOKEN = "hf_ci_secret_with_access"
-SFT = "bf16: true\nfp16: false\nper_device_train_batch_size: 1\nmax_length: 512\n"
+# A LoRA run of the 12B on the workflow's A100, as TRL reads one: use_peft: true (without it `trl sft` trains every
+# weight), the text model's attention (GD420: a multimodal Gemma 3 has no PEFT default), weights loaded in bf16 (TRL
+# loads float32 unless told). Before the thirteenth round check left a config without use_peft "open" and planned it
+# as QLoRA to fit, which is not the run TRL starts.
+SFT = "bf16: true\nfp16: false\nper_device_train_batch_size: 1\nmax_length: 512\ndtype: bfloat16\nuse_peft: true\n" \
+      "lora_target_modules: \".*language_model.*\\\\.(q_proj|k_proj|v_proj|o_proj)\"\n"
 DPO = '{"bf16": true, "beta": 0.1, "loss_type": "sigmoid", "max_prompt_length": 256, "max_length": 512, ' \
-      '"per_device_train_batch_size": 1, "max_grad_norm": 1.0}\n'
+      '"per_device_train_batch_size": 1, "max_grad_norm": 1.0, "dtype": "bfloat16", "use_peft": true, ' \
+      '"lora_target_modules": ".*language_model.*\\\\.(q_proj|k_proj|v_proj|o_proj)"}\n'  # LoRA, as SFT above
 
 
 def doc_yaml_blocks() -> list[dict[str, Any]]:
