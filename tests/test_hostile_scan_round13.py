@@ -34,6 +34,7 @@ from gemma_doctor.rules import catalogue
 from tests.builders import HubCache, dumps, gemma2_config, gemma3_1b_config, gemma3_12b_config, gemma3n_config
 from tests.builders import generation_config
 from tests.test_crashes import gemma4_config
+from tests.test_memo_props import _views  # check's text and JSON of a whole cache, sharing on or off
 from tests.test_pitfalls import tokenizer_config
 from tests.test_safetensors import st_file
 
@@ -95,15 +96,6 @@ def _hostile_repos(commit_of_another: str) -> dict[str, dict[str, bytes]]:
     stand_in = json.dumps("\u27e8name-or-path\u27e9")
     out["org/qb"] = {"config.json": _named('"\\u006frg/q"', '  "base_model": %s,\n' % stand_in)}
     return out
-
-
-def _views(cache: Path, opts: CheckOptions, share: bool) -> tuple[str, ...]:
-    out = []
-    for fmt in ("text", "json"):
-        view = renderer(CHECK, fmt)
-        report = pipeline.diagnose([], cache, options=opts, finish=view.streaming(False), share=share)
-        out.append(view.render(Checked(report, opts.fail_on), False))
-    return tuple(out)
 
 
 @pytest.fixture(scope="module")
