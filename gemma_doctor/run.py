@@ -82,6 +82,37 @@ DEFAULT_LORA_TARGETS = "all-linear"
 
 
 @dataclass(frozen=True)
+class Generation:
+    """What a GRPO step generates before it trains, as TRL 1.16's GRPOConfig writes it (its defaults where the config
+    says nothing): the memory plan's generation moment (plan/memory.py) and the reference model.
+
+    TRL's GRPOTrainer generates the whole generation batch of a process in one ``generate()`` call: generation_batch_size
+    / processes rows, by default per_device_train_batch_size x steps_per_generation, and steps_per_generation defaults
+    to gradient_accumulation_steps (GRPOConfig.__post_init__; measured: 4 x 3 accumulation -> one call of 12 rows)."""
+
+    completion: int = 512  # max_completion_length (GRPOConfig's default 512)
+    steps: int | None = None  # steps_per_generation; None: the gradient accumulation (GRPOConfig's default)
+    batch: int | None = None  # generation_batch_size (every process's rows together), where the config writes one
+    engine: str = "transformers"  # transformers (generate() in the training process) | vllm-colocate | vllm-server
+    share: float = 0.3  # vllm_gpu_memory_utilization: the GPU memory a colocated vLLM engine takes (default 0.3)
+    sleep: bool = False  # vllm_enable_sleep_mode: the colocated engine releases its memory outside generation
+    beta: float = 0.0  # the KL coefficient: above 0 a full fine-tuning loads a frozen reference model (default 0.0)
+
+    def rows(self, batch_size: int, accumulation: int, processes: int) -> int:
+        """The sequences one generate() call of one process holds."""
+        if self.batch is not None:
+            return max(1, self.batch // max(1, processes))
+        return max(1, batch_size * (self.steps if self.steps is not None else max(1, accumulation)))
+
+    def to_json(self) -> dict[str, Any]:
+        """The `run.generation` block of a memory plan."""
+        return {"max_completion_length": self.completion, "steps_per_generation": self.steps,
+                "generation_batch_size": self.batch, "engine": self.engine,
+                "vllm_gpu_memory_utilization": self.share if self.engine == "vllm-colocate" else None,
+                "vllm_enable_sleep_mode": self.sleep if self.engine == "vllm-colocate" else None, "beta": self.beta}
+
+
+@dataclass(frozen=True)
 class Settings:
     """The run's settings, resolved once before anything is computed from them (plan/runplan.request_spec: the
     options, the training config, the launch line, the trainer's defaults, the task; the search then fills in what the
@@ -120,6 +151,7 @@ class Settings:
     chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
     task: str = "sft"
     text_only: bool = True
+    generation: Generation | None = None  # a GRPO step's generation (None: the task generates nothing)
     # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -154,7 +186,9 @@ class Settings:
                 "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
                 "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
                 "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
-                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
+                "chunked_loss": self.chunked_loss,
+                "generation": self.generation.to_json() if self.generation is not None else None,
+                "sources": dict(self.sources)}
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ class Trainer(str, enum.Enum):
 # trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.15.0 and 1.16.0 wheels, absent from 1.14.0's): SFT, and DPO for
 # the policy and the reference model alike. Reproduced for DPO with TRL 1.16.0 on a tiny Gemma 3 text model with the
 # real vocabulary (docs/memory.md): the largest tensor of a training step is one [tokens x 32,768] tile, never the
-# b x s x V logits that the model's own loss builds. (GRPO's trainer has the fused head too; recommend writes no
-# `trl grpo` config, and its generation is not planned.)
+# b x s x V logits that the model's own loss builds. GRPO's trainer too from 1.15.0 (_get_per_token_logps_and_entropies
+# calls the model with fused_lm_head=True in the 1.15.0 and 1.16.0 wheels' grpo_trainer.py, not in 1.14.0's).
 # Not axolotl, for DPO either: axolotl 0.19.0 (the newest release) runs DPO through AxolotlDPOTrainer
 # (core/trainers/dpo/trainer.py), a subclass of TRL's DPOTrainer that overrides only _tokenize, training_step and
 # push_to_hub, so its log-probs are the TRL's it runs with; and axolotl 0.19.0 requires trl==1.9.0, whose
@@ -83,7 +83,10 @@ class Trainer(str, enum.Enum):
 # run a chunking TRL: with TRL 1.16.0 its DPO config fails to import (`trl.experimental.prm` is gone). Reproduced with
 # axolotl 0.19.0, TRL 1.9.0, transformers 5.16.1 on the tiny Gemma 3 of benchmarks/axolotl_dpo_logits.py: the largest
 # tensor of a DPO step is the [256 x 262,144] logits, LoRA and full fine-tuning alike (docs/memory.md).
-CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO})
+CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO, Trainer.TRL_GRPO})
+# The loop each of them names in what is said about it ("computes GRPO log-probs in chunks").
+CHUNKING_LOOPS = {Trainer.TRL_SFT: ("SFT", "SFTTrainer"), Trainer.TRL_DPO: ("DPO", "DPOTrainer"),
+                  Trainer.TRL_GRPO: ("GRPO", "GRPOTrainer")}
 
 
 @dataclass(frozen=True)

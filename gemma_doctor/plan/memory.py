@@ -13,6 +13,9 @@ The peak is the largest of three moments of a training step (after the first, wh
 - **optimizer step**: weights + optimizer states + every gradient + the optimizer's temporaries;
 - **evaluation** (only where the training config writes an evaluation batch): what stays between steps + one eval
   batch's logits at its loss + the predictions transformers' evaluation loop keeps on the GPU (docs/memory.md).
+- **generation** (GRPO: run.Generation): what stays between steps + the key/value cache of the rows one generate()
+  call holds + its prefill and sampling; a colocated vLLM engine's share of the GPU (docs/memory.md, "GRPO's
+  generation").
 
 What the engine offloads (DeepSpeed offload_optimizer / offload_param, FSDP offload_params) is not on the GPU, and under
 DeepSpeed in bf16/fp16 the parameters are 16-bit with ZeRO's fp32 copies beside them (docs/memory.md, "Offload").
@@ -151,6 +154,10 @@ class ModelShape:
     # The checkpoint is saved quantized (its quantization_config): (method, bits, group size), e.g. ("awq", 4, 128).
     # Its weights train only through adapters, and they take the bytes of that quantization, not of a load dtype.
     saved_quantization: tuple[str, int, int] | None = None
+    # The layers that keep keys and values when the model generates (a GRPO step's completions): (key/value heads,
+    # head dim, sliding window or 0 for a layer that attends to every token), one per layer that owns a cache
+    # (kv_layers_of).
+    kv_layers: tuple[tuple[int, int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The `model` block of a memory plan."""
@@ -308,9 +315,66 @@ def shape_from_config(config: Mapping[str, Any], counted: tuple[ParamCounts, tup
         source = "config.json"
     return ModelShape(hidden=h, layers=layers, heads=heads, kv_heads=kv, head_dim=d, intermediate=i, vocab=vocab,
                       params=counts, linears=linears, tower_linears=tower_linears,
+                      kv_layers=kv_layers_of(text, str(text.get("model_type") or model_type or ""), layers, kv, d),
                       final_logit_softcapping=_num(text.get("final_logit_softcapping")),
                       attn_logit_softcapping=_num(text.get("attn_logit_softcapping")), tied_embeddings=tied,
                       source=source, model_type=model_type)
+
+
+def kv_layers_of(text: Mapping[str, Any], text_type: str, layers: int, kv: int, d: int) -> tuple[tuple[int, int, int], ...]:
+    """The layers that keep a key/value cache when the model generates, as transformers 5.23.0 builds them from the
+    text config: (key/value heads, head dim, sliding window or 0), one per caching layer. The layer kinds are the
+    config's layer_types, else the configuration class's default pattern (Gemma 2: every second layer full; Gemma 3:
+    every sliding_window_pattern-th, 6; Gemma 3n: every 5th; Gemma 4: every 6th and the last); a sliding layer keeps
+    the last sliding_window tokens. Gemma 3n and Gemma 4 share the caches of their last num_kv_shared_layers layers
+    (no cache of their own); Gemma 4's full layers have global_head_dim (512 unless written) and, with
+    attention_k_eq_v, num_global_key_value_heads. Measured against the cache generate() returns on tiny models of
+    each family (tests/test_memory_generation.py)."""
+    types = text.get("layer_types")
+    if not (isinstance(types, list) and len(types) == layers and all(isinstance(t, str) for t in types)):
+        if text_type.startswith("gemma3n"):
+            types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)]
+        elif text_type.startswith("gemma4"):
+            types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+        elif text_type.startswith("gemma3"):
+            every = _int(text.get("sliding_window_pattern")) or 6
+            types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+        elif text_type.startswith("gemma2"):
+            types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
+        else:
+            types = ["full_attention"] * layers
+    types = list(types)
+    gemma4 = text_type.startswith("gemma4") and not isinstance(text.get("per_layer_config"), Mapping)
+    if gemma4 and types:
+        types[-1] = "full_attention"  # Gemma4TextConfig forces the last layer full
+    window = _int(text.get("sliding_window")) or 0
+    shared = (_int(text.get("num_kv_shared_layers")) or 0) if text_type.startswith(("gemma3n", "gemma4")) else 0
+    global_dim = (_int(text.get("global_head_dim")) or 512) if gemma4 else d
+    global_kv = kv
+    if gemma4 and text.get("attention_k_eq_v") is True:
+        global_kv = _int(text.get("num_global_key_value_heads")) or kv
+    # A config transformers 5.23 saved again names each full layer's own values in per_layer_config instead, keyed by
+    # the layer's index written with leading zeros ("05").
+    said = text.get("per_layer_config")
+    per_layer = {int(k): v for k, v in said.items() if str(k).isdigit()} if isinstance(said, Mapping) else {}
+    out = []
+    for idx, t in enumerate(types[:max(0, layers - shared)]):
+        full = t != "sliding_attention"
+        heads, dim = (global_kv, global_dim) if full else (kv, d)
+        own = per_layer.get(idx)
+        if isinstance(own, Mapping):
+            heads, dim = _int(own.get("num_key_value_heads")) or heads, _int(own.get("head_dim")) or dim
+        out.append((heads, dim, 0 if full else window))
+    return tuple(out)
+
+
+def kv_cache_bytes(shape: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> int:
+    """Keys and values ``rows`` sequences of ``tokens`` tokens hold at the end of generate(): every caching layer's
+    heads x head dim x tokens (a sliding layer's window at most), twice (keys, values). transformers 5.23.0 keeps one
+    token less in each (the last generated token is never fed back); its 4.x static HybridCache as many: this is the
+    larger."""
+    per = sum(2 * k * dim * (min(tokens, w) if w else tokens) for k, dim, w in shape.kv_layers)
+    return rows * per * dtype_bytes
 
 
 # Published text configs of the sizes a --family plan can name (config.json of google/<id> on the Hub).
@@ -326,34 +390,37 @@ PUBLISHED: dict[str, dict[str, dict[str, Any]]] = {
     "gemma2": {
         "2b": {"model_type": "gemma2", "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
                "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000,
-               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, "sliding_window": 4096},
         "9b": {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16,
                "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
-               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, "sliding_window": 4096},
         "27b": {"model_type": "gemma2", "hidden_size": 4608, "num_hidden_layers": 46, "num_attention_heads": 32,
                 "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 36864, "vocab_size": 256000,
-                "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+                "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, "sliding_window": 4096},
     },
     "gemma3": {
         "1b": {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4,
-               "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912, "vocab_size": 262144},
+               "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912, "vocab_size": 262144,
+               "sliding_window": 512},
         "4b": {"model_type": "gemma3", "vision_config": _G3_VISION, "text_config": {
             "hidden_size": 2560, "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
-            "head_dim": 256, "intermediate_size": 10240, "vocab_size": 262208}},
+            "head_dim": 256, "intermediate_size": 10240, "vocab_size": 262208, "sliding_window": 1024}},
         "12b": {"model_type": "gemma3", "vision_config": _G3_VISION, "text_config": {
             "hidden_size": 3840, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8,
-            "head_dim": 256, "intermediate_size": 15360, "vocab_size": 262208}},
+            "head_dim": 256, "intermediate_size": 15360, "vocab_size": 262208, "sliding_window": 1024}},
         "27b": {"model_type": "gemma3", "vision_config": _G3_VISION, "text_config": {
             "hidden_size": 5376, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-            "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208}},
+            "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208, "sliding_window": 1024}},
     },
     # Gemma 4: the variants of transformers 5.5.0's convert_gemma4_weights.py (_VARIANTS), as Gemma4Config saves them;
-    # derived parameter counts within 2.5% of the model built from them (4.80B, 7.63B, 31.27B, 25.81B).
+    # derived parameter counts within 2.5% of the model built from them (4.80B, 7.63B, 31.27B, 25.81B). The full
+    # layers' key/value heads with attention_k_eq_v (num_global_key_value_heads): 31B 4, 26B-A4B 2 (transformers 5.23's
+    # configuration_gemma4.py: "num_global_key_value_heads=2 too small to partition" for google/gemma-4-26B-A4B-it).
     "gemma4": {
         "e2b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6144, "vocab_size": 262144, "num_kv_shared_layers": 20, "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": True, "enable_moe_block": False, "final_logit_softcapping": 30.0, "attention_k_eq_v": False, "sliding_window": 512, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "patch_size": 16}},
         "e4b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 2560, "num_hidden_layers": 42, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 10240, "vocab_size": 262144, "num_kv_shared_layers": 18, "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": False, "final_logit_softcapping": 30.0, "attention_k_eq_v": False, "sliding_window": 512, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "patch_size": 16}},
-        "31b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 21504, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": False, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
-        "26b-a4b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 2112, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": True, "num_experts": 128, "moe_intermediate_size": 704, "top_k_experts": 8, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
+        "31b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 21504, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": False, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512, "num_global_key_value_heads": 4}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
+        "26b-a4b": {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 2112, "vocab_size": 262144, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144, "use_double_wide_mlp": False, "enable_moe_block": True, "num_experts": 128, "moe_intermediate_size": 704, "top_k_experts": 8, "final_logit_softcapping": 30.0, "use_bidirectional_attention": "vision", "attention_k_eq_v": True, "sliding_window": 1024, "global_head_dim": 512, "num_global_key_value_heads": 2}, "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 16}},
     },
 }
 # The size a --family plan assumes (the checkpoint advice.PLAN_MODEL_IDS names).
@@ -541,7 +608,7 @@ class MemoryPlan:
     total_bytes: int
     gpu_bytes: int | None
     verdict: str  # fits | tight | does-not-fit | unknown
-    peak: str  # loss | embedding-backward | optimizer-step | evaluation (where an eval batch is written)
+    peak: str  # loss | embedding-backward | optimizer-step | evaluation (an eval batch written) | generation (GRPO)
     trainable_params: int
     assumptions: tuple[str, ...]
     settings: Settings
@@ -714,7 +781,8 @@ def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_na
                      "DeepSpeed ZeRO-3 offload_param") + "): the GPU holds the units being computed, gathered, and the "
                      "root unit" + ("; gradients are moved to the CPU as they are reduced" if off_grads else ""))
     reference = 0
-    if run.task in REFERENCE_TASKS and run.method == "full":
+    gen = run.generation
+    if (run.task in REFERENCE_TASKS or (gen is not None and gen.beta > 0)) and run.method == "full":
         reference = text * wbytes
         notes.append(f"{run.task}: full fine-tuning loads a frozen reference model ({gib(reference)}); with LoRA the "
                      "reference is the base model with adapters disabled (no copy)")
@@ -798,6 +866,9 @@ def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_na
     }
     if run.eval_batch:
         phases["evaluation"] = {**persistent, **gathered_root, **_evaluation(shape, run, wbytes, notes)}
+    if gen is not None:
+        _generation(phases, shape, run, gpu_bytes, wbytes, held={**persistent, **gathered_root},
+                    full_weights=text * wbytes, weights=weights, notes=notes)
     peak = max(phases, key=lambda k: sum(phases[k].values()))
     comps = {k: int(v) for k, v in phases[peak].items() if v}
     tensor = sum(comps.values())
@@ -816,6 +887,59 @@ def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_na
     # plan()'s own (a replace() copy has no mark): its first ``lines`` assumptions are the ones the sources change.
     object.__setattr__(made, "_source_lines", len(lines))
     return made
+
+
+def _generation(phases: dict[str, dict[str, int]], shape: ModelShape, run: Settings, gpu_bytes: int | None,
+                wbytes: int, *, held: Mapping[str, int], full_weights: int, weights: int, notes: list[str]) -> None:
+    """A GRPO step's generation moment (run.Generation), added to ``phases``; a colocated vLLM engine's memory added
+    to every moment it holds it.
+
+    transformers' generate() in the training process (TRL 1.16 GRPOTrainer without vLLM): one call holds the process's
+    generation rows (Generation.rows) with their key/value cache grown to the whole sequence (kv_cache_bytes: the run's
+    seq_len is the prompt and its completion), the prefill's activations of one layer at a time (no gradient: at most
+    what the layer would save for backward, layer_activation_bytes) and the last position's logits in fp32 with the
+    sampler's copies (generate()'s next_token_logits, the processed scores, the probabilities). Under DeepSpeed
+    ZeRO-3 TRL gathers every parameter for generation (ds3_gather_for_generation, default true). The cache is in the
+    dtype the layers compute in: the load dtype (generate() runs outside autocast), fp32 for QLoRA (PEFT's
+    prepare_model_for_kbit_training casts the rest of the model to fp32 and bitsandbytes returns the input's dtype).
+    vLLM colocated (use_vllm, vllm_mode colocate): the engine takes vllm_gpu_memory_utilization of the GPU for the
+    whole run (with vllm_enable_sleep_mode only while it generates); vLLM as a server (trl vllm-serve) runs on GPUs of
+    its own."""
+    gen = run.generation
+    assert gen is not None
+    n = max(1, run.num_gpus)
+    if gen.engine == "vllm-server":
+        notes.append("GRPO generation on a vLLM server (vllm_mode server): on the server's own GPUs, not planned here")
+        return
+    if gen.engine == "vllm-colocate":
+        engine = int(gen.share * gpu_bytes) if gpu_bytes else 0
+        if not gpu_bytes:
+            notes.append(f"GRPO generation in a colocated vLLM engine: it takes {gen.share:.0%} of the GPU's memory "
+                         "(vllm_gpu_memory_utilization), not counted without a GPU named")
+            return
+        if gen.sleep:
+            phases["generation"] = {**held, "vllm_engine": engine}
+        else:
+            for moment in phases.values():
+                moment["vllm_engine"] = engine
+        notes.append(f"GRPO generation in a colocated vLLM engine: {gen.share:.0%} of the GPU's memory "
+                     f"(vllm_gpu_memory_utilization, {gib(engine)}) " + ("while it generates (sleep mode)" if gen.sleep
+                                                                         else "for the whole run"))
+        return
+    rows = gen.rows(run.batch_size, run.gradient_accumulation_steps, n)
+    kv_bytes = 4 if run.method == "qlora" or wbytes == 4 else wbytes
+    kv = kv_cache_bytes(shape, rows, run.seq_len, kv_bytes)
+    prompt = max(1, run.seq_len - gen.completion)
+    prefill = int(rows * prompt * layer_activation_bytes(shape, run, prompt))
+    logits = rows * shape.vocab * 4 * 3
+    gathered = max(0, full_weights - weights) if run.zero_stage >= 3 and not run.fsdp and n > 1 else 0
+    # What stays between steps (the gradients freed by zero_grad), and what generating adds.
+    phases["generation"] = {**held, "gathered_for_generation": gathered, "kv_cache": kv,
+                            "generation_activations": prefill, "generation_logits": logits}
+    notes.append(f"GRPO generation (transformers generate() in the training process): {rows} sequences of up to "
+                 f"{run.seq_len} tokens (prompt and max_completion_length {gen.completion}) at once, their key/value "
+                 f"cache {gib(kv)}" + (" with every parameter gathered (ZeRO-3 ds3_gather_for_generation)"
+                                       if gathered else ""))
 
 
 # The logits of one evaluation batch at its loss: the lm_head's output (2 bytes under autocast, else 4), the loss's fp32
@@ -984,7 +1108,7 @@ def _assumptions(shape: ModelShape, run: Settings, towers: int, wbytes: int) -> 
         out.append(_sharding_line(shape, run, wbytes))
     if run.optimizer.startswith("paged"):
         out.append("paged optimizer: states can be evicted to CPU memory under pressure; planned as resident")
-    if run.task in ("grpo", "ppo"):
+    if run.task == "ppo":
         out.append(f"{run.task}: generation (KV cache, a vLLM engine) and value/reward models are not planned")
     return out
 

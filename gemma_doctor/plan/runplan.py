@@ -17,8 +17,10 @@ from gemma_doctor.plan.memory import Choice, MemoryPlan, ModelShape
 from gemma_doctor.readers import dtypes
 from gemma_doctor.readers.training_config import (DEEPSPEED_BATCH, axolotl_load_dtype, axolotl_on_mps, is_auto,
                                                   truthy)
-from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Settings, config_sharding, trl_unused_lora_keys, written
-from gemma_doctor.trainers import CHUNKING_TRAINERS, TRAINING_ARGUMENTS_BATCH, Trainer  # noqa: F401 (also read here)
+from gemma_doctor.run import (FROM_CONFIG, GPUS_VISIBLE, Generation, Settings, config_sharding, trl_unused_lora_keys,
+                              written)
+from gemma_doctor.trainers import (CHUNKING_LOOPS, CHUNKING_TRAINERS, TRAINING_ARGUMENTS_BATCH,  # noqa: F401 (also read here)
+                                   Trainer)
 from gemma_doctor.units import positive_int
 
 # Recommendation tasks that name a method; the preference/RL trainers leave it open.
@@ -565,10 +567,23 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
     if trl_chunks and tc is not None and getattr(tc, "ok", False) and chunking_trainer_config(tc):
         # The same condition as GD650's "does not apply here": the plan then holds no b*s*V logits either.
         values["chunked_loss"] = True
-        src["chunked_loss"] = (f"TRL >= 1.15 {'DPOTrainer' if tc.trainer.value is Trainer.TRL_DPO else 'SFTTrainer'} "
+        src["chunked_loss"] = (f"TRL >= 1.15 {CHUNKING_LOOPS[tc.trainer.value][1]} "
                                "(the training config's trainer and the stack's TRL)")
     if lora_targets is not None:
         values.setdefault("lora_targets", lora_targets)
+    generation = None
+    if task == "grpo":
+        generation, src["generation"] = grpo_generation(tc)
+        if "seq_len" not in values:
+            # The sequence a step trains on and generates is the prompt and its completion. TRL 1.x's GRPOConfig has no
+            # prompt length (it never truncates a prompt): planned with a prompt of GRPO_PROMPT tokens; a config of
+            # TRL <= 0.24 writes max_prompt_length.
+            said = tc.get("max_prompt_length") if tc is not None and getattr(tc, "ok", False) else None
+            prompt = positive_int(said.value) if said is not None else None
+            values["seq_len"] = (prompt or GRPO_PROMPT) + generation.completion
+            src["seq_len"] = ((f"{FROM_CONFIG}{said.key} {prompt}" if prompt else f"a {GRPO_PROMPT}-token prompt "
+                               "(assumed: GRPOConfig has no prompt length; --seq-len for the whole)")
+                              + f" + max_completion_length {generation.completion}")
     gpu_bytes, gpu_name, seen, gpu_note = gpu_memory(gpu, request.gpu_memory)
     device = "cuda" if getattr(gpu, "backend", "none") in ("cuda", "rocm") else "cpu"
     method = values.get("method", "full")
@@ -604,8 +619,47 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                    keeps_predictions=values.get("keeps_predictions", False),
                    eval_accumulation=values.get("eval_accumulation"), device=device, task=task,
                    attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
-                   sources=tuple(sorted(sources.items())))
+                   generation=generation, sources=tuple(sorted(sources.items())))
     return RunRequest(base, _fixed_of(values, src), gpu_bytes, gpu_name, gpu_note)
+
+
+# TRL 1.16's GRPOConfig: the defaults of the keys run.Generation reads (trl/trainer/grpo_config.py).
+GRPO_DEFAULTS = "TRL 1.16 GRPOConfig's defaults"
+# The prompt a GRPO plan assumes where nothing gives the sequence: GRPOConfig's max_prompt_length default while it had
+# one (TRL 0.24.0's grpo_config.py; gone from 1.0.0).
+GRPO_PROMPT = 512
+
+
+def grpo_generation(tc: Any | None) -> tuple[Generation, str]:
+    """What a GRPO run generates, as its GRPOConfig writes it (TRL 1.16's defaults for what it does not), and the
+    source: the keys the config writes, else GRPOConfig's defaults."""
+    s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) == "grpo" else {}
+    said: list[str] = []
+
+    def value(name: str) -> Any:
+        setting = s.get(name)
+        if setting is None:
+            return None
+        said.append(setting.key)
+        return setting.value
+
+    completion = positive_int(value("max_completion_length"))
+    steps = positive_int(value("steps_per_generation"))
+    batch = positive_int(value("generation_batch_size"))
+    use_vllm = value("use_vllm")
+    mode = value("vllm_mode")
+    share = value("vllm_gpu_memory_utilization")
+    sleep = value("vllm_enable_sleep_mode")
+    beta = value("beta")
+    engine = "transformers"
+    if use_vllm is not None and truthy(use_vllm):
+        engine = "vllm-server" if isinstance(mode, str) and mode.strip().lower() == "server" else "vllm-colocate"
+    number = lambda v, d: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d  # noqa: E731
+    made = Generation(completion=completion or 512, steps=steps, batch=batch, engine=engine,
+                      share=min(1.0, number(share, 0.3)), sleep=sleep is not None and truthy(sleep),
+                      beta=number(beta, 0.0))
+    source = (FROM_CONFIG + ", ".join(said) + f" ({GRPO_DEFAULTS} for the rest)") if said else GRPO_DEFAULTS
+    return made, source
 
 
 def _with_defaults(request: tuple[dict[str, Any], dict[str, str]],

@@ -121,6 +121,16 @@ KEYS: dict[str, tuple[str, ...]] = {
     # axolotl: the tokens that end a turn in its chat_template strategy (eos_token when unset), and the first
     # dataset's prompt strategy (`type: chat_template`) and template (`chat_template: gemma3`, tokenizer_default).
     "eot_tokens": ("eot_tokens",),
+    # What a GRPO step generates (run.Generation, the memory plan's generation moment): TRL's GRPOConfig keys.
+    "max_completion_length": ("max_completion_length",),
+    "max_prompt_length": ("max_prompt_length",),  # TRL <= 0.24's GRPOConfig
+    "steps_per_generation": ("steps_per_generation",),
+    "generation_batch_size": ("generation_batch_size",),
+    "use_vllm": ("use_vllm",),
+    "vllm_mode": ("vllm_mode",),
+    "vllm_gpu_memory_utilization": ("vllm_gpu_memory_utilization",),
+    "vllm_enable_sleep_mode": ("vllm_enable_sleep_mode",),
+    "beta": ("beta",),
     "dataset_type": ("datasets.0.type",),
     "chat_template": ("datasets.0.chat_template", "chat_template"),
 }
@@ -229,7 +239,10 @@ class TrainingConfig:
 # of a million, a sequence of 128 Mi tokens). A config past one is not a run: it is refused here, before any plan is
 # made from it (issue 33: 10^60 for the batch and sequence made the plans' search take 85 s; 5,000 digits, exit 70).
 RUN_BOUNDS: dict[str, int] = {"batch_size": 1 << 20, "gradient_accumulation_steps": 1 << 20, "seq_len": 1 << 27,
-                              "num_processes": 1 << 20, "num_machines": 1 << 20, "lora_r": 1 << 20}
+                              "num_processes": 1 << 20, "num_machines": 1 << 20, "lora_r": 1 << 20,
+                              # a GRPO step's generation (run.Generation): rows and tokens as the batch and sequence
+                              "max_completion_length": 1 << 27, "max_prompt_length": 1 << 27,
+                              "steps_per_generation": 1 << 20, "generation_batch_size": 1 << 40}
 
 
 def _beyond_any_run(name: str, value: Any) -> str | None:

@@ -15,7 +15,7 @@ from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.run import ASSUMED_TRAINER
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.traits import PAIRED_TASKS, decoder_config, logits_bytes_per_logit, positive_int, positive_number
-from gemma_doctor.trainers import Trainer
+from gemma_doctor.trainers import CHUNKING_LOOPS, Trainer
 from gemma_doctor.units import gib
 from gemma_doctor.versioning import (GEMMA2_SDPA_DEFAULT, PACKED_MASK_MISSING, SDPA_SOFTCAP_RAISES,
                                      TRL_PACKING_NO_POSITION_IDS, parse)
@@ -249,7 +249,7 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
     if chunked:
         yield Finding("GD650", Severity.INFO,
                       f"{numbers}; this does not apply here: {trl.describe()} computes "
-                      f"{'DPO' if trainer.value == 'trl-dpo' else 'SFT'} log-probs in chunks (TRL >= 1.15), never "
+                      f"{CHUNKING_LOOPS[trainer][0]} log-probs in chunks (TRL >= 1.15), never "
                       "holding the full logits", fix="nothing to do",
                       **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True))
         return
