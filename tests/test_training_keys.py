@@ -358,10 +358,10 @@ AXOLOTL_PRECISION_MPS = {**AXOLOTL_PRECISION, "bf16, fp16 off": {"bf16": True, "
 
 @pytest.fixture(scope="module")
 def axolotl_ran(tmp_path_factory) -> dict:
-    """What axolotl 0.19.0's validate_config and normalize_config make of each case (tests/scripts/axolotl_precision.py),
-    both devices in one process: one start-up importing axolotl and transformers instead of two (about 9 s each in CI);
-    each device's cases are validated and normalised afresh, and the results are the ones two processes gave (docs/ci.md,
-    "The fourteenth round")."""
+    """What axolotl 0.19.0's validate_config and normalize_config make of each case
+    (tests/scripts/axolotl_precision.py), both devices in one process: one start-up importing axolotl and transformers
+    instead of two (about 9 s each in CI); each device's cases are validated and normalised afresh, and the results
+    are the ones two processes gave (docs/ci.md, "The fourteenth round")."""
     import subprocess
     import sys
 

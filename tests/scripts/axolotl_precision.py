@@ -31,8 +31,9 @@ def run(cases, mps):
                                "output_dir": folder + "-out", **settings})
             cfg = config.validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
             config.normalize_config(cfg)
-            out[f"{name}|{gpu_bf16}" + ("|mps" if mps else "")] = {"bf16": cfg.bf16 is True, "fp16": cfg.fp16 is True,
-                                                                  "torch_dtype": str(cfg.torch_dtype).replace("torch.", "")}
+            out[f"{name}|{gpu_bf16}" + ("|mps" if mps else "")] = {
+                "bf16": cfg.bf16 is True, "fp16": cfg.fp16 is True,
+                "torch_dtype": str(cfg.torch_dtype).replace("torch.", "")}
 
 
 run(json.loads(sys.argv[2]), False)
