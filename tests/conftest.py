@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -131,6 +132,32 @@ def pytest_collection_modifyitems(config, items) -> None:
         return rank.get(module, len(rank)), module not in slow, -count[module], module
 
     items.sort(key=key)  # stable: a module's own tests keep their order (module-scoped fixtures, parametrize)
+
+
+# GEMMA_DOCTOR_TIMELINE=FILE: every test's xdist worker, module, start and end (seconds since the epoch, setup and
+# teardown included) appended to FILE, one JSON line each, and each worker's end of collection: what
+# benchmarks/ci_timeline.py reads to say how busy each worker was, where it waited, and which module ended the run
+# (a long module started late is the run's tail). Off unless set; it reads the clock and asserts nothing.
+TIMELINE = "GEMMA_DOCTOR_TIMELINE"
+
+
+def _timeline(**record) -> None:
+    path = os.environ.get(TIMELINE)
+    if path:
+        line = json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), **record}) + "\n"
+        with open(path, "a", encoding="utf-8") as f:  # one short append per line: the workers' lines never interleave
+            f.write(line)
+
+
+def pytest_collection_finish(session) -> None:
+    _timeline(event="collected", t=time.time())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.time()
+    yield
+    _timeline(event="test", id=item.nodeid, start=start, end=time.time())
 
 
 @pytest.fixture

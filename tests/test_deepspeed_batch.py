@@ -100,37 +100,29 @@ def test_auto_find_batch_size_leaves_the_micro_batch_unchecked(hub, cli, tmp_pat
 
 
 # transformers' own integration on the same DeepSpeed JSON and TrainingArguments, in a process that imports DeepSpeed
-# (HfTrainerDeepSpeedConfig needs it): its ValueError's text, or "ok".
+# (HfTrainerDeepSpeedConfig needs it): for each case, its ValueError's text, or "ok". Each case builds its own
+# TrainingArguments and HfTrainerDeepSpeedConfig, so the cases share one interpreter's start-up (transformers and
+# DeepSpeed imported once: about 9 s a process in CI) and nothing else; each case's outcome is the one its own process
+# printed before (compared case by case, docs/ci.md "The fourteenth round").
 INTEGRATION = """
 import json, sys
 from transformers import TrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
-ds, kwargs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-args = TrainingArguments(output_dir=sys.argv[3], report_to=[], use_cpu=True, **kwargs)
-h = HfTrainerDeepSpeedConfig(ds)
-try:
-    h.trainer_config_process(args)
-    h.trainer_config_finalize(args, None, 100)
-    print("ok")
-except ValueError as e:
-    print(e)
+said = []
+for i, (ds, kwargs) in enumerate(json.loads(sys.argv[1])):
+    args = TrainingArguments(output_dir=f"{sys.argv[2]}/{i}", report_to=[], use_cpu=True, **kwargs)
+    h = HfTrainerDeepSpeedConfig(ds)
+    try:
+        h.trainer_config_process(args)
+        h.trainer_config_finalize(args, None, 100)
+        said.append("ok")
+    except ValueError as e:
+        said.append(str(e).strip())  # as the one-case process printed it, stripped
+print(json.dumps(said))
 """
 
-
-def integration(ds: dict, kwargs: dict, tmp_path) -> str:
-    import os
-    import subprocess
-    import sys
-
-    from tests.venvs import ensure_deepspeed
-
-    env = {**os.environ, "PYTHONPATH": str(ensure_deepspeed())}
-    out = subprocess.run([sys.executable, "-c", INTEGRATION, json.dumps(ds), json.dumps(kwargs), str(tmp_path / "out")],
-                         capture_output=True, text=True, env=env, check=True, timeout=300)
-    return out.stdout.strip()
-
-
-@pytest.mark.parametrize("ds, config, kwargs", [
+# (the DeepSpeed JSON's batch keys, the training config, the same settings as TrainingArguments keywords)
+GD663_CASES = [
     ({"train_micro_batch_size_per_gpu": 2}, "bf16: true\n", {}),
     ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": "auto"},
      "per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n",
@@ -138,11 +130,33 @@ def integration(ds: dict, kwargs: dict, tmp_path) -> str:
     (AUTO, "per_device_train_batch_size: 4\n", {"per_device_train_batch_size": 4}),
     ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}, "per_device_train_batch_size: 4\n",
      {"per_device_train_batch_size": 4}),
-])
-def test_gd663_says_what_transformers_own_integration_raises(hub, cli, tmp_path, monkeypatch, ds, config, kwargs):
+]
+
+
+@pytest.fixture(scope="module")
+def integration_said(tmp_path_factory) -> list[str]:
+    """What transformers' integration says of each of GD663_CASES (a ZeRO-2 JSON), in their order."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.venvs import ensure_deepspeed
+
+    env = {**os.environ, "PYTHONPATH": str(ensure_deepspeed())}
+    cases = [({"zero_optimization": {"stage": 2}, **ds}, kwargs) for ds, _, kwargs in GD663_CASES]
+    out = subprocess.run([sys.executable, "-c", INTEGRATION, json.dumps(cases), str(tmp_path_factory.mktemp("out"))],
+                         capture_output=True, text=True, env=env, check=True, timeout=300)
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(said) == len(GD663_CASES)
+    return said
+
+
+@pytest.mark.parametrize("ds, config, kwargs", GD663_CASES)
+def test_gd663_says_what_transformers_own_integration_raises(hub, cli, tmp_path, monkeypatch, integration_said, ds,
+                                                             config, kwargs):
     """The reproduction kept as a test: transformers 5.23.0's HfTrainerDeepSpeedConfig with DeepSpeed 0.19.8 raises
     exactly where GD663 is given, with the lines GD663 lists."""
-    raised = integration({"zero_optimization": {"stage": 2}, **ds}, kwargs, tmp_path)
+    raised = integration_said[GD663_CASES.index((ds, config, kwargs))]
     model = check(hub, cli, tmp_path, monkeypatch, ds, config="deepspeed: ds.json\n" + config)
     said = gd663(model)
     if raised == "ok":

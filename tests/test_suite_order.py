@@ -66,3 +66,48 @@ def test_the_suites_children_compute_with_one_thread_each(tmp_path):
     assert _environment(tmp_path)["OMP_NUM_THREADS"] == "1"
     assert _environment(tmp_path, "auto")["OMP_NUM_THREADS"] == "1"
     assert subprocess_env()["OMP_NUM_THREADS"] == "1"
+
+
+def test_the_timeline_records_each_test_and_says_which_worker_ran_alone_at_the_end(tmp_path, monkeypatch):
+    """GEMMA_DOCTOR_TIMELINE (tests/conftest.py) and benchmarks/ci_timeline.py: what a clean-clone run needs to see
+    the xdist tail. Off, nothing is written; on, one line per test with its worker and times."""
+    import json
+
+    from benchmarks.ci_timeline import read, summary
+    from tests import conftest
+
+    path = tmp_path / "timeline.jsonl"
+
+    def protocol(nodeid: str) -> None:
+        run = conftest.pytest_runtest_protocol(Item(nodeid), None)  # the hook wrapper, driven as pytest drives it
+        next(run)
+        try:
+            run.send(None)
+        except StopIteration:
+            pass
+
+    monkeypatch.delenv(conftest.TIMELINE, raising=False)
+    protocol("tests/test_a.py::x")
+    assert not path.exists()
+    monkeypatch.setenv(conftest.TIMELINE, str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    conftest.pytest_collection_finish(None)
+    protocol("tests/test_a.py::y")
+    [collected, test] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (collected["worker"], collected["event"]) == ("gw1", "collected")
+    assert (test["worker"], test["event"], test["id"]) == ("gw1", "test", "tests/test_a.py::y")
+    assert test["start"] <= test["end"]
+
+    # Two workers: gw0 runs a then b, waits 5 s, runs c; gw1 runs d and ends 30 s before gw0.
+    lines = [{"worker": "gw0", "event": "collected", "t": 100.0}, {"worker": "gw1", "event": "collected", "t": 101.0},
+             *({"worker": w, "event": "test", "id": i, "start": s, "end": e} for w, i, s, e in [
+                 ("gw0", "tests/test_a.py::1", 102.0, 110.0), ("gw0", "tests/test_b.py::1", 110.0, 120.0),
+                 ("gw0", "tests/test_c.py::1", 125.0, 160.0), ("gw1", "tests/test_d.py::1", 103.0, 130.0)])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"cut sho')
+    s = summary(read(path))
+    gw0, gw1 = s["workers"]["gw0"], s["workers"]["gw1"]
+    assert (gw0["tests"], gw0["busy"], gw0["idle"], gw0["collected"], gw0["first"], gw0["last"]) == \
+        (3, 53.0, 5.0, 0.0, 2.0, 60.0)
+    assert [m["module"] for m in gw0["modules"]] == ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py"]
+    assert (gw1["busy"], gw1["last"]) == (27.0, 30.0)
+    assert (s["end"], s["tail"]) == (60.0, 30.0)

@@ -349,32 +349,47 @@ def test_a_qlora_axolotl_config_without_a_dtype_is_no_gd705(hub, cli, tmp_path):
 
 
 AXOLOTL = ("axolotl==0.19.0", "colorama==0.4.6", "addict==2.4.0", "pillow==13.0.0")  # as tests/test_catalogue.py
+# The cases of axolotl's own config path that the two precision tests below hold check's plan to: on the training GPU
+# (is_torch_bf16_gpu_available True and False) and on a Mac's "mps".
+AXOLOTL_PRECISION = {"none": {}, "fp16 off": {"fp16": False}, "bf16 off": {"bf16": False}, "auto": {"bf16": "auto"},
+                     "auto, fp16": {"bf16": "auto", "fp16": True}, "bf16": {"bf16": True}}
+AXOLOTL_PRECISION_MPS = {**AXOLOTL_PRECISION, "bf16, fp16 off": {"bf16": True, "fp16": False}, "fp16": {"fp16": True}}
 
 
-@pytest.mark.slow
-def test_axolotl_s_own_config_path_gives_the_precision_and_load_dtype_check_plans(tmp_path):
-    """axolotl 0.19.0's validate_config fills in its schema's `bf16: auto` where the config sets none, and
-    normalize_config's resolve_dtype turns it on where is_torch_bf16_gpu_available() says so (every CUDA GPU: torch
-    counts emulation), else fp16 (run here on the real modules): the precision and load dtype check plans for an axolotl
-    config (runplan.trainer_defaults over the config's switches) are the ones axolotl runs with on a bf16 GPU. Was: no
-    switch planned in the recommended precision, its load dtype float32."""
+@pytest.fixture(scope="module")
+def axolotl_ran(tmp_path_factory) -> dict:
+    """What axolotl 0.19.0's validate_config and normalize_config make of each case
+    (tests/scripts/axolotl_precision.py), both devices in one process: one start-up importing axolotl and transformers
+    instead of two (about 9 s each in CI); each device's cases are validated and normalised afresh, and the results
+    are the ones two processes gave (docs/ci.md, "The fourteenth round")."""
     import subprocess
     import sys
 
     import transformers
 
-    from gemma_doctor.plan import runplan
     from tests.venvs import ROOT, ensure_packages, subprocess_env
 
+    tiny = tmp_path_factory.mktemp("axolotl") / "tiny"
     transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                  num_key_value_heads=1, head_dim=16, vocab_size=300).save_pretrained(tmp_path / "tiny")
-    cases = {"none": {}, "fp16 off": {"fp16": False}, "bf16 off": {"bf16": False}, "auto": {"bf16": "auto"},
-             "auto, fp16": {"bf16": "auto", "fp16": True}, "bf16": {"bf16": True}}
+                                  num_key_value_heads=1, head_dim=16, vocab_size=300).save_pretrained(tiny)
     env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_precision.py"), str(tmp_path / "tiny"),
-                           json.dumps(cases)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_precision.py"), str(tiny),
+                           json.dumps(AXOLOTL_PRECISION), json.dumps(AXOLOTL_PRECISION_MPS)], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_axolotl_s_own_config_path_gives_the_precision_and_load_dtype_check_plans(axolotl_ran):
+    """axolotl 0.19.0's validate_config fills in its schema's `bf16: auto` where the config sets none, and
+    normalize_config's resolve_dtype turns it on where is_torch_bf16_gpu_available() says so (every CUDA GPU: torch
+    counts emulation), else fp16 (run here on the real modules): the precision and load dtype check plans for an axolotl
+    config (runplan.trainer_defaults over the config's switches) are the ones axolotl runs with on a bf16 GPU. Was: no
+    switch planned in the recommended precision, its load dtype float32."""
+    from gemma_doctor.plan import runplan
+
+    cases, ran = AXOLOTL_PRECISION, axolotl_ran
     # Where the GPU says no bf16 (a CPU; torch counts a T4's emulation as bf16), axolotl falls back to fp16
     assert ran["none|False"] == {"bf16": False, "fp16": True, "torch_dtype": "float16"}
     for name, settings in cases.items():
@@ -390,29 +405,14 @@ def test_axolotl_s_own_config_path_gives_the_precision_and_load_dtype_check_plan
 
 
 @pytest.mark.slow
-def test_axolotl_on_mps_runs_fp16_where_bf16_is_on_or_auto_and_check_plans_that(tmp_path):
+def test_axolotl_on_mps_runs_fp16_where_bf16_is_on_or_auto_and_check_plans_that(axolotl_ran):
     """axolotl 0.19.0's resolve_dtype on the device its choose_device picks on a Mac ("mps"): bf16 on or auto (either
     answer of is_torch_bf16_gpu_available: macOS 14+ says True) becomes fp16 with float16 weights unless fp16 is
     written false, which leaves fp32 (run here on the real modules). check plans the same on an MPS GPU
     (runplan.trainer_defaults with the GPU's backend); was bf16 with bfloat16 weights."""
-    import subprocess
-    import sys
-
-    import transformers
-
     from gemma_doctor.plan import runplan
-    from tests.venvs import ROOT, ensure_packages, subprocess_env
 
-    transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                  num_key_value_heads=1, head_dim=16, vocab_size=300).save_pretrained(tmp_path / "tiny")
-    cases = {"none": {}, "fp16 off": {"fp16": False}, "bf16 off": {"bf16": False}, "auto": {"bf16": "auto"},
-             "auto, fp16": {"bf16": "auto", "fp16": True}, "bf16": {"bf16": True},
-             "bf16, fp16 off": {"bf16": True, "fp16": False}, "fp16": {"fp16": True}}
-    env = subprocess_env(PYTHONPATH=f"{ensure_packages(AXOLOTL)}:{ROOT}", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "axolotl_precision.py"), str(tmp_path / "tiny"),
-                           json.dumps(cases), "mps"], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    cases, ran = AXOLOTL_PRECISION_MPS, axolotl_ran
     assert ran["bf16|True|mps"] == {"bf16": False, "fp16": True, "torch_dtype": "float16"}
     for name, settings in cases.items():
         text = "base_model: m\nmicro_batch_size: 1\n" + "".join(f"{k}: {str(v).lower()}\n" for k, v in settings.items())
