@@ -81,6 +81,9 @@ TRL_PACKING_NO_POSITION_IDS = Window("trl", ">=0.19.0,<0.20.0", "0.20.0")
 # TRL's SFTTrainer and DPOTrainer compute per-token log-probs in chunks, never materialising b*s*V logits (1.15.0;
 # trainers.CHUNKING_TRAINERS).
 TRL_CHUNKED_LOGPROBS = Window("trl", ">=1.15.0")
+# GRPOConfig's max_completion_length defaults to 512 from TRL 1.10.0, 256 before (1.9.2's and 0.24.0's grpo_config.py;
+# 1.10.0-1.16.0's read): the completion a GRPO run generates where its config writes none (run.Generation).
+TRL_GRPO_COMPLETION_512 = Window("trl", ">=1.10.0")
 # TRL adds a second <bos> to a conversational dataset before 0.17.0 (TRL PR #3328).
 TRL_CONVERSATIONAL_DOUBLE_BOS = Window("trl", "<0.17.0", "0.17.0")
 # TRL's trainers load a model id in float32 unless model_init_kwargs (or `trl <command>`'s ModelConfig) gives a dtype:

@@ -367,6 +367,19 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
         own = _own_load_dtype(trainer, s, stack, checkpoint) if "torch_dtype" not in s else None
         if own is not None:
             out.append(own)
+    if getattr(tc, "task", None) == "grpo" and "max_completion_length" not in s:
+        # GRPOConfig's completion: 512 from TRL 1.10.0, 256 before; axolotl 0.19.0 requires trl==1.9.0 (256).
+        window = versioning.TRL_GRPO_COMPLETION_512
+        seen = affected(window)
+        axolotl = stack.get("axolotl") if stack is not None else None
+        if trainer is Trainer.AXOLOTL and (axolotl is None or axolotl.absent):  # the TRL axolotl brings, not this one
+            out.append(("grpo_completion", 256, "default of TRL 1.9.0's GRPOConfig (axolotl 0.19.0 requires "
+                                                "trl==1.9.0): max_completion_length 256"))
+        elif seen is not Exposure.UNKNOWN:
+            on = seen is Exposure.AFFECTED
+            out.append(("grpo_completion", 512 if on else 256,
+                        f"default of TRL GRPOConfig ({window.describe()}: max_completion_length 512)" if on else
+                        f"default of TRL GRPOConfig before {window.spec.lstrip('>=')}: max_completion_length 256"))
     return tuple(out)
 
 
@@ -573,7 +586,7 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
         values.setdefault("lora_targets", lora_targets)
     generation = None
     if task == "grpo":
-        generation, src["generation"] = grpo_generation(tc)
+        generation, src["generation"] = grpo_generation(tc, values.get("grpo_completion"), src.get("grpo_completion"))
         if "seq_len" not in values:
             # The sequence a step trains on and generates is the prompt and its completion. TRL 1.x's GRPOConfig has no
             # prompt length (it never truncates a prompt): planned with a prompt of GRPO_PROMPT tokens; a config of
@@ -630,9 +643,11 @@ GRPO_DEFAULTS = "TRL 1.16 GRPOConfig's defaults"
 GRPO_PROMPT = 512
 
 
-def grpo_generation(tc: Any | None) -> tuple[Generation, str]:
-    """What a GRPO run generates, as its GRPOConfig writes it (TRL 1.16's defaults for what it does not), and the
-    source: the keys the config writes, else GRPOConfig's defaults."""
+def grpo_generation(tc: Any | None, completion_default: int | None = None,
+                    completion_source: str | None = None) -> tuple[Generation, str]:
+    """What a GRPO run generates, as its GRPOConfig writes it (TRL 1.16's defaults for what it does not, except the
+    completion the trainer's TRL defaults to: ``completion_default``, trainer_defaults'), and the source: the keys the
+    config writes, else the defaults."""
     s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) == "grpo" else {}
     said: list[str] = []
 
@@ -655,10 +670,15 @@ def grpo_generation(tc: Any | None) -> tuple[Generation, str]:
     if use_vllm is not None and truthy(use_vllm):
         engine = "vllm-server" if isinstance(mode, str) and mode.strip().lower() == "server" else "vllm-colocate"
     number = lambda v, d: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d  # noqa: E731
+    trainer_default = ""
+    if completion is None and completion_default is not None:
+        completion = completion_default
+        trainer_default = f"{completion_source}; "
     made = Generation(completion=completion or 512, steps=steps, batch=batch, engine=engine,
                       share=min(1.0, number(share, 0.3)), sleep=sleep is not None and truthy(sleep),
                       beta=number(beta, 0.0))
-    source = (FROM_CONFIG + ", ".join(said) + f" ({GRPO_DEFAULTS} for the rest)") if said else GRPO_DEFAULTS
+    rest = f"{trainer_default}{GRPO_DEFAULTS} for the rest" if said else f"{trainer_default}{GRPO_DEFAULTS}"
+    source = FROM_CONFIG + ", ".join(said) + f" ({rest})" if said else rest
     return made, source
 
 
