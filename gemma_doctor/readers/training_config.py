@@ -59,6 +59,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "lora_r": ("lora_r", "lora_rank", "peft_config.r"),
     "lora_target_modules": ("lora_target_modules", "lora_target", "target_modules", "peft_config.target_modules"),
     "lora_target_linear": ("lora_target_linear",),
+    # The rest of the LoRA keys TRL's get_peft_config reads (run.TRL_PEFT_KEYS): read only to say they are unused
+    # without use_peft: true (GD612); the memory plan does not depend on them.
+    "lora_alpha": ("lora_alpha",),
+    "lora_dropout": ("lora_dropout",),
+    "lora_task_type": ("lora_task_type",),
+    "use_rslora": ("use_rslora",),
+    "use_dora": ("use_dora",),
     "load_in_8bit": ("load_in_8bit", "quantization_config.load_in_8bit", "model_init_kwargs.quantization_config.load_in_8bit"),
     "zero_stage": ("zero_optimization.stage", "deepspeed_config.zero_stage", "zero_stage"),
     "offload_optimizer": ("zero_optimization.offload_optimizer.device", "deepspeed_config.offload_optimizer_device"),
