@@ -118,6 +118,9 @@ class Settings:
     device: str = "cuda"  # cuda | cpu: what the overhead is
     attention: str = "sdpa"  # sdpa | eager | flash_attention_2
     chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
+    # Liger's fused DPO loss (axolotl's dpo_use_liger_kernel, TRL 1.9.0's DPOTrainer): the logits of one chosen/rejected
+    # pair at a time, never the whole batch's (plan/memory.LIGER_DPO_PAIRS)
+    liger_dpo_loss: bool = False
     task: str = "sft"
     text_only: bool = True
     # Where each setting came from ("option", "training config", "recommended", "default"), for the assumptions.
@@ -154,7 +157,7 @@ class Settings:
                 "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
                 "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
                 "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
-                "chunked_loss": self.chunked_loss, "sources": dict(self.sources)}
+                "chunked_loss": self.chunked_loss, "liger_dpo_loss": self.liger_dpo_loss, "sources": dict(self.sources)}
 
 
 @dataclass(frozen=True)
@@ -685,9 +688,11 @@ class Run:
 
     @property
     def loss(self) -> Sourced[str]:
-        """"full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)."""
+        """"full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer) | "one pair's logits" (Liger's fused DPO loss)."""
         if self.settings.chunked_loss:
             return Sourced("chunked log-probs", self.settings.source("chunked_loss"))
+        if self.settings.liger_dpo_loss:
+            return Sourced("one pair's logits", self.settings.source("liger_dpo_loss"))
         return Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)")
 
     @property

@@ -122,6 +122,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     # The field catalogue (gemma_doctor/catalogue/field.json): loss masking, kernels, trainer templates, data format.
     "assistant_only_loss": ("assistant_only_loss",),
     "liger_kernel": ("use_liger_kernel", "enable_liger_kernel", "liger_rms_norm", "liger_fused_linear_cross_entropy"),
+    # axolotl's Liger fused DPO loss (0.19.0 core/trainers/dpo/__init__.py: DPOConfig's use_liger_kernel): the memory
+    # plan's logits term (run.Settings.liger_dpo_loss).
+    "liger_dpo_loss": ("dpo_use_liger_kernel",),
     "template": ("template",),  # LLaMA-Factory's chat template name
     "dataset_text_field": ("dataset_text_field",),
     "max_length": ("max_length",),
