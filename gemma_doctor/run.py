@@ -149,6 +149,9 @@ class Settings:
     device: str = "cuda"  # cuda | cpu: what the overhead is
     attention: str = "sdpa"  # sdpa | eager | flash_attention_2
     chunked_loss: bool = False  # the trainer computes log-probs in tiles (TRL >= 1.15 SFT): no b*s*V logits held
+    # Liger's fused DPO loss (axolotl's dpo_use_liger_kernel, TRL 1.9.0's DPOTrainer): the logits of one chosen/rejected
+    # pair at a time, never the whole batch's (plan/memory.LIGER_DPO_PAIRS)
+    liger_dpo_loss: bool = False
     task: str = "sft"
     text_only: bool = True
     generation: Generation | None = None  # a GRPO step's generation (None: the task generates nothing)
@@ -186,7 +189,7 @@ class Settings:
                 "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
                 "eval_batch": self.eval_batch, "keeps_predictions": self.keeps_predictions,
                 "eval_accumulation": self.eval_accumulation, "attention": self.attention, "task": self.task,
-                "chunked_loss": self.chunked_loss,
+                "chunked_loss": self.chunked_loss, "liger_dpo_loss": self.liger_dpo_loss,
                 "generation": self.generation.to_json() if self.generation is not None else None,
                 "sources": dict(self.sources)}
 
@@ -719,9 +722,11 @@ class Run:
 
     @property
     def loss(self) -> Sourced[str]:
-        """"full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer)."""
+        """"full logits" | "chunked log-probs" (TRL >= 1.15 SFTTrainer) | "one pair's logits" (Liger's fused DPO loss)."""
         if self.settings.chunked_loss:
             return Sourced("chunked log-probs", self.settings.source("chunked_loss"))
+        if self.settings.liger_dpo_loss:
+            return Sourced("one pair's logits", self.settings.source("liger_dpo_loss"))
         return Sourced("full logits", "the trainer upcasts b*s*V logits (transformers' ForCausalLMLoss)")
 
     @property
@@ -1064,10 +1069,15 @@ def resolve(memory: Any, *, model: str | None, stack: Any, trainer: Sourced[Trai
                     tuple(sorted({k.name for k in shape.linears}))), written=written(training_config))
 
 
-# Settings (readers.training_config.KEYS) whose TRL spelling is a ModelConfig LoRA field (lora_r, lora_target_modules,
-# lora_target_parameters, lora_modules_to_save, lora_exclude_modules): read by get_peft_config only.
-_TRL_LORA_SETTINGS = ("lora_r", "lora_target_modules", "lora_target_parameters", "modules_to_save",
-                      "lora_exclude_modules")
+# Setting (readers.training_config.KEYS) -> its key in TRL 1.16.0's ModelConfig, for every field get_peft_config reads
+# into the LoraConfig (trl/trainer/utils.py: lora_task_type, lora_r, lora_target_modules, lora_alpha, lora_dropout,
+# use_rslora, use_dora, lora_modules_to_save, lora_target_parameters; test_training_lint runs it to list them).
+# Without use_peft: true each is unused. A lora_* key of another format's spelling (lora_rank, lora_target,
+# lora_exclude_modules: no field of ModelConfig, `trl sft` drops it) is named too: the file reads like LoRA all the same.
+TRL_PEFT_KEYS = {"lora_r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
+                 "lora_target_modules": "lora_target_modules", "lora_target_parameters": "lora_target_parameters",
+                 "modules_to_save": "lora_modules_to_save", "lora_task_type": "lora_task_type",
+                 "use_rslora": "use_rslora", "use_dora": "use_dora", "lora_exclude_modules": "lora_exclude_modules"}
 
 
 def trl_peft_off(trainer: Trainer, s: Mapping[str, Any]) -> bool:
@@ -1080,9 +1090,10 @@ def trl_peft_off(trainer: Trainer, s: Mapping[str, Any]) -> bool:
 
 def trl_unused_lora_keys(trainer: Trainer, s: Mapping[str, Any]) -> tuple[str, ...]:
     """The settings (KEYS names) whose TRL spelling is a ModelConfig LoRA key that the run never reads: `trl sft
-    --config` trains every weight whatever lora_r / lora_target_modules say unless use_peft is true. Empty where
+    --config` trains every weight whatever lora_r / lora_alpha / use_dora... say unless use_peft is true. Empty where
     use_peft is true, or the config is not run by TRL's scripts (a TrainingArguments script reads the keys its own
     way)."""
     if not trl_peft_off(trainer, s):
         return ()
-    return tuple(name for name in _TRL_LORA_SETTINGS if name in s and str(s[name].key).startswith("lora_"))
+    return tuple(name for name, key in TRL_PEFT_KEYS.items()
+                 if name in s and (s[name].key == key or str(s[name].key).startswith("lora_")))

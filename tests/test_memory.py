@@ -360,6 +360,33 @@ def test_every_search_is_bounded_whatever_the_numbers_in_the_config(cli, tmp_pat
     assert counts[10**60] <= counts[4096] < 10_000, counts
 
 
+def test_axolotl_dpo_with_liger_counts_one_pairs_logits(cli, tmp_path):
+    """axolotl 0.19.0's `dpo_use_liger_kernel: true` hands use_liger_kernel to TRL 1.9.0's DPOConfig, whose
+    DPOTrainer then computes the loss with liger-kernel's LigerFusedLinearDPOLoss: one chosen/rejected pair's logits
+    at a time (chunk_size 1), never the 2b x s x V logits (run here on CPU, docs/memory.md: [126 x 262,144] for 2 pairs
+    x 64 tokens, against [256 x 262,144] without). The plan's logits term counts one pair, GD650 the same bytes; on
+    main the key was not read and the plan counted the whole batch's logits."""
+    from tests.builders import HubCache, gemma3_12b_config
+
+    hub = HubCache(tmp_path / "hub")
+    hub.add("google/gemma-3-12b-it", {"config.json": gemma3_12b_config()})
+    base = ("base_model: google/gemma-3-12b-it\nrl: dpo\nadapter: lora\nlora_r: 16\nlora_target_linear: true\n"
+            "micro_batch_size: 4\nsequence_len: 1024\nbf16: true\ngradient_checkpointing: true\n")
+    got = {}
+    for liger in (False, True):
+        tc = tmp_path / f"dpo-{liger}.yaml"
+        tc.write_text(base + ("dpo_use_liger_kernel: true\n" if liger else ""))
+        m = cli("check", "--cache-dir", hub.root, "--gpu", "H100", "--training-config", tc,
+                "--format", "json").json()["models"][0]
+        gd650 = next(f for f in m["findings"] if f["code"] == "GD650")
+        got[liger] = (m["memory"]["components"]["logits"], gd650["details"]["logits_bytes"], m["memory"]["run"])
+    (full, full650, run), (one, one650, liger_run) = got[False], got[True]
+    assert full == full650 and one == one650
+    assert one * 4 == full  # batch 4: one pair of the four
+    assert "dpo_use_liger_kernel" in liger_run["sources"]["liger_dpo_loss"] and liger_run["liger_dpo_loss"]
+    assert not run["liger_dpo_loss"]
+
+
 def test_axolotl_qlora_and_deepspeed_settings_are_read():
     tc = parse_training_config("base_model: google/gemma-3-1b-it\nadapter: qlora\nload_in_4bit: true\nmicro_batch_size: 2\n"
                                "sequence_len: 2048\nlora_r: 32\nlora_target_linear: true\ndeepspeed: deepspeed_configs/zero3.json\n",

@@ -55,7 +55,8 @@ def test_the_measured_step_is_the_planned_run_or_none():
     assert _measurable(_plan(method="full"))[0]["method"] == "full"
     # runs the step cannot execute as planned, each with its reason: 4-bit loading, sharding over GPUs, TRL's chunks
     for run, reason in (({"method": "qlora"}, "unquantized"), ({"num_gpus": 2}, "one device"),
-                        ({"chunked_loss": True}, "chunked log-probs")):
+                        ({"chunked_loss": True}, "chunked log-probs"),
+                        ({"liger_dpo_loss": True}, "Liger's fused DPO loss")):  # one pair's logits planned
         got, why = _measurable(_plan(**run))
         assert got is None and reason in why, run
     assert _measurable(None) == (None, None) and _measurable({"run": {}}) == (None, None)

@@ -3,6 +3,8 @@ computation it replaces (no test asserts on time; the figures are in docs/benchm
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -279,6 +281,68 @@ def test_frozen_replace_is_dataclasses_replace():
         frozen.replace(runplan.MemoryRequest(), method="nope")
     with pytest.raises(TypeError):
         frozen.replace(p.settings, no_such_field=1)
+
+
+class _Upper:
+    """A data descriptor: what a field is set to, stored upper-cased under another name."""
+
+    def __set_name__(self, owner, name):  # noqa: ANN001, ANN204
+        self.name = "_" + name
+
+    def __get__(self, obj, owner=None):  # noqa: ANN001, ANN204
+        return "default" if obj is None else obj.__dict__[self.name]
+
+    def __set__(self, obj, value):  # noqa: ANN001, ANN204
+        obj.__dict__[self.name] = value.upper()
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnInit:
+    x: int
+
+    def __init__(self, x: int) -> None:
+        object.__setattr__(self, "x", x * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnNew:
+    x: int
+
+    def __new__(cls, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+        obj = super().__new__(cls)
+        object.__setattr__(obj, "made", True)
+        return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class _DescriptorField:
+    x: str = _Upper()  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plain:
+    x: int
+
+
+class _SubclassInit(_Plain):
+    def __init__(self, x: int) -> None:
+        super().__init__(x + 1)
+
+
+@pytest.mark.parametrize("cls, arg", [(_OwnInit, 1), (_OwnNew, 1), (_DescriptorField, "a"), (_SubclassInit, 1)],
+                         ids=["own-init", "own-new", "data-descriptor-field", "subclass-init"])
+def test_frozen_replace_refuses_by_construction_a_class_whose_init_does_more(cls, arg):
+    """frozen._plain refuses a class with an __init__ of its own (or a subclass's), a __new__, or a field behind a data
+    descriptor: copying its fields into a new __dict__ would skip what they do, so its copies are dataclasses.replace's.
+    Before, only a guard test over today's classes (test_hostile_scan_round13) stood in the way: frozen.replace gave
+    x=2 where dataclasses.replace gives x=4, lost the mark __new__ sets, or raised KeyError for the descriptor's field."""
+    from gemma_doctor import frozen
+
+    assert frozen._plain(cls) is None
+    obj = cls(arg)
+    got, want = frozen.replace(obj), dataclasses.replace(obj)
+    assert vars(got) == vars(want) and got == want
+    assert frozen._plain(_Plain) is not None  # a plain class keeps the fast copy
 
 
 def test_prescriptions_read_with_libyaml_read_as_with_pure_python(cli, examples, monkeypatch):

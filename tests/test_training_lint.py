@@ -195,12 +195,80 @@ def test_trl_lora_keys_without_use_peft_are_planned_as_trl_runs_them(hub, cli, t
     assert (f["severity"], f["file"], f["key"]) == (severity, str(path), key)
     assert "use_peft: true" in f["message"] and "use_peft: true" in f["fix"]
     if severity == "warning":
-        assert "lora_r, lora_target_modules" in f["message"] and "every weight" in f["message"]
+        assert "lora_r, lora_alpha, lora_target_modules" in f["message"] and "every weight" in f["message"]
         assert model["run"]["method"]["source"].startswith(
             "training config use_peft" if extra else "default of TRL's ModelConfig (use_peft false unless set): "
-                                                     "lora_r, lora_target_modules unused")
+                                                     "lora_r, lora_alpha, lora_target_modules unused")
     else:
         assert "purely quantized" in f["message"] and r.code == 1
+
+
+# Each LoRA key of TRL 1.16.0's ModelConfig, with a value other than its default: the keys get_peft_config reads
+# (test_trl_peft_keys_are_the_keys_get_peft_config_reads runs it to list them).
+TRL_PEFT_KEYS = {"lora_r": 8, "lora_alpha": 64, "lora_dropout": 0.1, "lora_target_modules": ["q_proj", "v_proj"],
+                 "lora_target_parameters": ["mlp.experts.gate_up_proj"], "lora_modules_to_save": ["lm_head"],
+                 "lora_task_type": "SEQ_CLS", "use_rslora": True, "use_dora": True}
+# Every other field of ModelConfig, with a value other than its default.
+TRL_OTHER_MODEL_KEYS = {"model_name_or_path": "m", "model_revision": "r", "dtype": "bfloat16",
+                        "attn_implementation": "sdpa", "use_peft": True, "load_in_8bit": True, "load_in_4bit": False,
+                        "bnb_4bit_quant_type": "fp4", "use_bnb_nested_quant": True, "bnb_4bit_quant_storage": "uint8"}
+
+
+def _trl_116():
+    trl = pytest.importorskip("trl")
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"read in TRL 1.16.0, not {trl.__version__}")
+    return trl
+
+
+def test_trl_peft_keys_are_the_keys_get_peft_config_reads():
+    """TRL 1.16.0's get_peft_config, run on a ModelConfig with use_peft true and one field changed at a time: the
+    LoraConfig it builds changes for exactly the keys of TRL_PEFT_KEYS, and those are the keys GD612 names
+    (run.TRL_PEFT_KEYS)."""
+    _trl_116()
+    import dataclasses
+
+    from trl import ModelConfig, get_peft_config
+
+    from gemma_doctor import run
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert fields == set(TRL_PEFT_KEYS) | set(TRL_OTHER_MODEL_KEYS), fields ^ (set(TRL_PEFT_KEYS) | set(TRL_OTHER_MODEL_KEYS))
+    base = get_peft_config(ModelConfig(use_peft=True)).to_dict()
+    read = {k for k, v in {**TRL_PEFT_KEYS, **TRL_OTHER_MODEL_KEYS}.items() if k != "use_peft"
+            and get_peft_config(ModelConfig(**{"use_peft": True, k: v})).to_dict() != base}
+    assert read == set(TRL_PEFT_KEYS)
+    assert set(run.TRL_PEFT_KEYS.values()) >= read, read - set(run.TRL_PEFT_KEYS.values())
+
+
+@pytest.mark.parametrize("key", sorted(TRL_PEFT_KEYS))
+def test_each_trl_peft_key_alone_without_use_peft_is_gd612(hub, cli, tmp_path, key):
+    """GD612 for each key get_peft_config reads, written alone without use_peft: TRL 1.16.0's own `trl sft` parser
+    reads the key, keeps use_peft false and gives no peft_config, so the run trains every weight; check plans full
+    fine-tuning and names the key. Before, only lora_r / lora_target_modules / lora_target_parameters /
+    lora_modules_to_save were seen: lora_alpha, lora_dropout, lora_task_type, use_rslora or use_dora alone passed."""
+    import yaml
+
+    value = TRL_PEFT_KEYS[key]
+    if _trl_116():
+        from trl import get_peft_config
+        from trl.scripts.sft import make_parser
+
+        path = tmp_path / "parsed.yaml"
+        path.write_text(yaml.safe_dump({"model_name_or_path": "google/gemma-2b", "dataset_name": "d",
+                                        "output_dir": "out", "use_cpu": True, key: value}))
+        _, _, model, *_ = make_parser().parse_args_and_config(args=["--config", str(path)],
+                                                              fail_with_unknown_args=True)
+        assert (model.use_peft, getattr(model, key), get_peft_config(model)) == (False, value, None)
+    text = "model_name_or_path: google/gemma-3-12b-it\nbf16: true\nmax_length: 1024\n" + yaml.safe_dump({key: value})
+    r, path, findings = _lint(hub, cli, tmp_path, "trl.yaml", text, "--gpu", "H100")
+    f = _by_code(findings).get("GD612")
+    assert f is not None, [g["code"] for g in findings]
+    assert (f["severity"], f["file"], f["key"]) == ("warning", str(path), key)
+    assert f"{key} written without use_peft: true" in f["message"], f["message"]
+    model = r.json()["models"][0]
+    assert model["memory"]["method"] == "full"
+    assert f"{key} unused" in model["run"]["method"]["source"], model["run"]["method"]["source"]
 
 
 def test_trainingarguments_lora_keys_are_the_scripts_business(hub, cli, tmp_path):

@@ -591,6 +591,14 @@ TRL_VOCAB_CHUNK = 32768
 TRL_PER_TOKEN_ACCUMULATORS = 8
 
 
+# Liger's fused DPO loss (liger-kernel 0.8.1, chunked_loss/fused_linear_preference.py, LigerFusedLinearDPOLoss's
+# chunk_size 1, as TRL 1.9.0's DPOTrainer builds it for use_liger_kernel): the batch is split into chunks of this many
+# chosen/rejected pairs; each chunk's logits (hidden @ lm_head.T), their fp32 log-softmax and gradient are computed
+# and freed (torch.func.grad_and_value) before the next. Run on CPU (docs/memory.md): the largest tensor of a step of
+# 2 pairs x 64 tokens is [126 x 262,144], one pair, where the step without it holds [256 x 262,144].
+LIGER_DPO_PAIRS = 1
+
+
 def chunked_logits_bytes(tokens: int) -> int:
     """Bytes of logits alive at the loss when TRL's fused LM head computes them in tiles (run.chunked_loss)."""
     return min(tokens, TRL_TOKEN_CHUNK) * TRL_VOCAB_CHUNK * 4 + tokens * TRL_PER_TOKEN_ACCUMULATORS * 4
@@ -829,7 +837,12 @@ def _plan(shape: ModelShape, run: Settings, gpu_bytes: int | None = None, gpu_na
     casts = 0
     if mixed and load == "float32" and run.method in ("full", "lora"):
         casts = (p.linear + p.embed + p.lm_head) * 2
-    logits = int(chunked_logits_bytes(tokens) if run.chunked_loss else tokens * logits_bytes_per_token(shape, run))
+    if run.chunked_loss:
+        logits = chunked_logits_bytes(tokens)
+    elif run.liger_dpo_loss:  # one chosen/rejected pair of the batch at a time
+        logits = int(min(tokens, LIGER_DPO_PAIRS * 2 * run.seq_len) * logits_bytes_per_token(shape, run))
+    else:
+        logits = int(tokens * logits_bytes_per_token(shape, run))
 
     # Gradient of a tied (trainable) embedding: produced by the lm_head, then by the input embedding, then summed.
     embed_trainable = run.method == "full"
@@ -1096,6 +1109,9 @@ def _assumptions(shape: ModelShape, run: Settings, towers: int, wbytes: int) -> 
     if towers and run.text_only:
         out.append(f"text-only training: the vision/audio towers ({towers:,} parameters, {gib(towers * wbytes)}) are loaded "
                    "for nothing and get no gradient; load the text model alone to save them")
+    if run.liger_dpo_loss:
+        out.append(f"Liger's fused DPO loss ({run.source('liger_dpo_loss')}): the logits of {LIGER_DPO_PAIRS} "
+                   "chosen/rejected pair at a time, never the whole batch's")
     if run.chunked_loss:
         out.append(f"log-probs in chunks ({run.source('chunked_loss')}): one {TRL_TOKEN_CHUNK} x {TRL_VOCAB_CHUNK} fp32 "
                    "tile of logits at a time, never the b*s*V logits")

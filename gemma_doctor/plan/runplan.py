@@ -582,6 +582,13 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
         values["chunked_loss"] = True
         src["chunked_loss"] = (f"TRL >= 1.15 {CHUNKING_LOOPS[tc.trainer.value][1]} "
                                "(the training config's trainer and the stack's TRL)")
+    liger = tc.get("liger_dpo_loss") if tc is not None and getattr(tc, "ok", False) else None
+    if (liger is not None and truthy(liger.value) and task == "dpo" and not values.get("chunked_loss")
+            and tc.trainer.value is Trainer.AXOLOTL):
+        values["liger_dpo_loss"] = True
+        src["liger_dpo_loss"] = (f"{FROM_CONFIG}{liger.key}: TRL's DPOTrainer (1.9.0, axolotl 0.19.0's pin) computes "
+                                 "the loss with Liger's LigerFusedLinearDPOLoss, one chosen/rejected pair's logits at "
+                                 "a time")
     if lora_targets is not None:
         values.setdefault("lora_targets", lora_targets)
     generation = None
@@ -632,7 +639,8 @@ def request_spec(*, precision: str, gpu: Any, request: MemoryRequest,
                    keeps_predictions=values.get("keeps_predictions", False),
                    eval_accumulation=values.get("eval_accumulation"), device=device, task=task,
                    attention=values.get("attention", "sdpa"), chunked_loss=values.get("chunked_loss", False),
-                   generation=generation, sources=tuple(sorted(sources.items())))
+                   liger_dpo_loss=values.get("liger_dpo_loss", False), generation=generation,
+                   sources=tuple(sorted(sources.items())))
     return RunRequest(base, _fixed_of(values, src), gpu_bytes, gpu_name, gpu_note)
 
 

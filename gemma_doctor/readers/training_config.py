@@ -59,6 +59,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "lora_r": ("lora_r", "lora_rank", "peft_config.r"),
     "lora_target_modules": ("lora_target_modules", "lora_target", "target_modules", "peft_config.target_modules"),
     "lora_target_linear": ("lora_target_linear",),
+    # The rest of the LoRA keys TRL's get_peft_config reads (run.TRL_PEFT_KEYS): read only to say they are unused
+    # without use_peft: true (GD612); the memory plan does not depend on them.
+    "lora_alpha": ("lora_alpha",),
+    "lora_dropout": ("lora_dropout",),
+    "lora_task_type": ("lora_task_type",),
+    "use_rslora": ("use_rslora",),
+    "use_dora": ("use_dora",),
     "load_in_8bit": ("load_in_8bit", "quantization_config.load_in_8bit", "model_init_kwargs.quantization_config.load_in_8bit"),
     "zero_stage": ("zero_optimization.stage", "deepspeed_config.zero_stage", "zero_stage"),
     "offload_optimizer": ("zero_optimization.offload_optimizer.device", "deepspeed_config.offload_optimizer_device"),
@@ -115,6 +122,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     # The field catalogue (gemma_doctor/catalogue/field.json): loss masking, kernels, trainer templates, data format.
     "assistant_only_loss": ("assistant_only_loss",),
     "liger_kernel": ("use_liger_kernel", "enable_liger_kernel", "liger_rms_norm", "liger_fused_linear_cross_entropy"),
+    # axolotl's Liger fused DPO loss (0.19.0 core/trainers/dpo/__init__.py: DPOConfig's use_liger_kernel): the memory
+    # plan's logits term (run.Settings.liger_dpo_loss).
+    "liger_dpo_loss": ("dpo_use_liger_kernel",),
     "template": ("template",),  # LLaMA-Factory's chat template name
     "dataset_text_field": ("dataset_text_field",),
     "max_length": ("max_length",),

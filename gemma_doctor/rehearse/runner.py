@@ -375,6 +375,8 @@ def _measurable(memory: dict[str, Any] | None) -> tuple[dict[str, Any] | None, s
     if run.get("chunked_loss"):
         # its b*s*V logits would be held against a plan that counts a tile of them
         return None, "TRL's chunked log-probs, which one forward of the model does not compute"
+    if run.get("liger_dpo_loss"):
+        return None, "Liger's fused DPO loss (one pair's logits at a time), which one forward of the model does not compute"
     return {k: run.get(k) for k in ("method", "batch_size", "seq_len", "lora_r", "lora_targets",
                                     "gradient_checkpointing", "load_dtype")}, None
 

@@ -253,6 +253,16 @@ def _logits(model: ModelFacts, env: Environment, tc: Any) -> Iterator[Finding]:
                       "holding the full logits", fix="nothing to do",
                       **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=alive, chunked=True))
         return
+    if run.settings.liger_dpo_loss:
+        # axolotl's dpo_use_liger_kernel: Liger's fused DPO loss holds one pair's logits at a time (plan/memory.py
+        # LIGER_DPO_PAIRS), the plan's logits component
+        one, _, _ = _logits_at_loss(model, 1, seq)
+        yield Finding("GD650", Severity.INFO,
+                      f"{numbers.replace('; the memory plan' + chr(39) + 's logits component', '')}; the batch's "
+                      f"logits are never held here: {run.settings.source('liger_dpo_loss')} ({gib(one)} alive at the "
+                      "loss: the memory plan's logits component)", fix="nothing to do",
+                      **located(run.seq_len, tc, logits_fp32_bytes=upcast, logits_bytes=one, chunked=True))
+        return
     trl_v = parse(trl.version)
     if run.memory.verdict == "fits":
         # The memory plan of this very run counts the logits and their copies, and the run fits with margin: a fact.
