@@ -237,3 +237,31 @@ def test_a_hostile_generation_key_is_a_finding_or_a_default_never_a_traceback(cl
         return
     gen = model["memory"]["run"]["generation"]
     assert 0 < gen["max_completion_length"] <= 1 << 27 and gen["beta"] == 0.0 and gen["engine"] == "transformers"
+
+
+@pytest.mark.parametrize("gpu", [("L4",), ("A100-80GB", "--batch-size", "32", "--seq-len", "4096")])
+def test_a_grpo_prescription_states_its_completion_and_check_of_it_plans_the_same_run(cli, tmp_path, gpu):
+    """recommend --task grpo: axolotl's YAML states trl.max_completion_length (axolotl hands GRPOConfig None where
+    unset) and the TRL snippet max_completion_length (GRPOConfig has no max_length: a TypeError before); check of the
+    YAML plans the very run, its generation too (the second point's peak)."""
+    from trl import GRPOConfig
+
+    got = cli("recommend", "--family", "gemma3", "--size", "4b", "--gpu", *gpu, "--task", "grpo", "--format", "json")
+    rec = got.json()["models"][0]
+    assert rec["status"] == "prescribed"
+    gen = rec["memory"]["run"]["generation"]
+    config = rec["recommendation"]["frameworks"]["trl"]["config"]
+    assert config["max_completion_length"] == gen["max_completion_length"] and "max_length" not in config
+    GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, **{k: v for k, v in config.items() if k != "tf32"})
+    yaml = tmp_path / "grpo.yaml"
+    yaml.write_text(rec["snippets"]["yaml"])
+    assert f"trl: {{max_completion_length: {gen['max_completion_length']}}}" in yaml.read_text()
+    folder = tmp_path / "google--gemma-3-4b-it"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**memory.published_config("gemma3", "4b"),
+                                                    "architectures": ["Gemma3ForConditionalGeneration"]}))
+    checked = cli("check", folder, "--training-config", yaml, "--gpu", gpu[0], "--fail-on", "warning", "--format", "json")
+    assert checked.code == 0, checked.out[-2000:]
+    memory_of = checked.json()["models"][0]["memory"]
+    assert memory_of["summary"] == rec["memory"]["summary"] and memory_of["peak"] == rec["memory"]["peak"]
+    assert memory_of["run"]["generation"] == gen

@@ -553,7 +553,12 @@ def trl_config(i: Inputs, precision: str) -> dict[str, Any] | None:
     if trl_config_class(i.task, i.versions.get("trl")) is None:
         return None
     config = training_arguments(i, precision)
-    if i.settings is not None and i.settings.seq_len:
+    gen = i.settings.generation if i.settings is not None else None
+    if gen is not None:
+        # GRPOConfig has no max_length (TRL 1.16: GRPOConfig(max_length=...) is a TypeError): its sequence is the
+        # prompt and up to max_completion_length, which it states.
+        config["max_completion_length"] = gen.completion
+    elif i.settings is not None and i.settings.seq_len:
         config["max_length"] = i.settings.seq_len
     return config
 
@@ -623,6 +628,10 @@ def _frameworks(i: Inputs, precision: str, load: str, quant: str | None, compute
     if rl:
         if i.task != "ppo":  # axolotl has no PPO trainer
             axolotl["rl"] = i.task
+        if run is not None and run.generation is not None:
+            # axolotl 0.19.0 hands GRPOConfig trl.max_completion_length even where unset (None): stated, the
+            # completion the plan generates (core/trainers/grpo/__init__.py)
+            axolotl["trl"] = {"max_completion_length": run.generation.completion}
         axolotl.update({"optimizer": _rl_optimizer(i), "max_grad_norm": STABLE_RL_SETTINGS["max_grad_norm"]})
     elif _rl_optimizer(i):
         axolotl["optimizer"] = _rl_optimizer(i)

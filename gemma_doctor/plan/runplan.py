@@ -373,8 +373,9 @@ def trainer_defaults(tc: Any | None, stack: Any | None, checkpoint: str | None =
         seen = affected(window)
         axolotl = stack.get("axolotl") if stack is not None else None
         if trainer is Trainer.AXOLOTL and (axolotl is None or axolotl.absent):  # the TRL axolotl brings, not this one
-            out.append(("grpo_completion", 256, "default of TRL 1.9.0's GRPOConfig (axolotl 0.19.0 requires "
-                                                "trl==1.9.0): max_completion_length 256"))
+            out.append(("grpo_completion", 256, "axolotl 0.19.0 hands GRPOConfig no trl.max_completion_length "
+                                                "(None: generate()'s own max_length decides): planned as TRL "
+                                                "1.9.0's default 256 (axolotl requires trl==1.9.0)"))
         elif seen is not Exposure.UNKNOWN:
             on = seen is Exposure.AFFECTED
             out.append(("grpo_completion", 512 if on else 256,
@@ -677,6 +678,11 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
     engine = "transformers"
     if use_vllm is not None and truthy(use_vllm):
         engine = "vllm-server" if isinstance(mode, str) and mode.strip().lower() == "server" else "vllm-colocate"
+    if getattr(getattr(tc, "trainer", None), "value", None) is Trainer.AXOLOTL and engine == "vllm-colocate":
+        # axolotl 0.19.0 passes vllm.gpu_memory_utilization (its default 0.9) only where trl.vllm_mode names colocate;
+        # else TRL's own default (0.3) applies
+        named = isinstance(mode, str) and mode.strip().lower() == "colocate"
+        share = (share if share is not None else 0.9) if named else None
     number = lambda v, d: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d  # noqa: E731
     trainer_default = ""
     if completion is None and completion_default is not None:

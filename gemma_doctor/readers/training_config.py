@@ -132,15 +132,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     # dataset's prompt strategy (`type: chat_template`) and template (`chat_template: gemma3`, tokenizer_default).
     "eot_tokens": ("eot_tokens",),
     # What a GRPO step generates (run.Generation, the memory plan's generation moment): TRL's GRPOConfig keys.
-    "max_completion_length": ("max_completion_length",),
+    # axolotl 0.19.0 nests them under trl: (TRLConfig; rl_beta its own name for beta) and passes vllm.gpu_memory_utilization
+    # (default 0.9) where trl.vllm_mode is colocate (core/trainers/grpo/__init__.py).
+    "max_completion_length": ("max_completion_length", "trl.max_completion_length"),
     "max_prompt_length": ("max_prompt_length",),  # TRL <= 0.24's GRPOConfig
     "steps_per_generation": ("steps_per_generation",),
-    "generation_batch_size": ("generation_batch_size",),
-    "use_vllm": ("use_vllm",),
-    "vllm_mode": ("vllm_mode",),
-    "vllm_gpu_memory_utilization": ("vllm_gpu_memory_utilization",),
-    "vllm_enable_sleep_mode": ("vllm_enable_sleep_mode",),
-    "beta": ("beta",),
+    "generation_batch_size": ("generation_batch_size", "trl.generation_batch_size"),
+    "use_vllm": ("use_vllm", "trl.use_vllm"),
+    "vllm_mode": ("vllm_mode", "trl.vllm_mode"),
+    "vllm_gpu_memory_utilization": ("vllm_gpu_memory_utilization", "vllm.gpu_memory_utilization"),
+    "vllm_enable_sleep_mode": ("vllm_enable_sleep_mode", "trl.vllm_enable_sleep_mode"),
+    "beta": ("beta", "trl.beta", "rl_beta"),
     "dataset_type": ("datasets.0.type",),
     "chat_template": ("datasets.0.chat_template", "chat_template"),
 }
