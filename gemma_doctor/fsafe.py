@@ -559,7 +559,8 @@ def open_file(path: Path | str, area: Area | None = None, *, follow: bool = True
         parts = area.parts(path)
     if follow:
         held = area._held()
-        if held is not None and len(parts) == 3 and parts[0] == "snapshots" and not area.user_named:
+        if (held is not None and len(parts) == 3 and parts[0] == "snapshots" and not area.user_named
+                and _plain(parts[1]) and _plain(parts[2])):
             got = _hub_file(area, held, parts[1], parts[2])
             if got is not None:
                 fd, link_target = got
@@ -589,6 +590,11 @@ def open_file(path: Path | str, area: Area | None = None, *, follow: bool = True
     except BaseException:
         os.close(fd)
         raise
+
+
+def _plain(name: str) -> bool:
+    """A name of one folder entry: not "", "." or "..", no "/" (what _resolve would walk as several steps)."""
+    return "/" not in name and name not in ("", ".", "..")
 
 
 def _hub_file(area: Area, held: Folders, commit: str, name: str) -> tuple[int, str] | None:
