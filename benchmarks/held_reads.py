@@ -22,7 +22,8 @@ from pathlib import Path
 from gemma_doctor import fsafe, locate
 cache = Path(sys.argv[2])
 snaps = list(locate.snapshots_in(cache, locate.cache_folders(cache)))
-one = [(fsafe.Area(s.repo_dir), os.fspath(s.path / "config.json"), ["snapshots", s.commit, "config.json"]) for s in snaps]
+one = [(fsafe.Area(s.repo_dir), os.fspath(s.path / "config.json"), ["snapshots", s.commit, "config.json"])
+       for s in snaps]
 two = [(a, p, parts, os.fspath(Path(p).with_name("generation_config.json")), [*parts[:2], "generation_config.json"])
        for a, p, parts in one]
 held = hasattr(fsafe.Area, "holding")
