@@ -25,7 +25,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator
@@ -76,6 +76,22 @@ class Area:
 
     root: Path
     user_named: bool = False
+    # The folders passed through, held open while one model's files are read (Area.holding); None: none are held.
+    folders: Folders | None = field(default=None, compare=False, repr=False)
+
+    def holding(self) -> Holding:
+        """This area, its folders held open for a block's reads (``with area.holding() as held:``, then read with
+        ``held``): each folder on the way to a file (the repo folder, ``snapshots/<commit>``, ``blobs``) is opened once,
+        as the walk opens it (a real folder, never through a link, reached from the one before), and every later walk
+        through it starts from that descriptor instead of walking again from the root's path. A descriptor is the
+        folder it was opened as, whatever is renamed or swapped for a link at its name afterwards, so a read through a
+        held folder sees that folder as the walk found it; the file itself, and any link on the way, is still opened
+        and followed at each read. Closed when the block ends (a read after that walks from the root again)."""
+        return Holding(Area(self.root, self.user_named, Folders()))
+
+    def _held(self) -> Folders | None:
+        f = self.folders
+        return f if f is not None and f.fds is not None else None
 
     def open_root(self, readable: bool = True) -> int:
         """A descriptor of the folder itself (the caller closes it); ``readable`` False: only to pass through."""
@@ -106,6 +122,62 @@ class Area:
         if not full.startswith(prefix):
             raise Refused(f"{path} is not inside {self.root}")
         return full[len(prefix):].split(os.sep)
+
+
+class Folders:
+    """Descriptors of the real folders below an area's root held open for one model's reads, by their components
+    below the root (``()`` the root itself): opened only to pass through (``O_PATH``, ``O_NOFOLLOW``)."""
+
+    __slots__ = ("fds",)
+
+    def __init__(self) -> None:
+        self.fds: dict[tuple[str, ...], int] | None = {}
+
+    def close(self) -> None:
+        """Close every held descriptor; later walks hold none."""
+        fds, self.fds = self.fds, None
+        for fd in (fds or {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Holding:
+    """Area.holding's context: the held area on entry, its folders closed on exit."""
+
+    __slots__ = ("area",)
+
+    def __init__(self, area: Area) -> None:
+        self.area = area
+
+    def __enter__(self) -> Area:
+        return self.area
+
+    def __exit__(self, *exc: object) -> None:
+        self.area.folders.close()  # type: ignore[union-attr]
+
+
+def _pass_root(area: Area, held: Folders | None) -> tuple[int, bool]:
+    """(descriptor of the area's root to pass through, whether the caller closes it)."""
+    if held is None:
+        return area.open_root(readable=False), True
+    fd = held.fds.get(())  # type: ignore[union-attr]
+    if fd is None:
+        fd = held.fds[()] = area.open_root(readable=False)  # type: ignore[index]
+    return fd, False
+
+
+def _pass_at(held: Folders | None, dir_fd: int, names: list[str], name: str) -> tuple[int, bool]:
+    """(descriptor of the real folder ``name`` in ``dir_fd``, the folder ``names`` below the root, opened only to pass
+    through and never through a link; whether the caller closes it). OSError as os.open raises it."""
+    if held is None:
+        return os.open(name, _PASS_DIR, dir_fd=dir_fd), True
+    key = (*names, name)
+    fd = held.fds.get(key)  # type: ignore[union-attr]
+    if fd is None:
+        fd = held.fds[key] = os.open(name, _PASS_DIR, dir_fd=dir_fd)  # type: ignore[index]
+    return fd, False
 
 
 def _absolute(path: Path | str) -> str:
@@ -236,14 +308,20 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
     it is a link). Raises Refused (escapes=True) when a link leads out, OSError when a component is missing.
     ``open_last`` (flags with O_NOFOLLOW): the final name is opened with them, and the descriptor returned is the
     opened file's (a link met there is read and followed as anywhere else): one open instead of a look and an open.
+    The folders on the way are the area's held ones where it holds them (Area.holding).
     """
-    root_fd = area.open_root(readable=False)
+    held = area._held()
+    root_fd, own_root = _pass_root(area, held)
     stack = [root_fd]
+    owned = [own_root]  # whether each descriptor of the stack is this call's to close (a held one is not)
     names: list[str] = []  # the real folders of stack[1:], by name below the root
     todo = list(reversed(parts))
     own_target: str | None = None
     links = 0
     first = True  # the last component of the path as given (its link target is reported)
+    # A hub snapshot's files are links (huggingface_hub makes every one a link into blobs/): the link is read first,
+    # where an open with O_NOFOLLOW would only fail with ELOOP before it (a regular file there costs one readlink).
+    hub_file = not area.user_named and len(parts) == 3 and parts[0] == "snapshots"
     try:
         while todo:
             name = todo.pop()
@@ -252,33 +330,38 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
             if name == "..":
                 if len(stack) == 1:
                     raise Refused("a link leads out of the repo folder", escapes=True)
-                os.close(stack.pop())
+                fd = stack.pop()
+                if owned.pop():
+                    os.close(fd)
                 names.pop()
                 continue
             if todo:
                 try:
-                    stack.append(os.open(name, _PASS_DIR, dir_fd=stack[-1]))
+                    fd, own = _pass_at(held, stack[-1], names, name)
+                    stack.append(fd)
+                    owned.append(own)
                     names.append(name)
                     continue
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or _kind_at(stack[-1], name) != "link":
                         raise
-            elif open_last is not None:
+            elif open_last is not None and not (first and hub_file):
                 try:
                     return os.open(name, open_last, dir_fd=stack[-1]), name, own_target
                 except OSError as e:
                     if e.errno != errno.ELOOP:
                         raise
-            elif _kind_at(stack[-1], name) != "link":
-                return stack.pop(), name, own_target
+            elif open_last is None and _kind_at(stack[-1], name) != "link":
+                return _own(stack, owned), name, own_target
             try:
                 target = os.readlink(name, dir_fd=stack[-1])
             except OSError as e:
-                if e.errno == errno.EINVAL:  # no longer a link: it was replaced meanwhile; look at it again
+                if e.errno == errno.EINVAL:  # not a link (or no longer one: replaced meanwhile); look at it again
                     todo.append(name)
                     links += 1
                     if links > MAX_LINKS:
                         raise
+                    hub_file = False
                     continue
                 raise
             if first and not todo and own_target is None:
@@ -296,19 +379,27 @@ def _resolve(area: Area, parts: list[str], open_last: int | None = None) -> tupl
                 inner = _inner_of_absolute(area.root, target)
                 if inner is None:
                     raise Refused(f"a link leads out of the repo folder ({target})", escapes=True, link_target=target)
-                for fd in stack[1:]:
-                    os.close(fd)
-                del stack[1:]
+                for fd, own in zip(stack[1:], owned[1:]):
+                    if own:
+                        os.close(fd)
+                del stack[1:], owned[1:]
                 names.clear()
                 todo.extend(reversed(inner))
             else:
                 todo.extend(reversed(_split(target)))
             first = False
         # the path was the root itself (or collapsed to it)
-        return stack.pop(), ".", own_target
+        return _own(stack, owned), ".", own_target
     finally:
-        for fd in stack:
-            os.close(fd)
+        for fd, own in zip(stack, owned):
+            if own:
+                os.close(fd)
+
+
+def _own(stack: list[int], owned: list[bool]) -> int:
+    """The last folder of a walk's stack as a descriptor the caller closes (popped; a held one duplicated)."""
+    fd = stack.pop()
+    return fd if owned.pop() else os.dup(fd)
 
 
 # --- huggingface_hub's cache-wide blob store (huggingface_hub >= 1.32, utils/_shared_blobs.py) ---------------------
@@ -467,6 +558,17 @@ def open_file(path: Path | str, area: Area | None = None, *, follow: bool = True
     if parts is None:
         parts = area.parts(path)
     if follow:
+        held = area._held()
+        if (held is not None and len(parts) == 3 and parts[0] == "snapshots" and not area.user_named
+                and _plain(parts[1]) and _plain(parts[2])):
+            got = _hub_file(area, held, parts[1], parts[2])
+            if got is not None:
+                fd, link_target = got
+                try:
+                    return Opened(fd, _check_regular(fd, path), link_target)
+                except BaseException:
+                    os.close(fd)
+                    raise
         try:
             # the file itself opened at the end of the walk (O_NOFOLLOW: a link there is followed by the walk)
             fd, _name, link_target = _resolve(area, parts, open_last=_OPEN_READ)
@@ -490,6 +592,34 @@ def open_file(path: Path | str, area: Area | None = None, *, follow: bool = True
         raise
 
 
+def _plain(name: str) -> bool:
+    """A name of one folder entry: not "", "." or "..", no "/" (what _resolve would walk as several steps)."""
+    return "/" not in name and name not in ("", ".", "..")
+
+
+def _hub_file(area: Area, held: Folders, commit: str, name: str) -> tuple[int, str] | None:
+    """(descriptor, link target) of a held area's ``snapshots/<commit>/<name>`` where it is what huggingface_hub makes,
+    a link ``../../blobs/<blob>`` to a regular file of the repo's own blobs folder: the link read in the held snapshot
+    folder, the blob opened (``O_NOFOLLOW``) in the held ``blobs`` folder, the two folders reached as _resolve reaches
+    them. That is the walk _resolve makes for this link, step for step; None for anything else (any error included),
+    which _resolve then walks and reports as it always did."""
+    try:
+        root_fd, _own = _pass_root(area, held)
+        snaps, _own = _pass_at(held, root_fd, [], "snapshots")
+        snap, _own = _pass_at(held, snaps, ["snapshots"], commit)
+        target = os.readlink(name, dir_fd=snap)
+    except (OSError, ValueError):
+        return None
+    blob = target[12:] if target.startswith("../../blobs/") else ""
+    if not blob or "/" in blob or blob == "." or blob == "..":
+        return None
+    try:
+        blobs, _own = _pass_at(held, root_fd, [], "blobs")
+        return os.open(blob, _OPEN_READ, dir_fd=blobs), target
+    except (OSError, ValueError):
+        return None
+
+
 def _readlink(path: Path) -> str | None:
     try:
         return os.readlink(path)
@@ -507,17 +637,22 @@ def _inside_by_realpath(path: Path, root: Path) -> bool:
 
 def read_fd(fd: int, limit: int, size: int | None = None) -> bytes:
     """Up to ``limit`` bytes from ``fd`` (fewer only at the end of the file). ``size``: the file's size by fstat, a
-    hint for the first read (a file read whole then costs a read of its size and one that meets its end, instead of
-    a 1 MiB buffer for each: 10 of a small file's 40 us); the result is the same whatever the hint."""
+    hint for the first read (a file read whole then costs one read of its size and one more byte, instead of a 1 MiB
+    buffer and a read that meets its end); the result is the same whatever the hint. A first read that asked for more
+    than the size and got the size exactly has read the file to the end it had at that read (a regular file's read
+    returns fewer bytes than asked only at its end): no further read is made to meet it."""
     chunks: list[bytes] = []
     left = limit
     step = min(size + 1, 1 << 20) if size is not None and size >= 0 else 1 << 20
     while left > 0:
-        b = os.read(fd, min(left, step))
+        asked = min(left, step)
+        b = os.read(fd, asked)
         if not b:
             break
         chunks.append(b)
         left -= len(b)
+        if len(b) == size and len(b) < asked and len(chunks) == 1:
+            break
         step = 1 << 16 if len(b) < step else 1 << 20  # short: most likely at the end, which a small read meets
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -5,6 +5,7 @@ The order in which a model's facts are filled in is this module's code (gather),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from pathlib import Path
@@ -27,7 +28,7 @@ from gemma_doctor.readers import training_config
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.versions import installed
 from gemma_doctor.report import Finding, ModelReport, Naming, Report
-from gemma_doctor.source import ModelSource
+from gemma_doctor.source import LocalSource, ModelSource
 
 if TYPE_CHECKING:  # imported by a scan only (one model's check needs none of it); the search by a Gemma's decision
     from gemma_doctor.memo import Memo
@@ -378,20 +379,26 @@ def select_each(located: Iterable[Located], explicit: bool) -> Iterator[tuple[Mo
         if snap.problem is not None:  # never skipped: the finding says why the repo was not read
             yield read_model(snap), {}
             continue
-        # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
-        config = source.read_json("config.json")
-        fam = family_mod.detect(config.data) if config.ok else None  # detected once: read_model takes it
-        # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
-        if not explicit and fam is not None and not fam.is_gemma and not fam.unknown_gemma:
-            yield None, {"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"}
-            continue
-        if not explicit and not config.ok and not config.exists:
-            # An adapter's family is its base's, found only by reading further: named, it is checked (issue 21).
-            adapter = source.has("adapter_config.json")
-            yield None, {"target": snap.target, "path": source.location,
-                         "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"}
-            continue
-        yield read_model(snap, config, source, fam), {}
+        # One model's reads walk from its folders held open for them (LocalSource.holding), let go before it is judged.
+        with source.holding() if isinstance(source, LocalSource) else contextlib.nullcontext():
+            got = _selected(snap, source, explicit)
+        yield got
+
+
+def _selected(snap: Snapshot, source: ModelSource, explicit: bool) -> tuple[ModelFacts | None, dict[str, str]]:
+    """select_each's answer for one snapshot whose repo could be read."""
+    # config.json alone decides whether a whole-cache scan skips a repo: the rest is read only when kept.
+    config = source.read_json("config.json")
+    fam = family_mod.detect(config.data) if config.ok else None  # detected once: read_model takes it
+    # An unknown type that names a Gemma is kept, so that GD007 says it is unknown instead of a silent skip.
+    if not explicit and fam is not None and not fam.is_gemma and not fam.unknown_gemma:
+        return None, {"target": snap.target, "path": source.location, "reason": "not a Gemma-family model"}
+    if not explicit and not config.ok and not config.exists:
+        # An adapter's family is its base's, found only by reading further: named, it is checked (issue 21).
+        adapter = source.has("adapter_config.json")
+        return None, {"target": snap.target, "path": source.location,
+                      "reason": "a PEFT adapter; name it to check it" if adapter else "no config.json"}
+    return read_model(snap, config, source, fam), {}
 
 
 def diagnose(targets: list[str], cache_dir: Path | None = None, revision: str = "main",

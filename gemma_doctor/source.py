@@ -94,6 +94,12 @@ class LocalSource:
         except fsafe.Refused:
             return None
 
+    def holding(self) -> _Holding:
+        """``with source.holding():`` the block's reads of this model's files walk from folders held open once
+        (fsafe.Area.holding: the repo folder, the snapshot folder, blobs/), not from the repo folder's path at every
+        read; closed when the block ends, after which reads walk as before."""
+        return _Holding(self)
+
     def _parts_of(self, name: str) -> list[str] | None:
         """fsafe's components of the file ``name`` below the repo folder, for a plain name (None: fsafe works them
         out of the path, as for any other)."""
@@ -124,6 +130,26 @@ class LocalSource:
     def local_path(self, name: str) -> Path | None:
         """The file itself."""
         return self.folder / name
+
+
+class _Holding:
+    """LocalSource.holding's context: the source reads through its area's held folders inside it."""
+
+    __slots__ = ("source", "plain", "held")
+
+    def __init__(self, source: LocalSource) -> None:
+        self.source, self.plain, self.held = source, source._area, None
+
+    def __enter__(self) -> None:
+        if self.plain is not None:
+            self.held = self.plain.holding()
+            # the cached property's own slot, where functools.cached_property keeps its value
+            self.source.__dict__["_area"] = self.held.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held is not None:
+            self.source.__dict__["_area"] = self.plain
+            self.held.__exit__(*exc)
 
 
 def local(folder: Path, root: Path | None) -> LocalSource:

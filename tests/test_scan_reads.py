@@ -5,6 +5,7 @@ figures are in docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -168,3 +169,82 @@ def test_a_judgement_checks_mappings_without_typing(tmp_path, monkeypatch):
             "gemma_doctor.plan.advice", "gemma_doctor.catalogue", "gemma_doctor.rules.libraries",
             "gemma_doctor.rules.crashes"}
     assert not [c for c in callers if c in mine]
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_read_through_held_folders_is_the_read_from_the_path(hub, tmp_path, follow):
+    """fsafe.Area.holding: every planted name (links out, relative and absolute, dangling, a FIFO, a folder, a link
+    through a linked folder, a hub link inside) reads through held folders exactly as it reads walked from the root,
+    read first, again, and after a plain read of another name."""
+    snap = _planted(hub, tmp_path)
+    area = fsafe.Area(hub.repo_dir("org/planted"))
+    with area.holding() as held:
+        for _ in range(2):
+            for name in NAMES:
+                path = snap / name
+                plain = fsafe.read_file(path, 1 << 20, area, follow=follow)
+                for parts in (None, area.parts(path)):
+                    got = fsafe.read_file(os.fspath(path), 1 << 20, held, follow=follow, parts=parts)
+                    assert vars(got) == vars(plain), name
+    assert held.folders.fds is None  # every held descriptor closed with the block
+
+
+def test_a_held_folder_swapped_for_a_link_out_is_never_followed(hub, tmp_path):
+    """A snapshot folder swapped for a link leading out after it was held: the held read reads the folder it held
+    (its hub links resolved in the repo's own blobs/), never the place the new link names; the next holding walks
+    again and refuses the link."""
+    snap = hub.add("org/swap", {"config.json": gemma3_12b_config(), "generation_config.json": generation_config()})
+    repo = hub.repo_dir("org/swap")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "generation_config.json").write_text('{"secret": 1}')
+    area = fsafe.Area(repo)
+    parts = area.parts(snap / "config.json")
+    with area.holding() as held:
+        assert fsafe.read_file(snap / "config.json", 1 << 20, held, parts=parts).data is not None
+        os.rename(snap, tmp_path / "moved")
+        os.symlink(secret, snap)
+        gen = [*parts[:2], "generation_config.json"]
+        got = fsafe.read_file(snap / "generation_config.json", 1 << 20, held, parts=gen)
+        assert got.data is not None and b"secret" not in got.data and json.loads(got.data) == generation_config()
+    again = fsafe.read_file(snap / "generation_config.json", 1 << 20, area)
+    assert again.data is None and again.error
+
+
+def _counting(monkeypatch, calls):
+    for name in ("open", "read"):
+        real = getattr(os, name)
+
+        def wrapped(*a, _real=real, _name=name, **k):
+            try:
+                got = _real(*a, **k)
+            except OSError as e:
+                calls.append(("failed " + _name, e.errno))
+                raise
+            calls.append((_name, a[0] if _name == "open" else None))
+            return got
+
+        monkeypatch.setattr(os, name, wrapped)
+
+
+def test_a_scan_walks_to_each_repo_once_and_reads_each_file_once(hub, monkeypatch):
+    """A whole-cache scan's reads of one repo walk from its folders held open once (the repo folder opened by its
+    path once per repo, not once per file), a hub link read before any open (no open failing on it first), and a
+    file whose first read got its whole size is not read again to meet its end. Counted over 4 alike Gemma repos
+    (config.json and generation_config.json read) and 4 others (config.json alone). main: the repo folder opened by
+    path 12 times, 72 opens (12 failing), 24 reads; here 8, 44 (none failing) and 12."""
+    for i in range(4):
+        hub.add(f"team/tune-{i}", {"config.json": variant(gemma3_12b_config(), _name_or_path=f"team/tune-{i}"),
+                                   "generation_config.json": generation_config()})
+        hub.add(f"team/other-{i}", {"config.json": variant(llama_config(), _name_or_path=f"o{i}")})
+    located = [(s, source_of(s)) for s in locate.snapshots_in(hub.root, locate.cache_folders(hub.root))]
+    calls: list[tuple[str, object]] = []
+    _counting(monkeypatch, calls)
+    got = list(pipeline.select_each(located, explicit=False))
+    monkeypatch.undo()
+    assert sum(m is not None for m, _ in got) == 4 and all(m.generation_config.ok for m, _ in got if m is not None)
+    by_path = [p for n, p in calls if n == "open" and os.path.isabs(os.fspath(p))]
+    assert len(by_path) == 8  # each repo folder once
+    assert sum(n == "open" for n, _ in calls) == 44  # per repo its folder, snapshots/, the snapshot, blobs/; each blob
+    assert sum(n == "read" for n, _ in calls) == 12  # one per file read
+    assert not [c for c in calls if c[0].startswith("failed")]  # no open failing on a hub link (main: 12, ELOOP)
