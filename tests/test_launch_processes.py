@@ -31,7 +31,8 @@ CASES = [
 
 def _config(folder, distributed: str, processes: str, machines: str):
     extra = "fsdp_config:\n  fsdp_version: 2\n" if distributed == "FSDP" else ""
-    path = folder / f"{distributed}-{processes.strip(chr(39))}-{machines.strip(chr(39))}-{len(processes)}{len(machines)}.yaml"
+    name = f"{distributed}-{processes.strip(chr(39))}-{machines.strip(chr(39))}-{len(processes)}{len(machines)}"
+    path = folder / f"{name}.yaml"
     path.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: {distributed}\nmixed_precision: bf16\n"
                     f"num_processes: {processes}\nnum_machines: {machines}\nmachine_rank: 0\n"
                     f"main_process_ip: 127.0.0.1\nmain_process_port: 29500\n{extra}", encoding="utf-8")

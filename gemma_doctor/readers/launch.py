@@ -448,11 +448,11 @@ def _accelerate_machines(config: TrainingConfig | None) -> int | None:
     1`), which a string cannot be ("TypeError: '>' not supported between instances of 'str' and 'int'", run here on
     `num_machines: '2'`, also `'1'`). None: a value no count is read from (a float), left to the plan."""
     setting = config.get("num_machines") if config is not None else None
-    if setting is None:
+    if config is None or setting is None:
         return 1
     value = setting.value
     if isinstance(value, str):
-        raise _Bad(f"num_machines: {value!r} in {_shown(config.path)} stops accelerate launch, which compares it "  # type: ignore[union-attr]
+        raise _Bad(f"num_machines: {value!r} in {_shown(config.path)} stops accelerate launch, which compares it "
                    "with 1 (TypeError: '>' not supported between 'str' and 'int'): write a number")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
