@@ -61,6 +61,11 @@ def environment(options: CheckOptions) -> Environment:
     stack = stack_mod.resolve(versions, options.with_packages, options.requirements)
     tc = training_config.load(options.training_config) if options.training_config else None
     gpu = gpu_reader.resolve(getattr(options, "gpu", None))
+    if tc is not None:
+        from gemma_doctor.readers import launch
+
+        # An accelerate config on its own is read as `accelerate launch --config_file` reads it (one reading).
+        tc = launch.as_launched(tc)
     if options.launch is not None:
         from gemma_doctor.readers import launch
 

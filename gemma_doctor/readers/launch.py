@@ -16,7 +16,7 @@ import json
 import os
 import re
 import shlex
-from typing import Any
+from typing import Any, Mapping
 
 from gemma_doctor import trainers
 from gemma_doctor.readers import training_config as tc_reader
@@ -67,11 +67,25 @@ class _Bad(ValueError):
     """The line cannot be read as a launch command; the message says why."""
 
 
-def parse(line: str, cwd: str | None = None, visible: int | None = None) -> TrainingConfig:
+def parse(line: str, cwd: str | None = None, visible: int | None = None,
+          environ: Mapping[str, str] | None = None) -> TrainingConfig:
     """The run a launch command line describes, as a training config (``error`` set when the line cannot be read).
-    ``visible``: the GPUs this machine shows (the probe's), where known: DeepSpeed's pool without a hostfile."""
+    ``visible``: the GPUs this machine shows (the probe's), where known: DeepSpeed's pool without a hostfile.
+    ``environ``: the environment the line runs in (this process's unless given): where accelerate finds its default
+    config."""
+    return _read(line, cwd, visible, os.environ if environ is None else environ, True)
+
+
+def launcher_reading(line: str, cwd: str | None = None, environ: Mapping[str, str] | None = None) -> TrainingConfig:
+    """``parse`` of the launcher's own part of ``line``: its options and the config it reads, without the script's
+    arguments (the script's to read as it runs). What stops the launcher before the script starts (``error``), and how
+    many processes it starts."""
+    return _read(line, cwd, None, os.environ if environ is None else environ, False)
+
+
+def _read(line: str, cwd: str | None, visible: int | None, environ: Mapping[str, str], script: bool) -> TrainingConfig:
     try:
-        return _parse(line, cwd, visible)
+        return _parse(line, cwd, visible, environ, script)
     except _Bad as e:
         return TrainingConfig(WHERE, error=str(e))
     except RecursionError:
@@ -94,7 +108,31 @@ def combine(base: TrainingConfig | None, launch: TrainingConfig) -> TrainingConf
                           problems=(*base.problems, *launch.problems))
 
 
-def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
+def local_processes(line: str, cwd: str | None = None, environ: Mapping[str, str] | None = None) -> int | str | None:
+    """How many processes ``line`` starts on the machine it runs on, from the one reading of the line (its launcher's
+    part, ``launcher_reading``): its
+    process count over its machines, split as the launchers split it (`num_processes // num_machines`); 1 for a plain
+    `python train.py`; "auto" where the launcher counts them as it starts (torchrun's auto, accelerate with no count
+    in its line or config, DeepSpeed's every GPU visible: the GPUs visible), or where the line runs a console script
+    that starts its own (`llamafactory-cli`, `trl`); None where the line cannot be read (``parse``'s error says why)."""
+    tc = launcher_reading(line, cwd, environ)
+    if not tc.ok:
+        return None
+    setting = tc.get("num_processes")
+    if setting is None:
+        words, _ = _words(line)
+        plain = _launcher(words)[0] is None and os.path.basename(words[0]).startswith("python")
+        return 1 if plain else "auto"
+    if tc_reader.is_auto(setting.value):
+        return "auto"
+    machines = tc.get("num_machines")
+    over = machines.value if machines is not None and isinstance(machines.value, int) and machines.value > 0 else 1
+    count = setting.value // over if isinstance(setting.value, int) and not isinstance(setting.value, bool) else 0
+    return count if count > 0 else None
+
+
+def _words(line: str) -> tuple[list[str], dict[str, str]]:
+    """The words of a launch line as a shell splits them, and the VAR=value words before its command."""
     # A line continued with backslash-newline (a CI step, a job script): the shell drops both; shlex would keep the
     # newline as a word of its own, which ends the launcher's options there.
     line = line.replace("\\\r\n", " ").replace("\\\n", " ")
@@ -109,6 +147,12 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         words = words[1:]
     if not words:
         raise _Bad("an empty command line")
+    return words, env
+
+
+def _parse(line: str, cwd: str | None, visible: int | None, environ: Mapping[str, str],
+           with_script: bool) -> TrainingConfig:
+    words, env = _words(line)
     serving = _serving(words)
     if serving is not None:
         return TrainingConfig(WHERE, kind=serving)
@@ -124,7 +168,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         if isinstance(config_file, str):
             layers.append(_file(config_file, cwd, "--config_file"))
         elif options.get("cpu") is not True:
-            default = _accelerate_default_config()
+            default = _accelerate_default_config(environ)
             if default is not None:
                 layers.append(default)
         flagged = {name.replace("-", "_") for name, value in options.items() if value is True}
@@ -145,6 +189,9 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
                 _put(flags, _ACCELERATE_KEYS[key], value)
         written = next((layer.get("distributed_type").value for layer in layers if layer.get("distributed_type")),
                        None)
+        # accelerate reads one config (--config_file, else its default): its num_machines where the line names none.
+        machines = flags["num_machines"] if "num_machines" in flags else _accelerate_machines(layers[0] if layers
+                                                                                              else None)
         if processes is not None:
             flags["num_processes"], note = _accelerate_processes(processes, flags.get("distributed_type") or written,
                                                                  bool(layers), "multi_gpu" in flagged)
@@ -153,12 +200,17 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
             if configured is not None:
                 # The config's own count, as accelerate runs it (its key and line stay the file's).
                 counted = _accelerate_config_processes(configured.get("num_processes"),  # type: ignore[arg-type]
-                                                       flags.get("distributed_type") or written, configured.path)
+                                                       flags.get("distributed_type") or written, configured.path,
+                                                       machines)
     elif launcher in ("torchrun", "torch.distributed.launch"):
         options, script = _split(rest, _TORCHRUN_SWITCHES if launcher == "torchrun" else _TORCH_LAUNCH_SWITCHES)
         nodes = _nodes(options.get("nnodes", "1"))
         per_node = options.get("nproc-per-node", options.get("nproc_per_node"))
-        if per_node is not None:
+        if per_node is None:
+            # torch 2.13.0's get_args_parser: --nproc-per-node defaults to "1" (`torchrun train.py` is one process a
+            # node, whatever GPUs the machine has).
+            flags["num_processes"], note = nodes, " (torchrun's default --nproc-per-node 1)"
+        else:
             flags["num_processes"] = _torchrun_processes(per_node, nodes)
         flags["num_machines"] = nodes
     elif launcher == "deepspeed":
@@ -169,7 +221,7 @@ def _parse(line: str, cwd: str | None, visible: int | None) -> TrainingConfig:
         flags["num_machines"] = nodes
     else:
         script = rest
-    args = _script_args(script)
+    args = _script_args(script) if with_script else {}
     config = args.pop("config", None)  # TRL's CLI (`trl sft --config sft.yaml`) and scripts built on TrlParser
     if isinstance(config, str):
         layers.append(_file(config, cwd, "--config"))
@@ -370,7 +422,43 @@ def _accelerate_processes(value: Any, distributed: Any, config_file: bool, multi
     return 1, f" {count} (accelerate's single-process launcher: one process)"
 
 
-def _accelerate_config_processes(setting: Setting, distributed: Any, path: str) -> tuple[int, str]:
+def as_launched(tc: TrainingConfig) -> TrainingConfig:
+    """An accelerate config given on its own (`check --training-config accelerate.yaml`), read as `accelerate launch
+    --config_file FILE` reads it, with the rules a launch line's config meets: its num_processes as accelerate runs it
+    (with a note where that differs from what is written), or the error that stops accelerate there. Any other config,
+    or one that could not be read, comes back as it is."""
+    if not tc.ok or not isinstance(tc.format, trainers.Accelerate):
+        return tc
+    try:
+        machines = _accelerate_machines(tc)
+        setting = tc.get("num_processes")
+        if setting is None:
+            return tc
+        distributed = tc.get("distributed_type")
+        count, note = _accelerate_config_processes(setting, distributed.value if distributed else None, tc.path,
+                                                   machines)
+    except _Bad as e:
+        return TrainingConfig(tc.path, tc.kind, error=str(e))
+    return dataclasses.replace(tc, settings={**tc.settings, "num_processes": Setting(setting.key + note, count)})
+
+
+def _accelerate_machines(config: TrainingConfig | None) -> int | None:
+    """The num_machines an accelerate config gives where the line names none (1 without one), as accelerate 1.15.0
+    uses it: copied from the YAML unconverted and compared with 1 by every launcher (utils/launch.py: `num_machines >
+    1`), which a string cannot be ("TypeError: '>' not supported between instances of 'str' and 'int'", run here on
+    `num_machines: '2'`, also `'1'`). None: a value no count is read from (a float), left to the plan."""
+    setting = config.get("num_machines") if config is not None else None
+    if config is None or setting is None:
+        return 1
+    value = setting.value
+    if isinstance(value, str):
+        raise _Bad(f"num_machines: {value!r} in {_shown(config.path)} stops accelerate launch, which compares it "
+                   "with 1 (TypeError: '>' not supported between 'str' and 'int'): write a number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _accelerate_config_processes(setting: Setting, distributed: Any, path: str,
+                                 machines: int | None = 1) -> tuple[int, str]:
     """(processes, a note on the count) for an accelerate config's `num_processes` where the line names none, as
     accelerate 1.15.0 runs it on one machine (commands/launch.py _validate_launch_command, utils/launch.py, torch
     2.13.0's torchrun; run here on each value): the value is copied from the YAML unconverted. -1 stops the launch ("You
@@ -378,7 +466,10 @@ def _accelerate_config_processes(setting: Setting, distributed: Any, path: str) 
     DeepSpeed) hands str(value) to torchrun's --nproc_per_node, which int() reads: `'3'` and `'٣'` run 3; 0 or less
     stops its agent; `2.5`, `true`, `null` stop it ("Unsupported nproc_per_node value"). The single-process launcher
     (`distributed_type: 'NO'`) compares the value with 1, which a string cannot be ("TypeError: '>' not supported"),
-    and otherwise runs one process whatever the number."""
+    and otherwise runs one process whatever the number. Over ``machines`` > 1 a run of several processes divides the
+    value by them (`num_processes // num_machines`, utils/launch.py prepare_multi_gpu_env and the DeepSpeed
+    launcher's): a string stops it there ("TypeError: unsupported operand type(s) for //: 'str' and 'int'", run
+    here on `num_processes: '4'` with `num_machines: 2`)."""
     value = setting.value
     where = f"num_processes: {_shown(str(value)) if not isinstance(value, str) else repr(value)} in {_shown(path)}"
     if isinstance(value, int) and not isinstance(value, bool) and value == -1:
@@ -392,6 +483,9 @@ def _accelerate_config_processes(setting: Setting, distributed: Any, path: str) 
         if value == 1 and isinstance(value, int) and not isinstance(value, bool):
             return 1, ""
         return 1, f" {_shown(str(value))} (accelerate's single-process launcher: one process)"
+    if isinstance(value, str) and machines is not None and machines > 1:
+        raise _Bad(f"{where} with num_machines: {machines} stops accelerate launch, which divides it by the machines "
+                   "(TypeError: unsupported operand type(s) for //: 'str' and 'int'): write a number")
     count = _integer(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
     if count is None:
         raise _Bad(f"{where} stops accelerate launch: torchrun refuses it as a process count (\"Unsupported "
@@ -630,14 +724,14 @@ def _nodes(value: Any) -> int:
     return bounds[-1]  # type: ignore[return-value]
 
 
-def _accelerate_default_config() -> TrainingConfig | None:
+def _accelerate_default_config(environ: Mapping[str, str]) -> TrainingConfig | None:
     """The config `accelerate launch` reads where the line names none and has no --cpu: accelerate 1.15.0's
     default_config_file (commands/config/config_args.py: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else
     ~/.cache/huggingface; then accelerate/default_config.yaml), where it is a file (os.path.isfile; else none is read
     and the flags and accelerate's defaults stand: no mixed precision, one process). Read as --config_file is (never
     blocking, bounded); one accelerate cannot read stops it (GD601)."""
-    home = os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
-                                                                      "huggingface")))
+    home = os.path.expanduser(environ.get("HF_HOME", os.path.join(environ.get("XDG_CACHE_HOME", "~/.cache"),
+                                                                   "huggingface")))
     path = os.path.join(home, "accelerate", "default_config.yaml")
     try:
         if not os.path.isfile(path):

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from gemma_doctor.errors import UsageError
 from gemma_doctor.readers import launch as launch_reader
@@ -84,6 +84,12 @@ def argv_of(launch: str, cwd: Path) -> tuple[list[str], Path]:
     script = (cwd / words[at]).absolute()
     if not _is_file(script):
         raise UsageError(f"--launch: the script {launch_reader._shown(words[at])} is not a file (looked in {cwd})")
+    # The launcher's part of the line as check reads it (one reading): one its launcher stops on before the script (a
+    # --config_file that is a FIFO, a folder, not UTF-8 or too large; a process count it refuses) is said here in one
+    # line, never run into a hang or a crash. The script's own arguments are the script's to read as it runs.
+    read = launch_reader.launcher_reading(launch, str(cwd))
+    if not read.ok:
+        raise UsageError(f"--launch: {read.error}")
     head = Path(words[0]).name
     here = Path(sys.executable).parent
     if head in _PYTHONS or head.startswith("python"):
@@ -118,52 +124,16 @@ def _absolute(word: str, cwd: Path) -> str:
     return f"{flag}={value}" if flag else value
 
 
-def ranks_of(argv: list[str]) -> int | None:
-    """How many processes a launched command starts on this machine: torch's launcher's --nproc_per_node (torchrun,
-    `python -m torch.distributed.run`; 1 unless told), accelerate's --num_processes, else its --config_file's
-    num_processes; 1 for a plain Python script; None where the line does not say (torchrun's `auto`, accelerate's
-    default config), which the launcher then decides."""
+def ranks_of(argv: list[str], environ: Mapping[str, str] | None = None) -> int | None:
+    """How many processes a launched command starts on this machine, as the launch reader reads its line
+    (readers/launch.local_processes: torchrun's --nproc_per_node, 1 unless told; accelerate's --num_processes, else its
+    config's, as accelerate runs it; DeepSpeed's); 1 for a plain Python script; None where the line does not say
+    (torchrun's `auto`, accelerate without a count) or cannot be read, which the launcher then decides. ``environ``:
+    the environment the command runs in (where accelerate finds its default config)."""
     if not argv:
         return None
-    head = Path(argv[0]).name
-    if head == "torchrun":
-        start, names, takes = 1, ("--nproc_per_node", "--nproc-per-node"), _LAUNCHERS["torchrun"]
-    elif head.startswith("python") and argv[1:3] == ["-m", "torch.distributed.run"]:
-        start, names, takes = 3, ("--nproc_per_node", "--nproc-per-node"), _LAUNCHERS["torchrun"]
-    elif head == "accelerate" and argv[1:2] == ["launch"]:
-        start, names, takes = 2, ("--num_processes", "--num-processes"), _LAUNCHERS["accelerate"]
-    elif head.startswith("python"):
-        return 1
-    else:
-        return None
-    # torch's launcher starts one process unless told (its --nproc-per-node defaults to 1).
-    given, config = ("1" if "--nproc_per_node" in names else None), None
-    i = start
-    while i < len(argv) and argv[i].startswith("-"):
-        w = argv[i]
-        name, value = w.split("=", 1) if "=" in w else (w, argv[i + 1] if i + 1 < len(argv) else "")
-        if name in names:
-            given = value
-        elif name == "--config_file":
-            config = value
-        i += 1 if "=" in w or name not in (*names, *takes) else 2
-    if given is None and config is not None:
-        given = _config_processes(config)
-    try:
-        return int(given) if given is not None and int(given) > 0 else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _config_processes(path: str) -> Any:
-    """The num_processes an accelerate config file names, or None."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return config.get("num_processes") if isinstance(config, dict) else None
+    count = launch_reader.local_processes(shlex.join(argv), environ=environ)
+    return count if isinstance(count, int) else None
 
 
 def rank_threads(env: dict[str, str], argv: list[str]) -> dict[str, str]:
@@ -176,7 +146,7 @@ def rank_threads(env: dict[str, str], argv: list[str]) -> dict[str, str]:
 
     if "OMP_NUM_THREADS" in os.environ:
         return env
-    ranks = ranks_of(argv)
+    ranks = ranks_of(argv, env)
     if ranks == 1:
         return env
     env = dict(env)
