@@ -681,8 +681,10 @@ def _model_pins(facts: ModelFacts, env: Environment, options: CheckOptions,
     alone (crashes.model_part's first half: the model_type's minimum, GD108, and the input a text-only batch lacks,
     GD105/GD106) ahead of any of the run's (GD107); a pin after one of the run's (GD109, which GD107's own pin may
     make safe) stays the search's. The model parts are the candidates' own (rules.Shared, the search's options)."""
-    i = rules.RULES.index(crashes.check)
     pins: list[tuple[str, str]] = []
+    if not _may_pin(env):  # the stack says which transformers (installed or named): nothing to pin, nothing judged
+        return env, pins
+    i = rules.RULES.index(crashes.check)
     while len(pins) < MAX_PINS:
         pinned = _pin(env, shared.of(facts, env, options).value(i, facts, env, options)[0])
         if pinned is None:
