@@ -332,7 +332,14 @@ def main(argv: list[str] | None = None) -> int:
 
         points = trainer_points(cache) if args.trainers else example_points(cache) + extended_points(cache, Path(tmp))
         points = points[shard::shards]
-        outcomes = [judge_point(run, p, Path(tmp)) for p in points]
+        outcomes = []
+        for i, p in enumerate(points, 1):
+            outcomes.append(judge_point(run, p, Path(tmp)))
+            if outcomes[-1].kind == "violation":  # as found: a run cut short still says what it found
+                print(f"  found: VIOLATION {p}: {outcomes[-1].detail}", file=sys.stderr, flush=True)
+            if i % 100 == 0 or i == len(points):
+                done = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
+                print(f"  {i}/{len(points)} points: {done}", file=sys.stderr, flush=True)
         if args.dump:
             Path(args.dump).write_text("\n".join(dumped))
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
