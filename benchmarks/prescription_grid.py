@@ -4,7 +4,8 @@ the training config it prints (`snippets.yaml`, the same text `--format yaml` pr
 other than those `gemma-doctor fix` cures in the model files, or when recommend exits 1 with `prescription: null`
 and a non-empty `way_out`.
 
-    python benchmarks/prescription_grid.py [--cache DIR] [--dump FILE]     (builds the example cache when not given)
+    python benchmarks/prescription_grid.py [--cache DIR] [--dump FILE] [--shard I/N]   (builds the example cache when
+                                                                                        not given)
 
 prints the grid's size, how many points got a prescription that passes, how many an honest "none", and every
 violation. tests/test_prescription.py runs the same points (GRID below) through the same function. The grid also
@@ -300,7 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump", help="write every command's exit code and stdout here, in order")
     ap.add_argument("--trainers", action="store_true",
                     help="only the trainer-format points (trainer_points), counted per trainer and task")
+    ap.add_argument("--shard", metavar="I/N", default="0/1",
+                    help="only every N-th point from the I-th (0-based), so N processes run the grid together; their "
+                         "counts add up to the whole grid's")
     args = ap.parse_args(argv)
+    try:
+        shard, shards = (int(x) for x in args.shard.split("/"))
+        if not 0 <= shard < shards:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--shard {args.shard}: I/N with 0 <= I < N")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="gd-grid-") as tmp:
@@ -321,7 +331,15 @@ def main(argv: list[str] | None = None) -> int:
                 return code, out, err
 
         points = trainer_points(cache) if args.trainers else example_points(cache) + extended_points(cache, Path(tmp))
-        outcomes = [judge_point(run, p, Path(tmp)) for p in points]
+        points = points[shard::shards]
+        outcomes = []
+        for i, p in enumerate(points, 1):
+            outcomes.append(judge_point(run, p, Path(tmp)))
+            if outcomes[-1].kind == "violation":  # as found: a run cut short still says what it found
+                print(f"  found: VIOLATION {p}: {outcomes[-1].detail}", file=sys.stderr, flush=True)
+            if i % 100 == 0 or i == len(points):
+                done = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}
+                print(f"  {i}/{len(points)} points: {done}", file=sys.stderr, flush=True)
         if args.dump:
             Path(args.dump).write_text("\n".join(dumped))
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("prescribed", "none", "violation")}

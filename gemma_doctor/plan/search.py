@@ -31,6 +31,7 @@ from gemma_doctor.plan import advice, memory, recommend, runplan
 from gemma_doctor.plan.memory import METHODS, MemoryPlan, ModelShape
 from gemma_doctor.readers import training_config as tc_reader
 from gemma_doctor.readers.gpu import GpuFacts
+from gemma_doctor.rules import crashes
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import PRESCRIBED_TRAINER, Run, Sourced, trainer_of
 from gemma_doctor.run import libraries as run_libraries
@@ -473,7 +474,10 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
     fallback = trainer_fallback(options, env, fmt, req)
     req = _for_trainer(req, fmt, env, options)
     judged = 0
-    pins: list[tuple[str, str]] = []
+    # The pins the model's facts require whatever the run, before any candidate: its first is then judged pinned.
+    env, pins = _model_pins(facts, env, under.options, shared)
+    if pins:
+        under = _Under(env, options)
     strict: list[_Rejected] = []  # candidates that kept every choice the user made, rejected
     nearest: Judged | None = None
     rejected: list[_Rejected] = []
@@ -530,13 +534,14 @@ def prescribe(facts: ModelFacts, env: Environment, options: CheckOptions, gpu: G
         if nearest is None or len(j.blocking) < len(nearest.blocking):
             nearest = j
     if nearest is None:  # nothing fits the GPU at all: judge the smallest run so the way out names everything
+        # on the stack as given, unpinned: no candidate took the model's pins, so each window's cure is a way out
         plan = _smallest(shape, req)
-        nearest = judge(facts, env, options, gpu, shape, plan, req, inputs, shared)
+        nearest, pins = judge(facts, given, options, gpu, shape, plan, req, inputs, shared), []
         judged += 1
         if not nearest.blocking:  # check accepts it after all (a plan the search's own verdicts did not offer)
             return Decision(nearest.recommendation, nearest.memory, nearest.yaml if explain else None, nearest.findings,
                             (), judged, versions=_versions(inputs), pins=tuple(pins),
-                            run=_run_of(nearest.memory, facts, env, nearest.recommendation) if explain else None,
+                            run=_run_of(nearest.memory, facts, given, nearest.recommendation) if explain else None,
                             trainer=fmt, trainer_fallback=fallback)
     # Each way-out line is the prescription of the command with its change, so it is searched from the stack that
     # command gives, not from the one this search pinned: a line found with this search's pin (transformers>=5.5.2
@@ -665,6 +670,28 @@ def _may_pin(env: Environment) -> bool:
     """The stack leaves transformers to the prescription (none named, or only a pin of its own): _pin may add one."""
     current = env.libraries.get("transformers")
     return current.absent or current.source == _PINNED
+
+
+def _model_pins(facts: ModelFacts, env: Environment, options: CheckOptions,
+                shared: rules.Shared) -> tuple[Environment, list[tuple[str, str]]]:
+    """The stack pinned as the model's facts require whatever the run, and those pins, decided before any candidate
+    is judged (without transformers, each candidate of a multimodal Gemma 3 was judged twice: rejected by GD105 and
+    again with its pin). They are the pins the search pinned on its first candidate, in the same order: _pin reads a
+    rejected candidate's pinnable findings in its rules' order, and the pinning rule reports the findings of the model
+    alone (crashes.model_part's first half: the model_type's minimum, GD108, and the input a text-only batch lacks,
+    GD105/GD106) ahead of any of the run's (GD107); a pin after one of the run's (GD109, which GD107's own pin may
+    make safe) stays the search's. The model parts are the candidates' own (rules.Shared, the search's options)."""
+    pins: list[tuple[str, str]] = []
+    if not _may_pin(env):  # the stack says which transformers (installed or named): nothing to pin, nothing judged
+        return env, pins
+    i = rules.RULES.index(crashes.check)
+    while len(pins) < MAX_PINS:
+        pinned = _pin(env, shared.of(facts, env, options).value(i, facts, env, options)[0])
+        if pinned is None:
+            break
+        env, pin = pinned
+        pins.append(pin)
+    return env, pins
 
 
 def _pin(env: Environment, findings: tuple[Finding, ...]) -> tuple[Environment, tuple[str, str]] | None:
