@@ -116,7 +116,7 @@ _CODES = [
     Code("GD420", "lora-no-default-targets", "LoRA on a multimodal Gemma 3/3n/PaliGemma checkpoint without target_modules: PEFT has no default for it", site=Site.RUN),
     Code("GD421", "lora-targets-hit-towers", "LoRA targets (all-linear, bare names) on a multimodal checkpoint also wrap its vision/audio towers", site=Site.RUN),
     Code("GD422", "peft-embed-scale-ignored", "PEFT < 0.18 ignores the scaled embedding when embed_tokens is a LoRA target or has trainable tokens", site=Site.RUN),
-    Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal"),
+    Code("GD423", "bidirectional-ignored", "use_bidirectional_attention (EmbeddingGemma) is not read by transformers < 4.57: the model runs causal", pins=True),
     Code("GD424", "sliding-window-halved", "transformers 4.57-5.15 halve a bidirectional config's sliding_window at every load + save"),
     Code("GD425", "lora-targets-match-nothing", "the training config's LoRA targets match no linear layer of a text-only Gemma: PEFT refuses the model", site=Site.RUN),
     Code("GD440", "peft-targets-clippable-linear", "plain LoRA target names match Gemma 4's tower projections (Gemma4ClippableLinear), which PEFT refuses", site=Site.RUN),

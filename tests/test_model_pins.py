@@ -110,3 +110,24 @@ print(json.dumps({{"calls": calls, "transformers": importlib.util.find_spec("tra
     assert got["transformers"] is False
     assert got["pins"] == [[{"requirement": "transformers>=5.6.0", "resolves": "GD105"}]] * 3
     assert got["calls"] == [">=5.6.0"] * 3
+
+
+def test_embeddinggemma_without_transformers_is_prescribed_with_the_pin_gd423_needs(cli, tmp_path):
+    """GD423 (use_bidirectional_attention unread before transformers 4.57.0) blocked every candidate where the stack
+    names no transformers: "no prescription", the way out `pip install "transformers>=4.57.0"`. A pin the prescription
+    needs is part of it (issue 32): prescribed with transformers>=4.57.0, and check of its YAML under that pin passes."""
+    from tests.test_pitfalls import EMBEDDING_GEMMA
+
+    folder = tmp_path / "google--embeddinggemma-300m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(EMBEDDING_GEMMA))
+    reqs = _requirements(tmp_path)
+    r = cli("recommend", folder, "--requirements", reqs, "--gpu", "A100", "--format", "json")
+    m = r.json()["models"][0]
+    assert r.code == 0 and m["prescription"]["pins"] == [{"requirement": "transformers>=4.57.0", "resolves": "GD423"}]
+    config = tmp_path / "run.yaml"
+    config.write_text(m["snippets"]["yaml"])
+    checked = cli("check", folder, "--training-config", config, "--requirements", reqs, "--with", "transformers>=4.57.0",
+                  "--gpu", "A100", "--fail-on", "warning", "--format", "json")
+    assert checked.code == 0, checked.out[-3000:]
+    assert "GD423" not in {f["code"] for f in checked.json()["models"][0]["findings"]}

@@ -181,7 +181,9 @@ def _bidirectional(model: ModelFacts, env: Environment) -> Iterator[Finding]:
             + ("does not read it" if sev is Severity.ERROR else "may be older than 4.57.0, which does not read it")
             + ": the model runs causal, silently, and its embeddings are wrong",
             file="config.json", key=key, fix=f'pip install "transformers>={BIDIRECTIONAL_IGNORED.first_fixed}"',
-            details={"transformers": tf.to_json()})
+            # the window and its exposure: where the version is unknown, a prescription pins past it (search._pin)
+            details={"transformers": tf.to_json(), "exposure": stack.exposure(BIDIRECTIONAL_IGNORED).value,
+                     "window": BIDIRECTIONAL_IGNORED.spec})
         return
     window = text.get("sliding_window")
     sev = _severity(stack.exposure(SLIDING_WINDOW_HALVED), Severity.WARNING, Severity.INFO)
