@@ -112,3 +112,37 @@ def test_a_rule_finds_the_same_on_runs_equal_in_what_it_declares(world: dict, a:
         spliced = given_reads(rule, one, other)
         assert rules.read(i, *spliced) == rules.read(i, *one), rule.__module__
         assert found(rule, spliced) == found(rule, one), rule.__module__
+
+
+def test_checks_own_run_never_answers_for_the_candidates_config(world: dict, cli, monkeypatch) -> None:
+    """Last round's counterexample, right by construction: Gemma 4 E2B, no GPU. check's own run (full fine-tuning,
+    batch 8, no training config) passes check's rules; the search's first candidate, the same run written as a YAML,
+    is rejected by GD718 (the catalogue's Gemma 4 SDPA batch entry, whose condition has a `training` clause). With
+    every rule's findings for check's own run already judged, the candidate is still rejected by GD718 (the catalogue
+    declares no reads and runs again; every rule that declares its reads declares the training config), and check
+    prescribes the run the search finds without them: batch 1, x8 accumulation."""
+    monkeypatch.setattr(rules, "_JUDGED", {})
+    facts, env, options = _judged(world, {"gpu": None, "task": None, "kind": None, "memory": None, "config": None},
+                                  -1, EXAMPLES.index("google/gemma-4-E2B-it"), ())
+    assert facts.run is not None and facts.run.batch.value == 8
+    own = rules.run(facts, env, options)
+    assert not [f for f in own if f.severity.value == "error"] and "GD718" not in {f.code for f in own}
+    assert all(rules.RULES[i].reads and rules.read(i, facts, env, options) in [k for k, _ in rules._JUDGED[i]]
+               for i in DECLARED)
+    candidates: list[set[str]] = []
+    real = rules.judge
+
+    def judge(i, model, env, options, part=None):
+        found = real(i, model, env, options, part)
+        if env.training_config is not None:
+            candidates.append({f.code for f in found})
+        return found
+
+    monkeypatch.setattr(rules, "judge", judge)
+    args = ("check", "google/gemma-4-E2B-it", "--cache-dir", world["root"] / "hub", "--gpu", "none", "--format", "json")
+    r = cli(*args)
+    assert r.code == 0, r
+    assert any("GD718" in codes for codes in candidates)
+    monkeypatch.setattr(rules, "_JUDGED", {})
+    assert cli(*args).out == r.out  # the same answer with nothing judged before
+    assert '"gradient_accumulation_steps": 8' in r.out or "x8 accumulation" in r.out
