@@ -35,7 +35,8 @@ def _severity(exposure: Exposure, affected: Severity, unknown: Severity) -> Seve
 
 
 @emits("GD420", "GD421", "GD422", "GD423", "GD424", "GD425",
-       reads=("model.family", "model.config.exists", "model.config.error", "model.config.data[text_config][use_bidirectional_attention]",
+       reads=("model.family", "model.config.exists", "model.config.error",
+              "model.config.data[text_config][use_bidirectional_attention]",
               "model.config.data[use_bidirectional_attention]", *RUN, "model.run.shape", *LIBRARIES,
               "env.training_config"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:

@@ -45,8 +45,9 @@ def _has_towers(model: ModelFacts) -> bool:
 
 
 @emits("GD130", "GD131", "GD132", "GD133", "GD440", "GD441", "GD442", "GD443",
-       reads=("model.family", "model.census", "model.config.exists", "model.config.error", "model.config.data[vision_config]",
-              "model.config.data[audio_config]", *RUN, *LIBRARIES, "env.gpu", "env.training_config"))
+       reads=("model.family", "model.census", "model.config.exists", "model.config.error",
+              "model.config.data[vision_config]", "model.config.data[audio_config]", *RUN, *LIBRARIES, "env.gpu",
+              "env.training_config"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings for the training config against the member's data (attention limits, towers) and traits."""
     tc = env.training_config
