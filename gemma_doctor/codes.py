@@ -287,7 +287,8 @@ CODES: dict[str, Code] = {c.code: c for c in _CODES}
 
 
 def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: bool = False,
-          model_only: bool = False, model_part: Callable[..., object] | None = None) -> Callable[[F], F]:
+          model_only: bool = False, model_part: Callable[..., object] | None = None,
+          reads: tuple[str, ...] | None = None) -> Callable[[F], F]:
     """Declare, on a rule, the codes its findings have (``more``: those it reads from data, asked for only when wanted)
     and whether it is one of the costly rules (the search tries a candidate with the cheap ones first). What a rule
     emits is then data the search reads (which rules can give a finding a pin resolves), never a list of rule names;
@@ -298,7 +299,15 @@ def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: 
     memory options (--method, --batch-size ...). ``model_part``: a rule that reads both, judged in two parts:
     ``model_part(model, env, options)`` reads what a model-only rule reads, and the rule is handed its value as
     ``part=``. Either is judged once per model and stack and shared by check and every candidate of its search
-    (rules.Shared); tests/test_rules_model_part.py holds each declaration over random runs."""
+    (rules.Shared); tests/test_rules_model_part.py holds each declaration over random runs.
+
+    ``reads``: for a rule that reads the run, every field it reads, as paths of dataclass fields from its arguments
+    (``"model.family"``, ``"model.run.written"``, ``"env.training_config"``, ``"options.task"``), a mapping's keys in
+    brackets (``"model.config.data[text_config][pad_token_id]"``): two judgements
+    equal on those fields have the same findings, so a judgement takes them from an earlier one of equal fields
+    (rules.judge) instead of running the rule again. A path that meets None or a missing key stops there.
+    tests/test_rules_reads.py holds each declaration over random runs: a run given another run's values at exactly
+    those paths finds what that run finds."""
 
     def declare(rule: F) -> F:
         def declared() -> frozenset[str]:
@@ -308,9 +317,25 @@ def emits(*codes: str, more: Callable[[], Iterable[str]] | None = None, costly: 
         rule.costly = costly  # type: ignore[attr-defined]
         rule.model_only = model_only  # type: ignore[attr-defined]
         rule.model_part = model_part  # type: ignore[attr-defined]
+        rule.reads = None if reads is None else tuple(_path(p) for p in reads)  # type: ignore[attr-defined]
         return rule
 
     return declare
+
+
+_ROOTS = ("model", "env", "options")
+
+
+def _path(text: str) -> tuple[int, str, tuple[str, ...]]:
+    """A declared read, ``"model.run.written"`` or ``"model.config.data[text_config][pad_token_id]"``: the index of its
+    root among the rule's three arguments, the dataclass fields below it (dotted) and the mapping keys below those."""
+    attrs, _, rest = text.partition("[")
+    names = attrs.split(".")
+    keys = tuple(rest[:-1].split("][")) if rest else ()
+    if names[0] not in _ROOTS or len(names) < 2 or not all(n.isidentifier() for n in names) \
+            or rest and not rest.endswith("]") or not all(keys):
+        raise ValueError(f"a rule reads a field of {', '.join(_ROOTS)} (and keys below it): {text!r}")
+    return _ROOTS.index(names[0]), ".".join(names[1:]), keys
 
 
 def codes_of(rule: Callable[..., object]) -> frozenset[str]:

@@ -181,3 +181,30 @@ def test_a_copy_of_settings_answers_its_own_sources() -> None:
         assert t.source("batch_size") == "default" and t.source("method") == "chosen by the search"
         assert t == Settings(sources=(("method", "chosen by the search"),)) and hash(t) == hash(copy(t))
     assert s.source("batch_size") == "option"
+
+
+def test_a_rule_is_judged_once_for_fields_it_reads_equal(cli, unalike, monkeypatch) -> None:
+    """A rule that declares what it reads of the run (codes.emits ``reads``) is judged once for each value of those
+    fields: these models differ in their layers, so in their runs' memory figures, but not in the settings, the
+    training config, the stack or the GPU those rules read, so each is run twice for the scan (check's own run without
+    a training config, the search's candidate with one), where main ran it twice a model (8 for 4 models)."""
+    import functools
+
+    from gemma_doctor import rules
+
+    monkeypatch.setattr(rules, "_JUDGED", {}, raising=False)  # as a fresh process starts
+    counted: dict[str, int] = {}
+
+    def spy(rule):
+        @functools.wraps(rule)  # the declarations too (codes.emits sets them on the function)
+        def counted_rule(*args, **kwargs):
+            counted[rule.__module__] = counted.get(rule.__module__, 0) + 1
+            return rule(*args, **kwargs)
+        return counted_rule
+
+    declared = ("training", "members", "precision", "loading")
+    monkeypatch.setattr(rules, "RULES", tuple(spy(r) if r.__module__.rsplit(".", 1)[-1] in declared else r
+                                              for r in rules.RULES))
+    r = cli("check", "--cache-dir", unalike, "--gpu", "none", "--fail-on", "never")
+    assert r.code == 0, r
+    assert counted == {f"gemma_doctor.rules.{name}": 2 for name in declared}

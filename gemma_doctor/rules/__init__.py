@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from gemma_doctor import frozen
@@ -55,7 +58,94 @@ def judge(i: int, model: ModelFacts, env: Environment, options: CheckOptions,
             return part.value(i, model, env, options)
         if getattr(rule, "model_part", None) is not None:
             return tuple(rule(model, env, options, part=part.value(i, model, env, options)))  # type: ignore[call-arg]
-    return tuple(rule(model, env, options))
+    if getattr(rule, "reads", None) is None:
+        return tuple(rule(model, env, options))
+    key = read(i, model, env, options)
+    judged = _JUDGED.setdefault(i, [])
+    for k, found in judged:
+        if k == key:
+            return found
+    found = tuple(rule(model, env, options))
+    judged.insert(0, (key, found))
+    del judged[_KEPT:]
+    return found
+
+
+class _Stopped:
+    """A declared read that ended before its last name: ``at`` the field or key it did not read, ``found`` what was
+    there instead of a dataclass or a mapping (None, a list...) or _ABSENT where the mapping lacks the key."""
+
+    __slots__ = ("at", "found")
+
+    def __init__(self, at: str, found: object) -> None:
+        self.at, self.found = at, found
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stopped) and other.at == self.at and other.found == self.found
+
+    def __hash__(self) -> int:
+        return hash(self.at)
+
+
+_ABSENT = object()
+
+
+def read(i: int, model: ModelFacts, env: Environment, options: CheckOptions) -> tuple:
+    """The values of the fields ``RULES[i]`` declared it reads (codes.emits ``reads``) in these arguments, root by root:
+    each root's fields by one attrgetter (field by field where None is on the way), then the mapping keys below a
+    field (config.json's ``data``)."""
+    roots = (model, env, options)
+    out: list[Any] = []
+    for root, get, paths in _readers(i)[0]:
+        obj = roots[root]
+        try:
+            got = get(obj)
+        except AttributeError:  # None on the way: read field by field, stopping there
+            got = tuple(_fields(obj, p) for p in paths)
+        out.extend(got if len(paths) > 1 else (got,))
+    for at, keys in _readers(i)[1]:
+        value = out[at]
+        for key in keys:
+            if type(value) is not dict and not isinstance(value, Mapping) or key not in value:
+                value = _Stopped(key, _ABSENT if isinstance(value, Mapping) else value)
+                break
+            value = value[key]
+        out[at] = value
+    return tuple(out)
+
+
+def _fields(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        if obj is None:
+            return _Stopped(name, None)
+        obj = getattr(obj, name)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _readers(i: int) -> tuple[tuple[tuple[int, Callable[[Any], Any], tuple[str, ...]], ...],
+                              tuple[tuple[int, tuple[str, ...]], ...]]:
+    """How ``RULES[i]``'s declared reads are read: per root (its index, one attrgetter of its fields, the fields), and
+    where mapping keys follow a field (its place in the values, the keys). Made from the declaration once."""
+    reads = RULES[i].reads  # type: ignore[attr-defined]
+    order = sorted(range(len(reads)), key=lambda n: reads[n][0])
+    groups: dict[int, list[int]] = {}
+    for n in order:
+        groups.setdefault(reads[n][0], []).append(n)
+    getters = tuple((root, operator.attrgetter(*(reads[n][1] for n in ns)), tuple(reads[n][1] for n in ns))
+                    for root, ns in groups.items())
+    placed = [n for ns in groups.values() for n in ns]  # the value of declaration n is at placed.index(n)
+    keyed = tuple((placed.index(n), reads[n][2]) for n in range(len(reads)) if reads[n][2])
+    return getters, keyed
+
+
+# The findings of each rule that declares what it reads (codes.emits ``reads``), by the rule's index in RULES: the last
+# _KEPT keys (the values of its declared fields) and the findings judged for them, newest first. Process-wide, as the
+# search's plans (search._PLANS): a judgement of equal fields has equal findings, whichever model, candidate or command
+# asked first (tests/test_rules_reads.py holds each declaration), so a scan's unalike models, whose candidates differ
+# in their layers and memory figures but not in the fields most rules read, judge such a rule once.
+_JUDGED: dict[int, list[tuple[tuple, tuple[Finding, ...]]]] = {}
+_KEPT = 8
 
 
 class ModelPart:

@@ -13,6 +13,13 @@ from gemma_doctor.trainers import Trainer
 from gemma_doctor.traits import text_config, text_key  # noqa: F401 (the rules' names for them)
 from gemma_doctor.versioning import PEFT_WEIGHT_TYING
 
+# What the rules that read the run declare they read of it (codes.emits ``reads``): every field of the Run but its
+# memory plan's figures, what it counted of the model and its stack's sources (which differ between models of one scan
+# whose settings are the same), and the libraries that will run (Environment.libraries: the stack, else installed).
+RUN = ("model.run.trainer", "model.run.settings", "model.run.distributed", "model.run.written",
+       "model.run.quantization")
+LIBRARIES = ("env.stack", "env.versions")
+
 # Backends that keep packed sequences apart by themselves (varlen kernels, or flex's document mask).
 PACKING_SAFE = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
 

@@ -11,7 +11,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.readers.training_config import truthy
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import LoraWritten, target_regex
-from gemma_doctor.rules.common import text_config, text_key, train_tied_embedding, written_of
+from gemma_doctor.rules.common import LIBRARIES, RUN, text_config, text_key, train_tied_embedding, written_of
 from gemma_doctor.rules.training import setting_finding
 from gemma_doctor.stack import Exposure, Window
 from gemma_doctor.versioning import BIDIRECTIONAL_IGNORED, PEFT_EMBED_SCALE, SLIDING_WINDOW_HALVED
@@ -34,7 +34,11 @@ def _severity(exposure: Exposure, affected: Severity, unknown: Severity) -> Seve
     return {Exposure.AFFECTED: affected, Exposure.UNKNOWN: unknown}.get(exposure)
 
 
-@emits("GD420", "GD421", "GD422", "GD423", "GD424", "GD425")
+@emits("GD420", "GD421", "GD422", "GD423", "GD424", "GD425",
+       reads=("model.family", "model.config.exists", "model.config.error",
+              "model.config.data[text_config][use_bidirectional_attention]",
+              "model.config.data[use_bidirectional_attention]", *RUN, "model.run.shape", *LIBRARIES,
+              "env.training_config"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """GD420-GD425 for a Gemma model: from config.json, the training config and the libraries that will run."""
     if not model.family.is_gemma or not model.config.ok:

@@ -11,7 +11,7 @@ from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.family import LANGUAGE_MODEL_REGEX
 from gemma_doctor.readers.training_config import TrainingConfig
 from gemma_doctor.readers.training_config import truthy
-from gemma_doctor.rules.common import checkpoints, run_distributed, written_of
+from gemma_doctor.rules.common import LIBRARIES, RUN, checkpoints, run_distributed, written_of
 from gemma_doctor.report import Finding, Severity
 from gemma_doctor.run import FROM_CONFIG, GPUS_VISIBLE, Engine, LoraWritten, Written, target_regex
 from gemma_doctor.stack import Exposure
@@ -44,7 +44,10 @@ def _has_towers(model: ModelFacts) -> bool:
     return any(isinstance(data.get(k), dict) for k in ("vision_config", "audio_config"))
 
 
-@emits("GD130", "GD131", "GD132", "GD133", "GD440", "GD441", "GD442", "GD443")
+@emits("GD130", "GD131", "GD132", "GD133", "GD440", "GD441", "GD442", "GD443",
+       reads=("model.family", "model.census", "model.config.exists", "model.config.error",
+              "model.config.data[vision_config]", "model.config.data[audio_config]", *RUN, *LIBRARIES, "env.gpu",
+              "env.training_config"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings for the training config against the member's data (attention limits, towers) and traits."""
     tc = env.training_config

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 from gemma_doctor.codes import emits
 from gemma_doctor.facts import CheckOptions, Environment, ModelFacts
 from gemma_doctor.report import MODEL, Finding, Severity
-from gemma_doctor.rules.common import written_of
+from gemma_doctor.rules.common import LIBRARIES, RUN, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure, Window
 
@@ -70,7 +70,9 @@ def _unsloth_fp32_note(model: ModelFacts, env: Environment) -> str | None:
             f"(GD714){'' if exposure is Exposure.AFFECTED else ', if the unsloth-zoo that runs is older'}")
 
 
-@emits("GD301", "GD302", "GD303", "GD304")
+@emits("GD301", "GD302", "GD303", "GD304",
+       reads=("model.family", "model.census", *RUN, *LIBRARIES, "env.gpu", "env.training_config", "options.gpu",
+              "options.task", "options.training_config"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Findings about the GPU the run will use, for a Gemma model."""
     gpu = env.gpu

@@ -12,7 +12,7 @@ from gemma_doctor.readers import gpu as gpu_reader
 from gemma_doctor.readers.gpu import GpuFacts
 from gemma_doctor.readers.training_config import axolotl_on_mps, truthy
 from gemma_doctor.report import Finding, Severity
-from gemma_doctor.rules.common import checkpoints, run_trainer, written_of
+from gemma_doctor.rules.common import LIBRARIES, RUN, checkpoints, run_trainer, written_of
 from gemma_doctor.rules.dtypes import embedding_note
 from gemma_doctor.stack import Exposure
 from gemma_doctor.trainers import Trainer
@@ -159,7 +159,9 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
 
 
 @emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD611", "GD612",
-       "GD680", "GD681", "GD986")
+       "GD680", "GD681", "GD986",
+       reads=("model.family", "model.census", *RUN, *LIBRARIES, "env.gpu", "env.training_config", "options.gpu",
+              "options.task", "options.launch"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
     """Lint the --training-config file (read once by the env probe) against this model and the GPU."""
     tc = env.training_config
