@@ -319,3 +319,15 @@ def test_recommend_never_prescribes_a_grpo_batch_trl_refuses(cli, tmp_path, fixe
     p = rec["prescription"]
     n = int(fixed[fixed.index("--num-gpus") + 1]) if "--num-gpus" in fixed else 1
     assert p["batch_size"] * p["gradient_accumulation_steps"] * n % 8 == 0
+
+
+def test_a_config_naming_no_task_is_read_as_the_grpo_run_task_grpo_says(cli, tmp_path):
+    """`check --task grpo` of a GRPOConfig YAML writing none of GRPO_ONLY_KEYS (use_vllm, max_completion_length,
+    vllm_enable_sleep_mode, beta): every key was dropped and TRL's defaults planned (generate() in the process, 512)."""
+    model = _check(cli, tmp_path, "bf16: true\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n"
+                                  "use_peft: true\ndtype: bfloat16\nmax_completion_length: 1024\nuse_vllm: true\n"
+                                  "vllm_enable_sleep_mode: true\nbeta: 0.04\n", "--task", "grpo")
+    gen = model["memory"]["run"]["generation"]
+    assert (gen["max_completion_length"], gen["engine"], gen["vllm_enable_sleep_mode"], gen["beta"]) == \
+        (1024, "vllm-colocate", True, 0.04)
+    assert "vllm_engine" in model["memory"]["components"] or any("vLLM" in a for a in model["memory"]["assumptions"])

@@ -657,7 +657,10 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
     """What a GRPO run generates, as its GRPOConfig writes it (TRL 1.16's defaults for what it does not, except the
     completion the trainer's TRL defaults to: ``completion_default``, trainer_defaults'), and the source: the keys the
     config writes, else the defaults."""
-    s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) == "grpo" else {}
+    # A config that names no task of its own is the GRPO run `--task grpo` says it is: its GRPOConfig keys count (a
+    # GRPOConfig YAML need write none of GRPO_ONLY_KEYS; its use_vllm and max_completion_length were dropped before).
+    s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) in ("grpo", None) \
+        else {}
     said: list[str] = []
 
     def value(name: str) -> Any:
