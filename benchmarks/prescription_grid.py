@@ -278,6 +278,50 @@ def extended_points(cache: Path, workdir: Path | None = None) -> list[Point]:
     return points
 
 
+# The GRPO dimension (issue 32, the generation moment): every example on these GPUs ("none": no GPU named), with and
+# without transformers, the search's own batch and fixed ones (a generation batch TRL refuses: GD664), a long sequence,
+# and 2 or 4 GPUs.
+GRPO_GPUS = ("T4", "L4", "A10G", "A100", "A100-80GB", "H100", "none")
+GRPO_EXTRAS = ((), ("--batch-size", "1"), ("--batch-size", "3"), ("--batch-size", "4", "--seq-len", "2048"),
+               ("--num-gpus", "2"), ("--num-gpus", "4"), ("--batch-size", "1", "--num-gpus", "2"))
+
+
+def grpo_points(cache: Path) -> list[Point]:
+    """`--task grpo` over GRPO_GPUS x GRPO_EXTRAS x (5.23.0, no transformers) for each example."""
+    where = ("--cache-dir", str(cache))
+    return [Point((m, *where), (m, *where), g, v, "grpo", extra)
+            for m in EXAMPLES for g in GRPO_GPUS for v in ("5.23.0", NO_TRANSFORMERS) for extra in GRPO_EXTRAS]
+
+
+def judge_grpo_point(run: Runner, point: Point, workdir: Path) -> Outcome:
+    """judge_point, and for a prescription: its generation batch is one TRL 1.16's GRPOConfig accepts (a multiple of
+    num_generations 8), check of its YAML plans the same peak and generation, and the text view's memory line is the
+    JSON's summary."""
+    outcome = judge_point(run, point, workdir)
+    if outcome.kind != "prescribed":
+        return outcome
+    stack = _stack(point, workdir)
+    code, out, _ = run("recommend", *point.target, *stack, "--task", "grpo", "--format", "json", *point.extra)
+    model = json.loads(out)["models"][0]
+    p = model["prescription"]
+    n = int(point.extra[point.extra.index("--num-gpus") + 1]) if "--num-gpus" in point.extra else 1
+    if p["batch_size"] * p["gradient_accumulation_steps"] * n % 8:
+        return Outcome(point, "violation", f"generation batch {p['batch_size']} x {p['gradient_accumulation_steps']} x "
+                                           f"{n} is no multiple of num_generations 8 (GRPOConfig's ValueError)")
+    path = workdir / "prescription.yaml"
+    pins = tuple(a for pin in p.get("pins", ()) for a in ("--with", pin["requirement"]))
+    code, out, _ = run("check", *point.check_target, *stack, *pins, "--task", "grpo", "--training-config", str(path),
+                       "--format", "json", "--fail-on", "never")
+    checked = json.loads(out)["models"][0]["memory"]
+    if checked["peak"] != model["memory"]["peak"] or checked["run"]["generation"] != model["memory"]["run"]["generation"]:
+        return Outcome(point, "violation", f"check's peak/generation {checked['peak']} {checked['run']['generation']} "
+                                           f"vs recommend's {model['memory']['peak']} {model['memory']['run']['generation']}")
+    code, text, _ = run("recommend", *point.target, *stack, "--task", "grpo", *point.extra)
+    if f"memory {model['memory']['summary']}" not in text:
+        return Outcome(point, "violation", f"the text's memory line differs from the JSON's {model['memory']['summary']}")
+    return outcome
+
+
 def in_process(argv_prefix: tuple[str, ...] = ()) -> Runner:
     """Run the CLI in this process: (exit code, stdout, stderr)."""
     from gemma_doctor.cli import main
@@ -304,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", metavar="I/N", default="0/1",
                     help="only every N-th point from the I-th (0-based), so N processes run the grid together; their "
                          "counts add up to the whole grid's")
+    ap.add_argument("--grpo", action="store_true", help="only the GRPO points (grpo_points)")
     args = ap.parse_args(argv)
     try:
         shard, shards = (int(x) for x in args.shard.split("/"))
@@ -330,11 +375,15 @@ def main(argv: list[str] | None = None) -> int:
                 dumped.append(f"{code}\n{out}".replace(tmp, "<tmp>"))
                 return code, out, err
 
-        points = trainer_points(cache) if args.trainers else example_points(cache) + extended_points(cache, Path(tmp))
+        if args.grpo:
+            points, judge = grpo_points(cache), judge_grpo_point
+        else:
+            points = trainer_points(cache) if args.trainers else example_points(cache) + extended_points(cache, Path(tmp))
+            judge = judge_point
         points = points[shard::shards]
         outcomes = []
         for i, p in enumerate(points, 1):
-            outcomes.append(judge_point(run, p, Path(tmp)))
+            outcomes.append(judge(run, p, Path(tmp)))
             if outcomes[-1].kind == "violation":  # as found: a run cut short still says what it found
                 print(f"  found: VIOLATION {p}: {outcomes[-1].detail}", file=sys.stderr, flush=True)
             if i % 100 == 0 or i == len(points):

@@ -217,6 +217,7 @@ _CODES = [
     Code("GD661", "zero3-gemma4-clip-buffers", "DeepSpeed ZeRO-3 on a Gemma 4 with towers on transformers 5.5.x: the clip buffers are not loaded", site=Site.RUN),
     Code("GD662", "fsdp2-tied-embeddings", "FSDP2 on a tied-embedding Gemma with accelerate 1.14.0 and torch >= 2.13: the shared parameter is refused", site=Site.RUN),
     Code("GD663", "deepspeed-batch-mismatch", "the DeepSpeed JSON writes a micro batch, accumulation or global batch that differs from TrainingArguments': the Trainer stops at start-up", site=Site.RUN),
+    Code("GD664", "grpo-generation-batch-indivisible", "a GRPO run's generation batch is not a multiple of num_generations (or of the global batch): TRL's GRPOConfig stops at start-up", site=Site.RUN),
     Code("GD682", "fsdp-wrap-class-unknown", "the FSDP wrap class list names a class this model does not have (another Gemma's layer, a typo): accelerate stops", site=Site.RUN),
     # GD8xx: memory (the plan of gemma_doctor/memory.py against the GPU's memory)
     Code("GD801", "run-does-not-fit", "the training run as configured needs more memory than the GPU has", site=Site.RUN, memory=True),

@@ -97,6 +97,7 @@ class Generation:
     share: float = 0.3  # vllm_gpu_memory_utilization: the GPU memory a colocated vLLM engine takes (default 0.3)
     sleep: bool = False  # vllm_enable_sleep_mode: the colocated engine releases its memory outside generation
     beta: float = 0.0  # the KL coefficient: above 0 a full fine-tuning loads a frozen reference model (default 0.0)
+    groups: int = 8  # num_generations: the completions of one prompt (GRPOConfig's default 8)
 
     def rows(self, batch_size: int, accumulation: int, processes: int) -> int:
         """The sequences one generate() call of one process holds."""
@@ -104,12 +105,30 @@ class Generation:
             return max(1, self.batch // max(1, processes))
         return max(1, batch_size * (self.steps if self.steps is not None else max(1, accumulation)))
 
+    def indivisible(self, batch_size: int, accumulation: int, processes: int) -> str | None:
+        """Why TRL 1.16's GRPOConfig.__post_init__ refuses this generation batch (a ValueError before the first step),
+        or None: generation_batch_size must be a multiple of the global batch (per-device batch x processes) and of
+        num_generations (every prompt's group whole)."""
+        world = max(1, batch_size) * max(1, processes)
+        if self.batch is not None and self.steps is not None:
+            return "generation_batch_size and steps_per_generation can not be both configured at the same time"
+        if self.batch is not None and self.batch % world:
+            return f"generation_batch_size ({self.batch}) must be divisible by the global batch size ({world})"
+        total = self.batch if self.batch is not None else world * (self.steps if self.steps is not None
+                                                                     else max(1, accumulation))
+        if total % self.groups:
+            return f"generation_batch_size ({total}) must be divisible by num_generations ({self.groups})"
+        if self.groups < 2:
+            return f"GRPO requires at least 2 generations per prompt (num_generations {self.groups})"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         """The `run.generation` block of a memory plan."""
         return {"max_completion_length": self.completion, "steps_per_generation": self.steps,
                 "generation_batch_size": self.batch, "engine": self.engine,
                 "vllm_gpu_memory_utilization": self.share if self.engine == "vllm-colocate" else None,
-                "vllm_enable_sleep_mode": self.sleep if self.engine == "vllm-colocate" else None, "beta": self.beta}
+                "vllm_enable_sleep_mode": self.sleep if self.engine == "vllm-colocate" else None, "beta": self.beta,
+                "num_generations": self.groups}
 
 
 @dataclass(frozen=True)

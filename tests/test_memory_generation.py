@@ -265,3 +265,69 @@ def test_a_grpo_prescription_states_its_completion_and_check_of_it_plans_the_sam
     memory_of = checked.json()["models"][0]["memory"]
     assert memory_of["summary"] == rec["memory"]["summary"] and memory_of["peak"] == rec["memory"]["peak"]
     assert memory_of["run"]["generation"] == gen
+
+
+# Generation batches TRL 1.16's GRPOConfig accepts or refuses (per-device batch, accumulation, steps_per_generation,
+# generation_batch_size, num_generations), one process: its __post_init__ is the judge.
+_BATCHES = [(1, 1, None, None, 8), (3, 1, None, None, 8), (2, 4, None, None, 8), (1, 8, None, None, 8),
+            (1, 1, None, None, 2), (2, 1, None, None, 2), (4, 1, 3, None, 4), (4, 1, 2, None, 4),
+            (4, 1, None, 12, 4), (4, 1, None, 6, 2), (4, 1, None, 16, 8), (3, 2, None, None, 1), (2, 1, 2, 4, 2)]
+
+
+@pytest.mark.parametrize("batch,accumulation,steps,total,groups", _BATCHES)
+def test_a_generation_batch_is_refused_exactly_where_grpoconfig_refuses_it(batch, accumulation, steps, total, groups,
+                                                                            tmp_path):
+    """Generation.indivisible against GRPOConfig's own ValueError: `recommend --task grpo --batch-size 1` prescribed
+    batch 1 x 1 accumulation, a generation batch of 1 that TRL refuses (num_generations 8)."""
+    from trl import GRPOConfig
+
+    kwargs = dict(per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, num_generations=groups)
+    kwargs.update({k: v for k, v in (("steps_per_generation", steps), ("generation_batch_size", total)) if v})
+    try:
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], **kwargs)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    why = Generation(steps=steps, batch=total, groups=groups).indivisible(batch, accumulation, 1)
+    assert (why is None) == (refused is None), (why, refused)
+
+
+def test_check_of_a_grpo_config_trl_refuses_is_gd664(cli, tmp_path):
+    config = GRPO_YAML.replace("per_device_train_batch_size: 4\ngradient_accumulation_steps: 4\n",
+                               "per_device_train_batch_size: 3\ngradient_accumulation_steps: 1\n")
+    flagged = [f for f in _check(cli, tmp_path, config)["findings"] if f["code"] == "GD664"]
+    assert [f["severity"] for f in flagged] == ["error"] and "(3) must be divisible by num_generations (8)" in \
+        flagged[0]["message"]
+    assert not [f for f in _check(cli, tmp_path, GRPO_YAML)["findings"] if f["code"] == "GD664"]
+
+
+@pytest.mark.parametrize("fixed", [("--batch-size", "1"), ("--batch-size", "3"), ("--batch-size", "5", "--num-gpus", "2")])
+def test_recommend_never_prescribes_a_grpo_batch_trl_refuses(cli, tmp_path, fixed):
+    """Gemma 3 4B on an H100: a fixed batch whose generation batch is no multiple of num_generations was prescribed
+    (batch 1, no accumulation: GRPOConfig's ValueError at start-up)."""
+    from trl import GRPOConfig
+
+    got = cli("recommend", "--family", "gemma3", "--size", "4b", "--gpu", "H100", "--task", "grpo", "--format", "json",
+              *fixed)
+    rec = got.json()["models"][0]
+    if rec["prescription"] is None:
+        assert got.code == 1 and rec["way_out"]
+        return
+    config = rec["recommendation"]["frameworks"]["trl"]["config"]
+    if "--num-gpus" not in fixed:  # GRPOConfig's world size is this process's
+        GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, **{k: v for k, v in config.items() if k != "tf32"})
+    p = rec["prescription"]
+    n = int(fixed[fixed.index("--num-gpus") + 1]) if "--num-gpus" in fixed else 1
+    assert p["batch_size"] * p["gradient_accumulation_steps"] * n % 8 == 0
+
+
+def test_a_config_naming_no_task_is_read_as_the_grpo_run_task_grpo_says(cli, tmp_path):
+    """`check --task grpo` of a GRPOConfig YAML writing none of GRPO_ONLY_KEYS (use_vllm, max_completion_length,
+    vllm_enable_sleep_mode, beta): every key was dropped and TRL's defaults planned (generate() in the process, 512)."""
+    model = _check(cli, tmp_path, "bf16: true\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n"
+                                  "use_peft: true\ndtype: bfloat16\nmax_completion_length: 1024\nuse_vllm: true\n"
+                                  "vllm_enable_sleep_mode: true\nbeta: 0.04\n", "--task", "grpo")
+    gen = model["memory"]["run"]["generation"]
+    assert (gen["max_completion_length"], gen["engine"], gen["vllm_enable_sleep_mode"], gen["beta"]) == \
+        (1024, "vllm-colocate", True, 0.04)
+    assert "vllm_engine" in model["memory"]["components"] or any("vLLM" in a for a in model["memory"]["assumptions"])

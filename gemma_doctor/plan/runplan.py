@@ -657,7 +657,10 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
     """What a GRPO run generates, as its GRPOConfig writes it (TRL 1.16's defaults for what it does not, except the
     completion the trainer's TRL defaults to: ``completion_default``, trainer_defaults'), and the source: the keys the
     config writes, else the defaults."""
-    s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) == "grpo" else {}
+    # A config that names no task of its own is the GRPO run `--task grpo` says it is: its GRPOConfig keys count (a
+    # GRPOConfig YAML need write none of GRPO_ONLY_KEYS; its use_vllm and max_completion_length were dropped before).
+    s = tc.settings if tc is not None and getattr(tc, "ok", False) and getattr(tc, "task", None) in ("grpo", None) \
+        else {}
     said: list[str] = []
 
     def value(name: str) -> Any:
@@ -670,6 +673,7 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
     completion = positive_int(value("max_completion_length"))
     steps = positive_int(value("steps_per_generation"))
     batch = positive_int(value("generation_batch_size"))
+    groups = positive_int(value("num_generations"))
     use_vllm = value("use_vllm")
     mode = value("vllm_mode")
     share = value("vllm_gpu_memory_utilization")
@@ -690,7 +694,7 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
         trainer_default = f"{completion_source}; "
     made = Generation(completion=completion or 512, steps=steps, batch=batch, engine=engine,
                       share=min(1.0, number(share, 0.3)), sleep=sleep is not None and truthy(sleep),
-                      beta=number(beta, 0.0))
+                      beta=number(beta, 0.0), groups=groups or 8)
     rest = f"{trainer_default}{GRPO_DEFAULTS} for the rest" if said else f"{trainer_default}{GRPO_DEFAULTS}"
     source = FROM_CONFIG + ", ".join(said) + f" ({rest})" if said else rest
     return made, source

@@ -137,6 +137,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "max_completion_length": ("max_completion_length", "trl.max_completion_length"),
     "max_prompt_length": ("max_prompt_length",),  # TRL <= 0.24's GRPOConfig
     "steps_per_generation": ("steps_per_generation",),
+    "num_generations": ("num_generations", "trl.num_generations"),
     "generation_batch_size": ("generation_batch_size", "trl.generation_batch_size"),
     "use_vllm": ("use_vllm", "trl.use_vllm"),
     "vllm_mode": ("vllm_mode", "trl.vllm_mode"),
@@ -254,7 +255,8 @@ RUN_BOUNDS: dict[str, int] = {"batch_size": 1 << 20, "gradient_accumulation_step
                               "num_processes": 1 << 20, "num_machines": 1 << 20, "lora_r": 1 << 20,
                               # a GRPO step's generation (run.Generation): rows and tokens as the batch and sequence
                               "max_completion_length": 1 << 27, "max_prompt_length": 1 << 27,
-                              "steps_per_generation": 1 << 20, "generation_batch_size": 1 << 40}
+                              "steps_per_generation": 1 << 20, "num_generations": 1 << 20,
+                              "generation_batch_size": 1 << 40}
 
 
 def _beyond_any_run(name: str, value: Any) -> str | None:

@@ -159,7 +159,7 @@ def _key_problems(tc: Any) -> Iterator[Finding]:
 
 
 @emits("GD601", "GD602", "GD603", "GD604", "GD605", "GD606", "GD607", "GD608", "GD609", "GD610", "GD611", "GD612",
-       "GD680", "GD681", "GD986",
+       "GD664", "GD680", "GD681", "GD986",
        reads=("model.family", "model.census", *RUN, *LIBRARIES, "env.gpu", "env.training_config", "options.gpu",
               "options.task", "options.launch"))
 def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterator[Finding]:
@@ -266,6 +266,7 @@ def check(model: ModelFacts, env: Environment, options: CheckOptions) -> Iterato
     yield from _dpo(model, options, tc, fp16_key, name)
     yield from _qlora(tc, gpu, fp16_unsafe, name, four_bit)
     yield from _peft_off(model, env, tc, name)
+    yield from _grpo_batch(model, tc)
 
 
 def _use_cache(model: ModelFacts, env: Environment, tc: Any, mixed: str | None) -> Iterator[Finding]:
@@ -377,6 +378,30 @@ def _qlora(tc: Any, gpu: GpuView, fp16_unsafe: bool, name: str | None, four_bit:
         yield _finding("GD608", Severity.ERROR,
                        f"4-bit QLoRA compute dtype is float16 on {name}: activations exceed fp16's range (inf/NaN)",
                        "use bnb_4bit_compute_dtype bfloat16 where bf16 is native, float32 otherwise", tc, key)
+
+
+def _grpo_batch(model: ModelFacts, tc: Any) -> Iterator[Finding]:
+    """GD664: a GRPO run whose generation batch TRL 1.16's GRPOConfig.__post_init__ refuses with a ValueError
+    (run.Generation.indivisible): by default per-device batch x processes x gradient accumulation, which must hold
+    whole groups of num_generations (8) completions. Reproduced with TRL 1.16.0's own GRPOConfig
+    (tests/test_memory_generation.py)."""
+    run = model.run
+    gen = run.settings.generation if run is not None else None
+    if gen is None:
+        return
+    s = run.settings
+    why = gen.indivisible(s.batch_size, s.gradient_accumulation_steps, max(1, s.num_gpus))
+    if why is None:
+        return
+    key = next((k for k in ("generation_batch_size", "steps_per_generation", "num_generations") if k in tc.settings),
+               None)
+    yield setting_finding(
+        "GD664", Severity.ERROR,
+        f"GRPO's generation batch: {why}: TRL's GRPOConfig stops with this ValueError before the first step (every "
+        "prompt's group of num_generations completions must be whole in one generation batch)",
+        f"make per-device batch x processes x gradient_accumulation_steps (or generation_batch_size) a multiple of "
+        f"num_generations ({gen.groups}), or lower num_generations to a divisor of it",
+        tc, key)
 
 
 def _peft_off(model: ModelFacts, env: Environment, tc: Any, name: str | None) -> Iterator[Finding]:
