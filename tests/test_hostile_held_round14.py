@@ -205,7 +205,7 @@ def _hostile_snapshot(snap: Path, repo: Path, other: Path, secret: Path, config:
                "emptyfile": "../../blobs/empty", "out": "../../blobs/out", "store": "../../blobs/store",
                "other": f"../../../{other.name}/blobs/{other_blob}", "missing": "../../blobs/missing",
                "absolute": str(blobs / own)}
-    for i, (what, target) in enumerate(targets.items()):
+    for what, target in targets.items():
         os.symlink(target, snap / f"{what}.json")
     for name, target in (("config.json", targets["sparse"] if config else None),
                          ("generation_config.json", targets["dir"]), ("tokenizer_config.json", targets["fifo"]),
