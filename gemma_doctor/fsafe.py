@@ -158,6 +158,14 @@ class Holding:
         self.area.folders.close()  # type: ignore[union-attr]
 
 
+# The most folders one holding keeps open. A hub read passes through four (the repo folder, snapshots/, the snapshot,
+# blobs/); a walk beyond that opens and closes its folders as an unheld walk does, so a hostile link leading through
+# thousands of nested folders (a target of 4,095 bytes down and up again, 40 links of them) holds no more descriptors
+# than the walk itself would have: held all, they ran a scan out of descriptors (ulimit -n 1024) where the unheld walk
+# read the file.
+HELD_MAX = 8
+
+
 def _pass_root(area: Area, held: Folders | None) -> tuple[int, bool]:
     """(descriptor of the area's root to pass through, whether the caller closes it)."""
     if held is None:
@@ -173,10 +181,14 @@ def _pass_at(held: Folders | None, dir_fd: int, names: list[str], name: str) -> 
     through and never through a link; whether the caller closes it). OSError as os.open raises it."""
     if held is None:
         return os.open(name, _PASS_DIR, dir_fd=dir_fd), True
+    fds = held.fds
     key = (*names, name)
-    fd = held.fds.get(key)  # type: ignore[union-attr]
+    fd = fds.get(key)  # type: ignore[union-attr]
     if fd is None:
-        fd = held.fds[key] = os.open(name, _PASS_DIR, dir_fd=dir_fd)  # type: ignore[index]
+        fd = os.open(name, _PASS_DIR, dir_fd=dir_fd)
+        if len(fds) >= HELD_MAX:  # type: ignore[arg-type]
+            return fd, True  # held no more: this one is the walk's own, closed as it leaves it
+        fds[key] = fd  # type: ignore[index]
     return fd, False
 
 
@@ -603,21 +615,29 @@ def _hub_file(area: Area, held: Folders, commit: str, name: str) -> tuple[int, s
     folder, the blob opened (``O_NOFOLLOW``) in the held ``blobs`` folder, the two folders reached as _resolve reaches
     them. That is the walk _resolve makes for this link, step for step; None for anything else (any error included),
     which _resolve then walks and reports as it always did."""
+    mine: list[int] = []  # folders opened past HELD_MAX: this read's own, closed as it returns
     try:
-        root_fd, _own = _pass_root(area, held)
-        snaps, _own = _pass_at(held, root_fd, [], "snapshots")
-        snap, _own = _pass_at(held, snaps, ["snapshots"], commit)
+        root_fd = _kept(_pass_root(area, held), mine)
+        snaps = _kept(_pass_at(held, root_fd, [], "snapshots"), mine)
+        snap = _kept(_pass_at(held, snaps, ["snapshots"], commit), mine)
         target = os.readlink(name, dir_fd=snap)
-    except (OSError, ValueError):
-        return None
-    blob = target[12:] if target.startswith("../../blobs/") else ""
-    if not blob or "/" in blob or blob == "." or blob == "..":
-        return None
-    try:
-        blobs, _own = _pass_at(held, root_fd, [], "blobs")
+        blob = target[12:] if target.startswith("../../blobs/") else ""
+        if not blob or "/" in blob or blob == "." or blob == "..":
+            return None
+        blobs = _kept(_pass_at(held, root_fd, [], "blobs"), mine)
         return os.open(blob, _OPEN_READ, dir_fd=blobs), target
     except (OSError, ValueError):
         return None
+    finally:
+        for fd in mine:
+            os.close(fd)
+
+
+def _kept(got: tuple[int, bool], mine: list[int]) -> int:
+    """The descriptor of a (descriptor, the caller closes it) pair, noted in ``mine`` where the caller closes it."""
+    if got[1]:
+        mine.append(got[0])
+    return got[0]
 
 
 def _readlink(path: Path) -> str | None:
