@@ -171,6 +171,17 @@ def hub(tmp_path) -> HubCache:
 PLANNED_450 = "transformers==4.50.3"
 
 
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """The bundled example cache (gemma-3-12b-it and gemma-4-E2B-it, real safetensors headers), built once per module
+    that reads it (a module defining its own ``examples`` keeps its own)."""
+    from tests.builders import build_example_cache
+
+    cache = tmp_path_factory.mktemp("examples") / "hub"
+    build_example_cache(cache)
+    return cache
+
+
 @pytest.fixture
 def plan_450(monkeypatch):
     """Plan every command for a training machine with transformers 4.50.3 (GEMMA_DOCTOR_WITH, as a CI job would)."""

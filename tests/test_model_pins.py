@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemma_doctor.plan import search
-from tests.builders import build_example_cache
 from tests.venvs import ROOT, ensure_light_venv, subprocess_env
 
 G3, G4 = "google/gemma-3-12b-it", "google/gemma-4-E2B-it"
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory) -> Path:
-    """The bundled example cache (gemma-3-12b-it and gemma-4-E2B-it, real safetensors headers)."""
-    cache = tmp_path_factory.mktemp("examples") / "hub"
-    build_example_cache(cache)
-    return cache
 
 
 @pytest.fixture

@@ -14,18 +14,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import prescription_grid as grid  # noqa: E402
-from tests.builders import build_example_cache  # noqa: E402
 
 sys.path.pop(0)
 G3, G4 = "google/gemma-3-12b-it", "google/gemma-4-E2B-it"
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory) -> Path:
-    """The bundled example cache (gemma-3-12b-it and gemma-4-E2B-it, real safetensors headers)."""
-    cache = tmp_path_factory.mktemp("examples") / "hub"
-    build_example_cache(cache)
-    return cache
 
 
 def _runner(cli):
