@@ -24,6 +24,7 @@ resolved from are read by their fields.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, TypeVar
@@ -121,6 +122,17 @@ class Generation:
         if self.groups < 2:
             return f"GRPO requires at least 2 generations per prompt (num_generations {self.groups})"
         return None
+
+    def whole_batch(self, batch_size: int, accumulation: int, processes: int) -> int | None:
+        """The smallest per-process batch (per-device batch x accumulation) from this one up whose generation batch
+        holds whole groups of num_generations, where that alone decides (neither generation_batch_size nor
+        steps_per_generation written, num_generations >= 2): the ``--batch-size`` that cures indivisible()'s refusal.
+        None where the batch is not the cause."""
+        if self.batch is not None or self.steps is not None or self.groups < 2:
+            return None
+        n, per = max(1, processes), max(1, batch_size) * max(1, accumulation)
+        step = self.groups // math.gcd(self.groups, n)  # per-process batches whose n-fold is a multiple of groups
+        return -(-per // step) * step
 
     def to_json(self) -> dict[str, Any]:
         """The `run.generation` block of a memory plan."""

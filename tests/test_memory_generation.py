@@ -331,3 +331,33 @@ def test_a_config_naming_no_task_is_read_as_the_grpo_run_task_grpo_says(cli, tmp
     assert (gen["max_completion_length"], gen["engine"], gen["vllm_enable_sleep_mode"], gen["beta"]) == \
         (1024, "vllm-colocate", True, 0.04)
     assert "vllm_engine" in model["memory"]["components"] or any("vLLM" in a for a in model["memory"]["assumptions"])
+
+
+@pytest.mark.parametrize("options, whole", [(("--gpu", "L4", "--batch-size", "4"), 8),
+                                            (("--gpu", "H100", "--num-gpus", "2", "--batch-size", "1"), 4),
+                                            (("--gpu", "A100-80GB", "--num-gpus", "4", "--batch-size", "3"), 4)])
+def test_a_grpo_batch_trl_refuses_has_a_way_out_run_that_holds_when_followed(cli, options, whole):
+    """GD664's way out was its fix text alone; now also the run the command line with the whole batch prescribes
+    (Generation.whole_batch: the smallest per-process batch from the user's up whose generation batch holds whole
+    groups of num_generations over the processes), and following it prescribes exactly that run."""
+    base = ("recommend", "--family", "gemma3", "--size", "4b", "--task", "grpo", "--format", "json", *options)
+    m = cli(*base).json()["models"][0]
+    assert m["status"] != "prescribed"
+    line = next(w for w in m["way_out"] if w.startswith(f"--batch-size {whole} (GD664): "))
+    followed = cli(*base[:-2], "--batch-size", str(whole)).json()["models"][0]
+    assert followed["status"] == "prescribed" and line.endswith(followed["memory"]["summary"])
+
+
+def test_the_whole_batch_is_the_smallest_trl_accepts():
+    from trl import GRPOConfig
+
+    for groups in (2, 4, 6, 8):
+        for n in (1, 2, 3, 4):
+            for per in range(1, 13):
+                whole = Generation(groups=groups).whole_batch(per, 1, n)
+                assert whole >= per and (whole * n) % groups == 0
+                assert all((b * n) % groups for b in range(per, whole))  # none smaller from the user's up
+    assert Generation(batch=16).whole_batch(4, 1, 1) is None and Generation(steps=2).whole_batch(4, 1, 1) is None
+    args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[], num_generations=8,
+                      per_device_train_batch_size=Generation().whole_batch(3, 1, 1))
+    assert args.generation_batch_size % 8 == 0

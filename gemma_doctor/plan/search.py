@@ -831,9 +831,6 @@ class _Ask:
         """The memory plan of the prescription with ``memory_options`` (--method, --seq-len, --num-gpus) or another GPU
         (--gpu), None when there is none: what the command line with that change prescribes, so the line passes check
         when followed. Remembered per process by the search's inputs (_WAY_OUTS)."""
-        import hashlib
-        import pickle
-
         args = self._inputs(shape, gpu_name, memory_options, trainer)
 
         def find() -> tuple[MemoryPlan | None]:
@@ -846,7 +843,7 @@ class _Ask:
             return (d.memory.plan if d.ok and d.memory is not None else None,)  # a tuple: None is an answer too
 
         try:
-            key = (self._facts_key, hashlib.blake2b(pickle.dumps((args[1:], WAY_OUT_JUDGED), protocol=5)).digest())
+            key = (self._facts_key, _digest((args[1:], WAY_OUT_JUDGED)))
         except Exception:  # a fact that does not pickle: searched as it is, every time
             return find()[0]
         return runplan.remembered(_WAY_OUTS, key, find)[0]
@@ -857,8 +854,6 @@ class _Ask:
         each safetensors header by the digest of its bytes where the read took one (its tensors, a function of those
         bytes, are most of the pickle: 185 KB of Gemma 4 E2B's 201 KB)."""
         import dataclasses
-        import hashlib
-        import pickle
 
         facts = self._facts
         census = facts.census
@@ -866,7 +861,7 @@ class _Ask:
             # A header's pickle holds every field (its digest too): equal digests are equal bytes, so equal tensors.
             headers = tuple(dataclasses.replace(h, tensors=()) if h.digest is not None else h for h in census.headers)
             facts = facts.with_(census=dataclasses.replace(census, headers=headers))
-        return hashlib.blake2b(pickle.dumps(facts, protocol=5)).digest()
+        return _digest(facts)
 
     @functools.cached_property
     def _facts(self) -> ModelFacts:
@@ -887,6 +882,22 @@ class _Ask:
         return self._facts, env, options, gpu, shape, self.quantization
 
 
+def _digest(value: Any) -> bytes:
+    """A digest of ``value``'s pickle written without pickle's memo (Pickler.fast): equal values give equal bytes
+    whatever objects they share. With the memo, a string or tuple met twice is written once if it is one object and
+    twice if it is two equal ones, so equal facts read by two commands (a T4's and a V100's) gave two keys and the way
+    out's searches were never shared (tests/test_prescription.py). A value that refers to itself raises: not kept."""
+    import hashlib
+    import io
+    import pickle
+
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=5)
+    pickler.fast = True
+    pickler.dump(value)
+    return hashlib.blake2b(buf.getvalue()).digest()
+
+
 # The way out's searches (their memory plans, or None), remembered per process: the one process-wide cache of the way
 # out, bounded (runplan.remembered: cleared when full). Keyed by digests of every input the search reads, pickled (the
 # facts' once per way out, _Ask._facts_key; types included: 1, 1.0 and True differ), so an entry is that search's own
@@ -895,6 +906,10 @@ class _Ask:
 # Points that ask the same change share it: a larger GPU asked from a T4 and from a V100 is one search (548 of the
 # prescription grid's 970 way-out searches, tests/test_prescription.py).
 _WAY_OUTS: dict[tuple[bytes, bytes], tuple[MemoryPlan | None]] = {}
+
+
+# The options a finding's way_out may name (MemoryRequest fields) and the command line's spelling of each.
+_WAY_OUT_OPTIONS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "num_gpus": "--num-gpus", "method": "--method"}
 
 
 def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _Ask) -> list[str]:
@@ -908,6 +923,14 @@ def way_out(shape: ModelShape, req: runplan.RunRequest, nearest: Judged, ask: _A
         line = f"{f.code}: {f.fix}" if f.fix else f"{f.code}: {f.message}"
         if line not in out:
             out.append(line)
+        # A finding that names the options curing it (its details' way_out: MemoryRequest fields, e.g. GD664's whole
+        # batch of GRPO groups): the run the command line with them prescribes, so the line holds when followed.
+        asked = (f.details or {}).get("way_out")
+        if isinstance(asked, dict) and asked and all(k in _WAY_OUT_OPTIONS for k in asked):
+            p = ask.plan(shape, **asked)
+            if p is not None:
+                flags = " ".join(f"{_WAY_OUT_OPTIONS[k]} {v}" for k, v in asked.items())
+                out.append(f"{flags} ({f.code}): {p.summary()}")
     memory_blocks = bool(req.gpu_bytes) and (nearest.plan.verdict != "fits" or any(_on_memory(f) for f in nearest.blocking))
     trainer = _trainer_way_out(shape, req, ask) if memory_blocks else []
     if trainer:

@@ -395,13 +395,15 @@ def _grpo_batch(model: ModelFacts, tc: Any) -> Iterator[Finding]:
         return
     key = next((k for k in ("generation_batch_size", "steps_per_generation", "num_generations") if k in tc.settings),
                None)
+    whole = gen.whole_batch(s.batch_size, s.gradient_accumulation_steps, max(1, s.num_gpus))
     yield setting_finding(
         "GD664", Severity.ERROR,
         f"GRPO's generation batch: {why}: TRL's GRPOConfig stops with this ValueError before the first step (every "
         "prompt's group of num_generations completions must be whole in one generation batch)",
         f"make per-device batch x processes x gradient_accumulation_steps (or generation_batch_size) a multiple of "
         f"num_generations ({gen.groups}), or lower num_generations to a divisor of it",
-        tc, key)
+        # the option that cures it, where the batch alone decides: the way out asks the search for that run
+        tc, key, **({"way_out": {"batch_size": whole}} if whole is not None else {}))
 
 
 def _peft_off(model: ModelFacts, env: Environment, tc: Any, name: str | None) -> Iterator[Finding]:
