@@ -361,3 +361,17 @@ def test_the_whole_batch_is_the_smallest_trl_accepts():
     args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to=[], num_generations=8,
                       per_device_train_batch_size=Generation().whole_batch(3, 1, 1))
     assert args.generation_batch_size % 8 == 0
+
+
+def test_numbers_written_as_strings_are_read_as_trls_parser_reads_them(tmp_path, cli):
+    """TRL's parser hands a config's values to argparse, whose float type converts a string (TRL 1.16.0's TrlParser:
+    beta '0.04' -> 0.04, vllm_gpu_memory_utilization '0.5' -> 0.5): the plan read them as absent (beta 0: no reference
+    model for a full fine-tuning that loads one)."""
+    from trl import GRPOConfig, TrlParser
+
+    yaml = "num_generations: 8\nbeta: '0.04'\nuse_vllm: true\nvllm_gpu_memory_utilization: '0.5'\n"
+    config = tmp_path / "trl.yaml"
+    config.write_text(yaml + f"output_dir: {tmp_path / 'out'}\nuse_cpu: true\nbf16: false\n")
+    (args,) = TrlParser((GRPOConfig,)).parse_args_and_config(args=["--config", str(config)])[:1]
+    gen = _check(cli, tmp_path, yaml)["memory"]["run"]["generation"]
+    assert (gen["beta"], gen["vllm_gpu_memory_utilization"]) == (args.beta, args.vllm_gpu_memory_utilization) == (0.04, 0.5)

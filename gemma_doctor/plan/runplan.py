@@ -687,7 +687,15 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
         # else TRL's own default (0.3) applies
         named = isinstance(mode, str) and mode.strip().lower() == "colocate"
         share = (share if share is not None else 0.9) if named else None
-    number = lambda v, d: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d  # noqa: E731
+    def number(v: Any, d: float) -> float:
+        """A non-negative number as TRL's parser takes it: YAML's numbers, and strings of one (TrlParser hands
+        them to argparse, whose float type converts them: beta '0.04' is 0.04, read with TRL 1.16.0)."""
+        if isinstance(v, str):
+            try:
+                v = float(v.strip())
+            except ValueError:
+                return d
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d
     trainer_default = ""
     if completion is None and completion_default is not None:
         completion = completion_default
