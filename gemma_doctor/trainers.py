@@ -83,10 +83,10 @@ class Trainer(str, enum.Enum):
 # run a chunking TRL: with TRL 1.16.0 its DPO config fails to import (`trl.experimental.prm` is gone). Reproduced with
 # axolotl 0.19.0, TRL 1.9.0, transformers 5.16.1 on the tiny Gemma 3 of benchmarks/axolotl_dpo_logits.py: the largest
 # tensor of a DPO step is the [256 x 262,144] logits, LoRA and full fine-tuning alike (docs/memory.md).
-CHUNKING_TRAINERS = frozenset({Trainer.TRL_SFT, Trainer.TRL_DPO, Trainer.TRL_GRPO})
-# The loop each of them names in what is said about it ("computes GRPO log-probs in chunks").
+# Each with the loop it names in what is said about it ("computes GRPO log-probs in chunks").
 CHUNKING_LOOPS = {Trainer.TRL_SFT: ("SFT", "SFTTrainer"), Trainer.TRL_DPO: ("DPO", "DPOTrainer"),
                   Trainer.TRL_GRPO: ("GRPO", "GRPOTrainer")}
+CHUNKING_TRAINERS = frozenset(CHUNKING_LOOPS)
 
 
 @dataclass(frozen=True)

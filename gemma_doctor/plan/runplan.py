@@ -687,25 +687,28 @@ def grpo_generation(tc: Any | None, completion_default: int | None = None,
         # else TRL's own default (0.3) applies
         named = isinstance(mode, str) and mode.strip().lower() == "colocate"
         share = (share if share is not None else 0.9) if named else None
-    def number(v: Any, d: float) -> float:
-        """A non-negative number as TRL's parser takes it: YAML's numbers, and strings of one (TrlParser hands
-        them to argparse, whose float type converts them: beta '0.04' is 0.04, read with TRL 1.16.0)."""
-        if isinstance(v, str):
-            try:
-                v = float(v.strip())
-            except ValueError:
-                return d
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else d
     trainer_default = ""
     if completion is None and completion_default is not None:
         completion = completion_default
         trainer_default = f"{completion_source}; "
-    made = Generation(completion=completion or 512, steps=steps, batch=batch, engine=engine,
-                      share=min(1.0, number(share, 0.3)), sleep=sleep is not None and truthy(sleep),
-                      beta=number(beta, 0.0), groups=groups or 8)
+    default = Generation()  # TRL 1.16 GRPOConfig's defaults
+    made = Generation(completion=completion or default.completion, steps=steps, batch=batch, engine=engine,
+                      share=min(1.0, _non_negative(share, default.share)), sleep=sleep is not None and truthy(sleep),
+                      beta=_non_negative(beta, default.beta), groups=groups or default.groups)
     rest = f"{trainer_default}{GRPO_DEFAULTS} for the rest" if said else f"{trainer_default}{GRPO_DEFAULTS}"
     source = FROM_CONFIG + ", ".join(said) + f" ({rest})" if said else rest
     return made, source
+
+
+def _non_negative(v: Any, default: float) -> float:
+    """A non-negative number as TRL's parser takes it, else ``default``: YAML's numbers, and strings of one (TrlParser
+    hands them to argparse, whose float type converts them: beta '0.04' is 0.04, read with TRL 1.16.0)."""
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            return default
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v else default
 
 
 def _with_defaults(request: tuple[dict[str, Any], dict[str, str]],
